@@ -1,0 +1,462 @@
+//! A typed client for the agent API over HTTPS (rustls with ring), with the connection
+//! settings the controller reads from its agents directory.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use reqwest::{Method, StatusCode};
+use rustls_pki_types::pem::PemObject;
+use rustls_pki_types::{CertificateDer, PrivateKeyDer};
+use serde::Deserialize;
+use serde::de::DeserializeOwned;
+
+use crate::{
+    AgentInfo, ApiError, ArchiveResult, CreateVolumeRequest, ErrorCode, Health, REQUEST_ID_HEADER,
+    ReloadingFile, Volume, VolumeList, VolumePath,
+};
+
+/// How to reach one agent. Relative file names are resolved against the directory of the
+/// file the settings were read from, so a mounted Secret can hold the settings and the
+/// files side by side.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AgentConnectionConfig {
+    /// Name StorageClasses use in their `agent` parameter.
+    pub name: String,
+    /// Base URL, `https://host:port`.
+    pub url: String,
+    /// CA certificate(s) that signed the agent's server certificate.
+    pub ca_file: PathBuf,
+    /// Bearer token file, re-read when it changes.
+    #[serde(default)]
+    pub token_file: Option<PathBuf>,
+    /// Client certificate chain for mTLS.
+    #[serde(default)]
+    pub client_cert_file: Option<PathBuf>,
+    /// Key of the client certificate.
+    #[serde(default)]
+    pub client_key_file: Option<PathBuf>,
+    /// Per-request timeout.
+    #[serde(default = "default_timeout_seconds")]
+    pub timeout_seconds: u64,
+    /// NFS server name for PVs, overriding what the agent reports (multi-homed servers).
+    #[serde(default)]
+    pub nfs_server: Option<String>,
+    /// NFS export path for PVs, overriding what the agent reports.
+    #[serde(default)]
+    pub nfs_path: Option<String>,
+}
+
+fn default_timeout_seconds() -> u64 {
+    30
+}
+
+impl AgentConnectionConfig {
+    /// Reads one agent's settings from a TOML file.
+    pub fn from_file(path: &Path) -> Result<Self, ClientError> {
+        let text = std::fs::read_to_string(path).map_err(|source| ClientError::Io {
+            path: path.to_owned(),
+            source,
+        })?;
+        let mut config: Self = toml::from_str(&text).map_err(|e| {
+            ClientError::Config(format!("{}: {}", path.display(), e.message()))
+        })?;
+        let base = path.parent().unwrap_or(Path::new("."));
+        let resolve = |p: &mut PathBuf| {
+            if p.is_relative() {
+                *p = base.join(&*p);
+            }
+        };
+        resolve(&mut config.ca_file);
+        config.token_file.as_mut().map(resolve);
+        config.client_cert_file.as_mut().map(resolve);
+        config.client_key_file.as_mut().map(resolve);
+        config.validate().map_err(|e| ClientError::Config(format!("{}: {e}", path.display())))?;
+        Ok(config)
+    }
+
+    /// Reads every `*.toml` file of a directory (one agent each), sorted by file name.
+    pub fn from_dir(dir: &Path) -> Result<Vec<Self>, ClientError> {
+        let entries = std::fs::read_dir(dir).map_err(|source| ClientError::Io {
+            path: dir.to_owned(),
+            source,
+        })?;
+        let mut files = Vec::new();
+        for entry in entries {
+            let entry = entry.map_err(|source| ClientError::Io {
+                path: dir.to_owned(),
+                source,
+            })?;
+            let path = entry.path();
+            // Kubernetes projects Secrets through hidden `..data` links; skip those names.
+            let hidden = entry.file_name().to_string_lossy().starts_with('.');
+            if !hidden && path.extension().is_some_and(|ext| ext == "toml") {
+                files.push(path);
+            }
+        }
+        files.sort();
+        let mut agents: Vec<Self> = Vec::with_capacity(files.len());
+        for file in files {
+            let agent = Self::from_file(&file)?;
+            if agents.iter().any(|a| a.name == agent.name) {
+                return Err(ClientError::Config(format!(
+                    "{}: agent name {:?} is used twice",
+                    file.display(),
+                    agent.name
+                )));
+            }
+            agents.push(agent);
+        }
+        if agents.is_empty() {
+            return Err(ClientError::Config(format!(
+                "{}: no agent settings (*.toml) found",
+                dir.display()
+            )));
+        }
+        Ok(agents)
+    }
+
+    fn validate(&self) -> Result<(), String> {
+        crate::validate_component(&self.name).map_err(|e| format!("invalid agent name: {e}"))?;
+        if !self.url.starts_with("https://") {
+            return Err(format!("url {:?} must start with https://", self.url));
+        }
+        if self.client_cert_file.is_some() != self.client_key_file.is_some() {
+            return Err("client_cert_file and client_key_file must be given together".into());
+        }
+        if self.token_file.is_none() && self.client_cert_file.is_none() {
+            return Err("no credentials: set token_file and/or client_cert_file".into());
+        }
+        if self.timeout_seconds == 0 {
+            return Err("timeout_seconds must be positive".into());
+        }
+        Ok(())
+    }
+}
+
+/// Everything that can go wrong talking to an agent.
+#[derive(Debug, thiserror::Error)]
+pub enum ClientError {
+    #[error("invalid agent settings: {0}")]
+    Config(String),
+    #[error("cannot read {path}: {source}")]
+    Io {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("TLS setup failed: {0}")]
+    Tls(String),
+    #[error("agent unreachable: {0}")]
+    Transport(#[from] reqwest::Error),
+    #[error("agent answered {status}: {error}")]
+    Api { status: u16, error: ApiError },
+    #[error("agent answered {status} with an unexpected body: {body}")]
+    UnexpectedResponse { status: u16, body: String },
+}
+
+impl ClientError {
+    /// The agent's error code, when it answered with one.
+    pub fn code(&self) -> Option<ErrorCode> {
+        match self {
+            ClientError::Api { error, .. } => Some(error.code),
+            _ => None,
+        }
+    }
+
+    /// Whether the same request may succeed later without anyone changing it.
+    pub fn is_transient(&self) -> bool {
+        match self {
+            ClientError::Transport(_) | ClientError::UnexpectedResponse { .. } => true,
+            ClientError::Api { error, .. } => error.code.is_transient(),
+            ClientError::Config(_) | ClientError::Io { .. } | ClientError::Tls(_) => false,
+        }
+    }
+}
+
+/// The outcome of `PUT /v1/volumes/{path}`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CreateOutcome {
+    pub volume: Volume,
+    /// `true` when this call made the directory, `false` when it was already there.
+    pub created: bool,
+}
+
+/// A client for one agent. Cheap to clone; connections are pooled and kept alive.
+#[derive(Debug, Clone)]
+pub struct AgentClient {
+    name: String,
+    base_url: String,
+    http: reqwest::Client,
+    token: Option<Arc<ReloadingFile>>,
+}
+
+impl AgentClient {
+    pub fn new(config: &AgentConnectionConfig) -> Result<Self, ClientError> {
+        config.validate().map_err(ClientError::Config)?;
+        let tls = client_tls_config(config)?;
+        let http = reqwest::Client::builder()
+            .use_preconfigured_tls(tls)
+            .https_only(true)
+            .timeout(Duration::from_secs(config.timeout_seconds))
+            .connect_timeout(Duration::from_secs(config.timeout_seconds.min(10)))
+            .pool_idle_timeout(Duration::from_secs(60))
+            .build()?;
+        let token = match &config.token_file {
+            Some(path) => Some(Arc::new(ReloadingFile::open(path).map_err(|source| {
+                ClientError::Io {
+                    path: path.clone(),
+                    source,
+                }
+            })?)),
+            None => None,
+        };
+        Ok(Self {
+            name: config.name.clone(),
+            base_url: config.url.trim_end_matches('/').to_owned(),
+            http,
+            token,
+        })
+    }
+
+    /// The agent's name from its settings.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    pub async fn healthz(&self) -> Result<Health, ClientError> {
+        self.call(Method::GET, "/healthz", None::<&()>, None).await.map(|(_, body)| body)
+    }
+
+    pub async fn readyz(&self) -> Result<Health, ClientError> {
+        self.call(Method::GET, "/readyz", None::<&()>, None).await.map(|(_, body)| body)
+    }
+
+    pub async fn info(&self, request_id: Option<&str>) -> Result<AgentInfo, ClientError> {
+        self.call(Method::GET, "/v1/info", None::<&()>, request_id)
+            .await
+            .map(|(_, body)| body)
+    }
+
+    /// Creates the volume or confirms it exists with the same settings.
+    pub async fn create_volume(
+        &self,
+        path: &VolumePath,
+        request: &CreateVolumeRequest,
+        request_id: Option<&str>,
+    ) -> Result<CreateOutcome, ClientError> {
+        let (status, volume) = self
+            .call(Method::PUT, &volume_url(path), Some(request), request_id)
+            .await?;
+        Ok(CreateOutcome {
+            volume,
+            created: status == StatusCode::CREATED,
+        })
+    }
+
+    /// The volume, or `None` when the agent has no volume at that path.
+    pub async fn get_volume(
+        &self,
+        path: &VolumePath,
+        request_id: Option<&str>,
+    ) -> Result<Option<Volume>, ClientError> {
+        match self.call(Method::GET, &volume_url(path), None::<&()>, request_id).await {
+            Ok((_, volume)) => Ok(Some(volume)),
+            Err(e) if e.code() == Some(ErrorCode::NotFound) => Ok(None),
+            Err(e) => Err(e),
+        }
+    }
+
+    pub async fn list_volumes(&self, request_id: Option<&str>) -> Result<Vec<Volume>, ClientError> {
+        let (_, list): (_, VolumeList) = self
+            .call(Method::GET, "/v1/volumes", None::<&()>, request_id)
+            .await?;
+        Ok(list.volumes)
+    }
+
+    /// Removes the volume's tree; succeeds also when it is already gone.
+    pub async fn delete_volume(
+        &self,
+        path: &VolumePath,
+        request_id: Option<&str>,
+    ) -> Result<(), ClientError> {
+        self.send(Method::DELETE, &volume_url(path), None::<&()>, request_id)
+            .await
+            .map(|_| ())
+    }
+
+    /// Moves the volume into the archive area; a retry after success returns the same result.
+    pub async fn archive_volume(
+        &self,
+        path: &VolumePath,
+        request_id: Option<&str>,
+    ) -> Result<ArchiveResult, ClientError> {
+        self.call(Method::POST, &format!("/v1/archives/{path}"), None::<&()>, request_id)
+            .await
+            .map(|(_, body)| body)
+    }
+
+    async fn call<B: serde::Serialize, T: DeserializeOwned>(
+        &self,
+        method: Method,
+        path: &str,
+        body: Option<&B>,
+        request_id: Option<&str>,
+    ) -> Result<(StatusCode, T), ClientError> {
+        let response = self.send(method, path, body, request_id).await?;
+        let status = response.status();
+        let bytes = response.bytes().await?;
+        let parsed = serde_json::from_slice(&bytes).map_err(|_| ClientError::UnexpectedResponse {
+            status: status.as_u16(),
+            body: String::from_utf8_lossy(&bytes).chars().take(512).collect(),
+        })?;
+        Ok((status, parsed))
+    }
+
+    /// Sends a request and turns any non-2xx answer into [`ClientError::Api`].
+    async fn send<B: serde::Serialize>(
+        &self,
+        method: Method,
+        path: &str,
+        body: Option<&B>,
+        request_id: Option<&str>,
+    ) -> Result<reqwest::Response, ClientError> {
+        let mut request = self.http.request(method, format!("{}{path}", self.base_url));
+        if let Some(body) = body {
+            request = request.json(body);
+        }
+        if let Some(id) = request_id {
+            request = request.header(REQUEST_ID_HEADER, id);
+        }
+        if let Some(token) = &self.token {
+            let value = token.trimmed().map_err(|source| ClientError::Io {
+                path: token.path().to_owned(),
+                source,
+            })?;
+            request = request.bearer_auth(value);
+        }
+        let response = request.send().await?;
+        let status = response.status();
+        if status.is_success() {
+            return Ok(response);
+        }
+        let bytes = response.bytes().await?;
+        match serde_json::from_slice::<ApiError>(&bytes) {
+            Ok(error) => Err(ClientError::Api {
+                status: status.as_u16(),
+                error,
+            }),
+            Err(_) => Err(ClientError::UnexpectedResponse {
+                status: status.as_u16(),
+                body: String::from_utf8_lossy(&bytes).chars().take(512).collect(),
+            }),
+        }
+    }
+}
+
+fn volume_url(path: &VolumePath) -> String {
+    // Validated paths hold only URL-safe characters, so no escaping is needed.
+    format!("/v1/volumes/{path}")
+}
+
+fn read_file(path: &Path) -> Result<Vec<u8>, ClientError> {
+    std::fs::read(path).map_err(|source| ClientError::Io {
+        path: path.to_owned(),
+        source,
+    })
+}
+
+/// rustls settings trusting only the agent's CA, with the client certificate when given.
+/// Uses ring explicitly so the client works whether or not a process default is installed.
+fn client_tls_config(config: &AgentConnectionConfig) -> Result<rustls::ClientConfig, ClientError> {
+    let mut roots = rustls::RootCertStore::empty();
+    let ca_pem = read_file(&config.ca_file)?;
+    let mut found = 0;
+    for cert in CertificateDer::pem_slice_iter(&ca_pem) {
+        let cert = cert.map_err(|e| ClientError::Tls(format!("{}: {e}", config.ca_file.display())))?;
+        roots
+            .add(cert)
+            .map_err(|e| ClientError::Tls(format!("{}: {e}", config.ca_file.display())))?;
+        found += 1;
+    }
+    if found == 0 {
+        return Err(ClientError::Tls(format!(
+            "{}: no PEM certificate found",
+            config.ca_file.display()
+        )));
+    }
+    let builder = rustls::ClientConfig::builder_with_provider(Arc::new(
+        rustls::crypto::ring::default_provider(),
+    ))
+    .with_safe_default_protocol_versions()
+    .map_err(|e| ClientError::Tls(e.to_string()))?
+    .with_root_certificates(roots);
+    match (&config.client_cert_file, &config.client_key_file) {
+        (Some(cert_file), Some(key_file)) => {
+            let chain = CertificateDer::pem_slice_iter(&read_file(cert_file)?)
+                .collect::<Result<Vec<_>, _>>()
+                .map_err(|e| ClientError::Tls(format!("{}: {e}", cert_file.display())))?;
+            if chain.is_empty() {
+                return Err(ClientError::Tls(format!(
+                    "{}: no PEM certificate found",
+                    cert_file.display()
+                )));
+            }
+            let key = PrivateKeyDer::from_pem_slice(&read_file(key_file)?)
+                .map_err(|e| ClientError::Tls(format!("{}: {e}", key_file.display())))?;
+            builder
+                .with_client_auth_cert(chain, key)
+                .map_err(|e| ClientError::Tls(e.to_string()))
+        }
+        _ => Ok(builder.with_no_client_auth()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn settings_resolve_relative_files_and_reject_mistakes() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(
+            dir.path().join("nfs1.toml"),
+            "name = \"nfs1\"\nurl = \"https://10.0.0.5:8443\"\nca_file = \"nfs1-ca.pem\"\ntoken_file = \"/abs/token\"\n",
+        )
+        .unwrap();
+        std::fs::write(dir.path().join("..data.toml"), "garbage").unwrap();
+        let agents = AgentConnectionConfig::from_dir(dir.path()).unwrap();
+        assert_eq!(agents.len(), 1);
+        assert_eq!(agents[0].ca_file, dir.path().join("nfs1-ca.pem"));
+        assert_eq!(agents[0].token_file.as_deref(), Some(Path::new("/abs/token")));
+        assert_eq!(agents[0].timeout_seconds, 30);
+
+        let bad = [
+            ("url = \"http://x\"\nca_file = \"c\"\ntoken_file = \"t\"", "https://"),
+            ("url = \"https://x\"\nca_file = \"c\"", "no credentials"),
+            ("url = \"https://x\"\nca_file = \"c\"\nclient_cert_file = \"a\"", "together"),
+            ("url = \"https://x\"\nca_file = \"c\"\ntoken_file = \"t\"\ncolour = 1", "unknown field"),
+        ];
+        for (body, expected) in bad {
+            let file = dir.path().join("bad.toml");
+            std::fs::write(&file, format!("name = \"b\"\n{body}\n")).unwrap();
+            let err = AgentConnectionConfig::from_file(&file).unwrap_err().to_string();
+            assert!(err.contains(expected), "{body}: {err}");
+        }
+    }
+
+    #[test]
+    fn duplicate_names_are_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        for file in ["a.toml", "b.toml"] {
+            std::fs::write(
+                dir.path().join(file),
+                "name = \"same\"\nurl = \"https://x\"\nca_file = \"c\"\ntoken_file = \"t\"\n",
+            )
+            .unwrap();
+        }
+        let err = AgentConnectionConfig::from_dir(dir.path()).unwrap_err().to_string();
+        assert!(err.contains("used twice"), "{err}");
+    }
+}

@@ -1,0 +1,21 @@
+//! The contract between the nfsprov controller and agent: the agent API's types, the volume
+//! path validator both sides call, and (feature `client`) a typed HTTPS client.
+//!
+//! This crate depends on neither kube nor axum, so either side can change its framework
+//! without touching the contract.
+
+mod path;
+mod reloading_file;
+mod types;
+
+#[cfg(feature = "client")]
+pub mod client;
+
+pub use path::{
+    MAX_COMPONENT_BYTES, MAX_COMPONENTS, MAX_PATH_BYTES, PathError, VolumePath, validate_component,
+};
+pub use reloading_file::ReloadingFile;
+pub use types::*;
+
+/// The API version prefix every authenticated endpoint lives under.
+pub const API_PREFIX: &str = "/v1";

@@ -1,0 +1,340 @@
+//! Request, response and error bodies of the agent API (v1).
+
+use std::fmt;
+
+use serde::{Deserialize, Serialize};
+
+use crate::VolumePath;
+
+/// Header carrying the request id from the controller to the agent's audit log.
+pub const REQUEST_ID_HEADER: &str = "x-request-id";
+
+/// Permission bits of a volume directory, written in JSON as an octal string (`"0775"`);
+/// a plain JSON number is read as the numeric value (`509` is `0775`).
+#[derive(Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Mode(u32);
+
+impl Mode {
+    /// The peers' default: any pod user can write without extra configuration.
+    pub const DEFAULT: Mode = Mode(0o777);
+    /// Highest value: permission bits plus setuid, setgid and sticky.
+    pub const MAX: u32 = 0o7777;
+
+    pub fn new(bits: u32) -> Result<Self, ModeError> {
+        if bits > Self::MAX {
+            return Err(ModeError::OutOfRange(bits));
+        }
+        Ok(Mode(bits))
+    }
+
+    pub fn bits(self) -> u32 {
+        self.0
+    }
+
+    /// Parses an octal string such as `"0775"` or `"775"`.
+    pub fn parse_octal(raw: &str) -> Result<Self, ModeError> {
+        let digits = raw.trim();
+        let digits = digits.strip_prefix("0o").unwrap_or(digits);
+        if digits.is_empty() || digits.len() > 5 || !digits.bytes().all(|b| (b'0'..=b'7').contains(&b)) {
+            return Err(ModeError::NotOctal(raw.to_owned()));
+        }
+        let bits = u32::from_str_radix(digits, 8).map_err(|_| ModeError::NotOctal(raw.to_owned()))?;
+        Self::new(bits)
+    }
+}
+
+impl Default for Mode {
+    fn default() -> Self {
+        Mode::DEFAULT
+    }
+}
+
+impl fmt::Debug for Mode {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "Mode({:04o})", self.0)
+    }
+}
+
+impl fmt::Display for Mode {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{:04o}", self.0)
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ModeError {
+    #[error("mode {0:#o} is out of range (at most 07777)")]
+    OutOfRange(u32),
+    #[error("mode {0:?} is not an octal number such as \"0775\"")]
+    NotOctal(String),
+}
+
+impl Serialize for Mode {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.collect_str(self)
+    }
+}
+
+impl<'de> Deserialize<'de> for Mode {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        #[derive(Deserialize)]
+        #[serde(untagged)]
+        enum Raw {
+            Number(u32),
+            Text(String),
+        }
+        match Raw::deserialize(deserializer)? {
+            Raw::Number(bits) => Mode::new(bits),
+            Raw::Text(text) => Mode::parse_octal(&text),
+        }
+        .map_err(serde::de::Error::custom)
+    }
+}
+
+/// Who a volume belongs to in the cluster. Recorded with the volume so that two claims can
+/// never silently share a directory, and so an operator can tell what a directory is for.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct VolumeOwner {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pvc_namespace: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pvc_name: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pv_name: Option<String>,
+}
+
+/// Body of `PUT /v1/volumes/{path}`.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CreateVolumeRequest {
+    /// Permission bits of the new directory (default `0777`).
+    #[serde(default)]
+    pub mode: Mode,
+    /// Owner of the new directory; the agent's own user when absent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub uid: Option<u32>,
+    /// Group of the new directory; the agent's own group when absent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gid: Option<u32>,
+    /// Requested size in bytes (the claim's request).
+    pub capacity_bytes: u64,
+    #[serde(default)]
+    pub owner: VolumeOwner,
+}
+
+/// Space and inodes a volume uses.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct VolumeUsage {
+    pub used_bytes: u64,
+    pub used_inodes: u64,
+}
+
+/// A volume as the agent sees it (answer to create and get, element of the list).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Volume {
+    pub path: VolumePath,
+    pub mode: Mode,
+    pub uid: u32,
+    pub gid: u32,
+    pub capacity_bytes: u64,
+    #[serde(default)]
+    pub owner: VolumeOwner,
+    /// RFC 3339 UTC time the agent created the directory.
+    pub created_at: String,
+    /// Present when the agent measured it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub usage: Option<VolumeUsage>,
+}
+
+/// Answer to `GET /v1/volumes`.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct VolumeList {
+    pub volumes: Vec<Volume>,
+}
+
+/// Answer to `POST /v1/archives/{path}`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ArchiveResult {
+    /// The volume path that was archived.
+    pub path: VolumePath,
+    /// Where the data now is, relative to the export root.
+    pub archive_path: String,
+    /// RFC 3339 UTC time of the archive.
+    pub archived_at: String,
+}
+
+/// The export NFS clients mount to reach the volumes.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct NfsExport {
+    /// Host name or address clients use (`spec.nfs.server`).
+    pub server: String,
+    /// Path of the export root as clients mount it; a volume is at `path/volume-path`.
+    pub path: String,
+}
+
+/// How capacity is enforced on this agent.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub enum QuotaBackend {
+    /// Capacity is recorded but not enforced.
+    None,
+    Btrfs,
+    Zfs,
+    Xfs,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Capabilities {
+    pub quota: QuotaBackend,
+    /// Whether capacity limits are enforced by the filesystem.
+    pub quota_enforced: bool,
+    /// The agent can archive volumes (`POST /v1/archives`).
+    pub archive: bool,
+}
+
+/// Size and inode figures of the filesystem holding the export root.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FilesystemStats {
+    pub total_bytes: u64,
+    pub free_bytes: u64,
+    /// Free bytes available to unprivileged users.
+    pub available_bytes: u64,
+    pub total_inodes: u64,
+    pub free_inodes: u64,
+}
+
+/// Answer to `GET /v1/info`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AgentInfo {
+    pub version: String,
+    pub nfs: NfsExport,
+    pub capabilities: Capabilities,
+    pub filesystem: FilesystemStats,
+}
+
+/// Answer to `GET /healthz` and `GET /readyz`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Health {
+    /// `"ok"` or `"unavailable"`.
+    pub status: String,
+    /// Why the agent is not ready, when it is not.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+}
+
+/// Stable error codes. Clients match on these, never on messages.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ErrorCode {
+    /// The volume path failed validation.
+    InvalidPath,
+    /// The body is not valid JSON for this endpoint, or a field is out of range.
+    InvalidBody,
+    /// A symlink or a non-directory was found where a volume or one of its parents should be.
+    UnsafePath,
+    Unauthenticated,
+    Forbidden,
+    NotFound,
+    MethodNotAllowed,
+    /// The volume exists with other settings or owner, or the path is not a volume.
+    Conflict,
+    PayloadTooLarge,
+    UnsupportedMediaType,
+    Timeout,
+    InsufficientStorage,
+    NotReady,
+    Internal,
+}
+
+impl ErrorCode {
+    /// The HTTP status this code is sent with.
+    pub fn http_status(self) -> u16 {
+        match self {
+            ErrorCode::InvalidPath | ErrorCode::InvalidBody | ErrorCode::UnsafePath => 400,
+            ErrorCode::Unauthenticated => 401,
+            ErrorCode::Forbidden => 403,
+            ErrorCode::NotFound => 404,
+            ErrorCode::MethodNotAllowed => 405,
+            ErrorCode::Timeout => 408,
+            ErrorCode::Conflict => 409,
+            ErrorCode::PayloadTooLarge => 413,
+            ErrorCode::UnsupportedMediaType => 415,
+            ErrorCode::Internal => 500,
+            ErrorCode::NotReady => 503,
+            ErrorCode::InsufficientStorage => 507,
+        }
+    }
+
+    /// Whether retrying the same request later can succeed without anyone changing it.
+    pub fn is_transient(self) -> bool {
+        matches!(
+            self,
+            ErrorCode::Timeout | ErrorCode::NotReady | ErrorCode::Internal | ErrorCode::InsufficientStorage
+        )
+    }
+}
+
+impl fmt::Display for ErrorCode {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let text = serde_json::to_value(self)
+            .ok()
+            .and_then(|v| v.as_str().map(str::to_owned))
+            .unwrap_or_default();
+        f.write_str(&text)
+    }
+}
+
+/// Every error answer: `{"code": "...", "message": "..."}`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, thiserror::Error)]
+#[error("{code}: {message}")]
+pub struct ApiError {
+    pub code: ErrorCode,
+    pub message: String,
+}
+
+impl ApiError {
+    pub fn new(code: ErrorCode, message: impl Into<String>) -> Self {
+        Self {
+            code,
+            message: message.into(),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn mode_reads_octal_strings_and_numbers() {
+        let req: CreateVolumeRequest =
+            serde_json::from_str(r#"{"mode":"0750","capacity_bytes":1}"#).unwrap();
+        assert_eq!(req.mode.bits(), 0o750);
+        let req: CreateVolumeRequest =
+            serde_json::from_str(r#"{"mode":488,"capacity_bytes":1}"#).unwrap();
+        assert_eq!(req.mode.bits(), 0o750);
+        let req: CreateVolumeRequest = serde_json::from_str(r#"{"capacity_bytes":1}"#).unwrap();
+        assert_eq!(req.mode, Mode::DEFAULT);
+        assert_eq!(serde_json::to_string(&Mode::new(0o2775).unwrap()).unwrap(), "\"2775\"");
+        for bad in [r#""0999""#, r#""rwx""#, "65535", r#""""#, "-1"] {
+            let body = format!(r#"{{"mode":{bad},"capacity_bytes":1}}"#);
+            assert!(serde_json::from_str::<CreateVolumeRequest>(&body).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn unknown_fields_are_rejected() {
+        let err = serde_json::from_str::<CreateVolumeRequest>(r#"{"capacity_bytes":1,"size":2}"#)
+            .unwrap_err();
+        assert!(err.to_string().contains("unknown field"), "{err}");
+    }
+
+    #[test]
+    fn error_codes_are_stable_strings() {
+        let body = serde_json::to_string(&ApiError::new(ErrorCode::InvalidPath, "x")).unwrap();
+        assert_eq!(body, r#"{"code":"invalid_path","message":"x"}"#);
+        assert_eq!(ErrorCode::InsufficientStorage.to_string(), "insufficient_storage");
+        assert_eq!(ErrorCode::InsufficientStorage.http_status(), 507);
+    }
+}
