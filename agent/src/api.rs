@@ -1,0 +1,506 @@
+//! The HTTP API: routes, authentication and audit middleware, JSON errors.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use axum::body::Bytes;
+use axum::extract::rejection::{BytesRejection, PathRejection};
+use axum::extract::{DefaultBodyLimit, MatchedPath, Path, Request, State};
+use axum::http::{HeaderMap, HeaderValue, Method, StatusCode, header};
+use axum::middleware::{self, Next};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post, put};
+use axum::{Extension, Json, Router};
+use nfsprov_api_types::{
+    AgentInfo, ApiError, Capabilities, CreateVolumeRequest, ErrorCode, Health, NfsExport,
+    QuotaBackend, REQUEST_ID_HEADER, VolumeList, VolumePath,
+};
+use tokio::sync::OwnedMutexGuard;
+use tower::limit::ConcurrencyLimitLayer;
+use tower_http::request_id::{MakeRequestUuid, PropagateRequestIdLayer, SetRequestIdLayer};
+
+use crate::auth::{Authenticator, Caller};
+use crate::fs::{Archived, Created, Deleted, StoreError, VolumeStore};
+use crate::metrics::{Metrics, RequestLabels, RouteLabels};
+use crate::tls::PeerCertificate;
+
+/// What the handlers share.
+#[derive(Debug)]
+pub struct AppState {
+    pub store: Arc<VolumeStore>,
+    pub auth: Authenticator,
+    pub metrics: Metrics,
+    pub nfs: NfsExport,
+    pub min_free_bytes: u64,
+    pub min_free_inodes: u64,
+    pub request_timeout: Duration,
+    locks: Arc<PathLocks>,
+    readiness: Mutex<Option<(Instant, Result<(), String>)>>,
+}
+
+impl AppState {
+    pub fn new(
+        store: Arc<VolumeStore>,
+        auth: Authenticator,
+        nfs: NfsExport,
+        min_free_bytes: u64,
+        min_free_inodes: u64,
+        request_timeout: Duration,
+    ) -> Self {
+        Self {
+            store,
+            auth,
+            metrics: Metrics::new(),
+            nfs,
+            min_free_bytes,
+            min_free_inodes,
+            request_timeout,
+            locks: Arc::default(),
+            readiness: Mutex::new(None),
+        }
+    }
+
+    /// The readiness verdict, re-checked at most once a second: `/readyz` is
+    /// unauthenticated and must not let anyone drive filesystem work by polling it.
+    async fn readiness(self: &Arc<Self>) -> Result<(), String> {
+        if let Some((at, verdict)) = self
+            .readiness
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .as_ref()
+            && at.elapsed() < Duration::from_secs(1)
+        {
+            return verdict.clone();
+        }
+        let state = self.clone();
+        let verdict = tokio::task::spawn_blocking(move || {
+            state
+                .store
+                .readiness(state.min_free_bytes, state.min_free_inodes)
+        })
+        .await
+        .unwrap_or_else(|e| Err(format!("readiness check failed: {e}")));
+        *self.readiness.lock().unwrap_or_else(|e| e.into_inner()) =
+            Some((Instant::now(), verdict.clone()));
+        verdict
+    }
+}
+
+/// Serializes requests on the same volume path, so two mutations of one path never
+/// interleave; different paths proceed in parallel.
+#[derive(Debug, Default)]
+struct PathLocks {
+    held: Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
+}
+
+/// Holds one path's lock; forgets the entry when nobody else waits for it.
+struct PathGuard {
+    locks: Arc<PathLocks>,
+    key: String,
+    mutex: Arc<tokio::sync::Mutex<()>>,
+    guard: Option<OwnedMutexGuard<()>>,
+}
+
+impl PathLocks {
+    async fn lock(self: &Arc<Self>, key: &str) -> PathGuard {
+        let mutex = self
+            .held
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .entry(key.to_owned())
+            .or_default()
+            .clone();
+        let guard = mutex.clone().lock_owned().await;
+        PathGuard {
+            locks: self.clone(),
+            key: key.to_owned(),
+            mutex,
+            guard: Some(guard),
+        }
+    }
+}
+
+impl Drop for PathGuard {
+    fn drop(&mut self) {
+        drop(self.guard.take());
+        let mut held = self.locks.held.lock().unwrap_or_else(|e| e.into_inner());
+        // Only the map's reference and ours remain: nobody is waiting.
+        if Arc::strong_count(&self.mutex) == 2 {
+            held.remove(&self.key);
+        }
+    }
+}
+
+/// An error answer: `{"code": ..., "message": ...}` with the code's status.
+#[derive(Debug)]
+pub struct Failure(pub ApiError);
+
+impl Failure {
+    fn new(code: ErrorCode, message: impl Into<String>) -> Self {
+        Failure(ApiError::new(code, message))
+    }
+}
+
+impl IntoResponse for Failure {
+    fn into_response(self) -> Response {
+        let status = StatusCode::from_u16(self.0.code.http_status())
+            .unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+        let message = self.0.message.clone();
+        let mut response = (status, Json(self.0)).into_response();
+        // Kept for the audit log, which runs outside the handler.
+        response.extensions_mut().insert(FailureMessage(message));
+        if status == StatusCode::UNAUTHORIZED {
+            response
+                .headers_mut()
+                .insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
+        }
+        response
+    }
+}
+
+#[derive(Debug, Clone)]
+struct FailureMessage(String);
+
+impl From<StoreError> for Failure {
+    fn from(error: StoreError) -> Self {
+        let code = match &error {
+            StoreError::Unsafe(_) => ErrorCode::UnsafePath,
+            StoreError::Conflict(_) => ErrorCode::Conflict,
+            StoreError::NotFound(_) => ErrorCode::NotFound,
+            StoreError::NoSpace(_) => ErrorCode::InsufficientStorage,
+            StoreError::NotReady(_) => ErrorCode::NotReady,
+            StoreError::Io { .. } => ErrorCode::Internal,
+        };
+        Failure::new(code, error.to_string())
+    }
+}
+
+type ApiResult<T> = Result<T, Failure>;
+
+/// Builds the router with every route, limit and middleware.
+pub fn router(
+    state: Arc<AppState>,
+    max_body_bytes: usize,
+    max_concurrent_requests: usize,
+) -> Router {
+    let authenticated = Router::new()
+        .route("/metrics", get(metrics))
+        .route("/v1/info", get(info))
+        .route("/v1/volumes", get(list_volumes))
+        .route(
+            "/v1/volumes/{*path}",
+            put(create_volume).get(get_volume).delete(delete_volume),
+        )
+        .route("/v1/archives/{*path}", post(archive_volume))
+        .route_layer(middleware::from_fn_with_state(state.clone(), authenticate));
+    Router::new()
+        .route("/healthz", get(healthz))
+        .route("/readyz", get(readyz))
+        .merge(authenticated)
+        .fallback(|| async { Failure::new(ErrorCode::NotFound, "no such endpoint") })
+        .method_not_allowed_fallback(|| async {
+            Failure::new(
+                ErrorCode::MethodNotAllowed,
+                "method not allowed on this endpoint",
+            )
+        })
+        .layer(DefaultBodyLimit::max(max_body_bytes))
+        .layer(ConcurrencyLimitLayer::new(max_concurrent_requests))
+        .layer(middleware::from_fn_with_state(state.clone(), observe))
+        .layer(PropagateRequestIdLayer::new(
+            header::HeaderName::from_static(REQUEST_ID_HEADER),
+        ))
+        .layer(SetRequestIdLayer::new(
+            header::HeaderName::from_static(REQUEST_ID_HEADER),
+            MakeRequestUuid,
+        ))
+        .with_state(state)
+}
+
+/// Accepts the request when it carries a verified client certificate or a valid token.
+async fn authenticate(
+    State(state): State<Arc<AppState>>,
+    peer: Option<Extension<PeerCertificate>>,
+    mut request: Request,
+    next: Next,
+) -> Response {
+    let certificate = peer
+        .as_ref()
+        .and_then(|Extension(PeerCertificate(name))| name.as_deref());
+    let authorization = request
+        .headers()
+        .get(header::AUTHORIZATION)
+        .map(HeaderValue::as_bytes);
+    match state.auth.authenticate(certificate, authorization) {
+        Some(caller) => {
+            request.extensions_mut().insert(caller.clone());
+            let mut response = next.run(request).await;
+            response.extensions_mut().insert(caller);
+            response
+        }
+        None => Failure::new(
+            ErrorCode::Unauthenticated,
+            "authentication required: a client certificate from the agent's CA or a valid bearer token",
+        )
+        .into_response(),
+    }
+}
+
+/// Times, counts and audits every request, and enforces the request timeout.
+async fn observe(State(state): State<Arc<AppState>>, request: Request, next: Next) -> Response {
+    let started = Instant::now();
+    let method = request.method().clone();
+    let uri_path = request.uri().path().to_owned();
+    let route = request
+        .extensions()
+        .get::<MatchedPath>()
+        .map_or_else(|| "unmatched".to_owned(), |m| m.as_str().to_owned());
+    let request_id = request
+        .headers()
+        .get(REQUEST_ID_HEADER)
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("")
+        .to_owned();
+    let response = match tokio::time::timeout(state.request_timeout, next.run(request)).await {
+        Ok(response) => response,
+        Err(_) => Failure::new(
+            ErrorCode::Timeout,
+            format!(
+                "request took longer than {}s; the work goes on and a retry will see its result",
+                state.request_timeout.as_secs()
+            ),
+        )
+        .into_response(),
+    };
+    let elapsed = started.elapsed();
+    let status = response.status();
+    state
+        .metrics
+        .requests
+        .get_or_create(&RequestLabels {
+            method: method.to_string(),
+            route: route.clone(),
+            status: status.as_u16(),
+        })
+        .inc();
+    state
+        .metrics
+        .request_duration
+        .get_or_create(&RouteLabels {
+            method: method.to_string(),
+            route,
+        })
+        .observe(elapsed.as_secs_f64());
+
+    let caller = response
+        .extensions()
+        .get::<Caller>()
+        .map_or_else(|| "unauthenticated".to_owned(), ToString::to_string);
+    let error = response
+        .extensions()
+        .get::<FailureMessage>()
+        .map(|m| m.0.as_str())
+        .unwrap_or("");
+    let duration_ms = elapsed.as_secs_f64() * 1000.0;
+    let mutation = matches!(method, Method::PUT | Method::DELETE | Method::POST);
+    if status.is_server_error() {
+        tracing::error!(target: "audit", request_id, %caller, %method, path = uri_path, status = status.as_u16(), duration_ms, error, "request failed");
+    } else if mutation || status == StatusCode::UNAUTHORIZED {
+        tracing::info!(target: "audit", request_id, %caller, %method, path = uri_path, status = status.as_u16(), duration_ms, error, "request");
+    } else {
+        tracing::debug!(target: "audit", request_id, %caller, %method, path = uri_path, status = status.as_u16(), duration_ms, "request");
+    }
+    response
+}
+
+async fn healthz() -> Json<Health> {
+    Json(Health {
+        status: "ok".into(),
+        reason: None,
+    })
+}
+
+async fn readyz(State(state): State<Arc<AppState>>) -> Response {
+    match state.readiness().await {
+        Ok(()) => Json(Health {
+            status: "ok".into(),
+            reason: None,
+        })
+        .into_response(),
+        Err(reason) => (
+            StatusCode::SERVICE_UNAVAILABLE,
+            Json(Health {
+                status: "unavailable".into(),
+                reason: Some(reason),
+            }),
+        )
+            .into_response(),
+    }
+}
+
+async fn metrics(State(state): State<Arc<AppState>>) -> Response {
+    if let Ok(fs) = state.store.filesystem_stats() {
+        state
+            .metrics
+            .filesystem_available_bytes
+            .set(fs.available_bytes as i64);
+        state
+            .metrics
+            .filesystem_free_inodes
+            .set(fs.free_inodes as i64);
+    }
+    (
+        [(
+            header::CONTENT_TYPE,
+            "application/openmetrics-text; version=1.0.0; charset=utf-8",
+        )],
+        state.metrics.encode(),
+    )
+        .into_response()
+}
+
+async fn info(State(state): State<Arc<AppState>>) -> ApiResult<Json<AgentInfo>> {
+    let filesystem = state.store.filesystem_stats()?;
+    Ok(Json(AgentInfo {
+        version: env!("CARGO_PKG_VERSION").to_owned(),
+        nfs: state.nfs.clone(),
+        capabilities: Capabilities {
+            quota: QuotaBackend::None,
+            quota_enforced: false,
+            archive: true,
+        },
+        filesystem,
+    }))
+}
+
+fn volume_path(raw: Result<Path<String>, PathRejection>) -> ApiResult<VolumePath> {
+    let Path(raw) =
+        raw.map_err(|e| Failure::new(ErrorCode::InvalidPath, format!("invalid path: {e}")))?;
+    VolumePath::parse(&raw)
+        .map_err(|e| Failure::new(ErrorCode::InvalidPath, format!("invalid volume path: {e}")))
+}
+
+fn create_body(
+    headers: &HeaderMap,
+    body: Result<Bytes, BytesRejection>,
+) -> ApiResult<CreateVolumeRequest> {
+    let body = body.map_err(|e| {
+        if e.status() == StatusCode::PAYLOAD_TOO_LARGE {
+            Failure::new(ErrorCode::PayloadTooLarge, "request body is too large")
+        } else {
+            Failure::new(ErrorCode::InvalidBody, format!("cannot read the body: {e}"))
+        }
+    })?;
+    if let Some(content_type) = headers.get(header::CONTENT_TYPE)
+        && !content_type.as_bytes().starts_with(b"application/json")
+    {
+        return Err(Failure::new(
+            ErrorCode::UnsupportedMediaType,
+            "the body must be JSON (Content-Type: application/json)",
+        ));
+    }
+    serde_json::from_slice(&body)
+        .map_err(|e| Failure::new(ErrorCode::InvalidBody, format!("invalid body: {e}")))
+}
+
+/// Runs filesystem work on the blocking pool while holding the path's lock. The lock
+/// guard travels into the blocking task, so a request that times out keeps the path
+/// locked until its work has really finished.
+async fn with_path_lock<T, F>(state: &Arc<AppState>, path: &VolumePath, work: F) -> ApiResult<T>
+where
+    T: Send + 'static,
+    F: FnOnce(&VolumeStore) -> Result<T, StoreError> + Send + 'static,
+{
+    let guard = state.locks.lock(path.as_str()).await;
+    let store = state.store.clone();
+    let result = tokio::task::spawn_blocking(move || {
+        let result = work(&store);
+        drop(guard);
+        result
+    })
+    .await;
+    match result {
+        Ok(result) => result.map_err(Failure::from),
+        Err(e) => Err(Failure::new(
+            ErrorCode::Internal,
+            format!("filesystem task failed: {e}"),
+        )),
+    }
+}
+
+async fn create_volume(
+    State(state): State<Arc<AppState>>,
+    raw_path: Result<Path<String>, PathRejection>,
+    headers: HeaderMap,
+    body: Result<Bytes, BytesRejection>,
+) -> ApiResult<Response> {
+    let path = volume_path(raw_path)?;
+    let request = create_body(&headers, body)?;
+    let result = with_path_lock(&state, &path.clone(), move |store| {
+        store.create(&path, &request)
+    })
+    .await;
+    state.metrics.count_operation("create", outcome(&result));
+    let (volume, created) = result?;
+    let status = match created {
+        Created::New => StatusCode::CREATED,
+        Created::Existing => StatusCode::OK,
+    };
+    Ok((status, Json(volume)).into_response())
+}
+
+async fn get_volume(
+    State(state): State<Arc<AppState>>,
+    raw_path: Result<Path<String>, PathRejection>,
+) -> ApiResult<Response> {
+    let path = volume_path(raw_path)?;
+    let store = state.store.clone();
+    let volume = tokio::task::spawn_blocking(move || store.get(&path))
+        .await
+        .map_err(|e| Failure::new(ErrorCode::Internal, format!("filesystem task failed: {e}")))??;
+    Ok(Json(volume).into_response())
+}
+
+async fn list_volumes(State(state): State<Arc<AppState>>) -> ApiResult<Json<VolumeList>> {
+    let store = state.store.clone();
+    let volumes = tokio::task::spawn_blocking(move || store.list())
+        .await
+        .map_err(|e| Failure::new(ErrorCode::Internal, format!("filesystem task failed: {e}")))??;
+    Ok(Json(VolumeList { volumes }))
+}
+
+async fn delete_volume(
+    State(state): State<Arc<AppState>>,
+    raw_path: Result<Path<String>, PathRejection>,
+) -> ApiResult<StatusCode> {
+    let path = volume_path(raw_path)?;
+    let result = with_path_lock(&state, &path.clone(), move |store| store.delete(&path)).await;
+    state.metrics.count_operation("delete", outcome(&result));
+    match result? {
+        Deleted::Removed | Deleted::WasAbsent => Ok(StatusCode::NO_CONTENT),
+    }
+}
+
+async fn archive_volume(
+    State(state): State<Arc<AppState>>,
+    raw_path: Result<Path<String>, PathRejection>,
+) -> ApiResult<Response> {
+    let path = volume_path(raw_path)?;
+    let result = with_path_lock(&state, &path.clone(), move |store| store.archive(&path)).await;
+    state.metrics.count_operation("archive", outcome(&result));
+    let (archived, how) = result?;
+    let status = match how {
+        Archived::New => StatusCode::CREATED,
+        Archived::Earlier => StatusCode::OK,
+    };
+    Ok((status, Json(archived)).into_response())
+}
+
+fn outcome<T>(result: &ApiResult<T>) -> &'static str {
+    match result {
+        Ok(_) => "success",
+        Err(Failure(error)) if error.code == ErrorCode::Internal => "error",
+        Err(_) => "rejected",
+    }
+}

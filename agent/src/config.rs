@@ -1,0 +1,423 @@
+//! The agent's settings: a TOML file, overridden by flags and environment variables.
+//! Every mistake is reported at start in one line naming the setting and the problem.
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use clap::{Args, Parser, Subcommand, ValueEnum};
+use serde::Deserialize;
+
+/// Default location of the agent's settings.
+pub const DEFAULT_CONFIG_PATH: &str = "/etc/nfsprov/agent.toml";
+/// Default HTTPS port.
+pub const DEFAULT_PORT: u16 = 8443;
+
+#[derive(Debug, Parser)]
+#[command(
+    name = "nfsprov-agent",
+    version,
+    about = "Creates, archives and deletes NFS export directories for the nfsprov controller over an authenticated HTTPS API"
+)]
+pub struct Cli {
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Serve the API.
+    Run(RunArgs),
+    /// Generate the CA, certificates, token and settings, and print the controller's Secret.
+    Init(crate::init::InitArgs),
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, Deserialize, Default)]
+#[serde(rename_all = "lowercase")]
+pub enum LogFormat {
+    #[default]
+    Text,
+    Json,
+}
+
+#[derive(Debug, Args, Default)]
+pub struct RunArgs {
+    /// Settings file.
+    #[arg(long, short, env = "NFSPROV_AGENT_CONFIG", default_value = DEFAULT_CONFIG_PATH)]
+    pub config: PathBuf,
+    /// Address to listen on (overrides `listen`).
+    #[arg(long, env = "NFSPROV_AGENT_LISTEN")]
+    pub listen: Option<String>,
+    /// Export root (overrides `export_root`).
+    #[arg(long, env = "NFSPROV_AGENT_EXPORT_ROOT")]
+    pub export_root: Option<PathBuf>,
+    /// Log format (overrides `log_format`).
+    #[arg(long, env = "NFSPROV_AGENT_LOG_FORMAT")]
+    pub log_format: Option<LogFormat>,
+    /// Development only: serve without any authentication. Refuses any address but loopback.
+    #[arg(long, env = "NFSPROV_AGENT_INSECURE_DEV_NO_AUTH")]
+    pub insecure_dev_no_auth: bool,
+}
+
+/// The settings file, as written.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FileConfig {
+    pub listen: Option<String>,
+    pub export_root: Option<PathBuf>,
+    #[serde(default)]
+    pub log_format: Option<LogFormat>,
+    pub nfs: Option<NfsSection>,
+    pub tls: TlsSection,
+    #[serde(default)]
+    pub tokens: Vec<TokenSection>,
+    #[serde(default)]
+    pub limits: LimitsSection,
+    #[serde(default)]
+    pub readiness: ReadinessSection,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct NfsSection {
+    /// Name or address NFS clients use to reach this server.
+    pub server: String,
+    /// Path clients mount for the export root (defaults to the export root itself).
+    pub path: Option<String>,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TlsSection {
+    pub cert_file: PathBuf,
+    pub key_file: PathBuf,
+    /// CA whose client certificates are accepted (mTLS). Without it, only tokens work.
+    pub client_ca_file: Option<PathBuf>,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TokenSection {
+    /// Name logged as the caller's identity (the token itself never is).
+    pub name: String,
+    pub file: PathBuf,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct LimitsSection {
+    pub max_body_bytes: usize,
+    pub request_timeout_seconds: u64,
+    pub max_concurrent_requests: usize,
+    pub shutdown_grace_seconds: u64,
+}
+
+impl Default for LimitsSection {
+    fn default() -> Self {
+        Self {
+            max_body_bytes: 64 * 1024,
+            // Deleting a very large tree can take minutes; the work goes on after a
+            // timeout and a retry then finds the volume gone.
+            request_timeout_seconds: 120,
+            max_concurrent_requests: 256,
+            shutdown_grace_seconds: 30,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ReadinessSection {
+    pub min_free_bytes: u64,
+    pub min_free_inodes: u64,
+}
+
+impl Default for ReadinessSection {
+    fn default() -> Self {
+        Self {
+            min_free_bytes: 16 * 1024 * 1024,
+            min_free_inodes: 256,
+        }
+    }
+}
+
+/// How callers prove who they are.
+#[derive(Debug, Clone)]
+pub struct AuthConfig {
+    pub client_ca_file: Option<PathBuf>,
+    pub tokens: Vec<TokenSection>,
+    /// Development mode: no authentication at all (loopback only).
+    pub disabled: bool,
+}
+
+/// Settings after merging file and flags, checked.
+#[derive(Debug, Clone)]
+pub struct AgentConfig {
+    pub listen: SocketAddr,
+    pub export_root: PathBuf,
+    pub nfs_server: String,
+    pub nfs_path: String,
+    pub log_format: LogFormat,
+    pub cert_file: PathBuf,
+    pub key_file: PathBuf,
+    pub auth: AuthConfig,
+    pub max_body_bytes: usize,
+    pub request_timeout: Duration,
+    pub max_concurrent_requests: usize,
+    pub shutdown_grace: Duration,
+    pub min_free_bytes: u64,
+    pub min_free_inodes: u64,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("settings file {path}: {message}")]
+    File { path: PathBuf, message: String },
+    #[error("{0}")]
+    Invalid(String),
+}
+
+impl AgentConfig {
+    /// Reads the settings file and applies the flags on top of it.
+    pub fn load(args: &RunArgs) -> Result<Self, ConfigError> {
+        let text = std::fs::read_to_string(&args.config).map_err(|e| ConfigError::File {
+            path: args.config.clone(),
+            message: format!("cannot read it: {e}"),
+        })?;
+        let file: FileConfig = toml::from_str(&text).map_err(|e| ConfigError::File {
+            path: args.config.clone(),
+            message: e.message().to_owned(),
+        })?;
+        let base = args.config.parent().unwrap_or(Path::new("/"));
+        Self::from_parts(file, args, base)
+    }
+
+    /// Merges a parsed file with flags; relative file names resolve against `base`.
+    pub fn from_parts(file: FileConfig, args: &RunArgs, base: &Path) -> Result<Self, ConfigError> {
+        let resolve = |p: &Path| {
+            if p.is_absolute() {
+                p.to_owned()
+            } else {
+                base.join(p)
+            }
+        };
+        let listen_text = args
+            .listen
+            .clone()
+            .or(file.listen)
+            .unwrap_or_else(|| format!("0.0.0.0:{DEFAULT_PORT}"));
+        let listen: SocketAddr = listen_text.parse().map_err(|_| {
+            ConfigError::Invalid(format!(
+                "listen address {listen_text:?} is not an IP:port such as 0.0.0.0:{DEFAULT_PORT}"
+            ))
+        })?;
+        let export_root = args
+            .export_root
+            .clone()
+            .or(file.export_root)
+            .ok_or_else(|| ConfigError::Invalid("export_root is not set".into()))?;
+        check_export_root(&export_root)?;
+
+        let cert_file = resolve(&file.tls.cert_file);
+        let key_file = resolve(&file.tls.key_file);
+        check_readable("tls.cert_file", &cert_file)?;
+        check_readable("tls.key_file", &key_file)?;
+        let client_ca_file = file.tls.client_ca_file.as_deref().map(resolve);
+        if let Some(ca) = &client_ca_file {
+            check_readable("tls.client_ca_file", ca)?;
+        }
+        let mut tokens = Vec::with_capacity(file.tokens.len());
+        for token in file.tokens {
+            if token.name.trim().is_empty() {
+                return Err(ConfigError::Invalid(
+                    "a [[tokens]] entry has an empty name".into(),
+                ));
+            }
+            let path = resolve(&token.file);
+            check_readable(&format!("token {:?}", token.name), &path)?;
+            tokens.push(TokenSection {
+                name: token.name,
+                file: path,
+            });
+        }
+        let disabled = args.insecure_dev_no_auth;
+        if client_ca_file.is_none() && tokens.is_empty() && !disabled {
+            return Err(ConfigError::Invalid(
+                "no authentication configured: set tls.client_ca_file and/or [[tokens]] (or --insecure-dev-no-auth for a loopback-only development agent)"
+                    .into(),
+            ));
+        }
+        if disabled && !listen.ip().is_loopback() {
+            return Err(ConfigError::Invalid(format!(
+                "--insecure-dev-no-auth only binds loopback addresses, not {listen}"
+            )));
+        }
+
+        let nfs = file.nfs;
+        let nfs_server = nfs
+            .as_ref()
+            .map(|n| n.server.clone())
+            .unwrap_or_else(|| listen.ip().to_string());
+        if nfs_server.trim().is_empty() {
+            return Err(ConfigError::Invalid("nfs.server is empty".into()));
+        }
+        let nfs_path = nfs
+            .and_then(|n| n.path)
+            .unwrap_or_else(|| export_root.display().to_string());
+        if !nfs_path.starts_with('/') {
+            return Err(ConfigError::Invalid(format!(
+                "nfs.path {nfs_path:?} must be absolute"
+            )));
+        }
+        let limits = file.limits;
+        if limits.max_body_bytes == 0
+            || limits.request_timeout_seconds == 0
+            || limits.max_concurrent_requests == 0
+        {
+            return Err(ConfigError::Invalid(
+                "limits.max_body_bytes, limits.request_timeout_seconds and limits.max_concurrent_requests must be positive".into(),
+            ));
+        }
+        Ok(Self {
+            listen,
+            export_root,
+            nfs_server,
+            nfs_path: match nfs_path.trim_end_matches('/') {
+                "" => "/".to_owned(),
+                trimmed => trimmed.to_owned(),
+            },
+            log_format: args.log_format.or(file.log_format).unwrap_or_default(),
+            cert_file,
+            key_file,
+            auth: AuthConfig {
+                client_ca_file,
+                tokens,
+                disabled,
+            },
+            max_body_bytes: limits.max_body_bytes,
+            request_timeout: Duration::from_secs(limits.request_timeout_seconds),
+            max_concurrent_requests: limits.max_concurrent_requests,
+            shutdown_grace: Duration::from_secs(limits.shutdown_grace_seconds),
+            min_free_bytes: file.readiness.min_free_bytes,
+            min_free_inodes: file.readiness.min_free_inodes,
+        })
+    }
+}
+
+fn check_export_root(root: &Path) -> Result<(), ConfigError> {
+    if !root.is_absolute() {
+        return Err(ConfigError::Invalid(format!(
+            "export_root {} must be an absolute path",
+            root.display()
+        )));
+    }
+    match std::fs::metadata(root) {
+        Ok(meta) if meta.is_dir() => Ok(()),
+        Ok(_) => Err(ConfigError::Invalid(format!(
+            "export_root {} is not a directory",
+            root.display()
+        ))),
+        Err(e) => Err(ConfigError::Invalid(format!(
+            "export_root {} cannot be used: {e}",
+            root.display()
+        ))),
+    }
+}
+
+fn check_readable(what: &str, path: &Path) -> Result<(), ConfigError> {
+    std::fs::File::open(path).map(drop).map_err(|e| {
+        ConfigError::Invalid(format!("{what} {}: cannot read it: {e}", path.display()))
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn args(config: &Path) -> RunArgs {
+        RunArgs {
+            config: config.to_owned(),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn every_mistake_names_the_problem() {
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path().join("export");
+        std::fs::create_dir(&root).unwrap();
+        for name in ["cert.pem", "key.pem", "token"] {
+            std::fs::write(dir.path().join(name), "x").unwrap();
+        }
+        let good = format!(
+            "export_root = {root:?}\nlisten = \"127.0.0.1:9443\"\n[tls]\ncert_file = \"cert.pem\"\nkey_file = \"key.pem\"\n[[tokens]]\nname = \"controller\"\nfile = \"token\"\n"
+        );
+        let file = dir.path().join("agent.toml");
+        std::fs::write(&file, &good).unwrap();
+        let config = AgentConfig::load(&args(&file)).unwrap();
+        assert_eq!(config.listen.port(), 9443);
+        assert_eq!(config.cert_file, dir.path().join("cert.pem"));
+        assert_eq!(config.nfs_path, root.display().to_string());
+
+        let cases = [
+            (
+                good.replace("127.0.0.1:9443", "nowhere"),
+                "listen address \"nowhere\"",
+            ),
+            (good.replace("cert.pem", "missing.pem"), "tls.cert_file"),
+            (good.replace("\"key.pem\"", "\"gone.pem\""), "tls.key_file"),
+            (
+                good.replace(&format!("{root:?}"), "\"relative/dir\""),
+                "must be an absolute path",
+            ),
+            (
+                good.replace(&format!("{root:?}"), "\"/nonexistent/root\""),
+                "export_root /nonexistent/root cannot be used",
+            ),
+            (
+                good.replace("[[tokens]]\nname = \"controller\"\nfile = \"token\"\n", ""),
+                "no authentication configured",
+            ),
+            (format!("{good}colour = 1\n"), "unknown field"),
+        ];
+        for (text, expected) in cases {
+            std::fs::write(&file, &text).unwrap();
+            let err = AgentConfig::load(&args(&file)).unwrap_err().to_string();
+            assert!(err.contains(expected), "expected {expected:?} in {err:?}");
+            assert!(!err.contains('\n'), "one line: {err:?}");
+        }
+    }
+
+    #[test]
+    fn shipped_example_is_a_valid_settings_file() {
+        let example: FileConfig =
+            toml::from_str(include_str!("../../deploy/agent/agent.example.toml")).unwrap();
+        assert_eq!(example.tokens.len(), 1);
+        assert!(example.tls.client_ca_file.is_some());
+        assert_eq!(example.nfs.unwrap().server, "nfs1.example.com");
+    }
+
+    #[test]
+    fn dev_mode_only_binds_loopback() {
+        let dir = tempfile::tempdir().unwrap();
+        for name in ["cert.pem", "key.pem"] {
+            std::fs::write(dir.path().join(name), "x").unwrap();
+        }
+        let file = dir.path().join("agent.toml");
+        std::fs::write(
+            &file,
+            format!(
+                "export_root = {:?}\n[tls]\ncert_file = \"cert.pem\"\nkey_file = \"key.pem\"\n",
+                dir.path()
+            ),
+        )
+        .unwrap();
+        let mut run = args(&file);
+        run.insecure_dev_no_auth = true;
+        run.listen = Some("0.0.0.0:9443".into());
+        let err = AgentConfig::load(&run).unwrap_err().to_string();
+        assert!(err.contains("only binds loopback"), "{err}");
+        run.listen = Some("127.0.0.1:9443".into());
+        assert!(AgentConfig::load(&run).unwrap().auth.disabled);
+    }
+}

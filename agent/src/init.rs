@@ -1,0 +1,496 @@
+//! `nfsprov-agent init`: generates the CA, the server certificate, the controller's client
+//! certificate and a token, writes the agent's settings, and prints the Secret the
+//! controller mounts to reach this agent.
+
+use std::fmt::Write as _;
+use std::io::Write as _;
+use std::net::IpAddr;
+use std::os::unix::fs::OpenOptionsExt;
+use std::path::{Path, PathBuf};
+
+use clap::Args;
+use rcgen::{
+    BasicConstraints, CertificateParams, CertifiedIssuer, DistinguishedName, DnType,
+    ExtendedKeyUsagePurpose, IsCa, KeyPair, KeyUsagePurpose, SanType,
+};
+use time::{Duration, OffsetDateTime};
+
+use crate::config::DEFAULT_PORT;
+
+#[derive(Debug, Clone, Args)]
+pub struct InitArgs {
+    /// Directory for the settings, certificates, keys and token.
+    #[arg(long, default_value = "/etc/nfsprov")]
+    pub dir: PathBuf,
+    /// Directory exported over NFS under which volumes are created.
+    #[arg(long)]
+    pub export_root: PathBuf,
+    /// DNS name(s) of this host for the server certificate (repeatable).
+    #[arg(long = "hostname")]
+    pub hostnames: Vec<String>,
+    /// IP address(es) of this host for the server certificate (repeatable).
+    #[arg(long = "ip")]
+    pub ips: Vec<IpAddr>,
+    /// Address the agent listens on.
+    #[arg(long, default_value_t = format!("0.0.0.0:{DEFAULT_PORT}"))]
+    pub listen: String,
+    /// Agent name, as StorageClasses refer to it.
+    #[arg(long, default_value = "default")]
+    pub name: String,
+    /// NFS server name clients mount (default: the first --hostname or --ip).
+    #[arg(long)]
+    pub nfs_server: Option<String>,
+    /// Path clients mount for the export root (default: the export root).
+    #[arg(long)]
+    pub nfs_path: Option<String>,
+    /// Namespace of the controller, for the printed Secret.
+    #[arg(long, default_value = "nfsprov")]
+    pub namespace: String,
+    /// Replace existing files (keys included). Without it, init refuses to touch them.
+    #[arg(long)]
+    pub force: bool,
+    /// Certificate lifetime in days.
+    #[arg(long, default_value_t = 3650)]
+    pub days: i64,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum InitError {
+    #[error("{0}")]
+    Invalid(String),
+    #[error("refusing to overwrite existing {}; pass --force to replace them", .0.join(", "))]
+    Exists(Vec<String>),
+    #[error("certificate generation failed: {0}")]
+    Certificate(#[from] rcgen::Error),
+    #[error("cannot write {path}: {source}")]
+    Write {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+/// File names written into the init directory.
+pub mod files {
+    pub const CONFIG: &str = "agent.toml";
+    pub const CA_CERT: &str = "ca.pem";
+    pub const CA_KEY: &str = "ca-key.pem";
+    pub const SERVER_CERT: &str = "server.pem";
+    pub const SERVER_KEY: &str = "server-key.pem";
+    pub const CONTROLLER_CERT: &str = "controller.pem";
+    pub const CONTROLLER_KEY: &str = "controller-key.pem";
+    pub const TOKEN: &str = "token";
+    pub const SECRET: &str = "controller-secret.yaml";
+    pub const ALL: [&str; 9] = [
+        CONFIG,
+        CA_CERT,
+        CA_KEY,
+        SERVER_CERT,
+        SERVER_KEY,
+        CONTROLLER_CERT,
+        CONTROLLER_KEY,
+        TOKEN,
+        SECRET,
+    ];
+}
+
+/// What `init` produced.
+#[derive(Debug, Clone)]
+pub struct InitOutput {
+    pub dir: PathBuf,
+    /// The URL the controller uses.
+    pub url: String,
+    /// The Secret manifest for the controller's namespace.
+    pub secret_manifest: String,
+}
+
+pub fn run(args: &InitArgs) -> Result<InitOutput, InitError> {
+    nfsprov_api_types::validate_component(&args.name)
+        .map_err(|e| InitError::Invalid(format!("--name {:?}: {e}", args.name)))?;
+    if args.hostnames.is_empty() && args.ips.is_empty() {
+        return Err(InitError::Invalid(
+            "give at least one --hostname or --ip: clients verify the server certificate against them".into(),
+        ));
+    }
+    if !args.export_root.is_absolute() {
+        return Err(InitError::Invalid(format!(
+            "--export-root {} must be absolute",
+            args.export_root.display()
+        )));
+    }
+    if args.days <= 0 {
+        return Err(InitError::Invalid("--days must be positive".into()));
+    }
+    let port = args
+        .listen
+        .parse::<std::net::SocketAddr>()
+        .map_err(|_| InitError::Invalid(format!("--listen {:?} is not an IP:port", args.listen)))?
+        .port();
+    let existing: Vec<String> = files::ALL
+        .iter()
+        .filter(|name| args.dir.join(name).exists())
+        .map(|name| args.dir.join(name).display().to_string())
+        .collect();
+    if !existing.is_empty() && !args.force {
+        return Err(InitError::Exists(existing));
+    }
+    std::fs::create_dir_all(&args.dir).map_err(|source| InitError::Write {
+        path: args.dir.clone(),
+        source,
+    })?;
+
+    let not_before = OffsetDateTime::now_utc() - Duration::hours(1);
+    let not_after = not_before + Duration::days(args.days);
+
+    let ca_key = KeyPair::generate()?;
+    let mut ca_params = CertificateParams::default();
+    ca_params.distinguished_name = name("nfsprov agent CA");
+    ca_params.is_ca = IsCa::Ca(BasicConstraints::Constrained(0));
+    ca_params.key_usages = vec![KeyUsagePurpose::KeyCertSign, KeyUsagePurpose::CrlSign];
+    ca_params.not_before = not_before;
+    ca_params.not_after = not_after;
+    let ca = CertifiedIssuer::self_signed(ca_params, ca_key)?;
+
+    let server_key = KeyPair::generate()?;
+    let mut server_params = CertificateParams::default();
+    server_params.distinguished_name = name("nfsprov-agent");
+    for host in &args.hostnames {
+        server_params
+            .subject_alt_names
+            .push(SanType::DnsName(host.clone().try_into().map_err(|_| {
+                InitError::Invalid(format!("--hostname {host:?} is not a valid DNS name"))
+            })?));
+    }
+    for ip in &args.ips {
+        server_params
+            .subject_alt_names
+            .push(SanType::IpAddress(*ip));
+    }
+    server_params.extended_key_usages = vec![ExtendedKeyUsagePurpose::ServerAuth];
+    server_params.key_usages = vec![KeyUsagePurpose::DigitalSignature];
+    server_params.use_authority_key_identifier_extension = true;
+    server_params.not_before = not_before;
+    server_params.not_after = not_after;
+    let server_cert = server_params.signed_by(&server_key, &ca)?;
+
+    let client_key = KeyPair::generate()?;
+    let mut client_params = CertificateParams::default();
+    client_params.distinguished_name = name("nfsprov-controller");
+    client_params.extended_key_usages = vec![ExtendedKeyUsagePurpose::ClientAuth];
+    client_params.key_usages = vec![KeyUsagePurpose::DigitalSignature];
+    client_params.use_authority_key_identifier_extension = true;
+    client_params.not_before = not_before;
+    client_params.not_after = not_after;
+    let client_cert = client_params.signed_by(&client_key, &ca)?;
+
+    let token = random_token().map_err(|source| InitError::Write {
+        path: args.dir.join(files::TOKEN),
+        source,
+    })?;
+
+    let host = args
+        .hostnames
+        .first()
+        .cloned()
+        .or_else(|| args.ips.first().map(url_host))
+        .unwrap_or_default();
+    let url = format!("https://{host}:{port}");
+    let nfs_server = args.nfs_server.clone().unwrap_or_else(|| {
+        args.hostnames
+            .first()
+            .cloned()
+            .or_else(|| args.ips.first().map(ToString::to_string))
+            .unwrap_or_default()
+    });
+    let nfs_path = args
+        .nfs_path
+        .clone()
+        .unwrap_or_else(|| args.export_root.display().to_string());
+    let config = agent_config(args, &nfs_server, &nfs_path);
+    let secret_manifest = secret_manifest(
+        args,
+        &url,
+        &ca.pem(),
+        &client_cert.pem(),
+        &client_key.serialize_pem(),
+        &token,
+    );
+
+    let dir = &args.dir;
+    write_file(&dir.join(files::CA_CERT), ca.pem().as_bytes(), 0o644)?;
+    write_file(
+        &dir.join(files::CA_KEY),
+        ca.key().serialize_pem().as_bytes(),
+        0o600,
+    )?;
+    write_file(
+        &dir.join(files::SERVER_CERT),
+        server_cert.pem().as_bytes(),
+        0o644,
+    )?;
+    write_file(
+        &dir.join(files::SERVER_KEY),
+        server_key.serialize_pem().as_bytes(),
+        0o600,
+    )?;
+    write_file(
+        &dir.join(files::CONTROLLER_CERT),
+        client_cert.pem().as_bytes(),
+        0o644,
+    )?;
+    write_file(
+        &dir.join(files::CONTROLLER_KEY),
+        client_key.serialize_pem().as_bytes(),
+        0o600,
+    )?;
+    write_file(
+        &dir.join(files::TOKEN),
+        format!("{token}\n").as_bytes(),
+        0o600,
+    )?;
+    write_file(&dir.join(files::CONFIG), config.as_bytes(), 0o600)?;
+    write_file(&dir.join(files::SECRET), secret_manifest.as_bytes(), 0o600)?;
+    Ok(InitOutput {
+        dir: dir.clone(),
+        url,
+        secret_manifest,
+    })
+}
+
+fn name(common_name: &str) -> DistinguishedName {
+    let mut dn = DistinguishedName::new();
+    dn.push(DnType::CommonName, common_name);
+    dn.push(DnType::OrganizationName, "nfsprov");
+    dn
+}
+
+fn url_host(ip: &IpAddr) -> String {
+    match ip {
+        IpAddr::V4(v4) => v4.to_string(),
+        IpAddr::V6(v6) => format!("[{v6}]"),
+    }
+}
+
+fn random_token() -> std::io::Result<String> {
+    let mut bytes = [0u8; 32];
+    rustix::rand::getrandom(&mut bytes, rustix::rand::GetRandomFlags::empty())?;
+    Ok(bytes.iter().fold(String::with_capacity(64), |mut out, b| {
+        let _ = write!(out, "{b:02x}");
+        out
+    }))
+}
+
+/// TOML string literal (quoted and escaped).
+fn toml_str(value: &str) -> String {
+    toml::Value::String(value.to_owned()).to_string()
+}
+
+fn agent_config(args: &InitArgs, nfs_server: &str, nfs_path: &str) -> String {
+    let dir = &args.dir;
+    let file = |name: &str| toml_str(&dir.join(name).display().to_string());
+    format!(
+        "# nfsprov agent settings, written by `nfsprov-agent init`.\n\
+         listen = {listen}\n\
+         export_root = {root}\n\
+         log_format = \"text\"\n\
+         \n\
+         [nfs]\n\
+         # What NFS clients mount: the PVs get server + path/<volume>.\n\
+         server = {server}\n\
+         path = {path}\n\
+         \n\
+         [tls]\n\
+         cert_file = {cert}\n\
+         key_file = {key}\n\
+         # Client certificates signed by this CA are accepted (mTLS).\n\
+         client_ca_file = {ca}\n\
+         \n\
+         # Bearer tokens; the file is re-read when it changes.\n\
+         [[tokens]]\n\
+         name = \"controller\"\n\
+         file = {token}\n\
+         \n\
+         [limits]\n\
+         max_body_bytes = 65536\n\
+         request_timeout_seconds = 120\n\
+         max_concurrent_requests = 256\n\
+         shutdown_grace_seconds = 30\n\
+         \n\
+         [readiness]\n\
+         min_free_bytes = 16777216\n\
+         min_free_inodes = 256\n",
+        listen = toml_str(&args.listen),
+        root = toml_str(&args.export_root.display().to_string()),
+        server = toml_str(nfs_server),
+        path = toml_str(nfs_path),
+        cert = file(files::SERVER_CERT),
+        key = file(files::SERVER_KEY),
+        ca = file(files::CA_CERT),
+        token = file(files::TOKEN),
+    )
+}
+
+/// The controller's Secret: one settings file per agent plus the files it refers to, all
+/// under keys prefixed with the agent's name so several agents' Secrets can be projected
+/// into one directory.
+fn secret_manifest(
+    args: &InitArgs,
+    url: &str,
+    ca: &str,
+    cert: &str,
+    key: &str,
+    token: &str,
+) -> String {
+    let name = &args.name;
+    let settings = format!(
+        "name = {}\nurl = {}\nca_file = \"{name}-ca.pem\"\nclient_cert_file = \"{name}-tls.crt\"\nclient_key_file = \"{name}-tls.key\"\ntoken_file = \"{name}-token\"\n",
+        toml_str(name),
+        toml_str(url),
+    );
+    let mut out = String::new();
+    let _ = write!(
+        out,
+        "apiVersion: v1\nkind: Secret\nmetadata:\n  name: nfsprov-agent-{name}\n  namespace: {namespace}\n  labels:\n    app.kubernetes.io/name: nfsprov\n    app.kubernetes.io/component: agent-credentials\n    nfsprov.dev/agent: {name}\ntype: Opaque\nstringData:\n",
+        namespace = args.namespace,
+    );
+    for (key_name, value) in [
+        (format!("{name}.toml"), settings.as_str()),
+        (format!("{name}-ca.pem"), ca),
+        (format!("{name}-tls.crt"), cert),
+        (format!("{name}-tls.key"), key),
+        (format!("{name}-token"), token),
+    ] {
+        let _ = writeln!(out, "  {key_name}: |");
+        for line in value.trim_end().lines() {
+            let _ = writeln!(out, "    {line}");
+        }
+    }
+    out
+}
+
+/// Writes a file with exactly `mode`, replacing any old one without ever leaving it
+/// readable with looser permissions.
+fn write_file(path: &Path, contents: &[u8], mode: u32) -> Result<(), InitError> {
+    let error = |source| InitError::Write {
+        path: path.to_owned(),
+        source,
+    };
+    let staged = path.with_extension("tmp-init");
+    let _ = std::fs::remove_file(&staged);
+    let mut file = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(mode)
+        .open(&staged)
+        .map_err(error)?;
+    file.write_all(contents).map_err(error)?;
+    file.sync_all().map_err(error)?;
+    // The process umask may have narrowed the mode; set it exactly.
+    std::fs::set_permissions(&staged, std::os::unix::fs::PermissionsExt::from_mode(mode))
+        .map_err(error)?;
+    std::fs::rename(&staged, path).map_err(error)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::unix::fs::PermissionsExt;
+
+    fn args(dir: &Path) -> InitArgs {
+        InitArgs {
+            dir: dir.to_owned(),
+            export_root: "/srv/nfs".into(),
+            hostnames: vec!["nfs1.example.com".into()],
+            ips: vec!["192.0.2.10".parse().unwrap()],
+            listen: "0.0.0.0:8443".into(),
+            name: "nfs1".into(),
+            nfs_server: None,
+            nfs_path: None,
+            namespace: "nfsprov".into(),
+            force: false,
+            days: 30,
+        }
+    }
+
+    #[test]
+    fn writes_private_files_and_refuses_to_overwrite() {
+        let dir = tempfile::tempdir().unwrap();
+        let out = run(&args(dir.path())).unwrap();
+        assert_eq!(out.url, "https://nfs1.example.com:8443");
+        for (file, mode) in [
+            (files::CA_KEY, 0o600),
+            (files::SERVER_KEY, 0o600),
+            (files::CONTROLLER_KEY, 0o600),
+            (files::TOKEN, 0o600),
+            (files::CONFIG, 0o600),
+            (files::SECRET, 0o600),
+            (files::CA_CERT, 0o644),
+        ] {
+            let meta = std::fs::metadata(dir.path().join(file)).unwrap();
+            assert_eq!(meta.permissions().mode() & 0o777, mode, "{file}");
+        }
+        let key_before = std::fs::read(dir.path().join(files::SERVER_KEY)).unwrap();
+        let err = run(&args(dir.path())).unwrap_err().to_string();
+        assert!(
+            err.contains("refusing to overwrite") && err.contains("server-key.pem"),
+            "{err}"
+        );
+        assert_eq!(
+            std::fs::read(dir.path().join(files::SERVER_KEY)).unwrap(),
+            key_before
+        );
+        let mut forced = args(dir.path());
+        forced.force = true;
+        run(&forced).unwrap();
+        assert_ne!(
+            std::fs::read(dir.path().join(files::SERVER_KEY)).unwrap(),
+            key_before
+        );
+    }
+
+    #[test]
+    fn secret_settings_parse_as_the_controller_reads_them() {
+        let dir = tempfile::tempdir().unwrap();
+        let out = run(&args(dir.path())).unwrap();
+        let token = std::fs::read_to_string(dir.path().join(files::TOKEN)).unwrap();
+        assert_eq!(token.trim().len(), 64);
+        assert!(
+            out.secret_manifest
+                .contains(&format!("    {}", token.trim()))
+        );
+        // Pull the settings file out of the manifest and load it the controller's way.
+        let settings: String = out
+            .secret_manifest
+            .split("  nfs1.toml: |\n")
+            .nth(1)
+            .unwrap()
+            .lines()
+            .take_while(|l| l.starts_with("    "))
+            .map(|l| format!("{}\n", &l[4..]))
+            .collect();
+        let mounted = tempfile::tempdir().unwrap();
+        std::fs::write(mounted.path().join("nfs1.toml"), settings).unwrap();
+        let agents =
+            nfsprov_api_types::client::AgentConnectionConfig::from_dir(mounted.path()).unwrap();
+        assert_eq!(agents[0].name, "nfs1");
+        assert_eq!(agents[0].url, "https://nfs1.example.com:8443");
+        assert_eq!(agents[0].ca_file, mounted.path().join("nfs1-ca.pem"));
+    }
+
+    #[test]
+    fn needs_a_name_for_the_certificate() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut bad = args(dir.path());
+        bad.hostnames.clear();
+        bad.ips.clear();
+        assert!(
+            run(&bad)
+                .unwrap_err()
+                .to_string()
+                .contains("--hostname or --ip")
+        );
+        let mut bad = args(dir.path());
+        bad.name = "../x".into();
+        assert!(run(&bad).unwrap_err().to_string().contains("--name"));
+    }
+}

@@ -1,0 +1,174 @@
+//! The nfsprov agent: an HTTPS service on the NFS server that creates, archives and
+//! deletes volume directories beneath one export root for the cluster's controller.
+
+pub mod api;
+pub mod auth;
+pub mod config;
+pub mod fs;
+pub mod init;
+pub mod metrics;
+pub mod testkit;
+pub mod tls;
+
+use std::future::Future;
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use nfsprov_api_types::NfsExport;
+
+use crate::api::AppState;
+use crate::auth::Authenticator;
+use crate::config::{AgentConfig, LogFormat};
+use crate::fs::VolumeStore;
+
+/// Why the agent could not start. Each message is one line naming the problem.
+#[derive(Debug, thiserror::Error)]
+pub enum StartError {
+    #[error(transparent)]
+    Config(#[from] config::ConfigError),
+    #[error(transparent)]
+    Tls(#[from] tls::TlsError),
+    #[error(transparent)]
+    Auth(#[from] auth::AuthSetupError),
+    #[error("export root: {0}")]
+    Store(#[from] fs::StoreError),
+    #[error("cannot listen on {addr}: {source}")]
+    Listen {
+        addr: SocketAddr,
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+/// An agent whose settings were checked and whose socket is bound, ready to serve.
+pub struct Agent {
+    config: AgentConfig,
+    state: Arc<AppState>,
+    tls: axum_server::tls_rustls::RustlsConfig,
+    listener: std::net::TcpListener,
+}
+
+impl Agent {
+    /// Checks everything that can be checked before serving: the export root, the
+    /// certificates and keys, the token files, and the listen address.
+    pub fn bind(config: AgentConfig) -> Result<Self, StartError> {
+        let store = Arc::new(VolumeStore::open(&config.export_root)?);
+        let auth = Authenticator::new(&config.auth)?;
+        let certificate_optional = !config.auth.tokens.is_empty() || config.auth.disabled;
+        let tls = tls::server_config(
+            &config.cert_file,
+            &config.key_file,
+            config.auth.client_ca_file.as_deref(),
+            certificate_optional,
+        )?;
+        let listener =
+            std::net::TcpListener::bind(config.listen).map_err(|source| StartError::Listen {
+                addr: config.listen,
+                source,
+            })?;
+        listener
+            .set_nonblocking(true)
+            .map_err(|source| StartError::Listen {
+                addr: config.listen,
+                source,
+            })?;
+        let state = Arc::new(AppState::new(
+            store,
+            auth,
+            NfsExport {
+                server: config.nfs_server.clone(),
+                path: config.nfs_path.clone(),
+            },
+            config.min_free_bytes,
+            config.min_free_inodes,
+            config.request_timeout,
+        ));
+        Ok(Self {
+            config,
+            state,
+            tls,
+            listener,
+        })
+    }
+
+    /// The bound address (useful when the port was 0).
+    pub fn local_addr(&self) -> SocketAddr {
+        self.listener.local_addr().unwrap_or(self.config.listen)
+    }
+
+    /// Serves until `shutdown` completes, then lets in-flight requests finish (up to the
+    /// configured grace period).
+    pub async fn serve(
+        self,
+        shutdown: impl Future<Output = ()> + Send + 'static,
+    ) -> std::io::Result<()> {
+        let store = self.state.store.clone();
+        // Trash and staging left by a crash are purged in the background: the API is
+        // already consistent without it (those areas are invisible to it).
+        tokio::task::spawn_blocking(move || match store.purge_leftovers() {
+            Ok(0) => {}
+            Ok(n) => tracing::info!(entries = n, "purged leftovers of an interrupted run"),
+            Err(e) => tracing::warn!(error = %e, "could not purge leftovers of an interrupted run"),
+        });
+        let app = api::router(
+            self.state.clone(),
+            self.config.max_body_bytes,
+            self.config.max_concurrent_requests,
+        );
+        let handle = axum_server::Handle::new();
+        let grace = self.config.shutdown_grace;
+        let signal_handle = handle.clone();
+        tokio::spawn(async move {
+            shutdown.await;
+            tracing::info!(
+                grace_seconds = grace.as_secs(),
+                "shutting down; finishing in-flight requests"
+            );
+            signal_handle.graceful_shutdown(Some(grace));
+        });
+        tracing::info!(
+            addr = %self.local_addr(),
+            export_root = %self.config.export_root.display(),
+            mtls = self.config.auth.client_ca_file.is_some(),
+            tokens = self.config.auth.tokens.len(),
+            "agent listening"
+        );
+        if self.config.auth.disabled {
+            tracing::warn!("authentication is DISABLED (development mode, loopback only)");
+        }
+        axum_server::from_tcp(self.listener)?
+            .acceptor(tls::IdentityAcceptor::new(self.tls))
+            .handle(handle)
+            .serve(app.into_make_service())
+            .await
+    }
+}
+
+/// Completes on SIGTERM or SIGINT.
+pub async fn shutdown_signal() {
+    let terminate = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut signal) => {
+                signal.recv().await;
+            }
+            Err(_) => std::future::pending::<()>().await,
+        }
+    };
+    tokio::select! {
+        _ = tokio::signal::ctrl_c() => {}
+        _ = terminate => {}
+    }
+}
+
+/// Sets up logging; `RUST_LOG` overrides the default level.
+pub fn init_tracing(format: LogFormat) {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
+    let _ = match format {
+        LogFormat::Json => builder.json().flatten_event(true).try_init(),
+        LogFormat::Text => builder.try_init(),
+    };
+}

@@ -1,0 +1,104 @@
+//! Prometheus metrics of the agent (`/metrics`, authenticated).
+
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::Histogram;
+use prometheus_client::registry::Registry;
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct RequestLabels {
+    pub method: String,
+    /// The route template (`/v1/volumes/{*path}`), never the concrete path, to bound the
+    /// number of series.
+    pub route: String,
+    pub status: u16,
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct RouteLabels {
+    pub method: String,
+    pub route: String,
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct OperationLabels {
+    pub operation: &'static str,
+    pub outcome: &'static str,
+}
+
+#[derive(Debug)]
+pub struct Metrics {
+    registry: Registry,
+    pub requests: Family<RequestLabels, Counter>,
+    pub request_duration: Family<RouteLabels, Histogram>,
+    pub operations: Family<OperationLabels, Counter>,
+    pub filesystem_available_bytes: Gauge,
+    pub filesystem_free_inodes: Gauge,
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Metrics {
+    pub fn new() -> Self {
+        let mut registry = Registry::with_prefix("nfsprov_agent");
+        let requests = Family::<RequestLabels, Counter>::default();
+        registry.register("http_requests", "HTTP requests answered", requests.clone());
+        let request_duration = Family::<RouteLabels, Histogram>::new_with_constructor(|| {
+            Histogram::new([
+                0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 10.0,
+                60.0,
+            ])
+        });
+        registry.register(
+            "http_request_duration_seconds",
+            "Time to answer HTTP requests",
+            request_duration.clone(),
+        );
+        let operations = Family::<OperationLabels, Counter>::default();
+        registry.register(
+            "volume_operations",
+            "Volume operations by kind and outcome",
+            operations.clone(),
+        );
+        let filesystem_available_bytes = Gauge::default();
+        registry.register(
+            "filesystem_available_bytes",
+            "Bytes available on the export root's filesystem at the last scrape",
+            filesystem_available_bytes.clone(),
+        );
+        let filesystem_free_inodes = Gauge::default();
+        registry.register(
+            "filesystem_free_inodes",
+            "Free inodes on the export root's filesystem at the last scrape",
+            filesystem_free_inodes.clone(),
+        );
+        Self {
+            registry,
+            requests,
+            request_duration,
+            operations,
+            filesystem_available_bytes,
+            filesystem_free_inodes,
+        }
+    }
+
+    pub fn count_operation(&self, operation: &'static str, outcome: &'static str) {
+        self.operations
+            .get_or_create(&OperationLabels { operation, outcome })
+            .inc();
+    }
+
+    /// The text exposition format.
+    pub fn encode(&self) -> String {
+        let mut out = String::new();
+        // Writing into a String cannot fail.
+        let _ = prometheus_client::encoding::text::encode(&mut out, &self.registry);
+        out
+    }
+}

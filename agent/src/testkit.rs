@@ -1,0 +1,133 @@
+//! A real agent for other crates' tests: HTTPS on 127.0.0.1 with freshly generated
+//! certificates and token, serving a given export root, stopped when dropped.
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use nfsprov_api_types::client::{AgentClient, AgentConnectionConfig};
+use tokio::sync::oneshot;
+
+use crate::config::{AgentConfig, AuthConfig, LogFormat, TokenSection};
+use crate::init::{self, InitArgs, files};
+
+/// A running agent; dropping it shuts it down.
+pub struct TestAgent {
+    addr: SocketAddr,
+    root: PathBuf,
+    credentials: tempfile::TempDir,
+    stop: Option<oneshot::Sender<()>>,
+    task: Option<tokio::task::JoinHandle<std::io::Result<()>>>,
+}
+
+impl TestAgent {
+    /// Starts an agent on a free loopback port with mTLS and a token, serving `root`.
+    pub async fn start(root: &Path) -> anyhow::Result<TestAgent> {
+        let credentials = tempfile::tempdir()?;
+        init::run(&InitArgs {
+            dir: credentials.path().to_owned(),
+            export_root: root.to_owned(),
+            hostnames: vec!["localhost".into()],
+            ips: vec!["127.0.0.1".parse()?],
+            listen: "127.0.0.1:8443".into(),
+            name: "test".into(),
+            nfs_server: Some("127.0.0.1".into()),
+            nfs_path: None,
+            namespace: "nfsprov".into(),
+            force: false,
+            days: 1,
+        })?;
+        let dir = credentials.path();
+        let config = AgentConfig {
+            listen: "127.0.0.1:0".parse()?,
+            export_root: root.to_owned(),
+            nfs_server: "127.0.0.1".into(),
+            nfs_path: root.display().to_string(),
+            log_format: LogFormat::Text,
+            cert_file: dir.join(files::SERVER_CERT),
+            key_file: dir.join(files::SERVER_KEY),
+            auth: AuthConfig {
+                client_ca_file: Some(dir.join(files::CA_CERT)),
+                tokens: vec![TokenSection {
+                    name: "controller".into(),
+                    file: dir.join(files::TOKEN),
+                }],
+                disabled: false,
+            },
+            max_body_bytes: 64 * 1024,
+            request_timeout: Duration::from_secs(120),
+            max_concurrent_requests: 256,
+            shutdown_grace: Duration::from_secs(5),
+            min_free_bytes: 0,
+            min_free_inodes: 0,
+        };
+        let agent = crate::Agent::bind(config)?;
+        let addr = agent.local_addr();
+        let (stop, stopped) = oneshot::channel::<()>();
+        let task = tokio::spawn(agent.serve(async move {
+            let _ = stopped.await;
+        }));
+        Ok(TestAgent {
+            addr,
+            root: root.to_owned(),
+            credentials,
+            stop: Some(stop),
+            task: Some(task),
+        })
+    }
+
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    pub fn root(&self) -> &Path {
+        &self.root
+    }
+
+    /// Directory holding the CA, certificates, keys and token `init` generated.
+    pub fn credentials_dir(&self) -> &Path {
+        self.credentials.path()
+    }
+
+    /// Connection settings with both the client certificate and the token.
+    pub fn connection(&self) -> AgentConnectionConfig {
+        let dir = self.credentials.path();
+        AgentConnectionConfig {
+            name: "test".into(),
+            url: format!("https://127.0.0.1:{}", self.addr.port()),
+            ca_file: dir.join(files::CA_CERT),
+            token_file: Some(dir.join(files::TOKEN)),
+            client_cert_file: Some(dir.join(files::CONTROLLER_CERT)),
+            client_key_file: Some(dir.join(files::CONTROLLER_KEY)),
+            timeout_seconds: 30,
+            nfs_server: None,
+            nfs_path: None,
+        }
+    }
+
+    pub fn client(&self) -> AgentClient {
+        AgentClient::new(&self.connection()).expect("test agent settings are valid")
+    }
+
+    /// Stops the agent and waits until it has finished serving.
+    pub async fn stop(mut self) -> std::io::Result<()> {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+        match self.task.take() {
+            Some(task) => task.await.map_err(std::io::Error::other)?,
+            None => Ok(()),
+        }
+    }
+}
+
+impl Drop for TestAgent {
+    fn drop(&mut self) {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+        if let Some(task) = self.task.take() {
+            task.abort();
+        }
+    }
+}
