@@ -1,0 +1,79 @@
+//! The shipped systemd unit is valid for this systemd and keeps its hardening.
+
+use std::path::Path;
+use std::process::Command;
+
+const UNIT: &str = include_str!("../../deploy/agent/nfsprov-agent.service");
+
+/// A minimal root with the system's own units, the agent binary where the unit expects
+/// it, and the unit itself, so `systemd-analyze --root` checks exactly what users install.
+fn unit_root() -> tempfile::TempDir {
+    let root = tempfile::tempdir().unwrap();
+    let bin = root.path().join("usr/local/bin");
+    std::fs::create_dir_all(&bin).unwrap();
+    std::fs::copy(
+        env!("CARGO_BIN_EXE_nfsprov-agent"),
+        bin.join("nfsprov-agent"),
+    )
+    .unwrap();
+    let units = root.path().join("etc/systemd/system");
+    std::fs::create_dir_all(&units).unwrap();
+    std::fs::write(units.join("nfsprov-agent.service"), UNIT).unwrap();
+    let system_units = root.path().join("usr/lib/systemd");
+    std::fs::create_dir_all(&system_units).unwrap();
+    let copied = Command::new("cp")
+        .args(["-r", "/lib/systemd/system"])
+        .arg(&system_units)
+        .status()
+        .unwrap();
+    assert!(copied.success());
+    root
+}
+
+fn analyze(root: &Path, args: &[&str]) -> std::process::Output {
+    Command::new("systemd-analyze")
+        .args(args)
+        .arg(format!("--root={}", root.display()))
+        .arg("nfsprov-agent.service")
+        .output()
+        .expect("systemd-analyze (Debian package systemd) must be installed")
+}
+
+#[test]
+fn unit_verifies_cleanly() {
+    let root = unit_root();
+    let output = analyze(root.path(), &["verify"]);
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(output.status.success(), "{stderr}");
+    // verify only warns about unknown keys or bad values; any output is a defect.
+    assert!(stderr.trim().is_empty(), "{stderr}");
+}
+
+#[test]
+fn unit_exposure_stays_low() {
+    let root = unit_root();
+    // The threshold is on systemd's internal 0-100 scale: 30 is an exposure of 3.0.
+    let output = analyze(
+        root.path(),
+        &["security", "--offline=yes", "--threshold=30"],
+    );
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(output.status.success(), "exposure above 3.0:\n{stdout}");
+    assert!(stdout.contains("Overall exposure level"), "{stdout}");
+}
+
+#[test]
+fn unit_keeps_the_promised_hardening() {
+    for line in [
+        "ProtectSystem=strict",
+        "ReadWritePaths=/srv/nfs",
+        "NoNewPrivileges=yes",
+        "CapabilityBoundingSet=CAP_CHOWN CAP_FOWNER CAP_DAC_OVERRIDE CAP_DAC_READ_SEARCH",
+        "PrivateTmp=yes",
+        "ProtectHome=yes",
+        "RestrictAddressFamilies=AF_INET AF_INET6 AF_UNIX",
+        "SystemCallFilter=@system-service",
+    ] {
+        assert!(UNIT.lines().any(|l| l == line), "missing {line}");
+    }
+}
