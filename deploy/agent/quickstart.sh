@@ -19,7 +19,7 @@ cargo build --release --locked -p nfsprov-agent
 bin=target/release/nfsprov-agent
 mkdir -p "$work/export"
 "$bin" init --dir "$work/etc" --export-root "$work/export" --hostname localhost --ip 127.0.0.1 \
-  --listen "127.0.0.1:$port" --name local >"$work/secret.yaml"
+  --listen "127.0.0.1:$port" --name local >"$work/secret.yaml" 2>"$work/init.log"
 
 "$bin" run --config "$work/etc/agent.toml" &
 agent_pid=$!
