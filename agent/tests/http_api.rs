@@ -571,3 +571,47 @@ async fn request_ids_are_echoed_and_metrics_count_requests() {
     let wrong_method = call(&agent, "PATCH", "/v1/volumes/x", None);
     assert_eq!(wrong_method.status, 405);
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_large_delete_does_not_hold_up_other_requests() {
+    let (root, agent) = agent().await;
+    let client = agent.client();
+    let big = VolumePath::parse("big").unwrap();
+    let request = CreateVolumeRequest {
+        capacity_bytes: 1,
+        ..Default::default()
+    };
+    client.create_volume(&big, &request, None).await.unwrap();
+    for d in 0..50 {
+        let sub = root.path().join(format!("big/d{d}"));
+        std::fs::create_dir(&sub).unwrap();
+        for f in 0..1000 {
+            std::fs::write(sub.join(format!("f{f}")), b"x").unwrap();
+        }
+    }
+    let deleting = tokio::spawn({
+        let client = client.clone();
+        async move { client.delete_volume(&big, None).await }
+    });
+    let trash = root.path().join(".nfsprov/trash");
+    wait_for("the delete to start", Duration::from_secs(30), || {
+        std::fs::read_dir(&trash).unwrap().count() > 0
+    })
+    .await;
+    let other = VolumePath::parse("other").unwrap();
+    client.healthz().await.unwrap();
+    assert!(
+        client
+            .create_volume(&other, &request, None)
+            .await
+            .unwrap()
+            .created
+    );
+    assert!(client.get_volume(&other, None).await.unwrap().is_some());
+    assert!(
+        !deleting.is_finished(),
+        "other requests were answered while the tree was still being removed"
+    );
+    deleting.await.unwrap().unwrap();
+    assert!(!root.path().join("big").exists());
+}
