@@ -1,0 +1,185 @@
+//! An agent run the way users run it: `nfsprov-agent init`, then `nfsprov-agent run` as
+//! a separate process.
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+use nfsprov_api_types::client::{AgentClient, AgentConnectionConfig};
+
+use crate::binaries::binary;
+
+/// A running agent process; killed when dropped.
+pub struct AgentProcess {
+    name: String,
+    bin: PathBuf,
+    etc: PathBuf,
+    port: u16,
+    log: PathBuf,
+    child: Option<Child>,
+    _work: tempfile::TempDir,
+}
+
+impl AgentProcess {
+    /// Initialises credentials for `name` and starts the agent serving `export_root`,
+    /// telling clients to mount it from `nfs_server:nfs_path`.
+    pub async fn start(
+        name: &str,
+        export_root: &Path,
+        nfs_server: &str,
+        nfs_path: &str,
+    ) -> anyhow::Result<Self> {
+        let bin = binary("nfsprov-agent", "nfsprov-agent")?;
+        let work = tempfile::tempdir()?;
+        let etc = work.path().join("etc");
+        let port = crate::free_port()?;
+        let init = Command::new(&bin)
+            .args([
+                "init",
+                "--hostname",
+                "localhost",
+                "--ip",
+                "127.0.0.1",
+                "--name",
+                name,
+            ])
+            .arg("--dir")
+            .arg(&etc)
+            .arg("--export-root")
+            .arg(export_root)
+            .args(["--listen", &format!("127.0.0.1:{port}")])
+            .args(["--nfs-server", nfs_server, "--nfs-path", nfs_path])
+            .output()?;
+        anyhow::ensure!(
+            init.status.success(),
+            "nfsprov-agent init failed: {}",
+            String::from_utf8_lossy(&init.stderr)
+        );
+        std::fs::write(work.path().join("secret.yaml"), &init.stdout)?;
+        let mut agent = Self {
+            name: name.to_owned(),
+            bin,
+            etc,
+            port,
+            log: work.path().join("agent.log"),
+            child: None,
+            _work: work,
+        };
+        agent.spawn().await?;
+        Ok(agent)
+    }
+
+    async fn spawn(&mut self) -> anyhow::Result<()> {
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&self.log)?;
+        let child = Command::new(&self.bin)
+            .args(["run", "--config"])
+            .arg(self.etc.join("agent.toml"))
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()?;
+        self.child = Some(child);
+        let client = self.client()?;
+        crate::eventually(
+            "the agent to answer /healthz",
+            Duration::from_secs(30),
+            || {
+                let client = client.clone();
+                async move { client.healthz().await.is_ok() }
+            },
+        )
+        .await
+        .map_err(|e| anyhow::anyhow!("{e}; agent log:\n{}", self.log_text()))
+    }
+
+    /// Stops the agent with SIGKILL (a crash).
+    pub fn kill(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+
+    /// Starts the agent again with the same settings and credentials.
+    pub async fn restart(&mut self) -> anyhow::Result<()> {
+        self.kill();
+        self.spawn().await
+    }
+
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    pub fn url(&self) -> String {
+        format!("https://localhost:{}", self.port)
+    }
+
+    /// The agent's log so far (for failure messages).
+    pub fn log_text(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    /// Connection settings as the controller gets them from the Secret `init` printed.
+    pub fn connection(&self) -> AgentConnectionConfig {
+        AgentConnectionConfig {
+            name: self.name.clone(),
+            url: self.url(),
+            ca_file: self.etc.join("ca.pem"),
+            token_file: Some(self.etc.join("token")),
+            client_cert_file: Some(self.etc.join("controller.pem")),
+            client_key_file: Some(self.etc.join("controller-key.pem")),
+            timeout_seconds: 30,
+            nfs_server: None,
+            nfs_path: None,
+        }
+    }
+
+    pub fn client(&self) -> anyhow::Result<AgentClient> {
+        Ok(AgentClient::new(&self.connection())?)
+    }
+
+    /// Writes the files of the Secret `init` printed into `dir`, as Kubernetes would
+    /// project them into the controller's pod.
+    pub fn write_secret_files(&self, dir: &Path) -> anyhow::Result<()> {
+        let manifest = std::fs::read_to_string(self._work.path().join("secret.yaml"))?;
+        std::fs::create_dir_all(dir)?;
+        for (key, value) in secret_string_data(&manifest) {
+            std::fs::write(dir.join(key), value)?;
+        }
+        Ok(())
+    }
+}
+
+impl Drop for AgentProcess {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+/// The `stringData` entries of a Secret manifest written with `key: |` block scalars.
+pub fn secret_string_data(manifest: &str) -> Vec<(String, String)> {
+    let mut entries: Vec<(String, String)> = Vec::new();
+    let mut in_data = false;
+    for line in manifest.lines() {
+        if line == "stringData:" {
+            in_data = true;
+            continue;
+        }
+        if !in_data {
+            continue;
+        }
+        if let Some(value) = line.strip_prefix("    ") {
+            if let Some((_, content)) = entries.last_mut() {
+                content.push_str(value);
+                content.push('\n');
+            }
+        } else if let Some(key) = line.strip_prefix("  ").and_then(|l| l.strip_suffix(": |")) {
+            entries.push((key.to_owned(), String::new()));
+        } else {
+            in_data = false;
+        }
+    }
+    entries
+}

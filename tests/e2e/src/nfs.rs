@@ -1,0 +1,165 @@
+//! A real NFS server (nfs-ganesha with the VFS backend, NFSv4 over TCP on loopback) and a
+//! real userspace NFS client (libnfs-utils: nfs-cp, nfs-cat, nfs-ls); no kernel mount.
+
+use std::fmt::Write as _;
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+/// A running ganesha exporting some directories; killed when dropped.
+pub struct NfsServer {
+    port: u16,
+    child: Option<Child>,
+    work: tempfile::TempDir,
+}
+
+impl NfsServer {
+    /// Exports each directory read-write, without root squashing, at its own path.
+    pub async fn start(exports: &[&Path]) -> anyhow::Result<Self> {
+        anyhow::ensure!(!exports.is_empty(), "nothing to export");
+        let work = tempfile::tempdir()?;
+        let port = crate::free_port()?;
+        let config = work.path().join("ganesha.conf");
+        std::fs::write(
+            &config,
+            config_text(port, exports, &work.path().join("recovery")),
+        )?;
+        let child = Command::new("ganesha.nfsd")
+            .arg("-F")
+            .arg("-f")
+            .arg(&config)
+            .arg("-L")
+            .arg(work.path().join("ganesha.log"))
+            .arg("-p")
+            .arg(work.path().join("ganesha.pid"))
+            .args(["-N", "NIV_EVENT"])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .map_err(|e| {
+                anyhow::anyhow!(
+                    "cannot start ganesha.nfsd (Debian: nfs-ganesha, nfs-ganesha-vfs): {e}"
+                )
+            })?;
+        let server = Self {
+            port,
+            child: Some(child),
+            work,
+        };
+        let probe = server.url(&exports[0].display().to_string());
+        crate::eventually(
+            "the NFS export to be served",
+            Duration::from_secs(60),
+            || {
+                let probe = probe.clone();
+                async move {
+                    tokio::task::spawn_blocking(move || nfs_ls(&probe).is_ok())
+                        .await
+                        .unwrap_or(false)
+                }
+            },
+        )
+        .await
+        .map_err(|e| anyhow::anyhow!("{e}; ganesha log:\n{}", server.log_text()))?;
+        Ok(server)
+    }
+
+    pub fn port(&self) -> u16 {
+        self.port
+    }
+
+    /// URL of `path` (absolute, as clients mount it) on this server.
+    pub fn url(&self, path: &str) -> String {
+        nfs_url("127.0.0.1", self.port, path)
+    }
+
+    pub fn log_text(&self) -> String {
+        std::fs::read_to_string(self.work.path().join("ganesha.log")).unwrap_or_default()
+    }
+}
+
+impl Drop for NfsServer {
+    fn drop(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
+
+/// An NFSv4 URL for libnfs with an explicit port (no portmapper here).
+pub fn nfs_url(server: &str, port: u16, path: &str) -> String {
+    format!("nfs://{server}{path}?version=4&nfsport={port}")
+}
+
+fn config_text(port: u16, exports: &[&Path], recovery: &Path) -> String {
+    let mut text = format!(
+        "NFS_CORE_PARAM {{\n  Protocols = 4;\n  NFS_Port = {port};\n  Bind_Addr = 127.0.0.1;\n  \
+         Enable_NLM = false;\n  Enable_RQUOTA = false;\n  Enable_UDP = false;\n  Mount_Path_Pseudo = true;\n}}\n\
+         NFSV4 {{\n  Graceless = true;\n  Lease_Lifetime = 10;\n  RecoveryRoot = \"{}\";\n  \
+         Allow_Numeric_Owners = true;\n  Only_Numeric_Owners = true;\n}}\n\
+         NFS_KRB5 {{ Active_krb5 = false; }}\n\
+         # Attribute caching would hide changes the agent makes on the server side.\n\
+         CACHEINODE {{ Attr_Expiration_Time = 0; }}\n",
+        recovery.display()
+    );
+    for (id, export) in exports.iter().enumerate() {
+        let path = export.display();
+        let _ = write!(
+            text,
+            "EXPORT {{\n  Export_Id = {};\n  Path = \"{path}\";\n  Pseudo = \"{path}\";\n  Protocols = 4;\n  \
+             Transports = TCP;\n  Access_Type = RW;\n  Squash = No_Root_Squash;\n  SecType = sys;\n  \
+             Attr_Expiration_Time = 0;\n  FSAL {{ Name = VFS; }}\n}}\n",
+            id + 1
+        );
+    }
+    text
+}
+
+fn with_identity(url: &str, uid: Option<u32>, gid: Option<u32>) -> String {
+    let mut url = url.to_owned();
+    if let Some(uid) = uid {
+        let _ = write!(url, "&uid={uid}");
+    }
+    if let Some(gid) = gid {
+        let _ = write!(url, "&gid={gid}");
+    }
+    url
+}
+
+fn run(command: &mut Command) -> anyhow::Result<Vec<u8>> {
+    let output = command.stdin(Stdio::null()).output()?;
+    anyhow::ensure!(
+        output.status.success(),
+        "{:?} failed ({}): {}",
+        command,
+        output.status,
+        String::from_utf8_lossy(&output.stderr).trim()
+    );
+    Ok(output.stdout)
+}
+
+/// Writes a file over NFS as `uid`/`gid` (root when `None`).
+pub fn nfs_write(
+    url: &str,
+    contents: &[u8],
+    uid: Option<u32>,
+    gid: Option<u32>,
+) -> anyhow::Result<()> {
+    let staged = tempfile::NamedTempFile::new()?;
+    std::fs::write(staged.path(), contents)?;
+    run(Command::new("nfs-cp")
+        .arg(staged.path())
+        .arg(with_identity(url, uid, gid)))
+    .map(drop)
+}
+
+/// Reads a whole file over NFS.
+pub fn nfs_read(url: &str) -> anyhow::Result<Vec<u8>> {
+    run(Command::new("nfs-cat").arg(url))
+}
+
+/// Lists a directory over NFS (`ls -l` style lines).
+pub fn nfs_ls(url: &str) -> anyhow::Result<String> {
+    run(Command::new("nfs-ls").arg(url)).map(|out| String::from_utf8_lossy(&out).into_owned())
+}
