@@ -693,18 +693,24 @@ fn open_or_create_dir(
     name: &str,
     create: bool,
 ) -> rustix::io::Result<OwnedFd> {
-    if create {
-        match rustix::fs::mkdirat(dir, name, Mode::from_raw_mode(PARENT_MODE)) {
-            Ok(()) | Err(Errno::EXIST) => {}
+    let made = create
+        && match rustix::fs::mkdirat(dir, name, Mode::from_raw_mode(PARENT_MODE)) {
+            Ok(()) => true,
+            Err(Errno::EXIST) => false,
             Err(e) => return Err(e),
-        }
-    }
-    rustix::fs::openat(
+        };
+    let opened = rustix::fs::openat(
         dir,
         name,
         OFlags::RDONLY | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
         Mode::empty(),
-    )
+    )?;
+    if made {
+        // The process umask (0077 under the shipped unit) narrowed the mode; pods must
+        // be able to traverse parents to reach their volume.
+        rustix::fs::fchmod(&opened, Mode::from_raw_mode(PARENT_MODE))?;
+    }
+    Ok(opened)
 }
 
 fn read_meta(dir: BorrowedFd<'_>) -> rustix::io::Result<Option<VolumeMeta>> {

@@ -59,9 +59,8 @@ impl AgentConnectionConfig {
             path: path.to_owned(),
             source,
         })?;
-        let mut config: Self = toml::from_str(&text).map_err(|e| {
-            ClientError::Config(format!("{}: {}", path.display(), e.message()))
-        })?;
+        let mut config: Self = toml::from_str(&text)
+            .map_err(|e| ClientError::Config(format!("{}: {}", path.display(), e.message())))?;
         let base = path.parent().unwrap_or(Path::new("."));
         let resolve = |p: &mut PathBuf| {
             if p.is_relative() {
@@ -72,7 +71,9 @@ impl AgentConnectionConfig {
         config.token_file.as_mut().map(resolve);
         config.client_cert_file.as_mut().map(resolve);
         config.client_key_file.as_mut().map(resolve);
-        config.validate().map_err(|e| ClientError::Config(format!("{}: {e}", path.display())))?;
+        config
+            .validate()
+            .map_err(|e| ClientError::Config(format!("{}: {e}", path.display())))?;
         Ok(config)
     }
 
@@ -226,11 +227,15 @@ impl AgentClient {
     }
 
     pub async fn healthz(&self) -> Result<Health, ClientError> {
-        self.call(Method::GET, "/healthz", None::<&()>, None).await.map(|(_, body)| body)
+        self.call(Method::GET, "/healthz", None::<&()>, None)
+            .await
+            .map(|(_, body)| body)
     }
 
     pub async fn readyz(&self) -> Result<Health, ClientError> {
-        self.call(Method::GET, "/readyz", None::<&()>, None).await.map(|(_, body)| body)
+        self.call(Method::GET, "/readyz", None::<&()>, None)
+            .await
+            .map(|(_, body)| body)
     }
 
     pub async fn info(&self, request_id: Option<&str>) -> Result<AgentInfo, ClientError> {
@@ -261,7 +266,10 @@ impl AgentClient {
         path: &VolumePath,
         request_id: Option<&str>,
     ) -> Result<Option<Volume>, ClientError> {
-        match self.call(Method::GET, &volume_url(path), None::<&()>, request_id).await {
+        match self
+            .call(Method::GET, &volume_url(path), None::<&()>, request_id)
+            .await
+        {
             Ok((_, volume)) => Ok(Some(volume)),
             Err(e) if e.code() == Some(ErrorCode::NotFound) => Ok(None),
             Err(e) => Err(e),
@@ -292,9 +300,14 @@ impl AgentClient {
         path: &VolumePath,
         request_id: Option<&str>,
     ) -> Result<ArchiveResult, ClientError> {
-        self.call(Method::POST, &format!("/v1/archives/{path}"), None::<&()>, request_id)
-            .await
-            .map(|(_, body)| body)
+        self.call(
+            Method::POST,
+            &format!("/v1/archives/{path}"),
+            None::<&()>,
+            request_id,
+        )
+        .await
+        .map(|(_, body)| body)
     }
 
     async fn call<B: serde::Serialize, T: DeserializeOwned>(
@@ -307,10 +320,11 @@ impl AgentClient {
         let response = self.send(method, path, body, request_id).await?;
         let status = response.status();
         let bytes = response.bytes().await?;
-        let parsed = serde_json::from_slice(&bytes).map_err(|_| ClientError::UnexpectedResponse {
-            status: status.as_u16(),
-            body: String::from_utf8_lossy(&bytes).chars().take(512).collect(),
-        })?;
+        let parsed =
+            serde_json::from_slice(&bytes).map_err(|_| ClientError::UnexpectedResponse {
+                status: status.as_u16(),
+                body: String::from_utf8_lossy(&bytes).chars().take(512).collect(),
+            })?;
         Ok((status, parsed))
     }
 
@@ -322,7 +336,9 @@ impl AgentClient {
         body: Option<&B>,
         request_id: Option<&str>,
     ) -> Result<reqwest::Response, ClientError> {
-        let mut request = self.http.request(method, format!("{}{path}", self.base_url));
+        let mut request = self
+            .http
+            .request(method, format!("{}{path}", self.base_url));
         if let Some(body) = body {
             request = request.json(body);
         }
@@ -374,7 +390,8 @@ fn client_tls_config(config: &AgentConnectionConfig) -> Result<rustls::ClientCon
     let ca_pem = read_file(&config.ca_file)?;
     let mut found = 0;
     for cert in CertificateDer::pem_slice_iter(&ca_pem) {
-        let cert = cert.map_err(|e| ClientError::Tls(format!("{}: {e}", config.ca_file.display())))?;
+        let cert =
+            cert.map_err(|e| ClientError::Tls(format!("{}: {e}", config.ca_file.display())))?;
         roots
             .add(cert)
             .map_err(|e| ClientError::Tls(format!("{}: {e}", config.ca_file.display())))?;
@@ -429,19 +446,33 @@ mod tests {
         let agents = AgentConnectionConfig::from_dir(dir.path()).unwrap();
         assert_eq!(agents.len(), 1);
         assert_eq!(agents[0].ca_file, dir.path().join("nfs1-ca.pem"));
-        assert_eq!(agents[0].token_file.as_deref(), Some(Path::new("/abs/token")));
+        assert_eq!(
+            agents[0].token_file.as_deref(),
+            Some(Path::new("/abs/token"))
+        );
         assert_eq!(agents[0].timeout_seconds, 30);
 
         let bad = [
-            ("url = \"http://x\"\nca_file = \"c\"\ntoken_file = \"t\"", "https://"),
+            (
+                "url = \"http://x\"\nca_file = \"c\"\ntoken_file = \"t\"",
+                "https://",
+            ),
             ("url = \"https://x\"\nca_file = \"c\"", "no credentials"),
-            ("url = \"https://x\"\nca_file = \"c\"\nclient_cert_file = \"a\"", "together"),
-            ("url = \"https://x\"\nca_file = \"c\"\ntoken_file = \"t\"\ncolour = 1", "unknown field"),
+            (
+                "url = \"https://x\"\nca_file = \"c\"\nclient_cert_file = \"a\"",
+                "together",
+            ),
+            (
+                "url = \"https://x\"\nca_file = \"c\"\ntoken_file = \"t\"\ncolour = 1",
+                "unknown field",
+            ),
         ];
         for (body, expected) in bad {
             let file = dir.path().join("bad.toml");
             std::fs::write(&file, format!("name = \"b\"\n{body}\n")).unwrap();
-            let err = AgentConnectionConfig::from_file(&file).unwrap_err().to_string();
+            let err = AgentConnectionConfig::from_file(&file)
+                .unwrap_err()
+                .to_string();
             assert!(err.contains(expected), "{body}: {err}");
         }
     }
@@ -456,7 +487,9 @@ mod tests {
             )
             .unwrap();
         }
-        let err = AgentConnectionConfig::from_dir(dir.path()).unwrap_err().to_string();
+        let err = AgentConnectionConfig::from_dir(dir.path())
+            .unwrap_err()
+            .to_string();
         assert!(err.contains("used twice"), "{err}");
     }
 }

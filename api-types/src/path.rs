@@ -27,7 +27,9 @@ pub enum PathError {
     EmptyComponent,
     #[error("component {component:?} starts with '.' (hidden names, '.' and '..' are not allowed)")]
     DotComponent { component: String },
-    #[error("component {component:?} contains {ch:?}; only A-Z, a-z, 0-9, '.', '_' and '-' are allowed")]
+    #[error(
+        "component {component:?} contains {ch:?}; only A-Z, a-z, 0-9, '.', '_' and '-' are allowed"
+    )]
     InvalidCharacter { component: String, ch: char },
     #[error("a component is {len} bytes long; the limit is {MAX_COMPONENT_BYTES}")]
     ComponentTooLong { len: usize },
@@ -167,16 +169,63 @@ mod tests {
             ("/etc", PathError::Absolute),
             ("a//b", PathError::EmptyComponent),
             ("a/", PathError::EmptyComponent),
-            ("..", PathError::DotComponent { component: "..".into() }),
-            ("a/../b", PathError::DotComponent { component: "..".into() }),
-            (".", PathError::DotComponent { component: ".".into() }),
-            (".archive/x", PathError::DotComponent { component: ".archive".into() }),
-            ("a\0b", PathError::InvalidCharacter { component: "a\0b".into(), ch: '\0' }),
-            ("a b", PathError::InvalidCharacter { component: "a b".into(), ch: ' ' }),
-            ("a\\b", PathError::InvalidCharacter { component: "a\\b".into(), ch: '\\' }),
-            ("é", PathError::InvalidCharacter { component: "é".into(), ch: 'é' }),
+            (
+                "..",
+                PathError::DotComponent {
+                    component: "..".into(),
+                },
+            ),
+            (
+                "a/../b",
+                PathError::DotComponent {
+                    component: "..".into(),
+                },
+            ),
+            (
+                ".",
+                PathError::DotComponent {
+                    component: ".".into(),
+                },
+            ),
+            (
+                ".archive/x",
+                PathError::DotComponent {
+                    component: ".archive".into(),
+                },
+            ),
+            (
+                "a\0b",
+                PathError::InvalidCharacter {
+                    component: "a\0b".into(),
+                    ch: '\0',
+                },
+            ),
+            (
+                "a b",
+                PathError::InvalidCharacter {
+                    component: "a b".into(),
+                    ch: ' ',
+                },
+            ),
+            (
+                "a\\b",
+                PathError::InvalidCharacter {
+                    component: "a\\b".into(),
+                    ch: '\\',
+                },
+            ),
+            (
+                "é",
+                PathError::InvalidCharacter {
+                    component: "é".into(),
+                    ch: 'é',
+                },
+            ),
             (&long_component, PathError::ComponentTooLong { len: 256 }),
-            ("a/b/c/d/e/f/g/h/i", PathError::TooManyComponents { count: 9 }),
+            (
+                "a/b/c/d/e/f/g/h/i",
+                PathError::TooManyComponents { count: 9 },
+            ),
         ];
         for (raw, expected) in cases {
             assert_eq!(VolumePath::parse(raw).as_ref(), Err(expected), "{raw:?}");
@@ -184,7 +233,9 @@ mod tests {
         let too_long = vec!["n".repeat(200); 6].join("/");
         assert_eq!(
             VolumePath::parse(&too_long),
-            Err(PathError::TooLong { len: too_long.len() })
+            Err(PathError::TooLong {
+                len: too_long.len()
+            })
         );
     }
 
@@ -201,7 +252,9 @@ mod tests {
     fn deserialization_validates() {
         assert!(serde_json::from_str::<VolumePath>("\"../x\"").is_err());
         assert_eq!(
-            serde_json::from_str::<VolumePath>("\"a/b\"").unwrap().as_str(),
+            serde_json::from_str::<VolumePath>("\"a/b\"")
+                .unwrap()
+                .as_str(),
             "a/b"
         );
     }

@@ -35,10 +35,14 @@ impl Mode {
     pub fn parse_octal(raw: &str) -> Result<Self, ModeError> {
         let digits = raw.trim();
         let digits = digits.strip_prefix("0o").unwrap_or(digits);
-        if digits.is_empty() || digits.len() > 5 || !digits.bytes().all(|b| (b'0'..=b'7').contains(&b)) {
+        if digits.is_empty()
+            || digits.len() > 5
+            || !digits.bytes().all(|b| (b'0'..=b'7').contains(&b))
+        {
             return Err(ModeError::NotOctal(raw.to_owned()));
         }
-        let bits = u32::from_str_radix(digits, 8).map_err(|_| ModeError::NotOctal(raw.to_owned()))?;
+        let bits =
+            u32::from_str_radix(digits, 8).map_err(|_| ModeError::NotOctal(raw.to_owned()))?;
         Self::new(bits)
     }
 }
@@ -270,7 +274,10 @@ impl ErrorCode {
     pub fn is_transient(self) -> bool {
         matches!(
             self,
-            ErrorCode::Timeout | ErrorCode::NotReady | ErrorCode::Internal | ErrorCode::InsufficientStorage
+            ErrorCode::Timeout
+                | ErrorCode::NotReady
+                | ErrorCode::Internal
+                | ErrorCode::InsufficientStorage
         )
     }
 }
@@ -316,10 +323,16 @@ mod tests {
         assert_eq!(req.mode.bits(), 0o750);
         let req: CreateVolumeRequest = serde_json::from_str(r#"{"capacity_bytes":1}"#).unwrap();
         assert_eq!(req.mode, Mode::DEFAULT);
-        assert_eq!(serde_json::to_string(&Mode::new(0o2775).unwrap()).unwrap(), "\"2775\"");
+        assert_eq!(
+            serde_json::to_string(&Mode::new(0o2775).unwrap()).unwrap(),
+            "\"2775\""
+        );
         for bad in [r#""0999""#, r#""rwx""#, "65535", r#""""#, "-1"] {
             let body = format!(r#"{{"mode":{bad},"capacity_bytes":1}}"#);
-            assert!(serde_json::from_str::<CreateVolumeRequest>(&body).is_err(), "{bad}");
+            assert!(
+                serde_json::from_str::<CreateVolumeRequest>(&body).is_err(),
+                "{bad}"
+            );
         }
     }
 
@@ -334,7 +347,10 @@ mod tests {
     fn error_codes_are_stable_strings() {
         let body = serde_json::to_string(&ApiError::new(ErrorCode::InvalidPath, "x")).unwrap();
         assert_eq!(body, r#"{"code":"invalid_path","message":"x"}"#);
-        assert_eq!(ErrorCode::InsufficientStorage.to_string(), "insufficient_storage");
+        assert_eq!(
+            ErrorCode::InsufficientStorage.to_string(),
+            "insufficient_storage"
+        );
         assert_eq!(ErrorCode::InsufficientStorage.http_status(), 507);
     }
 }

@@ -74,7 +74,10 @@ impl AgentProcess {
             .create(true)
             .append(true)
             .open(&self.log)?;
-        let child = Command::new(&self.bin)
+        // Under the umask the shipped systemd unit sets, as in production.
+        let child = Command::new("sh")
+            .args(["-c", "umask 077 && exec \"$0\" \"$@\""])
+            .arg(&self.bin)
             .args(["run", "--config"])
             .arg(self.etc.join("agent.toml"))
             .stdout(Stdio::null())
