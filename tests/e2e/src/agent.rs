@@ -29,7 +29,7 @@ impl AgentProcess {
         nfs_server: &str,
         nfs_path: &str,
     ) -> anyhow::Result<Self> {
-        let bin = binary("nfsprov-agent", "nfsprov-agent")?;
+        let bin = binary("nfsprov-agent")?;
         let work = tempfile::tempdir()?;
         let etc = work.path().join("etc");
         let port = crate::free_port()?;

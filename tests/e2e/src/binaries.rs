@@ -1,35 +1,41 @@
-//! Finds the workspace's binaries next to the running test, building them if needed.
+//! Finds the workspace's binaries next to the running test, building them first.
 
 use std::path::PathBuf;
 use std::process::Command;
-use std::sync::Mutex;
+use std::sync::OnceLock;
 
-static BUILD: Mutex<()> = Mutex::new(());
+static BUILT: OnceLock<Result<(), String>> = OnceLock::new();
 
-/// Path of the workspace binary `name` (e.g. `nfsprov-agent`) of the current profile.
-pub fn binary(package: &str, name: &str) -> anyhow::Result<PathBuf> {
+/// Path of the workspace binary `name` (e.g. `nfsprov-agent`) of the current profile,
+/// freshly built: `cargo test` does not rebuild other packages' binaries, and a stale
+/// binary would test old code. The build is a no-op when they are up to date.
+pub fn binary(name: &str) -> anyhow::Result<PathBuf> {
     // Tests run from target/<profile>/deps/<test>; binaries live in target/<profile>/.
     let exe = std::env::current_exe()?;
     let profile_dir = exe
         .parent()
         .and_then(|deps| deps.parent())
-        .ok_or_else(|| anyhow::anyhow!("unexpected test executable location {}", exe.display()))?;
+        .ok_or_else(|| anyhow::anyhow!("unexpected test executable location {}", exe.display()))?
+        .to_owned();
+    let release = profile_dir.file_name().is_some_and(|n| n == "release");
+    BUILT
+        .get_or_init(|| {
+            let mut build = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()));
+            // The same build `cargo test --workspace` makes (same feature resolution), so
+            // under the test suite this finds everything built already.
+            build.args(["test", "--workspace", "--no-run", "--locked", "--quiet"]);
+            if release {
+                build.arg("--release");
+            }
+            match build.status() {
+                Ok(status) if status.success() => Ok(()),
+                Ok(status) => Err(format!("building the workspace binaries failed: {status}")),
+                Err(e) => Err(format!("cannot run cargo: {e}")),
+            }
+        })
+        .clone()
+        .map_err(anyhow::Error::msg)?;
     let path = profile_dir.join(name);
-    let _guard = BUILD.lock().unwrap_or_else(|e| e.into_inner());
-    if !path.exists() {
-        let release = profile_dir.file_name().is_some_and(|n| n == "release");
-        let mut build = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()));
-        build.args(["build", "--locked", "-p", package, "--bin", name]);
-        if release {
-            build.arg("--release");
-        }
-        let status = build.status()?;
-        anyhow::ensure!(status.success(), "building {name} failed");
-    }
-    anyhow::ensure!(
-        path.exists(),
-        "{} is missing after the build",
-        path.display()
-    );
+    anyhow::ensure!(path.exists(), "{} is missing after the build", path.display());
     Ok(path)
 }
