@@ -758,88 +758,15 @@ fn is_dot(name: &CStr) -> bool {
 pub(crate) fn remove_tree(parent: BorrowedFd<'_>, name: &str) -> Result<()> {
     let c_name = std::ffi::CString::new(name)
         .map_err(|_| StoreError::Unsafe(format!("{name:?} contains NUL")))?;
-    remove_tree_parallel(parent, &c_name).map_err(|e| io_error(format!("remove {name}"), e))
+    remove_entry(parent, &c_name, None, true).map_err(|e| io_error(format!("remove {name}"), e))
 }
 
-fn remove_tree_parallel(parent: BorrowedFd<'_>, name: &CStr) -> rustix::io::Result<()> {
-    let dir = match rustix::fs::openat(
-        parent,
-        name,
-        OFlags::RDONLY | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
-        Mode::empty(),
-    ) {
-        Ok(dir) => dir,
-        Err(Errno::NOENT) => return Ok(()),
-        Err(Errno::NOTDIR) | Err(Errno::LOOP) => {
-            return remove_entry(parent, name, Some(FileType::RegularFile));
-        }
-        Err(e) => return Err(e),
-    };
-    let mut subdirectories = Vec::new();
-    for (child, kind) in read_children(dir.as_fd())? {
-        match kind {
-            FileType::Directory => subdirectories.push(child),
-            FileType::Unknown => remove_entry(dir.as_fd(), &child, None)?,
-            _ => remove_entry(dir.as_fd(), &child, Some(FileType::RegularFile))?,
-        }
-    }
-    let workers = std::thread::available_parallelism()
-        .map_or(1, |n| n.get())
-        .clamp(1, 4)
-        .min(subdirectories.len());
-    if workers > 1 {
-        let queue = std::sync::Mutex::new(subdirectories.into_iter());
-        let dir_fd = dir.as_fd();
-        std::thread::scope(|scope| {
-            let handles: Vec<_> = (0..workers)
-                .map(|_| {
-                    scope.spawn(|| {
-                        loop {
-                            let next = queue.lock().unwrap_or_else(|e| e.into_inner()).next();
-                            match next {
-                                Some(child) => {
-                                    remove_entry(dir_fd, &child, Some(FileType::Directory))?
-                                }
-                                None => return Ok(()),
-                            }
-                        }
-                    })
-                })
-                .collect();
-            handles
-                .into_iter()
-                .map(|h| h.join().unwrap_or(Err(Errno::IO)))
-                .collect::<rustix::io::Result<Vec<()>>>()
-        })?;
-    } else {
-        for child in subdirectories {
-            remove_entry(dir.as_fd(), &child, Some(FileType::Directory))?;
-        }
-    }
-    drop(dir);
-    match rustix::fs::unlinkat(parent, name, AtFlags::REMOVEDIR) {
-        Ok(()) | Err(Errno::NOENT) => Ok(()),
-        Err(e) => Err(e),
-    }
-}
-
-/// The entries of a directory (without `.` and `..`), read completely before any is
-/// removed: unlinking while iterating can make getdents skip entries.
-fn read_children(dir: BorrowedFd<'_>) -> rustix::io::Result<Vec<(std::ffi::CString, FileType)>> {
-    let mut children = Vec::new();
-    for entry in rustix::fs::Dir::read_from(dir)? {
-        let entry = entry?;
-        if !is_dot(entry.file_name()) {
-            children.push((entry.file_name().to_owned(), entry.file_type()));
-        }
-    }
-    Ok(children)
-}
-
+/// Removes one entry; `hint` is its type as listed (`None` when unknown).
 fn remove_entry(
     parent: BorrowedFd<'_>,
     name: &CStr,
     hint: Option<FileType>,
+    parallel: bool,
 ) -> rustix::io::Result<()> {
     if hint != Some(FileType::Directory) {
         match rustix::fs::unlinkat(parent, name, AtFlags::empty()) {
@@ -859,22 +786,77 @@ fn remove_entry(
         Err(Errno::NOENT) => return Ok(()),
         // Replaced by a non-directory since it was listed: unlink that instead.
         Err(Errno::NOTDIR) | Err(Errno::LOOP) => {
-            return remove_entry(parent, name, Some(FileType::RegularFile));
+            return remove_entry(parent, name, Some(FileType::RegularFile), false);
         }
         Err(e) => return Err(e),
     };
-    for (child, kind) in read_children(dir.as_fd())? {
-        let hint = match kind {
-            FileType::Directory => Some(FileType::Directory),
-            FileType::Unknown => None,
-            _ => Some(FileType::RegularFile),
-        };
-        remove_entry(dir.as_fd(), &child, hint)?;
+    let children = read_children(dir.as_fd())?;
+    if parallel {
+        remove_children_in_parallel(dir.as_fd(), children)?;
+    } else {
+        for (child, kind) in children {
+            remove_entry(
+                dir.as_fd(),
+                &child,
+                Some(kind).filter(|k| *k != FileType::Unknown),
+                false,
+            )?;
+        }
     }
+    drop(dir);
     match rustix::fs::unlinkat(parent, name, AtFlags::REMOVEDIR) {
         Ok(()) | Err(Errno::NOENT) => Ok(()),
         Err(e) => Err(e),
     }
+}
+
+/// Removes the files of `dir` at once and its subdirectories on a few threads.
+fn remove_children_in_parallel(
+    dir: BorrowedFd<'_>,
+    children: Vec<(std::ffi::CString, FileType)>,
+) -> rustix::io::Result<()> {
+    let mut subdirectories = Vec::new();
+    for (child, kind) in children {
+        match kind {
+            FileType::Directory => subdirectories.push(child),
+            FileType::Unknown => remove_entry(dir, &child, None, false)?,
+            kind => remove_entry(dir, &child, Some(kind), false)?,
+        }
+    }
+    let workers = std::thread::available_parallelism()
+        .map_or(1, |n| n.get())
+        .clamp(1, 4)
+        .min(subdirectories.len());
+    let queue = std::sync::Mutex::new(subdirectories.into_iter());
+    let next = || queue.lock().unwrap_or_else(|e| e.into_inner()).next();
+    std::thread::scope(|scope| {
+        let handles: Vec<_> = (0..workers)
+            .map(|_| {
+                scope.spawn(|| {
+                    while let Some(child) = next() {
+                        remove_entry(dir, &child, Some(FileType::Directory), false)?;
+                    }
+                    Ok(())
+                })
+            })
+            .collect();
+        handles
+            .into_iter()
+            .try_for_each(|h| h.join().unwrap_or(Err(Errno::IO)))
+    })
+}
+
+/// The entries of a directory (without `.` and `..`), read completely before any is
+/// removed: unlinking while iterating can make getdents skip entries.
+fn read_children(dir: BorrowedFd<'_>) -> rustix::io::Result<Vec<(std::ffi::CString, FileType)>> {
+    let mut children = Vec::new();
+    for entry in rustix::fs::Dir::read_from(dir)? {
+        let entry = entry?;
+        if !is_dot(entry.file_name()) {
+            children.push((entry.file_name().to_owned(), entry.file_type()));
+        }
+    }
+    Ok(children)
 }
 
 #[cfg(test)]
