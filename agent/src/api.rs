@@ -24,6 +24,7 @@ use crate::auth::{Authenticator, Caller};
 use crate::fs::{Archived, Created, Deleted, StoreError, VolumeStore};
 use crate::metrics::{Metrics, RequestLabels, RouteLabels};
 use crate::tls::PeerCertificate;
+use crate::usage::UsageCache;
 
 /// What the handlers share.
 #[derive(Debug)]
@@ -35,6 +36,7 @@ pub struct AppState {
     pub min_free_bytes: u64,
     pub min_free_inodes: u64,
     pub request_timeout: Duration,
+    usage: UsageCache,
     locks: Arc<PathLocks>,
     readiness: Mutex<Option<(Instant, Result<(), String>)>>,
 }
@@ -56,6 +58,9 @@ impl AppState {
             min_free_bytes,
             min_free_inodes,
             request_timeout,
+            // A figure up to a minute old is good enough for capacity dashboards; the
+            // first request for a volume waits a little for a fresh one.
+            usage: UsageCache::new(Duration::from_secs(60), Duration::from_secs(2), 2),
             locks: Arc::default(),
             readiness: Mutex::new(None),
         }
@@ -420,6 +425,8 @@ where
         result
     })
     .await;
+    // Whatever the mutation did, an earlier usage figure no longer describes the path.
+    state.usage.forget(path);
     match result {
         Ok(result) => result.map_err(Failure::from),
         Err(e) => Err(Failure::new(
@@ -456,9 +463,11 @@ async fn get_volume(
 ) -> ApiResult<Response> {
     let path = volume_path(raw_path)?;
     let store = state.store.clone();
-    let volume = tokio::task::spawn_blocking(move || store.get(&path))
+    let lookup = path.clone();
+    let mut volume = tokio::task::spawn_blocking(move || store.get(&lookup))
         .await
         .map_err(|e| Failure::new(ErrorCode::Internal, format!("filesystem task failed: {e}")))??;
+    volume.usage = state.usage.get(&state.store, &path).await;
     Ok(Json(volume).into_response())
 }
 

@@ -19,7 +19,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use nfsprov_api_types::{
     ArchiveResult, CreateVolumeRequest, FilesystemStats, Mode as VolumeMode, Volume, VolumeOwner,
-    VolumePath,
+    VolumePath, VolumeUsage,
 };
 use rustix::fs::{AtFlags, FileType, Mode, OFlags, RenameFlags, XattrFlags};
 use rustix::io::Errno;
@@ -339,6 +339,18 @@ impl VolumeStore {
             Some(meta) => Ok(volume(path, meta)),
             None => Err(not_found(path)),
         }
+    }
+
+    /// Space and inodes the volume uses, measured by walking its tree (see `usage`).
+    pub fn measure(&self, path: &VolumePath) -> Result<VolumeUsage> {
+        let parent = self
+            .walk_parents(path, false)?
+            .ok_or_else(|| not_found(path))?;
+        if self.existing_volume(parent.as_fd(), path)?.is_none() {
+            return Err(not_found(path));
+        }
+        let dir = open_child(parent.as_fd(), path.file_name(), false)?;
+        crate::usage::measure_tree(dir.as_fd()).map_err(|e| io_error(format!("measure {path}"), e))
     }
 
     /// Removes the volume's whole tree; symlinks inside it are removed, never followed.
@@ -747,7 +759,7 @@ fn list_dir(dir: BorrowedFd<'_>) -> rustix::io::Result<Vec<(String, FileType)>> 
     Ok(entries)
 }
 
-fn is_dot(name: &CStr) -> bool {
+pub(crate) fn is_dot(name: &CStr) -> bool {
     matches!(name.to_bytes(), b"." | b"..")
 }
 

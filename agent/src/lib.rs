@@ -9,6 +9,7 @@ pub mod init;
 pub mod metrics;
 pub mod testkit;
 pub mod tls;
+pub mod usage;
 
 use std::future::Future;
 use std::net::SocketAddr;

@@ -615,3 +615,74 @@ async fn a_large_delete_does_not_hold_up_other_requests() {
     deleting.await.unwrap().unwrap();
     assert!(!root.path().join("big").exists());
 }
+
+/// `du`'s figure for `dir`: allocated bytes, or inodes with `--inodes`.
+fn du(dir: &std::path::Path, inodes: bool) -> u64 {
+    let mut command = std::process::Command::new("du");
+    command.args(["-s", "-x"]);
+    command.arg(if inodes { "--inodes" } else { "--block-size=1" });
+    let output = command.arg(dir).output().unwrap();
+    assert!(output.status.success());
+    String::from_utf8_lossy(&output.stdout)
+        .split_whitespace()
+        .next()
+        .unwrap()
+        .parse()
+        .unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn usage_matches_du_on_a_tree_of_ten_thousand_files() {
+    let (root, agent) = agent().await;
+    let client = agent.client();
+    let path = VolumePath::parse("ns/data").unwrap();
+    let request = CreateVolumeRequest {
+        capacity_bytes: 1 << 30,
+        ..Default::default()
+    };
+    client.create_volume(&path, &request, None).await.unwrap();
+    let dir = root.path().join("ns/data");
+    for i in 0..10_000usize {
+        let sub = dir
+            .join(format!("d{}", i / 500))
+            .join(format!("e{}", i % 7));
+        std::fs::create_dir_all(&sub).unwrap();
+        std::fs::write(sub.join(format!("f{i}")), vec![b'x'; (i * 37) % 20_000]).unwrap();
+    }
+    std::fs::hard_link(dir.join("d0/e1/f1"), dir.join("hard-link")).unwrap();
+    let outside = tempfile::tempdir().unwrap();
+    std::fs::write(outside.path().join("big"), vec![0u8; 1 << 20]).unwrap();
+    std::os::unix::fs::symlink(outside.path(), dir.join("link-out")).unwrap();
+
+    let usage = client
+        .get_volume(&path, None)
+        .await
+        .unwrap()
+        .unwrap()
+        .usage
+        .expect("the first GET waits for the walk of a 10,000-file tree");
+    let (bytes, inodes) = (du(&dir, false), du(&dir, true));
+    let off_by = |ours: u64, truth: u64| (ours as f64 - truth as f64).abs() / truth as f64;
+    assert!(
+        off_by(usage.used_bytes, bytes) <= 0.01,
+        "bytes: ours {} du {bytes}",
+        usage.used_bytes
+    );
+    assert!(
+        off_by(usage.used_inodes, inodes) <= 0.01,
+        "inodes: ours {} du {inodes}",
+        usage.used_inodes
+    );
+
+    // Deleting forgets the figure; a new volume at the path is measured afresh.
+    client.delete_volume(&path, None).await.unwrap();
+    client.create_volume(&path, &request, None).await.unwrap();
+    let fresh = client
+        .get_volume(&path, None)
+        .await
+        .unwrap()
+        .unwrap()
+        .usage
+        .unwrap();
+    assert_eq!(fresh.used_inodes, 1);
+}

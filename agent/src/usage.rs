@@ -1,0 +1,206 @@
+//! Per-volume usage, measured on the server by walking the volume's tree the way
+//! `du -x` counts: the allocated blocks of every entry, hard-linked files once, never
+//! crossing into another filesystem. Walks run on the blocking pool, a few at a time, and
+//! their results are cached, so clients polling a huge volume never stall the API.
+
+use std::collections::{HashMap, HashSet};
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use futures::FutureExt;
+use futures::future::{BoxFuture, Shared};
+use nfsprov_api_types::{VolumePath, VolumeUsage};
+use rustix::fs::{AtFlags, FileType, Mode, OFlags};
+use rustix::io::Errno;
+use tokio::sync::Semaphore;
+
+use crate::fs::{VolumeStore, is_dot};
+
+/// Walks the tree below `dir` (which counts too) without following symlinks.
+pub fn measure_tree(dir: BorrowedFd<'_>) -> rustix::io::Result<VolumeUsage> {
+    let top = rustix::fs::fstat(dir)?;
+    let device = top.st_dev;
+    let mut used_bytes = allocated(&top);
+    let mut used_inodes = 1u64;
+    let mut linked = HashSet::new();
+    // Directories still to read, each with the open directory it is in; a directory's
+    // descriptor stays open only while entries below it wait, so at most one per level.
+    let mut pending: Vec<(Arc<OwnedFd>, std::ffi::CString)> = Vec::new();
+    let first = Arc::new(dir.try_clone_to_owned().map_err(|_| Errno::BADF)?);
+    let mut current = Some(first);
+    loop {
+        if let Some(directory) = current.take() {
+            for entry in rustix::fs::Dir::read_from(directory.as_fd())? {
+                let entry = entry?;
+                let name = entry.file_name();
+                if is_dot(name) {
+                    continue;
+                }
+                let stat =
+                    match rustix::fs::statat(directory.as_fd(), name, AtFlags::SYMLINK_NOFOLLOW) {
+                        Ok(stat) => stat,
+                        // Removed while we walked: it no longer uses anything.
+                        Err(Errno::NOENT) => continue,
+                        Err(e) => return Err(e),
+                    };
+                let is_dir = FileType::from_raw_mode(stat.st_mode) == FileType::Directory;
+                if !is_dir && stat.st_nlink > 1 && !linked.insert((stat.st_dev, stat.st_ino)) {
+                    continue;
+                }
+                used_bytes = used_bytes.saturating_add(allocated(&stat));
+                used_inodes += 1;
+                if is_dir && stat.st_dev == device {
+                    pending.push((directory.clone(), name.to_owned()));
+                }
+            }
+        }
+        let Some((parent, name)) = pending.pop() else {
+            break;
+        };
+        match rustix::fs::openat(
+            parent.as_fd(),
+            &name,
+            OFlags::RDONLY | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+            Mode::empty(),
+        ) {
+            Ok(fd) => current = Some(Arc::new(fd)),
+            Err(Errno::NOENT) | Err(Errno::NOTDIR) | Err(Errno::LOOP) => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(VolumeUsage {
+        used_bytes,
+        used_inodes,
+    })
+}
+
+fn allocated(stat: &rustix::fs::Stat) -> u64 {
+    u64::try_from(stat.st_blocks)
+        .unwrap_or(0)
+        .saturating_mul(512)
+}
+
+type Measurement = Shared<BoxFuture<'static, Option<VolumeUsage>>>;
+
+struct Entry {
+    /// Tells this entry from a later one for the same path, so a walk of a volume that
+    /// was deleted meanwhile never records its figure for the new volume.
+    generation: u64,
+    last: Option<(VolumeUsage, Instant)>,
+    running: Option<Measurement>,
+}
+
+type Entries = Arc<Mutex<HashMap<VolumePath, Entry>>>;
+
+/// Cached usage per volume path.
+pub struct UsageCache {
+    entries: Entries,
+    generations: AtomicU64,
+    walks: Arc<Semaphore>,
+    fresh_for: Duration,
+    first_wait: Duration,
+}
+
+impl std::fmt::Debug for UsageCache {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("UsageCache")
+            .field("fresh_for", &self.fresh_for)
+            .field("first_wait", &self.first_wait)
+            .finish_non_exhaustive()
+    }
+}
+
+impl UsageCache {
+    /// `fresh_for`: how long a figure is served before it is measured again (in the
+    /// background). `first_wait`: how long a request without any figure yet waits for
+    /// the first walk before answering without one.
+    pub fn new(fresh_for: Duration, first_wait: Duration, parallel_walks: usize) -> Self {
+        Self {
+            entries: Arc::default(),
+            generations: AtomicU64::new(0),
+            walks: Arc::new(Semaphore::new(parallel_walks.max(1))),
+            fresh_for,
+            first_wait,
+        }
+    }
+
+    /// The latest figure for `path`, starting a new walk when it is stale.
+    pub async fn get(&self, store: &Arc<VolumeStore>, path: &VolumePath) -> Option<VolumeUsage> {
+        let (last, running) = {
+            let mut entries = self.entries.lock().unwrap_or_else(|e| e.into_inner());
+            let entry = entries.entry(path.clone()).or_insert_with(|| Entry {
+                generation: self.generations.fetch_add(1, Ordering::Relaxed),
+                last: None,
+                running: None,
+            });
+            let fresh = entry
+                .last
+                .is_some_and(|(_, at)| at.elapsed() < self.fresh_for);
+            if !fresh && entry.running.is_none() {
+                entry.running = Some(self.start(store.clone(), path.clone(), entry.generation));
+            }
+            (entry.last.map(|(usage, _)| usage), entry.running.clone())
+        };
+        match (last, running) {
+            (Some(usage), _) => Some(usage),
+            (None, Some(walk)) => tokio::time::timeout(self.first_wait, walk)
+                .await
+                .ok()
+                .flatten(),
+            (None, None) => None,
+        }
+    }
+
+    /// Drops what is known about `path` (after it was created, deleted or archived).
+    pub fn forget(&self, path: &VolumePath) {
+        self.entries
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(path);
+    }
+
+    fn start(&self, store: Arc<VolumeStore>, path: VolumePath, generation: u64) -> Measurement {
+        let walks = self.walks.clone();
+        let entries = self.entries.clone();
+        let walk = async move {
+            let usage = match walks.acquire_owned().await {
+                Ok(_permit) => {
+                    let measured = {
+                        let path = path.clone();
+                        tokio::task::spawn_blocking(move || store.measure(&path)).await
+                    };
+                    match measured {
+                        Ok(Ok(usage)) => Some(usage),
+                        Ok(Err(e)) => {
+                            tracing::debug!(%path, error = %e, "usage not measured");
+                            None
+                        }
+                        Err(_) => None,
+                    }
+                }
+                Err(_) => None,
+            };
+            let mut entries = entries.lock().unwrap_or_else(|e| e.into_inner());
+            if let Some(entry) = entries
+                .get_mut(&path)
+                .filter(|e| e.generation == generation)
+            {
+                entry.running = None;
+                if let Some(usage) = usage {
+                    entry.last = Some((usage, Instant::now()));
+                }
+            }
+            usage
+        }
+        .boxed()
+        .shared();
+        // The walk runs to completion even when no request waits for it any more.
+        let background = walk.clone();
+        tokio::spawn(async move {
+            background.await;
+        });
+        walk
+    }
+}
