@@ -1,0 +1,734 @@
+//! Validation and defaulting the real API server applies to the kinds we serve. Only rules
+//! a client could trip on are here, but those are enforced with the real field paths and
+//! wording so a controller that passes here does not fail on a real cluster.
+
+use serde_json::{Map, Value, json};
+
+use crate::errors::{ApiError, Cause};
+use crate::meta::{self, path};
+use crate::resources::Kind;
+
+const SUBDOMAIN_MSG: &str = "a lowercase RFC 1123 subdomain must consist of lower case alphanumeric characters, '-' or '.', and must start and end with an alphanumeric character (e.g. 'example.com', regex used for validation is '[a-z0-9]([-a-z0-9]*[a-z0-9])?(\\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*')";
+const LABEL_MSG: &str = "a lowercase RFC 1123 label must consist of lower case alphanumeric characters or '-', and must start and end with an alphanumeric character (e.g. 'my-name',  or '123-abc', regex used for validation is '[a-z0-9]([-a-z0-9]*[a-z0-9])?')";
+const QUALIFIED_MSG: &str = "name part must consist of alphanumeric characters, '-', '_' or '.', and must start and end with an alphanumeric character (e.g. 'MyName',  or 'my.name',  or '123-abc', regex used for validation is '([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9]')";
+
+pub const ACCESS_MODES: &[&str] = &[
+    "ReadOnlyMany",
+    "ReadWriteMany",
+    "ReadWriteOnce",
+    "ReadWriteOncePod",
+];
+
+/// PV source fields; exactly one must be set.
+const VOLUME_SOURCES: &[&str] = &[
+    "awsElasticBlockStore",
+    "azureDisk",
+    "azureFile",
+    "cephfs",
+    "cinder",
+    "csi",
+    "fc",
+    "flexVolume",
+    "flocker",
+    "gcePersistentDisk",
+    "glusterfs",
+    "hostPath",
+    "iscsi",
+    "local",
+    "nfs",
+    "photonPersistentDisk",
+    "portworxVolume",
+    "quobyte",
+    "rbd",
+    "scaleIO",
+    "storageos",
+    "vsphereVolume",
+];
+
+fn dns_label_ok(s: &str) -> bool {
+    !s.is_empty()
+        && s.len() <= 63
+        && s.bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+        && !s.starts_with('-')
+        && !s.ends_with('-')
+}
+
+pub fn is_dns1123_label(s: &str) -> bool {
+    dns_label_ok(s)
+}
+
+pub fn is_dns1123_subdomain(s: &str) -> bool {
+    // The real regex does not cap each label at 63, only the whole at 253.
+    !s.is_empty()
+        && s.len() <= 253
+        && s.split('.').all(|l| {
+            !l.is_empty()
+                && l.bytes()
+                    .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+                && !l.starts_with('-')
+                && !l.ends_with('-')
+        })
+}
+
+fn qualified_name_part_ok(s: &str) -> bool {
+    !s.is_empty()
+        && s.len() <= 63
+        && s.bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_' || b == b'.')
+        && s.as_bytes()[0].is_ascii_alphanumeric()
+        && s.as_bytes()[s.len() - 1].is_ascii_alphanumeric()
+}
+
+/// `prefix/name` or `name`, as label keys, annotation keys and finalizers must be.
+pub fn qualified_name_errors(s: &str) -> Option<String> {
+    let (prefix, name) = match s.split_once('/') {
+        Some((p, n)) => (Some(p), n),
+        None => (None, s),
+    };
+    if let Some(p) = prefix
+        && !is_dns1123_subdomain(p)
+    {
+        return Some(format!("prefix part {SUBDOMAIN_MSG}"));
+    }
+    if name.contains('/') {
+        return Some("a qualified name must consist of alphanumeric characters, '-', '_' or '.', and must start and end with an alphanumeric character (e.g. 'MyName',  or 'my.name',  or '123-abc', regex used for validation is '([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9]') with an optional DNS subdomain prefix and '/' (e.g. 'example.com/MyName')".into());
+    }
+    if !qualified_name_part_ok(name) {
+        return Some(QUALIFIED_MSG.into());
+    }
+    None
+}
+
+fn label_value_ok(s: &str) -> bool {
+    s.is_empty() || (s.len() <= 63 && qualified_name_part_ok(s))
+}
+
+/// The name rule each kind's registry uses.
+pub fn name_errors(kind: Kind, name: &str) -> Option<&'static str> {
+    match kind {
+        Kind::Namespace => (!is_dns1123_label(name)).then_some(LABEL_MSG),
+        _ => (!is_dns1123_subdomain(name)).then_some(SUBDOMAIN_MSG),
+    }
+}
+
+/// Parse a resource quantity ("10Gi", "500M", "1.5", "100m") to a number of units.
+pub fn parse_quantity(q: &str) -> Option<f64> {
+    let q = q.trim();
+    if q.is_empty() || q.starts_with('+') && q.len() == 1 {
+        return None;
+    }
+    let split = q
+        .find(|c: char| !(c.is_ascii_digit() || c == '.' || c == '-' || c == '+'))
+        .unwrap_or(q.len());
+    let (num, suffix) = q.split_at(split);
+    if num.is_empty() || num == "." {
+        return None;
+    }
+    let n: f64 = num.parse().ok()?;
+    let mult = match suffix {
+        "" => 1.0,
+        "Ki" => 1024f64,
+        "Mi" => 1024f64.powi(2),
+        "Gi" => 1024f64.powi(3),
+        "Ti" => 1024f64.powi(4),
+        "Pi" => 1024f64.powi(5),
+        "Ei" => 1024f64.powi(6),
+        "n" => 1e-9,
+        "u" => 1e-6,
+        "m" => 1e-3,
+        "k" => 1e3,
+        "M" => 1e6,
+        "G" => 1e9,
+        "T" => 1e12,
+        "P" => 1e15,
+        "E" => 1e18,
+        s if s.starts_with(['e', 'E']) => 10f64.powi(s[1..].parse::<i32>().ok()?),
+        _ => return None,
+    };
+    Some(n * mult)
+}
+
+fn quantity_value(v: &Value) -> Option<f64> {
+    match v {
+        Value::String(s) => parse_quantity(s),
+        Value::Number(n) => n.as_f64(),
+        _ => None,
+    }
+}
+
+pub fn storage_quantity(obj: &Value, keys: &[&str]) -> Option<f64> {
+    path(obj, keys).and_then(quantity_value)
+}
+
+/// Checks every kind shares: metadata shape, names, labels, annotations, finalizers.
+fn validate_object_meta(kind: Kind, obj: &Value, causes: &mut Vec<Cause>) {
+    let Some(m) = meta::meta(obj) else {
+        causes.push(Cause::required("metadata"));
+        return;
+    };
+    let name = meta::name(obj);
+    if name.is_empty() {
+        causes.push(Cause::required_msg(
+            "metadata.name",
+            "name or generateName is required",
+        ));
+    } else if let Some(msg) = name_errors(kind, name) {
+        causes.push(Cause::invalid("metadata.name", &json!(name), msg));
+    }
+    if let Some(labels) = m.get("labels").filter(|v| !v.is_null()) {
+        match labels.as_object() {
+            Some(labels) => {
+                for (k, v) in labels {
+                    if let Some(msg) = qualified_name_errors(k) {
+                        causes.push(Cause::invalid("metadata.labels", &json!(k), &msg));
+                    }
+                    match v.as_str() {
+                        Some(s) if label_value_ok(s) => {}
+                        _ => causes.push(Cause::invalid(
+                            "metadata.labels",
+                            v,
+                            "a valid label must be an empty string or consist of alphanumeric characters, '-', '_' or '.', and must start and end with an alphanumeric character (e.g. 'MyValue',  or 'my_value',  or '12345', regex used for validation is '(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?')",
+                        )),
+                    }
+                }
+            }
+            None => causes.push(Cause::invalid("metadata.labels", labels, "must be a map")),
+        }
+    }
+    if let Some(ann) = m.get("annotations").filter(|v| !v.is_null()) {
+        match ann.as_object() {
+            Some(ann) => {
+                let mut total = 0;
+                for (k, v) in ann {
+                    if let Some(msg) = qualified_name_errors(&k.to_ascii_lowercase()) {
+                        causes.push(Cause::invalid("metadata.annotations", &json!(k), &msg));
+                    }
+                    match v.as_str() {
+                        Some(s) => total += k.len() + s.len(),
+                        None => causes.push(Cause::invalid(
+                            format!("metadata.annotations.{k}"),
+                            v,
+                            "must be a string",
+                        )),
+                    }
+                }
+                if total > 256 * 1024 {
+                    causes.push(Cause {
+                        reason: "FieldValueTooLong",
+                        field: "metadata.annotations".into(),
+                        message: "Too long: must have at most 262144 bytes".into(),
+                    });
+                }
+            }
+            None => causes.push(Cause::invalid("metadata.annotations", ann, "must be a map")),
+        }
+    }
+    if let Some(fins) = m.get("finalizers").filter(|v| !v.is_null()) {
+        match fins.as_array() {
+            Some(list) => {
+                let mut seen = std::collections::HashSet::new();
+                for (i, f) in list.iter().enumerate() {
+                    let field = format!("metadata.finalizers[{i}]");
+                    let Some(s) = f.as_str() else {
+                        causes.push(Cause::invalid(field, f, "must be a string"));
+                        continue;
+                    };
+                    if let Some(msg) = qualified_name_errors(s) {
+                        causes.push(Cause::invalid(field, f, &msg));
+                    } else if !s.contains('/')
+                        && !["kubernetes", "orphan", "foregroundDeletion"].contains(&s)
+                    {
+                        causes.push(Cause::invalid(
+                            field,
+                            f,
+                            "name is neither a standard finalizer name nor is it fully qualified",
+                        ));
+                    }
+                    if !seen.insert(s) {
+                        causes.push(Cause::duplicate("metadata.finalizers", f));
+                    }
+                }
+            }
+            None => causes.push(Cause::invalid(
+                "metadata.finalizers",
+                fins,
+                "must be a list",
+            )),
+        }
+    }
+}
+
+fn validate_access_modes(modes: Option<&Value>, field: &str, causes: &mut Vec<Cause>) {
+    let list = modes.and_then(Value::as_array).filter(|a| !a.is_empty());
+    let Some(list) = list else {
+        causes.push(Cause::required_msg(
+            field,
+            "at least 1 access mode is required",
+        ));
+        return;
+    };
+    for m in list {
+        if !m.as_str().is_some_and(|s| ACCESS_MODES.contains(&s)) {
+            causes.push(Cause::unsupported(field, m, ACCESS_MODES));
+        }
+    }
+    if list.len() > 1 && list.iter().any(|m| m == "ReadWriteOncePod") {
+        causes.push(Cause::forbidden(
+            field,
+            "may not use ReadWriteOncePod with other access modes",
+        ));
+    }
+}
+
+fn validate_enum(v: Option<&Value>, field: &str, allowed: &[&str], causes: &mut Vec<Cause>) {
+    if let Some(v) = v.filter(|v| !v.is_null())
+        && !v.as_str().is_some_and(|s| allowed.contains(&s))
+    {
+        causes.push(Cause::unsupported(field, v, allowed));
+    }
+}
+
+fn validate_class_name(v: Option<&Value>, field: &str, causes: &mut Vec<Cause>) {
+    if let Some(v) = v.filter(|v| !v.is_null()) {
+        match v.as_str() {
+            Some("") => {}
+            Some(s) if is_dns1123_subdomain(s) => {}
+            _ => causes.push(Cause::invalid(field, v, SUBDOMAIN_MSG)),
+        }
+    }
+}
+
+fn validate_pv(obj: &Value, causes: &mut Vec<Cause>) {
+    let spec = obj.get("spec").cloned().unwrap_or(Value::Null);
+    match spec.get("capacity").and_then(Value::as_object) {
+        None => causes.push(Cause::required("spec.capacity")),
+        Some(c) if c.is_empty() => causes.push(Cause::required("spec.capacity")),
+        Some(c) => {
+            for (k, v) in c {
+                if k != "storage" {
+                    causes.push(Cause::unsupported("spec.capacity", &json!(k), &["storage"]));
+                } else {
+                    match quantity_value(v) {
+                        Some(q) if q >= 0.0 => {}
+                        Some(_) => causes.push(Cause::invalid(
+                            "spec.capacity[storage]",
+                            v,
+                            "must be greater than or equal to 0",
+                        )),
+                        None => causes.push(Cause::invalid(
+                            "spec.capacity[storage]",
+                            v,
+                            "quantities must match the regular expression '^([+-]?[0-9.]+)([eEinumkKMGTP]*[-+]?[0-9]*)$'",
+                        )),
+                    }
+                }
+            }
+            if !c.contains_key("storage") {
+                causes.push(Cause::required("spec.capacity[storage]"));
+            }
+        }
+    }
+    validate_access_modes(spec.get("accessModes"), "spec.accessModes", causes);
+    let sources: Vec<&str> = VOLUME_SOURCES
+        .iter()
+        .copied()
+        .filter(|s| spec.get(*s).is_some_and(|v| !v.is_null()))
+        .collect();
+    match sources.len() {
+        0 => causes.push(Cause::required_msg("spec", "must specify a volume type")),
+        1 => {}
+        _ => causes.push(Cause::forbidden(
+            "spec",
+            "may not specify more than 1 volume type",
+        )),
+    }
+    if let Some(nfs) = spec.get("nfs").filter(|v| !v.is_null()) {
+        if nfs
+            .get("server")
+            .and_then(Value::as_str)
+            .is_none_or(str::is_empty)
+        {
+            causes.push(Cause::required("spec.nfs.server"));
+        }
+        match nfs.get("path").and_then(Value::as_str) {
+            None | Some("") => causes.push(Cause::required("spec.nfs.path")),
+            Some(p) if !p.starts_with('/') => causes.push(Cause::invalid(
+                "spec.nfs.path",
+                &json!(p),
+                "must be an absolute path",
+            )),
+            _ => {}
+        }
+    }
+    validate_enum(
+        spec.get("persistentVolumeReclaimPolicy"),
+        "spec.persistentVolumeReclaimPolicy",
+        &["Delete", "Recycle", "Retain"],
+        causes,
+    );
+    validate_enum(
+        spec.get("volumeMode"),
+        "spec.volumeMode",
+        &["Block", "Filesystem"],
+        causes,
+    );
+    validate_class_name(
+        spec.get("storageClassName"),
+        "spec.storageClassName",
+        causes,
+    );
+    if let Some(cr) = spec.get("claimRef").filter(|v| !v.is_null())
+        && !cr.is_object()
+    {
+        causes.push(Cause::invalid("spec.claimRef", cr, "must be an object"));
+    }
+}
+
+fn validate_pvc(obj: &Value, causes: &mut Vec<Cause>) {
+    let spec = obj.get("spec").cloned().unwrap_or(Value::Null);
+    validate_access_modes(spec.get("accessModes"), "spec.accessModes", causes);
+    match path(&spec, &["resources", "requests", "storage"]) {
+        None => causes.push(Cause::required("spec.resources[storage]")),
+        Some(v) => match quantity_value(v) {
+            Some(q) if q > 0.0 => {}
+            Some(_) => causes.push(Cause::invalid(
+                "spec.resources[storage]",
+                v,
+                "must be greater than zero",
+            )),
+            None => causes.push(Cause::invalid(
+                "spec.resources[storage]",
+                v,
+                "quantities must match the regular expression '^([+-]?[0-9.]+)([eEinumkKMGTP]*[-+]?[0-9]*)$'",
+            )),
+        },
+    }
+    validate_enum(
+        spec.get("volumeMode"),
+        "spec.volumeMode",
+        &["Block", "Filesystem"],
+        causes,
+    );
+    validate_class_name(
+        spec.get("storageClassName"),
+        "spec.storageClassName",
+        causes,
+    );
+}
+
+fn validate_storage_class(obj: &Value, causes: &mut Vec<Cause>) {
+    match obj.get("provisioner").and_then(Value::as_str) {
+        None | Some("") => causes.push(Cause::required("provisioner")),
+        Some(p) => {
+            if let Some(msg) = qualified_name_errors(p) {
+                causes.push(Cause::invalid("provisioner", &json!(p), &msg));
+            }
+        }
+    }
+    validate_enum(
+        obj.get("reclaimPolicy"),
+        "reclaimPolicy",
+        &["Delete", "Retain"],
+        causes,
+    );
+    validate_enum(
+        obj.get("volumeBindingMode"),
+        "volumeBindingMode",
+        &["Immediate", "WaitForFirstConsumer"],
+        causes,
+    );
+    if let Some(p) = obj.get("parameters").filter(|v| !v.is_null()) {
+        match p.as_object() {
+            Some(m) => {
+                for (k, v) in m {
+                    if !v.is_string() {
+                        causes.push(Cause::invalid(
+                            format!("parameters.{k}"),
+                            v,
+                            "must be a string",
+                        ));
+                    }
+                }
+            }
+            None => causes.push(Cause::invalid("parameters", p, "must be a map")),
+        }
+    }
+}
+
+fn validate_lease(obj: &Value, causes: &mut Vec<Cause>) {
+    if let Some(d) = path(obj, &["spec", "leaseDurationSeconds"]).filter(|v| !v.is_null())
+        && d.as_i64().is_none_or(|d| d <= 0)
+    {
+        causes.push(Cause::invalid(
+            "spec.leaseDurationSeconds",
+            d,
+            "must be greater than 0",
+        ));
+    }
+    if let Some(t) = path(obj, &["spec", "leaseTransitions"]).filter(|v| !v.is_null())
+        && t.as_i64().is_none_or(|t| t < 0)
+    {
+        causes.push(Cause::invalid(
+            "spec.leaseTransitions",
+            t,
+            "must be greater than or equal to 0",
+        ));
+    }
+}
+
+fn validate_core_event(obj: &Value, causes: &mut Vec<Cause>) {
+    let ns = meta::namespace(obj);
+    match obj.get("involvedObject").and_then(Value::as_object) {
+        None => causes.push(Cause::required("involvedObject")),
+        Some(io) => {
+            let io_ns = io.get("namespace").and_then(Value::as_str).unwrap_or("");
+            // Events about cluster-scoped objects live in "default"; namespaced ones must
+            // sit in their object's namespace.
+            if !io_ns.is_empty() && io_ns != ns {
+                causes.push(Cause::invalid(
+                    "involvedObject.namespace",
+                    &json!(io_ns),
+                    "does not match event.namespace",
+                ));
+            }
+        }
+    }
+    validate_enum(obj.get("type"), "type", &["Normal", "Warning"], causes);
+}
+
+fn validate_events_v1(obj: &Value, causes: &mut Vec<Cause>) {
+    if obj.get("eventTime").is_none_or(Value::is_null) {
+        causes.push(Cause::required("eventTime"));
+    }
+    match obj.get("reportingController").and_then(Value::as_str) {
+        None | Some("") => causes.push(Cause::required("reportingController")),
+        Some(c) => {
+            if let Some(msg) = qualified_name_errors(c) {
+                causes.push(Cause::invalid("reportingController", &json!(c), &msg));
+            }
+        }
+    }
+    for (field, max) in [("reportingInstance", 128), ("action", 128), ("reason", 128)] {
+        match obj.get(field).and_then(Value::as_str) {
+            None | Some("") => causes.push(Cause::required(field)),
+            Some(s) if s.len() > max => causes.push(Cause {
+                reason: "FieldValueTooLong",
+                field: field.into(),
+                message: format!("Too long: may not be more than {max} bytes"),
+            }),
+            _ => {}
+        }
+    }
+    match obj.get("type") {
+        Some(t) if t == "Normal" || t == "Warning" => {}
+        Some(t) => causes.push(Cause::unsupported("type", t, &["Normal", "Warning"])),
+        None => causes.push(Cause::required("type")),
+    }
+    if let Some(n) = obj.get("note").and_then(Value::as_str)
+        && n.len() > 1024
+    {
+        causes.push(Cause {
+            reason: "FieldValueTooLong",
+            field: "note".into(),
+            message: "Too long: may not be more than 1024 bytes".into(),
+        });
+    }
+    if let Some(series) = obj.get("series").filter(|v| !v.is_null()) {
+        if series
+            .get("count")
+            .and_then(Value::as_i64)
+            .is_none_or(|c| c < 2)
+        {
+            causes.push(Cause::invalid(
+                "series.count",
+                series.get("count").unwrap_or(&Value::Null),
+                "should be at least 2",
+            ));
+        }
+        if series.get("lastObservedTime").is_none_or(Value::is_null) {
+            causes.push(Cause::required("series.lastObservedTime"));
+        }
+    }
+}
+
+fn validate_namespace(obj: &Value, causes: &mut Vec<Cause>) {
+    if let Some(fins) = path(obj, &["spec", "finalizers"]).and_then(Value::as_array) {
+        for (i, f) in fins.iter().enumerate() {
+            if let Some(msg) = f.as_str().and_then(qualified_name_errors) {
+                causes.push(Cause::invalid(format!("spec.finalizers[{i}]"), f, &msg));
+            }
+        }
+    }
+}
+
+/// Full validation of an object about to be stored (create or update).
+pub fn validate(kind: Kind, obj: &Value) -> Result<(), ApiError> {
+    let mut causes = Vec::new();
+    if !obj.is_object() {
+        return Err(ApiError::bad_request("the body must be a JSON object"));
+    }
+    validate_object_meta(kind, obj, &mut causes);
+    match kind {
+        Kind::PersistentVolume => validate_pv(obj, &mut causes),
+        Kind::PersistentVolumeClaim => validate_pvc(obj, &mut causes),
+        Kind::StorageClass => validate_storage_class(obj, &mut causes),
+        Kind::Lease => validate_lease(obj, &mut causes),
+        Kind::CoreEvent => validate_core_event(obj, &mut causes),
+        Kind::EventsV1Event => validate_events_v1(obj, &mut causes),
+        Kind::Namespace => validate_namespace(obj, &mut causes),
+    }
+    if causes.is_empty() {
+        Ok(())
+    } else {
+        Err(ApiError::invalid(kind, meta::name(obj), causes))
+    }
+}
+
+/// Rules that compare the new object to the stored one.
+pub fn validate_update(kind: Kind, old: &Value, new: &Value) -> Result<(), ApiError> {
+    let mut causes = Vec::new();
+    let old_fins = meta::finalizers(old);
+    if meta::is_deleting(old) {
+        for f in meta::finalizers(new) {
+            if !old_fins.contains(&f) {
+                causes.push(Cause::forbidden(
+                    "metadata.finalizers",
+                    &format!("no new finalizers can be added if the object is being deleted, found new finalizers []string{{\"{f}\"}}"),
+                ));
+            }
+        }
+    }
+    let spec_of = |o: &Value| o.get("spec").cloned().unwrap_or(Value::Null);
+    match kind {
+        Kind::PersistentVolume => {
+            let (os, ns) = (spec_of(old), spec_of(new));
+            let source_of = |s: &Value| -> Map<String, Value> {
+                VOLUME_SOURCES
+                    .iter()
+                    .filter_map(|k| s.get(*k).map(|v| (k.to_string(), v.clone())))
+                    .collect()
+            };
+            if source_of(&os) != source_of(&ns) {
+                causes.push(Cause::forbidden(
+                    "spec.persistentvolumesource",
+                    "spec.persistentvolumesource is immutable after creation",
+                ));
+            }
+            if os.get("volumeMode") != ns.get("volumeMode") {
+                causes.push(Cause::immutable("spec.volumeMode", "field is immutable"));
+            }
+        }
+        Kind::PersistentVolumeClaim => {
+            let mut os = spec_of(old);
+            let ns = spec_of(new);
+            // volumeName may be set once (binding); afterwards it is fixed.
+            if os
+                .get("volumeName")
+                .and_then(Value::as_str)
+                .unwrap_or("")
+                .is_empty()
+                && let (Some(o), Some(n)) = (os.as_object_mut(), ns.get("volumeName"))
+            {
+                o.insert("volumeName".into(), n.clone());
+            }
+            let bound = path(old, &["status", "phase"]).and_then(Value::as_str) == Some("Bound");
+            let old_size = storage_quantity(&os, &["resources", "requests", "storage"]);
+            let new_size = storage_quantity(&ns, &["resources", "requests", "storage"]);
+            if bound {
+                // Expansion of bound claims is allowed; compare the rest of the spec.
+                if let (Some(o), Some(n)) = (
+                    os.pointer_mut("/resources/requests"),
+                    ns.pointer("/resources/requests/storage"),
+                ) && let Some(o) = o.as_object_mut()
+                {
+                    o.insert("storage".into(), n.clone());
+                }
+            }
+            if os != ns {
+                causes.push(Cause::forbidden(
+                    "spec",
+                    "spec is immutable after creation except resources.requests and volumeAttributesClassName for bound claims",
+                ));
+            } else if let (Some(o), Some(n)) = (old_size, new_size)
+                && n < o
+            {
+                let capacity = storage_quantity(old, &["status", "capacity", "storage"]);
+                if capacity.is_none_or(|c| n <= c) {
+                    causes.push(Cause::forbidden(
+                        "spec.resources.requests.storage",
+                        "field can not be less than status.capacity",
+                    ));
+                }
+            }
+        }
+        Kind::StorageClass => {
+            for (field, msg) in [
+                ("parameters", "updates to parameters are forbidden."),
+                ("provisioner", "updates to provisioner are forbidden."),
+                ("reclaimPolicy", "updates to reclaimPolicy are forbidden."),
+            ] {
+                if old.get(field) != new.get(field) {
+                    causes.push(Cause::forbidden(field, msg));
+                }
+            }
+            if old.get("volumeBindingMode") != new.get("volumeBindingMode") {
+                causes.push(Cause::immutable("volumeBindingMode", "field is immutable"));
+            }
+        }
+        _ => {}
+    }
+    if causes.is_empty() {
+        Ok(())
+    } else {
+        Err(ApiError::invalid(kind, meta::name(new), causes))
+    }
+}
+
+/// Server-side defaults applied on every write (after decoding, as the real API's
+/// defaulting functions do).
+pub fn apply_defaults(kind: Kind, obj: &mut Value) {
+    let set_default = |o: &mut Value, keys: &[&str], v: Value| {
+        let mut cur = o;
+        for k in &keys[..keys.len() - 1] {
+            if !cur.get(*k).is_some_and(Value::is_object) {
+                cur[*k] = json!({});
+            }
+            cur = &mut cur[*k];
+        }
+        let last = keys[keys.len() - 1];
+        if cur.get(last).is_none_or(Value::is_null) {
+            cur[last] = v;
+        }
+    };
+    match kind {
+        Kind::PersistentVolume => {
+            set_default(
+                obj,
+                &["spec", "persistentVolumeReclaimPolicy"],
+                json!("Retain"),
+            );
+            set_default(obj, &["spec", "volumeMode"], json!("Filesystem"));
+        }
+        Kind::PersistentVolumeClaim => {
+            set_default(obj, &["spec", "volumeMode"], json!("Filesystem"));
+        }
+        Kind::StorageClass => {
+            set_default(obj, &["reclaimPolicy"], json!("Delete"));
+            set_default(obj, &["volumeBindingMode"], json!("Immediate"));
+        }
+        Kind::Namespace => {
+            set_default(obj, &["spec", "finalizers"], json!(["kubernetes"]));
+            set_default(obj, &["status", "phase"], json!("Active"));
+            let name = meta::name(obj).to_string();
+            let m = meta::meta_mut(obj);
+            if !m.get("labels").is_some_and(Value::is_object) {
+                m.insert("labels".into(), json!({}));
+            }
+            if let Some(l) = m.get_mut("labels").and_then(Value::as_object_mut) {
+                l.insert("kubernetes.io/metadata.name".into(), json!(name));
+            }
+        }
+        _ => {}
+    }
+}
