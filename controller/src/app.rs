@@ -1,0 +1,160 @@
+//! The whole program behind `main`: client, agents, probes, signals, leader election.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use kube::Client;
+use kube::config::{KubeConfigOptions, Kubeconfig};
+use kube::runtime::events::Reporter;
+use nfsprov_api_types::client::{AgentConnectionConfig, ClientError};
+use tokio::sync::watch;
+use tracing::{error, info};
+
+use crate::agents::AgentRegistry;
+use crate::config::Args;
+use crate::controller::{self, RunConfig};
+use crate::http::{self, HttpState};
+use crate::leader::{self, LeaderError, LeaseSettings};
+use crate::metrics::Metrics;
+
+#[derive(Debug, thiserror::Error)]
+pub enum AppError {
+    #[error("Kubernetes client configuration: {0}")]
+    KubeConfig(String),
+    #[error("Kubernetes client: {0}")]
+    Kube(#[from] kube::Error),
+    #[error("agents: {0}")]
+    Agents(#[from] ClientError),
+    #[error("HTTP server on {addr}: {source}")]
+    Http {
+        addr: std::net::SocketAddr,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error(transparent)]
+    Leader(#[from] LeaderError),
+}
+
+async fn client(args: &Args) -> Result<Client, AppError> {
+    let config = match &args.kubeconfig {
+        Some(path) => {
+            let kubeconfig =
+                Kubeconfig::read_from(path).map_err(|e| AppError::KubeConfig(e.to_string()))?;
+            kube::Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default())
+                .await
+                .map_err(|e| AppError::KubeConfig(e.to_string()))?
+        }
+        None => kube::Config::infer()
+            .await
+            .map_err(|e| AppError::KubeConfig(e.to_string()))?,
+    };
+    Ok(Client::try_from(config)?)
+}
+
+/// Turns SIGTERM or Ctrl-C into `true` on the returned channel.
+fn shutdown_signal() -> watch::Receiver<bool> {
+    let (tx, rx) = watch::channel(false);
+    tokio::spawn(async move {
+        let terminate = async {
+            match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+                Ok(mut signal) => {
+                    signal.recv().await;
+                }
+                Err(e) => {
+                    error!(error = %e, "cannot listen for SIGTERM");
+                    std::future::pending::<()>().await;
+                }
+            }
+        };
+        tokio::select! {
+            _ = terminate => {}
+            _ = tokio::signal::ctrl_c() => {}
+        }
+        info!("shutting down");
+        let _ = tx.send(true);
+    });
+    rx
+}
+
+pub async fn run(args: Args) -> Result<(), AppError> {
+    let metrics = Arc::new(Metrics::new());
+    let configs = AgentConnectionConfig::from_dir(&args.agents_dir)?;
+    let agents = AgentRegistry::new(&configs, metrics.clone())?;
+    info!(agents = ?agents.names(), provisioner = %args.provisioner_name, "starting");
+    let client = client(&args).await?;
+    let identity = args.identity.clone().unwrap_or_else(|| {
+        std::env::var("HOSTNAME").unwrap_or_else(|_| "nfsprov-controller".to_owned())
+    });
+    let ready = Arc::new(AtomicBool::new(false));
+    let shutdown = shutdown_signal();
+
+    let listener = tokio::net::TcpListener::bind(args.http_addr)
+        .await
+        .map_err(|source| AppError::Http {
+            addr: args.http_addr,
+            source,
+        })?;
+    let app = http::router(HttpState {
+        ready: ready.clone(),
+        metrics: metrics.clone(),
+    });
+    let mut http_shutdown = shutdown.clone();
+    let server = tokio::spawn(async move {
+        axum::serve(listener, app)
+            .with_graceful_shutdown(async move {
+                let _ = http_shutdown.wait_for(|stop| *stop).await;
+            })
+            .await
+    });
+
+    let run_config = RunConfig {
+        provisioner: args.provisioner_name.clone(),
+        resync: Duration::from_secs(args.resync_seconds.max(1)),
+        reporter: Reporter {
+            controller: "nfsprov-controller".to_owned(),
+            instance: Some(identity.clone()),
+        },
+        concurrency: args.max_concurrent_reconciles,
+    };
+    let controllers = {
+        let client = client.clone();
+        let ready = ready.clone();
+        let shutdown = shutdown.clone();
+        move || {
+            ready.store(false, Ordering::SeqCst);
+            controller::run(client, agents, metrics, run_config, ready, shutdown)
+        }
+    };
+    let result = if args.leader_elect {
+        // A standby replica is healthy: reporting it unready would stall rolling updates.
+        ready.store(true, Ordering::SeqCst);
+        let settings = LeaseSettings {
+            name: args.lease_name.clone(),
+            namespace: args
+                .lease_namespace
+                .clone()
+                .unwrap_or_else(|| client.default_namespace().to_owned()),
+            identity,
+            duration_seconds: args.lease_duration_seconds.max(3),
+        };
+        leader::run_as_leader(client, &settings, shutdown.clone(), controllers)
+            .await
+            .map_err(AppError::from)
+    } else {
+        controllers().await;
+        Ok(())
+    };
+    if result.is_err() {
+        // No shutdown signal is coming: stop serving probes so the process can exit and be
+        // restarted.
+        server.abort();
+        return result;
+    }
+    match server.await {
+        Ok(Ok(())) => {}
+        Ok(Err(e)) => error!(error = %e, "HTTP server failed"),
+        Err(e) => error!(error = %e, "HTTP server task failed"),
+    }
+    result
+}

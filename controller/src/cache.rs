@@ -1,0 +1,197 @@
+//! What the caches keep. Everything the reconcilers never read is dropped before an object
+//! is stored, so that tens of thousands of claims and volumes fit in a small pod.
+
+use std::borrow::Cow;
+
+use k8s_openapi::ClusterResourceScope;
+use k8s_openapi::api::core::v1::{PersistentVolumeClaim, PersistentVolumeClaimSpec};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use kube::Resource;
+use serde::{Deserialize, Serialize};
+
+use crate::pv;
+
+/// A PersistentVolume as the volume cache holds it: read from the same API, but only the
+/// fields deletion needs are ever deserialized. `k8s_openapi`'s `PersistentVolume` is
+/// 3.4 kB before any string (every volume source is inline), which alone would be 34 MB
+/// for 10,000 volumes.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct CachedVolume {
+    #[serde(default)]
+    pub metadata: ObjectMeta,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub spec: Option<CachedVolumeSpec>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub status: Option<CachedVolumeStatus>,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct CachedVolumeSpec {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub persistent_volume_reclaim_policy: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub storage_class_name: Option<String>,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct CachedVolumeStatus {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub phase: Option<String>,
+}
+
+impl Resource for CachedVolume {
+    type DynamicType = ();
+    type Scope = ClusterResourceScope;
+
+    fn kind(_: &()) -> Cow<'_, str> {
+        Cow::Borrowed("PersistentVolume")
+    }
+
+    fn group(_: &()) -> Cow<'_, str> {
+        Cow::Borrowed("")
+    }
+
+    fn version(_: &()) -> Cow<'_, str> {
+        Cow::Borrowed("v1")
+    }
+
+    fn plural(_: &()) -> Cow<'_, str> {
+        Cow::Borrowed("persistentvolumes")
+    }
+
+    fn meta(&self) -> &ObjectMeta {
+        &self.metadata
+    }
+
+    fn meta_mut(&mut self) -> &mut ObjectMeta {
+        &mut self.metadata
+    }
+}
+
+/// Drops server-side bookkeeping no reconciler reads.
+pub fn strip_meta<K: Resource>(object: &mut K) {
+    let meta = object.meta_mut();
+    meta.managed_fields = None;
+    if let Some(annotations) = meta.annotations.as_mut() {
+        annotations.remove("kubectl.kubernetes.io/last-applied-configuration");
+    }
+}
+
+fn is_bound(pvc: &PersistentVolumeClaim) -> bool {
+    pvc.spec
+        .as_ref()
+        .and_then(|s| s.volume_name.as_deref())
+        .is_some_and(|v| !v.is_empty())
+}
+
+/// Claims: an unbound claim keeps what provisioning reads (labels and annotations feed the
+/// pathPattern); a bound claim is never provisioned again, so only the fact that it is bound
+/// is kept.
+pub fn slim_claim(pvc: &mut PersistentVolumeClaim) {
+    strip_meta(pvc);
+    pvc.status = None;
+    if is_bound(pvc) {
+        let volume_name = pvc.spec.take().and_then(|s| s.volume_name);
+        let meta = &mut pvc.metadata;
+        meta.labels = None;
+        meta.annotations = None;
+        meta.finalizers = None;
+        meta.owner_references = None;
+        pvc.spec = Some(PersistentVolumeClaimSpec {
+            volume_name,
+            ..PersistentVolumeClaimSpec::default()
+        });
+    }
+}
+
+/// Volumes: deletion reads the provisioner, our annotations, finalizers, reclaim policy,
+/// class and phase ([`CachedVolume`] holds nothing else). Volumes of other provisioners
+/// keep only what says they are not ours.
+pub fn slim_volume(volume: &mut CachedVolume, provisioner: &str) {
+    strip_meta(volume);
+    let ours = volume
+        .metadata
+        .annotations
+        .as_ref()
+        .and_then(|a| a.get(pv::ANN_PROVISIONED_BY))
+        .is_some_and(|p| p == provisioner);
+    let meta = &mut volume.metadata;
+    meta.labels = None;
+    meta.owner_references = None;
+    if !ours {
+        meta.annotations = None;
+        meta.finalizers = None;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeMap;
+
+    use super::*;
+    use crate::fixtures::{PROVISIONER, cached, claim, released_pv};
+
+    #[test]
+    fn unbound_claims_keep_what_provisioning_reads() {
+        let mut pvc = claim("nfs");
+        pvc.metadata.labels = Some(BTreeMap::from([("app".into(), "db".into())]));
+        pvc.metadata.managed_fields = Some(vec![Default::default()]);
+        let before = pvc.clone();
+        slim_claim(&mut pvc);
+        assert_eq!(pvc.metadata.managed_fields, None);
+        assert_eq!(pvc.metadata.labels, before.metadata.labels);
+        assert_eq!(pvc.metadata.annotations, before.metadata.annotations);
+        assert_eq!(pvc.spec, before.spec);
+    }
+
+    #[test]
+    fn bound_claims_keep_only_their_volume_name() {
+        let mut pvc = claim("nfs");
+        pvc.spec.as_mut().unwrap().volume_name = Some("pvc-1".into());
+        slim_claim(&mut pvc);
+        assert_eq!(pvc.metadata.annotations, None);
+        let spec = pvc.spec.as_ref().unwrap();
+        assert_eq!(spec.volume_name.as_deref(), Some("pvc-1"));
+        assert_eq!(spec.storage_class_name, None);
+        assert_eq!(
+            pvc.metadata.uid.as_deref(),
+            Some(crate::fixtures::CLAIM_UID)
+        );
+    }
+
+    #[test]
+    fn our_volumes_keep_what_deletion_reads() {
+        let mut full = released_pv(Some("delete"), "team-a/data");
+        full.spec.as_mut().unwrap().nfs = Some(Default::default());
+        full.metadata.labels = Some(BTreeMap::from([("a".into(), "b".into())]));
+        let before = full.clone();
+        let mut volume = cached(full);
+        slim_volume(&mut volume, PROVISIONER);
+        assert_eq!(volume.metadata.annotations, before.metadata.annotations);
+        assert_eq!(volume.metadata.finalizers, before.metadata.finalizers);
+        assert_eq!(volume.metadata.uid, before.metadata.uid);
+        assert_eq!(
+            volume.metadata.resource_version,
+            before.metadata.resource_version
+        );
+        let spec = volume.spec.as_ref().unwrap();
+        assert_eq!(
+            spec.persistent_volume_reclaim_policy.as_deref(),
+            Some("Delete")
+        );
+        assert_eq!(spec.storage_class_name.as_deref(), Some("nfs"));
+        assert_eq!(volume.metadata.labels, None);
+        assert_eq!(volume.status.unwrap().phase.as_deref(), Some("Released"));
+    }
+
+    #[test]
+    fn other_volumes_keep_only_that_they_are_not_ours() {
+        let mut volume = cached(released_pv(Some("delete"), "team-a/data"));
+        slim_volume(&mut volume, "example.com/other");
+        assert_eq!(volume.metadata.annotations, None);
+        assert_eq!(volume.metadata.finalizers, None);
+        assert!(!crate::delete::is_ours(&volume, "example.com/other"));
+        assert!(!crate::delete::is_ours(&volume, PROVISIONER));
+    }
+}

@@ -1,0 +1,99 @@
+//! Command-line flags, each with an environment fallback for use in a Deployment.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+
+use clap::{ArgAction, Parser, ValueEnum};
+
+/// The provisioner name StorageClasses use when nothing else is configured.
+pub const DEFAULT_PROVISIONER: &str = "nfsprov.dev/nfs";
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum LogFormat {
+    Text,
+    Json,
+}
+
+#[derive(Debug, Clone, Parser)]
+#[command(
+    name = "nfsprov-controller",
+    version,
+    about = "Provisions NFS PersistentVolumes through nfsprov agents"
+)]
+pub struct Args {
+    /// Provisioner name StorageClasses must name for this controller to act.
+    #[arg(long, env = "NFSPROV_PROVISIONER_NAME", default_value = DEFAULT_PROVISIONER)]
+    pub provisioner_name: String,
+
+    /// kubeconfig file; in-cluster configuration (or ~/.kube/config) when absent.
+    #[arg(long, env = "KUBECONFIG")]
+    pub kubeconfig: Option<PathBuf>,
+
+    /// Directory with one `*.toml` connection file per agent (mounted from a Secret).
+    #[arg(
+        long,
+        env = "NFSPROV_AGENTS_DIR",
+        default_value = "/etc/nfsprov/agents"
+    )]
+    pub agents_dir: PathBuf,
+
+    /// Address of the /livez, /readyz and /metrics server.
+    #[arg(long, env = "NFSPROV_HTTP_ADDR", default_value = "0.0.0.0:8080")]
+    pub http_addr: SocketAddr,
+
+    #[arg(long, env = "NFSPROV_LOG_FORMAT", value_enum, default_value = "text")]
+    pub log_format: LogFormat,
+
+    /// Elect a leader through a Lease so several replicas can run safely.
+    #[arg(long, env = "NFSPROV_LEADER_ELECT", default_value_t = true, action = ArgAction::Set)]
+    pub leader_elect: bool,
+
+    #[arg(long, env = "NFSPROV_LEASE_NAME", default_value = "nfsprov-controller")]
+    pub lease_name: String,
+
+    /// Namespace of the Lease; the client's default namespace when absent.
+    #[arg(long, env = "POD_NAMESPACE")]
+    pub lease_namespace: Option<String>,
+
+    /// This replica's identity in the Lease and in events; the host name when absent.
+    #[arg(long, env = "POD_NAME")]
+    pub identity: Option<String>,
+
+    /// How long a Lease stays valid without renewal.
+    #[arg(long, env = "NFSPROV_LEASE_DURATION_SECONDS", default_value_t = 15)]
+    pub lease_duration_seconds: u64,
+
+    /// Most claims (and, separately, volumes) reconciled at once; 0 for no limit. Not a
+    /// rate limit: each slot is freed as soon as its reconcile finishes.
+    #[arg(long, env = "NFSPROV_MAX_CONCURRENT_RECONCILES", default_value_t = 256)]
+    pub max_concurrent_reconciles: u16,
+
+    /// Every object is reconciled again this often.
+    #[arg(long, env = "NFSPROV_RESYNC_SECONDS", default_value_t = 600)]
+    pub resync_seconds: u64,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn defaults_and_flags() {
+        let args = Args::try_parse_from(["nfsprov-controller"]).unwrap();
+        assert_eq!(args.provisioner_name, DEFAULT_PROVISIONER);
+        assert!(args.leader_elect);
+        assert_eq!(args.log_format, LogFormat::Text);
+        let args = Args::try_parse_from([
+            "nfsprov-controller",
+            "--provisioner-name=example.com/nfs",
+            "--leader-elect=false",
+            "--log-format=json",
+            "--http-addr=127.0.0.1:9000",
+        ])
+        .unwrap();
+        assert_eq!(args.provisioner_name, "example.com/nfs");
+        assert!(!args.leader_elect);
+        assert_eq!(args.log_format, LogFormat::Json);
+        assert!(Args::try_parse_from(["nfsprov-controller", "--log-format=xml"]).is_err());
+    }
+}

@@ -1,0 +1,232 @@
+//! Deletion: released PVs of ours with reclaimPolicy Delete have their data deleted,
+//! archived or kept as recorded on the PV, then lose the finalizer and are deleted.
+
+use std::time::{Instant, SystemTime, UNIX_EPOCH};
+
+use kube::api::{Api, DeleteParams, Patch, PatchParams, Preconditions};
+use kube::runtime::controller::Action;
+use kube::runtime::events::EventType;
+use kube::{Resource, ResourceExt};
+use nfsprov_api_types::{ErrorCode, VolumePath};
+use serde_json::json;
+use tracing::{debug, info, warn};
+
+use crate::cache::CachedVolume as PersistentVolume;
+use crate::controller::{Context, Error};
+use crate::params::{ClassParams, OnDelete};
+use crate::pv;
+
+pub const REASON_FAILED_DELETE: &str = "VolumeFailedDelete";
+const ACTION: &str = "Delete";
+
+/// Whether this controller made the PV (the only PVs it ever touches).
+pub fn is_ours(pv: &PersistentVolume, provisioner: &str) -> bool {
+    pv.annotations()
+        .get(pv::ANN_PROVISIONED_BY)
+        .is_some_and(|p| p == provisioner)
+}
+
+fn has_finalizer(pv: &PersistentVolume) -> bool {
+    pv.finalizers().iter().any(|f| f == pv::FINALIZER)
+}
+
+fn reclaim_policy(pv: &PersistentVolume) -> &str {
+    pv.spec
+        .as_ref()
+        .and_then(|s| s.persistent_volume_reclaim_policy.as_deref())
+        .unwrap_or(pv::RECLAIM_RETAIN)
+}
+
+fn phase(pv: &PersistentVolume) -> &str {
+    pv.status
+        .as_ref()
+        .and_then(|s| s.phase.as_deref())
+        .unwrap_or("")
+}
+
+fn class_name(pv: &PersistentVolume) -> &str {
+    pv.spec
+        .as_ref()
+        .and_then(|s| s.storage_class_name.as_deref())
+        .unwrap_or("")
+}
+
+/// Ours, reclaimPolicy Delete, Released, and our part not yet done.
+fn awaits_deletion(volume: &PersistentVolume, provisioner: &str) -> bool {
+    let done = volume.metadata.deletion_timestamp.is_some() && !has_finalizer(volume);
+    is_ours(volume, provisioner)
+        && reclaim_policy(volume) == pv::RECLAIM_DELETE
+        && phase(volume) == "Released"
+        // Finalizer removed and delete requested: other finalizers such as pv-protection
+        // are what still holds the object.
+        && !done
+}
+
+pub async fn reconcile(volume: &PersistentVolume, ctx: &Context) -> Result<Action, Error> {
+    if !is_ours(volume, &ctx.provisioner) {
+        return Ok(Action::await_change());
+    }
+    if reclaim_policy(volume) != pv::RECLAIM_DELETE {
+        // Someone switched the PV to Retain: the data stays, and our finalizer must go or
+        // the PV could never be deleted (the library does the same).
+        if has_finalizer(volume) {
+            remove_finalizer(volume, ctx).await?;
+        }
+        return Ok(Action::await_change());
+    }
+    if !awaits_deletion(volume, &ctx.provisioner) {
+        return Ok(Action::await_change());
+    }
+    // The cache can lag behind this controller's own last writes (a rerun right after a
+    // finished deletion would redo it): act only on what the API says now.
+    let api = Api::<PersistentVolume>::all(ctx.client.clone());
+    let Some(fresh) = api.get_opt(&volume.name_any()).await? else {
+        return Ok(Action::await_change());
+    };
+    if fresh.uid() != volume.uid() || !awaits_deletion(&fresh, &ctx.provisioner) {
+        return Ok(Action::await_change());
+    }
+    let volume = &fresh;
+    let started = Instant::now();
+    let class = class_name(volume).to_owned();
+    if let Err(message) = dispose_of_data(volume, ctx).await {
+        ctx.metrics.delete_failed(&class);
+        ctx.event(
+            &volume.object_ref(&()),
+            EventType::Warning,
+            REASON_FAILED_DELETE,
+            ACTION,
+            &message,
+        )
+        .await;
+        return Err(Error::Reported(message));
+    }
+    if has_finalizer(volume) {
+        remove_finalizer(volume, ctx).await?;
+    }
+    let params = DeleteParams {
+        // Only the PV we looked at, never a namesake created since.
+        preconditions: volume.uid().map(|uid| Preconditions {
+            uid: Some(uid),
+            resource_version: None,
+        }),
+        ..DeleteParams::default()
+    };
+    match api.delete(&volume.name_any(), &params).await {
+        Ok(_) => {}
+        Err(kube::Error::Api(status)) if status.code == 404 => {}
+        Err(e) => {
+            ctx.metrics.delete_failed(&class);
+            return Err(e.into());
+        }
+    }
+    ctx.metrics.delete_succeeded(&class, started.elapsed());
+    info!(pv = %volume.name_any(), "volume deleted");
+    Ok(Action::await_change())
+}
+
+/// Removes our finalizer, guarded by resourceVersion so another writer's finalizers are
+/// never lost (a conflict means: retry with a fresh copy).
+async fn remove_finalizer(volume: &PersistentVolume, ctx: &Context) -> Result<(), Error> {
+    let remaining: Vec<&String> = volume
+        .finalizers()
+        .iter()
+        .filter(|f| *f != pv::FINALIZER)
+        .collect();
+    let patch = json!({
+        "metadata": {
+            "finalizers": remaining,
+            "resourceVersion": volume.resource_version(),
+        }
+    });
+    let api = Api::<PersistentVolume>::all(ctx.client.clone());
+    match api
+        .patch(
+            &volume.name_any(),
+            &PatchParams::default(),
+            &Patch::Merge(&patch),
+        )
+        .await
+    {
+        Ok(_) => Ok(()),
+        Err(kube::Error::Api(status)) if status.code == 404 => Ok(()),
+        Err(e) => Err(e.into()),
+    }
+}
+
+/// What to do with the data: the policy recorded on the PV; for PVs without one, the
+/// class's current policy; without a class, archive (never lose data by guessing).
+fn policy(volume: &PersistentVolume, ctx: &Context) -> Result<OnDelete, String> {
+    if let Some(recorded) = volume.annotations().get(pv::ANN_ON_DELETE) {
+        return recorded
+            .parse::<OnDelete>()
+            .map_err(|_| format!("annotation {}={recorded:?} is not delete, retain or archive; not touching the data", pv::ANN_ON_DELETE));
+    }
+    let from_class = ctx
+        .class(class_name(volume))
+        .and_then(|class| ClassParams::parse(class.parameters.as_ref()).ok())
+        .map(|params| params.on_delete);
+    Ok(from_class.unwrap_or(OnDelete::Archive))
+}
+
+async fn dispose_of_data(volume: &PersistentVolume, ctx: &Context) -> Result<(), String> {
+    let annotations = volume.annotations();
+    let agent_name = annotations.get(pv::ANN_AGENT).ok_or_else(|| {
+        format!("PV has no {} annotation, so the agent holding its data is unknown; not touching the data", pv::ANN_AGENT)
+    })?;
+    let raw_path = annotations.get(pv::ANN_PATH).ok_or_else(|| {
+        format!(
+            "PV has no {} annotation, so its directory is unknown; not touching the data",
+            pv::ANN_PATH
+        )
+    })?;
+    let path = VolumePath::parse(raw_path).map_err(|e| {
+        format!(
+            "annotation {}={raw_path:?} is not a valid volume path: {e}",
+            pv::ANN_PATH
+        )
+    })?;
+    let policy = policy(volume, ctx)?;
+    if policy == OnDelete::Retain {
+        info!(pv = %volume.name_any(), agent = %agent_name, %path, "onDelete retain: data kept");
+        return Ok(());
+    }
+    let agent = ctx.agents.get(agent_name).ok_or_else(|| {
+        format!(
+            "agent {agent_name:?} that holds directory {path} is not configured (known: {})",
+            ctx.agents.names().join(", ")
+        )
+    })?;
+    let rid = format!(
+        "{}-{:x}",
+        volume.name_any(),
+        SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map(|d| d.as_nanos())
+            .unwrap_or_default()
+    );
+    match policy {
+        OnDelete::Delete => agent
+            .delete_volume(&path, &rid)
+            .await
+            .map_err(|e| format!("agent {agent_name} could not delete directory {path}: {e}")),
+        OnDelete::Archive => match agent.archive_volume(&path, &rid).await {
+            Ok(archived) => {
+                info!(pv = %volume.name_any(), %path, archive = %archived.archive_path, "archived");
+                Ok(())
+            }
+            // Nothing there and never archived: someone removed it by hand already.
+            Err(e) if e.code() == Some(ErrorCode::NotFound) => {
+                warn!(pv = %volume.name_any(), %path, "nothing to archive: directory already gone");
+                Ok(())
+            }
+            Err(e) => Err(format!(
+                "agent {agent_name} could not archive directory {path}: {e}"
+            )),
+        },
+        OnDelete::Retain => {
+            debug!("retain handled above");
+            Ok(())
+        }
+    }
+}

@@ -1,0 +1,630 @@
+//! Test fixtures: an `ApiServerVerifier` (a tower-test mock of the Kubernetes API that
+//! asserts the method, URI and body of each call in order and answers it), test objects,
+//! and `MockAgent`, an in-test HTTPS fake of the agent API (NOT the real agent) that keeps
+//! its volumes in memory and can be told to fail.
+
+use std::collections::BTreeMap;
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use axum::Json;
+use axum::Router;
+use axum::extract::{Path, State};
+use axum::http::{HeaderMap, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post, put};
+use http::{Method, Request};
+use k8s_openapi::api::core::v1::{
+    PersistentVolume, PersistentVolumeClaim, PersistentVolumeClaimSpec, PersistentVolumeSpec,
+    PersistentVolumeStatus, VolumeResourceRequirements,
+};
+use k8s_openapi::api::storage::v1::StorageClass;
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use kube::Client;
+use kube::client::Body;
+use kube::runtime::events::Reporter;
+use kube::runtime::reflector;
+use kube::runtime::watcher;
+use nfsprov_api_types::client::AgentConnectionConfig;
+use nfsprov_api_types::{
+    AgentInfo, ApiError, ArchiveResult, Capabilities, CreateVolumeRequest, ErrorCode,
+    FilesystemStats, NfsExport, QuotaBackend, Volume, VolumePath,
+};
+use serde_json::{Value, json};
+
+use crate::agents::AgentRegistry;
+use crate::cache::CachedVolume;
+use crate::controller::Context;
+use crate::metrics::Metrics;
+use crate::pv;
+
+pub const PROVISIONER: &str = "nfsprov.dev/nfs";
+pub const CLAIM_UID: &str = "6b1c8f3e-2d4a-4e5b-9c7d-0a1b2c3d4e5f";
+pub const PV_NAME: &str = "pvc-6b1c8f3e-2d4a-4e5b-9c7d-0a1b2c3d4e5f";
+
+type ApiServerHandle = tower_test::mock::Handle<Request<Body>, http::Response<Body>>;
+
+/// How a request body is checked.
+#[derive(Debug, Clone)]
+pub enum BodyCheck {
+    /// The whole body must equal this JSON.
+    Exact(Value),
+    /// Every field given must be present with this value (arrays compared whole).
+    Subset(Value),
+}
+
+/// One expected API call and the answer to give.
+#[derive(Debug, Clone)]
+pub struct Call {
+    pub method: Method,
+    /// The path and query; with `prefix`, only the start must match (for generated names).
+    pub uri: String,
+    pub prefix: bool,
+    pub body: BodyCheck,
+    pub status: u16,
+    pub response: Option<Value>,
+}
+
+impl Call {
+    pub fn new(method: Method, uri: &str, body: BodyCheck) -> Self {
+        Self {
+            method,
+            uri: uri.to_owned(),
+            prefix: false,
+            body,
+            status: 200,
+            response: None,
+        }
+    }
+
+    /// An event created through the events.k8s.io API (reason, type and object checked).
+    pub fn event(
+        namespace: &str,
+        type_: &str,
+        reason: &str,
+        regarding: &str,
+        note_contains: &str,
+    ) -> Self {
+        Self {
+            method: Method::POST,
+            uri: format!("/apis/events.k8s.io/v1/namespaces/{namespace}/events?"),
+            prefix: false,
+            body: BodyCheck::Subset(json!({
+                "reason": reason,
+                "type": type_,
+                "regarding": {"name": regarding},
+                "reportingController": "nfsprov-controller",
+                "note": {"$contains": note_contains},
+            })),
+            status: 201,
+            response: None,
+        }
+    }
+
+    /// A repeated event: the recorder patches the series of the first one.
+    pub fn event_repeat(namespace: &str, reason: &str, count: u32) -> Self {
+        Self {
+            method: Method::PATCH,
+            uri: format!("/apis/events.k8s.io/v1/namespaces/{namespace}/events/"),
+            prefix: true,
+            body: BodyCheck::Subset(json!({"reason": reason, "series": {"count": count}})),
+            status: 200,
+            response: None,
+        }
+    }
+
+    pub fn status(mut self, status: u16) -> Self {
+        self.status = status;
+        self
+    }
+
+    pub fn respond(mut self, response: Value) -> Self {
+        self.response = Some(response);
+        self
+    }
+}
+
+fn matches(expected: &Value, actual: &Value) -> bool {
+    match (expected, actual) {
+        (Value::Object(e), _) if e.len() == 1 && e.contains_key("$contains") => {
+            let needle = e["$contains"].as_str().unwrap_or_default();
+            actual.as_str().is_some_and(|s| s.contains(needle))
+        }
+        (Value::Object(e), Value::Object(a)) => e
+            .iter()
+            .all(|(k, v)| a.get(k).is_some_and(|av| matches(v, av))),
+        _ => expected == actual,
+    }
+}
+
+fn status_body(code: u16) -> Value {
+    let reason = match code {
+        404 => "NotFound",
+        409 => "AlreadyExists",
+        _ => "InternalError",
+    };
+    json!({
+        "kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
+        "message": format!("mock API answered {code}"), "reason": reason, "code": code,
+    })
+}
+
+/// Plays a scenario against the client side of a tower-test mock.
+pub struct ApiServerVerifier(ApiServerHandle);
+
+impl ApiServerVerifier {
+    /// Answers `calls` in order, asserting each, then asserts that no further call comes
+    /// before every client clone is dropped.
+    pub fn run(mut self, calls: Vec<Call>) -> tokio::task::JoinHandle<()> {
+        tokio::spawn(async move {
+            for (i, call) in calls.into_iter().enumerate() {
+                let Some((request, send)) = self.0.next_request().await else {
+                    panic!("call {i} never came: expected {} {}", call.method, call.uri);
+                };
+                let uri = request.uri().to_string();
+                assert_eq!(
+                    request.method(),
+                    call.method,
+                    "call {i}: method (uri {uri})"
+                );
+                if call.prefix {
+                    assert!(
+                        uri.starts_with(&call.uri),
+                        "call {i}: uri {uri} does not start with {}",
+                        call.uri
+                    );
+                } else {
+                    assert_eq!(uri, call.uri, "call {i}: uri");
+                }
+                let bytes = request
+                    .into_body()
+                    .collect_bytes()
+                    .await
+                    .unwrap_or_default();
+                let body: Value = if bytes.is_empty() {
+                    Value::Null
+                } else {
+                    serde_json::from_slice(&bytes).unwrap_or(Value::Null)
+                };
+                match &call.body {
+                    BodyCheck::Exact(expected) => {
+                        assert_eq!(&body, expected, "call {i}: body of {uri}")
+                    }
+                    BodyCheck::Subset(expected) => assert!(
+                        matches(expected, &body),
+                        "call {i}: body of {uri}\n{body:#}\ndoes not contain\n{expected:#}"
+                    ),
+                }
+                let response = match (call.response, call.status) {
+                    (Some(response), _) => response,
+                    (None, status) if status >= 400 => status_body(status),
+                    // Echo what was sent, as create and patch of the real API roughly do.
+                    (None, _) => body,
+                };
+                send.send_response(
+                    http::Response::builder()
+                        .status(call.status)
+                        .body(Body::from(
+                            serde_json::to_vec(&response).unwrap_or_default(),
+                        ))
+                        .expect("response"),
+                );
+            }
+            if let Some((request, _)) = self.0.next_request().await {
+                panic!("unexpected call: {} {}", request.method(), request.uri());
+            }
+        })
+    }
+}
+
+/// A context wired to a mock API, with the given objects in its caches.
+pub fn context(
+    agents: AgentRegistry,
+    classes: Vec<StorageClass>,
+    volumes: Vec<PersistentVolume>,
+) -> (Arc<Context>, ApiServerVerifier) {
+    let (service, handle) = tower_test::mock::pair::<Request<Body>, http::Response<Body>>();
+    let client = Client::new(service, "default");
+    let (class_store, mut class_writer) = reflector::store();
+    for class in classes {
+        class_writer.apply_watcher_event(&watcher::Event::Apply(class));
+    }
+    let (volume_store, mut volume_writer) = reflector::store();
+    for volume in volumes {
+        volume_writer.apply_watcher_event(&watcher::Event::Apply(cached(volume)));
+    }
+    let ctx = Context::new(
+        client,
+        PROVISIONER.to_owned(),
+        agents,
+        class_store,
+        volume_store,
+        Arc::new(Metrics::new()),
+        Reporter {
+            controller: "nfsprov-controller".to_owned(),
+            instance: Some("test".to_owned()),
+        },
+    );
+    (Arc::new(ctx), ApiServerVerifier(handle))
+}
+
+/// Waits for the scenario to finish once the context (and so every client) is dropped.
+pub async fn finish(ctx: Arc<Context>, server: tokio::task::JoinHandle<()>) {
+    drop(ctx);
+    match tokio::time::timeout(Duration::from_secs(10), server).await {
+        Ok(Ok(())) => {}
+        Ok(Err(e)) => std::panic::resume_unwind(e.into_panic()),
+        Err(_) => panic!("scenario did not finish"),
+    }
+}
+
+pub fn class(name: &str, parameters: &[(&str, &str)]) -> StorageClass {
+    StorageClass {
+        metadata: ObjectMeta {
+            name: Some(name.to_owned()),
+            ..ObjectMeta::default()
+        },
+        provisioner: PROVISIONER.to_owned(),
+        parameters: (!parameters.is_empty()).then(|| {
+            parameters
+                .iter()
+                .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+                .collect()
+        }),
+        reclaim_policy: Some("Delete".to_owned()),
+        volume_binding_mode: Some("Immediate".to_owned()),
+        ..StorageClass::default()
+    }
+}
+
+/// An unbound claim the PV controller has handed to our provisioner.
+pub fn claim(class: &str) -> PersistentVolumeClaim {
+    PersistentVolumeClaim {
+        metadata: ObjectMeta {
+            name: Some("data".to_owned()),
+            namespace: Some("team-a".to_owned()),
+            uid: Some(CLAIM_UID.to_owned()),
+            resource_version: Some("100".to_owned()),
+            annotations: Some(BTreeMap::from([(
+                pv::ANN_STORAGE_PROVISIONER.to_owned(),
+                PROVISIONER.to_owned(),
+            )])),
+            ..ObjectMeta::default()
+        },
+        spec: Some(PersistentVolumeClaimSpec {
+            access_modes: Some(vec!["ReadWriteMany".to_owned()]),
+            resources: Some(VolumeResourceRequirements {
+                requests: Some(BTreeMap::from([(
+                    "storage".to_owned(),
+                    Quantity("1Gi".to_owned()),
+                )])),
+                ..VolumeResourceRequirements::default()
+            }),
+            storage_class_name: Some(class.to_owned()),
+            volume_mode: Some("Filesystem".to_owned()),
+            ..PersistentVolumeClaimSpec::default()
+        }),
+        status: None,
+    }
+}
+
+/// The cache's view of a PV, as the watcher would decode it from the API.
+pub fn cached(volume: PersistentVolume) -> CachedVolume {
+    serde_json::from_value(serde_json::to_value(volume).expect("serialize")).expect("decode")
+}
+
+/// A released PV as this controller would have made it.
+pub fn released_pv(on_delete: Option<&str>, path: &str) -> PersistentVolume {
+    let mut annotations = BTreeMap::from([
+        (pv::ANN_PROVISIONED_BY.to_owned(), PROVISIONER.to_owned()),
+        (pv::ANN_AGENT.to_owned(), "nfs1".to_owned()),
+        (pv::ANN_PATH.to_owned(), path.to_owned()),
+    ]);
+    if let Some(policy) = on_delete {
+        annotations.insert(pv::ANN_ON_DELETE.to_owned(), policy.to_owned());
+    }
+    PersistentVolume {
+        metadata: ObjectMeta {
+            name: Some(PV_NAME.to_owned()),
+            uid: Some("pv-uid-1".to_owned()),
+            resource_version: Some("200".to_owned()),
+            annotations: Some(annotations),
+            finalizers: Some(vec![
+                "kubernetes.io/pv-protection".to_owned(),
+                pv::FINALIZER.to_owned(),
+            ]),
+            ..ObjectMeta::default()
+        },
+        spec: Some(PersistentVolumeSpec {
+            persistent_volume_reclaim_policy: Some("Delete".to_owned()),
+            storage_class_name: Some("nfs".to_owned()),
+            ..PersistentVolumeSpec::default()
+        }),
+        status: Some(PersistentVolumeStatus {
+            phase: Some("Released".to_owned()),
+            ..PersistentVolumeStatus::default()
+        }),
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// MockAgent: a fake of the agent API over real HTTPS, for tests only.
+// ---------------------------------------------------------------------------------------
+
+#[derive(Debug, Default)]
+pub struct MockAgentState {
+    pub volumes: BTreeMap<String, CreateVolumeRequest>,
+    pub archived: BTreeMap<String, ArchiveResult>,
+    /// `METHOD path` of every authenticated call, in order.
+    pub calls: Vec<String>,
+    /// When set, every `/v1` call fails with this code.
+    pub fail_with: Option<ErrorCode>,
+}
+
+#[derive(Clone)]
+struct MockShared {
+    state: Arc<Mutex<MockAgentState>>,
+    token: String,
+}
+
+/// A fake agent (a mock, not the real `nfsprov-agent`) on 127.0.0.1 over HTTPS with a
+/// throw-away CA, speaking the v1 contract closely enough for the controller's calls.
+pub struct MockAgent {
+    pub config: AgentConnectionConfig,
+    pub state: Arc<Mutex<MockAgentState>>,
+    handle: axum_server::Handle<SocketAddr>,
+    server: Option<tokio::task::JoinHandle<()>>,
+    _dir: tempfile::TempDir,
+}
+
+impl Drop for MockAgent {
+    fn drop(&mut self) {
+        self.handle.shutdown();
+    }
+}
+
+impl MockAgent {
+    pub async fn start(name: &str) -> Self {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let ca_key = rcgen::KeyPair::generate().expect("key");
+        let mut ca_params = rcgen::CertificateParams::new(Vec::<String>::new()).expect("params");
+        ca_params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+        ca_params.key_usages = vec![
+            rcgen::KeyUsagePurpose::KeyCertSign,
+            rcgen::KeyUsagePurpose::DigitalSignature,
+        ];
+        let ca_cert = ca_params.self_signed(&ca_key).expect("ca");
+        let issuer = rcgen::Issuer::new(ca_params, ca_key);
+        let server_key = rcgen::KeyPair::generate().expect("key");
+        let mut server_params =
+            rcgen::CertificateParams::new(vec!["localhost".to_owned()]).expect("params");
+        server_params
+            .subject_alt_names
+            .push(rcgen::SanType::IpAddress(IpAddr::V4(Ipv4Addr::LOCALHOST)));
+        let server_cert = server_params.signed_by(&server_key, &issuer).expect("cert");
+
+        let ca_file = dir.path().join("ca.pem");
+        let token_file = dir.path().join("token");
+        std::fs::write(&ca_file, ca_cert.pem()).expect("write ca");
+        std::fs::write(&token_file, "mock-token\n").expect("write token");
+
+        let tls = rustls::ServerConfig::builder_with_provider(Arc::new(
+            rustls::crypto::ring::default_provider(),
+        ))
+        .with_safe_default_protocol_versions()
+        .expect("tls versions")
+        .with_no_client_auth()
+        .with_single_cert(
+            vec![server_cert.der().clone()],
+            rustls::pki_types::PrivateKeyDer::Pkcs8(server_key.serialize_der().into()),
+        )
+        .expect("tls config");
+
+        let state = Arc::new(Mutex::new(MockAgentState::default()));
+        let app = Router::new()
+            .route("/v1/info", get(info))
+            .route("/v1/volumes/{*path}", put(create).delete(remove))
+            .route("/v1/archives/{*path}", post(archive))
+            .with_state(MockShared {
+                state: state.clone(),
+                token: "mock-token".to_owned(),
+            });
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+        listener.set_nonblocking(true).expect("nonblocking");
+        let addr = listener.local_addr().expect("addr");
+        let handle = axum_server::Handle::new();
+        let server = axum_server::from_tcp_rustls(
+            listener,
+            axum_server::tls_rustls::RustlsConfig::from_config(Arc::new(tls)),
+        )
+        .expect("server")
+        .handle(handle.clone());
+        let server = tokio::spawn(async move {
+            let _ = server.serve(app.into_make_service()).await;
+        });
+        let config = AgentConnectionConfig {
+            name: name.to_owned(),
+            url: format!("https://{addr}"),
+            ca_file,
+            token_file: Some(token_file),
+            client_cert_file: None,
+            client_key_file: None,
+            timeout_seconds: 5,
+            nfs_server: None,
+            nfs_path: None,
+        };
+        Self {
+            config,
+            state,
+            handle,
+            server: Some(server),
+            _dir: dir,
+        }
+    }
+
+    /// Stops serving and waits until the port is closed; the files stay, so a client
+    /// built from `config` now fails to connect, like one whose agent is down.
+    pub async fn stop(&mut self) {
+        self.handle.shutdown();
+        if let Some(server) = self.server.take() {
+            let _ = server.await;
+        }
+    }
+
+    pub fn registry(&self) -> AgentRegistry {
+        AgentRegistry::new(std::slice::from_ref(&self.config), Arc::new(Metrics::new()))
+            .expect("registry")
+    }
+
+    pub fn calls(&self) -> Vec<String> {
+        self.state.lock().expect("lock").calls.clone()
+    }
+
+    pub fn fail_with(&self, code: Option<ErrorCode>) {
+        self.state.lock().expect("lock").fail_with = code;
+    }
+
+    pub fn has_volume(&self, path: &str) -> bool {
+        self.state.lock().expect("lock").volumes.contains_key(path)
+    }
+
+    pub fn volume(&self, path: &str) -> Option<CreateVolumeRequest> {
+        self.state.lock().expect("lock").volumes.get(path).cloned()
+    }
+
+    pub fn insert_volume(&self, path: &str, request: CreateVolumeRequest) {
+        self.state
+            .lock()
+            .expect("lock")
+            .volumes
+            .insert(path.to_owned(), request);
+    }
+
+    pub fn archived(&self, path: &str) -> Option<ArchiveResult> {
+        self.state.lock().expect("lock").archived.get(path).cloned()
+    }
+}
+
+fn api_error(code: ErrorCode, message: &str) -> Response {
+    let status =
+        StatusCode::from_u16(code.http_status()).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+    (status, Json(ApiError::new(code, message))).into_response()
+}
+
+/// Authenticates, records the call and applies an injected failure; `Some` is the answer
+/// to give instead of handling the call.
+fn enter(shared: &MockShared, headers: &HeaderMap, call: String) -> Option<Response> {
+    let expected = format!("Bearer {}", shared.token);
+    if headers
+        .get(http::header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        != Some(&expected)
+    {
+        return Some(api_error(ErrorCode::Unauthenticated, "bad token"));
+    }
+    let mut state = shared.state.lock().expect("lock");
+    state.calls.push(call);
+    state
+        .fail_with
+        .map(|code| api_error(code, "injected failure"))
+}
+
+async fn info(State(shared): State<MockShared>, headers: HeaderMap) -> Response {
+    if let Some(response) = enter(&shared, &headers, "GET info".to_owned()) {
+        return response;
+    }
+    Json(AgentInfo {
+        version: "mock".to_owned(),
+        nfs: NfsExport {
+            server: "nfs1.example".to_owned(),
+            path: "/srv/nfs".to_owned(),
+        },
+        capabilities: Capabilities {
+            quota: QuotaBackend::None,
+            quota_enforced: false,
+            archive: true,
+        },
+        filesystem: FilesystemStats {
+            total_bytes: 1 << 40,
+            free_bytes: 1 << 39,
+            available_bytes: 1 << 39,
+            total_inodes: 1 << 20,
+            free_inodes: 1 << 19,
+        },
+    })
+    .into_response()
+}
+
+async fn create(
+    State(shared): State<MockShared>,
+    headers: HeaderMap,
+    Path(path): Path<String>,
+    Json(request): Json<CreateVolumeRequest>,
+) -> Response {
+    if let Some(response) = enter(&shared, &headers, format!("PUT {path}")) {
+        return response;
+    }
+    let Ok(volume_path) = VolumePath::parse(&path) else {
+        return api_error(ErrorCode::InvalidPath, "invalid path");
+    };
+    let mut state = shared.state.lock().expect("lock");
+    let status = match state.volumes.get(&path) {
+        Some(existing) if *existing == request => StatusCode::OK,
+        Some(_) => return api_error(ErrorCode::Conflict, "exists with other settings"),
+        None => {
+            state.volumes.insert(path.clone(), request.clone());
+            StatusCode::CREATED
+        }
+    };
+    let volume = Volume {
+        path: volume_path,
+        mode: request.mode,
+        uid: request.uid.unwrap_or(1000),
+        gid: request.gid.unwrap_or(1000),
+        capacity_bytes: request.capacity_bytes,
+        owner: request.owner,
+        created_at: "2026-01-01T00:00:00Z".to_owned(),
+        usage: None,
+    };
+    (status, Json(volume)).into_response()
+}
+
+async fn remove(
+    State(shared): State<MockShared>,
+    headers: HeaderMap,
+    Path(path): Path<String>,
+) -> Response {
+    if let Some(response) = enter(&shared, &headers, format!("DELETE {path}")) {
+        return response;
+    }
+    shared.state.lock().expect("lock").volumes.remove(&path);
+    StatusCode::NO_CONTENT.into_response()
+}
+
+async fn archive(
+    State(shared): State<MockShared>,
+    headers: HeaderMap,
+    Path(path): Path<String>,
+) -> Response {
+    if let Some(response) = enter(&shared, &headers, format!("POST archive {path}")) {
+        return response;
+    }
+    let Ok(volume_path) = VolumePath::parse(&path) else {
+        return api_error(ErrorCode::InvalidPath, "invalid path");
+    };
+    let mut state = shared.state.lock().expect("lock");
+    if state.volumes.remove(&path).is_some() {
+        let result = ArchiveResult {
+            path: volume_path,
+            archive_path: format!(".archive/{path}-20260101T000000Z"),
+            archived_at: "2026-01-01T00:00:00Z".to_owned(),
+        };
+        state.archived.insert(path.clone(), result);
+    }
+    match state.archived.get(&path) {
+        Some(result) => Json(result.clone()).into_response(),
+        None => api_error(ErrorCode::NotFound, "nothing to archive"),
+    }
+}

@@ -1,0 +1,263 @@
+//! StorageClass `parameters`: parsed strictly, so a typo fails the claim with an event
+//! instead of silently provisioning with defaults.
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::str::FromStr;
+
+use nfsprov_api_types::{Mode, validate_component};
+
+use crate::pattern::{PathPattern, PatternError};
+
+pub const PARAM_AGENT: &str = "agent";
+pub const PARAM_PATH_PATTERN: &str = "pathPattern";
+pub const PARAM_ON_DELETE: &str = "onDelete";
+pub const PARAM_ARCHIVE_ON_DELETE: &str = "archiveOnDelete";
+pub const PARAM_MODE: &str = "mode";
+pub const PARAM_UID: &str = "uid";
+pub const PARAM_GID: &str = "gid";
+
+const KNOWN: [&str; 7] = [
+    PARAM_AGENT,
+    PARAM_PATH_PATTERN,
+    PARAM_ON_DELETE,
+    PARAM_ARCHIVE_ON_DELETE,
+    PARAM_MODE,
+    PARAM_UID,
+    PARAM_GID,
+];
+
+/// What happens to the data when a PV with reclaimPolicy Delete is released.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum OnDelete {
+    Delete,
+    Retain,
+    /// The default: no silent data loss, as with the peers.
+    #[default]
+    Archive,
+}
+
+impl OnDelete {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            OnDelete::Delete => "delete",
+            OnDelete::Retain => "retain",
+            OnDelete::Archive => "archive",
+        }
+    }
+}
+
+impl fmt::Display for OnDelete {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl FromStr for OnDelete {
+    type Err = ParamError;
+    fn from_str(raw: &str) -> Result<Self, Self::Err> {
+        match raw.trim().to_ascii_lowercase().as_str() {
+            "delete" => Ok(OnDelete::Delete),
+            "retain" => Ok(OnDelete::Retain),
+            "archive" => Ok(OnDelete::Archive),
+            _ => Err(ParamError::Invalid {
+                key: PARAM_ON_DELETE,
+                value: raw.to_owned(),
+                expected: "one of delete, retain, archive",
+            }),
+        }
+    }
+}
+
+/// The parsed parameters of one StorageClass.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ClassParams {
+    /// Agent name; `None` means "the only agent configured".
+    pub agent: Option<String>,
+    pub path_pattern: PathPattern,
+    pub on_delete: OnDelete,
+    pub mode: Mode,
+    pub uid: Option<u32>,
+    pub gid: Option<u32>,
+}
+
+impl Default for ClassParams {
+    fn default() -> Self {
+        Self {
+            agent: None,
+            path_pattern: PathPattern::default(),
+            on_delete: OnDelete::default(),
+            mode: Mode::DEFAULT,
+            uid: None,
+            gid: None,
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ParamError {
+    #[error("unknown StorageClass parameter {key:?}; known parameters: {}", KNOWN.join(", "))]
+    Unknown { key: String },
+    #[error("StorageClass parameter {key}={value:?} is invalid: expected {expected}")]
+    Invalid {
+        key: &'static str,
+        value: String,
+        expected: &'static str,
+    },
+    #[error("StorageClass parameter pathPattern is invalid: {0}")]
+    Pattern(#[from] PatternError),
+}
+
+impl ClassParams {
+    /// Parses a class's parameters; any key not listed in DESIGN.md is an error.
+    pub fn parse(parameters: Option<&BTreeMap<String, String>>) -> Result<Self, ParamError> {
+        let mut params = ClassParams::default();
+        let Some(parameters) = parameters else {
+            return Ok(params);
+        };
+        let mut on_delete = None;
+        let mut archive_on_delete = None;
+        for (key, value) in parameters {
+            match key.as_str() {
+                PARAM_AGENT => {
+                    validate_component(value).map_err(|_| ParamError::Invalid {
+                        key: PARAM_AGENT,
+                        value: value.clone(),
+                        expected: "the name of an agent from the controller's agent list",
+                    })?;
+                    params.agent = Some(value.clone());
+                }
+                PARAM_PATH_PATTERN => params.path_pattern = PathPattern::parse(value)?,
+                PARAM_ON_DELETE => on_delete = Some(value.parse::<OnDelete>()?),
+                PARAM_ARCHIVE_ON_DELETE => {
+                    archive_on_delete = Some(match value.trim().to_ascii_lowercase().as_str() {
+                        "true" => OnDelete::Archive,
+                        "false" => OnDelete::Delete,
+                        _ => {
+                            return Err(ParamError::Invalid {
+                                key: PARAM_ARCHIVE_ON_DELETE,
+                                value: value.clone(),
+                                expected: "\"true\" or \"false\"",
+                            });
+                        }
+                    })
+                }
+                PARAM_MODE => {
+                    params.mode = Mode::parse_octal(value).map_err(|_| ParamError::Invalid {
+                        key: PARAM_MODE,
+                        value: value.clone(),
+                        expected: "an octal mode such as \"0775\" (at most 07777)",
+                    })?
+                }
+                PARAM_UID => params.uid = Some(parse_id(PARAM_UID, value)?),
+                PARAM_GID => params.gid = Some(parse_id(PARAM_GID, value)?),
+                _ => return Err(ParamError::Unknown { key: key.clone() }),
+            }
+        }
+        // onDelete overrides the legacy archiveOnDelete, as in nfs-subdir-external-provisioner.
+        params.on_delete = on_delete.or(archive_on_delete).unwrap_or_default();
+        Ok(params)
+    }
+}
+
+fn parse_id(key: &'static str, value: &str) -> Result<u32, ParamError> {
+    value
+        .trim()
+        .parse::<u32>()
+        .ok()
+        // u32::MAX is the kernel's "no change" marker for chown, never a real owner.
+        .filter(|id| *id != u32::MAX)
+        .ok_or_else(|| ParamError::Invalid {
+            key,
+            value: value.to_owned(),
+            expected: "a numeric id between 0 and 4294967294",
+        })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(pairs: &[(&str, &str)]) -> Result<ClassParams, ParamError> {
+        let map: BTreeMap<String, String> = pairs
+            .iter()
+            .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+            .collect();
+        ClassParams::parse(Some(&map))
+    }
+
+    #[test]
+    fn defaults_archive_with_mode_0777() {
+        let params = ClassParams::parse(None).unwrap();
+        assert_eq!(params, ClassParams::default());
+        assert_eq!(params.on_delete, OnDelete::Archive);
+        assert_eq!(params.mode.bits(), 0o777);
+        assert_eq!(
+            params.path_pattern.as_str(),
+            crate::pattern::DEFAULT_PATTERN
+        );
+        assert_eq!(parse(&[]).unwrap(), params);
+    }
+
+    #[test]
+    fn all_parameters() {
+        let params = parse(&[
+            ("agent", "nfs1"),
+            ("pathPattern", "${.PVC.namespace}/${.PVC.name}"),
+            ("onDelete", "Retain"),
+            ("mode", "2770"),
+            ("uid", "1000"),
+            ("gid", "0"),
+        ])
+        .unwrap();
+        assert_eq!(params.agent.as_deref(), Some("nfs1"));
+        assert_eq!(
+            params.path_pattern.as_str(),
+            "${.PVC.namespace}/${.PVC.name}"
+        );
+        assert_eq!(params.on_delete, OnDelete::Retain);
+        assert_eq!(params.mode.bits(), 0o2770);
+        assert_eq!((params.uid, params.gid), (Some(1000), Some(0)));
+    }
+
+    #[test]
+    fn legacy_archive_on_delete_and_precedence() {
+        assert_eq!(
+            parse(&[("archiveOnDelete", "false")]).unwrap().on_delete,
+            OnDelete::Delete
+        );
+        assert_eq!(
+            parse(&[("archiveOnDelete", "true")]).unwrap().on_delete,
+            OnDelete::Archive
+        );
+        let both = parse(&[("archiveOnDelete", "true"), ("onDelete", "delete")]).unwrap();
+        assert_eq!(both.on_delete, OnDelete::Delete);
+    }
+
+    #[test]
+    fn mistakes_are_errors() {
+        let cases: &[(&[(&str, &str)], &str)] = &[
+            (
+                &[("archiveOnDelet", "true")],
+                "unknown StorageClass parameter \"archiveOnDelet\"",
+            ),
+            (&[("server", "nfs.example")], "unknown"),
+            (&[("onDelete", "shred")], "onDelete"),
+            (&[("archiveOnDelete", "yes")], "archiveOnDelete"),
+            (&[("mode", "0999")], "mode"),
+            (&[("mode", "rwxr-xr-x")], "mode"),
+            (&[("mode", "17777")], "mode"),
+            (&[("uid", "-1")], "uid"),
+            (&[("gid", "4294967295")], "gid"),
+            (&[("uid", "root")], "uid"),
+            (&[("agent", "../x")], "agent"),
+            (&[("agent", "")], "agent"),
+            (&[("pathPattern", "${.PVC.uid}")], "unknown variable"),
+            (&[("pathPattern", "")], "pathPattern"),
+        ];
+        for (pairs, expected) in cases {
+            let err = parse(pairs).unwrap_err().to_string();
+            assert!(err.contains(expected), "{pairs:?}: {err}");
+        }
+    }
+}

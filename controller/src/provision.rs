@@ -1,0 +1,298 @@
+//! Provisioning: which claims are ours, and turning one into an agent directory plus a PV.
+
+use std::sync::Arc;
+use std::time::{Instant, SystemTime, UNIX_EPOCH};
+
+use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim};
+use k8s_openapi::api::storage::v1::StorageClass;
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+use kube::api::{Api, PostParams};
+use kube::runtime::controller::Action;
+use kube::runtime::events::EventType;
+use kube::runtime::reflector::ObjectRef;
+use kube::{Resource, ResourceExt};
+use nfsprov_api_types::{CreateVolumeRequest, VolumeOwner};
+use tracing::{debug, error, info};
+
+use crate::controller::{Context, Error};
+use crate::params::ClassParams;
+use crate::pattern::RenderInput;
+use crate::pv::{self, NewVolume};
+use crate::quantity;
+
+pub const REASON_PROVISIONING: &str = "Provisioning";
+pub const REASON_SUCCEEDED: &str = "ProvisioningSucceeded";
+pub const REASON_FAILED: &str = "ProvisioningFailed";
+const ACTION: &str = "Provision";
+
+/// Why a claim is left alone (logged at debug level only: most claims are not ours).
+#[derive(Debug, PartialEq, Eq)]
+pub enum Skip {
+    Deleting,
+    Bound,
+    NotOurs,
+    NoClass,
+    ClassNotFound(String),
+    ClassNotOurs,
+    WaitingForNode,
+    AlreadyProvisioned,
+}
+
+/// Decides whether to provision `pvc` now: the library's `shouldProvision`.
+pub fn should_provision(
+    pvc: &PersistentVolumeClaim,
+    ctx: &Context,
+) -> Result<(Arc<StorageClass>, String), Skip> {
+    if pvc.metadata.deletion_timestamp.is_some() {
+        return Err(Skip::Deleting);
+    }
+    let spec = pvc.spec.as_ref();
+    if spec
+        .and_then(|s| s.volume_name.as_deref())
+        .is_some_and(|v| !v.is_empty())
+    {
+        return Err(Skip::Bound);
+    }
+    if pv::claim_provisioner(pvc) != Some(ctx.provisioner.as_str()) {
+        return Err(Skip::NotOurs);
+    }
+    let class_name = pv::claim_class(pvc).ok_or(Skip::NoClass)?;
+    let class = ctx
+        .class(class_name)
+        .ok_or_else(|| Skip::ClassNotFound(class_name.to_owned()))?;
+    if class.provisioner != ctx.provisioner {
+        return Err(Skip::ClassNotOurs);
+    }
+    let wait_for_consumer = class.volume_binding_mode.as_deref() == Some("WaitForFirstConsumer");
+    let has_node = pvc
+        .metadata
+        .annotations
+        .as_ref()
+        .is_some_and(|a| a.contains_key(pv::ANN_SELECTED_NODE));
+    if wait_for_consumer && !has_node {
+        return Err(Skip::WaitingForNode);
+    }
+    let uid = pvc.metadata.uid.as_deref().unwrap_or_default();
+    if ctx
+        .volumes
+        .get(&ObjectRef::new(&pv::pv_name_for(uid)))
+        .is_some()
+    {
+        return Err(Skip::AlreadyProvisioned);
+    }
+    Ok((class, class_name.to_owned()))
+}
+
+/// Reconciles one claim.
+pub async fn reconcile(pvc: &PersistentVolumeClaim, ctx: &Context) -> Result<Action, Error> {
+    let (class, class_name) = match should_provision(pvc, ctx) {
+        Ok(found) => found,
+        Err(skip) => {
+            debug!(claim = %claim_key(pvc), ?skip, "not provisioning");
+            return Ok(Action::await_change());
+        }
+    };
+    let started = Instant::now();
+    let reference = pvc.object_ref(&());
+    match provision(pvc, &class, &class_name, ctx).await {
+        Ok(Some(pv_name)) => {
+            ctx.metrics
+                .provision_succeeded(&class_name, started.elapsed());
+            info!(claim = %claim_key(pvc), pv = %pv_name, "provisioned");
+            ctx.event(
+                &reference,
+                EventType::Normal,
+                REASON_SUCCEEDED,
+                ACTION,
+                &format!("Successfully provisioned volume {pv_name}"),
+            )
+            .await;
+            Ok(Action::await_change())
+        }
+        Ok(None) => Ok(Action::await_change()),
+        Err(failure) => {
+            ctx.metrics.provision_failed(&class_name);
+            ctx.event(
+                &reference,
+                EventType::Warning,
+                REASON_FAILED,
+                ACTION,
+                &failure.message,
+            )
+            .await;
+            Err(failure.error.unwrap_or(Error::Reported(failure.message)))
+        }
+    }
+}
+
+/// A failure to report on the claim; `error` keeps the cause when there is one.
+struct Failure {
+    message: String,
+    error: Option<Error>,
+}
+
+impl Failure {
+    fn new(message: impl Into<String>) -> Self {
+        Self {
+            message: message.into(),
+            error: None,
+        }
+    }
+}
+
+fn claim_key(pvc: &PersistentVolumeClaim) -> String {
+    format!("{}/{}", pvc.namespace().unwrap_or_default(), pvc.name_any())
+}
+
+/// Refuses what this provisioner cannot honour, with messages a user can act on.
+/// Returns the requested capacity as written and in bytes.
+fn check_claim(pvc: &PersistentVolumeClaim) -> Result<(Quantity, u64), Failure> {
+    let Some(spec) = pvc.spec.as_ref() else {
+        return Err(Failure::new("claim has no spec"));
+    };
+    if spec.selector.is_some() {
+        return Err(Failure::new(
+            "claim Selector is not supported: remove spec.selector to get a dynamically provisioned volume",
+        ));
+    }
+    if spec.volume_mode.as_deref() == Some("Block") {
+        return Err(Failure::new(
+            "volumeMode Block is not supported: NFS volumes are filesystems; use volumeMode Filesystem",
+        ));
+    }
+    if spec.data_source.is_some() || spec.data_source_ref.is_some() {
+        return Err(Failure::new(
+            "dataSource is not supported by this provisioner: volumes cannot be cloned or restored from snapshots; remove spec.dataSource/dataSourceRef",
+        ));
+    }
+    let request = spec
+        .resources
+        .as_ref()
+        .and_then(|r| r.requests.as_ref())
+        .and_then(|r| r.get("storage"))
+        .ok_or_else(|| Failure::new("claim has no spec.resources.requests.storage"))?;
+    let bytes = quantity::parse_bytes(&request.0)
+        .map_err(|e| Failure::new(format!("claim storage request: {e}")))?;
+    Ok((request.clone(), bytes))
+}
+
+/// An id that ties this controller's log lines to the agent's audit log.
+fn request_id(pv_name: &str) -> String {
+    let nanos = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_nanos())
+        .unwrap_or_default();
+    format!("{pv_name}-{nanos:x}")
+}
+
+/// Returns the PV name when this call created the PV, `None` when it already existed.
+async fn provision(
+    pvc: &PersistentVolumeClaim,
+    class: &StorageClass,
+    class_name: &str,
+    ctx: &Context,
+) -> Result<Option<String>, Failure> {
+    let (capacity, capacity_bytes) = check_claim(pvc)?;
+    let params = ClassParams::parse(class.parameters.as_ref())
+        .map_err(|e| Failure::new(format!("StorageClass {class_name:?}: {e}")))?;
+    let agent = ctx
+        .agents
+        .select(params.agent.as_deref())
+        .map_err(|e| Failure::new(e.to_string()))?;
+    let namespace = pvc.namespace().unwrap_or_default();
+    let name = pvc.name_any();
+    let uid = pvc.metadata.uid.as_deref().unwrap_or_default();
+    let pv_name = pv::pv_name_for(uid);
+    let path = params
+        .path_pattern
+        .render(&RenderInput {
+            pvc_namespace: &namespace,
+            pvc_name: &name,
+            pvc_labels: pvc.metadata.labels.as_ref(),
+            pvc_annotations: pvc.metadata.annotations.as_ref(),
+            pv_name: &pv_name,
+        })
+        .map_err(|e| Failure::new(format!("StorageClass {class_name:?}: {e}")))?;
+
+    let reference = pvc.object_ref(&());
+    ctx.event(
+        &reference,
+        EventType::Normal,
+        REASON_PROVISIONING,
+        ACTION,
+        &format!("External provisioner is provisioning volume for claim \"{namespace}/{name}\""),
+    )
+    .await;
+
+    let rid = request_id(&pv_name);
+    let agent_failure = |what: &str, source| Failure {
+        message: format!(
+            "failed to provision volume with StorageClass {class_name:?}: agent {} {what}: {source}",
+            agent.name()
+        ),
+        error: Some(Error::Agent {
+            agent: agent.name().to_owned(),
+            source,
+        }),
+    };
+    let export = agent
+        .export(&rid)
+        .await
+        .map_err(|e| agent_failure("did not report its NFS export", e))?;
+    let request = CreateVolumeRequest {
+        mode: params.mode,
+        uid: params.uid,
+        gid: params.gid,
+        capacity_bytes,
+        owner: VolumeOwner {
+            pvc_namespace: Some(namespace.clone()),
+            pvc_name: Some(name.clone()),
+            pv_name: Some(pv_name.clone()),
+        },
+    };
+    let outcome = agent
+        .create_volume(&path, &request, &rid)
+        .await
+        .map_err(|e| agent_failure(&format!("could not create directory {path}"), e))?;
+    info!(
+        claim = %claim_key(pvc), agent = agent.name(), %path, created = outcome.created,
+        request_id = %rid, "volume directory ready"
+    );
+
+    let volume = pv::build_pv(&NewVolume {
+        pvc,
+        class,
+        class_name,
+        provisioner: &ctx.provisioner,
+        pv_name: &pv_name,
+        agent: agent.name(),
+        path: &path,
+        on_delete: params.on_delete,
+        export: &export,
+        capacity: &capacity,
+    });
+    let api = Api::<PersistentVolume>::all(ctx.client.clone());
+    match api.create(&PostParams::default(), &volume).await {
+        Ok(_) => Ok(Some(pv_name)),
+        // A previous attempt (perhaps of a crashed replica) saved it; the directory was just
+        // confirmed with the same settings, so there is nothing left to do.
+        Err(kube::Error::Api(status)) if status.code == 409 => {
+            info!(claim = %claim_key(pvc), pv = %pv_name, "PV already exists");
+            Ok(None)
+        }
+        Err(e) => {
+            // The directory exists now: never leave it behind silently.
+            error!(
+                claim = %claim_key(pvc), pv = %pv_name, agent = agent.name(), %path, error = %e,
+                "volume directory exists but its PV could not be saved; retrying"
+            );
+            Err(Failure {
+                message: format!(
+                    "volume directory \"{path}\" on agent {} was created but PersistentVolume {pv_name} could not be saved: {e}; retrying (the directory will be reused)",
+                    agent.name()
+                ),
+                error: Some(Error::Kube(e)),
+            })
+        }
+    }
+}

@@ -1,0 +1,270 @@
+//! Well-known names and the construction of the PersistentVolume for a provisioned claim.
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::api::core::v1::{
+    NFSVolumeSource, ObjectReference, PersistentVolume, PersistentVolumeClaim, PersistentVolumeSpec,
+};
+use k8s_openapi::api::storage::v1::StorageClass;
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use nfsprov_api_types::{NfsExport, VolumePath};
+
+use crate::params::OnDelete;
+
+/// Set on every PV to name the provisioner that made it (as the library does).
+pub const ANN_PROVISIONED_BY: &str = "pv.kubernetes.io/provisioned-by";
+/// Set on claims by the PV controller: which provisioner should act on the claim.
+pub const ANN_STORAGE_PROVISIONER: &str = "volume.kubernetes.io/storage-provisioner";
+pub const ANN_BETA_STORAGE_PROVISIONER: &str = "volume.beta.kubernetes.io/storage-provisioner";
+/// Set by the scheduler under WaitForFirstConsumer.
+pub const ANN_SELECTED_NODE: &str = "volume.kubernetes.io/selected-node";
+/// The pre-`storageClassName` way to name a claim's class; still honoured first.
+pub const ANN_BETA_STORAGE_CLASS: &str = "volume.beta.kubernetes.io/storage-class";
+/// Keeps a PV with reclaimPolicy Delete until its data was dealt with.
+pub const FINALIZER: &str = "external-provisioner.volume.kubernetes.io/finalizer";
+
+/// Agent holding the volume (its name from the controller's agent list).
+pub const ANN_AGENT: &str = "nfsprov.dev/agent";
+/// Volume path relative to that agent's export root.
+pub const ANN_PATH: &str = "nfsprov.dev/path";
+/// What to do with the data on delete, fixed at provisioning time so that deleting never
+/// depends on the class still existing or being unchanged.
+pub const ANN_ON_DELETE: &str = "nfsprov.dev/on-delete";
+
+pub const RECLAIM_DELETE: &str = "Delete";
+pub const RECLAIM_RETAIN: &str = "Retain";
+
+/// The deterministic PV name of a claim: a retry after a crash finds the same volume.
+pub fn pv_name_for(claim_uid: &str) -> String {
+    format!("pvc-{claim_uid}")
+}
+
+/// The claim's class: the beta annotation wins over `spec.storageClassName`, as in
+/// Kubernetes' own helper.
+pub fn claim_class(pvc: &PersistentVolumeClaim) -> Option<&str> {
+    pvc.metadata
+        .annotations
+        .as_ref()
+        .and_then(|a| a.get(ANN_BETA_STORAGE_CLASS))
+        .map(String::as_str)
+        .or_else(|| pvc.spec.as_ref()?.storage_class_name.as_deref())
+        .filter(|c| !c.is_empty())
+}
+
+/// The provisioner the PV controller asked to act on the claim.
+pub fn claim_provisioner(pvc: &PersistentVolumeClaim) -> Option<&str> {
+    let annotations = pvc.metadata.annotations.as_ref()?;
+    annotations
+        .get(ANN_STORAGE_PROVISIONER)
+        .or_else(|| annotations.get(ANN_BETA_STORAGE_PROVISIONER))
+        .map(String::as_str)
+}
+
+/// The class's reclaim policy; Kubernetes defaults it to Delete.
+pub fn class_reclaim_policy(class: &StorageClass) -> &str {
+    class.reclaim_policy.as_deref().unwrap_or(RECLAIM_DELETE)
+}
+
+/// `spec.nfs.path` for a volume: the export root as clients mount it, then the volume path.
+pub fn nfs_path(export_root: &str, path: &VolumePath) -> String {
+    let root = export_root.trim_end_matches('/');
+    format!("{root}/{path}")
+}
+
+/// Everything that goes into a new PV.
+#[derive(Debug, Clone, Copy)]
+pub struct NewVolume<'a> {
+    pub pvc: &'a PersistentVolumeClaim,
+    pub class: &'a StorageClass,
+    pub class_name: &'a str,
+    pub provisioner: &'a str,
+    pub pv_name: &'a str,
+    pub agent: &'a str,
+    pub path: &'a VolumePath,
+    pub on_delete: OnDelete,
+    pub export: &'a NfsExport,
+    pub capacity: &'a Quantity,
+}
+
+/// Builds the PV bound to the claim, as sig-storage-lib-external-provisioner does, plus our
+/// annotations recording where the data is.
+pub fn build_pv(v: &NewVolume<'_>) -> PersistentVolume {
+    let reclaim = class_reclaim_policy(v.class).to_owned();
+    let annotations = BTreeMap::from([
+        (ANN_PROVISIONED_BY.to_owned(), v.provisioner.to_owned()),
+        (ANN_AGENT.to_owned(), v.agent.to_owned()),
+        (ANN_PATH.to_owned(), v.path.to_string()),
+        (ANN_ON_DELETE.to_owned(), v.on_delete.to_string()),
+    ]);
+    let finalizers = (reclaim == RECLAIM_DELETE).then(|| vec![FINALIZER.to_owned()]);
+    let claim_spec = v.pvc.spec.as_ref();
+    PersistentVolume {
+        metadata: ObjectMeta {
+            name: Some(v.pv_name.to_owned()),
+            annotations: Some(annotations),
+            finalizers,
+            ..ObjectMeta::default()
+        },
+        spec: Some(PersistentVolumeSpec {
+            access_modes: claim_spec.and_then(|s| s.access_modes.clone()),
+            capacity: Some(BTreeMap::from([("storage".to_owned(), v.capacity.clone())])),
+            claim_ref: Some(ObjectReference {
+                api_version: Some("v1".to_owned()),
+                kind: Some("PersistentVolumeClaim".to_owned()),
+                namespace: v.pvc.metadata.namespace.clone(),
+                name: v.pvc.metadata.name.clone(),
+                uid: v.pvc.metadata.uid.clone(),
+                resource_version: v.pvc.metadata.resource_version.clone(),
+                ..ObjectReference::default()
+            }),
+            mount_options: v.class.mount_options.clone(),
+            nfs: Some(NFSVolumeSource {
+                server: v.export.server.clone(),
+                path: nfs_path(&v.export.path, v.path),
+                read_only: None,
+            }),
+            persistent_volume_reclaim_policy: Some(reclaim),
+            storage_class_name: Some(v.class_name.to_owned()),
+            volume_mode: claim_spec.and_then(|s| s.volume_mode.clone()),
+            ..PersistentVolumeSpec::default()
+        }),
+        status: None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use k8s_openapi::api::core::v1::{PersistentVolumeClaimSpec, VolumeResourceRequirements};
+    use serde_json::json;
+
+    fn claim() -> PersistentVolumeClaim {
+        PersistentVolumeClaim {
+            metadata: ObjectMeta {
+                name: Some("data".into()),
+                namespace: Some("team-a".into()),
+                uid: Some("1234".into()),
+                resource_version: Some("77".into()),
+                ..ObjectMeta::default()
+            },
+            spec: Some(PersistentVolumeClaimSpec {
+                access_modes: Some(vec!["ReadWriteMany".into()]),
+                resources: Some(VolumeResourceRequirements {
+                    requests: Some(BTreeMap::from([("storage".into(), Quantity("5Gi".into()))])),
+                    ..Default::default()
+                }),
+                storage_class_name: Some("nfs".into()),
+                volume_mode: Some("Filesystem".into()),
+                ..Default::default()
+            }),
+            status: None,
+        }
+    }
+
+    fn class(reclaim: Option<&str>) -> StorageClass {
+        StorageClass {
+            metadata: ObjectMeta {
+                name: Some("nfs".into()),
+                ..ObjectMeta::default()
+            },
+            provisioner: "nfsprov.dev/nfs".into(),
+            reclaim_policy: reclaim.map(str::to_owned),
+            mount_options: Some(vec!["nfsvers=4.1".into(), "hard".into()]),
+            ..StorageClass::default()
+        }
+    }
+
+    fn build(class: &StorageClass, on_delete: OnDelete, root: &str) -> serde_json::Value {
+        let pvc = claim();
+        let path = VolumePath::parse("team-a/data").unwrap();
+        let export = NfsExport {
+            server: "nfs1.example".into(),
+            path: root.into(),
+        };
+        let pv = build_pv(&NewVolume {
+            pvc: &pvc,
+            class,
+            class_name: "nfs",
+            provisioner: "nfsprov.dev/nfs",
+            pv_name: "pvc-1234",
+            agent: "nfs1",
+            path: &path,
+            on_delete,
+            export: &export,
+            capacity: &Quantity("5Gi".into()),
+        });
+        serde_json::to_value(pv).unwrap()
+    }
+
+    #[test]
+    fn delete_class_gives_the_library_pv_with_our_annotations() {
+        let pv = build(&class(None), OnDelete::Archive, "/srv/nfs/");
+        assert_eq!(
+            pv,
+            json!({
+                "apiVersion": "v1",
+                "kind": "PersistentVolume",
+                "metadata": {
+                    "name": "pvc-1234",
+                    "annotations": {
+                        "pv.kubernetes.io/provisioned-by": "nfsprov.dev/nfs",
+                        "nfsprov.dev/agent": "nfs1",
+                        "nfsprov.dev/path": "team-a/data",
+                        "nfsprov.dev/on-delete": "archive",
+                    },
+                    "finalizers": ["external-provisioner.volume.kubernetes.io/finalizer"],
+                },
+                "spec": {
+                    "accessModes": ["ReadWriteMany"],
+                    "capacity": {"storage": "5Gi"},
+                    "claimRef": {
+                        "apiVersion": "v1",
+                        "kind": "PersistentVolumeClaim",
+                        "namespace": "team-a",
+                        "name": "data",
+                        "uid": "1234",
+                        "resourceVersion": "77",
+                    },
+                    "mountOptions": ["nfsvers=4.1", "hard"],
+                    "nfs": {"server": "nfs1.example", "path": "/srv/nfs/team-a/data"},
+                    "persistentVolumeReclaimPolicy": "Delete",
+                    "storageClassName": "nfs",
+                    "volumeMode": "Filesystem",
+                }
+            })
+        );
+    }
+
+    #[test]
+    fn retain_class_has_no_finalizer() {
+        let pv = build(&class(Some("Retain")), OnDelete::Delete, "/");
+        assert_eq!(pv["spec"]["persistentVolumeReclaimPolicy"], "Retain");
+        assert!(pv["metadata"].get("finalizers").is_none());
+        assert_eq!(pv["spec"]["nfs"]["path"], "/team-a/data");
+        assert_eq!(
+            pv["metadata"]["annotations"]["nfsprov.dev/on-delete"],
+            "delete"
+        );
+    }
+
+    #[test]
+    fn claim_helpers() {
+        let mut pvc = claim();
+        assert_eq!(claim_class(&pvc), Some("nfs"));
+        assert_eq!(claim_provisioner(&pvc), None);
+        pvc.metadata.annotations = Some(BTreeMap::from([
+            (ANN_BETA_STORAGE_CLASS.into(), "legacy".into()),
+            (ANN_BETA_STORAGE_PROVISIONER.into(), "old".into()),
+        ]));
+        assert_eq!(claim_class(&pvc), Some("legacy"));
+        assert_eq!(claim_provisioner(&pvc), Some("old"));
+        pvc.metadata
+            .annotations
+            .as_mut()
+            .unwrap()
+            .insert(ANN_STORAGE_PROVISIONER.into(), "new".into());
+        assert_eq!(claim_provisioner(&pvc), Some("new"));
+        assert_eq!(pv_name_for("abc"), "pvc-abc");
+    }
+}

@@ -1,0 +1,804 @@
+//! The controller against a mocked Kubernetes API (ApiServerVerifier: every call's method,
+//! URI and body asserted in order) and `MockAgent`, the in-test HTTPS fake of the agent.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use http::Method;
+use kube::runtime::controller::Action;
+use nfsprov_api_types::{CreateVolumeRequest, ErrorCode, Mode, VolumeOwner};
+use serde_json::json;
+
+use crate::agents::AgentRegistry;
+use crate::controller::{
+    claim_error_policy, reconcile_claim, reconcile_volume, volume_error_policy,
+};
+use crate::fixtures::*;
+use crate::pv;
+
+const PVS: &str = "/api/v1/persistentvolumes?";
+const DEFAULT_PATH: &str = "team-a-data-pvc-6b1c8f3e-2d4a-4e5b-9c7d-0a1b2c3d4e5f";
+
+fn pv_uri() -> String {
+    format!("/api/v1/persistentvolumes/{PV_NAME}?")
+}
+
+fn expected_pv(path: &str, on_delete: &str) -> serde_json::Value {
+    json!({
+        "apiVersion": "v1",
+        "kind": "PersistentVolume",
+        "metadata": {
+            "name": PV_NAME,
+            "annotations": {
+                "pv.kubernetes.io/provisioned-by": PROVISIONER,
+                "nfsprov.dev/agent": "nfs1",
+                "nfsprov.dev/path": path,
+                "nfsprov.dev/on-delete": on_delete,
+            },
+            "finalizers": ["external-provisioner.volume.kubernetes.io/finalizer"],
+        },
+        "spec": {
+            "accessModes": ["ReadWriteMany"],
+            "capacity": {"storage": "1Gi"},
+            "claimRef": {
+                "apiVersion": "v1",
+                "kind": "PersistentVolumeClaim",
+                "namespace": "team-a",
+                "name": "data",
+                "uid": CLAIM_UID,
+                "resourceVersion": "100",
+            },
+            "nfs": {"server": "nfs1.example", "path": format!("/srv/nfs/{path}")},
+            "persistentVolumeReclaimPolicy": "Delete",
+            "storageClassName": "nfs",
+            "volumeMode": "Filesystem",
+        }
+    })
+}
+
+fn provisioning_event() -> Call {
+    Call::event(
+        "team-a",
+        "Normal",
+        "Provisioning",
+        "data",
+        "provisioning volume for claim \"team-a/data\"",
+    )
+}
+
+fn failed_event(note: &str) -> Call {
+    Call::event("team-a", "Warning", "ProvisioningFailed", "data", note)
+}
+
+fn succeeded_event() -> Call {
+    Call::event("team-a", "Normal", "ProvisioningSucceeded", "data", PV_NAME)
+}
+
+fn create_pv(path: &str, on_delete: &str) -> Call {
+    Call::new(
+        Method::POST,
+        PVS,
+        BodyCheck::Exact(expected_pv(path, on_delete)),
+    )
+    .status(201)
+}
+
+fn owner() -> VolumeOwner {
+    VolumeOwner {
+        pvc_namespace: Some("team-a".into()),
+        pvc_name: Some("data".into()),
+        pv_name: Some(PV_NAME.into()),
+    }
+}
+
+#[tokio::test]
+async fn happy_path_creates_directory_then_the_exact_pv() {
+    let agent = MockAgent::start("nfs1").await;
+    let (ctx, api) = context(agent.registry(), vec![class("nfs", &[])], vec![]);
+    let server = api.run(vec![
+        provisioning_event(),
+        create_pv(DEFAULT_PATH, "archive"),
+        succeeded_event(),
+    ]);
+    let action = reconcile_claim(Arc::new(claim("nfs")), ctx.clone())
+        .await
+        .unwrap();
+    assert_eq!(action, Action::await_change());
+    let metrics = ctx.metrics.encode().unwrap();
+    finish(ctx, server).await;
+    assert_eq!(
+        agent.calls(),
+        ["GET info".to_owned(), format!("PUT {DEFAULT_PATH}")]
+    );
+    assert_eq!(
+        agent.volume(DEFAULT_PATH),
+        Some(CreateVolumeRequest {
+            mode: Mode::DEFAULT,
+            uid: None,
+            gid: None,
+            capacity_bytes: 1 << 30,
+            owner: owner(),
+        })
+    );
+    assert!(metrics.contains("controller_persistentvolumeclaim_provision_total{class=\"nfs\"} 1"));
+}
+
+#[tokio::test]
+async fn parameters_reach_the_agent_and_the_pv() {
+    let agent = MockAgent::start("nfs1").await;
+    let params = [
+        ("agent", "nfs1"),
+        (
+            "pathPattern",
+            "${.PVC.namespace}/${.PVC.labels.app}-${.PVC.name}",
+        ),
+        ("onDelete", "delete"),
+        ("mode", "0750"),
+        ("uid", "1001"),
+        ("gid", "2002"),
+    ];
+    let (ctx, api) = context(agent.registry(), vec![class("nfs", &params)], vec![]);
+    let mut pvc = claim("nfs");
+    pvc.metadata.labels = Some(BTreeMap::from([("app".into(), "db".into())]));
+    let server = api.run(vec![
+        provisioning_event(),
+        create_pv("team-a/db-data", "delete"),
+        succeeded_event(),
+    ]);
+    reconcile_claim(Arc::new(pvc), ctx.clone()).await.unwrap();
+    finish(ctx, server).await;
+    let request = agent.volume("team-a/db-data").expect("volume");
+    assert_eq!(request.mode.bits(), 0o750);
+    assert_eq!((request.uid, request.gid), (Some(1001), Some(2002)));
+}
+
+/// Runs one claim that must be refused: exactly one ProvisioningFailed event, no agent call,
+/// and the error goes to the backoff.
+async fn assert_refused(
+    pvc: k8s_openapi::api::core::v1::PersistentVolumeClaim,
+    params: &[(&str, &str)],
+    note: &str,
+) {
+    let agent = MockAgent::start("nfs1").await;
+    let (ctx, api) = context(agent.registry(), vec![class("nfs", params)], vec![]);
+    let server = api.run(vec![failed_event(note)]);
+    let result = reconcile_claim(Arc::new(pvc), ctx.clone()).await;
+    assert!(result.is_err(), "{note}: {result:?}");
+    finish(ctx, server).await;
+    assert!(
+        agent.calls().is_empty(),
+        "{note}: agent was called: {:?}",
+        agent.calls()
+    );
+}
+
+#[tokio::test]
+async fn claim_selector_is_refused() {
+    let mut pvc = claim("nfs");
+    pvc.spec.as_mut().unwrap().selector = Some(Default::default());
+    assert_refused(pvc, &[], "claim Selector is not supported").await;
+}
+
+#[tokio::test]
+async fn block_volume_mode_is_refused() {
+    let mut pvc = claim("nfs");
+    pvc.spec.as_mut().unwrap().volume_mode = Some("Block".into());
+    assert_refused(pvc, &[], "volumeMode Block is not supported").await;
+}
+
+#[tokio::test]
+async fn data_source_is_refused() {
+    let mut pvc = claim("nfs");
+    pvc.spec.as_mut().unwrap().data_source =
+        Some(k8s_openapi::api::core::v1::TypedLocalObjectReference {
+            kind: "PersistentVolumeClaim".into(),
+            name: "other".into(),
+            api_group: None,
+        });
+    assert_refused(pvc, &[], "dataSource is not supported").await;
+}
+
+#[tokio::test]
+async fn unknown_parameter_is_refused() {
+    assert_refused(
+        claim("nfs"),
+        &[("archiveOnDelet", "true")],
+        "unknown StorageClass parameter \"archiveOnDelet\"",
+    )
+    .await;
+}
+
+#[tokio::test]
+async fn hostile_path_pattern_result_is_refused() {
+    let mut pvc = claim("nfs");
+    pvc.metadata
+        .annotations
+        .as_mut()
+        .unwrap()
+        .insert("example.com/dir".into(), "..".into());
+    assert_refused(
+        pvc,
+        &[("pathPattern", "${.PVC.annotations.example.com/dir}")],
+        "is not a valid volume path",
+    )
+    .await;
+    let mut pvc = claim("nfs");
+    pvc.metadata
+        .annotations
+        .as_mut()
+        .unwrap()
+        .insert("example.com/dir".into(), "../../etc".into());
+    assert_refused(
+        pvc,
+        &[("pathPattern", "vols/${.PVC.annotations.example.com/dir}")],
+        "contains '/'",
+    )
+    .await;
+}
+
+#[tokio::test]
+async fn wait_for_first_consumer_waits_for_the_selected_node() {
+    let agent = MockAgent::start("nfs1").await;
+    let mut wffc = class("nfs", &[]);
+    wffc.volume_binding_mode = Some("WaitForFirstConsumer".into());
+
+    // Before the scheduler picked a node: no call at all.
+    let (ctx, api) = context(agent.registry(), vec![wffc.clone()], vec![]);
+    let server = api.run(vec![]);
+    let action = reconcile_claim(Arc::new(claim("nfs")), ctx.clone())
+        .await
+        .unwrap();
+    assert_eq!(action, Action::await_change());
+    finish(ctx, server).await;
+    assert!(agent.calls().is_empty());
+
+    // After: provisioned as usual.
+    let mut pvc = claim("nfs");
+    pvc.metadata
+        .annotations
+        .as_mut()
+        .unwrap()
+        .insert(pv::ANN_SELECTED_NODE.into(), "node-1".into());
+    let (ctx, api) = context(agent.registry(), vec![wffc], vec![]);
+    let server = api.run(vec![
+        provisioning_event(),
+        create_pv(DEFAULT_PATH, "archive"),
+        succeeded_event(),
+    ]);
+    reconcile_claim(Arc::new(pvc), ctx.clone()).await.unwrap();
+    finish(ctx, server).await;
+    assert!(agent.has_volume(DEFAULT_PATH));
+}
+
+#[tokio::test]
+async fn claims_that_are_not_ours_are_left_alone() {
+    let agent = MockAgent::start("nfs1").await;
+    let mut other_class = class("other", &[]);
+    other_class.provisioner = "example.com/other".into();
+    let (ctx, api) = context(
+        agent.registry(),
+        vec![class("nfs", &[]), other_class],
+        vec![],
+    );
+    let server = api.run(vec![]);
+    // Annotated for another provisioner.
+    let mut pvc = claim("nfs");
+    pvc.metadata.annotations = Some(BTreeMap::from([(
+        pv::ANN_STORAGE_PROVISIONER.into(),
+        "example.com/other".into(),
+    )]));
+    reconcile_claim(Arc::new(pvc), ctx.clone()).await.unwrap();
+    // Annotated for us but its class belongs to someone else.
+    reconcile_claim(Arc::new(claim("other")), ctx.clone())
+        .await
+        .unwrap();
+    // Already bound.
+    let mut pvc = claim("nfs");
+    pvc.spec.as_mut().unwrap().volume_name = Some("pv-static".into());
+    reconcile_claim(Arc::new(pvc), ctx.clone()).await.unwrap();
+    // Only the legacy beta annotation: still ours (checked by provisioning it).
+    finish(ctx, server).await;
+    assert!(agent.calls().is_empty());
+
+    let mut beta = claim("nfs");
+    beta.metadata.annotations = Some(BTreeMap::from([(
+        pv::ANN_BETA_STORAGE_PROVISIONER.into(),
+        PROVISIONER.into(),
+    )]));
+    let (ctx, api) = context(agent.registry(), vec![class("nfs", &[])], vec![]);
+    let server = api.run(vec![
+        provisioning_event(),
+        create_pv(DEFAULT_PATH, "archive"),
+        succeeded_event(),
+    ]);
+    reconcile_claim(Arc::new(beta), ctx.clone()).await.unwrap();
+    finish(ctx, server).await;
+}
+
+#[tokio::test]
+async fn pv_already_exists() {
+    let agent = MockAgent::start("nfs1").await;
+    // In the cache: nothing to do, no call anywhere.
+    let existing = released_pv(Some("archive"), DEFAULT_PATH);
+    let (ctx, api) = context(agent.registry(), vec![class("nfs", &[])], vec![existing]);
+    let server = api.run(vec![]);
+    reconcile_claim(Arc::new(claim("nfs")), ctx.clone())
+        .await
+        .unwrap();
+    finish(ctx, server).await;
+    assert!(agent.calls().is_empty());
+
+    // Not yet in the cache (a crash after saving it): the directory is confirmed, the
+    // create answers AlreadyExists, and that counts as done with no success event.
+    agent.insert_volume(
+        DEFAULT_PATH,
+        CreateVolumeRequest {
+            mode: Mode::DEFAULT,
+            uid: None,
+            gid: None,
+            capacity_bytes: 1 << 30,
+            owner: owner(),
+        },
+    );
+    let (ctx, api) = context(agent.registry(), vec![class("nfs", &[])], vec![]);
+    let server = api.run(vec![
+        provisioning_event(),
+        create_pv(DEFAULT_PATH, "archive").status(409),
+    ]);
+    let action = reconcile_claim(Arc::new(claim("nfs")), ctx.clone())
+        .await
+        .unwrap();
+    assert_eq!(action, Action::await_change());
+    finish(ctx, server).await;
+    assert_eq!(
+        agent.calls(),
+        ["GET info".to_owned(), format!("PUT {DEFAULT_PATH}")]
+    );
+}
+
+#[tokio::test]
+async fn agent_failure_reports_and_backs_off_then_succeeds() {
+    let agent = MockAgent::start("nfs1").await;
+    agent.fail_with(Some(ErrorCode::NotReady));
+    let (ctx, api) = context(agent.registry(), vec![class("nfs", &[])], vec![]);
+    let server = api.run(vec![
+        provisioning_event(),
+        failed_event("agent nfs1 did not report its NFS export"),
+        Call::event_repeat("team-a", "Provisioning", 2),
+        Call::event_repeat("team-a", "ProvisioningFailed", 2),
+        Call::event_repeat("team-a", "Provisioning", 3),
+        create_pv(DEFAULT_PATH, "archive"),
+        succeeded_event(),
+    ]);
+    let pvc = Arc::new(claim("nfs"));
+    let error = reconcile_claim(pvc.clone(), ctx.clone()).await.unwrap_err();
+    assert!(error.to_string().contains("not_ready"), "{error}");
+    assert_eq!(
+        claim_error_policy(pvc.clone(), &error, ctx.clone()),
+        Action::requeue(Duration::from_secs(1))
+    );
+    let error = reconcile_claim(pvc.clone(), ctx.clone()).await.unwrap_err();
+    // Per-object exponential backoff.
+    assert_eq!(
+        claim_error_policy(pvc.clone(), &error, ctx.clone()),
+        Action::requeue(Duration::from_secs(2))
+    );
+    agent.fail_with(None);
+    reconcile_claim(pvc.clone(), ctx.clone()).await.unwrap();
+    // Success forgets the failures.
+    assert_eq!(
+        claim_error_policy(pvc, &error, ctx.clone()),
+        Action::requeue(Duration::from_secs(1))
+    );
+    let metrics = ctx.metrics.encode().unwrap();
+    finish(ctx, server).await;
+    assert!(agent.has_volume(DEFAULT_PATH));
+    assert!(
+        metrics
+            .contains("controller_persistentvolumeclaim_provision_failed_total{class=\"nfs\"} 2"),
+        "{metrics}"
+    );
+}
+
+#[tokio::test]
+async fn pv_save_failure_names_the_directory_and_retry_reuses_it() {
+    let agent = MockAgent::start("nfs1").await;
+    let (ctx, api) = context(agent.registry(), vec![class("nfs", &[])], vec![]);
+    let server = api.run(vec![
+        provisioning_event(),
+        create_pv(DEFAULT_PATH, "archive").status(500),
+        failed_event(&format!("volume directory \"{DEFAULT_PATH}\" on agent nfs1 was created but PersistentVolume {PV_NAME} could not be saved")),
+        Call::event_repeat("team-a", "Provisioning", 2),
+        create_pv(DEFAULT_PATH, "archive"),
+        succeeded_event(),
+    ]);
+    let pvc = Arc::new(claim("nfs"));
+    assert!(reconcile_claim(pvc.clone(), ctx.clone()).await.is_err());
+    assert!(agent.has_volume(DEFAULT_PATH));
+    reconcile_claim(pvc, ctx.clone()).await.unwrap();
+    finish(ctx, server).await;
+    // One directory, created once then confirmed; the export is asked once (cached).
+    assert_eq!(
+        agent.calls(),
+        [
+            "GET info".to_owned(),
+            format!("PUT {DEFAULT_PATH}"),
+            format!("PUT {DEFAULT_PATH}")
+        ]
+    );
+}
+
+#[tokio::test]
+async fn agent_conflict_is_reported() {
+    let agent = MockAgent::start("nfs1").await;
+    agent.insert_volume(
+        DEFAULT_PATH,
+        CreateVolumeRequest {
+            capacity_bytes: 5,
+            ..CreateVolumeRequest::default()
+        },
+    );
+    let (ctx, api) = context(agent.registry(), vec![class("nfs", &[])], vec![]);
+    let server = api.run(vec![
+        provisioning_event(),
+        failed_event("could not create directory"),
+    ]);
+    let error = reconcile_claim(Arc::new(claim("nfs")), ctx.clone())
+        .await
+        .unwrap_err();
+    assert!(error.to_string().contains("conflict"), "{error}");
+    finish(ctx, server).await;
+}
+
+// ------------------------------------------------------------------- deletion
+
+/// The fresh read deletion makes before acting, answered with `volume`.
+fn get_pv(volume: &k8s_openapi::api::core::v1::PersistentVolume) -> Call {
+    Call::new(
+        Method::GET,
+        &format!("/api/v1/persistentvolumes/{PV_NAME}"),
+        BodyCheck::Exact(serde_json::Value::Null),
+    )
+    .respond(serde_json::to_value(volume).unwrap())
+}
+
+fn remove_finalizer() -> Call {
+    Call::new(
+        Method::PATCH,
+        &pv_uri(),
+        BodyCheck::Exact(json!({
+            "metadata": {"finalizers": ["kubernetes.io/pv-protection"], "resourceVersion": "200"}
+        })),
+    )
+}
+
+fn delete_pv() -> Call {
+    Call::new(
+        Method::DELETE,
+        &pv_uri(),
+        BodyCheck::Subset(json!({"preconditions": {"uid": "pv-uid-1"}})),
+    )
+    .respond(json!({"kind": "Status", "apiVersion": "v1", "status": "Success", "code": 200}))
+}
+
+fn stored(path: &str, agent: &MockAgent) {
+    agent.insert_volume(
+        path,
+        CreateVolumeRequest {
+            capacity_bytes: 1 << 30,
+            owner: owner(),
+            ..CreateVolumeRequest::default()
+        },
+    );
+}
+
+#[tokio::test]
+async fn on_delete_delete_removes_the_directory_then_the_pv() {
+    let agent = MockAgent::start("nfs1").await;
+    stored("team-a/data", &agent);
+    let (ctx, api) = context(agent.registry(), vec![class("nfs", &[])], vec![]);
+    let server = api.run(vec![
+        get_pv(&released_pv(Some("delete"), "team-a/data")),
+        remove_finalizer(),
+        delete_pv(),
+    ]);
+    reconcile_volume(
+        Arc::new(cached(released_pv(Some("delete"), "team-a/data"))),
+        ctx.clone(),
+    )
+    .await
+    .unwrap();
+    let metrics = ctx.metrics.encode().unwrap();
+    finish(ctx, server).await;
+    assert_eq!(agent.calls(), ["DELETE team-a/data"]);
+    assert!(!agent.has_volume("team-a/data"));
+    assert!(metrics.contains("controller_persistentvolume_delete_total{class=\"nfs\"} 1"));
+}
+
+#[tokio::test]
+async fn on_delete_archive_archives_then_deletes_the_pv() {
+    let agent = MockAgent::start("nfs1").await;
+    stored("team-a/data", &agent);
+    let (ctx, api) = context(agent.registry(), vec![class("nfs", &[])], vec![]);
+    let server = api.run(vec![
+        get_pv(&released_pv(Some("archive"), "team-a/data")),
+        remove_finalizer(),
+        delete_pv(),
+    ]);
+    reconcile_volume(
+        Arc::new(cached(released_pv(Some("archive"), "team-a/data"))),
+        ctx.clone(),
+    )
+    .await
+    .unwrap();
+    finish(ctx, server).await;
+    assert_eq!(agent.calls(), ["POST archive team-a/data"]);
+    assert!(agent.archived("team-a/data").is_some());
+    assert!(!agent.has_volume("team-a/data"));
+}
+
+#[tokio::test]
+async fn on_delete_retain_keeps_the_directory_and_deletes_the_pv() {
+    let agent = MockAgent::start("nfs1").await;
+    stored("team-a/data", &agent);
+    let (ctx, api) = context(agent.registry(), vec![class("nfs", &[])], vec![]);
+    let server = api.run(vec![
+        get_pv(&released_pv(Some("retain"), "team-a/data")),
+        remove_finalizer(),
+        delete_pv(),
+    ]);
+    reconcile_volume(
+        Arc::new(cached(released_pv(Some("retain"), "team-a/data"))),
+        ctx.clone(),
+    )
+    .await
+    .unwrap();
+    finish(ctx, server).await;
+    assert!(agent.calls().is_empty());
+    assert!(agent.has_volume("team-a/data"));
+}
+
+#[tokio::test]
+async fn class_gone_and_no_recorded_policy_archives() {
+    let agent = MockAgent::start("nfs1").await;
+    stored("team-a/data", &agent);
+    // No class in the cache, no policy annotation (a PV from before it was recorded).
+    let (ctx, api) = context(agent.registry(), vec![], vec![]);
+    let server = api.run(vec![
+        get_pv(&released_pv(None, "team-a/data")),
+        remove_finalizer(),
+        delete_pv(),
+    ]);
+    reconcile_volume(
+        Arc::new(cached(released_pv(None, "team-a/data"))),
+        ctx.clone(),
+    )
+    .await
+    .unwrap();
+    finish(ctx, server).await;
+    assert_eq!(agent.calls(), ["POST archive team-a/data"]);
+}
+
+#[tokio::test]
+async fn recorded_policy_wins_over_a_changed_class() {
+    let agent = MockAgent::start("nfs1").await;
+    stored("team-a/data", &agent);
+    let (ctx, api) = context(
+        agent.registry(),
+        vec![class("nfs", &[("onDelete", "delete")])],
+        vec![],
+    );
+    let server = api.run(vec![
+        get_pv(&released_pv(Some("archive"), "team-a/data")),
+        remove_finalizer(),
+        delete_pv(),
+    ]);
+    reconcile_volume(
+        Arc::new(cached(released_pv(Some("archive"), "team-a/data"))),
+        ctx.clone(),
+    )
+    .await
+    .unwrap();
+    finish(ctx, server).await;
+    assert_eq!(agent.calls(), ["POST archive team-a/data"]);
+}
+
+#[tokio::test]
+async fn delete_failure_reports_on_the_pv_and_keeps_the_finalizer() {
+    let agent = MockAgent::start("nfs1").await;
+    stored("team-a/data", &agent);
+    agent.fail_with(Some(ErrorCode::Internal));
+    let (ctx, api) = context(agent.registry(), vec![class("nfs", &[])], vec![]);
+    // PVs are cluster-scoped: their events go to the default namespace.
+    let server = api.run(vec![
+        get_pv(&released_pv(Some("delete"), "team-a/data")),
+        Call::event(
+            "default",
+            "Warning",
+            "VolumeFailedDelete",
+            PV_NAME,
+            "agent nfs1 could not delete directory team-a/data",
+        ),
+    ]);
+    let volume = Arc::new(cached(released_pv(Some("delete"), "team-a/data")));
+    let error = reconcile_volume(volume.clone(), ctx.clone())
+        .await
+        .unwrap_err();
+    assert_eq!(
+        volume_error_policy(volume, &error, ctx.clone()),
+        Action::requeue(Duration::from_secs(1))
+    );
+    finish(ctx, server).await;
+    assert!(agent.has_volume("team-a/data"));
+}
+
+#[tokio::test]
+async fn retain_pvs_and_other_provisioners_pvs_are_untouched() {
+    let agent = MockAgent::start("nfs1").await;
+    stored("team-a/data", &agent);
+    let (ctx, api) = context(agent.registry(), vec![class("nfs", &[])], vec![]);
+    let server = api.run(vec![]);
+    // Retain, as provisioned from a Retain class (no finalizer).
+    let mut retain = released_pv(Some("delete"), "team-a/data");
+    retain
+        .spec
+        .as_mut()
+        .unwrap()
+        .persistent_volume_reclaim_policy = Some("Retain".into());
+    retain.metadata.finalizers = Some(vec!["kubernetes.io/pv-protection".into()]);
+    reconcile_volume(Arc::new(cached(retain)), ctx.clone())
+        .await
+        .unwrap();
+    // Another provisioner's released Delete PV, even with our annotations and finalizer.
+    let mut foreign = released_pv(Some("delete"), "team-a/data");
+    foreign
+        .metadata
+        .annotations
+        .as_mut()
+        .unwrap()
+        .insert(pv::ANN_PROVISIONED_BY.into(), "example.com/other".into());
+    reconcile_volume(Arc::new(cached(foreign)), ctx.clone())
+        .await
+        .unwrap();
+    // Ours, Released, already deleted and our finalizer gone: nothing left to do.
+    let mut done = released_pv(Some("delete"), "team-a/data");
+    done.metadata.finalizers = Some(vec!["kubernetes.io/pv-protection".into()]);
+    done.metadata.deletion_timestamp = Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
+        k8s_openapi::jiff::Timestamp::now(),
+    ));
+    reconcile_volume(Arc::new(cached(done)), ctx.clone())
+        .await
+        .unwrap();
+    // Ours, Delete, but still Bound.
+    let mut bound = released_pv(Some("delete"), "team-a/data");
+    bound.status.as_mut().unwrap().phase = Some("Bound".into());
+    reconcile_volume(Arc::new(cached(bound)), ctx.clone())
+        .await
+        .unwrap();
+    finish(ctx, server).await;
+    assert!(agent.calls().is_empty());
+    assert!(agent.has_volume("team-a/data"));
+}
+
+#[tokio::test]
+async fn switching_to_retain_only_removes_our_finalizer() {
+    let agent = MockAgent::start("nfs1").await;
+    stored("team-a/data", &agent);
+    let (ctx, api) = context(agent.registry(), vec![class("nfs", &[])], vec![]);
+    let server = api.run(vec![remove_finalizer()]);
+    let mut retain = released_pv(Some("delete"), "team-a/data");
+    retain
+        .spec
+        .as_mut()
+        .unwrap()
+        .persistent_volume_reclaim_policy = Some("Retain".into());
+    reconcile_volume(Arc::new(cached(retain)), ctx.clone())
+        .await
+        .unwrap();
+    finish(ctx, server).await;
+    assert!(agent.calls().is_empty());
+    assert!(agent.has_volume("team-a/data"));
+}
+
+#[tokio::test]
+async fn finalizer_conflict_is_retried_not_forced() {
+    let agent = MockAgent::start("nfs1").await;
+    stored("team-a/data", &agent);
+    let (ctx, api) = context(agent.registry(), vec![class("nfs", &[])], vec![]);
+    let fresh = released_pv(Some("delete"), "team-a/data");
+    let server = api.run(vec![
+        get_pv(&fresh),
+        remove_finalizer().status(409),
+        // The retry re-deletes (idempotent) and goes through.
+        get_pv(&fresh),
+        remove_finalizer(),
+        delete_pv(),
+    ]);
+    let volume = Arc::new(cached(released_pv(Some("delete"), "team-a/data")));
+    assert!(reconcile_volume(volume.clone(), ctx.clone()).await.is_err());
+    reconcile_volume(volume, ctx.clone()).await.unwrap();
+    finish(ctx, server).await;
+    assert_eq!(agent.calls(), ["DELETE team-a/data", "DELETE team-a/data"]);
+}
+
+#[tokio::test]
+async fn an_unreachable_agent_only_fails_its_own_classes() {
+    let live = MockAgent::start("nfs1").await;
+    let mut dead = MockAgent::start("nfs2").await;
+    dead.stop().await;
+    let registry = AgentRegistry::new(
+        &[live.config.clone(), dead.config.clone()],
+        Arc::new(crate::metrics::Metrics::new()),
+    )
+    .unwrap();
+    let (ctx, api) = context(
+        registry,
+        vec![
+            class("nfs", &[("agent", "nfs1")]),
+            class("nfs-dead", &[("agent", "nfs2")]),
+        ],
+        vec![],
+    );
+    let mut stranded = claim("nfs-dead");
+    stranded.metadata.name = Some("stranded".into());
+    stranded.metadata.uid = Some("0000-dead".into());
+    let server = api.run(vec![
+        Call::event(
+            "team-a",
+            "Normal",
+            "Provisioning",
+            "stranded",
+            "team-a/stranded",
+        ),
+        Call::event(
+            "team-a",
+            "Warning",
+            "ProvisioningFailed",
+            "stranded",
+            "agent nfs2 did not report its NFS export: agent unreachable",
+        ),
+        provisioning_event(),
+        create_pv(DEFAULT_PATH, "archive"),
+        succeeded_event(),
+    ]);
+    assert!(
+        reconcile_claim(Arc::new(stranded), ctx.clone())
+            .await
+            .is_err()
+    );
+    reconcile_claim(Arc::new(claim("nfs")), ctx.clone())
+        .await
+        .unwrap();
+    finish(ctx, server).await;
+    assert!(live.has_volume(DEFAULT_PATH));
+}
+
+#[tokio::test]
+async fn a_stale_cache_never_repeats_a_finished_deletion() {
+    let agent = MockAgent::start("nfs1").await;
+    stored("team-a/data", &agent);
+    let (ctx, api) = context(agent.registry(), vec![class("nfs", &[])], vec![]);
+    // The cache still shows the released PV with our finalizer, but the API already has
+    // it deleted (finalizer gone, pv-protection holding it), then gone altogether.
+    let mut finished = released_pv(Some("delete"), "team-a/data");
+    finished.metadata.finalizers = Some(vec!["kubernetes.io/pv-protection".into()]);
+    finished.metadata.deletion_timestamp = Some(
+        k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(k8s_openapi::jiff::Timestamp::now()),
+    );
+    let server = api.run(vec![
+        get_pv(&finished),
+        Call::new(
+            Method::GET,
+            &format!("/api/v1/persistentvolumes/{PV_NAME}"),
+            BodyCheck::Exact(serde_json::Value::Null),
+        )
+        .status(404),
+    ]);
+    let stale = Arc::new(cached(released_pv(Some("delete"), "team-a/data")));
+    reconcile_volume(stale.clone(), ctx.clone()).await.unwrap();
+    reconcile_volume(stale, ctx.clone()).await.unwrap();
+    finish(ctx, server).await;
+    assert!(agent.calls().is_empty());
+    assert!(agent.has_volume("team-a/data"));
+}

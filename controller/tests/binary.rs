@@ -1,0 +1,137 @@
+//! The `nfsprov-controller` binary as deployed (leader election on) against the API
+//! simulator and the real agent: it takes the Lease, provisions a claim, and on SIGTERM
+//! exits cleanly and releases the Lease.
+
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+use k8s_openapi::api::coordination::v1::Lease;
+use k8s_openapi::api::core::v1::PersistentVolumeClaim;
+use k8s_openapi::api::storage::v1::StorageClass;
+use kube::api::{Api, PostParams};
+use kube::runtime::wait::await_condition;
+use nfsprov_agent::testkit::TestAgent;
+use nfsprov_kube_sim::{SimOptions, Simulator};
+use serde_json::json;
+
+const WAIT: Duration = Duration::from_secs(60);
+
+/// Kills the child if the test fails before it exits by itself.
+struct Running(Option<std::process::Child>);
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        if let Some(mut child) = self.0.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn binary_leads_provisions_and_hands_back_the_lease_on_sigterm() {
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    let sim = Simulator::start(SimOptions::default()).await.unwrap();
+    let client = sim.client().await;
+    let dir = tempfile::tempdir().unwrap();
+    let kubeconfig = dir.path().join("kubeconfig");
+    sim.write_kubeconfig(&kubeconfig).unwrap();
+    let root = tempfile::tempdir().unwrap();
+    let agent = TestAgent::start(root.path()).await.unwrap();
+    let c = agent.connection();
+    let agents = dir.path().join("agents");
+    std::fs::create_dir(&agents).unwrap();
+    std::fs::write(
+        agents.join("test.toml"),
+        format!(
+            "name = \"test\"\nurl = \"{}\"\nca_file = \"{}\"\ntoken_file = \"{}\"\n",
+            c.url,
+            c.ca_file.display(),
+            c.token_file.unwrap().display()
+        ),
+    )
+    .unwrap();
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let mut running = Running(Some(
+        Command::new(env!("CARGO_BIN_EXE_nfsprov-controller"))
+            .arg(format!("--kubeconfig={}", kubeconfig.display()))
+            .arg(format!("--agents-dir={}", agents.display()))
+            .arg(format!("--http-addr=127.0.0.1:{port}"))
+            .args(["--lease-namespace=default", "--identity=replica-1"])
+            .env("RUST_LOG", "warn")
+            .stdout(Stdio::null())
+            .spawn()
+            .unwrap(),
+    ));
+
+    Api::<StorageClass>::all(client.clone())
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(json!({
+                "apiVersion": "storage.k8s.io/v1", "kind": "StorageClass",
+                "metadata": {"name": "nfs"}, "provisioner": "nfsprov.dev/nfs",
+            }))
+            .unwrap(),
+        )
+        .await
+        .unwrap();
+    let claims: Api<PersistentVolumeClaim> = Api::namespaced(client.clone(), "default");
+    claims
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(json!({
+                "apiVersion": "v1", "kind": "PersistentVolumeClaim",
+                "metadata": {"name": "data", "namespace": "default"},
+                "spec": {"accessModes": ["ReadWriteOnce"], "storageClassName": "nfs",
+                         "resources": {"requests": {"storage": "1Mi"}}},
+            }))
+            .unwrap(),
+        )
+        .await
+        .unwrap();
+    let bound = tokio::time::timeout(
+        WAIT,
+        await_condition(claims, "data", |c: Option<&PersistentVolumeClaim>| {
+            c.and_then(|c| c.status.as_ref())
+                .and_then(|s| s.phase.as_deref())
+                == Some("Bound")
+        }),
+    )
+    .await
+    .expect("claim bound in time")
+    .unwrap()
+    .unwrap();
+    let pv = bound.spec.unwrap().volume_name.unwrap();
+    // The default pathPattern: namespace-claim-pv.
+    assert!(root.path().join(format!("default-data-{pv}")).is_dir());
+    let leases: Api<Lease> = Api::namespaced(client.clone(), "default");
+    let lease = leases.get("nfsprov-controller").await.unwrap();
+    assert_eq!(
+        lease.spec.and_then(|s| s.holder_identity).as_deref(),
+        Some("replica-1")
+    );
+
+    let mut child = running.0.take().unwrap();
+    let pid = child.id().to_string();
+    let status = Command::new("kill").args(["-TERM", &pid]).status().unwrap();
+    assert!(status.success());
+    let waited = tokio::time::timeout(
+        WAIT,
+        tokio::task::spawn_blocking(move || child.wait().unwrap()),
+    )
+    .await;
+    let Ok(exit) = waited else {
+        // The child now belongs to the blocked waiter: stop it by pid before failing.
+        let _ = Command::new("kill").args(["-KILL", &pid]).status();
+        panic!("controller did not exit after SIGTERM");
+    };
+    let exit = exit.unwrap();
+    assert!(exit.success(), "{exit:?}");
+    let lease = leases.get("nfsprov-controller").await.unwrap();
+    assert_eq!(lease.spec.and_then(|s| s.holder_identity), None);
+    sim.shutdown().await;
+}
