@@ -10,6 +10,12 @@ static BUILT: OnceLock<Result<(), String>> = OnceLock::new();
 /// freshly built: `cargo test` does not rebuild other packages' binaries, and a stale
 /// binary would test old code. The build is a no-op when they are up to date.
 pub fn binary(name: &str) -> anyhow::Result<PathBuf> {
+    // Set by the demo's launcher, which has just built the binaries itself.
+    if let Some(dir) = std::env::var_os("NFSPROV_BIN_DIR") {
+        let path = PathBuf::from(dir).join(name);
+        anyhow::ensure!(path.exists(), "{} is missing", path.display());
+        return Ok(path);
+    }
     // Tests run from target/<profile>/deps/<test>; binaries live in target/<profile>/.
     let exe = std::env::current_exe()?;
     let profile_dir = exe
@@ -36,6 +42,10 @@ pub fn binary(name: &str) -> anyhow::Result<PathBuf> {
         .clone()
         .map_err(anyhow::Error::msg)?;
     let path = profile_dir.join(name);
-    anyhow::ensure!(path.exists(), "{} is missing after the build", path.display());
+    anyhow::ensure!(
+        path.exists(),
+        "{} is missing after the build",
+        path.display()
+    );
     Ok(path)
 }

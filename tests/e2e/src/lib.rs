@@ -5,7 +5,9 @@
 
 pub mod agent;
 pub mod binaries;
+pub mod cluster;
 pub mod nfs;
+pub mod system;
 
 use std::time::{Duration, Instant};
 

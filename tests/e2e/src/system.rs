@@ -1,0 +1,314 @@
+//! A whole nfsprov installation for one test: NFS server, agents, Kubernetes API and
+//! controllers, plus the kubectl-like steps the scenarios take.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::{Event, Namespace, PersistentVolume, PersistentVolumeClaim};
+use k8s_openapi::api::storage::v1::StorageClass;
+use kube::api::{DeleteParams, ListParams, PostParams};
+use kube::runtime::wait::{await_condition, conditions};
+use kube::{Api, Client};
+use serde_json::json;
+
+use crate::agent::AgentProcess;
+use crate::cluster::{ControllerProcess, KubeApi};
+use crate::nfs::{NfsServer, nfs_url};
+
+/// Namespace the scenarios create their claims in.
+pub const NAMESPACE: &str = "e2e";
+/// The provisioner name the controllers run with.
+pub const PROVISIONER: &str = "nfsprov.dev/nfs";
+
+/// One agent with its own export root.
+pub struct AgentUnderTest {
+    pub process: AgentProcess,
+    pub root: PathBuf,
+    pub export: String,
+}
+
+pub struct System {
+    pub nfs: NfsServer,
+    pub agents: Vec<AgentUnderTest>,
+    pub api: KubeApi,
+    pub controllers: Vec<ControllerProcess>,
+    pub client: Client,
+    pub agents_dir: PathBuf,
+    _base: tempfile::TempDir,
+}
+
+impl System {
+    /// Starts one export root and agent per name in `agent_names`, all exported by one
+    /// NFS server, the API, and `controllers` controller processes.
+    pub async fn start(
+        agent_names: &[&str],
+        controllers: usize,
+        controller_args: &[&str],
+    ) -> anyhow::Result<Self> {
+        Self::start_on(
+            KubeApi::start().await?,
+            agent_names,
+            controllers,
+            controller_args,
+        )
+        .await
+    }
+
+    /// As [`System::start`], against a given API.
+    pub async fn start_on(
+        api: KubeApi,
+        agent_names: &[&str],
+        controllers: usize,
+        controller_args: &[&str],
+    ) -> anyhow::Result<Self> {
+        let base = tempfile::tempdir()?;
+        let mut roots = Vec::new();
+        for name in agent_names {
+            let root = base.path().join(format!("export-{name}"));
+            std::fs::create_dir(&root)?;
+            roots.push(root);
+        }
+        let exports: Vec<&std::path::Path> = roots.iter().map(|r| r.as_path()).collect();
+        let nfs = NfsServer::start(&exports).await?;
+        let agents_dir = base.path().join("agents");
+        let mut agents = Vec::new();
+        for (name, root) in agent_names.iter().zip(roots) {
+            let export = root.display().to_string();
+            let process = AgentProcess::start(name, &root, "127.0.0.1", &export).await?;
+            process.write_secret_files(&agents_dir)?;
+            agents.push(AgentUnderTest {
+                process,
+                root,
+                export,
+            });
+        }
+        let client = api.client().await?;
+        let namespace: Namespace =
+            serde_json::from_value(json!({"metadata": {"name": NAMESPACE}}))?;
+        match Api::<Namespace>::all(client.clone())
+            .create(&PostParams::default(), &namespace)
+            .await
+        {
+            Ok(_) => {}
+            Err(kube::Error::Api(e)) if e.code == 409 => {}
+            Err(e) => return Err(e.into()),
+        }
+        let mut system = Self {
+            nfs,
+            agents,
+            api,
+            controllers: Vec::new(),
+            client,
+            agents_dir,
+            _base: base,
+        };
+        for _ in 0..controllers {
+            system.start_controller(controller_args).await?;
+        }
+        Ok(system)
+    }
+
+    /// Starts one more controller process.
+    pub async fn start_controller(&mut self, args: &[&str]) -> anyhow::Result<()> {
+        let controller = ControllerProcess::start(&self.api, &self.agents_dir, args).await?;
+        self.controllers.push(controller);
+        Ok(())
+    }
+
+    /// Every controller's log, for failure messages.
+    pub fn logs(&self) -> String {
+        self.controllers
+            .iter()
+            .enumerate()
+            .map(|(i, c)| format!("--- controller {i} ---\n{}", c.log_text()))
+            .collect()
+    }
+
+    pub fn claims(&self) -> Api<PersistentVolumeClaim> {
+        Api::namespaced(self.client.clone(), NAMESPACE)
+    }
+
+    pub fn volumes(&self) -> Api<PersistentVolume> {
+        Api::all(self.client.clone())
+    }
+
+    /// Creates a StorageClass of this provisioner with reclaimPolicy Delete.
+    pub async fn class(&self, name: &str, parameters: serde_json::Value) -> anyhow::Result<()> {
+        let class: StorageClass = serde_json::from_value(json!({
+            "metadata": {"name": name},
+            "provisioner": PROVISIONER,
+            "reclaimPolicy": "Delete",
+            "volumeBindingMode": "Immediate",
+            "parameters": parameters,
+        }))?;
+        Api::<StorageClass>::all(self.client.clone())
+            .create(&PostParams::default(), &class)
+            .await?;
+        Ok(())
+    }
+
+    /// Creates a 1Gi ReadWriteMany claim.
+    pub async fn claim(
+        &self,
+        name: &str,
+        class: &str,
+        labels: serde_json::Value,
+        annotations: serde_json::Value,
+    ) -> anyhow::Result<PersistentVolumeClaim> {
+        let claim: PersistentVolumeClaim = serde_json::from_value(json!({
+            "metadata": {"name": name, "namespace": NAMESPACE, "labels": labels, "annotations": annotations},
+            "spec": {
+                "storageClassName": class,
+                "accessModes": ["ReadWriteMany"],
+                "resources": {"requests": {"storage": "1Gi"}},
+            },
+        }))?;
+        Ok(self.claims().create(&PostParams::default(), &claim).await?)
+    }
+
+    /// Waits until the claim is Bound and returns its PV.
+    pub async fn bound_volume(
+        &self,
+        name: &str,
+        limit: Duration,
+    ) -> anyhow::Result<PersistentVolume> {
+        let bound = tokio::time::timeout(
+            limit,
+            await_condition(
+                self.claims(),
+                name,
+                |claim: Option<&PersistentVolumeClaim>| {
+                    claim
+                        .and_then(|c| c.status.as_ref())
+                        .and_then(|s| s.phase.as_deref())
+                        == Some("Bound")
+                },
+            ),
+        )
+        .await
+        .map_err(|_| anyhow::anyhow!("claim {name} not Bound within {limit:?}\n{}", self.logs()))??
+        .ok_or_else(|| anyhow::anyhow!("claim {name} vanished"))?;
+        let volume_name = bound
+            .spec
+            .and_then(|s| s.volume_name)
+            .ok_or_else(|| anyhow::anyhow!("bound claim {name} without volumeName"))?;
+        Ok(self.volumes().get(&volume_name).await?)
+    }
+
+    /// Deletes the claim and waits until its PV is gone.
+    pub async fn delete_claim_and_wait_for_volume(
+        &self,
+        claim: &str,
+        volume: &str,
+    ) -> anyhow::Result<()> {
+        self.claims()
+            .delete(claim, &DeleteParams::default())
+            .await?;
+        let uid = self
+            .volumes()
+            .get(volume)
+            .await?
+            .metadata
+            .uid
+            .unwrap_or_default();
+        tokio::time::timeout(
+            Duration::from_secs(60),
+            await_condition(self.volumes(), volume, conditions::is_deleted(&uid)),
+        )
+        .await
+        .map_err(|_| anyhow::anyhow!("PV {volume} not deleted within 60s\n{}", self.logs()))??;
+        Ok(())
+    }
+
+    /// (reason, message) of the events about the named object in the test namespace.
+    pub async fn events_about(&self, name: &str) -> anyhow::Result<Vec<(String, String)>> {
+        let events = Api::<Event>::namespaced(self.client.clone(), NAMESPACE)
+            .list(&ListParams::default())
+            .await?;
+        Ok(events
+            .items
+            .into_iter()
+            .filter(|e| e.involved_object.name.as_deref() == Some(name))
+            .map(|e| (e.reason.unwrap_or_default(), e.message.unwrap_or_default()))
+            .collect())
+    }
+
+    /// Waits for an event with `reason` about `name` whose message contains `text`.
+    pub async fn wait_for_event(
+        &self,
+        name: &str,
+        reason: &str,
+        text: &str,
+    ) -> anyhow::Result<String> {
+        let deadline = std::time::Instant::now() + Duration::from_secs(60);
+        loop {
+            if let Some((_, message)) = self
+                .events_about(name)
+                .await?
+                .into_iter()
+                .find(|(r, m)| r == reason && m.contains(text))
+            {
+                return Ok(message);
+            }
+            if std::time::Instant::now() > deadline {
+                anyhow::bail!(
+                    "no {reason} event containing {text:?} about {name}; events: {:?}\n{}",
+                    self.events_about(name).await?,
+                    self.logs()
+                );
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
+    /// `nfs://server/path/file` for a file in the volume, from the PV as a kubelet reads it.
+    pub fn file_url(&self, volume: &PersistentVolume, file: &str) -> String {
+        let source = volume.spec.as_ref().and_then(|s| s.nfs.as_ref());
+        let (server, path) = source.map_or(("", ""), |s| (s.server.as_str(), s.path.as_str()));
+        nfs_url(server, self.nfs.port(), &format!("{path}/{file}"))
+    }
+}
+
+/// Volume directories (not the agent's own hidden areas) beneath an export root, up to
+/// two levels deep: what an operator would count as provisioned data.
+pub fn volume_dirs(root: &std::path::Path) -> Vec<String> {
+    let mut found = Vec::new();
+    collect(root, root, 0, &mut found);
+    found.sort();
+    found
+}
+
+fn collect(root: &std::path::Path, dir: &std::path::Path, depth: usize, found: &mut Vec<String>) {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return;
+    };
+    for entry in entries.flatten() {
+        let name = entry.file_name().to_string_lossy().into_owned();
+        if name.starts_with('.') || !entry.path().is_dir() {
+            continue;
+        }
+        let is_volume = xattr_present(&entry.path());
+        if is_volume {
+            found.push(
+                entry
+                    .path()
+                    .strip_prefix(root)
+                    .unwrap_or(&entry.path())
+                    .display()
+                    .to_string(),
+            );
+        } else if depth < 2 {
+            collect(root, &entry.path(), depth + 1, found);
+        }
+    }
+}
+
+/// Whether the directory carries the agent's volume metadata.
+fn xattr_present(path: &std::path::Path) -> bool {
+    let mut buf = [0u8; 1];
+    match rustix::fs::getxattr(path, "user.nfsprov.volume", &mut buf[..]) {
+        Ok(_) => true,
+        Err(rustix::io::Errno::RANGE) => true,
+        Err(_) => false,
+    }
+}

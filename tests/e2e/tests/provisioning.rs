@@ -1,0 +1,456 @@
+//! The whole system as a user runs it: a Kubernetes API, the controller, agents on the
+//! "NFS server", nfs-ganesha exporting their roots, and a real NFS client.
+//!
+//! Each scenario starts its own installation; they run one at a time (the machine has
+//! two cores and each brings up an NFS server, agents, an API and controllers).
+
+use std::time::Duration;
+
+use nfsprov_e2e::nfs::{nfs_read, nfs_write};
+use nfsprov_e2e::system::{NAMESPACE, System, volume_dirs};
+use serde_json::json;
+use tokio::sync::Mutex;
+
+static ONE_AT_A_TIME: Mutex<()> = Mutex::const_new(());
+
+const BIND: Duration = Duration::from_secs(60);
+
+fn name_of(volume: &k8s_openapi::api::core::v1::PersistentVolume) -> String {
+    volume.metadata.name.clone().unwrap_or_default()
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn claims_bind_and_every_on_delete_policy_is_honoured() -> anyhow::Result<()> {
+    let _turn = ONE_AT_A_TIME.lock().await;
+    let system = System::start(&["nfs1"], 1, &["--leader-elect=false"]).await?;
+    let agent = &system.agents[0];
+    for policy in ["delete", "archive", "retain"] {
+        system
+            .class(
+                &format!("e2e-{policy}"),
+                json!({"agent": "nfs1", "onDelete": policy}),
+            )
+            .await?;
+        let claim_name = format!("data-{policy}");
+        let claim = system
+            .claim(&claim_name, &format!("e2e-{policy}"), json!({}), json!({}))
+            .await?;
+        let volume = system.bound_volume(&claim_name, BIND).await?;
+        let volume_name = name_of(&volume);
+        assert_eq!(
+            volume_name,
+            format!("pvc-{}", claim.metadata.uid.unwrap_or_default())
+        );
+        let source = volume
+            .spec
+            .as_ref()
+            .and_then(|s| s.nfs.clone())
+            .expect("an NFS volume");
+        let directory = format!("{NAMESPACE}-{claim_name}-{volume_name}");
+        assert_eq!(source.server, "127.0.0.1");
+        assert_eq!(source.path, format!("{}/{directory}", agent.export));
+
+        // A pod's write over NFS lands in the agent's root under the expected directory.
+        let url = system.file_url(&volume, "hello.txt");
+        nfs_write(
+            &url,
+            format!("policy {policy}").as_bytes(),
+            Some(1000),
+            Some(1000),
+        )?;
+        assert_eq!(nfs_read(&url)?, format!("policy {policy}").as_bytes());
+        let on_disk = agent.root.join(&directory).join("hello.txt");
+        assert_eq!(
+            std::fs::read_to_string(&on_disk)?,
+            format!("policy {policy}")
+        );
+
+        system
+            .delete_claim_and_wait_for_volume(&claim_name, &volume_name)
+            .await?;
+        match policy {
+            "delete" => assert!(
+                !agent.root.join(&directory).exists(),
+                "deleted data is gone"
+            ),
+            "retain" => assert_eq!(std::fs::read_to_string(&on_disk)?, "policy retain"),
+            _ => {
+                assert!(
+                    !agent.root.join(&directory).exists(),
+                    "archived data left its path"
+                );
+                let archives: Vec<_> =
+                    std::fs::read_dir(agent.root.join(".archive").join(&directory))?
+                        .collect::<Result<_, _>>()?;
+                assert_eq!(archives.len(), 1);
+                let archived = format!(
+                    "{}/.archive/{directory}/{}/hello.txt",
+                    agent.export,
+                    archives[0].file_name().to_string_lossy()
+                );
+                assert_eq!(nfs_read(&system.nfs.url(&archived))?, b"policy archive");
+            }
+        }
+    }
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn nested_path_patterns_and_hostile_values() -> anyhow::Result<()> {
+    let _turn = ONE_AT_A_TIME.lock().await;
+    let system = System::start(&["nfs1"], 1, &["--leader-elect=false"]).await?;
+    let agent = &system.agents[0];
+    system
+        .class(
+            "e2e-nested",
+            json!({
+                "agent": "nfs1",
+                "onDelete": "delete",
+                "pathPattern": "${.PVC.labels.team}/${.PVC.annotations.app}/${.PVC.name}",
+            }),
+        )
+        .await?;
+    system
+        .claim(
+            "db",
+            "e2e-nested",
+            json!({"team": "alpha"}),
+            json!({"app": "postgres"}),
+        )
+        .await?;
+    let volume = system.bound_volume("db", BIND).await?;
+    let url = system.file_url(&volume, "PG_VERSION");
+    nfs_write(&url, b"16", Some(999), Some(999))?;
+    assert_eq!(
+        std::fs::read(agent.root.join("alpha/postgres/db/PG_VERSION"))?,
+        b"16"
+    );
+
+    // Values that would climb out of the root or name hidden areas fail the claim with an
+    // event, and nothing is created.
+    let before = volume_dirs(&agent.root);
+    system
+        .claim(
+            "escape",
+            "e2e-nested",
+            json!({"team": "alpha"}),
+            json!({"app": "../../etc"}),
+        )
+        .await?;
+    system
+        .claim(
+            "hidden",
+            "e2e-nested",
+            json!({"team": "alpha"}),
+            json!({"app": ".archive"}),
+        )
+        .await?;
+    system
+        .wait_for_event("escape", "ProvisioningFailed", "${.PVC.annotations.app}")
+        .await?;
+    system
+        .wait_for_event("hidden", "ProvisioningFailed", ".archive")
+        .await?;
+    for claim in ["escape", "hidden"] {
+        let phase = system
+            .claims()
+            .get(claim)
+            .await?
+            .status
+            .and_then(|s| s.phase);
+        assert_eq!(phase.as_deref(), Some("Pending"), "{claim}");
+    }
+    assert_eq!(volume_dirs(&agent.root), before);
+    assert!(!agent.root.join("alpha/.archive").exists());
+    // Label values are checked by the API itself: one that could not be a label never
+    // reaches the controller.
+    let refused = system
+        .claim(
+            "bad-label",
+            "e2e-nested",
+            json!({"team": ".."}),
+            json!({"app": "x"}),
+        )
+        .await;
+    assert!(refused.is_err(), "the API refuses a label value of '..'");
+
+    system
+        .delete_claim_and_wait_for_volume("db", &name_of(&volume))
+        .await?;
+    assert!(!agent.root.join("alpha/postgres/db").exists());
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn two_classes_on_two_agents() -> anyhow::Result<()> {
+    let _turn = ONE_AT_A_TIME.lock().await;
+    let system = System::start(&["east", "west"], 1, &["--leader-elect=false"]).await?;
+    for agent in ["east", "west"] {
+        system
+            .class(
+                &format!("e2e-{agent}"),
+                json!({"agent": agent, "onDelete": "delete"}),
+            )
+            .await?;
+        system
+            .claim(
+                &format!("on-{agent}"),
+                &format!("e2e-{agent}"),
+                json!({}),
+                json!({}),
+            )
+            .await?;
+    }
+    for (index, agent) in ["east", "west"].iter().enumerate() {
+        let volume = system.bound_volume(&format!("on-{agent}"), BIND).await?;
+        let path = volume
+            .spec
+            .as_ref()
+            .and_then(|s| s.nfs.as_ref())
+            .map(|n| n.path.clone());
+        let under_test = &system.agents[index];
+        assert!(
+            path.unwrap_or_default().starts_with(&under_test.export),
+            "{agent}"
+        );
+        nfs_write(
+            &system.file_url(&volume, "where"),
+            agent.as_bytes(),
+            None,
+            None,
+        )?;
+        let dirs = volume_dirs(&under_test.root);
+        assert_eq!(dirs.len(), 1, "{agent}: {dirs:?}");
+        assert_eq!(
+            std::fs::read(under_test.root.join(&dirs[0]).join("where"))?,
+            agent.as_bytes()
+        );
+    }
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn claims_wait_for_a_stopped_agent_then_bind_once() -> anyhow::Result<()> {
+    let _turn = ONE_AT_A_TIME.lock().await;
+    let mut system = System::start(&["nfs1"], 1, &["--leader-elect=false"]).await?;
+    system
+        .class("e2e-delete", json!({"agent": "nfs1", "onDelete": "delete"}))
+        .await?;
+    system.agents[0].process.kill();
+    for i in 0..3 {
+        system
+            .claim(&format!("early-{i}"), "e2e-delete", json!({}), json!({}))
+            .await?;
+    }
+    let message = system
+        .wait_for_event("early-0", "ProvisioningFailed", "nfs1")
+        .await?;
+    assert!(!message.is_empty());
+    for i in 0..3 {
+        let claim = system.claims().get(&format!("early-{i}")).await?;
+        assert_eq!(
+            claim.status.and_then(|s| s.phase).as_deref(),
+            Some("Pending")
+        );
+    }
+    system.agents[0].process.restart().await?;
+    let mut names = Vec::new();
+    for i in 0..3 {
+        names.push(name_of(
+            &system.bound_volume(&format!("early-{i}"), BIND).await?,
+        ));
+    }
+    let dirs = volume_dirs(&system.agents[0].root);
+    assert_eq!(dirs.len(), 3, "one directory per claim: {dirs:?}");
+    for name in names {
+        assert!(
+            dirs.iter().any(|d| d.ends_with(&name)),
+            "{name} in {dirs:?}"
+        );
+    }
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn controller_killed_in_a_burst_converges_without_duplicates() -> anyhow::Result<()> {
+    let _turn = ONE_AT_A_TIME.lock().await;
+    let mut system = System::start(&["nfs1"], 1, &["--leader-elect=false"]).await?;
+    system
+        .class("e2e-delete", json!({"agent": "nfs1", "onDelete": "delete"}))
+        .await?;
+    const CLAIMS: usize = 200;
+    let mut creates = Vec::new();
+    for i in 0..CLAIMS {
+        let claims = system.claims();
+        let claim: k8s_openapi::api::core::v1::PersistentVolumeClaim =
+            serde_json::from_value(json!({
+                "metadata": {"name": format!("burst-{i}"), "namespace": NAMESPACE},
+                "spec": {
+                    "storageClassName": "e2e-delete",
+                    "accessModes": ["ReadWriteMany"],
+                    "resources": {"requests": {"storage": "1Gi"}},
+                },
+            }))?;
+        creates.push(tokio::spawn(async move {
+            claims
+                .create(&kube::api::PostParams::default(), &claim)
+                .await
+        }));
+    }
+    for create in creates {
+        create.await??;
+    }
+    // Kill the controller once it is part-way through the burst.
+    let volumes = system.volumes();
+    nfsprov_e2e::eventually("some PVs to exist", Duration::from_secs(60), || {
+        let volumes = volumes.clone();
+        async move {
+            volumes
+                .list(&Default::default())
+                .await
+                .is_ok_and(|l| l.items.len() >= 20)
+        }
+    })
+    .await?;
+    system.controllers[0].kill();
+    let made_before_kill = volume_dirs(&system.agents[0].root).len();
+    assert!(
+        made_before_kill < CLAIMS,
+        "the kill came too late to test anything"
+    );
+    system.start_controller(&["--leader-elect=false"]).await?;
+
+    let mut names = std::collections::BTreeSet::new();
+    for i in 0..CLAIMS {
+        names.insert(name_of(
+            &system
+                .bound_volume(&format!("burst-{i}"), Duration::from_secs(120))
+                .await?,
+        ));
+    }
+    assert_eq!(names.len(), CLAIMS);
+    let dirs = volume_dirs(&system.agents[0].root);
+    assert_eq!(dirs.len(), CLAIMS, "exactly one directory per claim");
+    let listed = system.agents[0]
+        .process
+        .client()?
+        .list_volumes(None)
+        .await?;
+    assert_eq!(listed.len(), CLAIMS, "the agent knows no orphan");
+    for volume in listed {
+        let pv = volume.owner.pv_name.unwrap_or_default();
+        assert!(
+            names.contains(&pv),
+            "directory {} belongs to no PV",
+            volume.path
+        );
+    }
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn only_the_leader_acts_and_a_standby_takes_over() -> anyhow::Result<()> {
+    let _turn = ONE_AT_A_TIME.lock().await;
+    let args = |id: &'static str| {
+        [
+            "--leader-elect=true",
+            "--lease-namespace=e2e",
+            "--lease-duration-seconds=4",
+            match id {
+                "first" => "--identity=first",
+                _ => "--identity=second",
+            },
+        ]
+    };
+    let mut system = System::start(&["nfs1"], 0, &[]).await?;
+    system.start_controller(&args("first")).await?;
+    system.start_controller(&args("second")).await?;
+    system
+        .class("e2e-delete", json!({"agent": "nfs1", "onDelete": "delete"}))
+        .await?;
+    for i in 0..5 {
+        system
+            .claim(&format!("ha-{i}"), "e2e-delete", json!({}), json!({}))
+            .await?;
+    }
+    for i in 0..5 {
+        system.bound_volume(&format!("ha-{i}"), BIND).await?;
+    }
+    let provisions = |c: &nfsprov_e2e::cluster::ControllerProcess| -> u64 {
+        c.metrics()
+            .unwrap_or_default()
+            .lines()
+            .filter(|l| l.starts_with("controller_persistentvolumeclaim_provision_total"))
+            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+            .sum::<f64>() as u64
+    };
+    let counts = [
+        provisions(&system.controllers[0]),
+        provisions(&system.controllers[1]),
+    ];
+    assert_eq!(counts.iter().sum::<u64>(), 5, "{counts:?}");
+    assert!(
+        counts.contains(&0),
+        "only the leader provisions: {counts:?}"
+    );
+    let leader = if counts[0] == 5 { 0 } else { 1 };
+
+    system.controllers[leader].kill();
+    for i in 5..8 {
+        system
+            .claim(&format!("ha-{i}"), "e2e-delete", json!({}), json!({}))
+            .await?;
+    }
+    for i in 5..8 {
+        system.bound_volume(&format!("ha-{i}"), BIND).await?;
+    }
+    assert_eq!(volume_dirs(&system.agents[0].root).len(), 8);
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn api_faults_during_a_burst_converge() -> anyhow::Result<()> {
+    let _turn = ONE_AT_A_TIME.lock().await;
+    let system = System::start(&["nfs1"], 1, &["--leader-elect=false"]).await?;
+    let Some(admin) = system.api.simulator_url() else {
+        eprintln!("skipped: fault injection needs the simulator");
+        return Ok(());
+    };
+    system
+        .class("e2e-delete", json!({"agent": "nfs1", "onDelete": "delete"}))
+        .await?;
+    // A fifth of the requests fail with 500, and every watch is cut, during the burst.
+    nfsprov_e2e::cluster::sim_admin(
+        &admin,
+        "POST",
+        "/_sim/faults",
+        r#"{"error_rate":0.2,"error_code":500}"#,
+    )?;
+    const CLAIMS: usize = 60;
+    for i in 0..CLAIMS {
+        // The test's own creates retry through the injected errors.
+        loop {
+            match system
+                .claim(&format!("faulty-{i}"), "e2e-delete", json!({}), json!({}))
+                .await
+            {
+                Ok(_) => break,
+                Err(e) if e.to_string().contains("409") || e.to_string().contains("already") => {
+                    break;
+                }
+                Err(_) => continue,
+            }
+        }
+        if i % 20 == 10 {
+            nfsprov_e2e::cluster::sim_admin(&admin, "POST", "/_sim/drop-watches", "")?;
+        }
+    }
+    nfsprov_e2e::cluster::sim_admin(&admin, "DELETE", "/_sim/faults", "")?;
+    for i in 0..CLAIMS {
+        system
+            .bound_volume(&format!("faulty-{i}"), Duration::from_secs(120))
+            .await?;
+    }
+    assert_eq!(volume_dirs(&system.agents[0].root).len(), CLAIMS);
+    Ok(())
+}
