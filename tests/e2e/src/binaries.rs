@@ -1,4 +1,4 @@
-//! Finds the workspace's binaries next to the running test, building them first.
+//! Finds the workspace's binaries beside the running test or tool, building them first.
 
 use std::path::PathBuf;
 use std::process::Command;
@@ -10,26 +10,35 @@ static BUILT: OnceLock<Result<(), String>> = OnceLock::new();
 /// freshly built: `cargo test` does not rebuild other packages' binaries, and a stale
 /// binary would test old code. The build is a no-op when they are up to date.
 pub fn binary(name: &str) -> anyhow::Result<PathBuf> {
-    // Set by the demo's launcher, which has just built the binaries itself.
+    // Set by launchers that have just built the binaries themselves.
     if let Some(dir) = std::env::var_os("NFSPROV_BIN_DIR") {
         let path = PathBuf::from(dir).join(name);
         anyhow::ensure!(path.exists(), "{} is missing", path.display());
         return Ok(path);
     }
-    // Tests run from target/<profile>/deps/<test>; binaries live in target/<profile>/.
+    // Tests run from target/<profile>/deps/; binaries live in target/<profile>/.
     let exe = std::env::current_exe()?;
-    let profile_dir = exe
+    let parent = exe
         .parent()
-        .and_then(|deps| deps.parent())
-        .ok_or_else(|| anyhow::anyhow!("unexpected test executable location {}", exe.display()))?
-        .to_owned();
+        .ok_or_else(|| anyhow::anyhow!("unexpected executable location {}", exe.display()))?;
+    let is_test = parent.file_name().is_some_and(|n| n == "deps");
+    let profile_dir = if is_test {
+        parent.parent().unwrap_or(parent)
+    } else {
+        parent
+    }
+    .to_owned();
     let release = profile_dir.file_name().is_some_and(|n| n == "release");
     BUILT
         .get_or_init(|| {
             let mut build = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()));
-            // The same build `cargo test --workspace` makes (same feature resolution), so
-            // under the test suite this finds everything built already.
-            build.args(["test", "--workspace", "--no-run", "--locked", "--quiet"]);
+            if is_test {
+                // The same build `cargo test --workspace` makes (same feature resolution),
+                // so under the test suite this finds everything built already.
+                build.args(["test", "--workspace", "--no-run", "--locked", "--quiet"]);
+            } else {
+                build.args(["build", "--workspace", "--bins", "--locked", "--quiet"]);
+            }
             if release {
                 build.arg("--release");
             }

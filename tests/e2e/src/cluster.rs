@@ -152,6 +152,21 @@ impl ControllerProcess {
         Ok(http_get(self.http, "/metrics")?.1)
     }
 
+    /// Peak resident memory so far (`VmHWM`), in bytes, while the process runs.
+    pub fn peak_rss_bytes(&self) -> Option<u64> {
+        let pid = self.child.as_ref()?.id();
+        let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+        let kib: u64 = status
+            .lines()
+            .find_map(|l| l.strip_prefix("VmHWM:"))?
+            .trim()
+            .trim_end_matches("kB")
+            .trim()
+            .parse()
+            .ok()?;
+        Some(kib * 1024)
+    }
+
     /// SIGKILL, as a crash or an evicted pod.
     pub fn kill(&mut self) {
         if let Some(mut child) = self.child.take() {

