@@ -151,37 +151,28 @@ pub fn run(args: &InitArgs) -> Result<InitOutput, InitError> {
     ca_params.not_after = not_after;
     let ca = CertifiedIssuer::self_signed(ca_params, ca_key)?;
 
-    let server_key = KeyPair::generate()?;
-    let mut server_params = CertificateParams::default();
-    server_params.distinguished_name = name("nfsprov-agent");
+    let mut server_names = Vec::new();
     for host in &args.hostnames {
-        server_params
-            .subject_alt_names
-            .push(SanType::DnsName(host.clone().try_into().map_err(|_| {
-                InitError::Invalid(format!("--hostname {host:?} is not a valid DNS name"))
-            })?));
+        server_names.push(SanType::DnsName(host.clone().try_into().map_err(|_| {
+            InitError::Invalid(format!("--hostname {host:?} is not a valid DNS name"))
+        })?));
     }
-    for ip in &args.ips {
-        server_params
-            .subject_alt_names
-            .push(SanType::IpAddress(*ip));
-    }
-    server_params.extended_key_usages = vec![ExtendedKeyUsagePurpose::ServerAuth];
-    server_params.key_usages = vec![KeyUsagePurpose::DigitalSignature];
-    server_params.use_authority_key_identifier_extension = true;
-    server_params.not_before = not_before;
-    server_params.not_after = not_after;
-    let server_cert = server_params.signed_by(&server_key, &ca)?;
-
-    let client_key = KeyPair::generate()?;
-    let mut client_params = CertificateParams::default();
-    client_params.distinguished_name = name("nfsprov-controller");
-    client_params.extended_key_usages = vec![ExtendedKeyUsagePurpose::ClientAuth];
-    client_params.key_usages = vec![KeyUsagePurpose::DigitalSignature];
-    client_params.use_authority_key_identifier_extension = true;
-    client_params.not_before = not_before;
-    client_params.not_after = not_after;
-    let client_cert = client_params.signed_by(&client_key, &ca)?;
+    server_names.extend(args.ips.iter().map(|ip| SanType::IpAddress(*ip)));
+    let validity = (not_before, not_after);
+    let (server_cert, server_key) = leaf_certificate(
+        "nfsprov-agent",
+        server_names,
+        ExtendedKeyUsagePurpose::ServerAuth,
+        validity,
+        &ca,
+    )?;
+    let (client_cert, client_key) = leaf_certificate(
+        "nfsprov-controller",
+        Vec::new(),
+        ExtendedKeyUsagePurpose::ClientAuth,
+        validity,
+        &ca,
+    )?;
 
     let token = random_token().map_err(|source| InitError::Write {
         path: args.dir.join(files::TOKEN),
@@ -217,44 +208,46 @@ pub fn run(args: &InitArgs) -> Result<InitOutput, InitError> {
     );
 
     let dir = &args.dir;
-    write_file(&dir.join(files::CA_CERT), ca.pem().as_bytes(), 0o644)?;
-    write_file(
-        &dir.join(files::CA_KEY),
-        ca.key().serialize_pem().as_bytes(),
-        0o600,
-    )?;
-    write_file(
-        &dir.join(files::SERVER_CERT),
-        server_cert.pem().as_bytes(),
-        0o644,
-    )?;
-    write_file(
-        &dir.join(files::SERVER_KEY),
-        server_key.serialize_pem().as_bytes(),
-        0o600,
-    )?;
-    write_file(
-        &dir.join(files::CONTROLLER_CERT),
-        client_cert.pem().as_bytes(),
-        0o644,
-    )?;
-    write_file(
-        &dir.join(files::CONTROLLER_KEY),
-        client_key.serialize_pem().as_bytes(),
-        0o600,
-    )?;
-    write_file(
-        &dir.join(files::TOKEN),
-        format!("{token}\n").as_bytes(),
-        0o600,
-    )?;
-    write_file(&dir.join(files::CONFIG), config.as_bytes(), 0o600)?;
-    write_file(&dir.join(files::SECRET), secret_manifest.as_bytes(), 0o600)?;
+    let outputs = [
+        (files::CA_CERT, ca.pem(), 0o644),
+        (files::CA_KEY, ca.key().serialize_pem(), 0o600),
+        (files::SERVER_CERT, server_cert.pem(), 0o644),
+        (files::SERVER_KEY, server_key.serialize_pem(), 0o600),
+        (files::CONTROLLER_CERT, client_cert.pem(), 0o644),
+        (files::CONTROLLER_KEY, client_key.serialize_pem(), 0o600),
+        (files::TOKEN, format!("{token}\n"), 0o600),
+        (files::CONFIG, config, 0o600),
+        (files::SECRET, secret_manifest.clone(), 0o600),
+    ];
+    for (file, contents, mode) in outputs {
+        write_file(&dir.join(file), contents.as_bytes(), mode)?;
+    }
     Ok(InitOutput {
         dir: dir.clone(),
         url,
         secret_manifest,
     })
+}
+
+/// A certificate for `common_name` signed by the CA, usable only for `usage`.
+fn leaf_certificate(
+    common_name: &str,
+    subject_alt_names: Vec<SanType>,
+    usage: ExtendedKeyUsagePurpose,
+    (not_before, not_after): (OffsetDateTime, OffsetDateTime),
+    ca: &CertifiedIssuer<'_, KeyPair>,
+) -> Result<(rcgen::Certificate, KeyPair), InitError> {
+    let key = KeyPair::generate()?;
+    let mut params = CertificateParams::default();
+    params.distinguished_name = name(common_name);
+    params.subject_alt_names = subject_alt_names;
+    params.extended_key_usages = vec![usage];
+    params.key_usages = vec![KeyUsagePurpose::DigitalSignature];
+    params.use_authority_key_identifier_extension = true;
+    params.not_before = not_before;
+    params.not_after = not_after;
+    let certificate = params.signed_by(&key, ca)?;
+    Ok((certificate, key))
 }
 
 fn name(common_name: &str) -> DistinguishedName {

@@ -373,13 +373,7 @@ impl Api {
         if let Some(uid) = meta::meta_str(&body, "uid").filter(|u| !u.is_empty())
             && uid != cur_uid
         {
-            return Err(ApiError::conflict(
-                kind,
-                name,
-                &format!(
-                    "Precondition failed: UID in precondition: {uid}, UID in object meta: {cur_uid}"
-                ),
-            ));
+            return Err(ApiError::uid_precondition(kind, name, uid, cur_uid));
         }
         let mut new = if sub == Sub::Status {
             // A status write changes status only; spec and metadata stay as stored.
@@ -608,13 +602,7 @@ impl Api {
             if let Some(uid) = &opts.uid
                 && uid != cur_uid
             {
-                return Err(ApiError::conflict(
-                    kind,
-                    name,
-                    &format!(
-                        "Precondition failed: UID in precondition: {uid}, UID in object meta: {cur_uid}"
-                    ),
-                ));
+                return Err(ApiError::uid_precondition(kind, name, uid, cur_uid));
             }
             let cur_rv = meta::resource_version(cur);
             if let Some(rv) = &opts.resource_version

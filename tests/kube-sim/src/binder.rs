@@ -342,16 +342,7 @@ impl Controllers {
         let Some(claim) = claim else {
             // The claim is gone (or replaced by a same-named one): the volume is Released
             // and keeps its claimRef; what happens to the data is the reclaim policy's call.
-            let pv = if phase(&pv) != "Released" && phase(&pv) != "Failed" {
-                match self.set_phase(Kind::PersistentVolume, &pv, "Released")? {
-                    Some(p) => p,
-                    None => return Ok(()),
-                }
-            } else {
-                pv
-            };
-            self.reclaim(&pv)?;
-            return Ok(());
+            return self.release_and_reclaim(pv);
         };
         let volume_name = path_str(&claim, &["spec", "volumeName"]).unwrap_or("");
         if volume_name.is_empty() {
@@ -368,15 +359,7 @@ impl Controllers {
         let dynamic = annotation(&pv, ANN_PROVISIONED_BY).is_some();
         let delete = path_str(&pv, &["spec", "persistentVolumeReclaimPolicy"]) == Some("Delete");
         if dynamic && delete {
-            let pv = if phase(&pv) != "Released" && phase(&pv) != "Failed" {
-                match self.set_phase(Kind::PersistentVolume, &pv, "Released")? {
-                    Some(p) => p,
-                    None => return Ok(()),
-                }
-            } else {
-                pv
-            };
-            self.reclaim(&pv)?;
+            self.release_and_reclaim(pv)?;
         } else if annotation(&pv, ANN_BOUND_BY_CONTROLLER).is_some() {
             self.unbind(&pv)?;
         }
@@ -419,6 +402,20 @@ impl Controllers {
 
     /// What the PV controller does with a Released volume: Retain keeps it; Delete leaves
     /// it to the external provisioner that made it; without one nothing can delete it.
+    /// Marks the volume Released (unless it already is, or Failed) and applies its reclaim
+    /// policy, as the PV controller does once the claim is gone or went elsewhere.
+    fn release_and_reclaim(&mut self, pv: Arc<Value>) -> Result<(), ApiError> {
+        let pv = if phase(&pv) != "Released" && phase(&pv) != "Failed" {
+            match self.set_phase(Kind::PersistentVolume, &pv, "Released")? {
+                Some(p) => p,
+                None => return Ok(()),
+            }
+        } else {
+            pv
+        };
+        self.reclaim(&pv)
+    }
+
     fn reclaim(&mut self, pv: &Value) -> Result<(), ApiError> {
         let policy = path_str(pv, &["spec", "persistentVolumeReclaimPolicy"]).unwrap_or("Retain");
         let external =

@@ -146,6 +146,17 @@ impl ApiError {
         )
     }
 
+    /// A delete or update whose precondition names another object than the stored one.
+    pub fn uid_precondition(kind: Kind, name: &str, wanted: &str, stored: &str) -> Self {
+        Self::conflict(
+            kind,
+            name,
+            &format!(
+                "Precondition failed: UID in precondition: {wanted}, UID in object meta: {stored}"
+            ),
+        )
+    }
+
     pub fn conflict(kind: Kind, name: &str, detail: &str) -> Self {
         let mut e = Self::new(
             409,
