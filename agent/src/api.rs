@@ -4,14 +4,15 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use axum::body::Bytes;
-use axum::extract::rejection::{BytesRejection, PathRejection};
-use axum::extract::{DefaultBodyLimit, MatchedPath, Path, Request, State};
+use axum::body::{Body, Bytes};
+use axum::extract::rejection::PathRejection;
+use axum::extract::{MatchedPath, Path, Request, State};
 use axum::http::{HeaderMap, HeaderValue, Method, StatusCode, header};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post, put};
 use axum::{Extension, Json, Router};
+use futures::StreamExt;
 use nfsprov_api_types::{
     AgentInfo, ApiError, Capabilities, CreateVolumeRequest, ErrorCode, Health, NfsExport,
     QuotaBackend, REQUEST_ID_HEADER, VolumeList, VolumePath,
@@ -36,6 +37,8 @@ pub struct AppState {
     pub min_free_bytes: u64,
     pub min_free_inodes: u64,
     pub request_timeout: Duration,
+    /// Largest request body accepted.
+    pub max_body_bytes: usize,
     usage: UsageCache,
     locks: Arc<PathLocks>,
     readiness: Mutex<Option<(Instant, Result<(), String>)>>,
@@ -49,6 +52,7 @@ impl AppState {
         min_free_bytes: u64,
         min_free_inodes: u64,
         request_timeout: Duration,
+        max_body_bytes: usize,
     ) -> Self {
         Self {
             store,
@@ -58,6 +62,7 @@ impl AppState {
             min_free_bytes,
             min_free_inodes,
             request_timeout,
+            max_body_bytes,
             // A figure up to a minute old is good enough for capacity dashboards; the
             // first request for a volume waits a little for a fresh one.
             usage: UsageCache::new(Duration::from_secs(60), Duration::from_secs(2), 2),
@@ -184,11 +189,7 @@ impl From<StoreError> for Failure {
 type ApiResult<T> = Result<T, Failure>;
 
 /// Builds the router with every route, limit and middleware.
-pub fn router(
-    state: Arc<AppState>,
-    max_body_bytes: usize,
-    max_concurrent_requests: usize,
-) -> Router {
+pub fn router(state: Arc<AppState>, max_concurrent_requests: usize) -> Router {
     let authenticated = Router::new()
         .route("/metrics", get(metrics))
         .route("/v1/info", get(info))
@@ -210,7 +211,6 @@ pub fn router(
                 "method not allowed on this endpoint",
             )
         })
-        .layer(DefaultBodyLimit::max(max_body_bytes))
         .layer(ConcurrencyLimitLayer::new(max_concurrent_requests))
         .layer(middleware::from_fn_with_state(state.clone(), observe))
         .layer(PropagateRequestIdLayer::new(
@@ -386,17 +386,37 @@ fn volume_path(raw: Result<Path<String>, PathRejection>) -> ApiResult<VolumePath
         .map_err(|e| Failure::new(ErrorCode::InvalidPath, format!("invalid volume path: {e}")))
 }
 
-fn create_body(
-    headers: &HeaderMap,
-    body: Result<Bytes, BytesRejection>,
-) -> ApiResult<CreateVolumeRequest> {
-    let body = body.map_err(|e| {
-        if e.status() == StatusCode::PAYLOAD_TOO_LARGE {
-            Failure::new(ErrorCode::PayloadTooLarge, "request body is too large")
-        } else {
+/// How much of an oversized body is still read (and thrown away) before answering 413.
+const OVERSIZED_DRAIN_BYTES: usize = 1 << 20;
+
+/// Reads the body up to `limit` bytes. An oversized body is read on to its end (at most
+/// [`OVERSIZED_DRAIN_BYTES`] more) before the 413 is sent: a client still uploading would
+/// otherwise have its stream reset and never see the answer.
+async fn read_body(body: Body, limit: usize) -> ApiResult<Bytes> {
+    let mut chunks = body.into_data_stream();
+    let mut kept = Vec::new();
+    let mut seen = 0usize;
+    while let Some(chunk) = chunks.next().await {
+        let chunk = chunk.map_err(|e| {
             Failure::new(ErrorCode::InvalidBody, format!("cannot read the body: {e}"))
+        })?;
+        seen = seen.saturating_add(chunk.len());
+        if seen <= limit {
+            kept.extend_from_slice(&chunk);
+        } else if seen > limit.saturating_add(OVERSIZED_DRAIN_BYTES) {
+            break;
         }
-    })?;
+    }
+    if seen > limit {
+        return Err(Failure::new(
+            ErrorCode::PayloadTooLarge,
+            format!("request body is too large (limit {limit} bytes)"),
+        ));
+    }
+    Ok(kept.into())
+}
+
+fn create_body(headers: &HeaderMap, body: &[u8]) -> ApiResult<CreateVolumeRequest> {
     if let Some(content_type) = headers.get(header::CONTENT_TYPE)
         && !content_type.as_bytes().starts_with(b"application/json")
     {
@@ -405,7 +425,7 @@ fn create_body(
             "the body must be JSON (Content-Type: application/json)",
         ));
     }
-    serde_json::from_slice(&body)
+    serde_json::from_slice(body)
         .map_err(|e| Failure::new(ErrorCode::InvalidBody, format!("invalid body: {e}")))
 }
 
@@ -440,10 +460,13 @@ async fn create_volume(
     State(state): State<Arc<AppState>>,
     raw_path: Result<Path<String>, PathRejection>,
     headers: HeaderMap,
-    body: Result<Bytes, BytesRejection>,
+    body: Body,
 ) -> ApiResult<Response> {
+    // The body is read before anything can be refused, so a rejected request's body never
+    // remains unread (which would reset the client's stream and lose the answer).
+    let body = read_body(body, state.max_body_bytes).await;
     let path = volume_path(raw_path)?;
-    let request = create_body(&headers, body)?;
+    let request = create_body(&headers, &body?)?;
     let result = with_path_lock(&state, &path.clone(), move |store| {
         store.create(&path, &request)
     })

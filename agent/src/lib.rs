@@ -83,6 +83,7 @@ impl Agent {
             config.min_free_bytes,
             config.min_free_inodes,
             config.request_timeout,
+            config.max_body_bytes,
         ));
         Ok(Self {
             config,
@@ -111,11 +112,7 @@ impl Agent {
             Ok(n) => tracing::info!(entries = n, "purged leftovers of an interrupted run"),
             Err(e) => tracing::warn!(error = %e, "could not purge leftovers of an interrupted run"),
         });
-        let app = api::router(
-            self.state.clone(),
-            self.config.max_body_bytes,
-            self.config.max_concurrent_requests,
-        );
+        let app = api::router(self.state.clone(), self.config.max_concurrent_requests);
         let handle = axum_server::Handle::new();
         let grace = self.config.shutdown_grace;
         let signal_handle = handle.clone();

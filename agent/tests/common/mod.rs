@@ -22,7 +22,12 @@ pub struct CurlResult {
 
 impl CurlResult {
     pub fn json(&self) -> serde_json::Value {
-        serde_json::from_str(&self.body).unwrap_or_else(|e| panic!("not JSON ({e}): {}", self.body))
+        serde_json::from_str(&self.body).unwrap_or_else(|e| {
+            panic!(
+                "not JSON ({e}); status {}, curl exit {}: {:?}",
+                self.status, self.exit_code, self.body
+            )
+        })
     }
 
     pub fn code(&self) -> String {
