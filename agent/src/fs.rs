@@ -18,8 +18,8 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use nfsprov_api_types::{
-    ArchiveResult, CreateVolumeRequest, FilesystemStats, Mode as VolumeMode, Volume, VolumeOwner,
-    VolumePath, VolumeUsage,
+    ArchiveResult, CreateVolumeRequest, FilesystemStats, Mode as VolumeMode, QuotaBackend, Volume,
+    VolumeOwner, VolumePath, VolumeUsage,
 };
 use rustix::fs::{AtFlags, FileType, Mode, OFlags, RenameFlags, XattrFlags};
 use rustix::io::Errno;
@@ -89,6 +89,18 @@ struct VolumeMeta {
     #[serde(default)]
     owner: VolumeOwner,
     created_at: String,
+    /// The quota holding the volume to its capacity; absent when nothing enforces it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    quota: Option<QuotaRecord>,
+}
+
+/// Which quota enforces a volume's capacity, with what the backend needs to find it again.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+struct QuotaRecord {
+    backend: QuotaBackend,
+    /// The XFS project id the volume's tree carries.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    project_id: Option<u32>,
 }
 
 /// Whether [`VolumeStore::create`] made the volume or found it.
@@ -268,6 +280,7 @@ impl VolumeStore {
             capacity_bytes: request.capacity_bytes,
             owner: request.owner.clone(),
             created_at: String::new(),
+            quota: None,
         };
         let parent = self
             .walk_parents(path, true)?
@@ -639,6 +652,7 @@ fn volume(path: &VolumePath, meta: VolumeMeta) -> Volume {
         uid: meta.uid,
         gid: meta.gid,
         capacity_bytes: meta.capacity_bytes,
+        quota_enforced: meta.quota.is_some(),
         owner: meta.owner,
         created_at: meta.created_at,
         usage: None,

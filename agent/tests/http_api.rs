@@ -9,7 +9,7 @@ use std::time::Duration;
 use common::{bearer, call, curl, is_root, snapshot, url, wait_for};
 use nfsprov_agent::init::{self, InitArgs, files};
 use nfsprov_agent::testkit::TestAgent;
-use nfsprov_api_types::{CreateVolumeRequest, ErrorCode, Mode, VolumeOwner, VolumePath};
+use nfsprov_api_types::{CreateVolumeRequest, ErrorCode, Mode, VolumePath};
 
 async fn agent() -> (tempfile::TempDir, TestAgent) {
     let root = tempfile::tempdir().unwrap();
@@ -481,7 +481,7 @@ async fn concurrent_mixed_requests_leave_a_consistent_tree() {
         uid: None,
         gid: None,
         capacity_bytes: 1 << 20,
-        owner: VolumeOwner::default(),
+        ..Default::default()
     };
     let mut tasks = Vec::new();
     for i in 0..50usize {

@@ -13,7 +13,7 @@ use serde::de::DeserializeOwned;
 
 use crate::{
     AgentInfo, ApiError, ArchiveResult, CreateVolumeRequest, ErrorCode, Health, REQUEST_ID_HEADER,
-    ReloadingFile, Volume, VolumeList, VolumePath,
+    ReloadingFile, ResizeVolumeRequest, Volume, VolumeList, VolumePath,
 };
 
 /// How to reach one agent. Relative file names are resolved against the directory of the
@@ -281,6 +281,23 @@ impl AgentClient {
             .call(Method::GET, "/v1/volumes", None::<&()>, request_id)
             .await?;
         Ok(list.volumes)
+    }
+
+    /// Raises the volume's capacity (and its quota, where the agent enforces one).
+    pub async fn resize_volume(
+        &self,
+        path: &VolumePath,
+        capacity_bytes: u64,
+        request_id: Option<&str>,
+    ) -> Result<Volume, ClientError> {
+        self.call(
+            Method::PATCH,
+            &volume_url(path),
+            Some(&ResizeVolumeRequest { capacity_bytes }),
+            request_id,
+        )
+        .await
+        .map(|(_, body)| body)
     }
 
     /// Removes the volume's tree; succeeds also when it is already gone.

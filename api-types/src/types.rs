@@ -125,6 +125,63 @@ pub struct CreateVolumeRequest {
     pub capacity_bytes: u64,
     #[serde(default)]
     pub owner: VolumeOwner,
+    /// Whether the capacity must, may or must not be enforced by a quota.
+    #[serde(default)]
+    pub quota: QuotaPolicy,
+}
+
+/// Whether a volume's capacity is enforced by a filesystem quota (StorageClass
+/// parameter `quota`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub enum QuotaPolicy {
+    /// Fail the request when the agent cannot enforce the capacity.
+    Enforce,
+    /// Enforce the capacity when the agent can; record it otherwise.
+    #[default]
+    BestEffort,
+    /// Record the capacity, never enforce it.
+    Off,
+}
+
+impl QuotaPolicy {
+    /// The StorageClass parameter's spelling.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            QuotaPolicy::Enforce => "enforce",
+            QuotaPolicy::BestEffort => "bestEffort",
+            QuotaPolicy::Off => "off",
+        }
+    }
+}
+
+impl fmt::Display for QuotaPolicy {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl std::str::FromStr for QuotaPolicy {
+    type Err = String;
+
+    fn from_str(raw: &str) -> Result<Self, Self::Err> {
+        [
+            QuotaPolicy::Enforce,
+            QuotaPolicy::BestEffort,
+            QuotaPolicy::Off,
+        ]
+        .into_iter()
+        .find(|policy| policy.as_str() == raw)
+        .ok_or_else(|| format!("{raw:?} is not one of enforce, bestEffort, off"))
+    }
+}
+
+/// Body of `PATCH /v1/volumes/{path}`: the new capacity. Only growth is accepted; the same
+/// capacity again succeeds without change.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ResizeVolumeRequest {
+    pub capacity_bytes: u64,
 }
 
 /// Space and inodes a volume uses.
@@ -142,6 +199,9 @@ pub struct Volume {
     pub uid: u32,
     pub gid: u32,
     pub capacity_bytes: u64,
+    /// Whether a filesystem quota holds the volume to `capacity_bytes`.
+    #[serde(default)]
+    pub quota_enforced: bool,
     #[serde(default)]
     pub owner: VolumeOwner,
     /// RFC 3339 UTC time the agent created the directory.
@@ -243,6 +303,8 @@ pub enum ErrorCode {
     MethodNotAllowed,
     /// The volume exists with other settings or owner, or the path is not a volume.
     Conflict,
+    /// The request needs a quota the agent cannot enforce, or asks to shrink a volume.
+    Unsupported,
     PayloadTooLarge,
     UnsupportedMediaType,
     Timeout,
@@ -262,6 +324,7 @@ impl ErrorCode {
             ErrorCode::MethodNotAllowed => 405,
             ErrorCode::Timeout => 408,
             ErrorCode::Conflict => 409,
+            ErrorCode::Unsupported => 422,
             ErrorCode::PayloadTooLarge => 413,
             ErrorCode::UnsupportedMediaType => 415,
             ErrorCode::Internal => 500,
@@ -334,6 +397,28 @@ mod tests {
                 "{bad}"
             );
         }
+    }
+
+    #[test]
+    fn quota_policy_defaults_to_best_effort_and_parses_the_class_spelling() {
+        let req: CreateVolumeRequest = serde_json::from_str(r#"{"capacity_bytes":1}"#).unwrap();
+        assert_eq!(req.quota, QuotaPolicy::BestEffort);
+        let req: CreateVolumeRequest =
+            serde_json::from_str(r#"{"capacity_bytes":1,"quota":"enforce"}"#).unwrap();
+        assert_eq!(req.quota, QuotaPolicy::Enforce);
+        for policy in [
+            QuotaPolicy::Enforce,
+            QuotaPolicy::BestEffort,
+            QuotaPolicy::Off,
+        ] {
+            assert_eq!(policy.as_str().parse::<QuotaPolicy>(), Ok(policy));
+            assert_eq!(
+                serde_json::to_string(&policy).unwrap(),
+                format!("\"{policy}\"")
+            );
+        }
+        assert!("Enforce".parse::<QuotaPolicy>().is_err());
+        assert!("".parse::<QuotaPolicy>().is_err());
     }
 
     #[test]

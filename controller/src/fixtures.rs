@@ -584,6 +584,7 @@ async fn create(
         uid: request.uid.unwrap_or(1000),
         gid: request.gid.unwrap_or(1000),
         capacity_bytes: request.capacity_bytes,
+        quota_enforced: false,
         owner: request.owner,
         created_at: "2026-01-01T00:00:00Z".to_owned(),
         usage: None,

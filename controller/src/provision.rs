@@ -249,6 +249,7 @@ async fn provision(
             pvc_name: Some(name.clone()),
             pv_name: Some(pv_name.clone()),
         },
+        quota: Default::default(),
     };
     let outcome = agent
         .create_volume(&path, &request, &rid)

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use http::Method;
 use kube::runtime::controller::Action;
-use nfsprov_api_types::{CreateVolumeRequest, ErrorCode, Mode, VolumeOwner};
+use nfsprov_api_types::{CreateVolumeRequest, ErrorCode, Mode, QuotaPolicy, VolumeOwner};
 use serde_json::json;
 
 use crate::agents::AgentRegistry;
@@ -119,6 +119,7 @@ async fn happy_path_creates_directory_then_the_exact_pv() {
             gid: None,
             capacity_bytes: 1 << 30,
             owner: owner(),
+            quota: QuotaPolicy::BestEffort,
         })
     );
     assert!(metrics.contains("controller_persistentvolumeclaim_provision_total{class=\"nfs\"} 1"));
@@ -339,6 +340,7 @@ async fn pv_already_exists() {
             gid: None,
             capacity_bytes: 1 << 30,
             owner: owner(),
+            quota: QuotaPolicy::BestEffort,
         },
     );
     let (ctx, api) = context(agent.registry(), vec![class("nfs", &[])], vec![]);

@@ -32,6 +32,7 @@ async fn volumes_are_usable_over_nfs_through_their_lifecycle() -> anyhow::Result
             pvc_name: Some("claim-1".into()),
             pv_name: Some("pvc-1".into()),
         },
+        ..Default::default()
     };
     assert!(client.create_volume(&path, &request, None).await?.created);
     let volume_path = format!("{}/{}", info.nfs.path, path);
