@@ -7,6 +7,7 @@ pub mod config;
 pub mod fs;
 pub mod init;
 pub mod metrics;
+pub mod quota;
 pub mod testkit;
 pub mod tls;
 pub mod usage;
