@@ -15,7 +15,7 @@ use axum::{Extension, Json, Router};
 use futures::StreamExt;
 use nfsprov_api_types::{
     AgentInfo, ApiError, Capabilities, CreateVolumeRequest, ErrorCode, Health, NfsExport,
-    QuotaBackend, REQUEST_ID_HEADER, VolumeList, VolumePath,
+    REQUEST_ID_HEADER, ResizeVolumeRequest, Volume, VolumeList, VolumePath,
 };
 use tokio::sync::OwnedMutexGuard;
 use tower::limit::ConcurrencyLimitLayer;
@@ -24,6 +24,7 @@ use tower_http::request_id::{MakeRequestUuid, PropagateRequestIdLayer, SetReques
 use crate::auth::{Authenticator, Caller};
 use crate::fs::{Archived, Created, Deleted, StoreError, VolumeStore};
 use crate::metrics::{Metrics, RequestLabels, RouteLabels};
+use crate::quota::command::ToolError;
 use crate::tls::PeerCertificate;
 use crate::usage::UsageCache;
 
@@ -180,7 +181,12 @@ impl From<StoreError> for Failure {
             StoreError::NotFound(_) => ErrorCode::NotFound,
             StoreError::NoSpace(_) => ErrorCode::InsufficientStorage,
             StoreError::NotReady(_) => ErrorCode::NotReady,
-            StoreError::Io { .. } => ErrorCode::Internal,
+            StoreError::Unsupported(_) => ErrorCode::Unsupported,
+            StoreError::Tool {
+                source: ToolError::TimedOut { .. },
+                ..
+            } => ErrorCode::Timeout,
+            StoreError::Tool { .. } | StoreError::Io { .. } => ErrorCode::Internal,
         };
         Failure::new(code, error.to_string())
     }
@@ -196,7 +202,10 @@ pub fn router(state: Arc<AppState>, max_concurrent_requests: usize) -> Router {
         .route("/v1/volumes", get(list_volumes))
         .route(
             "/v1/volumes/{*path}",
-            put(create_volume).get(get_volume).delete(delete_volume),
+            put(create_volume)
+                .get(get_volume)
+                .patch(resize_volume)
+                .delete(delete_volume),
         )
         .route("/v1/archives/{*path}", post(archive_volume))
         .route_layer(middleware::from_fn_with_state(state.clone(), authenticate));
@@ -371,8 +380,8 @@ async fn info(State(state): State<Arc<AppState>>) -> ApiResult<Json<AgentInfo>> 
         version: env!("CARGO_PKG_VERSION").to_owned(),
         nfs: state.nfs.clone(),
         capabilities: Capabilities {
-            quota: QuotaBackend::None,
-            quota_enforced: false,
+            quota: state.store.quota().backend(),
+            quota_enforced: state.store.quota().can_enforce(),
             archive: true,
         },
         filesystem,
@@ -416,7 +425,7 @@ async fn read_body(body: Body, limit: usize) -> ApiResult<Bytes> {
     Ok(kept.into())
 }
 
-fn create_body(headers: &HeaderMap, body: &[u8]) -> ApiResult<CreateVolumeRequest> {
+fn json_body<T: serde::de::DeserializeOwned>(headers: &HeaderMap, body: &[u8]) -> ApiResult<T> {
     if let Some(content_type) = headers.get(header::CONTENT_TYPE)
         && !content_type.as_bytes().starts_with(b"application/json")
     {
@@ -466,7 +475,7 @@ async fn create_volume(
     // remains unread (which would reset the client's stream and lose the answer).
     let body = read_body(body, state.max_body_bytes).await;
     let path = volume_path(raw_path)?;
-    let request = create_body(&headers, &body?)?;
+    let request: CreateVolumeRequest = json_body(&headers, &body?)?;
     let result = with_path_lock(&state, &path.clone(), move |store| {
         store.create(&path, &request)
     })
@@ -478,6 +487,23 @@ async fn create_volume(
         Created::Existing => StatusCode::OK,
     };
     Ok((status, Json(volume)).into_response())
+}
+
+async fn resize_volume(
+    State(state): State<Arc<AppState>>,
+    raw_path: Result<Path<String>, PathRejection>,
+    headers: HeaderMap,
+    body: Body,
+) -> ApiResult<Json<Volume>> {
+    let body = read_body(body, state.max_body_bytes).await;
+    let path = volume_path(raw_path)?;
+    let request: ResizeVolumeRequest = json_body(&headers, &body?)?;
+    let result = with_path_lock(&state, &path.clone(), move |store| {
+        store.resize(&path, request.capacity_bytes)
+    })
+    .await;
+    state.metrics.count_operation("resize", outcome(&result));
+    Ok(Json(result?))
 }
 
 async fn get_volume(

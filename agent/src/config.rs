@@ -6,7 +6,10 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
+use nfsprov_api_types::QuotaBackend;
 use serde::Deserialize;
+
+use crate::quota::QuotaSettings;
 
 /// Default location of the agent's settings.
 pub const DEFAULT_CONFIG_PATH: &str = "/etc/nfsprov/agent.toml";
@@ -75,6 +78,71 @@ pub struct FileConfig {
     pub limits: LimitsSection,
     #[serde(default)]
     pub readiness: ReadinessSection,
+    #[serde(default)]
+    pub quota: QuotaSection,
+}
+
+/// `[quota]`: how capacities are enforced.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct QuotaSection {
+    /// `none`, `btrfs`, `zfs` or `xfs`.
+    pub backend: QuotaBackend,
+    /// ZFS: the dataset mounted at the export root.
+    pub zfs_dataset: Option<String>,
+    /// XFS: the first and last project id volumes may be given.
+    pub xfs_first_project_id: u32,
+    pub xfs_last_project_id: u32,
+    pub command_timeout_seconds: u64,
+}
+
+impl Default for QuotaSection {
+    fn default() -> Self {
+        let defaults = QuotaSettings::default();
+        Self {
+            backend: defaults.backend,
+            zfs_dataset: None,
+            xfs_first_project_id: *defaults.xfs_project_ids.start(),
+            xfs_last_project_id: *defaults.xfs_project_ids.end(),
+            command_timeout_seconds: defaults.command_timeout.as_secs(),
+        }
+    }
+}
+
+impl QuotaSection {
+    fn check(&self) -> Result<QuotaSettings, ConfigError> {
+        let zfs = self.backend == QuotaBackend::Zfs;
+        match (&self.zfs_dataset, zfs) {
+            (None, true) => {
+                return Err(ConfigError::Invalid(
+                    "quota.zfs_dataset must name the dataset mounted at export_root when quota.backend is zfs".into(),
+                ));
+            }
+            (Some(_), false) => {
+                return Err(ConfigError::Invalid(
+                    "quota.zfs_dataset is set but quota.backend is not zfs".into(),
+                ));
+            }
+            _ => {}
+        }
+        if self.xfs_first_project_id == 0 || self.xfs_first_project_id > self.xfs_last_project_id {
+            return Err(ConfigError::Invalid(format!(
+                "quota.xfs_first_project_id {} .. quota.xfs_last_project_id {} is not a range of project ids above 0",
+                self.xfs_first_project_id, self.xfs_last_project_id
+            )));
+        }
+        if self.command_timeout_seconds == 0 {
+            return Err(ConfigError::Invalid(
+                "quota.command_timeout_seconds must be at least 1".into(),
+            ));
+        }
+        Ok(QuotaSettings {
+            backend: self.backend,
+            zfs_dataset: self.zfs_dataset.clone(),
+            xfs_project_ids: self.xfs_first_project_id..=self.xfs_last_project_id,
+            command_timeout: Duration::from_secs(self.command_timeout_seconds),
+        })
+    }
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -167,6 +235,7 @@ pub struct AgentConfig {
     pub shutdown_grace: Duration,
     pub min_free_bytes: u64,
     pub min_free_inodes: u64,
+    pub quota: QuotaSettings,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -300,6 +369,7 @@ impl AgentConfig {
             shutdown_grace: Duration::from_secs(limits.shutdown_grace_seconds),
             min_free_bytes: file.readiness.min_free_bytes,
             min_free_inodes: file.readiness.min_free_inodes,
+            quota: file.quota.check()?,
         })
     }
 }
@@ -379,6 +449,22 @@ mod tests {
                 "no authentication configured",
             ),
             (format!("{good}colour = 1\n"), "unknown field"),
+            (
+                format!("{good}[quota]\nbackend = \"zfs\"\n"),
+                "quota.zfs_dataset must name the dataset",
+            ),
+            (
+                format!("{good}[quota]\nbackend = \"ext3\"\n"),
+                "unknown variant `ext3`",
+            ),
+            (
+                format!("{good}[quota]\nzfs_dataset = \"tank/x\"\n"),
+                "quota.backend is not zfs",
+            ),
+            (
+                format!("{good}[quota]\nxfs_first_project_id = 5\nxfs_last_project_id = 4\n"),
+                "is not a range of project ids",
+            ),
         ];
         for (text, expected) in cases {
             std::fs::write(&file, &text).unwrap();

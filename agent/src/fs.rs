@@ -17,9 +17,11 @@ use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 
+use crate::quota::Quota;
+use crate::quota::command::ToolError;
 use nfsprov_api_types::{
-    ArchiveResult, CreateVolumeRequest, FilesystemStats, Mode as VolumeMode, QuotaBackend, Volume,
-    VolumeOwner, VolumePath, VolumeUsage,
+    ArchiveResult, CreateVolumeRequest, FilesystemStats, Mode as VolumeMode, QuotaBackend,
+    QuotaPolicy, Volume, VolumeOwner, VolumePath, VolumeUsage,
 };
 use rustix::fs::{AtFlags, FileType, Mode, OFlags, RenameFlags, XattrFlags};
 use rustix::io::Errno;
@@ -58,6 +60,16 @@ pub enum StoreError {
     NoSpace(String),
     #[error("{0}")]
     NotReady(String),
+    /// A quota the backend cannot give, or a shrink.
+    #[error("{0}")]
+    Unsupported(String),
+    /// A quota tool failed.
+    #[error("{context}: {source}")]
+    Tool {
+        context: String,
+        #[source]
+        source: ToolError,
+    },
     #[error("{context}: {source}")]
     Io {
         context: String,
@@ -67,6 +79,13 @@ pub enum StoreError {
 }
 
 type Result<T> = std::result::Result<T, StoreError>;
+
+fn tool_error(context: impl Into<String>, source: ToolError) -> StoreError {
+    StoreError::Tool {
+        context: context.into(),
+        source,
+    }
+}
 
 fn io_error(context: impl Into<String>, errno: Errno) -> StoreError {
     let context = context.into();
@@ -127,6 +146,7 @@ pub enum Deleted {
 /// The export root and the operations on it.
 #[derive(Debug)]
 pub struct VolumeStore {
+    quota: Quota,
     root_path: PathBuf,
     root: OwnedFd,
     root_id: (u64, u64),
@@ -138,6 +158,11 @@ pub struct VolumeStore {
 impl VolumeStore {
     /// Opens the export root and prepares the agent's work areas beneath it.
     pub fn open(root_path: &Path) -> Result<Self> {
+        Self::open_with_quota(root_path, Quota::None)
+    }
+
+    /// Opens the export root with the given quota backend (already probed).
+    pub fn open_with_quota(root_path: &Path, quota: Quota) -> Result<Self> {
         if !root_path.is_absolute() {
             return Err(StoreError::NotReady(format!(
                 "export root {} is not an absolute path",
@@ -158,6 +183,7 @@ impl VolumeStore {
         })?;
         let stat = rustix::fs::fstat(&root).map_err(|e| io_error("stat export root", e))?;
         let store = Self {
+            quota,
             root_path: root_path.to_owned(),
             root,
             root_id: (stat.st_dev, stat.st_ino),
@@ -176,6 +202,22 @@ impl VolumeStore {
 
     pub fn root_path(&self) -> &Path {
         &self.root_path
+    }
+
+    pub fn quota(&self) -> &Quota {
+        &self.quota
+    }
+
+    /// Whether a new volume gets a quota, or why the request cannot be honoured.
+    fn enforcement(&self, path: &VolumePath, policy: QuotaPolicy) -> Result<bool> {
+        match policy {
+            QuotaPolicy::Off => Ok(false),
+            QuotaPolicy::BestEffort => Ok(self.quota.can_enforce()),
+            QuotaPolicy::Enforce if self.quota.can_enforce() => Ok(true),
+            QuotaPolicy::Enforce => Err(StoreError::Unsupported(format!(
+                "{path}: quota enforcement was required, but this agent's quota backend is none, so capacity cannot be enforced; configure a quota backend on the agent or use quota bestEffort or off"
+            ))),
+        }
     }
 
     /// Fails unless user extended attributes work here: volume metadata depends on them.
@@ -290,13 +332,20 @@ impl VolumeStore {
             return confirm(path, existing, &wanted);
         }
 
+        let enforce = self.enforcement(path, request.quota)?;
         let staging = self.open_internal(&[STATE_DIR, STAGING_DIR], false)?;
         let staged = self.unique_name("new");
-        rustix::fs::mkdirat(&staging, staged.as_str(), Mode::from_raw_mode(0o700))
-            .map_err(|e| io_error(format!("create {path}"), e))?;
+        match &self.quota {
+            Quota::Btrfs(btrfs) if enforce => btrfs
+                .create_subvolume(staging.as_fd(), &staged)
+                .map_err(|e| tool_error(format!("create subvolume for {path}"), e))?,
+            _ => rustix::fs::mkdirat(&staging, staged.as_str(), Mode::from_raw_mode(0o700))
+                .map_err(|e| io_error(format!("create {path}"), e))?,
+        }
+        let mut limited = None;
         let result = (|| -> Result<rustix::io::Result<VolumeMeta>> {
             let dir = open_child(staging.as_fd(), &staged, false)?;
-            let meta = VolumeMeta {
+            let mut meta = VolumeMeta {
                 created_at: now_rfc3339(),
                 ..wanted.clone()
             };
@@ -309,6 +358,10 @@ impl VolumeStore {
             .map_err(|e| io_error(format!("chown {path} to {}:{}", meta.uid, meta.gid), e))?;
             rustix::fs::fchmod(&dir, Mode::from_raw_mode(meta.mode.bits()))
                 .map_err(|e| io_error(format!("chmod {path}"), e))?;
+            if enforce {
+                limited = Some(self.limit_new(dir.as_fd(), path, meta.capacity_bytes)?);
+                meta.quota = limited.clone();
+            }
             write_meta(dir.as_fd(), &meta)
                 .map_err(|e| io_error(format!("record metadata of {path}"), e))?;
             Ok(rustix::fs::renameat_with(
@@ -324,7 +377,7 @@ impl VolumeStore {
             Ok(Ok(meta)) => Ok((volume(path, meta), Created::New)),
             Ok(Err(Errno::EXIST)) => {
                 // Someone (another request, or a stray file) took the name meanwhile.
-                remove_tree(staging.as_fd(), &staged)?;
+                self.remove_volume(staging.as_fd(), &staged, limited.as_ref())?;
                 match self.existing_volume(parent.as_fd(), path)? {
                     Some(existing) => confirm(path, existing, &wanted),
                     None => Err(StoreError::Conflict(format!(
@@ -333,11 +386,11 @@ impl VolumeStore {
                 }
             }
             Ok(Err(e)) => {
-                remove_tree(staging.as_fd(), &staged)?;
+                self.remove_volume(staging.as_fd(), &staged, limited.as_ref())?;
                 Err(io_error(format!("move new volume {path} into place"), e))
             }
             Err(e) => {
-                remove_tree(staging.as_fd(), &staged)?;
+                self.remove_volume(staging.as_fd(), &staged, limited.as_ref())?;
                 Err(e)
             }
         }
@@ -359,11 +412,61 @@ impl VolumeStore {
         let parent = self
             .walk_parents(path, false)?
             .ok_or_else(|| not_found(path))?;
-        if self.existing_volume(parent.as_fd(), path)?.is_none() {
+        let Some(meta) = self.existing_volume(parent.as_fd(), path)? else {
             return Err(not_found(path));
+        };
+        let dir = open_child(parent.as_fd(), path.file_name(), false)?;
+        let mut usage = crate::usage::measure_tree(dir.as_fd())
+            .map_err(|e| io_error(format!("measure {path}"), e))?;
+        // The quota's own count is what enforcement compares with the capacity.
+        if let (Some(_), Quota::Btrfs(btrfs)) = (&meta.quota, &self.quota) {
+            usage.used_bytes = btrfs
+                .used_bytes(dir.as_fd())
+                .map_err(|e| tool_error(format!("read the quota usage of {path}"), e))?;
+        }
+        Ok(usage)
+    }
+
+    /// Raises the volume's capacity, and its quota when one enforces it. The same
+    /// capacity again is a success that changes nothing; shrinking is refused.
+    pub fn resize(&self, path: &VolumePath, capacity_bytes: u64) -> Result<Volume> {
+        self.ensure_root()?;
+        let parent = self
+            .walk_parents(path, false)?
+            .ok_or_else(|| not_found(path))?;
+        let Some(mut meta) = self.existing_volume(parent.as_fd(), path)? else {
+            return Err(not_found(path));
+        };
+        if capacity_bytes < meta.capacity_bytes {
+            return Err(StoreError::Unsupported(format!(
+                "{path} has a capacity of {} bytes; shrinking it to {capacity_bytes} bytes is not supported",
+                meta.capacity_bytes
+            )));
+        }
+        if capacity_bytes == meta.capacity_bytes {
+            return Ok(volume(path, meta));
         }
         let dir = open_child(parent.as_fd(), path.file_name(), false)?;
-        crate::usage::measure_tree(dir.as_fd()).map_err(|e| io_error(format!("measure {path}"), e))
+        if let Some(record) = &meta.quota {
+            // The quota first: a crash before the metadata is updated leaves a quota at
+            // least as large as recorded, and the retried request sets it again.
+            match (record.backend, &self.quota) {
+                (QuotaBackend::Btrfs, Quota::Btrfs(btrfs)) => btrfs
+                    .set_limit(dir.as_fd(), capacity_bytes)
+                    .map_err(|e| tool_error(format!("raise the quota of {path}"), e))?,
+                (kept_by, _) => {
+                    return Err(StoreError::Unsupported(format!(
+                        "{path} is limited by a {} quota, but the agent runs with quota backend {}; its quota cannot be changed",
+                        kept_by,
+                        self.quota.backend()
+                    )));
+                }
+            }
+        }
+        meta.capacity_bytes = capacity_bytes;
+        write_meta(dir.as_fd(), &meta)
+            .map_err(|e| io_error(format!("record the new capacity of {path}"), e))?;
+        Ok(volume(path, meta))
     }
 
     /// Removes the volume's whole tree; symlinks inside it are removed, never followed.
@@ -372,9 +475,9 @@ impl VolumeStore {
         let Some(parent) = self.walk_parents(path, false)? else {
             return Ok(Deleted::WasAbsent);
         };
-        if self.existing_volume(parent.as_fd(), path)?.is_none() {
+        let Some(meta) = self.existing_volume(parent.as_fd(), path)? else {
             return Ok(Deleted::WasAbsent);
-        }
+        };
         let trash = self.open_internal(&[STATE_DIR, TRASH_DIR], false)?;
         let doomed = self.unique_name("del");
         match rustix::fs::renameat_with(
@@ -388,7 +491,7 @@ impl VolumeStore {
             Err(Errno::NOENT) => return Ok(Deleted::WasAbsent),
             Err(e) => return Err(io_error(format!("move {path} to the trash"), e)),
         }
-        remove_tree(trash.as_fd(), &doomed)?;
+        self.remove_volume(trash.as_fd(), &doomed, meta.quota.as_ref())?;
         Ok(Deleted::Removed)
     }
 
@@ -496,11 +599,64 @@ impl VolumeStore {
             for (name, _) in
                 list_dir(dir.as_fd()).map_err(|e| io_error(format!("list {area}"), e))?
             {
-                remove_tree(dir.as_fd(), &name)?;
+                let record = open_child(dir.as_fd(), &name, false)
+                    .ok()
+                    .and_then(|entry| read_meta(entry.as_fd()).ok().flatten())
+                    .and_then(|meta| meta.quota);
+                self.remove_volume(dir.as_fd(), &name, record.as_ref())?;
                 purged += 1;
             }
         }
         Ok(purged)
+    }
+
+    /// Puts the quota on a new volume (still in staging).
+    fn limit_new(
+        &self,
+        dir: BorrowedFd<'_>,
+        path: &VolumePath,
+        capacity: u64,
+    ) -> Result<QuotaRecord> {
+        match &self.quota {
+            Quota::None => Err(StoreError::Unsupported(format!(
+                "{path}: no quota backend to limit it"
+            ))),
+            Quota::Btrfs(btrfs) => {
+                btrfs
+                    .set_limit(dir, capacity)
+                    .map_err(|e| tool_error(format!("limit {path} to {capacity} bytes"), e))?;
+                Ok(QuotaRecord {
+                    backend: QuotaBackend::Btrfs,
+                    project_id: None,
+                })
+            }
+        }
+    }
+
+    /// Removes `name` in `parent` (a volume, or what is left of one) with its quota: a
+    /// subvolume is deleted as such, never emptied file by file and left behind.
+    fn remove_volume(
+        &self,
+        parent: BorrowedFd<'_>,
+        name: &str,
+        _record: Option<&QuotaRecord>,
+    ) -> Result<()> {
+        let entry = match open_child(parent, name, false) {
+            Ok(entry) => entry,
+            Err(StoreError::NotFound(_)) => return Ok(()),
+            // Not a directory: an ordinary unlink below.
+            Err(_) => return remove_tree(parent, name),
+        };
+        if let Quota::Btrfs(btrfs) = &self.quota
+            && crate::quota::btrfs::is_subvolume(entry.as_fd())
+        {
+            drop(entry);
+            return btrfs
+                .delete_subvolume(parent, name)
+                .map_err(|e| tool_error(format!("delete subvolume {name}"), e));
+        }
+        drop(entry);
+        remove_tree(parent, name)
     }
 
     /// Opens the parent directory of `path`, creating missing parents when `create` is set.

@@ -34,6 +34,11 @@ pub enum StartError {
     Auth(#[from] auth::AuthSetupError),
     #[error("export root: {0}")]
     Store(#[from] fs::StoreError),
+    #[error("quota backend {backend}: {reason}")]
+    Quota {
+        backend: nfsprov_api_types::QuotaBackend,
+        reason: String,
+    },
     #[error("cannot listen on {addr}: {source}")]
     Listen {
         addr: SocketAddr,
@@ -54,7 +59,13 @@ impl Agent {
     /// Checks everything that can be checked before serving: the export root, the
     /// certificates and keys, the token files, and the listen address.
     pub fn bind(config: AgentConfig) -> Result<Self, StartError> {
-        let store = Arc::new(VolumeStore::open(&config.export_root)?);
+        let quota = quota::Quota::open(&config.quota, &config.export_root).map_err(|reason| {
+            StartError::Quota {
+                backend: config.quota.backend,
+                reason,
+            }
+        })?;
+        let store = Arc::new(VolumeStore::open_with_quota(&config.export_root, quota)?);
         let auth = Authenticator::new(&config.auth)?;
         let certificate_optional = !config.auth.tokens.is_empty() || config.auth.disabled;
         let tls = tls::server_config(

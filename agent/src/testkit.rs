@@ -10,6 +10,7 @@ use tokio::sync::oneshot;
 
 use crate::config::{AgentConfig, AuthConfig, LogFormat, TokenSection};
 use crate::init::{self, InitArgs, files};
+use crate::quota::QuotaSettings;
 
 /// A running agent; dropping it shuts it down.
 pub struct TestAgent {
@@ -23,6 +24,11 @@ pub struct TestAgent {
 impl TestAgent {
     /// Starts an agent on a free loopback port with mTLS and a token, serving `root`.
     pub async fn start(root: &Path) -> anyhow::Result<TestAgent> {
+        Self::start_with_quota(root, QuotaSettings::default()).await
+    }
+
+    /// Like [`TestAgent::start`], with a quota backend (probed as at a real start).
+    pub async fn start_with_quota(root: &Path, quota: QuotaSettings) -> anyhow::Result<TestAgent> {
         let credentials = tempfile::tempdir()?;
         init::run(&InitArgs {
             dir: credentials.path().to_owned(),
@@ -60,6 +66,7 @@ impl TestAgent {
             shutdown_grace: Duration::from_secs(5),
             min_free_bytes: 0,
             min_free_inodes: 0,
+            quota,
         };
         let agent = crate::Agent::bind(config)?;
         let addr = agent.local_addr();

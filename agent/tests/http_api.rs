@@ -568,8 +568,30 @@ async fn request_ids_are_echoed_and_metrics_count_requests() {
         (unknown.status, unknown.code()),
         (404, "not_found".to_owned())
     );
-    let wrong_method = call(&agent, "PATCH", "/v1/volumes/x", None);
+    let wrong_method = call(&agent, "POST", "/v1/volumes/x", None);
     assert_eq!(wrong_method.status, 405);
+    for bad_resize in [
+        r#"{}"#,
+        r#"{"capacity_bytes":-1}"#,
+        r#"{"capacity_bytes":1,"x":2}"#,
+    ] {
+        let result = call(&agent, "PATCH", "/v1/volumes/x", Some(bad_resize));
+        assert_eq!(
+            (result.status, result.code()),
+            (400, "invalid_body".to_owned()),
+            "{bad_resize}"
+        );
+    }
+    let absent = call(
+        &agent,
+        "PATCH",
+        "/v1/volumes/x",
+        Some(r#"{"capacity_bytes":1}"#),
+    );
+    assert_eq!(
+        (absent.status, absent.code()),
+        (404, "not_found".to_owned())
+    );
 }
 
 #[tokio::test(flavor = "multi_thread")]

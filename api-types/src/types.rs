@@ -248,6 +248,24 @@ pub enum QuotaBackend {
     Xfs,
 }
 
+impl QuotaBackend {
+    /// The settings' and the API's spelling.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            QuotaBackend::None => "none",
+            QuotaBackend::Btrfs => "btrfs",
+            QuotaBackend::Zfs => "zfs",
+            QuotaBackend::Xfs => "xfs",
+        }
+    }
+}
+
+impl fmt::Display for QuotaBackend {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Capabilities {
     pub quota: QuotaBackend,

@@ -1,4 +1,74 @@
 //! Quota backends: how a volume's capacity is enforced by the filesystem under the
-//! export root.
+//! export root. The backend is chosen in the settings and probed once at start, so a
+//! backend that cannot work there stops the agent with one line saying why.
 
+pub mod btrfs;
 pub mod command;
+
+use std::ops::RangeInclusive;
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Duration;
+
+use nfsprov_api_types::QuotaBackend;
+
+use self::btrfs::Btrfs;
+use self::command::{SystemRunner, ToolRunner};
+
+/// The quota settings, checked.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct QuotaSettings {
+    pub backend: QuotaBackend,
+    /// ZFS: the dataset mounted at the export root; volumes become its children.
+    pub zfs_dataset: Option<String>,
+    /// XFS: the project ids volumes may be given.
+    pub xfs_project_ids: RangeInclusive<u32>,
+    /// Longest a quota tool may run before it is killed and the request fails.
+    pub command_timeout: Duration,
+}
+
+impl Default for QuotaSettings {
+    fn default() -> Self {
+        Self {
+            backend: QuotaBackend::None,
+            zfs_dataset: None,
+            xfs_project_ids: 100_000..=199_999,
+            command_timeout: Duration::from_secs(30),
+        }
+    }
+}
+
+/// The backend in use.
+#[derive(Debug, Clone)]
+pub enum Quota {
+    /// Capacity is recorded, never enforced.
+    None,
+    Btrfs(Btrfs),
+}
+
+impl Quota {
+    /// Sets up and probes the configured backend on the export root.
+    pub fn open(settings: &QuotaSettings, export_root: &Path) -> Result<Self, String> {
+        let runner: Arc<dyn ToolRunner> = Arc::new(SystemRunner::new(settings.command_timeout));
+        let quota = match settings.backend {
+            QuotaBackend::None => Quota::None,
+            QuotaBackend::Btrfs => Quota::Btrfs(Btrfs::probe(runner, export_root)?),
+            other => {
+                return Err(format!("quota backend {other:?} is not available"));
+            }
+        };
+        Ok(quota)
+    }
+
+    pub fn backend(&self) -> QuotaBackend {
+        match self {
+            Quota::None => QuotaBackend::None,
+            Quota::Btrfs(_) => QuotaBackend::Btrfs,
+        }
+    }
+
+    /// Whether volumes can be held to their capacity.
+    pub fn can_enforce(&self) -> bool {
+        !matches!(self, Quota::None)
+    }
+}
