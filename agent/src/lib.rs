@@ -141,6 +141,7 @@ impl Agent {
             export_root = %self.config.export_root.display(),
             mtls = self.config.auth.client_ca_file.is_some(),
             tokens = self.config.auth.tokens.len(),
+            quota = %self.state.store.quota().backend(),
             "agent listening"
         );
         if self.config.auth.disabled {
