@@ -8,6 +8,7 @@ pub mod fs;
 pub mod init;
 pub mod metrics;
 pub mod quota;
+pub mod test_filesystems;
 pub mod testkit;
 pub mod tls;
 pub mod usage;

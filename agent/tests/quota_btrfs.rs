@@ -2,95 +2,16 @@
 //! the test (root required): capacity enforced with EDQUOT, raised by a resize, volumes
 //! created, archived and deleted as subvolumes.
 
-mod common;
-
 use std::io::Write;
 use std::os::unix::fs::MetadataExt;
-use std::path::{Path, PathBuf};
-use std::process::Command;
+use std::path::Path;
 
 use nfsprov_agent::quota::QuotaSettings;
+use nfsprov_agent::test_filesystems::LoopBtrfs;
 use nfsprov_agent::testkit::TestAgent;
 use nfsprov_api_types::{CreateVolumeRequest, ErrorCode, QuotaBackend, QuotaPolicy, VolumePath};
 
 const MIB: u64 = 1 << 20;
-
-/// A btrfs filesystem in a sparse file, mounted in a temp dir; unmounted when dropped.
-struct LoopBtrfs {
-    dir: tempfile::TempDir,
-    mount: PathBuf,
-}
-
-impl LoopBtrfs {
-    fn new(quotas: bool) -> Self {
-        assert!(
-            common::is_root(),
-            "the btrfs quota tests loop-mount a filesystem and must run as root"
-        );
-        let dir = tempfile::tempdir().unwrap();
-        let image = dir.path().join("btrfs.img");
-        std::fs::File::create(&image)
-            .unwrap()
-            .set_len(512 * MIB)
-            .unwrap();
-        run("mkfs.btrfs", &["-q", image.to_str().unwrap()]);
-        let mount = dir.path().join("mnt");
-        std::fs::create_dir(&mount).unwrap();
-        run(
-            "mount",
-            &[
-                "-o",
-                "loop",
-                image.to_str().unwrap(),
-                mount.to_str().unwrap(),
-            ],
-        );
-        if quotas {
-            run("btrfs", &["quota", "enable", mount.to_str().unwrap()]);
-        }
-        std::fs::create_dir(mount.join("exports")).unwrap();
-        Self { dir, mount }
-    }
-
-    fn root(&self) -> PathBuf {
-        self.mount.join("exports")
-    }
-
-    /// Commits the filesystem so qgroup figures are up to date.
-    fn sync(&self) {
-        run(
-            "btrfs",
-            &["filesystem", "sync", self.mount.to_str().unwrap()],
-        );
-    }
-
-    fn subvolumes(&self) -> String {
-        run(
-            "btrfs",
-            &["subvolume", "list", self.mount.to_str().unwrap()],
-        )
-    }
-}
-
-impl Drop for LoopBtrfs {
-    fn drop(&mut self) {
-        let _ = Command::new("umount").arg(&self.mount).status();
-        let _ = &self.dir;
-    }
-}
-
-fn run(program: &str, args: &[&str]) -> String {
-    let output = Command::new(program)
-        .args(args)
-        .output()
-        .unwrap_or_else(|e| panic!("{program} could not be started: {e}"));
-    assert!(
-        output.status.success(),
-        "{program} {args:?} failed: {}",
-        String::from_utf8_lossy(&output.stderr)
-    );
-    String::from_utf8_lossy(&output.stdout).into_owned()
-}
 
 fn btrfs_settings() -> QuotaSettings {
     QuotaSettings {
@@ -119,7 +40,7 @@ fn fill(file: &Path, bytes: u64) -> std::io::Result<()> {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn capacity_is_enforced_and_raised_by_a_resize() {
-    let fs = LoopBtrfs::new(true);
+    let fs = LoopBtrfs::new(512, true).unwrap();
     let agent = TestAgent::start_with_quota(&fs.root(), btrfs_settings())
         .await
         .unwrap();
@@ -163,7 +84,7 @@ async fn capacity_is_enforced_and_raised_by_a_resize() {
     fill(&data, 32 * MIB).expect("the write fits after the resize");
 
     // Usage comes from the qgroup, which counts the data written.
-    fs.sync();
+    fs.sync().unwrap();
     let volume = client.get_volume(&path, None).await.unwrap().unwrap();
     let usage = volume.usage.expect("usage is reported");
     assert!(
@@ -172,11 +93,12 @@ async fn capacity_is_enforced_and_raised_by_a_resize() {
         usage.used_bytes
     );
     assert_eq!(volume.capacity_bytes, 64 * MIB);
+    assert_eq!(fs.qgroup_limit(&volume_dir).unwrap(), Some(64 * MIB));
 }
 
 #[tokio::test(flavor = "multi_thread")]
 async fn subvolumes_are_archived_and_deleted_as_subvolumes() {
-    let fs = LoopBtrfs::new(true);
+    let fs = LoopBtrfs::new(512, true).unwrap();
     let agent = TestAgent::start_with_quota(&fs.root(), btrfs_settings())
         .await
         .unwrap();
@@ -199,7 +121,7 @@ async fn subvolumes_are_archived_and_deleted_as_subvolumes() {
 
     client.delete_volume(&gone, None).await.unwrap();
     assert!(!fs.root().join("ns/gone").exists());
-    let subvolumes = fs.subvolumes();
+    let subvolumes = fs.subvolumes().unwrap();
     assert!(
         subvolumes.contains("ns/kept/@") && !subvolumes.contains("gone"),
         "the deleted subvolume is gone, the archived one kept: {subvolumes}"
@@ -215,7 +137,7 @@ async fn subvolumes_are_archived_and_deleted_as_subvolumes() {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn quota_off_makes_a_plain_directory_and_enforce_needs_a_backend() {
-    let fs = LoopBtrfs::new(true);
+    let fs = LoopBtrfs::new(512, true).unwrap();
     let agent = TestAgent::start_with_quota(&fs.root(), btrfs_settings())
         .await
         .unwrap();
@@ -250,7 +172,7 @@ async fn quota_off_makes_a_plain_directory_and_enforce_needs_a_backend() {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn start_fails_in_one_line_when_btrfs_quotas_cannot_work() {
-    let fs = LoopBtrfs::new(false);
+    let fs = LoopBtrfs::new(512, false).unwrap();
     let err = TestAgent::start_with_quota(&fs.root(), btrfs_settings())
         .await
         .err()

@@ -29,6 +29,18 @@ impl AgentProcess {
         nfs_server: &str,
         nfs_path: &str,
     ) -> anyhow::Result<Self> {
+        Self::start_with_settings(name, export_root, nfs_server, nfs_path, "").await
+    }
+
+    /// As [`AgentProcess::start`], with `extra_settings` (TOML sections such as `[quota]`)
+    /// appended to the settings file `init` wrote.
+    pub async fn start_with_settings(
+        name: &str,
+        export_root: &Path,
+        nfs_server: &str,
+        nfs_path: &str,
+        extra_settings: &str,
+    ) -> anyhow::Result<Self> {
         let bin = binary("nfsprov-agent")?;
         let work = tempfile::tempdir()?;
         let etc = work.path().join("etc");
@@ -56,6 +68,11 @@ impl AgentProcess {
             String::from_utf8_lossy(&init.stderr)
         );
         std::fs::write(work.path().join("secret.yaml"), &init.stdout)?;
+        if !extra_settings.is_empty() {
+            let settings = etc.join("agent.toml");
+            let written = std::fs::read_to_string(&settings)?;
+            std::fs::write(&settings, format!("{written}\n{extra_settings}\n"))?;
+        }
         let mut agent = Self {
             name: name.to_owned(),
             bin,

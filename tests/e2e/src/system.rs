@@ -20,6 +20,26 @@ pub const NAMESPACE: &str = "e2e";
 /// The provisioner name the controllers run with.
 pub const PROVISIONER: &str = "nfsprov.dev/nfs";
 
+/// How to start one agent of a [`System`].
+#[derive(Debug, Clone, Default)]
+pub struct AgentSpec {
+    pub name: String,
+    /// An existing directory to serve (e.g. on a filesystem made by the test); a new
+    /// directory in the system's temp dir when `None`.
+    pub root: Option<PathBuf>,
+    /// TOML appended to the agent's settings (e.g. a `[quota]` section).
+    pub settings: String,
+}
+
+impl AgentSpec {
+    pub fn named(name: &str) -> Self {
+        Self {
+            name: name.to_owned(),
+            ..Self::default()
+        }
+    }
+}
+
 /// One agent with its own export root.
 pub struct AgentUnderTest {
     pub process: AgentProcess,
@@ -61,20 +81,44 @@ impl System {
         controllers: usize,
         controller_args: &[&str],
     ) -> anyhow::Result<Self> {
+        let specs: Vec<AgentSpec> = agent_names.iter().map(|n| AgentSpec::named(n)).collect();
+        Self::start_with_agents(api, &specs, controllers, controller_args).await
+    }
+
+    /// As [`System::start_on`], with each agent described in full.
+    pub async fn start_with_agents(
+        api: KubeApi,
+        specs: &[AgentSpec],
+        controllers: usize,
+        controller_args: &[&str],
+    ) -> anyhow::Result<Self> {
         let base = tempfile::tempdir()?;
         let mut roots = Vec::new();
-        for name in agent_names {
-            let root = base.path().join(format!("export-{name}"));
-            std::fs::create_dir(&root)?;
+        for spec in specs {
+            let root = match &spec.root {
+                Some(root) => root.clone(),
+                None => {
+                    let root = base.path().join(format!("export-{}", spec.name));
+                    std::fs::create_dir(&root)?;
+                    root
+                }
+            };
             roots.push(root);
         }
         let exports: Vec<&std::path::Path> = roots.iter().map(|r| r.as_path()).collect();
         let nfs = NfsServer::start(&exports).await?;
         let agents_dir = base.path().join("agents");
         let mut agents = Vec::new();
-        for (name, root) in agent_names.iter().zip(roots) {
+        for (spec, root) in specs.iter().zip(roots) {
             let export = root.display().to_string();
-            let process = AgentProcess::start(name, &root, "127.0.0.1", &export).await?;
+            let process = AgentProcess::start_with_settings(
+                &spec.name,
+                &root,
+                "127.0.0.1",
+                &export,
+                &spec.settings,
+            )
+            .await?;
             process.write_secret_files(&agents_dir)?;
             agents.push(AgentUnderTest {
                 process,
