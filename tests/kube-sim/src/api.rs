@@ -12,6 +12,7 @@ use crate::events;
 use crate::managed::{self, WriteOp};
 use crate::meta::{self, meta_mut};
 use crate::patch;
+use crate::resize_admission;
 use crate::resources::Kind;
 use crate::schema;
 use crate::store::{Mutation, Store, View};
@@ -225,11 +226,13 @@ impl Api {
             match view.get(Kind::Namespace, "", ns) {
                 None => return Err(ApiError::namespace_not_found(ns)),
                 Some(n) if meta::is_deleting(&n) => {
-                    return Err(ApiError::forbidden(format!(
-                        "{} \"{}\" is forbidden: unable to create new content in namespace {ns} because it is being terminated",
-                        kind.qualified_resource(),
-                        meta::name(obj)
-                    )));
+                    return Err(ApiError::forbidden_for(
+                        kind,
+                        meta::name(obj),
+                        &format!(
+                            "unable to create new content in namespace {ns} because it is being terminated"
+                        ),
+                    ));
                 }
                 Some(_) => {}
             }
@@ -332,8 +335,10 @@ impl Api {
     }
 
     /// Turn a proposed new state into a mutation of `cur`, with every rule of an update.
+    #[allow(clippy::too_many_arguments)]
     fn decide_update(
         &self,
+        view: &View<'_>,
         kind: Kind,
         name: &str,
         cur: &Value,
@@ -349,6 +354,7 @@ impl Api {
             let body = schema::normalize(kind, body)?;
             validate::validate(kind, &body)?;
             return self.decide_update(
+                view,
                 Kind::CoreEvent,
                 name,
                 cur,
@@ -443,6 +449,14 @@ impl Api {
         let mut new = schema::normalize(kind, new)?;
         validate::validate(kind, &new)?;
         validate::validate_update(kind, cur, &new)?;
+        match sub {
+            Sub::Status => validate::validate_status_update(kind, &new)?,
+            // Admission runs after validation, as in the real server.
+            Sub::Main if kind == Kind::PersistentVolumeClaim => {
+                resize_admission::admit(view, cur, &new)?
+            }
+            Sub::Main => {}
+        }
         if &new == cur {
             return Ok(Mutation::Unchanged);
         }
@@ -475,9 +489,10 @@ impl Api {
         manager: &str,
     ) -> Result<Arc<Value>, ApiError> {
         let mut dry = None;
-        let (stored, _) = self.store.mutate(storage(kind), ns, name, |_, cur| {
+        let (stored, _) = self.store.mutate(storage(kind), ns, name, |view, cur| {
             let cur = cur.ok_or_else(|| ApiError::not_found(kind, name))?;
-            let m = self.decide_update(kind, name, cur, body, sub, &WriteOp::update(manager))?;
+            let m =
+                self.decide_update(view, kind, name, cur, body, sub, &WriteOp::update(manager))?;
             Ok(capture_dry(m, dry_run, &mut dry))
         })?;
         finish(stored, dry).map(|o| present(kind, o))
@@ -497,7 +512,7 @@ impl Api {
     where
         F: FnOnce(&mut Value),
     {
-        let (stored, _) = self.store.mutate(kind, ns, name, |_, cur| {
+        let (stored, _) = self.store.mutate(kind, ns, name, |view, cur| {
             let cur = cur.ok_or_else(|| ApiError::not_found(kind, name))?;
             if meta::resource_version(cur) != expected_rv {
                 return Err(ApiError::conflict_modified(kind, name));
@@ -505,6 +520,7 @@ impl Api {
             let mut body = (**cur).clone();
             f(&mut body);
             self.decide_update(
+                view,
                 kind,
                 name,
                 cur,
@@ -580,7 +596,7 @@ impl Api {
                     patch::strategic_merge_patch(&mut work, &patch_body)?
                 }
             }
-            let m = self.decide_update(kind, name, cur, work, sub, &op)?;
+            let m = self.decide_update(view, kind, name, cur, work, sub, &op)?;
             Ok(capture_dry(m, dry_run, &mut dry))
         });
         let (stored, _) = result?;

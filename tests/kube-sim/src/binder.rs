@@ -1,9 +1,10 @@
 //! The in-process stand-in for kube-controller-manager's parts the provisioner relies on:
 //! the PV controller (binding, provisioner annotations, Released/Lost phases), the PVC and
-//! PV protection controllers, and the namespace controller's cleanup. It reproduces their
-//! observable writes (same fields, same order, one write per step) rather than their code.
+//! PV protection controllers, the expand controller (see `expander`) and the namespace
+//! controller's cleanup. It reproduces their observable writes (same fields, same order,
+//! one write per step) rather than their code.
 
-use std::collections::{BTreeSet, HashMap, HashSet};
+use std::collections::{BTreeSet, HashMap};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -12,7 +13,9 @@ use tokio::sync::{broadcast, mpsc};
 
 use crate::api::{Api, DeleteOptions, PV_PROTECTION, PVC_PROTECTION, Sub};
 use crate::errors::ApiError;
+use crate::expander::ExpandController;
 use crate::meta::{self, annotation, path, path_str};
+use crate::recorder::{Note, Recorder};
 use crate::resources::Kind;
 use crate::store::{Key, WatchEvent};
 use crate::validate::storage_quantity;
@@ -34,9 +37,10 @@ enum Signal {
 struct Controllers {
     api: Api,
     binder: bool,
-    /// (object uid, reason, message) already reported, so a state is reported once rather
-    /// than on every pass (the real controller repeats them with a growing count).
-    reported: HashSet<(String, String, String)>,
+    /// The PV controller's events, each state reported once rather than on every pass
+    /// (the real controller repeats them with a growing count).
+    recorder: Recorder,
+    expand: ExpandController,
 }
 
 pub async fn run(api: Api, binder: bool, resync: Duration) {
@@ -59,9 +63,10 @@ pub async fn run(api: Api, binder: bool, resync: Duration) {
     }
     drop(tx);
     let mut c = Controllers {
+        recorder: Recorder::new(api.clone(), COMPONENT),
+        expand: ExpandController::new(api.clone()),
         api,
         binder,
-        reported: HashSet::new(),
     };
     let mut ticker = tokio::time::interval(resync);
     loop {
@@ -121,7 +126,8 @@ pub async fn run(api: Api, binder: bool, resync: Duration) {
     }
 }
 
-fn claim_ref_key(pv: &Value) -> Option<Key> {
+/// The (namespace, name) of the claim a volume's claimRef names.
+pub fn claim_ref_key(pv: &Value) -> Option<Key> {
     let cr = path(pv, &["spec", "claimRef"])?;
     Some((
         cr.get("namespace")?.as_str()?.to_string(),
@@ -207,6 +213,14 @@ impl Controllers {
             if let Err(e) = self.sync_claim(key, pre, &unclaimed) {
                 tracing::debug!("claim {}/{}: {e}", key.0, key.1);
             }
+            // The expand controller sees the claim as the binder left it.
+            if let Some(claim) = self
+                .api
+                .store
+                .get(Kind::PersistentVolumeClaim, &key.0, &key.1)
+            {
+                self.expand.sync_claim(&claim);
+            }
         }
     }
 
@@ -237,51 +251,12 @@ impl Controllers {
     }
 
     fn event(&mut self, obj: &Value, kind: Kind, type_: &str, reason: &str, message: &str) {
-        let key = (
-            uid(obj).to_string(),
-            reason.to_string(),
-            message.to_string(),
-        );
-        if !self.reported.insert(key) {
-            return;
-        }
-        let ns = if kind.info().namespaced {
-            meta::namespace(obj).to_string()
-        } else {
-            "default".to_string()
+        let note = Note {
+            type_,
+            reason,
+            message,
         };
-        let now = meta::now_time();
-        let mut involved = json!({
-            "kind": kind.info().kind,
-            "name": meta::name(obj),
-            "uid": uid(obj),
-            "apiVersion": kind.api_version(),
-            "resourceVersion": meta::resource_version(obj),
-        });
-        if kind.info().namespaced {
-            involved["namespace"] = json!(ns);
-        }
-        let ev = json!({
-            "apiVersion": "v1",
-            "kind": "Event",
-            "metadata": {
-                "name": format!("{}.{:x}", meta::name(obj), std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_nanos()).unwrap_or(0)),
-                "namespace": ns,
-            },
-            "involvedObject": involved,
-            "reason": reason,
-            "message": message,
-            "type": type_,
-            "source": { "component": COMPONENT },
-            "firstTimestamp": now,
-            "lastTimestamp": now,
-            "count": 1,
-            "reportingComponent": COMPONENT,
-            "reportingInstance": "",
-        });
-        if let Err(e) = self.api.create(Kind::CoreEvent, &ns, ev, false) {
-            tracing::debug!("recording event {reason}: {e}");
-        }
+        self.recorder.record(obj, kind, note, "");
     }
 
     fn set_phase(
@@ -717,14 +692,20 @@ impl Controllers {
                 None => return Ok(()),
             }
         }
-        // 4. Claim status: Bound, with the volume's access modes and capacity.
+        // 4. Claim status: Bound, with the volume's access modes, and its capacity when the
+        // claim becomes Bound. A claim already Bound keeps its capacity: once a volume is
+        // resized the two differ on purpose until the resizer (or the node) finishes, and
+        // the real controller does not clobber that.
         let want_modes = json!(modes(&pv, &["spec", "accessModes"]));
-        let want_cap = path(&pv, &["spec", "capacity"])
-            .cloned()
-            .unwrap_or(json!({}));
-        if phase(&claim) != "Bound"
+        let becomes_bound = phase(&claim) != "Bound";
+        let volume_cap = storage_quantity(&pv, &["spec", "capacity", "storage"]);
+        let claim_cap = storage_quantity(&claim, &["status", "capacity", "storage"]);
+        let new_cap = (becomes_bound && (claim_cap.is_none() || claim_cap != volume_cap))
+            .then(|| path(&pv, &["spec", "capacity"]).cloned())
+            .flatten();
+        if becomes_bound
             || path(&claim, &["status", "accessModes"]) != Some(&want_modes)
-            || path(&claim, &["status", "capacity"]) != Some(&want_cap)
+            || new_cap.is_some()
         {
             self.api.modify(
                 Kind::PersistentVolumeClaim,
@@ -735,7 +716,9 @@ impl Controllers {
                 |o| {
                     o["status"]["phase"] = json!("Bound");
                     o["status"]["accessModes"] = want_modes;
-                    o["status"]["capacity"] = want_cap;
+                    if let Some(cap) = new_cap {
+                        o["status"]["capacity"] = cap;
+                    }
                 },
             )?;
         }
@@ -772,7 +755,7 @@ fn best_match(claim: &Value, unclaimed: &[Arc<Value>]) -> Option<Value> {
         .filter(|pv| selector.is_none_or(|s| selector_matches(s, pv)))
         .filter_map(|pv| Some((storage_quantity(pv, &["spec", "capacity", "storage"])?, pv)))
         .filter(|(cap, _)| *cap >= want)
-        .min_by(|a, b| a.0.total_cmp(&b.0))
+        .min_by_key(|(cap, _)| *cap)
         .map(|(_, pv)| (**pv).clone())
 }
 

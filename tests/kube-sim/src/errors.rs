@@ -239,6 +239,21 @@ impl ApiError {
         Self::new(403, "Forbidden", message)
     }
 
+    /// A request about a named object refused by policy (admission plugins), worded and
+    /// detailed as the real `NewForbidden` does.
+    pub fn forbidden_for(kind: Kind, name: &str, detail: &str) -> Self {
+        let mut e = Self::new(
+            403,
+            "Forbidden",
+            format!(
+                "{} \"{name}\" is forbidden: {detail}",
+                kind.qualified_resource()
+            ),
+        );
+        e.details = Some(details(kind, name, kind.info().plural));
+        e
+    }
+
     pub fn method_not_allowed(message: impl Into<String>) -> Self {
         Self::new(405, "MethodNotAllowed", message)
     }

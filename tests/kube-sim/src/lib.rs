@@ -4,9 +4,11 @@
 
 pub mod api;
 pub mod binder;
+pub mod claim_validation;
 pub mod discovery;
 pub mod errors;
 pub mod events;
+pub mod expander;
 pub mod faults;
 pub mod handlers;
 pub mod kubeconfig;
@@ -14,6 +16,9 @@ pub mod list;
 pub mod managed;
 pub mod meta;
 pub mod patch;
+pub mod quantity;
+pub mod recorder;
+pub mod resize_admission;
 pub mod resources;
 pub mod schema;
 pub mod selectors;

@@ -13,20 +13,60 @@ use k8s_openapi::api::events::v1::Event as EventV1;
 use k8s_openapi::api::storage::v1::StorageClass;
 
 use crate::errors::ApiError;
+use crate::meta::path;
+use crate::quantity::Quantity;
 use crate::resources::Kind;
 
-fn roundtrip<T: DeserializeOwned + Serialize>(kind: Kind, obj: Value) -> Result<Value, ApiError> {
+fn undecodable(kind: Kind, cause: impl std::fmt::Display) -> ApiError {
     let k = kind.info().kind;
-    let typed: T = serde_json::from_value(obj).map_err(|e| {
-        ApiError::bad_request(format!(
-            "{k} in version \"{}\" cannot be handled as a {k}: {e}",
-            kind.info().version
-        ))
-    })?;
-    serde_json::to_value(&typed).map_err(|e| ApiError::internal(format!("encoding {k}: {e}")))
+    ApiError::bad_request(format!(
+        "{k} in version \"{}\" cannot be handled as a {k}: {cause}",
+        kind.info().version
+    ))
+}
+
+fn roundtrip<T: DeserializeOwned + Serialize>(kind: Kind, obj: Value) -> Result<Value, ApiError> {
+    let typed: T = serde_json::from_value(obj).map_err(|e| undecodable(kind, e))?;
+    serde_json::to_value(&typed)
+        .map_err(|e| ApiError::internal(format!("encoding {}: {e}", kind.info().kind)))
+}
+
+/// The maps of quantities in each kind. The typed structs hold them as plain strings, but
+/// the real decoder parses every one, so a malformed quantity is a 400 there too.
+fn quantity_maps(kind: Kind) -> &'static [&'static [&'static str]] {
+    match kind {
+        Kind::PersistentVolumeClaim => &[
+            &["spec", "resources", "requests"],
+            &["spec", "resources", "limits"],
+            &["status", "capacity"],
+            &["status", "allocatedResources"],
+        ],
+        Kind::PersistentVolume => &[&["spec", "capacity"]],
+        _ => &[],
+    }
+}
+
+fn check_quantities(kind: Kind, obj: &Value) -> Result<(), ApiError> {
+    for keys in quantity_maps(kind) {
+        let Some(map) = path(obj, keys).and_then(Value::as_object) else {
+            continue;
+        };
+        for v in map.values() {
+            if let Some(Err(e)) = Quantity::from_json(v) {
+                return Err(undecodable(kind, e));
+            }
+        }
+    }
+    Ok(())
 }
 
 pub fn normalize(kind: Kind, obj: Value) -> Result<Value, ApiError> {
+    let obj = decode(kind, obj)?;
+    check_quantities(kind, &obj)?;
+    Ok(obj)
+}
+
+fn decode(kind: Kind, obj: Value) -> Result<Value, ApiError> {
     match kind {
         Kind::Namespace => roundtrip::<Namespace>(kind, obj),
         Kind::PersistentVolumeClaim => roundtrip::<PersistentVolumeClaim>(kind, obj),

@@ -4,8 +4,10 @@
 
 use serde_json::{Map, Value, json};
 
+use crate::claim_validation;
 use crate::errors::{ApiError, Cause};
 use crate::meta::{self, path};
+use crate::quantity::Quantity;
 use crate::resources::Kind;
 
 const SUBDOMAIN_MSG: &str = "a lowercase RFC 1123 subdomain must consist of lower case alphanumeric characters, '-' or '.', and must start and end with an alphanumeric character (e.g. 'example.com', regex used for validation is '[a-z0-9]([-a-z0-9]*[a-z0-9])?(\\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*')";
@@ -112,53 +114,12 @@ pub fn name_errors(kind: Kind, name: &str) -> Option<&'static str> {
     }
 }
 
-/// Parse a resource quantity ("10Gi", "500M", "1.5", "100m") to a number of units.
-pub fn parse_quantity(q: &str) -> Option<f64> {
-    let q = q.trim();
-    if q.is_empty() || q.starts_with('+') && q.len() == 1 {
-        return None;
-    }
-    let split = q
-        .find(|c: char| !(c.is_ascii_digit() || c == '.' || c == '-' || c == '+'))
-        .unwrap_or(q.len());
-    let (num, suffix) = q.split_at(split);
-    if num.is_empty() || num == "." {
-        return None;
-    }
-    let n: f64 = num.parse().ok()?;
-    let mult = match suffix {
-        "" => 1.0,
-        "Ki" => 1024f64,
-        "Mi" => 1024f64.powi(2),
-        "Gi" => 1024f64.powi(3),
-        "Ti" => 1024f64.powi(4),
-        "Pi" => 1024f64.powi(5),
-        "Ei" => 1024f64.powi(6),
-        "n" => 1e-9,
-        "u" => 1e-6,
-        "m" => 1e-3,
-        "k" => 1e3,
-        "M" => 1e6,
-        "G" => 1e9,
-        "T" => 1e12,
-        "P" => 1e15,
-        "E" => 1e18,
-        s if s.starts_with(['e', 'E']) => 10f64.powi(s[1..].parse::<i32>().ok()?),
-        _ => return None,
-    };
-    Some(n * mult)
-}
-
-fn quantity_value(v: &Value) -> Option<f64> {
-    match v {
-        Value::String(s) => parse_quantity(s),
-        Value::Number(n) => n.as_f64(),
-        _ => None,
-    }
-}
-
-pub fn storage_quantity(obj: &Value, keys: &[&str]) -> Option<f64> {
-    path(obj, keys).and_then(quantity_value)
+/// The quantity at `keys`, if there is one. Decoding has already refused malformed
+/// quantities, so an unparsable one here counts as absent.
+pub fn storage_quantity(obj: &Value, keys: &[&str]) -> Option<Quantity> {
+    path(obj, keys)
+        .and_then(Quantity::from_json)
+        .and_then(Result::ok)
 }
 
 /// Checks every kind shares: metadata shape, names, labels, annotations, finalizers.
@@ -308,20 +269,12 @@ fn validate_pv(obj: &Value, causes: &mut Vec<Cause>) {
             for (k, v) in c {
                 if k != "storage" {
                     causes.push(Cause::unsupported("spec.capacity", &json!(k), &["storage"]));
-                } else {
-                    match quantity_value(v) {
-                        Some(q) if q >= 0.0 => {}
-                        Some(_) => causes.push(Cause::invalid(
-                            "spec.capacity[storage]",
-                            v,
-                            "must be greater than or equal to 0",
-                        )),
-                        None => causes.push(Cause::invalid(
-                            "spec.capacity[storage]",
-                            v,
-                            "quantities must match the regular expression '^([+-]?[0-9.]+)([eEinumkKMGTP]*[-+]?[0-9]*)$'",
-                        )),
-                    }
+                } else if Quantity::from_json(v).is_some_and(|q| q.is_ok_and(|q| q.is_negative())) {
+                    causes.push(Cause::invalid(
+                        "spec.capacity[storage]",
+                        v,
+                        "must be greater than or equal to 0",
+                    ));
                 }
             }
             if !c.contains_key("storage") {
@@ -390,19 +343,15 @@ fn validate_pvc(obj: &Value, causes: &mut Vec<Cause>) {
     validate_access_modes(spec.get("accessModes"), "spec.accessModes", causes);
     match path(&spec, &["resources", "requests", "storage"]) {
         None => causes.push(Cause::required("spec.resources[storage]")),
-        Some(v) => match quantity_value(v) {
-            Some(q) if q > 0.0 => {}
-            Some(_) => causes.push(Cause::invalid(
-                "spec.resources[storage]",
-                v,
-                "must be greater than zero",
-            )),
-            None => causes.push(Cause::invalid(
-                "spec.resources[storage]",
-                v,
-                "quantities must match the regular expression '^([+-]?[0-9.]+)([eEinumkKMGTP]*[-+]?[0-9]*)$'",
-            )),
-        },
+        Some(v) => {
+            if !Quantity::from_json(v).is_some_and(|q| q.is_ok_and(|q| q.is_positive())) {
+                causes.push(Cause::invalid(
+                    "spec.resources[storage]",
+                    v,
+                    "must be greater than zero",
+                ));
+            }
+        }
     }
     validate_enum(
         spec.get("volumeMode"),
@@ -619,49 +568,7 @@ pub fn validate_update(kind: Kind, old: &Value, new: &Value) -> Result<(), ApiEr
                 causes.push(Cause::immutable("spec.volumeMode", "field is immutable"));
             }
         }
-        Kind::PersistentVolumeClaim => {
-            let mut os = spec_of(old);
-            let ns = spec_of(new);
-            // volumeName may be set once (binding); afterwards it is fixed.
-            if os
-                .get("volumeName")
-                .and_then(Value::as_str)
-                .unwrap_or("")
-                .is_empty()
-                && let (Some(o), Some(n)) = (os.as_object_mut(), ns.get("volumeName"))
-            {
-                o.insert("volumeName".into(), n.clone());
-            }
-            let bound = path(old, &["status", "phase"]).and_then(Value::as_str) == Some("Bound");
-            let old_size = storage_quantity(&os, &["resources", "requests", "storage"]);
-            let new_size = storage_quantity(&ns, &["resources", "requests", "storage"]);
-            if bound {
-                // Expansion of bound claims is allowed; compare the rest of the spec.
-                if let (Some(o), Some(n)) = (
-                    os.pointer_mut("/resources/requests"),
-                    ns.pointer("/resources/requests/storage"),
-                ) && let Some(o) = o.as_object_mut()
-                {
-                    o.insert("storage".into(), n.clone());
-                }
-            }
-            if os != ns {
-                causes.push(Cause::forbidden(
-                    "spec",
-                    "spec is immutable after creation except resources.requests and volumeAttributesClassName for bound claims",
-                ));
-            } else if let (Some(o), Some(n)) = (old_size, new_size)
-                && n < o
-            {
-                let capacity = storage_quantity(old, &["status", "capacity", "storage"]);
-                if capacity.is_none_or(|c| n <= c) {
-                    causes.push(Cause::forbidden(
-                        "spec.resources.requests.storage",
-                        "field can not be less than status.capacity",
-                    ));
-                }
-            }
-        }
+        Kind::PersistentVolumeClaim => claim_validation::validate_update(old, new, &mut causes),
         Kind::StorageClass => {
             for (field, msg) in [
                 ("parameters", "updates to parameters are forbidden."),
@@ -677,6 +584,20 @@ pub fn validate_update(kind: Kind, old: &Value, new: &Value) -> Result<(), ApiEr
             }
         }
         _ => {}
+    }
+    if causes.is_empty() {
+        Ok(())
+    } else {
+        Err(ApiError::invalid(kind, meta::name(new), causes))
+    }
+}
+
+/// Rules for writes to a `/status` subresource, where the real server checks the status
+/// instead of the spec.
+pub fn validate_status_update(kind: Kind, new: &Value) -> Result<(), ApiError> {
+    let mut causes = Vec::new();
+    if kind == Kind::PersistentVolumeClaim {
+        claim_validation::validate_status_update(new, &mut causes);
     }
     if causes.is_empty() {
         Ok(())

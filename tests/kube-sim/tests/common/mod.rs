@@ -2,11 +2,12 @@
 #![allow(dead_code)]
 
 use std::fmt::Debug;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
-use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim};
+use k8s_openapi::api::core::v1::{Event as CoreEvent, PersistentVolume, PersistentVolumeClaim};
 use k8s_openapi::api::storage::v1::StorageClass;
-use kube::api::{Api, PostParams};
+use kube::api::{Api, ListParams, PostParams};
 use kube::runtime::wait::{Condition, await_condition};
 use kube::{Client, Resource};
 use nfsprov_kube_sim::{SimOptions, Simulator};
@@ -120,4 +121,100 @@ pub async fn wait_event(
     })
     .await
     .unwrap_or_else(|_| panic!("no {reason} event for {involved}"))
+}
+
+/// The provisioner name the tests' classes use.
+pub const PROVISIONER: &str = "nfsprov.example.com/nfs";
+
+/// Create a claim and the volume a provisioner would make for it (pre-bound by uid), and
+/// wait until the binder has bound them.
+pub async fn bound_claim(
+    client: &Client,
+    name: &str,
+    class: &str,
+    size: &str,
+) -> PersistentVolumeClaim {
+    let pvcs: Api<PersistentVolumeClaim> = Api::namespaced(client.clone(), "default");
+    let claim = create(&pvcs, &pvc(name, Some(class), size)).await;
+    let uid = claim.metadata.uid.clone().expect("claim uid");
+    let mut pv = nfs_pv(&format!("pvc-{uid}"), size);
+    pv.metadata.annotations = Some(
+        [(
+            "pv.kubernetes.io/provisioned-by".to_string(),
+            PROVISIONER.to_string(),
+        )]
+        .into(),
+    );
+    let spec = pv.spec.as_mut().expect("pv spec");
+    spec.storage_class_name = Some(class.into());
+    spec.persistent_volume_reclaim_policy = Some("Delete".into());
+    spec.claim_ref = Some(
+        serde_json::from_value(json!({
+            "kind": "PersistentVolumeClaim", "apiVersion": "v1",
+            "namespace": "default", "name": name, "uid": uid,
+        }))
+        .expect("claimRef literal"),
+    );
+    create(&Api::<PersistentVolume>::all(client.clone()), &pv).await;
+    wait_for(pvcs, name, |c: Option<&PersistentVolumeClaim>| {
+        c.and_then(|c| c.status.as_ref())
+            .and_then(|s| s.phase.as_deref())
+            == Some("Bound")
+    })
+    .await
+}
+
+/// Wait until the binder has handled every claim change made before this call. Its passes
+/// take changes in order and claims by name, so a claim in a missing class, named to sort
+/// last, gets its ProvisioningFailed event only once everything before it was looked at.
+pub async fn binder_settled(client: &Client) {
+    static BARRIERS: AtomicUsize = AtomicUsize::new(0);
+    let name = format!("zz-settled-{}", BARRIERS.fetch_add(1, Ordering::Relaxed));
+    let pvcs: Api<PersistentVolumeClaim> = Api::namespaced(client.clone(), "default");
+    create(&pvcs, &pvc(&name, Some("zz-no-such-class"), "1Gi")).await;
+    wait_event(client, "default", &name, "ProvisioningFailed").await;
+}
+
+/// The core/v1 Events in "default" about the object `involved` with `reason`.
+pub async fn events_about(client: &Client, involved: &str, reason: &str) -> Vec<CoreEvent> {
+    let api: Api<CoreEvent> = Api::namespaced(client.clone(), "default");
+    api.list(
+        &ListParams::default().fields(&format!("involvedObject.name={involved},reason={reason}")),
+    )
+    .await
+    .expect("list events")
+    .items
+}
+
+/// Wait (bounded, through a watch) until `count` distinct Events about `involved` with
+/// `reason` exist.
+pub async fn wait_events(
+    client: &Client,
+    involved: &str,
+    reason: &str,
+    count: usize,
+) -> Vec<CoreEvent> {
+    use futures::StreamExt;
+    use kube::runtime::watcher::{self, Event};
+    let api: Api<CoreEvent> = Api::namespaced(client.clone(), "default");
+    let cfg = watcher::Config::default()
+        .fields(&format!("involvedObject.name={involved},reason={reason}"));
+    let mut s = watcher::watcher(api, cfg).boxed();
+    let mut seen: Vec<CoreEvent> = Vec::new();
+    tokio::time::timeout(WAIT, async {
+        while let Some(ev) = s.next().await {
+            if let Ok(Event::Apply(e) | Event::InitApply(e)) = ev
+                && !seen.iter().any(|s| s.metadata.name == e.metadata.name)
+            {
+                seen.push(e);
+                if seen.len() >= count {
+                    return;
+                }
+            }
+        }
+        panic!("event watch ended")
+    })
+    .await
+    .unwrap_or_else(|_| panic!("{} of {count} {reason} events for {involved}", seen.len()));
+    seen
 }
