@@ -4,6 +4,7 @@
 
 pub mod btrfs;
 pub mod command;
+pub mod xfs;
 
 use std::ops::RangeInclusive;
 use std::path::Path;
