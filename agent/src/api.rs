@@ -24,7 +24,6 @@ use tower_http::request_id::{MakeRequestUuid, PropagateRequestIdLayer, SetReques
 use crate::auth::{Authenticator, Caller};
 use crate::fs::{Archived, Created, Deleted, StoreError, VolumeStore};
 use crate::metrics::{Metrics, RequestLabels, RouteLabels};
-use crate::quota::command::ToolError;
 use crate::tls::PeerCertificate;
 use crate::usage::UsageCache;
 
@@ -182,11 +181,8 @@ impl From<StoreError> for Failure {
             StoreError::NoSpace(_) => ErrorCode::InsufficientStorage,
             StoreError::NotReady(_) => ErrorCode::NotReady,
             StoreError::Unsupported(_) => ErrorCode::Unsupported,
-            StoreError::Tool {
-                source: ToolError::TimedOut { .. },
-                ..
-            } => ErrorCode::Timeout,
-            StoreError::Tool { .. } | StoreError::Io { .. } => ErrorCode::Internal,
+            StoreError::Quota { source, .. } if source.timed_out() => ErrorCode::Timeout,
+            StoreError::Quota { .. } | StoreError::Io { .. } => ErrorCode::Internal,
         };
         Failure::new(code, error.to_string())
     }

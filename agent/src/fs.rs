@@ -17,8 +17,7 @@ use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use crate::quota::Quota;
-use crate::quota::command::ToolError;
+use crate::quota::{Quota, QuotaError};
 use nfsprov_api_types::{
     ArchiveResult, CreateVolumeRequest, FilesystemStats, Mode as VolumeMode, QuotaBackend,
     QuotaPolicy, Volume, VolumeOwner, VolumePath, VolumeUsage,
@@ -63,12 +62,12 @@ pub enum StoreError {
     /// A quota the backend cannot give, or a shrink.
     #[error("{0}")]
     Unsupported(String),
-    /// A quota tool failed.
+    /// A quota operation failed.
     #[error("{context}: {source}")]
-    Tool {
+    Quota {
         context: String,
         #[source]
-        source: ToolError,
+        source: QuotaError,
     },
     #[error("{context}: {source}")]
     Io {
@@ -80,10 +79,10 @@ pub enum StoreError {
 
 type Result<T> = std::result::Result<T, StoreError>;
 
-fn tool_error(context: impl Into<String>, source: ToolError) -> StoreError {
-    StoreError::Tool {
+fn quota_error(context: impl Into<String>, source: impl Into<QuotaError>) -> StoreError {
+    StoreError::Quota {
         context: context.into(),
-        source,
+        source: source.into(),
     }
 }
 
@@ -197,6 +196,9 @@ impl VolumeStore {
         }
         store.open_internal(&[ARCHIVE_DIR], true)?;
         store.check_xattr_support()?;
+        if let Quota::Xfs(xfs) = &store.quota {
+            xfs.mark_in_use(store.recorded_project_ids()?);
+        }
         Ok(store)
     }
 
@@ -338,7 +340,7 @@ impl VolumeStore {
         match &self.quota {
             Quota::Btrfs(btrfs) if enforce => btrfs
                 .create_subvolume(staging.as_fd(), &staged)
-                .map_err(|e| tool_error(format!("create subvolume for {path}"), e))?,
+                .map_err(|e| quota_error(format!("create subvolume for {path}"), e))?,
             _ => rustix::fs::mkdirat(&staging, staged.as_str(), Mode::from_raw_mode(0o700))
                 .map_err(|e| io_error(format!("create {path}"), e))?,
         }
@@ -416,13 +418,20 @@ impl VolumeStore {
             return Err(not_found(path));
         };
         let dir = open_child(parent.as_fd(), path.file_name(), false)?;
+        let project_id = meta.quota.as_ref().and_then(|q| q.project_id);
+        // A project quota counts both figures itself; no walk is needed.
+        if let (Some(id), Quota::Xfs(xfs)) = (project_id, &self.quota) {
+            return xfs
+                .usage(id)
+                .map_err(|e| quota_error(format!("read the quota usage of {path}"), e));
+        }
         let mut usage = crate::usage::measure_tree(dir.as_fd())
             .map_err(|e| io_error(format!("measure {path}"), e))?;
         // The quota's own count is what enforcement compares with the capacity.
         if let (Some(_), Quota::Btrfs(btrfs)) = (&meta.quota, &self.quota) {
             usage.used_bytes = btrfs
                 .used_bytes(dir.as_fd())
-                .map_err(|e| tool_error(format!("read the quota usage of {path}"), e))?;
+                .map_err(|e| quota_error(format!("read the quota usage of {path}"), e))?;
         }
         Ok(usage)
     }
@@ -450,11 +459,14 @@ impl VolumeStore {
         if let Some(record) = &meta.quota {
             // The quota first: a crash before the metadata is updated leaves a quota at
             // least as large as recorded, and the retried request sets it again.
-            match (record.backend, &self.quota) {
-                (QuotaBackend::Btrfs, Quota::Btrfs(btrfs)) => btrfs
+            match (record.backend, record.project_id, &self.quota) {
+                (QuotaBackend::Btrfs, _, Quota::Btrfs(btrfs)) => btrfs
                     .set_limit(dir.as_fd(), capacity_bytes)
-                    .map_err(|e| tool_error(format!("raise the quota of {path}"), e))?,
-                (kept_by, _) => {
+                    .map_err(|e| quota_error(format!("raise the quota of {path}"), e))?,
+                (QuotaBackend::Xfs, Some(id), Quota::Xfs(xfs)) => xfs
+                    .set_limit(id, capacity_bytes)
+                    .map_err(|e| quota_error(format!("raise the quota of {path}"), e))?,
+                (kept_by, _, _) => {
                     return Err(StoreError::Unsupported(format!(
                         "{path} is limited by a {} quota, but the agent runs with quota backend {}; its quota cannot be changed",
                         kept_by,
@@ -624,10 +636,19 @@ impl VolumeStore {
             Quota::Btrfs(btrfs) => {
                 btrfs
                     .set_limit(dir, capacity)
-                    .map_err(|e| tool_error(format!("limit {path} to {capacity} bytes"), e))?;
+                    .map_err(|e| quota_error(format!("limit {path} to {capacity} bytes"), e))?;
                 Ok(QuotaRecord {
                     backend: QuotaBackend::Btrfs,
                     project_id: None,
+                })
+            }
+            Quota::Xfs(xfs) => {
+                let id = xfs
+                    .limit_new(dir, capacity)
+                    .map_err(|e| quota_error(format!("limit {path} to {capacity} bytes"), e))?;
+                Ok(QuotaRecord {
+                    backend: QuotaBackend::Xfs,
+                    project_id: Some(id),
                 })
             }
         }
@@ -639,7 +660,7 @@ impl VolumeStore {
         &self,
         parent: BorrowedFd<'_>,
         name: &str,
-        _record: Option<&QuotaRecord>,
+        record: Option<&QuotaRecord>,
     ) -> Result<()> {
         let entry = match open_child(parent, name, false) {
             Ok(entry) => entry,
@@ -653,10 +674,37 @@ impl VolumeStore {
             drop(entry);
             return btrfs
                 .delete_subvolume(parent, name)
-                .map_err(|e| tool_error(format!("delete subvolume {name}"), e));
+                .map_err(|e| quota_error(format!("delete subvolume {name}"), e));
         }
         drop(entry);
-        remove_tree(parent, name)
+        remove_tree(parent, name)?;
+        // The project id is freed only once nothing is charged to it any more.
+        if let (Some(id), Quota::Xfs(xfs)) = (record.and_then(|r| r.project_id), &self.quota) {
+            xfs.release(id)
+                .map_err(|e| quota_error(format!("release project id {id} of {name}"), e))?;
+        }
+        Ok(())
+    }
+
+    /// Every project id recorded in a volume's metadata anywhere beneath the root:
+    /// volumes, archives, and whatever staging and trash hold.
+    fn recorded_project_ids(&self) -> Result<Vec<u32>> {
+        let mut ids = Vec::new();
+        let root = self
+            .root
+            .as_fd()
+            .try_clone_to_owned()
+            .map_err(|e| StoreError::Io {
+                context: "duplicate root descriptor".into(),
+                source: e,
+            })?;
+        // Archives sit two levels below their path (`.archive/<path>/@<time>`).
+        collect_project_ids(
+            root.as_fd(),
+            nfsprov_api_types::MAX_COMPONENTS + 2,
+            &mut ids,
+        )?;
+        Ok(ids)
     }
 
     /// Opens the parent directory of `path`, creating missing parents when `create` is set.
@@ -913,6 +961,28 @@ fn write_meta(dir: BorrowedFd<'_>, meta: &VolumeMeta) -> rustix::io::Result<()> 
     rustix::fs::fsetxattr(dir, META_XATTR, &bytes, XattrFlags::empty())
 }
 
+/// Collects the project ids of the volumes at or below `dir`, descending at most `depth`
+/// levels and never into a volume.
+fn collect_project_ids(dir: BorrowedFd<'_>, depth: usize, ids: &mut Vec<u32>) -> Result<()> {
+    if depth == 0 {
+        return Ok(());
+    }
+    for (name, kind) in list_dir(dir).map_err(|e| io_error("scan for project ids", e))? {
+        if !matches!(kind, FileType::Directory | FileType::Unknown) {
+            continue;
+        }
+        let Ok(child) = open_child(dir, &name, false) else {
+            continue;
+        };
+        match read_meta(child.as_fd()) {
+            Ok(Some(meta)) => ids.extend(meta.quota.and_then(|q| q.project_id)),
+            Ok(None) => collect_project_ids(child.as_fd(), depth - 1, ids)?,
+            Err(e) => return Err(io_error(format!("read metadata of {name}"), e)),
+        }
+    }
+    Ok(())
+}
+
 /// Names and types of the entries of a directory, without `.` and `..`.
 fn list_dir(dir: BorrowedFd<'_>) -> rustix::io::Result<Vec<(String, FileType)>> {
     let mut entries = Vec::new();
@@ -1060,6 +1130,54 @@ mod tests {
 
     fn path(p: &str) -> VolumePath {
         VolumePath::parse(p).unwrap()
+    }
+
+    #[test]
+    fn xfs_project_ids_are_recorded_freed_on_delete_and_kept_across_restarts() {
+        use crate::quota::xfs::tests::{FakeXfsQuota, xfs_backend_for_tests};
+        let dir = tempfile::tempdir().unwrap();
+        let fake = std::sync::Arc::new(FakeXfsQuota::default());
+        let open = || {
+            VolumeStore::open_with_quota(
+                dir.path(),
+                Quota::Xfs(xfs_backend_for_tests(fake.clone())),
+            )
+            .unwrap()
+        };
+        let store = open();
+        let project_of = |store: &VolumeStore, p: &str| {
+            let parent = store.walk_parents(&path(p), false).unwrap().unwrap();
+            store
+                .existing_volume(parent.as_fd(), &path(p))
+                .unwrap()
+                .unwrap()
+                .quota
+                .unwrap()
+                .project_id
+                .unwrap()
+        };
+        let (kept, _) = store.create(&path("ns/kept"), &request(1 << 20)).unwrap();
+        assert!(kept.quota_enforced);
+        let kept_id = project_of(&store, "ns/kept");
+        assert_eq!(fake.limit_kib(kept_id), Some(1024));
+        store.create(&path("ns/gone"), &request(1 << 20)).unwrap();
+        let gone_id = project_of(&store, "ns/gone");
+        assert_ne!(gone_id, kept_id);
+
+        store.resize(&path("ns/kept"), 4 << 20).unwrap();
+        assert_eq!(fake.limit_kib(kept_id), Some(4096));
+        store.delete(&path("ns/gone")).unwrap();
+        assert_eq!(fake.limit_kib(gone_id), None, "limit cleared on delete");
+        store.archive(&path("ns/kept")).unwrap();
+        drop(store);
+
+        // After a restart the archived volume's id is still taken; the freed one is reused.
+        let store = open();
+        store.create(&path("ns/new"), &request(1 << 20)).unwrap();
+        assert_eq!(project_of(&store, "ns/new"), gone_id);
+        store.create(&path("ns/other"), &request(1 << 20)).unwrap();
+        let other = project_of(&store, "ns/other");
+        assert!(other != kept_id && other != gone_id, "{other}");
     }
 
     #[test]

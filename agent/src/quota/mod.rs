@@ -14,7 +14,8 @@ use std::time::Duration;
 use nfsprov_api_types::QuotaBackend;
 
 use self::btrfs::Btrfs;
-use self::command::{SystemRunner, ToolRunner};
+use self::command::{SystemRunner, ToolError, ToolRunner};
+use self::xfs::{Xfs, XfsError};
 
 /// The quota settings, checked.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -40,11 +41,32 @@ impl Default for QuotaSettings {
 }
 
 /// The backend in use.
-#[derive(Debug, Clone)]
+#[derive(Debug)]
 pub enum Quota {
     /// Capacity is recorded, never enforced.
     None,
     Btrfs(Btrfs),
+    Xfs(Xfs),
+}
+
+/// A quota operation that failed.
+#[derive(Debug, thiserror::Error)]
+pub enum QuotaError {
+    #[error(transparent)]
+    Tool(#[from] ToolError),
+    #[error(transparent)]
+    Xfs(#[from] XfsError),
+}
+
+impl QuotaError {
+    /// Whether a tool was killed for running too long (worth retrying later).
+    pub fn timed_out(&self) -> bool {
+        matches!(
+            self,
+            QuotaError::Tool(ToolError::TimedOut { .. })
+                | QuotaError::Xfs(XfsError::Tool(ToolError::TimedOut { .. }))
+        )
+    }
 }
 
 impl Quota {
@@ -54,6 +76,11 @@ impl Quota {
         let quota = match settings.backend {
             QuotaBackend::None => Quota::None,
             QuotaBackend::Btrfs => Quota::Btrfs(Btrfs::probe(runner, export_root)?),
+            QuotaBackend::Xfs => Quota::Xfs(Xfs::probe(
+                runner,
+                export_root,
+                settings.xfs_project_ids.clone(),
+            )?),
             other => {
                 return Err(format!("quota backend {other:?} is not available"));
             }
@@ -65,6 +92,7 @@ impl Quota {
         match self {
             Quota::None => QuotaBackend::None,
             Quota::Btrfs(_) => QuotaBackend::Btrfs,
+            Quota::Xfs(_) => QuotaBackend::Xfs,
         }
     }
 
