@@ -1,18 +1,31 @@
-//! The agents this controller talks to, by name. Each has its own client and cached export
-//! information, so an unreachable agent fails only the classes that use it.
+//! The agents this controller talks to, by name. Each has its own client and a cached copy
+//! of what `/v1/info` says (export, capabilities), so an unreachable agent fails only the
+//! classes that use it.
 
 use std::collections::BTreeMap;
 use std::future::Future;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use nfsprov_api_types::client::{AgentClient, AgentConnectionConfig, ClientError, CreateOutcome};
-use nfsprov_api_types::{ArchiveResult, CreateVolumeRequest, NfsExport, VolumePath};
+use nfsprov_api_types::{
+    ArchiveResult, Capabilities, CreateVolumeRequest, NfsExport, Volume, VolumePath,
+};
 
 use crate::metrics::Metrics;
 
-/// How long the export reported by `/v1/info` is trusted before asking again.
+/// How long what `/v1/info` reported is trusted before asking again.
 const INFO_TTL: Duration = Duration::from_secs(300);
+
+/// An id that ties this controller's log lines to the agent's audit log: the object the
+/// call is about, then a timestamp so each attempt is told apart.
+pub fn request_id(subject: &str) -> String {
+    let nanos = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_nanos())
+        .unwrap_or_default();
+    format!("{subject}-{nanos:x}")
+}
 
 #[derive(Debug, thiserror::Error)]
 pub enum SelectError {
@@ -26,14 +39,22 @@ pub enum SelectError {
     None,
 }
 
-/// One agent: client, export overrides and the cached export.
+/// The parts of an agent's `/v1/info` answer the controller acts on.
+#[derive(Debug, Clone)]
+struct InfoFacts {
+    export: NfsExport,
+    capabilities: Capabilities,
+    fetched: Instant,
+}
+
+/// One agent: client, export overrides and the cached `/v1/info` facts.
 #[derive(Debug)]
 pub struct Agent {
     name: String,
     client: AgentClient,
     nfs_server: Option<String>,
     nfs_path: Option<String>,
-    export: tokio::sync::Mutex<Option<(NfsExport, Instant)>>,
+    info: tokio::sync::Mutex<Option<InfoFacts>>,
     metrics: Arc<Metrics>,
 }
 
@@ -44,7 +65,7 @@ impl Agent {
             client: AgentClient::new(config)?,
             nfs_server: config.nfs_server.clone(),
             nfs_path: config.nfs_path.clone(),
-            export: tokio::sync::Mutex::new(None),
+            info: tokio::sync::Mutex::new(None),
             metrics,
         })
     }
@@ -62,22 +83,36 @@ impl Agent {
                 path: path.clone(),
             });
         }
+        let export = self.info(request_id).await?.export;
+        Ok(NfsExport {
+            server: self.nfs_server.clone().unwrap_or(export.server),
+            path: self.nfs_path.clone().unwrap_or(export.path),
+        })
+    }
+
+    /// What the agent says it can do (quota enforcement, archiving).
+    pub async fn capabilities(&self, request_id: &str) -> Result<Capabilities, ClientError> {
+        Ok(self.info(request_id).await?.capabilities)
+    }
+
+    async fn info(&self, request_id: &str) -> Result<InfoFacts, ClientError> {
         // Holding the lock across the call makes concurrent claims share one request.
-        let mut cached = self.export.lock().await;
-        if let Some((export, at)) = cached.as_ref()
-            && at.elapsed() < INFO_TTL
+        let mut cached = self.info.lock().await;
+        if let Some(facts) = cached.as_ref()
+            && facts.fetched.elapsed() < INFO_TTL
         {
-            return Ok(export.clone());
+            return Ok(facts.clone());
         }
         let info = self
             .timed("info", self.client.info(Some(request_id)))
             .await?;
-        let export = NfsExport {
-            server: self.nfs_server.clone().unwrap_or(info.nfs.server),
-            path: self.nfs_path.clone().unwrap_or(info.nfs.path),
+        let facts = InfoFacts {
+            export: info.nfs,
+            capabilities: info.capabilities,
+            fetched: Instant::now(),
         };
-        *cached = Some((export.clone(), Instant::now()));
-        Ok(export)
+        *cached = Some(facts.clone());
+        Ok(facts)
     }
 
     pub async fn create_volume(
@@ -89,6 +124,32 @@ impl Agent {
         self.timed(
             "create",
             self.client.create_volume(path, request, Some(request_id)),
+        )
+        .await
+    }
+
+    /// The volume with its usage, or `None` when the agent has no volume at that path.
+    pub async fn get_volume(
+        &self,
+        path: &VolumePath,
+        request_id: &str,
+    ) -> Result<Option<Volume>, ClientError> {
+        self.timed("get", self.client.get_volume(path, Some(request_id)))
+            .await
+    }
+
+    /// Raises the volume's recorded capacity (and its quota where one is enforced); the
+    /// agent answers the same for a repeat, so a retry after a crash is harmless.
+    pub async fn resize_volume(
+        &self,
+        path: &VolumePath,
+        capacity_bytes: u64,
+        request_id: &str,
+    ) -> Result<Volume, ClientError> {
+        self.timed(
+            "resize",
+            self.client
+                .resize_volume(path, capacity_bytes, Some(request_id)),
         )
         .await
     }

@@ -116,6 +116,7 @@ pub async fn run(args: Args) -> Result<(), AppError> {
             instance: Some(identity.clone()),
         },
         concurrency: args.max_concurrent_reconciles,
+        usage_interval: args.usage_interval(),
     };
     let controllers = {
         let client = client.clone();

@@ -9,7 +9,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::Resource;
 use serde::{Deserialize, Serialize};
 
-use crate::pv;
+use crate::{expand, pv};
 
 /// A PersistentVolume as the volume cache holds it: read from the same API, but only the
 /// fields deletion needs are ever deserialized. `k8s_openapi`'s `PersistentVolume` is
@@ -78,20 +78,18 @@ pub fn strip_meta<K: Resource>(object: &mut K) {
     }
 }
 
-fn is_bound(pvc: &PersistentVolumeClaim) -> bool {
-    pvc.spec
-        .as_ref()
-        .and_then(|s| s.volume_name.as_deref())
-        .is_some_and(|v| !v.is_empty())
-}
-
 /// Claims: an unbound claim keeps what provisioning reads (labels and annotations feed the
 /// pathPattern); a bound claim is never provisioned again, so only the fact that it is bound
-/// is kept.
+/// is kept, unless a resize is asked for or under way: then expansion reads the request,
+/// the class and the status. That is rare and short-lived, so it costs nothing in the
+/// steady state.
 pub fn slim_claim(pvc: &mut PersistentVolumeClaim) {
     strip_meta(pvc);
+    if expand::resize_in_play(pvc) {
+        return;
+    }
     pvc.status = None;
-    if is_bound(pvc) {
+    if pv::claim_is_bound(pvc) {
         let volume_name = pvc.spec.take().and_then(|s| s.volume_name);
         let meta = &mut pvc.metadata;
         meta.labels = None;
@@ -130,7 +128,7 @@ mod tests {
     use std::collections::BTreeMap;
 
     use super::*;
-    use crate::fixtures::{PROVISIONER, cached, claim, released_pv};
+    use crate::fixtures::{PROVISIONER, bound_claim, cached, claim, released_pv};
 
     #[test]
     fn unbound_claims_keep_what_provisioning_reads() {
@@ -158,6 +156,23 @@ mod tests {
             pvc.metadata.uid.as_deref(),
             Some(crate::fixtures::CLAIM_UID)
         );
+    }
+
+    #[test]
+    fn bound_claims_asking_for_more_are_kept_whole_until_done() {
+        let mut pvc = bound_claim("2Gi", "1Gi");
+        pvc.metadata.managed_fields = Some(vec![Default::default()]);
+        let before = pvc.clone();
+        slim_claim(&mut pvc);
+        assert_eq!(pvc.metadata.managed_fields, None);
+        assert_eq!(pvc.metadata.annotations, before.metadata.annotations);
+        assert_eq!(pvc.spec, before.spec);
+        assert_eq!(pvc.status, before.status);
+
+        let mut done = bound_claim("2Gi", "2Gi");
+        slim_claim(&mut done);
+        assert_eq!(done.status, None);
+        assert_eq!(done.spec.unwrap().resources, None);
     }
 
     #[test]

@@ -2,6 +2,7 @@
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
+use std::time::Duration;
 
 use clap::{ArgAction, Parser, ValueEnum};
 
@@ -71,6 +72,18 @@ pub struct Args {
     /// Every object is reconciled again this often.
     #[arg(long, env = "NFSPROV_RESYNC_SECONDS", default_value_t = 600)]
     pub resync_seconds: u64,
+
+    /// How often the usage of every bound volume is asked from its agent (for the
+    /// nfsprov_volume_* gauges and VolumeNearlyFull events); 0 turns measuring off.
+    #[arg(long, env = "NFSPROV_USAGE_INTERVAL_SECONDS", default_value_t = 60)]
+    pub usage_interval_seconds: u64,
+}
+
+impl Args {
+    /// The usage poll interval, `None` when it is off.
+    pub fn usage_interval(&self) -> Option<Duration> {
+        (self.usage_interval_seconds > 0).then(|| Duration::from_secs(self.usage_interval_seconds))
+    }
 }
 
 #[cfg(test)]
@@ -83,17 +96,20 @@ mod tests {
         assert_eq!(args.provisioner_name, DEFAULT_PROVISIONER);
         assert!(args.leader_elect);
         assert_eq!(args.log_format, LogFormat::Text);
+        assert_eq!(args.usage_interval(), Some(Duration::from_secs(60)));
         let args = Args::try_parse_from([
             "nfsprov-controller",
             "--provisioner-name=example.com/nfs",
             "--leader-elect=false",
             "--log-format=json",
             "--http-addr=127.0.0.1:9000",
+            "--usage-interval-seconds=0",
         ])
         .unwrap();
         assert_eq!(args.provisioner_name, "example.com/nfs");
         assert!(!args.leader_elect);
         assert_eq!(args.log_format, LogFormat::Json);
+        assert_eq!(args.usage_interval(), None);
         assert!(Args::try_parse_from(["nfsprov-controller", "--log-format=xml"]).is_err());
     }
 }

@@ -1,5 +1,5 @@
 //! Wiring: the shared [`Context`], per-object backoff, the reconcile entry points handed to
-//! kube-runtime, and [`run`], which starts the watches and both controllers.
+//! kube-runtime, and [`run`], which starts the watches, both controllers and the usage poll.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -11,7 +11,7 @@ use k8s_openapi::api::core::v1::{ObjectReference, PersistentVolumeClaim};
 use k8s_openapi::api::storage::v1::StorageClass;
 use kube::api::Api;
 use kube::runtime::controller::{Action, Config as ControllerConfig, Controller};
-use kube::runtime::events::{Event, EventType, Recorder, Reporter};
+use kube::runtime::events::{Event, EventType, Reporter};
 use kube::runtime::reflector::{self, ObjectRef, Store};
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Client, ResourceExt};
@@ -21,8 +21,9 @@ use tracing::{debug, info, warn};
 
 use crate::agents::AgentRegistry;
 use crate::cache::CachedVolume as PersistentVolume;
+use crate::events::EventRecorder;
 use crate::metrics::Metrics;
-use crate::{cache, delete, provision, pv};
+use crate::{cache, delete, expand, provision, pv, usage};
 
 /// Longest event note the API accepts is 1 kB; keep a margin for UTF-8 boundaries.
 const MAX_NOTE_BYTES: usize = 1000;
@@ -37,7 +38,7 @@ pub enum Error {
         #[source]
         source: ClientError,
     },
-    /// Provisioning or deletion failed for a reason already reported in an event.
+    /// Provisioning, expansion or deletion failed for a reason already reported in an event.
     #[error("{0}")]
     Reported(String),
 }
@@ -92,7 +93,7 @@ pub struct Context {
     pub agents: AgentRegistry,
     pub classes: Store<StorageClass>,
     pub volumes: Store<PersistentVolume>,
-    pub recorder: Recorder,
+    pub recorder: EventRecorder,
     pub metrics: Arc<Metrics>,
     pub backoff: Backoff,
 }
@@ -108,7 +109,7 @@ impl Context {
         reporter: Reporter,
     ) -> Self {
         Self {
-            recorder: Recorder::new(client.clone(), reporter),
+            recorder: EventRecorder::new(client.clone(), reporter),
             client,
             provisioner,
             agents,
@@ -168,12 +169,17 @@ fn volume_key(pv: &PersistentVolume) -> String {
     format!("pv/{}", pv.name_any())
 }
 
-/// Reconciles one claim: provisions it when it is ours and unbound.
+/// Reconciles one claim: provisions it when it is ours and unbound, expands its volume when
+/// it is bound to one of ours and asks for more.
 pub async fn reconcile_claim(
     pvc: Arc<PersistentVolumeClaim>,
     ctx: Arc<Context>,
 ) -> Result<Action, Error> {
-    let result = provision::reconcile(&pvc, &ctx).await;
+    let result = if pv::claim_is_bound(&pvc) {
+        expand::reconcile(&pvc, &ctx).await
+    } else {
+        provision::reconcile(&pvc, &ctx).await
+    };
     if result.is_ok() {
         ctx.backoff.succeeded(&claim_key(&pvc));
     }
@@ -186,7 +192,12 @@ pub fn claim_error_policy(
     ctx: Arc<Context>,
 ) -> Action {
     let delay = ctx.backoff.failed(&claim_key(&pvc));
-    warn!(claim = %claim_key(&pvc), %error, retry_in = ?delay, "provisioning failed");
+    let work = if pv::claim_is_bound(&pvc) {
+        "expansion"
+    } else {
+        "provisioning"
+    };
+    warn!(claim = %claim_key(&pvc), %error, retry_in = ?delay, "{work} failed");
     Action::requeue(delay)
 }
 
@@ -220,10 +231,12 @@ pub struct RunConfig {
     /// parallelism, not a rate: it keeps the first full sync of a large cluster from
     /// holding tens of thousands of reconciles in memory at once.
     pub concurrency: u16,
+    /// How often every bound volume's usage is measured; `None` turns measuring off.
+    pub usage_interval: Option<Duration>,
 }
 
 /// Resolves once `shutdown` turns true (or its sender is gone).
-async fn stopped(mut shutdown: watch::Receiver<bool>) {
+pub(crate) async fn stopped(mut shutdown: watch::Receiver<bool>) {
     let _ = shutdown.wait_for(|stop| *stop).await;
 }
 
@@ -237,9 +250,9 @@ fn ticks(every: Duration) -> impl futures::Stream<Item = ()> + Send + 'static {
     )
 }
 
-/// Watches classes, claims and volumes and runs both controllers until `shutdown` turns true
-/// (then in-flight reconciles finish) or the future is dropped (then they stop at once).
-/// `ready` turns true once all three caches hold a complete list.
+/// Watches classes, claims and volumes and runs both controllers (and the usage poll) until
+/// `shutdown` turns true (then in-flight reconciles finish) or the future is dropped (then
+/// they stop at once). `ready` turns true once all three caches hold a complete list.
 pub async fn run(
     client: Client,
     agents: AgentRegistry,
@@ -315,6 +328,16 @@ pub async fn run(
                 debug!(error = %e, "claim controller");
             }
         });
+    let usage_poll = {
+        let ctx = ctx.clone();
+        let claims = claims.clone();
+        let shutdown = shutdown.clone();
+        async move {
+            if let Some(every) = config.usage_interval {
+                usage::run(ctx, claims, every, shutdown).await;
+            }
+        }
+    };
     let volume_controller = Controller::for_stream(volume_stream, volumes.clone())
         .with_config(controller_config)
         .reconcile_all_on(ticks(config.resync))
@@ -337,5 +360,5 @@ pub async fn run(
             ready.store(true, Ordering::SeqCst);
         }
     };
-    tokio::join!(claim_controller, volume_controller, readiness);
+    tokio::join!(claim_controller, volume_controller, readiness, usage_poll);
 }

@@ -1,7 +1,7 @@
 //! Deletion: released PVs of ours with reclaimPolicy Delete have their data deleted,
 //! archived or kept as recorded on the PV, then lose the finalizer and are deleted.
 
-use std::time::{Instant, SystemTime, UNIX_EPOCH};
+use std::time::Instant;
 
 use kube::api::{Api, DeleteParams, Patch, PatchParams, Preconditions};
 use kube::runtime::controller::Action;
@@ -11,6 +11,7 @@ use nfsprov_api_types::{ErrorCode, VolumePath};
 use serde_json::json;
 use tracing::{debug, info, warn};
 
+use crate::agents::request_id;
 use crate::cache::CachedVolume as PersistentVolume;
 use crate::controller::{Context, Error};
 use crate::params::{ClassParams, OnDelete};
@@ -197,14 +198,7 @@ async fn dispose_of_data(volume: &PersistentVolume, ctx: &Context) -> Result<(),
             ctx.agents.names().join(", ")
         )
     })?;
-    let rid = format!(
-        "{}-{:x}",
-        volume.name_any(),
-        SystemTime::now()
-            .duration_since(UNIX_EPOCH)
-            .map(|d| d.as_nanos())
-            .unwrap_or_default()
-    );
+    let rid = request_id(&volume.name_any());
     match policy {
         OnDelete::Delete => agent
             .delete_volume(&path, &rid)

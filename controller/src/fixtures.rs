@@ -16,7 +16,8 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post, put};
 use http::{Method, Request};
 use k8s_openapi::api::core::v1::{
-    PersistentVolume, PersistentVolumeClaim, PersistentVolumeClaimSpec, PersistentVolumeSpec,
+    ObjectReference, PersistentVolume, PersistentVolumeClaim, PersistentVolumeClaimCondition,
+    PersistentVolumeClaimSpec, PersistentVolumeClaimStatus, PersistentVolumeSpec,
     PersistentVolumeStatus, VolumeResourceRequirements,
 };
 use k8s_openapi::api::storage::v1::StorageClass;
@@ -30,7 +31,8 @@ use kube::runtime::watcher;
 use nfsprov_api_types::client::AgentConnectionConfig;
 use nfsprov_api_types::{
     AgentInfo, ApiError, ArchiveResult, Capabilities, CreateVolumeRequest, ErrorCode,
-    FilesystemStats, NfsExport, QuotaBackend, Volume, VolumePath,
+    FilesystemStats, NfsExport, QuotaBackend, QuotaPolicy, ResizeVolumeRequest, Volume, VolumePath,
+    VolumeUsage,
 };
 use serde_json::{Value, json};
 
@@ -53,6 +55,9 @@ pub enum BodyCheck {
     Exact(Value),
     /// Every field given must be present with this value (arrays compared whole).
     Subset(Value),
+    /// Like `Exact`, except that `{"$any": true}` stands for any value (for timestamps) and
+    /// `{"$contains": "text"}` for a string containing the text.
+    Shape(Value),
 }
 
 /// One expected API call and the answer to give.
@@ -139,10 +144,31 @@ fn matches(expected: &Value, actual: &Value) -> bool {
     }
 }
 
+/// Same keys and array lengths all the way down; `{"$any": true}` matches any value and
+/// `{"$contains": "text"}` any string containing the text.
+fn same_shape(expected: &Value, actual: &Value) -> bool {
+    match (expected, actual) {
+        (Value::Object(e), _) if e.len() == 1 && e.contains_key("$any") => true,
+        (Value::Object(e), _) if e.len() == 1 && e.contains_key("$contains") => {
+            matches(expected, actual)
+        }
+        (Value::Object(e), Value::Object(a)) => {
+            e.len() == a.len()
+                && e.iter()
+                    .all(|(k, v)| a.get(k).is_some_and(|av| same_shape(v, av)))
+        }
+        (Value::Array(e), Value::Array(a)) => {
+            e.len() == a.len() && e.iter().zip(a).all(|(ev, av)| same_shape(ev, av))
+        }
+        _ => expected == actual,
+    }
+}
+
 fn status_body(code: u16) -> Value {
     let reason = match code {
         404 => "NotFound",
         409 => "AlreadyExists",
+        422 => "Invalid",
         _ => "InternalError",
     };
     json!({
@@ -196,6 +222,10 @@ impl ApiServerVerifier {
                         matches(expected, &body),
                         "call {i}: body of {uri}\n{body:#}\ndoes not contain\n{expected:#}"
                     ),
+                    BodyCheck::Shape(expected) => assert!(
+                        same_shape(expected, &body),
+                        "call {i}: body of {uri}\n{body:#}\nis not\n{expected:#}"
+                    ),
                 }
                 let response = match (call.response, call.status) {
                     (Some(response), _) => response,
@@ -225,6 +255,20 @@ pub fn context(
     classes: Vec<StorageClass>,
     volumes: Vec<PersistentVolume>,
 ) -> (Arc<Context>, ApiServerVerifier) {
+    let (ctx, api, _) = context_with_volume_writer(agents, classes, volumes);
+    (ctx, api)
+}
+
+/// [`context`], plus the writer of its volume cache, for tests in which volumes come and go.
+pub fn context_with_volume_writer(
+    agents: AgentRegistry,
+    classes: Vec<StorageClass>,
+    volumes: Vec<PersistentVolume>,
+) -> (
+    Arc<Context>,
+    ApiServerVerifier,
+    reflector::store::Writer<CachedVolume>,
+) {
     let (service, handle) = tower_test::mock::pair::<Request<Body>, http::Response<Body>>();
     let client = Client::new(service, "default");
     let (class_store, mut class_writer) = reflector::store();
@@ -247,7 +291,7 @@ pub fn context(
             instance: Some("test".to_owned()),
         },
     );
-    (Arc::new(ctx), ApiServerVerifier(handle))
+    (Arc::new(ctx), ApiServerVerifier(handle), volume_writer)
 }
 
 /// Waits for the scenario to finish once the context (and so every client) is dropped.
@@ -349,6 +393,106 @@ pub fn released_pv(on_delete: Option<&str>, path: &str) -> PersistentVolume {
     }
 }
 
+/// A claim cache holding `claims` as the watcher would after slimming them, and its writer.
+pub fn claim_store(
+    claims: Vec<PersistentVolumeClaim>,
+) -> (
+    reflector::Store<PersistentVolumeClaim>,
+    reflector::store::Writer<PersistentVolumeClaim>,
+) {
+    let (store, mut writer) = reflector::store();
+    for mut pvc in claims {
+        crate::cache::slim_claim(&mut pvc);
+        writer.apply_watcher_event(&watcher::Event::Apply(pvc));
+    }
+    (store, writer)
+}
+
+/// A class that allows expansion.
+pub fn expandable_class(name: &str, parameters: &[(&str, &str)]) -> StorageClass {
+    StorageClass {
+        allow_volume_expansion: Some(true),
+        ..class(name, parameters)
+    }
+}
+
+fn storage(quantity: &str) -> BTreeMap<String, Quantity> {
+    BTreeMap::from([("storage".to_owned(), Quantity(quantity.to_owned()))])
+}
+
+/// The claim of [`claim`] once bound to [`PV_NAME`], asking for `request` and holding
+/// `capacity`, as the cache holds it (resourceVersion 300).
+pub fn bound_claim(request: &str, capacity: &str) -> PersistentVolumeClaim {
+    let mut pvc = claim("nfs");
+    pvc.metadata.resource_version = Some("300".to_owned());
+    let spec = pvc.spec.as_mut().expect("spec");
+    spec.volume_name = Some(PV_NAME.to_owned());
+    spec.resources = Some(VolumeResourceRequirements {
+        requests: Some(storage(request)),
+        ..VolumeResourceRequirements::default()
+    });
+    pvc.status = Some(PersistentVolumeClaimStatus {
+        phase: Some("Bound".to_owned()),
+        access_modes: Some(vec!["ReadWriteMany".to_owned()]),
+        capacity: Some(storage(capacity)),
+        ..PersistentVolumeClaimStatus::default()
+    });
+    pvc
+}
+
+/// `pvc` as the API answers after a status patch: the given resize state and a new
+/// resourceVersion.
+pub fn with_resize_state(
+    mut pvc: PersistentVolumeClaim,
+    resource_version: &str,
+    allocated: &str,
+    state: Option<&str>,
+    conditions: &[&str],
+) -> PersistentVolumeClaim {
+    pvc.metadata.resource_version = Some(resource_version.to_owned());
+    let status = pvc.status.get_or_insert_with(Default::default);
+    status.allocated_resources = Some(storage(allocated));
+    status.allocated_resource_statuses =
+        state.map(|s| BTreeMap::from([("storage".to_owned(), s.to_owned())]));
+    status.conditions = (!conditions.is_empty()).then(|| {
+        conditions
+            .iter()
+            .map(|type_| PersistentVolumeClaimCondition {
+                type_: (*type_).to_owned(),
+                status: "True".to_owned(),
+                ..PersistentVolumeClaimCondition::default()
+            })
+            .collect()
+    });
+    pvc
+}
+
+/// The PV of [`bound_claim`], made by this controller: `team-a/data` on agent nfs1.
+pub fn bound_pv(capacity: &str, quota: &str) -> PersistentVolume {
+    let mut volume = released_pv(Some("delete"), "team-a/data");
+    volume
+        .metadata
+        .annotations
+        .as_mut()
+        .expect("annotations")
+        .insert(pv::ANN_QUOTA.to_owned(), quota.to_owned());
+    let spec = volume.spec.as_mut().expect("spec");
+    spec.capacity = Some(storage(capacity));
+    spec.claim_ref = Some(ObjectReference {
+        api_version: Some("v1".to_owned()),
+        kind: Some("PersistentVolumeClaim".to_owned()),
+        namespace: Some("team-a".to_owned()),
+        name: Some("data".to_owned()),
+        uid: Some(CLAIM_UID.to_owned()),
+        ..ObjectReference::default()
+    });
+    volume.status = Some(PersistentVolumeStatus {
+        phase: Some("Bound".to_owned()),
+        ..PersistentVolumeStatus::default()
+    });
+    volume
+}
+
 // ---------------------------------------------------------------------------------------
 // MockAgent: a fake of the agent API over real HTTPS, for tests only.
 // ---------------------------------------------------------------------------------------
@@ -361,6 +505,13 @@ pub struct MockAgentState {
     pub calls: Vec<String>,
     /// When set, every `/v1` call fails with this code.
     pub fail_with: Option<ErrorCode>,
+    /// When set, the calls whose record starts with the prefix (`"PATCH"`, `"PUT"`) fail
+    /// with the code.
+    pub fail_calls: Option<(String, ErrorCode)>,
+    /// Whether `/v1/info` says quotas are enforced; without, `quota: enforce` is refused.
+    pub quota_enforced: bool,
+    /// What `GET /v1/volumes/{path}` reports as usage, by path.
+    pub usage: BTreeMap<String, VolumeUsage>,
 }
 
 #[derive(Clone)]
@@ -425,7 +576,10 @@ impl MockAgent {
         let state = Arc::new(Mutex::new(MockAgentState::default()));
         let app = Router::new()
             .route("/v1/info", get(info))
-            .route("/v1/volumes/{*path}", put(create).delete(remove))
+            .route(
+                "/v1/volumes/{*path}",
+                put(create).delete(remove).get(fetch).patch(resize),
+            )
             .route("/v1/archives/{*path}", post(archive))
             .with_state(MockShared {
                 state: state.clone(),
@@ -486,6 +640,26 @@ impl MockAgent {
         self.state.lock().expect("lock").fail_with = code;
     }
 
+    /// Fails the calls whose record starts with `prefix` (e.g. `"PATCH"`), or none.
+    pub fn fail_calls(&self, failure: Option<(&str, ErrorCode)>) {
+        self.state.lock().expect("lock").fail_calls =
+            failure.map(|(prefix, code)| (prefix.to_owned(), code));
+    }
+
+    pub fn enforce_quotas(&self, enforced: bool) {
+        self.state.lock().expect("lock").quota_enforced = enforced;
+    }
+
+    pub fn set_usage(&self, path: &str, used_bytes: u64, used_inodes: u64) {
+        self.state.lock().expect("lock").usage.insert(
+            path.to_owned(),
+            VolumeUsage {
+                used_bytes,
+                used_inodes,
+            },
+        );
+    }
+
     pub fn has_volume(&self, path: &str) -> bool {
         self.state.lock().expect("lock").volumes.contains_key(path)
     }
@@ -525,16 +699,37 @@ fn enter(shared: &MockShared, headers: &HeaderMap, call: String) -> Option<Respo
         return Some(api_error(ErrorCode::Unauthenticated, "bad token"));
     }
     let mut state = shared.state.lock().expect("lock");
+    let failure = state.fail_with.or_else(|| {
+        state
+            .fail_calls
+            .as_ref()
+            .filter(|(prefix, _)| call.starts_with(prefix.as_str()))
+            .map(|(_, code)| *code)
+    });
     state.calls.push(call);
-    state
-        .fail_with
-        .map(|code| api_error(code, "injected failure"))
+    failure.map(|code| api_error(code, "injected failure"))
+}
+
+/// The agent's view of a stored volume.
+fn volume_of(state: &MockAgentState, path: VolumePath, request: &CreateVolumeRequest) -> Volume {
+    Volume {
+        usage: state.usage.get(path.as_str()).copied(),
+        path,
+        mode: request.mode,
+        uid: request.uid.unwrap_or(1000),
+        gid: request.gid.unwrap_or(1000),
+        capacity_bytes: request.capacity_bytes,
+        quota_enforced: state.quota_enforced && request.quota != QuotaPolicy::Off,
+        owner: request.owner.clone(),
+        created_at: "2026-01-01T00:00:00Z".to_owned(),
+    }
 }
 
 async fn info(State(shared): State<MockShared>, headers: HeaderMap) -> Response {
     if let Some(response) = enter(&shared, &headers, "GET info".to_owned()) {
         return response;
     }
+    let quota_enforced = shared.state.lock().expect("lock").quota_enforced;
     Json(AgentInfo {
         version: "mock".to_owned(),
         nfs: NfsExport {
@@ -542,8 +737,12 @@ async fn info(State(shared): State<MockShared>, headers: HeaderMap) -> Response 
             path: "/srv/nfs".to_owned(),
         },
         capabilities: Capabilities {
-            quota: QuotaBackend::None,
-            quota_enforced: false,
+            quota: if quota_enforced {
+                QuotaBackend::Xfs
+            } else {
+                QuotaBackend::None
+            },
+            quota_enforced,
             archive: true,
         },
         filesystem: FilesystemStats {
@@ -570,6 +769,9 @@ async fn create(
         return api_error(ErrorCode::InvalidPath, "invalid path");
     };
     let mut state = shared.state.lock().expect("lock");
+    if request.quota == QuotaPolicy::Enforce && !state.quota_enforced {
+        return api_error(ErrorCode::Unsupported, "this agent cannot enforce quotas");
+    }
     let status = match state.volumes.get(&path) {
         Some(existing) if *existing == request => StatusCode::OK,
         Some(_) => return api_error(ErrorCode::Conflict, "exists with other settings"),
@@ -578,18 +780,50 @@ async fn create(
             StatusCode::CREATED
         }
     };
-    let volume = Volume {
-        path: volume_path,
-        mode: request.mode,
-        uid: request.uid.unwrap_or(1000),
-        gid: request.gid.unwrap_or(1000),
-        capacity_bytes: request.capacity_bytes,
-        quota_enforced: false,
-        owner: request.owner,
-        created_at: "2026-01-01T00:00:00Z".to_owned(),
-        usage: None,
+    (status, Json(volume_of(&state, volume_path, &request))).into_response()
+}
+
+async fn fetch(
+    State(shared): State<MockShared>,
+    headers: HeaderMap,
+    Path(path): Path<String>,
+) -> Response {
+    if let Some(response) = enter(&shared, &headers, format!("GET {path}")) {
+        return response;
+    }
+    let Ok(volume_path) = VolumePath::parse(&path) else {
+        return api_error(ErrorCode::InvalidPath, "invalid path");
     };
-    (status, Json(volume)).into_response()
+    let state = shared.state.lock().expect("lock");
+    match state.volumes.get(&path) {
+        Some(request) => Json(volume_of(&state, volume_path, request)).into_response(),
+        None => api_error(ErrorCode::NotFound, "no such volume"),
+    }
+}
+
+async fn resize(
+    State(shared): State<MockShared>,
+    headers: HeaderMap,
+    Path(path): Path<String>,
+    Json(request): Json<ResizeVolumeRequest>,
+) -> Response {
+    let call = format!("PATCH {path} {}", request.capacity_bytes);
+    if let Some(response) = enter(&shared, &headers, call) {
+        return response;
+    }
+    let Ok(volume_path) = VolumePath::parse(&path) else {
+        return api_error(ErrorCode::InvalidPath, "invalid path");
+    };
+    let mut state = shared.state.lock().expect("lock");
+    let Some(stored) = state.volumes.get_mut(&path) else {
+        return api_error(ErrorCode::NotFound, "no such volume");
+    };
+    if request.capacity_bytes < stored.capacity_bytes {
+        return api_error(ErrorCode::Unsupported, "volumes cannot shrink");
+    }
+    stored.capacity_bytes = request.capacity_bytes;
+    let stored = stored.clone();
+    Json(volume_of(&state, volume_path, &stored)).into_response()
 }
 
 async fn remove(

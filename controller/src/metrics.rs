@@ -1,11 +1,14 @@
 //! Prometheus metrics. The claim and volume metrics keep the names of
-//! sig-storage-lib-external-provisioner so existing dashboards carry over.
+//! sig-storage-lib-external-provisioner so existing dashboards carry over; the per-claim
+//! usage gauges carry the `namespace` and `persistentvolumeclaim` labels of kubelet's
+//! `kubelet_volume_stats_*`, so the same queries and alerts work for NFS volumes.
 
 use std::time::Duration;
 
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
 
@@ -27,6 +30,15 @@ pub struct AgentErrorLabels {
     pub code: String,
 }
 
+/// One claim's volume. `agent` adds no cardinality (a volume lives on one agent) and lets
+/// dashboards group by NFS server.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct VolumeLabels {
+    pub namespace: String,
+    pub persistentvolumeclaim: String,
+    pub agent: String,
+}
+
 type HistogramFamily<L> = Family<L, Histogram, fn() -> Histogram>;
 
 fn operation_histogram() -> Histogram {
@@ -44,6 +56,9 @@ pub struct Metrics {
     delete_duration: HistogramFamily<ClassLabels>,
     agent_duration: HistogramFamily<AgentLabels>,
     agent_errors: Family<AgentErrorLabels, Counter>,
+    volume_used_bytes: Family<VolumeLabels, Gauge>,
+    volume_capacity_bytes: Family<VolumeLabels, Gauge>,
+    volume_used_inodes: Family<VolumeLabels, Gauge>,
 }
 
 impl std::fmt::Debug for Metrics {
@@ -72,6 +87,9 @@ impl Metrics {
         let agent_duration =
             HistogramFamily::new_with_constructor(operation_histogram as fn() -> _);
         let agent_errors = Family::<AgentErrorLabels, Counter>::default();
+        let volume_used_bytes = Family::<VolumeLabels, Gauge>::default();
+        let volume_capacity_bytes = Family::<VolumeLabels, Gauge>::default();
+        let volume_used_inodes = Family::<VolumeLabels, Gauge>::default();
         // prometheus-client appends `_total` to counters itself.
         registry.register(
             "controller_persistentvolumeclaim_provision",
@@ -113,6 +131,21 @@ impl Metrics {
             "Failed agent API requests by error code",
             agent_errors.clone(),
         );
+        registry.register(
+            "nfsprov_volume_used_bytes",
+            "Bytes used by the claim's volume, as measured by its agent",
+            volume_used_bytes.clone(),
+        );
+        registry.register(
+            "nfsprov_volume_capacity_bytes",
+            "Capacity of the claim's volume, as recorded by its agent",
+            volume_capacity_bytes.clone(),
+        );
+        registry.register(
+            "nfsprov_volume_used_inodes",
+            "Inodes used by the claim's volume, as measured by its agent",
+            volume_used_inodes.clone(),
+        );
         Self {
             registry,
             provision_total,
@@ -123,6 +156,9 @@ impl Metrics {
             delete_duration,
             agent_duration,
             agent_errors,
+            volume_used_bytes,
+            volume_capacity_bytes,
+            volume_used_inodes,
         }
     }
 
@@ -177,12 +213,39 @@ impl Metrics {
         }
     }
 
+    pub fn set_volume_capacity(&self, volume: &VolumeLabels, capacity_bytes: u64) {
+        self.volume_capacity_bytes
+            .get_or_create(volume)
+            .set(saturating_i64(capacity_bytes));
+    }
+
+    pub fn set_volume_usage(&self, volume: &VolumeLabels, used_bytes: u64, used_inodes: u64) {
+        self.volume_used_bytes
+            .get_or_create(volume)
+            .set(saturating_i64(used_bytes));
+        self.volume_used_inodes
+            .get_or_create(volume)
+            .set(saturating_i64(used_inodes));
+    }
+
+    /// Drops every usage series of a volume, so a deleted claim does not linger in
+    /// dashboards with its last figures.
+    pub fn remove_volume(&self, volume: &VolumeLabels) {
+        self.volume_used_bytes.remove(volume);
+        self.volume_capacity_bytes.remove(volume);
+        self.volume_used_inodes.remove(volume);
+    }
+
     /// The OpenMetrics text exposition.
     pub fn encode(&self) -> Result<String, std::fmt::Error> {
         let mut out = String::new();
         prometheus_client::encoding::text::encode(&mut out, &self.registry)?;
         Ok(out)
     }
+}
+
+fn saturating_i64(value: u64) -> i64 {
+    i64::try_from(value).unwrap_or(i64::MAX)
 }
 
 #[cfg(test)]
@@ -215,5 +278,35 @@ mod tests {
         ] {
             assert!(text.contains(line), "missing {line:?} in\n{text}");
         }
+    }
+
+    fn volume(name: &str) -> VolumeLabels {
+        VolumeLabels {
+            namespace: "team-a".into(),
+            persistentvolumeclaim: name.into(),
+            agent: "nfs1".into(),
+        }
+    }
+
+    #[test]
+    fn volume_gauges_are_set_and_removed() {
+        let metrics = Metrics::new();
+        metrics.set_volume_capacity(&volume("data"), 1 << 30);
+        metrics.set_volume_usage(&volume("data"), 5 << 20, 42);
+        metrics.set_volume_capacity(&volume("logs"), 2 << 30);
+        let text = metrics.encode().unwrap();
+        for line in [
+            "nfsprov_volume_capacity_bytes{namespace=\"team-a\",persistentvolumeclaim=\"data\",agent=\"nfs1\"} 1073741824",
+            "nfsprov_volume_used_bytes{namespace=\"team-a\",persistentvolumeclaim=\"data\",agent=\"nfs1\"} 5242880",
+            "nfsprov_volume_used_inodes{namespace=\"team-a\",persistentvolumeclaim=\"data\",agent=\"nfs1\"} 42",
+            "nfsprov_volume_capacity_bytes{namespace=\"team-a\",persistentvolumeclaim=\"logs\",agent=\"nfs1\"} 2147483648",
+        ] {
+            assert!(text.contains(line), "missing {line:?} in\n{text}");
+        }
+        metrics.remove_volume(&volume("data"));
+        let text = metrics.encode().unwrap();
+        assert!(!text.contains("persistentvolumeclaim=\"data\""), "{text}");
+        assert!(text.contains("persistentvolumeclaim=\"logs\""), "{text}");
+        assert_eq!(saturating_i64(u64::MAX), i64::MAX);
     }
 }

@@ -5,7 +5,7 @@ use std::collections::BTreeMap;
 use std::fmt;
 use std::str::FromStr;
 
-use nfsprov_api_types::{Mode, validate_component};
+use nfsprov_api_types::{Mode, QuotaPolicy, validate_component};
 
 use crate::pattern::{PathPattern, PatternError};
 
@@ -16,8 +16,9 @@ pub const PARAM_ARCHIVE_ON_DELETE: &str = "archiveOnDelete";
 pub const PARAM_MODE: &str = "mode";
 pub const PARAM_UID: &str = "uid";
 pub const PARAM_GID: &str = "gid";
+pub const PARAM_QUOTA: &str = "quota";
 
-const KNOWN: [&str; 7] = [
+const KNOWN: [&str; 8] = [
     PARAM_AGENT,
     PARAM_PATH_PATTERN,
     PARAM_ON_DELETE,
@@ -25,6 +26,7 @@ const KNOWN: [&str; 7] = [
     PARAM_MODE,
     PARAM_UID,
     PARAM_GID,
+    PARAM_QUOTA,
 ];
 
 /// What happens to the data when a PV with reclaimPolicy Delete is released.
@@ -79,6 +81,8 @@ pub struct ClassParams {
     pub mode: Mode,
     pub uid: Option<u32>,
     pub gid: Option<u32>,
+    /// Whether the agent must, may or must not hold the volume to its capacity.
+    pub quota: QuotaPolicy,
 }
 
 impl Default for ClassParams {
@@ -90,6 +94,7 @@ impl Default for ClassParams {
             mode: Mode::DEFAULT,
             uid: None,
             gid: None,
+            quota: QuotaPolicy::default(),
         }
     }
 }
@@ -151,6 +156,7 @@ impl ClassParams {
                 }
                 PARAM_UID => params.uid = Some(parse_id(PARAM_UID, value)?),
                 PARAM_GID => params.gid = Some(parse_id(PARAM_GID, value)?),
+                PARAM_QUOTA => params.quota = parse_quota(value)?,
                 _ => return Err(ParamError::Unknown { key: key.clone() }),
             }
         }
@@ -158,6 +164,23 @@ impl ClassParams {
         params.on_delete = on_delete.or(archive_on_delete).unwrap_or_default();
         Ok(params)
     }
+}
+
+/// Case-insensitive like `onDelete`, so `Enforce` or `besteffort` are not a trap; the
+/// canonical spellings are the ones [`QuotaPolicy::as_str`] gives.
+fn parse_quota(value: &str) -> Result<QuotaPolicy, ParamError> {
+    [
+        QuotaPolicy::Enforce,
+        QuotaPolicy::BestEffort,
+        QuotaPolicy::Off,
+    ]
+    .into_iter()
+    .find(|policy| policy.as_str().eq_ignore_ascii_case(value.trim()))
+    .ok_or_else(|| ParamError::Invalid {
+        key: PARAM_QUOTA,
+        value: value.to_owned(),
+        expected: "one of enforce, bestEffort, off",
+    })
 }
 
 fn parse_id(key: &'static str, value: &str) -> Result<u32, ParamError> {
@@ -197,6 +220,27 @@ mod tests {
             crate::pattern::DEFAULT_PATTERN
         );
         assert_eq!(parse(&[]).unwrap(), params);
+        assert_eq!(params.quota, QuotaPolicy::BestEffort);
+    }
+
+    #[test]
+    fn quota_policies() {
+        for (raw, expected) in [
+            ("enforce", QuotaPolicy::Enforce),
+            ("bestEffort", QuotaPolicy::BestEffort),
+            ("off", QuotaPolicy::Off),
+            (" Enforce ", QuotaPolicy::Enforce),
+            ("besteffort", QuotaPolicy::BestEffort),
+        ] {
+            assert_eq!(parse(&[("quota", raw)]).unwrap().quota, expected, "{raw}");
+        }
+        for bad in ["", "on", "hard", "true", "enforced"] {
+            let err = parse(&[("quota", bad)]).unwrap_err().to_string();
+            assert!(
+                err.contains("quota") && err.contains("enforce, bestEffort, off"),
+                "{bad}: {err}"
+            );
+        }
     }
 
     #[test]
@@ -208,6 +252,7 @@ mod tests {
             ("mode", "2770"),
             ("uid", "1000"),
             ("gid", "0"),
+            ("quota", "off"),
         ])
         .unwrap();
         assert_eq!(params.agent.as_deref(), Some("nfs1"));
@@ -218,6 +263,7 @@ mod tests {
         assert_eq!(params.on_delete, OnDelete::Retain);
         assert_eq!(params.mode.bits(), 0o2770);
         assert_eq!((params.uid, params.gid), (Some(1000), Some(0)));
+        assert_eq!(params.quota, QuotaPolicy::Off);
     }
 
     #[test]

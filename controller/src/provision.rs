@@ -1,7 +1,7 @@
 //! Provisioning: which claims are ours, and turning one into an agent directory plus a PV.
 
 use std::sync::Arc;
-use std::time::{Instant, SystemTime, UNIX_EPOCH};
+use std::time::Instant;
 
 use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim};
 use k8s_openapi::api::storage::v1::StorageClass;
@@ -11,9 +11,12 @@ use kube::runtime::controller::Action;
 use kube::runtime::events::EventType;
 use kube::runtime::reflector::ObjectRef;
 use kube::{Resource, ResourceExt};
-use nfsprov_api_types::{CreateVolumeRequest, VolumeOwner};
+use nfsprov_api_types::{
+    Capabilities, CreateVolumeRequest, ErrorCode, QuotaBackend, QuotaPolicy, VolumeOwner,
+};
 use tracing::{debug, error, info};
 
+use crate::agents::request_id;
 use crate::controller::{Context, Error};
 use crate::params::ClassParams;
 use crate::pattern::RenderInput;
@@ -88,7 +91,7 @@ pub async fn reconcile(pvc: &PersistentVolumeClaim, ctx: &Context) -> Result<Act
     let (class, class_name) = match should_provision(pvc, ctx) {
         Ok(found) => found,
         Err(skip) => {
-            debug!(claim = %claim_key(pvc), ?skip, "not provisioning");
+            debug!(claim = %pv::claim_key(pvc), ?skip, "not provisioning");
             return Ok(Action::await_change());
         }
     };
@@ -98,7 +101,7 @@ pub async fn reconcile(pvc: &PersistentVolumeClaim, ctx: &Context) -> Result<Act
         Ok(Some(pv_name)) => {
             ctx.metrics
                 .provision_succeeded(&class_name, started.elapsed());
-            info!(claim = %claim_key(pvc), pv = %pv_name, "provisioned");
+            info!(claim = %pv::claim_key(pvc), pv = %pv_name, "provisioned");
             ctx.event(
                 &reference,
                 EventType::Normal,
@@ -140,10 +143,6 @@ impl Failure {
     }
 }
 
-fn claim_key(pvc: &PersistentVolumeClaim) -> String {
-    format!("{}/{}", pvc.namespace().unwrap_or_default(), pvc.name_any())
-}
-
 /// Refuses what this provisioner cannot honour, with messages a user can act on.
 /// Returns the requested capacity as written and in bytes.
 fn check_claim(pvc: &PersistentVolumeClaim) -> Result<(Quantity, u64), Failure> {
@@ -174,15 +173,6 @@ fn check_claim(pvc: &PersistentVolumeClaim) -> Result<(Quantity, u64), Failure> 
     let bytes = quantity::parse_bytes(&request.0)
         .map_err(|e| Failure::new(format!("claim storage request: {e}")))?;
     Ok((request.clone(), bytes))
-}
-
-/// An id that ties this controller's log lines to the agent's audit log.
-fn request_id(pv_name: &str) -> String {
-    let nanos = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map(|d| d.as_nanos())
-        .unwrap_or_default();
-    format!("{pv_name}-{nanos:x}")
 }
 
 /// Returns the PV name when this call created the PV, `None` when it already existed.
@@ -239,6 +229,21 @@ async fn provision(
         .export(&rid)
         .await
         .map_err(|e| agent_failure("did not report its NFS export", e))?;
+    let cannot_enforce = |backend: &str| {
+        Failure::new(format!(
+            "StorageClass {class_name:?} asks for quota enforce, but agent {} cannot enforce quotas ({backend}); no directory was created. Use quota bestEffort or off in the class, or an agent whose export root has a quota backend",
+            agent.name()
+        ))
+    };
+    if params.quota == QuotaPolicy::Enforce {
+        let capabilities = agent
+            .capabilities(&rid)
+            .await
+            .map_err(|e| agent_failure("did not report its capabilities", e))?;
+        if !capabilities.quota_enforced {
+            return Err(cannot_enforce(&describe_quota(&capabilities)));
+        }
+    }
     let request = CreateVolumeRequest {
         mode: params.mode,
         uid: params.uid,
@@ -249,14 +254,20 @@ async fn provision(
             pvc_name: Some(name.clone()),
             pv_name: Some(pv_name.clone()),
         },
-        quota: Default::default(),
+        quota: params.quota,
     };
     let outcome = agent
         .create_volume(&path, &request, &rid)
         .await
-        .map_err(|e| agent_failure(&format!("could not create directory {path}"), e))?;
+        .map_err(|e| match e.code() {
+            // The cached capabilities said yes, but the agent (the authority) says no.
+            Some(ErrorCode::Unsupported) if params.quota == QuotaPolicy::Enforce => {
+                cannot_enforce(&format!("it refused: {e}"))
+            }
+            _ => agent_failure(&format!("could not create directory {path}"), e),
+        })?;
     info!(
-        claim = %claim_key(pvc), agent = agent.name(), %path, created = outcome.created,
+        claim = %pv::claim_key(pvc), agent = agent.name(), %path, created = outcome.created,
         request_id = %rid, "volume directory ready"
     );
 
@@ -269,6 +280,7 @@ async fn provision(
         agent: agent.name(),
         path: &path,
         on_delete: params.on_delete,
+        quota: params.quota,
         export: &export,
         capacity: &capacity,
     });
@@ -278,13 +290,13 @@ async fn provision(
         // A previous attempt (perhaps of a crashed replica) saved it; the directory was just
         // confirmed with the same settings, so there is nothing left to do.
         Err(kube::Error::Api(status)) if status.code == 409 => {
-            info!(claim = %claim_key(pvc), pv = %pv_name, "PV already exists");
+            info!(claim = %pv::claim_key(pvc), pv = %pv_name, "PV already exists");
             Ok(None)
         }
         Err(e) => {
             // The directory exists now: never leave it behind silently.
             error!(
-                claim = %claim_key(pvc), pv = %pv_name, agent = agent.name(), %path, error = %e,
+                claim = %pv::claim_key(pvc), pv = %pv_name, agent = agent.name(), %path, error = %e,
                 "volume directory exists but its PV could not be saved; retrying"
             );
             Err(Failure {
@@ -295,5 +307,13 @@ async fn provision(
                 error: Some(Error::Kube(e)),
             })
         }
+    }
+}
+
+/// The agent's quota situation in words, for messages.
+fn describe_quota(capabilities: &Capabilities) -> String {
+    match capabilities.quota {
+        QuotaBackend::None => "it has no quota backend".to_owned(),
+        backend => format!("its {backend:?} quota backend is not enforcing"),
     }
 }

@@ -8,7 +8,7 @@ use k8s_openapi::api::core::v1::{
 use k8s_openapi::api::storage::v1::StorageClass;
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
-use nfsprov_api_types::{NfsExport, VolumePath};
+use nfsprov_api_types::{NfsExport, QuotaPolicy, VolumePath};
 
 use crate::params::OnDelete;
 
@@ -31,6 +31,10 @@ pub const ANN_PATH: &str = "nfsprov.dev/path";
 /// What to do with the data on delete, fixed at provisioning time so that deleting never
 /// depends on the class still existing or being unchanged.
 pub const ANN_ON_DELETE: &str = "nfsprov.dev/on-delete";
+/// The class's quota policy when the volume was made. Expansion reads it to explain why a
+/// new capacity is not enforced, and it tells an operator looking at the PV what the
+/// capacity means without tracing the (possibly edited) class.
+pub const ANN_QUOTA: &str = "nfsprov.dev/quota";
 
 pub const RECLAIM_DELETE: &str = "Delete";
 pub const RECLAIM_RETAIN: &str = "Retain";
@@ -50,6 +54,21 @@ pub fn claim_class(pvc: &PersistentVolumeClaim) -> Option<&str> {
         .map(String::as_str)
         .or_else(|| pvc.spec.as_ref()?.storage_class_name.as_deref())
         .filter(|c| !c.is_empty())
+}
+
+/// Whether the claim names its volume (the binder sets it; provisioning is then over).
+pub fn claim_is_bound(pvc: &PersistentVolumeClaim) -> bool {
+    pvc.spec
+        .as_ref()
+        .and_then(|s| s.volume_name.as_deref())
+        .is_some_and(|v| !v.is_empty())
+}
+
+/// `namespace/name`, for logs.
+pub fn claim_key(pvc: &PersistentVolumeClaim) -> String {
+    let namespace = pvc.metadata.namespace.as_deref().unwrap_or_default();
+    let name = pvc.metadata.name.as_deref().unwrap_or_default();
+    format!("{namespace}/{name}")
 }
 
 /// The provisioner the PV controller asked to act on the claim.
@@ -83,6 +102,7 @@ pub struct NewVolume<'a> {
     pub agent: &'a str,
     pub path: &'a VolumePath,
     pub on_delete: OnDelete,
+    pub quota: QuotaPolicy,
     pub export: &'a NfsExport,
     pub capacity: &'a Quantity,
 }
@@ -96,6 +116,7 @@ pub fn build_pv(v: &NewVolume<'_>) -> PersistentVolume {
         (ANN_AGENT.to_owned(), v.agent.to_owned()),
         (ANN_PATH.to_owned(), v.path.to_string()),
         (ANN_ON_DELETE.to_owned(), v.on_delete.to_string()),
+        (ANN_QUOTA.to_owned(), v.quota.to_string()),
     ]);
     let finalizers = (reclaim == RECLAIM_DELETE).then(|| vec![FINALIZER.to_owned()]);
     let claim_spec = v.pvc.spec.as_ref();
@@ -191,6 +212,7 @@ mod tests {
             agent: "nfs1",
             path: &path,
             on_delete,
+            quota: QuotaPolicy::Enforce,
             export: &export,
             capacity: &Quantity("5Gi".into()),
         });
@@ -212,6 +234,7 @@ mod tests {
                         "nfsprov.dev/agent": "nfs1",
                         "nfsprov.dev/path": "team-a/data",
                         "nfsprov.dev/on-delete": "archive",
+                        "nfsprov.dev/quota": "enforce",
                     },
                     "finalizers": ["external-provisioner.volume.kubernetes.io/finalizer"],
                 },

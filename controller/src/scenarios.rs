@@ -25,6 +25,10 @@ fn pv_uri() -> String {
 }
 
 fn expected_pv(path: &str, on_delete: &str) -> serde_json::Value {
+    expected_pv_with_quota(path, on_delete, "bestEffort")
+}
+
+fn expected_pv_with_quota(path: &str, on_delete: &str, quota: &str) -> serde_json::Value {
     json!({
         "apiVersion": "v1",
         "kind": "PersistentVolume",
@@ -35,6 +39,7 @@ fn expected_pv(path: &str, on_delete: &str) -> serde_json::Value {
                 "nfsprov.dev/agent": "nfs1",
                 "nfsprov.dev/path": path,
                 "nfsprov.dev/on-delete": on_delete,
+                "nfsprov.dev/quota": quota,
             },
             "finalizers": ["external-provisioner.volume.kubernetes.io/finalizer"],
         },
@@ -451,6 +456,122 @@ async fn agent_conflict_is_reported() {
         .unwrap_err();
     assert!(error.to_string().contains("conflict"), "{error}");
     finish(ctx, server).await;
+}
+
+// ------------------------------------------------------------------- quota
+
+#[tokio::test]
+async fn quota_parameter_reaches_the_agent_and_is_recorded_on_the_pv() {
+    let agent = MockAgent::start("nfs1").await;
+    // off: the agent records the capacity and is told not to enforce it.
+    let (ctx, api) = context(
+        agent.registry(),
+        vec![class("nfs", &[("quota", "off")])],
+        vec![],
+    );
+    let server = api.run(vec![
+        provisioning_event(),
+        Call::new(
+            Method::POST,
+            PVS,
+            BodyCheck::Exact(expected_pv_with_quota(DEFAULT_PATH, "archive", "off")),
+        )
+        .status(201),
+        succeeded_event(),
+    ]);
+    reconcile_claim(Arc::new(claim("nfs")), ctx.clone())
+        .await
+        .unwrap();
+    finish(ctx, server).await;
+    assert_eq!(agent.volume(DEFAULT_PATH).unwrap().quota, QuotaPolicy::Off);
+
+    // enforce, on an agent that enforces: the same two agent calls as ever.
+    let agent = MockAgent::start("nfs1").await;
+    agent.enforce_quotas(true);
+    let (ctx, api) = context(
+        agent.registry(),
+        vec![class("nfs", &[("quota", "enforce")])],
+        vec![],
+    );
+    let server = api.run(vec![
+        provisioning_event(),
+        Call::new(
+            Method::POST,
+            PVS,
+            BodyCheck::Exact(expected_pv_with_quota(DEFAULT_PATH, "archive", "enforce")),
+        )
+        .status(201),
+        succeeded_event(),
+    ]);
+    reconcile_claim(Arc::new(claim("nfs")), ctx.clone())
+        .await
+        .unwrap();
+    finish(ctx, server).await;
+    assert_eq!(
+        agent.calls(),
+        ["GET info".to_owned(), format!("PUT {DEFAULT_PATH}")]
+    );
+    assert_eq!(
+        agent.volume(DEFAULT_PATH).unwrap().quota,
+        QuotaPolicy::Enforce
+    );
+}
+
+#[tokio::test]
+async fn unknown_quota_value_is_refused() {
+    assert_refused(
+        claim("nfs"),
+        &[("quota", "hard")],
+        "StorageClass parameter quota=\"hard\" is invalid: expected one of enforce, bestEffort, off",
+    )
+    .await;
+}
+
+#[tokio::test]
+async fn enforce_on_an_agent_without_quotas_fails_before_any_directory() {
+    let agent = MockAgent::start("nfs1").await;
+    let (ctx, api) = context(
+        agent.registry(),
+        vec![class("nfs", &[("quota", "enforce")])],
+        vec![],
+    );
+    let server = api.run(vec![
+        provisioning_event(),
+        failed_event(
+            "asks for quota enforce, but agent nfs1 cannot enforce quotas (it has no quota backend); no directory was created",
+        ),
+    ]);
+    let result = reconcile_claim(Arc::new(claim("nfs")), ctx.clone()).await;
+    assert!(result.is_err(), "{result:?}");
+    finish(ctx, server).await;
+    assert_eq!(agent.calls(), ["GET info"]);
+    assert!(!agent.has_volume(DEFAULT_PATH));
+}
+
+#[tokio::test]
+async fn enforce_refused_by_the_agent_is_reported_the_same_way() {
+    // /v1/info says quotas are enforced, but the create itself is refused (as when the
+    // export root's filesystem lost its quota support since the answer was cached).
+    let agent = MockAgent::start("nfs1").await;
+    agent.enforce_quotas(true);
+    agent.fail_calls(Some(("PUT", ErrorCode::Unsupported)));
+    let (ctx, api) = context(
+        agent.registry(),
+        vec![class("nfs", &[("quota", "enforce")])],
+        vec![],
+    );
+    let server = api.run(vec![
+        provisioning_event(),
+        failed_event("but agent nfs1 cannot enforce quotas (it refused: agent answered 422"),
+    ]);
+    let result = reconcile_claim(Arc::new(claim("nfs")), ctx.clone()).await;
+    assert!(result.is_err(), "{result:?}");
+    finish(ctx, server).await;
+    assert_eq!(
+        agent.calls(),
+        ["GET info".to_owned(), format!("PUT {DEFAULT_PATH}")]
+    );
+    assert!(!agent.has_volume(DEFAULT_PATH));
 }
 
 // ------------------------------------------------------------------- deletion

@@ -50,6 +50,7 @@ async fn claim_to_directory_and_back() {
                 instance: Some("test".into()),
             },
             concurrency: 16,
+            usage_interval: None,
         },
         ready.clone(),
         stopped,

@@ -1,0 +1,170 @@
+//! Expansion through the whole controller (`controller::run`) against the in-repo API
+//! simulator, whose binder plays kube-controller-manager: the status subresource, merge
+//! patches and resourceVersion preconditions are the simulator's, not a script's. The agent
+//! is `MockAgent` (the real agent's resize endpoint is not part of this crate's tests).
+
+use std::sync::Arc;
+use std::sync::atomic::AtomicBool;
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim};
+use k8s_openapi::api::events::v1::Event;
+use k8s_openapi::api::storage::v1::StorageClass;
+use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
+use kube::runtime::events::Reporter;
+use kube::runtime::wait::await_condition;
+use nfsprov_kube_sim::{SimOptions, Simulator};
+use serde_json::json;
+
+use crate::controller::{self, RunConfig};
+use crate::fixtures::MockAgent;
+use crate::metrics::Metrics;
+
+const WAIT: Duration = Duration::from_secs(30);
+
+fn capacity(pvc: &PersistentVolumeClaim) -> Option<&str> {
+    pvc.status
+        .as_ref()?
+        .capacity
+        .as_ref()?
+        .get("storage")
+        .map(|q| q.0.as_str())
+}
+
+fn is_bound(pvc: &PersistentVolumeClaim) -> bool {
+    pvc.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Bound")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_bound_claim_grows_through_the_simulated_api() {
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    let sim = Simulator::start(SimOptions::default()).await.unwrap();
+    let client = sim.client().await;
+    let agent = MockAgent::start("nfs1").await;
+    let (stop, stopped) = tokio::sync::watch::channel(false);
+    let running = tokio::spawn(controller::run(
+        client.clone(),
+        agent.registry(),
+        Arc::new(Metrics::new()),
+        RunConfig {
+            provisioner: crate::fixtures::PROVISIONER.into(),
+            resync: Duration::from_secs(600),
+            reporter: Reporter {
+                controller: "nfsprov-controller".into(),
+                instance: Some("test".into()),
+            },
+            concurrency: 16,
+            usage_interval: None,
+        },
+        Arc::new(AtomicBool::new(false)),
+        stopped,
+    ));
+
+    let class: StorageClass = serde_json::from_value(json!({
+        "apiVersion": "storage.k8s.io/v1", "kind": "StorageClass",
+        "metadata": {"name": "nfs"},
+        "provisioner": crate::fixtures::PROVISIONER,
+        "allowVolumeExpansion": true,
+        "parameters": {"pathPattern": "${.PVC.namespace}/${.PVC.name}"},
+    }))
+    .unwrap();
+    Api::<StorageClass>::all(client.clone())
+        .create(&PostParams::default(), &class)
+        .await
+        .unwrap();
+    let claims: Api<PersistentVolumeClaim> = Api::namespaced(client.clone(), "default");
+    let claim: PersistentVolumeClaim = serde_json::from_value(json!({
+        "apiVersion": "v1", "kind": "PersistentVolumeClaim",
+        "metadata": {"name": "data", "namespace": "default"},
+        "spec": {
+            "accessModes": ["ReadWriteMany"],
+            "storageClassName": "nfs",
+            "resources": {"requests": {"storage": "1Gi"}},
+        },
+    }))
+    .unwrap();
+    claims.create(&PostParams::default(), &claim).await.unwrap();
+    tokio::time::timeout(
+        WAIT,
+        await_condition(
+            claims.clone(),
+            "data",
+            |c: Option<&PersistentVolumeClaim>| c.is_some_and(is_bound),
+        ),
+    )
+    .await
+    .expect("claim bound in time")
+    .unwrap();
+
+    claims
+        .patch(
+            "data",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"resources": {"requests": {"storage": "2Gi"}}}})),
+        )
+        .await
+        .unwrap();
+    let grown = tokio::time::timeout(
+        WAIT,
+        await_condition(
+            claims.clone(),
+            "data",
+            |c: Option<&PersistentVolumeClaim>| c.and_then(capacity) == Some("2Gi"),
+        ),
+    )
+    .await
+    .expect("claim expanded in time")
+    .unwrap()
+    .unwrap();
+
+    let status = grown.status.unwrap();
+    assert_eq!(
+        status.allocated_resources.unwrap()["storage"].0,
+        "2Gi",
+        "allocatedResources is kept"
+    );
+    assert!(
+        !status
+            .allocated_resource_statuses
+            .unwrap_or_default()
+            .contains_key("storage")
+    );
+    assert!(
+        status
+            .conditions
+            .unwrap_or_default()
+            .iter()
+            .all(|c| c.type_ != "Resizing")
+    );
+    let volume_name = grown.spec.unwrap().volume_name.unwrap();
+    let volume = Api::<PersistentVolume>::all(client.clone())
+        .get(&volume_name)
+        .await
+        .unwrap();
+    assert_eq!(volume.spec.unwrap().capacity.unwrap()["storage"].0, "2Gi");
+    assert_eq!(
+        agent.volume("default/data").unwrap().capacity_bytes,
+        2 << 30
+    );
+    let reasons: Vec<String> = Api::<Event>::namespaced(client.clone(), "default")
+        .list(&ListParams::default())
+        .await
+        .unwrap()
+        .items
+        .into_iter()
+        .filter_map(|e| e.reason)
+        .collect();
+    for reason in ["Resizing", "VolumeResizeSuccessful"] {
+        assert!(
+            reasons.iter().any(|r| r == reason),
+            "{reason} in {reasons:?}"
+        );
+    }
+
+    stop.send(true).unwrap();
+    tokio::time::timeout(WAIT, running)
+        .await
+        .expect("controller stopped")
+        .unwrap();
+    sim.shutdown().await;
+}

@@ -1,0 +1,358 @@
+//! Volume usage: every bound volume of ours is measured by its agent at a fixed interval and
+//! published as per-claim gauges; a claim whose volume fills up gets a `VolumeNearlyFull`
+//! warning. Runs only where the controllers run, that is on the leader.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures::StreamExt;
+use k8s_openapi::api::core::v1::{ObjectReference, PersistentVolumeClaim};
+use kube::runtime::events::EventType;
+use kube::runtime::reflector::Store;
+use kube::{Resource, ResourceExt};
+use nfsprov_api_types::client::ClientError;
+use nfsprov_api_types::{Volume, VolumePath};
+use tokio::sync::watch;
+use tokio::time::{Instant, MissedTickBehavior};
+use tracing::{debug, info, warn};
+
+use crate::agents::request_id;
+use crate::controller::{Context, stopped};
+use crate::metrics::VolumeLabels;
+use crate::{delete, pv};
+
+pub const REASON_NEARLY_FULL: &str = "VolumeNearlyFull";
+const ACTION: &str = "MeasureUsage";
+
+/// Warn when a volume reaches this share of its capacity...
+const WARN_PERCENT: u64 = 90;
+/// ...and warn again only after it went below this one: a volume hovering around the
+/// threshold warns once, not at every poll.
+const REARM_PERCENT: u64 = 85;
+
+/// Most agent requests one poll has in flight: enough to measure thousands of volumes
+/// within a minute, few enough not to crowd out provisioning on the agents.
+const CONCURRENT_REQUESTS: usize = 16;
+
+/// One bound volume of ours and the claim it belongs to.
+#[derive(Debug, Clone)]
+struct Target {
+    pv_name: String,
+    labels: VolumeLabels,
+    claim: ObjectReference,
+    path: String,
+}
+
+/// The bound volumes of ours, with their claims, by PV name. The claim comes from the claim
+/// cache (whose bound skeletons keep name, namespace, uid and `volumeName`), so the volume
+/// cache needs nothing more than deletion does.
+fn targets(ctx: &Context, claims: &Store<PersistentVolumeClaim>) -> Vec<Target> {
+    let claim_of: HashMap<String, Arc<PersistentVolumeClaim>> = claims
+        .state()
+        .into_iter()
+        .filter_map(|pvc| {
+            let volume = pvc.spec.as_ref()?.volume_name.clone()?;
+            Some((volume, pvc))
+        })
+        .collect();
+    let mut found: Vec<Target> = ctx
+        .volumes
+        .state()
+        .iter()
+        .filter(|volume| delete::is_ours(volume, &ctx.provisioner))
+        .filter(|volume| volume.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Bound"))
+        .filter_map(|volume| {
+            let annotations = volume.annotations();
+            let agent = annotations.get(pv::ANN_AGENT)?;
+            let path = annotations.get(pv::ANN_PATH)?;
+            let pv_name = volume.name_any();
+            let pvc = claim_of.get(&pv_name)?;
+            Some(Target {
+                labels: VolumeLabels {
+                    namespace: pvc.namespace()?,
+                    persistentvolumeclaim: pvc.name_any(),
+                    agent: agent.clone(),
+                },
+                claim: pvc.object_ref(&()),
+                pv_name,
+                path: path.clone(),
+            })
+        })
+        .collect();
+    found.sort_by(|a, b| a.pv_name.cmp(&b.pv_name));
+    found
+}
+
+/// `VolumeNearlyFull` hysteresis, per PV: warn on crossing 90 %, re-arm below 85 %.
+#[derive(Debug, Default)]
+pub struct NearlyFull {
+    warned: BTreeSet<String>,
+}
+
+impl NearlyFull {
+    /// Records a measurement; `true` when it is a crossing to warn about.
+    pub fn observe(&mut self, pv_name: &str, used_bytes: u64, capacity_bytes: u64) -> bool {
+        if capacity_bytes == 0 {
+            return false;
+        }
+        // Whole numbers in u128: no float rounding at the thresholds, no overflow.
+        let used = u128::from(used_bytes) * 100;
+        let capacity = u128::from(capacity_bytes);
+        if used >= capacity * u128::from(WARN_PERCENT) {
+            return self.warned.insert(pv_name.to_owned());
+        }
+        if used < capacity * u128::from(REARM_PERCENT) {
+            self.warned.remove(pv_name);
+        }
+        false
+    }
+
+    fn retain(&mut self, live: &BTreeMap<String, VolumeLabels>) {
+        self.warned.retain(|pv_name| live.contains_key(pv_name));
+    }
+}
+
+/// What the previous polls published, so that the series of a claim that is gone (or whose
+/// directory is) are removed instead of showing their last figures forever.
+#[derive(Debug, Default)]
+pub struct UsageTracker {
+    published: BTreeMap<String, VolumeLabels>,
+    nearly_full: NearlyFull,
+}
+
+impl UsageTracker {
+    /// Removes every published series not in `live` and forgets the warnings of volumes
+    /// that are gone.
+    fn keep_only(&mut self, live: BTreeMap<String, VolumeLabels>, ctx: &Context) {
+        for (pv_name, labels) in &self.published {
+            if live.get(pv_name) != Some(labels) {
+                ctx.metrics.remove_volume(labels);
+            }
+        }
+        self.nearly_full.retain(&live);
+        self.published = live;
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+enum MeasureError {
+    #[error("agent {0:?} is not configured")]
+    UnknownAgent(String),
+    #[error("annotation {ann} is not a valid volume path: {0}", ann = pv::ANN_PATH)]
+    InvalidPath(String),
+    #[error("agent {agent}: {source}")]
+    Agent {
+        agent: String,
+        #[source]
+        source: ClientError,
+    },
+}
+
+async fn measure(ctx: &Context, target: &Target) -> Result<Option<Volume>, MeasureError> {
+    let agent = ctx
+        .agents
+        .get(&target.labels.agent)
+        .ok_or_else(|| MeasureError::UnknownAgent(target.labels.agent.clone()))?;
+    let path =
+        VolumePath::parse(&target.path).map_err(|e| MeasureError::InvalidPath(e.to_string()))?;
+    agent
+        .get_volume(&path, &request_id(&target.pv_name))
+        .await
+        .map_err(|source| MeasureError::Agent {
+            agent: target.labels.agent.clone(),
+            source,
+        })
+}
+
+/// Measures every bound volume of ours once and publishes the figures.
+pub async fn poll_once(
+    ctx: &Context,
+    claims: &Store<PersistentVolumeClaim>,
+    tracker: &mut UsageTracker,
+) {
+    let targets = targets(ctx, claims);
+    let total = targets.len();
+    let mut measured: Vec<(Target, Result<Option<Volume>, MeasureError>)> =
+        futures::stream::iter(targets)
+            .map(|target| async move {
+                let result = measure(ctx, &target).await;
+                (target, result)
+            })
+            .buffer_unordered(CONCURRENT_REQUESTS)
+            .collect()
+            .await;
+    // Events in a stable order whatever order the agents answered in.
+    measured.sort_by(|a, b| a.0.pv_name.cmp(&b.0.pv_name));
+
+    let mut live = BTreeMap::new();
+    let mut failures = 0usize;
+    for (target, result) in measured {
+        match result {
+            Ok(Some(volume)) => {
+                ctx.metrics
+                    .set_volume_capacity(&target.labels, volume.capacity_bytes);
+                // The agent's first measurement of a large tree can take a while; until it
+                // has one, only the capacity is known.
+                if let Some(usage) = volume.usage {
+                    ctx.metrics.set_volume_usage(
+                        &target.labels,
+                        usage.used_bytes,
+                        usage.used_inodes,
+                    );
+                    if tracker.nearly_full.observe(
+                        &target.pv_name,
+                        usage.used_bytes,
+                        volume.capacity_bytes,
+                    ) {
+                        warn_nearly_full(
+                            ctx,
+                            &target,
+                            &volume,
+                            usage.used_bytes,
+                            usage.used_inodes,
+                        )
+                        .await;
+                    }
+                }
+                live.insert(target.pv_name, target.labels);
+            }
+            Ok(None) => {
+                warn!(pv = %target.pv_name, agent = %target.labels.agent, path = %target.path,
+                    "bound volume has no directory on its agent");
+            }
+            Err(e) => {
+                failures += 1;
+                debug!(pv = %target.pv_name, error = %e, "could not measure volume");
+                // The claim still exists: its last figures stay until the agent answers
+                // again (the agent error counter shows the outage).
+                if let Some(labels) = tracker.published.get(&target.pv_name) {
+                    live.insert(target.pv_name, labels.clone());
+                }
+            }
+        }
+    }
+    if failures > 0 {
+        warn!(
+            failures,
+            volumes = total,
+            "some volumes could not be measured"
+        );
+    }
+    tracker.keep_only(live, ctx);
+}
+
+async fn warn_nearly_full(ctx: &Context, target: &Target, volume: &Volume, used: u64, inodes: u64) {
+    let capacity = volume.capacity_bytes;
+    let capacity_nonzero = u128::from(capacity.max(1));
+    let percent = (u128::from(used) * 100 + capacity_nonzero / 2) / capacity_nonzero;
+    let enforcement = if volume.quota_enforced {
+        "writes fail once it is full"
+    } else {
+        "the capacity is not enforced, so writes go on until the NFS server's filesystem is full"
+    };
+    ctx.event(
+        &target.claim,
+        EventType::Warning,
+        REASON_NEARLY_FULL,
+        ACTION,
+        &format!(
+            "volume {} is {percent}% full: {} of {} used ({used} of {capacity} bytes, {inodes} inodes); {enforcement}. Expand the claim or free space",
+            target.pv_name,
+            human_bytes(used),
+            human_bytes(capacity),
+        ),
+    )
+    .await;
+}
+
+/// `9.3 GiB`-style figures for messages (the exact byte count goes alongside).
+fn human_bytes(bytes: u64) -> String {
+    const UNITS: [&str; 6] = ["KiB", "MiB", "GiB", "TiB", "PiB", "EiB"];
+    if bytes < 1024 {
+        return format!("{bytes} B");
+    }
+    let mut value = bytes as f64 / 1024.0;
+    let mut unit = 0;
+    while value >= 1024.0 && unit + 1 < UNITS.len() {
+        value /= 1024.0;
+        unit += 1;
+    }
+    format!("{value:.1} {}", UNITS[unit])
+}
+
+/// Polls every `every` until `shutdown` turns true (or the future is dropped, as when the
+/// Lease is lost). The first poll comes one interval after the caches are synced, so a
+/// restart or a handover does not add a burst of agent requests to the initial sync.
+pub async fn run(
+    ctx: Arc<Context>,
+    claims: Store<PersistentVolumeClaim>,
+    every: Duration,
+    shutdown: watch::Receiver<bool>,
+) {
+    let work = async {
+        let synced =
+            futures::future::try_join(ctx.volumes.wait_until_ready(), claims.wait_until_ready())
+                .await;
+        if synced.is_err() {
+            return;
+        }
+        info!(every = ?every, "measuring volume usage");
+        let mut interval = tokio::time::interval_at(Instant::now() + every, every);
+        interval.set_missed_tick_behavior(MissedTickBehavior::Delay);
+        let mut tracker = UsageTracker::default();
+        loop {
+            interval.tick().await;
+            poll_once(&ctx, &claims, &mut tracker).await;
+        }
+    };
+    tokio::select! {
+        () = work => {}
+        () = stopped(shutdown) => {}
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn warns_once_per_crossing_and_rearms_below_85_percent() {
+        let mut full = NearlyFull::default();
+        let capacity = 1000;
+        assert!(!full.observe("a", 899, capacity));
+        assert!(full.observe("a", 900, capacity), "crossing 90 % warns");
+        assert!(!full.observe("a", 950, capacity), "still above: no repeat");
+        assert!(
+            !full.observe("a", 870, capacity),
+            "between 85 and 90 %: stays quiet"
+        );
+        assert!(!full.observe("a", 905, capacity), "not re-armed yet");
+        assert!(!full.observe("a", 849, capacity), "below 85 %: re-armed");
+        assert!(
+            full.observe("a", 901, capacity),
+            "a new crossing warns again"
+        );
+        // Volumes are independent; zero capacity never warns.
+        assert!(full.observe("b", 1000, capacity));
+        assert!(!full.observe("c", 5, 0));
+        // Huge figures do not overflow.
+        assert!(full.observe("d", u64::MAX, u64::MAX));
+    }
+
+    #[test]
+    fn forgetting_a_volume_rearms_it() {
+        let mut full = NearlyFull::default();
+        assert!(full.observe("a", 95, 100));
+        full.retain(&BTreeMap::new());
+        assert!(full.observe("a", 95, 100));
+    }
+
+    #[test]
+    fn human_figures() {
+        assert_eq!(human_bytes(512), "512 B");
+        assert_eq!(human_bytes(1536), "1.5 KiB");
+        assert_eq!(human_bytes(10 << 30), "10.0 GiB");
+        assert_eq!(human_bytes(u64::MAX), "16.0 EiB");
+    }
+}

@@ -1,0 +1,160 @@
+//! The usage poll against `MockAgent` and a mocked Kubernetes API (which sees only the
+//! `VolumeNearlyFull` events, in order).
+
+use k8s_openapi::api::core::v1::PersistentVolume;
+use kube::runtime::watcher;
+use nfsprov_api_types::{CreateVolumeRequest, ErrorCode};
+
+use crate::fixtures::*;
+use crate::usage::{UsageTracker, poll_once};
+
+const GI: u64 = 1 << 30;
+
+/// A second bound volume of ours, for the claim `team-a/logs`.
+fn logs_pv() -> PersistentVolume {
+    let mut volume = bound_pv("1Gi", "bestEffort");
+    volume.metadata.name = Some("pvc-logs".into());
+    volume
+        .metadata
+        .annotations
+        .as_mut()
+        .unwrap()
+        .insert(crate::pv::ANN_PATH.into(), "team-a/logs".into());
+    let claim_ref = volume.spec.as_mut().unwrap().claim_ref.as_mut().unwrap();
+    claim_ref.name = Some("logs".into());
+    claim_ref.uid = Some("uid-logs".into());
+    volume
+}
+
+/// The claim of [`logs_pv`].
+fn logs_claim() -> k8s_openapi::api::core::v1::PersistentVolumeClaim {
+    let mut pvc = bound_claim("1Gi", "1Gi");
+    pvc.metadata.name = Some("logs".into());
+    pvc.metadata.uid = Some("uid-logs".into());
+    pvc.spec.as_mut().unwrap().volume_name = Some("pvc-logs".into());
+    pvc
+}
+
+fn series(metric: &str, claim: &str, value: u64) -> String {
+    format!(
+        "{metric}{{namespace=\"team-a\",persistentvolumeclaim=\"{claim}\",agent=\"nfs1\"}} {value}"
+    )
+}
+
+fn nearly_full(note: &str) -> Call {
+    Call::event("team-a", "Warning", "VolumeNearlyFull", "data", note)
+}
+
+#[tokio::test]
+async fn usage_is_published_warned_about_once_per_crossing_and_dropped_with_the_claim() {
+    let agent = MockAgent::start("nfs1").await;
+    for path in ["team-a/data", "team-a/logs"] {
+        agent.insert_volume(
+            path,
+            CreateVolumeRequest {
+                capacity_bytes: GI,
+                ..CreateVolumeRequest::default()
+            },
+        );
+    }
+    let nearly = GI * 95 / 100;
+    agent.set_usage("team-a/data", nearly, 12);
+    agent.set_usage("team-a/logs", GI / 10, 3);
+    // Released volumes and other provisioners' volumes are not measured.
+    let mut released = released_pv(Some("delete"), "team-a/old");
+    released.metadata.name = Some("pvc-old".into());
+    let (ctx, api, mut volumes) = context_with_volume_writer(
+        agent.registry(),
+        vec![],
+        vec![bound_pv("1Gi", "bestEffort"), logs_pv(), released],
+    );
+    let (claims, mut claim_writer) = claim_store(vec![bound_claim("1Gi", "1Gi"), logs_claim()]);
+    let server = api.run(vec![
+        nearly_full(&format!(
+            "volume {PV_NAME} is 95% full: 972.8 MiB of 1.0 GiB used ({nearly} of {GI} bytes, 12 inodes); the capacity is not enforced"
+        )),
+        nearly_full(&format!("volume {PV_NAME} is 91% full")),
+    ]);
+    let mut tracker = UsageTracker::default();
+
+    poll_once(&ctx, &claims, &mut tracker).await;
+    let text = ctx.metrics.encode().unwrap();
+    for line in [
+        series("nfsprov_volume_used_bytes", "data", nearly),
+        series("nfsprov_volume_capacity_bytes", "data", GI),
+        series("nfsprov_volume_used_inodes", "data", 12),
+        series("nfsprov_volume_used_bytes", "logs", GI / 10),
+        series("nfsprov_volume_used_inodes", "logs", 3),
+    ] {
+        assert!(text.contains(&line), "missing {line:?} in\n{text}");
+    }
+    let mut calls = agent.calls();
+    calls.sort();
+    assert_eq!(calls, ["GET team-a/data", "GET team-a/logs"]);
+
+    // Still above 90 %: no second warning.
+    poll_once(&ctx, &claims, &mut tracker).await;
+
+    // An unreachable agent keeps the last figures (the claims still exist).
+    agent.fail_with(Some(ErrorCode::NotReady));
+    poll_once(&ctx, &claims, &mut tracker).await;
+    agent.fail_with(None);
+    let text = ctx.metrics.encode().unwrap();
+    assert!(
+        text.contains(&series("nfsprov_volume_used_bytes", "logs", GI / 10)),
+        "{text}"
+    );
+
+    // The logs claim is deleted (its PV, Released, is not measured either): its series go.
+    claim_writer.apply_watcher_event(&watcher::Event::Delete(logs_claim()));
+    let mut released_logs = logs_pv();
+    released_logs.status.as_mut().unwrap().phase = Some("Released".into());
+    volumes.apply_watcher_event(&watcher::Event::Apply(cached(released_logs)));
+    poll_once(&ctx, &claims, &mut tracker).await;
+    let text = ctx.metrics.encode().unwrap();
+    assert!(!text.contains("persistentvolumeclaim=\"logs\""), "{text}");
+    assert!(
+        text.contains(&series("nfsprov_volume_used_bytes", "data", nearly)),
+        "{text}"
+    );
+
+    // Below 85 % re-arms; the next crossing warns again, with its own figures.
+    agent.set_usage("team-a/data", GI * 80 / 100, 12);
+    poll_once(&ctx, &claims, &mut tracker).await;
+    agent.set_usage("team-a/data", GI * 91 / 100, 12);
+    poll_once(&ctx, &claims, &mut tracker).await;
+
+    // The directory vanished from the agent: no figures to show.
+    agent.state.lock().unwrap().volumes.remove("team-a/data");
+    poll_once(&ctx, &claims, &mut tracker).await;
+    let text = ctx.metrics.encode().unwrap();
+    assert!(!text.contains("persistentvolumeclaim=\"data\""), "{text}");
+    finish(ctx, server).await;
+}
+
+#[tokio::test]
+async fn a_volume_not_measured_yet_has_only_its_capacity() {
+    let agent = MockAgent::start("nfs1").await;
+    agent.insert_volume(
+        "team-a/data",
+        CreateVolumeRequest {
+            capacity_bytes: GI,
+            ..CreateVolumeRequest::default()
+        },
+    );
+    let (ctx, api) = context(
+        agent.registry(),
+        vec![],
+        vec![bound_pv("1Gi", "bestEffort")],
+    );
+    let (claims, _) = claim_store(vec![bound_claim("1Gi", "1Gi")]);
+    let server = api.run(vec![]);
+    poll_once(&ctx, &claims, &mut UsageTracker::default()).await;
+    let text = ctx.metrics.encode().unwrap();
+    assert!(
+        text.contains(&series("nfsprov_volume_capacity_bytes", "data", GI)),
+        "{text}"
+    );
+    assert!(!text.contains("nfsprov_volume_used_bytes{"), "{text}");
+    finish(ctx, server).await;
+}
