@@ -314,6 +314,6 @@ async fn provision(
 fn describe_quota(capabilities: &Capabilities) -> String {
     match capabilities.quota {
         QuotaBackend::None => "it has no quota backend".to_owned(),
-        backend => format!("its {backend:?} quota backend is not enforcing"),
+        backend => format!("its {backend} quota backend is not enforcing"),
     }
 }

@@ -178,11 +178,22 @@ impl System {
 
     /// Creates a StorageClass of this provisioner with reclaimPolicy Delete.
     pub async fn class(&self, name: &str, parameters: serde_json::Value) -> anyhow::Result<()> {
+        self.class_with_expansion(name, parameters, false).await
+    }
+
+    /// As [`System::class`], with `allowVolumeExpansion` set as given.
+    pub async fn class_with_expansion(
+        &self,
+        name: &str,
+        parameters: serde_json::Value,
+        allow_expansion: bool,
+    ) -> anyhow::Result<()> {
         let class: StorageClass = serde_json::from_value(json!({
             "metadata": {"name": name},
             "provisioner": PROVISIONER,
             "reclaimPolicy": "Delete",
             "volumeBindingMode": "Immediate",
+            "allowVolumeExpansion": allow_expansion,
             "parameters": parameters,
         }))?;
         Api::<StorageClass>::all(self.client.clone())

@@ -123,6 +123,15 @@ fn rbac_is_least_privilege() {
             );
         }
     }
+    // Expansion writes only the claims' status subresource.
+    let status_rule = cluster_role
+        .split("- apiGroups")
+        .find(|r| r.contains("persistentvolumeclaims/status"))
+        .expect("a rule for the claims' status");
+    assert!(
+        status_rule.contains("patch") && !status_rule.contains("delete"),
+        "{status_rule}"
+    );
     let role = document(&docs, "Role")[0];
     assert!(
         role.contains("leases") && role.contains("coordination.k8s.io"),
