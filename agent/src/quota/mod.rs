@@ -5,6 +5,7 @@
 pub mod btrfs;
 pub mod command;
 pub mod xfs;
+pub mod zfs;
 
 use std::ops::RangeInclusive;
 use std::path::Path;

@@ -3,6 +3,8 @@
 
 #![allow(dead_code)]
 
+pub mod zfs_pool;
+
 use std::collections::BTreeMap;
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
