@@ -18,6 +18,8 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use crate::quota::{Quota, QuotaError};
+
+mod zfs;
 use nfsprov_api_types::{
     ArchiveResult, CreateVolumeRequest, FilesystemStats, Mode as VolumeMode, QuotaBackend,
     QuotaPolicy, Volume, VolumeOwner, VolumePath, VolumeUsage,
@@ -195,7 +197,9 @@ impl VolumeStore {
             open_child(state.as_fd(), area, true)?;
         }
         store.open_internal(&[ARCHIVE_DIR], true)?;
-        store.check_xattr_support()?;
+        if !matches!(store.quota, Quota::Zfs(_)) {
+            store.check_xattr_support()?;
+        }
         if let Quota::Xfs(xfs) = &store.quota {
             xfs.mark_in_use(store.recorded_project_ids()?);
         }
@@ -208,6 +212,19 @@ impl VolumeStore {
 
     pub fn quota(&self) -> &Quota {
         &self.quota
+    }
+
+    /// The settings a create request asks for, to compare with an existing volume's.
+    fn wanted_meta(&self, request: &CreateVolumeRequest) -> VolumeMeta {
+        VolumeMeta {
+            mode: request.mode,
+            uid: request.uid.unwrap_or(self.default_uid),
+            gid: request.gid.unwrap_or(self.default_gid),
+            capacity_bytes: request.capacity_bytes,
+            owner: request.owner.clone(),
+            created_at: String::new(),
+            quota: None,
+        }
     }
 
     /// Whether a new volume gets a quota, or why the request cannot be honoured.
@@ -316,16 +333,11 @@ impl VolumeStore {
         path: &VolumePath,
         request: &CreateVolumeRequest,
     ) -> Result<(Volume, Created)> {
+        if let Quota::Zfs(zfs) = &self.quota {
+            return self.zfs_create(zfs, path, request);
+        }
         self.ensure_root()?;
-        let wanted = VolumeMeta {
-            mode: request.mode,
-            uid: request.uid.unwrap_or(self.default_uid),
-            gid: request.gid.unwrap_or(self.default_gid),
-            capacity_bytes: request.capacity_bytes,
-            owner: request.owner.clone(),
-            created_at: String::new(),
-            quota: None,
-        };
+        let wanted = self.wanted_meta(request);
         let parent = self
             .walk_parents(path, true)?
             .ok_or_else(|| not_found(path))?;
@@ -400,6 +412,9 @@ impl VolumeStore {
 
     /// The volume at `path`.
     pub fn get(&self, path: &VolumePath) -> Result<Volume> {
+        if let Quota::Zfs(zfs) = &self.quota {
+            return self.zfs_get(zfs, path);
+        }
         let parent = self
             .walk_parents(path, false)?
             .ok_or_else(|| not_found(path))?;
@@ -411,6 +426,9 @@ impl VolumeStore {
 
     /// Space and inodes the volume uses, measured by walking its tree (see `usage`).
     pub fn measure(&self, path: &VolumePath) -> Result<VolumeUsage> {
+        if let Quota::Zfs(zfs) = &self.quota {
+            return self.zfs_measure(zfs, path);
+        }
         let parent = self
             .walk_parents(path, false)?
             .ok_or_else(|| not_found(path))?;
@@ -439,6 +457,9 @@ impl VolumeStore {
     /// Raises the volume's capacity, and its quota when one enforces it. The same
     /// capacity again is a success that changes nothing; shrinking is refused.
     pub fn resize(&self, path: &VolumePath, capacity_bytes: u64) -> Result<Volume> {
+        if let Quota::Zfs(zfs) = &self.quota {
+            return self.zfs_resize(zfs, path, capacity_bytes);
+        }
         self.ensure_root()?;
         let parent = self
             .walk_parents(path, false)?
@@ -483,6 +504,9 @@ impl VolumeStore {
 
     /// Removes the volume's whole tree; symlinks inside it are removed, never followed.
     pub fn delete(&self, path: &VolumePath) -> Result<Deleted> {
+        if let Quota::Zfs(zfs) = &self.quota {
+            return self.zfs_delete(zfs, path);
+        }
         self.ensure_root()?;
         let Some(parent) = self.walk_parents(path, false)? else {
             return Ok(Deleted::WasAbsent);
@@ -511,6 +535,9 @@ impl VolumeStore {
     /// volume is already gone but was archived before, reports the latest archive, so a
     /// retried request gets the same answer.
     pub fn archive(&self, path: &VolumePath) -> Result<(ArchiveResult, Archived)> {
+        if let Quota::Zfs(zfs) = &self.quota {
+            return self.zfs_archive(zfs, path);
+        }
         self.ensure_root()?;
         let parent = self.walk_parents(path, false)?;
         let exists = match &parent {
@@ -554,6 +581,9 @@ impl VolumeStore {
 
     /// Every volume beneath the root, sorted by path.
     pub fn list(&self) -> Result<Vec<Volume>> {
+        if let Quota::Zfs(zfs) = &self.quota {
+            return self.zfs_list(zfs);
+        }
         let mut found = Vec::new();
         let mut prefix = Vec::new();
         self.collect_volumes(self.root.as_fd(), &mut prefix, &mut found)?;
@@ -606,6 +636,11 @@ impl VolumeStore {
     /// Removes whatever a crash left in the staging and trash areas.
     pub fn purge_leftovers(&self) -> Result<usize> {
         let mut purged = 0;
+        if let Quota::Zfs(zfs) = &self.quota {
+            purged += zfs
+                .purge_leftovers()
+                .map_err(|e| quota_error("purge unfinished datasets", e))?;
+        }
         for area in [STAGING_DIR, TRASH_DIR] {
             let dir = self.open_internal(&[STATE_DIR, area], false)?;
             for (name, _) in
@@ -642,6 +677,9 @@ impl VolumeStore {
                     project_id: None,
                 })
             }
+            Quota::Zfs(_) => Err(StoreError::Unsupported(format!(
+                "{path}: ZFS volumes get their quota when their dataset is created"
+            ))),
             Quota::Xfs(xfs) => {
                 let id = xfs
                     .limit_new(dir, capacity)
@@ -722,10 +760,13 @@ impl VolumeStore {
                 Err(Errno::NOENT) if !create => return Ok(None),
                 Err(e) => return Err(walk_error(&walked.join("/"), e)),
             };
-            if read_meta(next.as_fd())
+            let is_volume = read_meta(next.as_fd())
                 .map_err(|e| io_error(format!("read metadata of {}", walked.join("/")), e))?
-                .is_some()
-            {
+                .is_some();
+            // A ZFS volume is a mount: another device than the root's own dataset.
+            let is_dataset = matches!(self.quota, Quota::Zfs(_))
+                && rustix::fs::fstat(&next).is_ok_and(|st| st.st_dev != self.root_id.0);
+            if is_volume || is_dataset {
                 return Err(StoreError::Conflict(format!(
                     "{path} would be inside the volume {}; volumes cannot be nested",
                     walked.join("/")
@@ -951,7 +992,8 @@ fn read_meta(dir: BorrowedFd<'_>) -> rustix::io::Result<Option<VolumeMeta>> {
             // Unreadable metadata is treated as foreign: better refuse than guess.
             Ok(serde_json::from_slice(&buf).ok())
         }
-        Err(Errno::NODATA) => Ok(None),
+        // zfs-fuse has no extended attributes; its volumes keep metadata in properties.
+        Err(Errno::NODATA | Errno::NOTSUP) => Ok(None),
         Err(e) => Err(e),
     }
 }

@@ -295,3 +295,103 @@ fn probe_checks_the_real_dataset() {
     let err = Zfs::probe(runner, pool.dataset(), pool.export_root()).unwrap_err();
     assert!(err.contains("not mounted"), "{err}");
 }
+
+/// The whole agent over HTTPS with the zfs backend: what a controller sees.
+#[tokio::test(flavor = "multi_thread")]
+async fn the_agent_enforces_grows_archives_and_deletes_datasets() {
+    let Some(pool) = ZfsPool::create("the_agent_enforces_grows_archives_and_deletes_datasets")
+    else {
+        return;
+    };
+    let settings = nfsprov_agent::quota::QuotaSettings {
+        backend: nfsprov_api_types::QuotaBackend::Zfs,
+        zfs_dataset: Some(pool.dataset().to_owned()),
+        ..Default::default()
+    };
+    let agent = nfsprov_agent::testkit::TestAgent::start_with_quota(pool.export_root(), settings)
+        .await
+        .unwrap();
+    let client = agent.client();
+    let info = client.info(None).await.unwrap();
+    assert!(info.capabilities.quota_enforced);
+    assert_eq!(
+        info.capabilities.quota,
+        nfsprov_api_types::QuotaBackend::Zfs
+    );
+
+    let path = VolumePath::parse("ns/claim").unwrap();
+    let request = nfsprov_api_types::CreateVolumeRequest {
+        capacity_bytes: 8 * MIB,
+        mode: nfsprov_api_types::Mode::new(0o2770).unwrap(),
+        uid: Some(1000),
+        gid: Some(1000),
+        quota: nfsprov_api_types::QuotaPolicy::Enforce,
+        ..Default::default()
+    };
+    let created = client.create_volume(&path, &request, None).await.unwrap();
+    assert!(created.created && created.volume.quota_enforced);
+    // The same request again is confirmed, not repeated.
+    assert!(
+        !client
+            .create_volume(&path, &request, None)
+            .await
+            .unwrap()
+            .created
+    );
+    let dir = pool.export_root().join("ns/claim");
+    let meta = std::fs::metadata(&dir).unwrap();
+    assert_ne!(
+        meta.dev(),
+        std::fs::metadata(pool.export_root()).unwrap().dev(),
+        "a dataset of its own"
+    );
+    assert_eq!(
+        (meta.uid(), meta.gid(), meta.mode() & 0o7777),
+        (1000, 1000, 0o2770)
+    );
+
+    let data = dir.join("data");
+    let err = write_incompressible(&data, 16 * MIB).expect_err("16 MiB past 8 MiB");
+    assert_eq!(
+        err.raw_os_error(),
+        Some(Errno::DQUOT.raw_os_error()),
+        "{err}"
+    );
+    let grown = client.resize_volume(&path, 64 * MIB, None).await.unwrap();
+    assert_eq!(grown.capacity_bytes, 64 * MIB);
+    assert_eq!(
+        pool.zfs(&[
+            "get",
+            "-H",
+            "-p",
+            "-o",
+            "value",
+            "refquota",
+            &format!("{}/ns:claim", pool.dataset())
+        ])
+        .trim(),
+        (64 * MIB).to_string()
+    );
+    write_incompressible(&data, 16 * MIB).expect("16 MiB fit after the resize");
+    let shrink = client.resize_volume(&path, MIB, None).await.unwrap_err();
+    assert_eq!(
+        shrink.code(),
+        Some(nfsprov_api_types::ErrorCode::Unsupported)
+    );
+
+    let listed = client.list_volumes(None).await.unwrap();
+    assert_eq!(listed.len(), 1);
+    assert_eq!(listed[0].path, path);
+
+    let archived = client.archive_volume(&path, None).await.unwrap();
+    let archived_data = pool.export_root().join(&archived.archive_path).join("data");
+    assert_eq!(std::fs::metadata(&archived_data).unwrap().len(), 16 * MIB);
+    assert!(client.get_volume(&path, None).await.unwrap().is_none());
+    // The path is free for a new volume, which is a new, empty dataset.
+    client.create_volume(&path, &request, None).await.unwrap();
+    assert!(!dir.join("data").exists());
+    client.delete_volume(&path, None).await.unwrap();
+    assert!(client.get_volume(&path, None).await.unwrap().is_none());
+    assert!(client.list_volumes(None).await.unwrap().is_empty());
+    agent.stop().await.unwrap();
+}

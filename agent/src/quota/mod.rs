@@ -17,6 +17,7 @@ use nfsprov_api_types::QuotaBackend;
 use self::btrfs::Btrfs;
 use self::command::{SystemRunner, ToolError, ToolRunner};
 use self::xfs::{Xfs, XfsError};
+use self::zfs::{Zfs, ZfsError};
 
 /// The quota settings, checked.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -48,6 +49,7 @@ pub enum Quota {
     None,
     Btrfs(Btrfs),
     Xfs(Xfs),
+    Zfs(Zfs),
 }
 
 /// A quota operation that failed.
@@ -57,6 +59,8 @@ pub enum QuotaError {
     Tool(#[from] ToolError),
     #[error(transparent)]
     Xfs(#[from] XfsError),
+    #[error(transparent)]
+    Zfs(#[from] ZfsError),
 }
 
 impl QuotaError {
@@ -66,6 +70,7 @@ impl QuotaError {
             self,
             QuotaError::Tool(ToolError::TimedOut { .. })
                 | QuotaError::Xfs(XfsError::Tool(ToolError::TimedOut { .. }))
+                | QuotaError::Zfs(ZfsError::Tool(ToolError::TimedOut { .. }))
         )
     }
 }
@@ -82,8 +87,12 @@ impl Quota {
                 export_root,
                 settings.xfs_project_ids.clone(),
             )?),
-            other => {
-                return Err(format!("quota backend {other:?} is not available"));
+            QuotaBackend::Zfs => {
+                let dataset = settings
+                    .zfs_dataset
+                    .as_deref()
+                    .ok_or("quota.zfs_dataset is not set")?;
+                Quota::Zfs(Zfs::probe(runner, dataset, export_root)?)
             }
         };
         Ok(quota)
@@ -94,6 +103,7 @@ impl Quota {
             Quota::None => QuotaBackend::None,
             Quota::Btrfs(_) => QuotaBackend::Btrfs,
             Quota::Xfs(_) => QuotaBackend::Xfs,
+            Quota::Zfs(_) => QuotaBackend::Zfs,
         }
     }
 
