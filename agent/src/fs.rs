@@ -363,15 +363,7 @@ impl VolumeStore {
                 created_at: now_rfc3339(),
                 ..wanted.clone()
             };
-            // chown before chmod: chown clears the setuid and setgid bits.
-            rustix::fs::fchown(
-                &dir,
-                Some(rustix::fs::Uid::from_raw(meta.uid)),
-                Some(rustix::fs::Gid::from_raw(meta.gid)),
-            )
-            .map_err(|e| io_error(format!("chown {path} to {}:{}", meta.uid, meta.gid), e))?;
-            rustix::fs::fchmod(&dir, Mode::from_raw_mode(meta.mode.bits()))
-                .map_err(|e| io_error(format!("chmod {path}"), e))?;
+            set_owner_and_mode(dir.as_fd(), path, &meta)?;
             if enforce {
                 limited = Some(self.limit_new(dir.as_fd(), path, meta.capacity_bytes)?);
                 meta.quota = limited.clone();
@@ -467,13 +459,7 @@ impl VolumeStore {
         let Some(mut meta) = self.existing_volume(parent.as_fd(), path)? else {
             return Err(not_found(path));
         };
-        if capacity_bytes < meta.capacity_bytes {
-            return Err(StoreError::Unsupported(format!(
-                "{path} has a capacity of {} bytes; shrinking it to {capacity_bytes} bytes is not supported",
-                meta.capacity_bytes
-            )));
-        }
-        if capacity_bytes == meta.capacity_bytes {
+        if !is_growth(path, &meta, capacity_bytes)? {
             return Ok(volume(path, meta));
         }
         let dir = open_child(parent.as_fd(), path.file_name(), false)?;
@@ -728,17 +714,9 @@ impl VolumeStore {
     /// volumes, archives, and whatever staging and trash hold.
     fn recorded_project_ids(&self) -> Result<Vec<u32>> {
         let mut ids = Vec::new();
-        let root = self
-            .root
-            .as_fd()
-            .try_clone_to_owned()
-            .map_err(|e| StoreError::Io {
-                context: "duplicate root descriptor".into(),
-                source: e,
-            })?;
         // Archives sit two levels below their path (`.archive/<path>/@<time>`).
         collect_project_ids(
-            root.as_fd(),
+            self.root.as_fd(),
             nfsprov_api_types::MAX_COMPONENTS + 2,
             &mut ids,
         )?;
@@ -848,6 +826,30 @@ impl VolumeStore {
         let nanos = OffsetDateTime::now_utc().unix_timestamp_nanos();
         format!("{kind}-{}-{nanos}-{n}", std::process::id())
     }
+}
+
+/// Gives a new volume's root its owner and mode.
+fn set_owner_and_mode(dir: BorrowedFd<'_>, path: &VolumePath, meta: &VolumeMeta) -> Result<()> {
+    // chown before chmod: chown clears the setuid and setgid bits.
+    rustix::fs::fchown(
+        dir,
+        Some(rustix::fs::Uid::from_raw(meta.uid)),
+        Some(rustix::fs::Gid::from_raw(meta.gid)),
+    )
+    .map_err(|e| io_error(format!("chown {path} to {}:{}", meta.uid, meta.gid), e))?;
+    rustix::fs::fchmod(dir, Mode::from_raw_mode(meta.mode.bits()))
+        .map_err(|e| io_error(format!("chmod {path}"), e))
+}
+
+/// Whether a resize to `capacity_bytes` changes anything; an error for a shrink.
+fn is_growth(path: &VolumePath, meta: &VolumeMeta, capacity_bytes: u64) -> Result<bool> {
+    if capacity_bytes < meta.capacity_bytes {
+        return Err(StoreError::Unsupported(format!(
+            "{path} has a capacity of {} bytes; shrinking it to {capacity_bytes} bytes is not supported",
+            meta.capacity_bytes
+        )));
+    }
+    Ok(capacity_bytes > meta.capacity_bytes)
 }
 
 fn confirm(

@@ -11,13 +11,12 @@ use std::os::fd::AsFd;
 use nfsprov_api_types::{
     ArchiveResult, CreateVolumeRequest, QuotaBackend, Volume, VolumePath, VolumeUsage,
 };
-use rustix::fs::Mode;
 use time::OffsetDateTime;
 
 use super::{
     ARCHIVE_DIR, ARCHIVE_ENTRY_PREFIX, Archived, Created, Deleted, QuotaRecord, Result, StoreError,
-    VolumeMeta, VolumeStore, archive_result, archive_stamp, confirm, io_error, not_found,
-    now_rfc3339, open_child, quota_error, volume,
+    VolumeMeta, VolumeStore, archive_result, archive_stamp, confirm, io_error, is_growth,
+    not_found, now_rfc3339, open_child, quota_error, set_owner_and_mode, volume,
 };
 use crate::quota::zfs::{Zfs, ZfsError};
 
@@ -58,15 +57,7 @@ impl VolumeStore {
                 }),
                 ..wanted.clone()
             };
-            // chown before chmod: chown clears the setuid and setgid bits.
-            rustix::fs::fchown(
-                &dir,
-                Some(rustix::fs::Uid::from_raw(meta.uid)),
-                Some(rustix::fs::Gid::from_raw(meta.gid)),
-            )
-            .map_err(|e| io_error(format!("chown {path} to {}:{}", meta.uid, meta.gid), e))?;
-            rustix::fs::fchmod(&dir, Mode::from_raw_mode(meta.mode.bits()))
-                .map_err(|e| io_error(format!("chmod {path}"), e))?;
+            set_owner_and_mode(dir.as_fd(), path, &meta)?;
             write_meta(zfs, path, &meta)?;
             Ok(meta)
         };
@@ -121,13 +112,7 @@ impl VolumeStore {
         let Some(mut meta) = finished_volume(zfs, path)? else {
             return Err(not_found(path));
         };
-        if capacity_bytes < meta.capacity_bytes {
-            return Err(StoreError::Unsupported(format!(
-                "{path} has a capacity of {} bytes; shrinking it to {capacity_bytes} bytes is not supported",
-                meta.capacity_bytes
-            )));
-        }
-        if capacity_bytes == meta.capacity_bytes {
+        if !is_growth(path, &meta, capacity_bytes)? {
             return Ok(volume(path, meta));
         }
         // The quota first, as for the other backends: a crash in between leaves a quota
