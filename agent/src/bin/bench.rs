@@ -1,6 +1,7 @@
 //! Benchmark of the agent over real HTTPS on loopback: create + delete pairs at a given
 //! concurrency with keep-alive connections, and deleting a large tree through the agent
-//! against `rm -rf` of an identical tree. Prints figures; asserts nothing.
+//! against `rm -rf` of an identical tree. Prints figures; asserts nothing. With `--btrfs`
+//! the export root is a loop-mounted btrfs with the btrfs quota backend.
 
 use std::path::Path;
 use std::process::Command;
@@ -9,8 +10,10 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
 use clap::Parser;
+use nfsprov_agent::quota::QuotaSettings;
+use nfsprov_agent::test_filesystems::LoopBtrfs;
 use nfsprov_agent::testkit::TestAgent;
-use nfsprov_api_types::{CreateVolumeRequest, VolumePath};
+use nfsprov_api_types::{CreateVolumeRequest, QuotaBackend, VolumePath};
 use tokio::sync::Mutex;
 
 #[derive(Debug, Parser)]
@@ -30,6 +33,10 @@ struct Args {
     /// Directory to create the export root in (default: the system temp dir).
     #[arg(long)]
     dir: Option<std::path::PathBuf>,
+    /// Serve a loop-mounted btrfs with the btrfs quota backend (a subvolume and a qgroup
+    /// limit per volume; needs root) instead of a plain directory.
+    #[arg(long)]
+    btrfs: bool,
 }
 
 fn main() -> anyhow::Result<()> {
@@ -43,15 +50,37 @@ async fn run(args: Args) -> anyhow::Result<()> {
         Some(dir) => tempfile::tempdir_in(dir)?,
         None => tempfile::tempdir()?,
     };
-    let root = base.path().join("export");
-    std::fs::create_dir(&root)?;
-    let agent = TestAgent::start(&root).await?;
+    // Sparse: only what the benchmark writes takes space.
+    let btrfs = if args.btrfs {
+        Some(LoopBtrfs::new(8192, true)?)
+    } else {
+        None
+    };
+    let (root, agent) = match &btrfs {
+        Some(fs) => {
+            let settings = QuotaSettings {
+                backend: QuotaBackend::Btrfs,
+                ..QuotaSettings::default()
+            };
+            (
+                fs.root(),
+                TestAgent::start_with_quota(&fs.root(), settings).await?,
+            )
+        }
+        None => {
+            let root = base.path().join("export");
+            std::fs::create_dir(&root)?;
+            let agent = TestAgent::start(&root).await?;
+            (root, agent)
+        }
+    };
     let client = agent.client();
     client.healthz().await.context("agent not serving")?;
     println!(
-        "agent: https://{} (TLS 1.3, token auth), export root on {}",
+        "agent: https://{} (TLS 1.3, token auth), export root {}, quota backend {}",
         agent.addr(),
-        base.path().display()
+        root.display(),
+        client.info(None).await?.capabilities.quota
     );
 
     // Warm up connections and caches.
@@ -138,7 +167,11 @@ async fn run(args: Args) -> anyhow::Result<()> {
     let volume = VolumePath::parse("tree")?;
     client.create_volume(&volume, &request, None).await?;
     fill(&root.join("tree"), files)?;
-    let plain = base.path().join("plain-tree");
+    // On the same filesystem as the volumes, so both deletions do the same work.
+    let plain = match &btrfs {
+        Some(fs) => fs.mount_point().join("plain-tree"),
+        None => base.path().join("plain-tree"),
+    };
     std::fs::create_dir(&plain)?;
     fill(&plain, files)?;
     sync();
