@@ -343,7 +343,7 @@ impl VolumeStore {
             .ok_or_else(|| not_found(path))?;
         let leaf = path.file_name();
         if let Some(existing) = self.existing_volume(parent.as_fd(), path)? {
-            return confirm(path, existing, &wanted);
+            return confirm(path, existing, &wanted, request.quota);
         }
 
         let enforce = self.enforcement(path, request.quota)?;
@@ -385,7 +385,7 @@ impl VolumeStore {
                 // Someone (another request, or a stray file) took the name meanwhile.
                 self.remove_volume(staging.as_fd(), &staged, limited.as_ref())?;
                 match self.existing_volume(parent.as_fd(), path)? {
-                    Some(existing) => confirm(path, existing, &wanted),
+                    Some(existing) => confirm(path, existing, &wanted, request.quota),
                     None => Err(StoreError::Conflict(format!(
                         "{path} was created concurrently"
                     ))),
@@ -856,8 +856,12 @@ fn confirm(
     path: &VolumePath,
     existing: VolumeMeta,
     wanted: &VolumeMeta,
+    policy: QuotaPolicy,
 ) -> Result<(Volume, Created)> {
     let mut differences = Vec::new();
+    if policy == QuotaPolicy::Enforce && existing.quota.is_none() {
+        differences.push("no enforced quota (requested enforce)".to_owned());
+    }
     if existing.mode != wanted.mode {
         differences.push(format!(
             "mode {} (requested {})",

@@ -154,6 +154,14 @@ async fn quota_off_makes_a_plain_directory_and_enforce_needs_a_backend() {
         256
     );
     fill(&fs.root().join("plain/data"), 4 * MIB).expect("nothing limits it");
+    // Asking for the same volume with enforcement cannot be confirmed by it.
+    let err = agent
+        .client()
+        .create_volume(&path, &request(MIB, QuotaPolicy::Enforce), None)
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), Some(ErrorCode::Conflict), "{err}");
+    assert!(err.to_string().contains("no enforced quota"), "{err}");
     agent.client().delete_volume(&path, None).await.unwrap();
     assert!(!fs.root().join("plain").exists());
 

@@ -34,7 +34,7 @@ impl VolumeStore {
             .walk_parents(path, true)?
             .ok_or_else(|| not_found(path))?;
         if let Some(existing) = finished_volume(zfs, path)? {
-            return confirm(path, existing, &wanted);
+            return confirm(path, existing, &wanted, request.quota);
         }
         // A directory of the root dataset itself (not a mount) is not the agent's.
         if let Ok(dir) = open_child(parent.as_fd(), path.file_name(), false)
