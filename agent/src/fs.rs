@@ -427,7 +427,6 @@ impl VolumeStore {
         let Some(meta) = self.existing_volume(parent.as_fd(), path)? else {
             return Err(not_found(path));
         };
-        let dir = open_child(parent.as_fd(), path.file_name(), false)?;
         let project_id = meta.quota.as_ref().and_then(|q| q.project_id);
         // A project quota counts both figures itself; no walk is needed.
         if let (Some(id), Quota::Xfs(xfs)) = (project_id, &self.quota) {
@@ -435,6 +434,7 @@ impl VolumeStore {
                 .usage(id)
                 .map_err(|e| quota_error(format!("read the quota usage of {path}"), e));
         }
+        let dir = open_child(parent.as_fd(), path.file_name(), false)?;
         let mut usage = crate::usage::measure_tree(dir.as_fd())
             .map_err(|e| io_error(format!("measure {path}"), e))?;
         // The quota's own count is what enforcement compares with the capacity.
@@ -541,13 +541,7 @@ impl VolumeStore {
             };
         };
         let target = self.open_internal(&archive_components, true)?;
-        let stamp = archive_stamp(OffsetDateTime::now_utc());
-        for attempt in 0..100u32 {
-            let entry = if attempt == 0 {
-                format!("{ARCHIVE_ENTRY_PREFIX}{stamp}")
-            } else {
-                format!("{ARCHIVE_ENTRY_PREFIX}{stamp}-{attempt}")
-            };
+        for entry in archive_entries(OffsetDateTime::now_utc()) {
             match rustix::fs::renameat_with(
                 &parent,
                 path.file_name(),
@@ -936,6 +930,16 @@ fn archive_result(path: &VolumePath, entry: &str) -> ArchiveResult {
 const ARCHIVE_STAMP: &[time::format_description::FormatItem<'static>] = time::macros::format_description!(
     "[year][month][day]T[hour][minute][second].[subsecond digits:9]Z"
 );
+
+/// The archive entry names to try, in order, for an archive made at `at`: the time, then
+/// the time with a counter for archives of the same path within the same nanosecond.
+fn archive_entries(at: OffsetDateTime) -> impl Iterator<Item = String> {
+    let stamp = archive_stamp(at);
+    (0..100u32).map(move |attempt| match attempt {
+        0 => format!("{ARCHIVE_ENTRY_PREFIX}{stamp}"),
+        n => format!("{ARCHIVE_ENTRY_PREFIX}{stamp}-{n}"),
+    })
+}
 
 fn archive_stamp(at: OffsetDateTime) -> String {
     at.format(ARCHIVE_STAMP)

@@ -39,59 +39,52 @@ fn respond_with(call: Call, claim: &PersistentVolumeClaim) -> Call {
     call.respond(serde_json::to_value(claim).unwrap())
 }
 
+/// A patch of the claim's status guarded by `resource_version`, answered with `then`.
+fn patch_claim_status(
+    resource_version: &str,
+    status: Value,
+    check: fn(Value) -> BodyCheck,
+    then: &PersistentVolumeClaim,
+) -> Call {
+    let body = json!({"metadata": {"resourceVersion": resource_version}, "status": status});
+    respond_with(Call::new(Method::PATCH, CLAIM_STATUS, check(body)), then)
+}
+
 /// external-resizer's markControllerResizeInProgress, answered with `then`.
 fn mark_in_progress(resource_version: &str, size: &str, then: &PersistentVolumeClaim) -> Call {
-    let body = json!({
-        "metadata": {"resourceVersion": resource_version},
-        "status": {
-            "conditions": [{"type": "Resizing", "status": "True", "lastTransitionTime": any()}],
-            "allocatedResources": {"storage": size},
-            "allocatedResourceStatuses": {"storage": CONTROLLER_RESIZE_IN_PROGRESS},
-        }
+    let status = json!({
+        "conditions": [{"type": "Resizing", "status": "True", "lastTransitionTime": any()}],
+        "allocatedResources": {"storage": size},
+        "allocatedResourceStatuses": {"storage": CONTROLLER_RESIZE_IN_PROGRESS},
     });
-    respond_with(
-        Call::new(Method::PATCH, CLAIM_STATUS, BodyCheck::Shape(body)),
-        then,
-    )
+    patch_claim_status(resource_version, status, BodyCheck::Shape, then)
 }
 
 /// markControllerExpansionInfeasible: the Resizing condition stays, the error is added.
 fn mark_infeasible(resource_version: &str, cause: &str, then: &PersistentVolumeClaim) -> Call {
-    let body = json!({
-        "metadata": {"resourceVersion": resource_version},
-        "status": {
-            "conditions": [
-                {"type": "Resizing", "status": "True"},
-                {
-                    "type": "ControllerResizeError",
-                    "status": "True",
-                    "lastTransitionTime": any(),
-                    "message": {"$contains": cause},
-                },
-            ],
-            "allocatedResourceStatuses": {"storage": CONTROLLER_RESIZE_INFEASIBLE},
-        }
+    let status = json!({
+        "conditions": [
+            {"type": "Resizing", "status": "True"},
+            {
+                "type": "ControllerResizeError",
+                "status": "True",
+                "lastTransitionTime": any(),
+                "message": {"$contains": cause},
+            },
+        ],
+        "allocatedResourceStatuses": {"storage": CONTROLLER_RESIZE_INFEASIBLE},
     });
-    respond_with(
-        Call::new(Method::PATCH, CLAIM_STATUS, BodyCheck::Shape(body)),
-        then,
-    )
+    patch_claim_status(resource_version, status, BodyCheck::Shape, then)
 }
 
 /// markOverallExpansionAsFinished: capacity, no resize condition, no storage status.
 fn mark_finished(resource_version: &str, size: &str, then: &PersistentVolumeClaim) -> Call {
-    let body = json!({
-        "metadata": {"resourceVersion": resource_version},
-        "status": {
-            "capacity": {"storage": size},
-            "conditions": [],
-            "allocatedResourceStatuses": {"storage": null},
-        }
+    let status = json!({
+        "capacity": {"storage": size},
+        "conditions": [],
+        "allocatedResourceStatuses": {"storage": null},
     });
-    respond_with(
-        Call::new(Method::PATCH, CLAIM_STATUS, BodyCheck::Exact(body)),
-        then,
-    )
+    patch_claim_status(resource_version, status, BodyCheck::Exact, then)
 }
 
 /// The fresh read of the PV that decides between expanding, resuming and refusing.

@@ -460,13 +460,12 @@ async fn agent_conflict_is_reported() {
 
 // ------------------------------------------------------------------- quota
 
-#[tokio::test]
-async fn quota_parameter_reaches_the_agent_and_is_recorded_on_the_pv() {
-    let agent = MockAgent::start("nfs1").await;
-    // off: the agent records the capacity and is told not to enforce it.
+/// Provisions the default claim with a class whose `quota` parameter is `quota`, expecting
+/// the PV to record it.
+async fn provision_with_quota(agent: &MockAgent, quota: &str) {
     let (ctx, api) = context(
         agent.registry(),
-        vec![class("nfs", &[("quota", "off")])],
+        vec![class("nfs", &[("quota", quota)])],
         vec![],
     );
     let server = api.run(vec![
@@ -474,7 +473,7 @@ async fn quota_parameter_reaches_the_agent_and_is_recorded_on_the_pv() {
         Call::new(
             Method::POST,
             PVS,
-            BodyCheck::Exact(expected_pv_with_quota(DEFAULT_PATH, "archive", "off")),
+            BodyCheck::Exact(expected_pv_with_quota(DEFAULT_PATH, "archive", quota)),
         )
         .status(201),
         succeeded_event(),
@@ -483,30 +482,19 @@ async fn quota_parameter_reaches_the_agent_and_is_recorded_on_the_pv() {
         .await
         .unwrap();
     finish(ctx, server).await;
+}
+
+#[tokio::test]
+async fn quota_parameter_reaches_the_agent_and_is_recorded_on_the_pv() {
+    // off: the agent records the capacity and is told not to enforce it.
+    let agent = MockAgent::start("nfs1").await;
+    provision_with_quota(&agent, "off").await;
     assert_eq!(agent.volume(DEFAULT_PATH).unwrap().quota, QuotaPolicy::Off);
 
     // enforce, on an agent that enforces: the same two agent calls as ever.
     let agent = MockAgent::start("nfs1").await;
     agent.enforce_quotas(true);
-    let (ctx, api) = context(
-        agent.registry(),
-        vec![class("nfs", &[("quota", "enforce")])],
-        vec![],
-    );
-    let server = api.run(vec![
-        provisioning_event(),
-        Call::new(
-            Method::POST,
-            PVS,
-            BodyCheck::Exact(expected_pv_with_quota(DEFAULT_PATH, "archive", "enforce")),
-        )
-        .status(201),
-        succeeded_event(),
-    ]);
-    reconcile_claim(Arc::new(claim("nfs")), ctx.clone())
-        .await
-        .unwrap();
-    finish(ctx, server).await;
+    provision_with_quota(&agent, "enforce").await;
     assert_eq!(
         agent.calls(),
         ["GET info".to_owned(), format!("PUT {DEFAULT_PATH}")]

@@ -14,9 +14,9 @@ use nfsprov_api_types::{
 use time::OffsetDateTime;
 
 use super::{
-    ARCHIVE_DIR, ARCHIVE_ENTRY_PREFIX, Archived, Created, Deleted, QuotaRecord, Result, StoreError,
-    VolumeMeta, VolumeStore, archive_result, archive_stamp, confirm, io_error, is_growth,
-    not_found, now_rfc3339, open_child, quota_error, set_owner_and_mode, volume,
+    ARCHIVE_DIR, Archived, Created, Deleted, QuotaRecord, Result, StoreError, VolumeMeta,
+    VolumeStore, archive_entries, archive_result, confirm, io_error, is_growth, not_found,
+    now_rfc3339, open_child, quota_error, set_owner_and_mode, volume,
 };
 use crate::quota::zfs::{Zfs, ZfsError};
 
@@ -153,13 +153,8 @@ impl VolumeStore {
             };
         }
         let target = self.open_internal(&archive_components, true)?;
-        let stamp = archive_stamp(OffsetDateTime::now_utc());
         let taken = |entry: &str| open_child(target.as_fd(), entry, false).is_ok();
-        let entry = (0..100u32)
-            .map(|attempt| match attempt {
-                0 => format!("{ARCHIVE_ENTRY_PREFIX}{stamp}"),
-                n => format!("{ARCHIVE_ENTRY_PREFIX}{stamp}-{n}"),
-            })
+        let entry = archive_entries(OffsetDateTime::now_utc())
             .find(|entry| !taken(entry))
             .ok_or_else(|| {
                 StoreError::Conflict(format!("could not find a free archive name for {path}"))

@@ -35,16 +35,7 @@ impl Btrfs {
             ));
         }
         let backend = Self { runner };
-        let show = ToolCommand::new(
-            "btrfs",
-            [
-                "qgroup".to_owned(),
-                "show".to_owned(),
-                "--raw".to_owned(),
-                export_root.display().to_string(),
-            ],
-        );
-        match backend.runner.run(&show) {
+        match backend.btrfs(&["qgroup", "show", "--raw"], export_root) {
             Ok(_) => Ok(backend),
             Err(e) if e.stderr().contains("not enabled") => Err(format!(
                 "quotas are not enabled on the btrfs filesystem holding {}; run `btrfs quota enable` on its mount point",

@@ -320,6 +320,16 @@ fn validate_pv(obj: &Value, causes: &mut Vec<Cause>) {
         &["Delete", "Recycle", "Retain"],
         causes,
     );
+    validate_mode_and_class(&spec, causes);
+    if let Some(cr) = spec.get("claimRef").filter(|v| !v.is_null())
+        && !cr.is_object()
+    {
+        causes.push(Cause::invalid("spec.claimRef", cr, "must be an object"));
+    }
+}
+
+/// `volumeMode` and `storageClassName`, which volumes and claims share.
+fn validate_mode_and_class(spec: &Value, causes: &mut Vec<Cause>) {
     validate_enum(
         spec.get("volumeMode"),
         "spec.volumeMode",
@@ -331,11 +341,6 @@ fn validate_pv(obj: &Value, causes: &mut Vec<Cause>) {
         "spec.storageClassName",
         causes,
     );
-    if let Some(cr) = spec.get("claimRef").filter(|v| !v.is_null())
-        && !cr.is_object()
-    {
-        causes.push(Cause::invalid("spec.claimRef", cr, "must be an object"));
-    }
 }
 
 fn validate_pvc(obj: &Value, causes: &mut Vec<Cause>) {
@@ -353,17 +358,7 @@ fn validate_pvc(obj: &Value, causes: &mut Vec<Cause>) {
             }
         }
     }
-    validate_enum(
-        spec.get("volumeMode"),
-        "spec.volumeMode",
-        &["Block", "Filesystem"],
-        causes,
-    );
-    validate_class_name(
-        spec.get("storageClassName"),
-        "spec.storageClassName",
-        causes,
-    );
+    validate_mode_and_class(&spec, causes);
 }
 
 fn validate_storage_class(obj: &Value, causes: &mut Vec<Cause>) {
