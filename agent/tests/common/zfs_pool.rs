@@ -184,26 +184,35 @@ impl Drop for ZfsPool {
 
 /// An exclusive lock held for the pool's lifetime, shared by every test process.
 fn wait_for_turn(test: &str) -> OwnedFd {
+    lock_exclusive("nfsprov-zfs-tests.lock", TURN_LIMIT)
+        .unwrap_or_else(|e| panic!("{test}: {e}; is a test stuck on a hung zfs-fuse mount?"))
+}
+
+/// Takes an exclusive `flock` on a file in the temporary directory, waiting at most
+/// `limit` for whoever holds it; released when the returned descriptor is closed.
+fn lock_exclusive(name: &str, limit: Duration) -> Result<OwnedFd, String> {
     use rustix::fs::{FlockOperation, Mode, OFlags};
-    let path = std::env::temp_dir().join("nfsprov-zfs-tests.lock");
+    let path = std::env::temp_dir().join(name);
     let lock = rustix::fs::open(
         &path,
         OFlags::RDWR | OFlags::CREATE | OFlags::CLOEXEC,
         Mode::from_raw_mode(0o600),
     )
-    .unwrap_or_else(|e| panic!("cannot open {}: {e}", path.display()));
-    let deadline = Instant::now() + TURN_LIMIT;
+    .map_err(|e| format!("cannot open {}: {e}", path.display()))?;
+    let deadline = Instant::now() + limit;
     loop {
         match rustix::fs::flock(&lock, FlockOperation::NonBlockingLockExclusive) {
-            Ok(()) => return lock,
+            Ok(()) => return Ok(lock),
             Err(rustix::io::Errno::WOULDBLOCK) if Instant::now() < deadline => {
                 std::thread::sleep(Duration::from_millis(50));
             }
-            Err(e) => panic!(
-                "{test}: another ZFS test kept {} locked for {} s ({e}); is a test stuck on a hung zfs-fuse mount?",
-                path.display(),
-                TURN_LIMIT.as_secs()
-            ),
+            Err(e) => {
+                return Err(format!(
+                    "{} stayed locked by another test process for {} s ({e})",
+                    path.display(),
+                    limit.as_secs()
+                ));
+            }
         }
     }
 }
@@ -228,9 +237,27 @@ fn zfs_ready() -> Result<(), String> {
                     "zfs does not answer (`zpool list` fails) and zfs-fuse is not installed to start".into(),
                 );
             }
+            // One start at a time across test processes: the daemon takes over the socket
+            // of whichever ran before it, so a second one would strand the first.
+            let _starting = lock_exclusive("nfsprov-zfs-fuse-start.lock", DAEMON_START_LIMIT)?;
+            if run("zpool", &["list"]).is_ok() {
+                return Ok(());
+            }
+            // zfs-fuse refuses to daemonize, silently and with exit status 1, while its
+            // pidfile exists, even when the daemon it names is long gone (a machine's
+            // processes end, its temporary directory stays). No daemon answers, so any
+            // pidfile here is stale.
             let pidfile = std::env::temp_dir().join("nfsprov-test-zfs-fuse.pid");
-            // It forks into the background; another test process may have started one
-            // meanwhile, in which case this start fails and the wait below still succeeds.
+            match std::fs::remove_file(&pidfile) {
+                Ok(()) => {}
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                Err(e) => {
+                    return Err(format!(
+                        "cannot remove the stale zfs-fuse pidfile {}: {e}",
+                        pidfile.display()
+                    ));
+                }
+            }
             let started = Command::new("zfs-fuse")
                 .args(["--no-kstat-mount", "-p"])
                 .arg(&pidfile)
@@ -238,13 +265,22 @@ fn zfs_ready() -> Result<(), String> {
                 .stdout(Stdio::null())
                 .stderr(Stdio::null())
                 .status();
+            match &started {
+                Ok(status) if status.success() => {}
+                Ok(status) => {
+                    return Err(format!(
+                        "zfs does not answer and `zfs-fuse` failed to start ({status}); run `zfs-fuse --no-daemon` to see why"
+                    ));
+                }
+                Err(e) => return Err(format!("cannot run zfs-fuse: {e}")),
+            }
             let deadline = Instant::now() + DAEMON_START_LIMIT;
             loop {
                 match run("zpool", &["list"]) {
                     Ok(_) => return Ok(()),
                     Err(e) if Instant::now() >= deadline => {
                         return Err(format!(
-                            "zfs-fuse was started ({started:?}) but `zpool list` still fails after {} s: {e}",
+                            "zfs-fuse was started but `zpool list` still fails after {} s: {e}",
                             DAEMON_START_LIMIT.as_secs()
                         ));
                     }
