@@ -1,9 +1,8 @@
 //! Wiring: the shared [`Context`], per-object backoff, the reconcile entry points handed to
 //! kube-runtime, and [`run`], which starts the watches, both controllers and the usage poll.
 
-use std::collections::HashMap;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use futures::StreamExt;
@@ -20,6 +19,7 @@ use tokio::sync::watch;
 use tracing::{debug, info, warn};
 
 use crate::agents::AgentRegistry;
+use crate::backoff::Backoff;
 use crate::cache::CachedVolume as PersistentVolume;
 use crate::events::EventRecorder;
 use crate::metrics::Metrics;
@@ -41,48 +41,6 @@ pub enum Error {
     /// Provisioning, expansion or deletion failed for a reason already reported in an event.
     #[error("{0}")]
     Reported(String),
-}
-
-/// Exponential per-object backoff: each consecutive failure of the same object doubles its
-/// wait, a success forgets it.
-#[derive(Debug)]
-pub struct Backoff {
-    base: Duration,
-    max: Duration,
-    failures: Mutex<HashMap<String, u32>>,
-}
-
-impl Backoff {
-    pub fn new(base: Duration, max: Duration) -> Self {
-        Self {
-            base,
-            max,
-            failures: Mutex::new(HashMap::new()),
-        }
-    }
-
-    /// Records a failure of `key` and returns how long to wait before the next attempt.
-    pub fn failed(&self, key: &str) -> Duration {
-        let mut failures = self.failures.lock().unwrap_or_else(|e| e.into_inner());
-        let count = failures.entry(key.to_owned()).or_insert(0);
-        let delay = self
-            .base
-            .saturating_mul(2u32.saturating_pow(*count))
-            .min(self.max);
-        *count = count.saturating_add(1);
-        delay
-    }
-
-    pub fn succeeded(&self, key: &str) {
-        let mut failures = self.failures.lock().unwrap_or_else(|e| e.into_inner());
-        failures.remove(key);
-    }
-}
-
-impl Default for Backoff {
-    fn default() -> Self {
-        Self::new(Duration::from_secs(1), Duration::from_secs(300))
-    }
 }
 
 /// Everything a reconcile needs.

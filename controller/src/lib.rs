@@ -4,6 +4,7 @@
 
 pub mod agents;
 pub mod app;
+pub mod backoff;
 pub mod cache;
 pub mod config;
 pub mod controller;
