@@ -9,6 +9,7 @@ use std::time::Duration;
 use common::{bearer, call, curl, is_root, snapshot, url, wait_for};
 use nfsprov_agent::init::{self, InitArgs, files};
 use nfsprov_agent::testkit::TestAgent;
+use nfsprov_api_types::client::AgentClient;
 use nfsprov_api_types::{CreateVolumeRequest, ErrorCode, Mode, VolumePath};
 
 async fn agent() -> (tempfile::TempDir, TestAgent) {
@@ -707,4 +708,71 @@ async fn usage_matches_du_on_a_tree_of_ten_thousand_files() {
         .usage
         .unwrap();
     assert_eq!(fresh.used_inodes, 1);
+}
+
+/// An operator reading the controller's event must tell a stopped agent from a wrong CA
+/// from a hung one; each of these is the typed client's whole message.
+#[tokio::test(flavor = "multi_thread")]
+async fn the_client_says_why_the_agent_cannot_be_reached() {
+    let (_root, agent) = agent().await;
+    let (_other_root, other) = self::agent().await;
+
+    // Another agent's CA: the handshake fails on the server certificate.
+    let mut wrong_ca = agent.connection();
+    wrong_ca.ca_file = other.credentials_dir().join(files::CA_CERT);
+    let error = AgentClient::new(&wrong_ca)
+        .unwrap()
+        .info(None)
+        .await
+        .unwrap_err();
+    let message = error.to_string();
+    assert!(error.is_transient(), "{message}");
+    assert!(
+        message.starts_with(&format!(
+            "agent unreachable: cannot connect to {}/v1/info: ",
+            agent.connection().url
+        )) && message.contains("certificate"),
+        "{message}"
+    );
+
+    // Accepts connections but never answers.
+    let silent = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let mut hung = agent.connection();
+    hung.url = format!("https://127.0.0.1:{}", silent.local_addr().unwrap().port());
+    hung.timeout_seconds = 1;
+    let message = AgentClient::new(&hung)
+        .unwrap()
+        .healthz()
+        .await
+        .unwrap_err()
+        .to_string();
+    assert_eq!(
+        message,
+        format!(
+            "agent unreachable: {}/healthz did not answer within the time limit (the agent's timeout_seconds)",
+            hung.url
+        )
+    );
+
+    // Stopped: nothing listens on its port any more.
+    let closed_port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let mut stopped = agent.connection();
+    stopped.url = format!("https://127.0.0.1:{closed_port}");
+    let message = AgentClient::new(&stopped)
+        .unwrap()
+        .healthz()
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(
+        message.starts_with(&format!(
+            "agent unreachable: cannot connect to {}/healthz: ",
+            stopped.url
+        )) && message.to_lowercase().contains("connection refused"),
+        "{message}"
+    );
 }

@@ -149,12 +149,43 @@ pub enum ClientError {
     },
     #[error("TLS setup failed: {0}")]
     Tls(String),
-    #[error("agent unreachable: {0}")]
-    Transport(#[from] reqwest::Error),
+    /// No answer: the connection, TLS handshake or exchange failed, or timed out. Not a
+    /// `source`: the message already carries the cause that matters.
+    #[error("agent unreachable: {}", transport_reason(.0))]
+    Transport(reqwest::Error),
     #[error("agent answered {status}: {error}")]
     Api { status: u16, error: ApiError },
     #[error("agent answered {status} with an unexpected body: {body}")]
     UnexpectedResponse { status: u16, body: String },
+}
+
+impl From<reqwest::Error> for ClientError {
+    fn from(error: reqwest::Error) -> Self {
+        ClientError::Transport(error)
+    }
+}
+
+/// What went wrong on the way to the agent, in words an operator can act on. reqwest's own
+/// message names only the URL ("error sending request for url (…)"); the cause that tells
+/// a stopped agent from a wrong CA or a firewall sits at the bottom of its source chain.
+fn transport_reason(error: &reqwest::Error) -> String {
+    let url = error.url().map_or("the agent", |url| url.as_str());
+    let root = std::iter::successors(std::error::Error::source(error), |cause| cause.source())
+        .last()
+        .map(ToString::to_string);
+    if error.is_timeout() {
+        format!("{url} did not answer within the time limit (the agent's timeout_seconds)")
+    } else if error.is_connect() {
+        match root {
+            Some(root) => format!("cannot connect to {url}: {root}"),
+            None => format!("cannot connect to {url}"),
+        }
+    } else {
+        match root {
+            Some(root) => format!("{error}: {root}"),
+            None => error.to_string(),
+        }
+    }
 }
 
 impl ClientError {
@@ -203,7 +234,8 @@ impl AgentClient {
             .timeout(Duration::from_secs(config.timeout_seconds))
             .connect_timeout(Duration::from_secs(config.timeout_seconds.min(10)))
             .pool_idle_timeout(Duration::from_secs(60))
-            .build()?;
+            .build()
+            .map_err(|e| ClientError::Tls(format!("cannot build the HTTPS client: {e}")))?;
         let token = match &config.token_file {
             Some(path) => Some(Arc::new(ReloadingFile::open(path).map_err(|source| {
                 ClientError::Io {
