@@ -188,21 +188,9 @@ impl Zfs {
         check_dataset_name(dataset)?;
         check_export_root(export_root)?;
         let zfs = Self::new(runner, dataset, export_root);
-        let command = ToolCommand::new(
-            ZFS,
-            [
-                "get",
-                "-H",
-                "-p",
-                "-o",
-                "property,value,source",
-                "type,mounted,mountpoint",
-                dataset,
-            ],
-        );
         let output = zfs
             .runner
-            .run(&command)
+            .run(&get_properties(&["type", "mounted", "mountpoint"], dataset))
             .map_err(|e| probe_failure(dataset, export_root, &e))?;
         let properties = parse_properties(&output);
         let root = export_root.display();
@@ -472,19 +460,7 @@ impl Zfs {
 
     /// The properties of one dataset, `None` when it does not exist.
     fn properties(&self, name: &str, properties: &[&str]) -> Result<Option<Properties>> {
-        let command = ToolCommand::new(
-            ZFS,
-            [
-                "get",
-                "-H",
-                "-p",
-                "-o",
-                "property,value,source",
-                &properties.join(","),
-                name,
-            ],
-        );
-        match self.runner.run(&command) {
+        match self.runner.run(&get_properties(properties, name)) {
             Ok(output) => Ok(Some(parse_properties(&output))),
             Err(e) if is_missing_dataset(&e) => Ok(None),
             Err(e) => Err(e.into()),
@@ -660,6 +636,22 @@ fn classify(child: &str) -> ChildKind {
 }
 
 /// Reads `property<TAB>value<TAB>source` lines into a map.
+/// `zfs get` of some properties of one dataset, in the form [`parse_properties`] reads.
+fn get_properties(properties: &[&str], name: &str) -> ToolCommand {
+    ToolCommand::new(
+        ZFS,
+        [
+            "get",
+            "-H",
+            "-p",
+            "-o",
+            "property,value,source",
+            &properties.join(","),
+            name,
+        ],
+    )
+}
+
 fn parse_properties(output: &str) -> Properties {
     output.lines().filter_map(parse_property_line).collect()
 }
