@@ -82,6 +82,16 @@ impl SystemRunner {
     }
 }
 
+/// A tool's multi-line output as one line (lines trimmed, blank ones dropped, the rest
+/// joined by "; "), for start-up errors and log lines that must stay on one line.
+pub fn one_line(text: &str) -> String {
+    text.lines()
+        .map(str::trim)
+        .filter(|line| !line.is_empty())
+        .collect::<Vec<_>>()
+        .join("; ")
+}
+
 /// Longest stderr kept for an error message.
 const MAX_STDERR_CHARS: usize = 2000;
 

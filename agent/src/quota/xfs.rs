@@ -18,7 +18,7 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
 use nfsprov_api_types::VolumeUsage;
 
-use super::command::{ToolCommand, ToolError, ToolRunner, path_through_fd};
+use super::command::{ToolCommand, ToolError, ToolRunner, one_line, path_through_fd};
 
 const TOOL: &str = "xfs_quota";
 /// `statfs` magic numbers of the filesystems `xfs_quota` can manage project quotas on.
@@ -383,14 +383,6 @@ fn check_id_range(ids: &RangeInclusive<u32>) -> Result<(), String> {
     } else {
         Ok(())
     }
-}
-
-fn one_line(text: &str) -> String {
-    text.lines()
-        .map(str::trim)
-        .filter(|line| !line.is_empty())
-        .collect::<Vec<_>>()
-        .join("; ")
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

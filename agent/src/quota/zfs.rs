@@ -70,7 +70,7 @@ use nfsprov_api_types::VolumePath;
 use rustix::fs::{AtFlags, Mode, OFlags};
 use rustix::io::Errno;
 
-use super::command::{ToolCommand, ToolError, ToolRunner};
+use super::command::{ToolCommand, ToolError, ToolRunner, one_line};
 
 const ZFS: &str = "zfs";
 /// Marks the dataset as one the agent created; its value is the volume path.
@@ -763,14 +763,6 @@ fn probe_failure(dataset: &str, export_root: &Path, error: &ToolError) -> String
             one_line(stderr)
         ),
     }
-}
-
-fn one_line(text: &str) -> String {
-    text.lines()
-        .map(str::trim)
-        .filter(|l| !l.is_empty())
-        .collect::<Vec<_>>()
-        .join("; ")
 }
 
 fn io_failure(context: String, errno: Errno) -> ZfsError {
