@@ -8,14 +8,16 @@
 //! directory it holds open, is inherited by what is created inside, and is undone when a
 //! later step fails. Where the kernel accepts prjquota, enforcement is tested as well.
 
+mod common;
+
 use std::fs::File;
 use std::io::Write;
 use std::os::fd::AsFd;
 use std::path::{Path, PathBuf};
-use std::process::Command;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use common::run;
 use nfsprov_agent::quota::command::{SystemRunner, ToolCommand, ToolError, ToolRunner};
 use nfsprov_agent::quota::xfs::{Xfs, XfsError};
 
@@ -39,25 +41,6 @@ fn should_run() -> bool {
 
 fn system_runner() -> SystemRunner {
     SystemRunner::new(Duration::from_secs(60))
-}
-
-/// Runs a program to its end; its stdout, or what it said on failure.
-fn run(program: &str, args: &[&str]) -> Result<String, String> {
-    let output = Command::new(program)
-        .args(args)
-        .env("LC_ALL", "C")
-        .output()
-        .map_err(|e| format!("{program} could not be started: {e} (is it installed?)"))?;
-    if output.status.success() {
-        Ok(String::from_utf8_lossy(&output.stdout).into_owned())
-    } else {
-        Err(format!(
-            "{program} {} failed ({}): {}",
-            args.join(" "),
-            output.status,
-            String::from_utf8_lossy(&output.stderr).trim()
-        ))
-    }
 }
 
 /// An XFS filesystem in a file, on a loop device of its own; unmounted and detached on drop.

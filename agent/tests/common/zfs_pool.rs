@@ -16,6 +16,8 @@ use std::sync::OnceLock;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant};
 
+use super::run;
+
 /// Set to `1` to skip tests that need a ZFS pool (they print a line saying so).
 pub const SKIP_VARIABLE: &str = "NFSPROV_SKIP_ZFS";
 /// Sparse, so only what the test writes takes disk space; ZFS wants at least 64 MiB.
@@ -295,25 +297,6 @@ fn on_path(tool: &str) -> bool {
     std::env::var_os("PATH")
         .map(|paths| std::env::split_paths(&paths).any(|dir| dir.join(tool).is_file()))
         .unwrap_or(false)
-}
-
-fn run(program: &str, args: &[&str]) -> Result<String, String> {
-    let output = Command::new(program)
-        .args(args)
-        .env("LC_ALL", "C")
-        .stdin(Stdio::null())
-        .output()
-        .map_err(|e| format!("cannot start {program}: {e}"))?;
-    if output.status.success() {
-        Ok(String::from_utf8_lossy(&output.stdout).into_owned())
-    } else {
-        Err(format!(
-            "`{program} {}` failed ({}): {}",
-            args.join(" "),
-            output.status,
-            String::from_utf8_lossy(&output.stderr).trim()
-        ))
-    }
 }
 
 fn run_ok(program: &str, args: &[&str]) -> String {
