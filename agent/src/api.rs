@@ -1,6 +1,5 @@
 //! The HTTP API: routes, authentication and audit middleware, JSON errors.
 
-use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -17,7 +16,6 @@ use nfsprov_api_types::{
     AgentInfo, ApiError, Capabilities, CreateVolumeRequest, ErrorCode, Health, NfsExport,
     REQUEST_ID_HEADER, ResizeVolumeRequest, Volume, VolumeList, VolumePath,
 };
-use tokio::sync::OwnedMutexGuard;
 use tower::limit::ConcurrencyLimitLayer;
 use tower_http::request_id::{MakeRequestUuid, PropagateRequestIdLayer, SetRequestIdLayer};
 
@@ -40,7 +38,6 @@ pub struct AppState {
     /// Largest request body accepted.
     pub max_body_bytes: usize,
     usage: UsageCache,
-    locks: Arc<PathLocks>,
     readiness: Mutex<Option<(Instant, Result<(), String>)>>,
 }
 
@@ -66,7 +63,6 @@ impl AppState {
             // A figure up to a minute old is good enough for capacity dashboards; the
             // first request for a volume waits a little for a fresh one.
             usage: UsageCache::new(Duration::from_secs(60), Duration::from_secs(2), 2),
-            locks: Arc::default(),
             readiness: Mutex::new(None),
         }
     }
@@ -94,51 +90,6 @@ impl AppState {
         *self.readiness.lock().unwrap_or_else(|e| e.into_inner()) =
             Some((Instant::now(), verdict.clone()));
         verdict
-    }
-}
-
-/// Serializes requests on the same volume path, so two mutations of one path never
-/// interleave; different paths proceed in parallel.
-#[derive(Debug, Default)]
-struct PathLocks {
-    held: Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
-}
-
-/// Holds one path's lock; forgets the entry when nobody else waits for it.
-struct PathGuard {
-    locks: Arc<PathLocks>,
-    key: String,
-    mutex: Arc<tokio::sync::Mutex<()>>,
-    guard: Option<OwnedMutexGuard<()>>,
-}
-
-impl PathLocks {
-    async fn lock(self: &Arc<Self>, key: &str) -> PathGuard {
-        let mutex = self
-            .held
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .entry(key.to_owned())
-            .or_default()
-            .clone();
-        let guard = mutex.clone().lock_owned().await;
-        PathGuard {
-            locks: self.clone(),
-            key: key.to_owned(),
-            mutex,
-            guard: Some(guard),
-        }
-    }
-}
-
-impl Drop for PathGuard {
-    fn drop(&mut self) {
-        drop(self.guard.take());
-        let mut held = self.locks.held.lock().unwrap_or_else(|e| e.into_inner());
-        // Only the map's reference and ours remain: nobody is waiting.
-        if Arc::strong_count(&self.mutex) == 2 {
-            held.remove(&self.key);
-        }
     }
 }
 
@@ -376,8 +327,8 @@ async fn info(State(state): State<Arc<AppState>>) -> ApiResult<Json<AgentInfo>> 
         version: env!("CARGO_PKG_VERSION").to_owned(),
         nfs: state.nfs.clone(),
         capabilities: Capabilities {
-            quota: state.store.quota().backend(),
-            quota_enforced: state.store.quota().can_enforce(),
+            quota: state.store.backend().kind(),
+            quota_enforced: state.store.backend().can_enforce(),
             archive: true,
         },
         filesystem,
@@ -442,7 +393,7 @@ where
     T: Send + 'static,
     F: FnOnce(&VolumeStore) -> Result<T, StoreError> + Send + 'static,
 {
-    let guard = state.locks.lock(path.as_str()).await;
+    let guard = state.store.lock(path).await;
     let store = state.store.clone();
     let result = tokio::task::spawn_blocking(move || {
         let result = work(&store);

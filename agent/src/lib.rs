@@ -8,8 +8,6 @@ pub mod fs;
 pub mod init;
 pub mod metrics;
 pub mod quota;
-pub mod test_filesystems;
-pub mod testkit;
 pub mod tls;
 pub mod usage;
 
@@ -60,13 +58,16 @@ impl Agent {
     /// Checks everything that can be checked before serving: the export root, the
     /// certificates and keys, the token files, and the listen address.
     pub fn bind(config: AgentConfig) -> Result<Self, StartError> {
-        let quota = quota::Quota::open(&config.quota, &config.export_root).map_err(|reason| {
+        let backend = fs::backend_for(&config.quota, &config.export_root).map_err(|reason| {
             StartError::Quota {
                 backend: config.quota.backend,
                 reason,
             }
         })?;
-        let store = Arc::new(VolumeStore::open_with_quota(&config.export_root, quota)?);
+        let store = Arc::new(VolumeStore::open_with_backend(
+            &config.export_root,
+            backend,
+        )?);
         let auth = Authenticator::new(&config.auth)?;
         let certificate_optional = !config.auth.tokens.is_empty() || config.auth.disabled;
         let tls = tls::server_config(
@@ -142,7 +143,7 @@ impl Agent {
             export_root = %self.config.export_root.display(),
             mtls = self.config.auth.client_ca_file.is_some(),
             tokens = self.config.auth.tokens.len(),
-            quota = %self.state.store.quota().backend(),
+            quota = %self.state.store.backend().kind(),
             "agent listening"
         );
         if self.config.auth.disabled {

@@ -3,8 +3,7 @@
 //! crossing into another filesystem. Walks run on the blocking pool, a few at a time, and
 //! their results are cached, so clients polling a huge volume never stall the API.
 
-use std::collections::{HashMap, HashSet};
-use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -12,75 +11,9 @@ use std::time::{Duration, Instant};
 use futures::FutureExt;
 use futures::future::{BoxFuture, Shared};
 use nfsprov_api_types::{VolumePath, VolumeUsage};
-use rustix::fs::{AtFlags, FileType, Mode, OFlags};
-use rustix::io::Errno;
 use tokio::sync::Semaphore;
 
-use crate::fs::{VolumeStore, is_dot};
-
-/// Walks the tree below `dir` (which counts too) without following symlinks.
-pub fn measure_tree(dir: BorrowedFd<'_>) -> rustix::io::Result<VolumeUsage> {
-    let top = rustix::fs::fstat(dir)?;
-    let device = top.st_dev;
-    let mut used_bytes = allocated(&top);
-    let mut used_inodes = 1u64;
-    let mut linked = HashSet::new();
-    // Directories still to read, each with the open directory it is in; a directory's
-    // descriptor stays open only while entries below it wait, so at most one per level.
-    let mut pending: Vec<(Arc<OwnedFd>, std::ffi::CString)> = Vec::new();
-    let first = Arc::new(dir.try_clone_to_owned().map_err(|_| Errno::BADF)?);
-    let mut current = Some(first);
-    loop {
-        if let Some(directory) = current.take() {
-            for entry in rustix::fs::Dir::read_from(directory.as_fd())? {
-                let entry = entry?;
-                let name = entry.file_name();
-                if is_dot(name) {
-                    continue;
-                }
-                let stat =
-                    match rustix::fs::statat(directory.as_fd(), name, AtFlags::SYMLINK_NOFOLLOW) {
-                        Ok(stat) => stat,
-                        // Removed while we walked: it no longer uses anything.
-                        Err(Errno::NOENT) => continue,
-                        Err(e) => return Err(e),
-                    };
-                let is_dir = FileType::from_raw_mode(stat.st_mode) == FileType::Directory;
-                if !is_dir && stat.st_nlink > 1 && !linked.insert((stat.st_dev, stat.st_ino)) {
-                    continue;
-                }
-                used_bytes = used_bytes.saturating_add(allocated(&stat));
-                used_inodes += 1;
-                if is_dir && stat.st_dev == device {
-                    pending.push((directory.clone(), name.to_owned()));
-                }
-            }
-        }
-        let Some((parent, name)) = pending.pop() else {
-            break;
-        };
-        match rustix::fs::openat(
-            parent.as_fd(),
-            &name,
-            OFlags::RDONLY | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
-            Mode::empty(),
-        ) {
-            Ok(fd) => current = Some(Arc::new(fd)),
-            Err(Errno::NOENT) | Err(Errno::NOTDIR) | Err(Errno::LOOP) => {}
-            Err(e) => return Err(e),
-        }
-    }
-    Ok(VolumeUsage {
-        used_bytes,
-        used_inodes,
-    })
-}
-
-fn allocated(stat: &rustix::fs::Stat) -> u64 {
-    u64::try_from(stat.st_blocks)
-        .unwrap_or(0)
-        .saturating_mul(512)
-}
+use crate::fs::VolumeStore;
 
 type Measurement = Shared<BoxFuture<'static, Option<VolumeUsage>>>;
 

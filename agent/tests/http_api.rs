@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use common::{bearer, call, curl, is_root, snapshot, url, wait_for};
 use nfsprov_agent::init::{self, InitArgs, files};
-use nfsprov_agent::testkit::TestAgent;
+use nfsprov_agent_testkit::TestAgent;
 use nfsprov_api_types::client::AgentClient;
 use nfsprov_api_types::{CreateVolumeRequest, ErrorCode, Mode, VolumePath};
 

@@ -7,8 +7,8 @@ use std::os::unix::fs::MetadataExt;
 use std::path::Path;
 
 use nfsprov_agent::quota::QuotaSettings;
-use nfsprov_agent::test_filesystems::LoopBtrfs;
-use nfsprov_agent::testkit::TestAgent;
+use nfsprov_agent_testkit::LoopBtrfs;
+use nfsprov_agent_testkit::TestAgent;
 use nfsprov_api_types::{CreateVolumeRequest, ErrorCode, QuotaBackend, QuotaPolicy, VolumePath};
 
 const MIB: u64 = 1 << 20;

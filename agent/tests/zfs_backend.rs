@@ -308,7 +308,7 @@ async fn the_agent_enforces_grows_archives_and_deletes_datasets() {
         zfs_dataset: Some(pool.dataset().to_owned()),
         ..Default::default()
     };
-    let agent = nfsprov_agent::testkit::TestAgent::start_with_quota(pool.export_root(), settings)
+    let agent = nfsprov_agent_testkit::TestAgent::start_with_quota(pool.export_root(), settings)
         .await
         .unwrap();
     let client = agent.client();

@@ -1,4 +1,4 @@
-//! The controller library against the REAL agent (`nfsprov_agent::testkit::TestAgent`: real
+//! The controller library against the REAL agent (`nfsprov_agent_testkit::TestAgent`: real
 //! HTTPS with mTLS and token, a real export root in a temp dir) and a mocked Kubernetes API:
 //! the directory must really appear on disk when a claim is provisioned and really leave
 //! its place when the released PV is deleted or archived.
@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use http::Method;
-use nfsprov_agent::testkit::TestAgent;
+use nfsprov_agent_testkit::TestAgent;
 use serde_json::json;
 
 use crate::agents::AgentRegistry;

@@ -21,7 +21,7 @@ use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim};
 use k8s_openapi::api::storage::v1::StorageClass;
 use kube::api::{Api, PostParams};
 use kube::runtime::{WatchStreamExt, watcher};
-use nfsprov_agent::testkit::TestAgent;
+use nfsprov_agent_testkit::TestAgent;
 use nfsprov_kube_sim::{SimOptions, Simulator};
 use serde_json::json;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};

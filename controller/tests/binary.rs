@@ -10,7 +10,7 @@ use k8s_openapi::api::core::v1::PersistentVolumeClaim;
 use k8s_openapi::api::storage::v1::StorageClass;
 use kube::api::{Api, PostParams};
 use kube::runtime::wait::await_condition;
-use nfsprov_agent::testkit::TestAgent;
+use nfsprov_agent_testkit::TestAgent;
 use nfsprov_kube_sim::{SimOptions, Simulator};
 use serde_json::json;
 

@@ -12,7 +12,7 @@ use k8s_openapi::api::storage::v1::StorageClass;
 use kube::api::{Api, DeleteParams, PostParams};
 use kube::runtime::events::Reporter;
 use kube::runtime::wait::{await_condition, conditions};
-use nfsprov_agent::testkit::TestAgent;
+use nfsprov_agent_testkit::TestAgent;
 use nfsprov_controller::agents::AgentRegistry;
 use nfsprov_controller::controller::{self, RunConfig};
 use nfsprov_controller::metrics::Metrics;

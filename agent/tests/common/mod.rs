@@ -13,7 +13,7 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use nfsprov_agent::init::files;
-use nfsprov_agent::testkit::TestAgent;
+use nfsprov_agent_testkit::TestAgent;
 
 /// What `curl` reported: the HTTP status (0 when no response), body and exit code.
 #[derive(Debug)]

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim};
 use kube::api::{Patch, PatchParams};
-use nfsprov_agent::test_filesystems::LoopBtrfs;
+use nfsprov_agent_testkit::LoopBtrfs;
 use nfsprov_api_types::VolumePath;
 use nfsprov_e2e::cluster::KubeApi;
 use nfsprov_e2e::system::{AgentSpec, System};

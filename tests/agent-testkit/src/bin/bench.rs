@@ -11,8 +11,8 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, bail};
 use clap::Parser;
 use nfsprov_agent::quota::QuotaSettings;
-use nfsprov_agent::test_filesystems::LoopBtrfs;
-use nfsprov_agent::testkit::TestAgent;
+use nfsprov_agent_testkit::LoopBtrfs;
+use nfsprov_agent_testkit::TestAgent;
 use nfsprov_api_types::{CreateVolumeRequest, QuotaBackend, VolumePath};
 use tokio::sync::Mutex;
 

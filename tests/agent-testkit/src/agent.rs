@@ -8,9 +8,9 @@ use std::time::Duration;
 use nfsprov_api_types::client::{AgentClient, AgentConnectionConfig};
 use tokio::sync::oneshot;
 
-use crate::config::{AgentConfig, AuthConfig, LogFormat, TokenSection};
-use crate::init::{self, InitArgs, files};
-use crate::quota::QuotaSettings;
+use nfsprov_agent::config::{AgentConfig, AuthConfig, LogFormat, TokenSection};
+use nfsprov_agent::init::{self, InitArgs, files};
+use nfsprov_agent::quota::QuotaSettings;
 
 /// A running agent; dropping it shuts it down.
 pub struct TestAgent {
@@ -68,7 +68,7 @@ impl TestAgent {
             min_free_inodes: 0,
             quota,
         };
-        let agent = crate::Agent::bind(config)?;
+        let agent = nfsprov_agent::Agent::bind(config)?;
         let addr = agent.local_addr();
         let (stop, stopped) = oneshot::channel::<()>();
         let task = tokio::spawn(agent.serve(async move {

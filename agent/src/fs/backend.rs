@@ -1,0 +1,119 @@
+//! What a kind of volume storage must do for the store. The store (`fs.rs`) owns
+//! confinement, locking, staging, the trash, archive naming and the comparison of
+//! requests with records; a backend only makes, limits, measures, records and removes
+//! volumes of its kind. Two backends exist: directories of the root's filesystem (with a
+//! quota strategy: none, btrfs or xfs) and ZFS datasets.
+
+use std::fmt::Debug;
+use std::os::fd::BorrowedFd;
+
+use nfsprov_api_types::{QuotaBackend, VolumePath, VolumeUsage};
+
+use super::confine::Root;
+use super::error::{Result, StoreError};
+use super::record::{QuotaRecord, VolumeRecord};
+
+/// How a backend's volumes sit beneath the root, which decides how the store moves them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Layout {
+    /// Directories of the root's own filesystem: set up in staging and renamed into
+    /// place, renamed into the trash before their tree is removed, renamed into the
+    /// archive.
+    Directories,
+    /// Filesystems of their own mounted at their path (ZFS datasets): made at their path
+    /// and finished by writing their record last, destroyed and archived in place.
+    Mounts,
+}
+
+pub trait VolumeBackend: Debug + Send + Sync {
+    /// The quota backend this storage reports (and records in volumes it limits).
+    fn kind(&self) -> QuotaBackend;
+
+    /// Whether volumes can be held to their capacity.
+    fn can_enforce(&self) -> bool;
+
+    fn layout(&self) -> Layout;
+
+    /// Runs once when the store opens, after its work areas exist: checks that records
+    /// can be kept and recovers what the backend must know of existing volumes.
+    fn prepare(&self, root: &Root, staging: BorrowedFd<'_>) -> Result<()>;
+
+    /// Whether `dir`, met on the way to a volume, is a volume itself.
+    fn is_volume(&self, root: &Root, dir: BorrowedFd<'_>) -> Result<bool>;
+
+    /// The record of the finished volume at `path`, whose directory would be its last
+    /// component in `parent`: `None` when there is none, a conflict when something that
+    /// is not a volume made by the agent is there.
+    fn find(
+        &self,
+        root: &Root,
+        parent: BorrowedFd<'_>,
+        path: &VolumePath,
+    ) -> Result<Option<VolumeRecord>>;
+
+    /// Makes the empty volume `name` in `parent` for `path` (in staging for
+    /// [`Layout::Directories`], at its path for [`Layout::Mounts`]), limited to `limit`
+    /// bytes when given. Answers the quota record to keep with the volume.
+    fn make(
+        &self,
+        root: &Root,
+        parent: BorrowedFd<'_>,
+        name: &str,
+        path: &VolumePath,
+        limit: Option<u64>,
+    ) -> Result<Option<QuotaRecord>>;
+
+    /// Writes the record of the volume whose directory is `dir`. For volumes made in
+    /// place this is the last step of creation: until then the volume is unfinished.
+    fn write_record(
+        &self,
+        dir: BorrowedFd<'_>,
+        path: &VolumePath,
+        record: &VolumeRecord,
+    ) -> Result<()>;
+
+    /// Removes `name` in `parent` (a volume, an unfinished one, or what a crash left of
+    /// one) with its quota; `path` is the volume's path when it is still at it.
+    fn remove(
+        &self,
+        parent: BorrowedFd<'_>,
+        name: &str,
+        path: Option<&VolumePath>,
+        quota: Option<&QuotaRecord>,
+    ) -> Result<()>;
+
+    /// Space and inodes the volume whose directory is `dir` uses.
+    fn measure(
+        &self,
+        dir: BorrowedFd<'_>,
+        path: &VolumePath,
+        record: &VolumeRecord,
+    ) -> Result<VolumeUsage>;
+
+    /// Sets the volume's quota to `capacity_bytes`.
+    fn resize(
+        &self,
+        dir: BorrowedFd<'_>,
+        path: &VolumePath,
+        quota: &QuotaRecord,
+        capacity_bytes: u64,
+    ) -> Result<()>;
+
+    /// Every finished volume beneath the root, in any order.
+    fn list(&self, root: &Root) -> Result<Vec<(VolumePath, VolumeRecord)>>;
+
+    /// [`Layout::Mounts`] only: moves the volume at `path` to `archive_path` below the root.
+    fn archive_in_place(&self, path: &VolumePath, archive_path: &str) -> Result<()> {
+        let _ = archive_path;
+        Err(StoreError::Unsupported(format!(
+            "{path}: {} volumes are archived by renaming their directory",
+            self.kind()
+        )))
+    }
+
+    /// Removes what a crash left outside the store's staging and trash areas (volumes
+    /// made in place but never finished). Answers how many were removed.
+    fn purge_unfinished(&self) -> Result<usize> {
+        Ok(0)
+    }
+}

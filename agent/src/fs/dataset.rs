@@ -1,0 +1,199 @@
+//! Volumes that are ZFS datasets (quota backend `zfs`), each a child of the dataset
+//! mounted at the export root, mounted at its path and limited by a `refquota`.
+//!
+//! A dataset cannot be renamed into place like a directory, so creation makes the dataset
+//! at its path (mounted there by zfs), the store sets owner and mode on the mounted
+//! directory, and the record is written last, in user properties (zfs-fuse has no
+//! extended attributes): until then the dataset is an unfinished leftover that the next
+//! create at that path, or the next start, destroys.
+
+use std::os::fd::{AsFd, BorrowedFd};
+
+use nfsprov_api_types::{QuotaBackend, VolumePath, VolumeUsage};
+
+use super::backend::{Layout, VolumeBackend};
+use super::confine::{Root, open_child};
+use super::error::{Result, StoreError, io_error, quota_error};
+use super::record::{QuotaRecord, VolumeRecord, read_xattr_record};
+use super::tree::{measure_tree, remove_tree};
+use crate::quota::zfs::{Zfs, ZfsError};
+
+#[derive(Debug)]
+pub struct DatasetBackend {
+    zfs: Zfs,
+}
+
+impl DatasetBackend {
+    pub fn new(zfs: Zfs) -> Self {
+        Self { zfs }
+    }
+}
+
+impl VolumeBackend for DatasetBackend {
+    fn kind(&self) -> QuotaBackend {
+        QuotaBackend::Zfs
+    }
+
+    fn can_enforce(&self) -> bool {
+        true
+    }
+
+    fn layout(&self) -> Layout {
+        Layout::Mounts
+    }
+
+    /// Records are properties, and the datasets themselves say which are the agent's.
+    fn prepare(&self, _: &Root, _: BorrowedFd<'_>) -> Result<()> {
+        Ok(())
+    }
+
+    /// A volume is a mount: another device than the root's own dataset.
+    fn is_volume(&self, root: &Root, dir: BorrowedFd<'_>) -> Result<bool> {
+        let recorded = read_xattr_record(dir)
+            .map_err(|e| io_error("read a volume record", e))?
+            .is_some();
+        Ok(recorded || rustix::fs::fstat(dir).is_ok_and(|st| st.st_dev != root.device()))
+    }
+
+    fn find(&self, _: &Root, _: BorrowedFd<'_>, path: &VolumePath) -> Result<Option<VolumeRecord>> {
+        let Some(json) = self
+            .zfs
+            .read_meta(path)
+            .map_err(|e| zfs_error(format!("read the metadata of {path}"), e))?
+        else {
+            return Ok(None);
+        };
+        VolumeRecord::decode(json.as_bytes())
+            .map(Some)
+            .ok_or_else(|| {
+                StoreError::Conflict(format!(
+                    "{path}: the dataset's volume metadata cannot be read; refusing to touch it"
+                ))
+            })
+    }
+
+    fn make(
+        &self,
+        root: &Root,
+        parent: BorrowedFd<'_>,
+        name: &str,
+        path: &VolumePath,
+        limit: Option<u64>,
+    ) -> Result<Option<QuotaRecord>> {
+        // A directory of the root dataset itself (not a mount) is not the agent's.
+        if let Ok(dir) = open_child(parent, name, false)
+            && rustix::fs::fstat(&dir).is_ok_and(|st| st.st_dev == root.device())
+        {
+            return Err(StoreError::Conflict(format!(
+                "{path} exists but is not a volume made by the agent (a plain directory, no dataset); refusing to touch it"
+            )));
+        }
+        self.zfs
+            .create(path, limit)
+            .map_err(|e| zfs_error(format!("create the dataset of {path}"), e))?;
+        Ok(limit.map(|_| QuotaRecord::of(QuotaBackend::Zfs)))
+    }
+
+    fn write_record(
+        &self,
+        _: BorrowedFd<'_>,
+        path: &VolumePath,
+        record: &VolumeRecord,
+    ) -> Result<()> {
+        let json = record.encode().map_err(|e| StoreError::Io {
+            context: format!("encode the metadata of {path}"),
+            source: std::io::Error::other(e),
+        })?;
+        self.zfs
+            .write_meta(path, &json)
+            .map_err(|e| zfs_error(format!("record the metadata of {path}"), e))
+    }
+
+    fn remove(
+        &self,
+        parent: BorrowedFd<'_>,
+        name: &str,
+        path: Option<&VolumePath>,
+        _: Option<&QuotaRecord>,
+    ) -> Result<()> {
+        match path {
+            Some(path) => self
+                .zfs
+                .destroy(path)
+                .map_err(|e| zfs_error(format!("destroy the dataset of {path}"), e)),
+            // Only plain directories ever reach the store's staging and trash areas.
+            None => remove_tree(parent, name),
+        }
+    }
+
+    fn measure(
+        &self,
+        dir: BorrowedFd<'_>,
+        path: &VolumePath,
+        _: &VolumeRecord,
+    ) -> Result<VolumeUsage> {
+        let (used_bytes, objects) = self
+            .zfs
+            .usage(path)
+            .map_err(|e| zfs_error(format!("read the usage of {path}"), e))?;
+        let used_inodes = match objects {
+            Some(objects) => objects,
+            None => {
+                measure_tree(dir.as_fd())
+                    .map_err(|e| io_error(format!("measure {path}"), e))?
+                    .used_inodes
+            }
+        };
+        Ok(VolumeUsage {
+            used_bytes,
+            used_inodes,
+        })
+    }
+
+    fn resize(
+        &self,
+        _: BorrowedFd<'_>,
+        path: &VolumePath,
+        _: &QuotaRecord,
+        capacity_bytes: u64,
+    ) -> Result<()> {
+        self.zfs
+            .set_refquota(path, Some(capacity_bytes))
+            .map_err(|e| zfs_error(format!("raise the quota of {path}"), e))
+    }
+
+    fn list(&self, _: &Root) -> Result<Vec<(VolumePath, VolumeRecord)>> {
+        let datasets = self
+            .zfs
+            .list()
+            .map_err(|e| zfs_error("list the volumes' datasets", e))?;
+        // Unreadable records are treated as foreign, as in the directory backend.
+        Ok(datasets
+            .into_iter()
+            .filter_map(|(path, json)| Some((path, VolumeRecord::decode(json.as_bytes())?)))
+            .collect())
+    }
+
+    fn archive_in_place(&self, path: &VolumePath, archive_path: &str) -> Result<()> {
+        self.zfs
+            .archive(path, archive_path)
+            .map_err(|e| zfs_error(format!("archive the dataset of {path}"), e))
+    }
+
+    fn purge_unfinished(&self) -> Result<usize> {
+        self.zfs
+            .purge_leftovers()
+            .map_err(|e| quota_error("purge unfinished datasets", e))
+    }
+}
+
+/// Maps the tool layer's answers to the store's, keeping the API's codes meaningful.
+fn zfs_error(context: impl Into<String>, error: ZfsError) -> StoreError {
+    let context = context.into();
+    match error {
+        ZfsError::Invalid(message) => StoreError::Unsupported(format!("{context}: {message}")),
+        ZfsError::Conflict(message) => StoreError::Conflict(format!("{context}: {message}")),
+        ZfsError::NotFound(message) => StoreError::NotFound(format!("{context}: {message}")),
+        other => quota_error(context, other),
+    }
+}

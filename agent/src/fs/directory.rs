@@ -1,0 +1,457 @@
+//! Volumes that are directories of the export root's filesystem, held to their capacity
+//! by a quota strategy: none (capacity recorded only), a btrfs subvolume with a qgroup
+//! limit, or an XFS (or ext4) project quota. Records live in an extended attribute of
+//! each volume's directory.
+
+use std::fmt::Debug;
+use std::os::fd::{AsFd, BorrowedFd};
+
+use nfsprov_api_types::{QuotaBackend, VolumePath, VolumeUsage};
+use rustix::fs::Mode;
+
+use super::backend::{Layout, VolumeBackend};
+use super::confine::{Root, list_dir, may_be_directory, open_child};
+use super::error::{Result, StoreError, io_error, quota_error};
+use super::record::{
+    QuotaRecord, VolumeRecord, check_xattr_support, collect_quota_records, read_xattr_record,
+    write_xattr_record,
+};
+use super::tree::{measure_tree, remove_tree};
+use crate::quota::btrfs::{self, Btrfs};
+use crate::quota::xfs::Xfs;
+
+/// How a directory volume is held to its capacity.
+pub trait QuotaStrategy: Debug + Send + Sync {
+    fn kind(&self) -> QuotaBackend;
+
+    /// Makes the empty directory `name` in `parent` for `path`; `limited` when a quota
+    /// will follow.
+    fn make_dir(
+        &self,
+        parent: BorrowedFd<'_>,
+        name: &str,
+        path: &VolumePath,
+        limited: bool,
+    ) -> Result<()> {
+        let _ = limited;
+        plain_dir(parent, name, path)
+    }
+
+    /// Limits the new, still empty volume `dir` to `capacity_bytes`.
+    fn limit_new(
+        &self,
+        dir: BorrowedFd<'_>,
+        path: &VolumePath,
+        capacity_bytes: u64,
+    ) -> Result<QuotaRecord>;
+
+    /// Sets the limit of a volume this strategy limited before.
+    fn set_limit(
+        &self,
+        dir: BorrowedFd<'_>,
+        path: &VolumePath,
+        quota: &QuotaRecord,
+        capacity_bytes: u64,
+    ) -> Result<()>;
+
+    /// What the quota counts for the volume; the tree is walked for what it does not.
+    fn measure(
+        &self,
+        dir: BorrowedFd<'_>,
+        path: &VolumePath,
+        quota: &QuotaRecord,
+    ) -> Result<VolumeUsage> {
+        let _ = quota;
+        walk(dir, path)
+    }
+
+    /// Removes `name` in `parent` with everything below it and its quota.
+    fn remove(
+        &self,
+        parent: BorrowedFd<'_>,
+        name: &str,
+        quota: Option<&QuotaRecord>,
+    ) -> Result<()> {
+        let _ = quota;
+        remove_tree(parent, name)
+    }
+
+    /// Learns the quotas that existing volumes, archives and leftovers hold.
+    fn recover(&self, recorded: Vec<QuotaRecord>) {
+        let _ = recorded;
+    }
+
+    /// Whether [`Self::recover`] wants the records of the whole root (a walk at start).
+    fn wants_records(&self) -> bool {
+        false
+    }
+}
+
+/// Capacity is recorded, never enforced.
+#[derive(Debug)]
+pub struct NoQuota;
+
+impl QuotaStrategy for NoQuota {
+    fn kind(&self) -> QuotaBackend {
+        QuotaBackend::None
+    }
+
+    fn limit_new(&self, _: BorrowedFd<'_>, path: &VolumePath, _: u64) -> Result<QuotaRecord> {
+        Err(StoreError::Unsupported(format!(
+            "{path}: no quota backend to limit it"
+        )))
+    }
+
+    fn set_limit(
+        &self,
+        _: BorrowedFd<'_>,
+        path: &VolumePath,
+        _: &QuotaRecord,
+        _: u64,
+    ) -> Result<()> {
+        Err(StoreError::Unsupported(format!(
+            "{path}: no quota backend to limit it"
+        )))
+    }
+}
+
+impl QuotaStrategy for Btrfs {
+    fn kind(&self) -> QuotaBackend {
+        QuotaBackend::Btrfs
+    }
+
+    /// A limited volume is a subvolume: a qgroup limits exactly one subvolume's bytes.
+    fn make_dir(
+        &self,
+        parent: BorrowedFd<'_>,
+        name: &str,
+        path: &VolumePath,
+        limited: bool,
+    ) -> Result<()> {
+        if !limited {
+            return plain_dir(parent, name, path);
+        }
+        self.create_subvolume(parent, name)
+            .map_err(|e| quota_error(format!("create subvolume for {path}"), e))
+    }
+
+    fn limit_new(
+        &self,
+        dir: BorrowedFd<'_>,
+        path: &VolumePath,
+        capacity_bytes: u64,
+    ) -> Result<QuotaRecord> {
+        Btrfs::set_limit(self, dir, capacity_bytes)
+            .map_err(|e| quota_error(format!("limit {path} to {capacity_bytes} bytes"), e))?;
+        Ok(QuotaRecord::of(QuotaBackend::Btrfs))
+    }
+
+    fn set_limit(
+        &self,
+        dir: BorrowedFd<'_>,
+        path: &VolumePath,
+        _: &QuotaRecord,
+        capacity_bytes: u64,
+    ) -> Result<()> {
+        Btrfs::set_limit(self, dir, capacity_bytes)
+            .map_err(|e| quota_error(format!("raise the quota of {path}"), e))
+    }
+
+    /// The qgroup's count is what enforcement compares with the capacity; inodes come
+    /// from the walk.
+    fn measure(
+        &self,
+        dir: BorrowedFd<'_>,
+        path: &VolumePath,
+        _: &QuotaRecord,
+    ) -> Result<VolumeUsage> {
+        let mut usage = walk(dir, path)?;
+        usage.used_bytes = self
+            .used_bytes(dir)
+            .map_err(|e| quota_error(format!("read the quota usage of {path}"), e))?;
+        Ok(usage)
+    }
+
+    /// A subvolume is deleted as such, never emptied file by file and left behind.
+    fn remove(&self, parent: BorrowedFd<'_>, name: &str, _: Option<&QuotaRecord>) -> Result<()> {
+        let is_subvolume =
+            open_child(parent, name, false).is_ok_and(|entry| btrfs::is_subvolume(entry.as_fd()));
+        if is_subvolume {
+            return self
+                .delete_subvolume(parent, name)
+                .map_err(|e| quota_error(format!("delete subvolume {name}"), e));
+        }
+        remove_tree(parent, name)
+    }
+}
+
+impl QuotaStrategy for Xfs {
+    fn kind(&self) -> QuotaBackend {
+        QuotaBackend::Xfs
+    }
+
+    fn limit_new(
+        &self,
+        dir: BorrowedFd<'_>,
+        path: &VolumePath,
+        capacity_bytes: u64,
+    ) -> Result<QuotaRecord> {
+        let id = Xfs::limit_new(self, dir, capacity_bytes)
+            .map_err(|e| quota_error(format!("limit {path} to {capacity_bytes} bytes"), e))?;
+        Ok(QuotaRecord {
+            backend: QuotaBackend::Xfs,
+            project_id: Some(id),
+        })
+    }
+
+    fn set_limit(
+        &self,
+        _: BorrowedFd<'_>,
+        path: &VolumePath,
+        quota: &QuotaRecord,
+        capacity_bytes: u64,
+    ) -> Result<()> {
+        let id = project_id(path, quota)?;
+        Xfs::set_limit(self, id, capacity_bytes)
+            .map_err(|e| quota_error(format!("raise the quota of {path}"), e))
+    }
+
+    /// A project quota counts both figures itself; no walk is needed.
+    fn measure(
+        &self,
+        _: BorrowedFd<'_>,
+        path: &VolumePath,
+        quota: &QuotaRecord,
+    ) -> Result<VolumeUsage> {
+        let id = project_id(path, quota)?;
+        self.usage(id)
+            .map_err(|e| quota_error(format!("read the quota usage of {path}"), e))
+    }
+
+    /// The project id is freed only once nothing is charged to it any more.
+    fn remove(
+        &self,
+        parent: BorrowedFd<'_>,
+        name: &str,
+        quota: Option<&QuotaRecord>,
+    ) -> Result<()> {
+        remove_tree(parent, name)?;
+        if let Some(id) = quota.and_then(|q| q.project_id) {
+            self.release(id)
+                .map_err(|e| quota_error(format!("release project id {id} of {name}"), e))?;
+        }
+        Ok(())
+    }
+
+    fn recover(&self, recorded: Vec<QuotaRecord>) {
+        self.mark_in_use(recorded.into_iter().filter_map(|q| q.project_id));
+    }
+
+    fn wants_records(&self) -> bool {
+        true
+    }
+}
+
+fn project_id(path: &VolumePath, quota: &QuotaRecord) -> Result<u32> {
+    quota.project_id.ok_or_else(|| {
+        StoreError::Unsupported(format!(
+            "{path} is limited by an XFS quota whose project id was not recorded; its quota cannot be changed"
+        ))
+    })
+}
+
+/// A new volume's directory, private until its owner and mode are set.
+fn plain_dir(parent: BorrowedFd<'_>, name: &str, path: &VolumePath) -> Result<()> {
+    rustix::fs::mkdirat(parent, name, Mode::from_raw_mode(0o700))
+        .map_err(|e| io_error(format!("create {path}"), e))
+}
+
+fn walk(dir: BorrowedFd<'_>, path: &VolumePath) -> Result<VolumeUsage> {
+    measure_tree(dir).map_err(|e| io_error(format!("measure {path}"), e))
+}
+
+/// Directory volumes with one quota strategy.
+#[derive(Debug)]
+pub struct DirectoryBackend {
+    quota: Box<dyn QuotaStrategy>,
+}
+
+impl DirectoryBackend {
+    pub fn new(quota: Box<dyn QuotaStrategy>) -> Self {
+        Self { quota }
+    }
+
+    /// Directory volumes whose capacity is recorded, never enforced.
+    pub fn unlimited() -> Self {
+        Self::new(Box::new(NoQuota))
+    }
+
+    fn collect(
+        &self,
+        dir: BorrowedFd<'_>,
+        prefix: &mut Vec<String>,
+        found: &mut Vec<(VolumePath, VolumeRecord)>,
+    ) -> Result<()> {
+        if prefix.len() >= nfsprov_api_types::MAX_COMPONENTS {
+            return Ok(());
+        }
+        let names = list_dir(dir).map_err(|e| io_error("list volumes", e))?;
+        for (name, kind) in names {
+            if name.starts_with('.') || nfsprov_api_types::validate_component(&name).is_err() {
+                continue;
+            }
+            if !may_be_directory(kind) {
+                continue;
+            }
+            let child = match open_child(dir, &name, false) {
+                Ok(child) => child,
+                // Vanished, a symlink, or not a directory: not a volume either way.
+                Err(_) => continue,
+            };
+            prefix.push(name);
+            match read_xattr_record(child.as_fd()) {
+                Ok(Some(record)) => {
+                    if let Ok(path) = VolumePath::parse(&prefix.join("/")) {
+                        found.push((path, record));
+                    }
+                }
+                Ok(None) => self.collect(child.as_fd(), prefix, found)?,
+                Err(e) => {
+                    return Err(io_error(
+                        format!("read the record of {}", prefix.join("/")),
+                        e,
+                    ));
+                }
+            }
+            prefix.pop();
+        }
+        Ok(())
+    }
+}
+
+impl VolumeBackend for DirectoryBackend {
+    fn kind(&self) -> QuotaBackend {
+        self.quota.kind()
+    }
+
+    fn can_enforce(&self) -> bool {
+        self.quota.kind() != QuotaBackend::None
+    }
+
+    fn layout(&self) -> Layout {
+        Layout::Directories
+    }
+
+    fn prepare(&self, root: &Root, staging: BorrowedFd<'_>) -> Result<()> {
+        check_xattr_support(staging, root.path())?;
+        if self.quota.wants_records() {
+            let mut recorded = Vec::new();
+            // Archives sit two levels below their path (`.archive/<path>/@<time>`).
+            collect_quota_records(
+                root.fd(),
+                nfsprov_api_types::MAX_COMPONENTS + 2,
+                &mut recorded,
+            )?;
+            self.quota.recover(recorded);
+        }
+        Ok(())
+    }
+
+    fn is_volume(&self, _: &Root, dir: BorrowedFd<'_>) -> Result<bool> {
+        read_xattr_record(dir)
+            .map(|record| record.is_some())
+            .map_err(|e| io_error("read a volume record", e))
+    }
+
+    fn find(
+        &self,
+        _: &Root,
+        parent: BorrowedFd<'_>,
+        path: &VolumePath,
+    ) -> Result<Option<VolumeRecord>> {
+        let dir = match open_child(parent, path.file_name(), false) {
+            Ok(dir) => dir,
+            Err(StoreError::NotFound(_)) => return Ok(None),
+            Err(e) => return Err(e),
+        };
+        match read_xattr_record(dir.as_fd())
+            .map_err(|e| io_error(format!("read the record of {path}"), e))?
+        {
+            Some(record) => Ok(Some(record)),
+            None => Err(StoreError::Conflict(format!(
+                "{path} exists but is not a volume made by the agent (no volume record); refusing to touch it"
+            ))),
+        }
+    }
+
+    fn make(
+        &self,
+        _: &Root,
+        parent: BorrowedFd<'_>,
+        name: &str,
+        path: &VolumePath,
+        limit: Option<u64>,
+    ) -> Result<Option<QuotaRecord>> {
+        self.quota.make_dir(parent, name, path, limit.is_some())?;
+        let Some(capacity) = limit else {
+            return Ok(None);
+        };
+        let limited = open_child(parent, name, false)
+            .and_then(|dir| self.quota.limit_new(dir.as_fd(), path, capacity));
+        match limited {
+            Ok(quota) => Ok(Some(quota)),
+            Err(e) => {
+                // Nothing refers to it yet; the limit step left no quota behind.
+                let _ = self.quota.remove(parent, name, None);
+                Err(e)
+            }
+        }
+    }
+
+    fn write_record(
+        &self,
+        dir: BorrowedFd<'_>,
+        path: &VolumePath,
+        record: &VolumeRecord,
+    ) -> Result<()> {
+        write_xattr_record(dir, record).map_err(|e| io_error(format!("record {path}"), e))
+    }
+
+    fn remove(
+        &self,
+        parent: BorrowedFd<'_>,
+        name: &str,
+        _: Option<&VolumePath>,
+        quota: Option<&QuotaRecord>,
+    ) -> Result<()> {
+        self.quota.remove(parent, name, quota)
+    }
+
+    fn measure(
+        &self,
+        dir: BorrowedFd<'_>,
+        path: &VolumePath,
+        record: &VolumeRecord,
+    ) -> Result<VolumeUsage> {
+        match &record.quota {
+            Some(quota) if quota.backend == self.kind() => self.quota.measure(dir, path, quota),
+            _ => walk(dir, path),
+        }
+    }
+
+    fn resize(
+        &self,
+        dir: BorrowedFd<'_>,
+        path: &VolumePath,
+        quota: &QuotaRecord,
+        capacity_bytes: u64,
+    ) -> Result<()> {
+        self.quota.set_limit(dir, path, quota, capacity_bytes)
+    }
+
+    fn list(&self, root: &Root) -> Result<Vec<(VolumePath, VolumeRecord)>> {
+        let mut found = Vec::new();
+        self.collect(root.fd(), &mut Vec::new(), &mut found)?;
+        Ok(found)
+    }
+}

@@ -1,0 +1,77 @@
+//! The store's errors, in terms the API maps to its error codes. Every part of the store
+//! (confinement, records, backends) reports through these, so one mapping in the API
+//! covers them all.
+
+use std::io;
+
+use nfsprov_api_types::VolumePath;
+use rustix::io::Errno;
+
+use crate::quota::QuotaError;
+
+/// What went wrong, in terms the API maps to its error codes.
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    /// A symlink or non-directory where a directory must be.
+    #[error("{0}")]
+    Unsafe(String),
+    #[error("{0}")]
+    Conflict(String),
+    #[error("{0}")]
+    NotFound(String),
+    #[error("{0}")]
+    NoSpace(String),
+    #[error("{0}")]
+    NotReady(String),
+    /// A quota the backend cannot give, or a shrink.
+    #[error("{0}")]
+    Unsupported(String),
+    /// A quota operation failed.
+    #[error("{context}: {source}")]
+    Quota {
+        context: String,
+        #[source]
+        source: QuotaError,
+    },
+    #[error("{context}: {source}")]
+    Io {
+        context: String,
+        #[source]
+        source: io::Error,
+    },
+}
+
+pub type Result<T> = std::result::Result<T, StoreError>;
+
+pub fn quota_error(context: impl Into<String>, source: impl Into<QuotaError>) -> StoreError {
+    StoreError::Quota {
+        context: context.into(),
+        source: source.into(),
+    }
+}
+
+/// A failed system call; a full filesystem or quota becomes [`StoreError::NoSpace`].
+pub fn io_error(context: impl Into<String>, errno: Errno) -> StoreError {
+    let context = context.into();
+    match errno {
+        Errno::NOSPC | Errno::DQUOT => StoreError::NoSpace(format!("{context}: no space left")),
+        _ => StoreError::Io {
+            context,
+            source: errno.into(),
+        },
+    }
+}
+
+pub fn not_found(path: &VolumePath) -> StoreError {
+    StoreError::NotFound(format!("no volume at {path}"))
+}
+
+/// A step of a walk that met a symlink or a non-directory is refused, never followed.
+pub fn walk_error(walked: &str, errno: Errno) -> StoreError {
+    match errno {
+        Errno::LOOP | Errno::NOTDIR | Errno::MLINK => StoreError::Unsafe(format!(
+            "{walked} is a symlink or not a directory; the agent never follows links"
+        )),
+        e => io_error(format!("open {walked}"), e),
+    }
+}
