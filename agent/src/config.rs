@@ -5,7 +5,7 @@ use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use clap::{Args, Parser, Subcommand, ValueEnum};
+use clap::{Args, ValueEnum};
 use nfsprov_api_types::QuotaBackend;
 use serde::Deserialize;
 
@@ -15,25 +15,6 @@ use crate::quota::QuotaSettings;
 pub const DEFAULT_CONFIG_PATH: &str = "/etc/nfsprov/agent.toml";
 /// Default HTTPS port.
 pub const DEFAULT_PORT: u16 = 8443;
-
-#[derive(Debug, Parser)]
-#[command(
-    name = "nfsprov-agent",
-    version,
-    about = "Creates, archives and deletes NFS export directories for the nfsprov controller over an authenticated HTTPS API"
-)]
-pub struct Cli {
-    #[command(subcommand)]
-    pub command: Command,
-}
-
-#[derive(Debug, Subcommand)]
-pub enum Command {
-    /// Serve the API.
-    Run(RunArgs),
-    /// Generate the CA, certificates, token and settings, and print the controller's Secret.
-    Init(crate::init::InitArgs),
-}
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, Deserialize, Default)]
 #[serde(rename_all = "lowercase")]

@@ -3,6 +3,7 @@
 
 pub mod api;
 pub mod auth;
+pub mod cli;
 pub mod config;
 pub mod fs;
 pub mod init;

@@ -1,6 +1,7 @@
 use anyhow::Context as _;
 use clap::Parser;
-use nfsprov_agent::config::{AgentConfig, Cli, Command};
+use nfsprov_agent::cli::{Cli, Command};
+use nfsprov_agent::config::AgentConfig;
 
 fn main() -> std::process::ExitCode {
     let cli = Cli::parse();
