@@ -22,7 +22,9 @@ mod confine;
 mod dataset;
 mod directory;
 mod error;
+mod legacy;
 mod locks;
+mod mounts;
 mod record;
 mod tree;
 
@@ -42,7 +44,7 @@ use time::OffsetDateTime;
 use self::archive_name::{
     archive_components, archive_entries, archive_path, archive_result, latest_entry,
 };
-use self::confine::{Root, list_dir, open_child, open_or_create_dir};
+use self::confine::{Root, STAGING_DIR, TRASH_DIR, list_dir, open_child, open_or_create_dir};
 use self::error::{io_error, not_found, walk_error};
 use self::record::now_rfc3339;
 use crate::quota::QuotaSettings;
@@ -53,20 +55,13 @@ use crate::quota::zfs::Zfs;
 
 pub use self::archive_name::ARCHIVE_DIR;
 pub use self::backend::{Layout, VolumeBackend};
-pub use self::confine::is_dot;
+pub use self::confine::{STATE_DIR, is_dot};
 pub use self::dataset::DatasetBackend;
 pub use self::directory::{DirectoryBackend, NoQuota, QuotaStrategy};
 pub use self::error::{Result, StoreError};
 pub use self::locks::PathGuard;
 pub use self::record::{QuotaRecord, VolumeRecord};
 pub use self::tree::{measure_tree, remove_tree};
-
-/// Hidden directory beneath the root holding the agent's work areas.
-pub const STATE_DIR: &str = ".nfsprov";
-/// Where volumes are set up before being renamed into place.
-const STAGING_DIR: &str = "staging";
-/// Where deleted volumes wait for their tree to be removed.
-const TRASH_DIR: &str = "trash";
 
 /// Whether [`VolumeStore::create`] made the volume or found it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -87,6 +82,14 @@ pub enum Archived {
 pub enum Deleted {
     Removed,
     WasAbsent,
+}
+
+/// What [`VolumeStore::purge_leftovers`] did.
+#[derive(Debug, Default)]
+pub struct Purge {
+    pub removed: usize,
+    /// Entries left in place, with why.
+    pub failed: Vec<(String, StoreError)>,
 }
 
 /// The backend the quota settings ask for, probed on the export root, so a backend that
@@ -447,6 +450,7 @@ impl VolumeStore {
             )?;
             return Ok(Deleted::Removed);
         }
+        self.refuse_mount_points(path)?;
         let trash = self.root.open_internal(&[STATE_DIR, TRASH_DIR], false)?;
         let doomed = self.unique_name("del");
         match rustix::fs::renameat_with(
@@ -522,24 +526,38 @@ impl VolumeStore {
     }
 
     /// Removes whatever a crash left in the staging and trash areas, and volumes made in
-    /// place but never finished.
-    pub fn purge_leftovers(&self) -> Result<usize> {
-        let mut purged = self.backend.purge_unfinished()?;
+    /// place but never finished. An entry that cannot be removed is reported and left
+    /// for the next start: it never keeps the agent from serving.
+    pub fn purge_leftovers(&self) -> Purge {
+        let mut purge = Purge::default();
+        match self.backend.purge_unfinished() {
+            Ok(n) => purge.removed += n,
+            Err(e) => purge.failed.push(("unfinished volumes".to_owned(), e)),
+        }
         for area in [STAGING_DIR, TRASH_DIR] {
-            let dir = self.root.open_internal(&[STATE_DIR, area], false)?;
-            for (name, _) in
-                list_dir(dir.as_fd()).map_err(|e| io_error(format!("list {area}"), e))?
-            {
-                let quota = open_child(dir.as_fd(), &name, false)
-                    .ok()
-                    .and_then(|entry| record::read_xattr_record(entry.as_fd()).ok().flatten())
-                    .and_then(|record| record.quota);
-                self.backend
-                    .remove(dir.as_fd(), &name, None, quota.as_ref())?;
-                purged += 1;
+            let listed = self
+                .root
+                .open_internal(&[STATE_DIR, area], false)
+                .and_then(|dir| {
+                    let names =
+                        list_dir(dir.as_fd()).map_err(|e| io_error(format!("list {area}"), e))?;
+                    Ok((dir, names))
+                });
+            let (dir, names) = match listed {
+                Ok(listed) => listed,
+                Err(e) => {
+                    purge.failed.push((format!("{STATE_DIR}/{area}"), e));
+                    continue;
+                }
+            };
+            for (name, _) in names {
+                match self.backend.remove(dir.as_fd(), &name, None, None) {
+                    Ok(()) => purge.removed += 1,
+                    Err(e) => purge.failed.push((format!("{STATE_DIR}/{area}/{name}"), e)),
+                }
             }
         }
-        Ok(purged)
+        purge
     }
 
     /// Opens the parent directory of `path`, creating missing parents when `create` is set.
@@ -569,6 +587,25 @@ impl VolumeStore {
             Some(fd) => Ok(Some(fd)),
             None => self.root.reopen().map(Some),
         }
+    }
+
+    /// Refuses to delete a volume that holds a mount point: removing its tree would reach
+    /// into the mounted directory. Checked before anything moves, so the volume stays
+    /// whole and a retry after the unmount succeeds.
+    fn refuse_mount_points(&self, path: &VolumePath) -> Result<()> {
+        let dir = self.root.canonical_path().join(path.as_str());
+        let below = mounts::mount_points_below(&dir).map_err(|e| StoreError::Io {
+            context: "read the mount table".into(),
+            source: e,
+        })?;
+        if below.is_empty() {
+            return Ok(());
+        }
+        let points: Vec<String> = below.iter().map(|p| p.display().to_string()).collect();
+        Err(StoreError::Conflict(format!(
+            "{path} holds mount points ({}); the agent never deletes across a mount point; unmount them and retry",
+            points.join(", ")
+        )))
     }
 
     /// The newest archive entry under the given archive directory, if any.
@@ -757,7 +794,9 @@ mod tests {
         let leftover = dir.path().join(STATE_DIR).join(TRASH_DIR).join("del-1/sub");
         std::fs::create_dir_all(&leftover).unwrap();
         std::fs::write(leftover.join("f"), b"x").unwrap();
-        assert_eq!(store.purge_leftovers().unwrap(), 1);
+        let purge = store.purge_leftovers();
+        assert_eq!(purge.removed, 1);
+        assert!(purge.failed.is_empty(), "{:?}", purge.failed);
         assert_eq!(
             std::fs::read_dir(dir.path().join(STATE_DIR).join(TRASH_DIR))
                 .unwrap()

@@ -122,10 +122,17 @@ impl Agent {
         let store = self.state.store.clone();
         // Trash and staging left by a crash are purged in the background: the API is
         // already consistent without it (those areas are invisible to it).
-        tokio::task::spawn_blocking(move || match store.purge_leftovers() {
-            Ok(0) => {}
-            Ok(n) => tracing::info!(entries = n, "purged leftovers of an interrupted run"),
-            Err(e) => tracing::warn!(error = %e, "could not purge leftovers of an interrupted run"),
+        tokio::task::spawn_blocking(move || {
+            let purge = store.purge_leftovers();
+            if purge.removed > 0 {
+                tracing::info!(
+                    entries = purge.removed,
+                    "purged leftovers of an interrupted run"
+                );
+            }
+            for (entry, error) in &purge.failed {
+                tracing::error!(%entry, %error, "could not purge a leftover of an interrupted run; it stays until the next start");
+            }
         });
         let app = api::router(self.state.clone(), self.config.max_concurrent_requests);
         let handle = axum_server::Handle::new();

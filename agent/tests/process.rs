@@ -3,97 +3,14 @@
 
 mod common;
 
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::path::Path;
+use std::process::Command;
 use std::time::Duration;
 
+use common::agent_process::{agent_binary, setup};
 use common::wait_for;
-use nfsprov_agent::init::{self, InitArgs, files};
-use nfsprov_api_types::client::{AgentClient, AgentConnectionConfig};
+use nfsprov_agent::init::files;
 use nfsprov_api_types::{CreateVolumeRequest, VolumePath};
-
-const AGENT: &str = env!("CARGO_BIN_EXE_nfsprov-agent");
-
-struct Setup {
-    _temp: tempfile::TempDir,
-    root: PathBuf,
-    etc: PathBuf,
-    port: u16,
-}
-
-fn setup() -> Setup {
-    let temp = tempfile::tempdir().unwrap();
-    let root = temp.path().join("export");
-    std::fs::create_dir(&root).unwrap();
-    let etc = temp.path().join("etc");
-    // A port that was free a moment ago; the agent reports clearly if it is taken.
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
-    init::run(&InitArgs {
-        dir: etc.clone(),
-        export_root: root.clone(),
-        hostnames: vec!["localhost".into()],
-        ips: vec!["127.0.0.1".parse().unwrap()],
-        listen: format!("127.0.0.1:{port}"),
-        name: "proc".into(),
-        nfs_server: None,
-        nfs_path: None,
-        namespace: "nfsprov".into(),
-        force: false,
-        days: 1,
-    })
-    .unwrap();
-    Setup {
-        _temp: temp,
-        root,
-        etc,
-        port,
-    }
-}
-
-impl Setup {
-    fn spawn(&self) -> Child {
-        Command::new(AGENT)
-            .args(["run", "--config"])
-            .arg(self.etc.join(files::CONFIG))
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap()
-    }
-
-    fn client(&self) -> AgentClient {
-        AgentClient::new(&AgentConnectionConfig {
-            name: "proc".into(),
-            url: format!("https://localhost:{}", self.port),
-            ca_file: self.etc.join(files::CA_CERT),
-            token_file: Some(self.etc.join(files::TOKEN)),
-            client_cert_file: None,
-            client_key_file: None,
-            timeout_seconds: 300,
-            nfs_server: None,
-            nfs_path: None,
-        })
-        .unwrap()
-    }
-
-    async fn wait_healthy(&self, client: &AgentClient) {
-        for _ in 0..500 {
-            if client.healthz().await.is_ok() {
-                return;
-            }
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-        panic!("the agent did not come up");
-    }
-
-    fn trash_entries(&self) -> usize {
-        std::fs::read_dir(self.root.join(".nfsprov/trash")).map_or(0, |d| d.count())
-    }
-}
 
 /// Fills `dir` with `count` files spread over subdirectories of 1,000.
 fn fill(dir: &Path, count: usize) {
@@ -128,7 +45,7 @@ fn misconfiguration_fails_at_start_with_one_line() {
     ];
     for (text, expected) in cases {
         std::fs::write(&config, text).unwrap();
-        let output = Command::new(AGENT)
+        let output = Command::new(agent_binary())
             .args(["run", "--config"])
             .arg(&config)
             .output()
@@ -141,7 +58,7 @@ fn misconfiguration_fails_at_start_with_one_line() {
         );
         assert_eq!(stderr.trim().lines().count(), 1, "{stderr:?}");
     }
-    let missing = Command::new(AGENT)
+    let missing = Command::new(agent_binary())
         .args(["run", "--config", "/nonexistent/agent.toml"])
         .output()
         .unwrap();

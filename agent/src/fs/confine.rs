@@ -13,6 +13,13 @@ use rustix::io::Errno;
 
 use super::error::{Result, StoreError, io_error, walk_error};
 
+/// Hidden directory beneath the root holding the agent's work areas.
+pub const STATE_DIR: &str = ".nfsprov";
+/// Where volumes are set up before being renamed into place (in [`STATE_DIR`]).
+pub const STAGING_DIR: &str = "staging";
+/// Where deleted volumes wait for their tree to be removed (in [`STATE_DIR`]).
+pub const TRASH_DIR: &str = "trash";
+
 /// Mode of parent directories the agent creates for nested paths: traversable by the
 /// pods' users, writable only by the agent.
 const PARENT_MODE: u32 = 0o755;
@@ -21,6 +28,8 @@ const PARENT_MODE: u32 = 0o755;
 #[derive(Debug)]
 pub struct Root {
     path: PathBuf,
+    /// The same path with symlinks resolved, as the kernel's mount table names it.
+    canonical: PathBuf,
     fd: OwnedFd,
     /// Device and inode at open, to notice the root being unmounted or replaced.
     id: (u64, u64),
@@ -47,8 +56,15 @@ impl Root {
             ))
         })?;
         let stat = rustix::fs::fstat(&fd).map_err(|e| io_error("stat export root", e))?;
+        let canonical = std::fs::canonicalize(path).map_err(|e| {
+            StoreError::NotReady(format!(
+                "export root {} cannot be resolved: {e}",
+                path.display()
+            ))
+        })?;
         Ok(Self {
             path: path.to_owned(),
+            canonical,
             fd,
             id: (stat.st_dev, stat.st_ino),
         })
@@ -56,6 +72,10 @@ impl Root {
 
     pub fn path(&self) -> &Path {
         &self.path
+    }
+
+    pub fn canonical_path(&self) -> &Path {
+        &self.canonical
     }
 
     pub fn fd(&self) -> BorrowedFd<'_> {

@@ -14,7 +14,7 @@ use nfsprov_api_types::{QuotaBackend, VolumePath, VolumeUsage};
 use super::backend::{Layout, VolumeBackend};
 use super::confine::{Root, open_child};
 use super::error::{Result, StoreError, io_error, quota_error};
-use super::record::{QuotaRecord, VolumeRecord, read_xattr_record};
+use super::record::{QuotaRecord, VolumeRecord};
 use super::tree::{measure_tree, remove_tree};
 use crate::quota::zfs::{Zfs, ZfsError};
 
@@ -49,10 +49,7 @@ impl VolumeBackend for DatasetBackend {
 
     /// A volume is a mount: another device than the root's own dataset.
     fn is_volume(&self, root: &Root, dir: BorrowedFd<'_>) -> Result<bool> {
-        let recorded = read_xattr_record(dir)
-            .map_err(|e| io_error("read a volume record", e))?
-            .is_some();
-        Ok(recorded || rustix::fs::fstat(dir).is_ok_and(|st| st.st_dev != root.device()))
+        Ok(rustix::fs::fstat(dir).is_ok_and(|st| st.st_dev != root.device()))
     }
 
     fn find(&self, _: &Root, _: BorrowedFd<'_>, path: &VolumePath) -> Result<Option<VolumeRecord>> {
@@ -141,6 +138,7 @@ impl VolumeBackend for DatasetBackend {
             None => {
                 measure_tree(dir.as_fd())
                     .map_err(|e| io_error(format!("measure {path}"), e))?
+                    .usage
                     .used_inodes
             }
         };

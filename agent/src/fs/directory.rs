@@ -1,22 +1,22 @@
 //! Volumes that are directories of the export root's filesystem, held to their capacity
 //! by a quota strategy: none (capacity recorded only), a btrfs subvolume with a qgroup
-//! limit, or an XFS (or ext4) project quota. Records live in an extended attribute of
-//! each volume's directory.
+//! limit, or an XFS (or ext4) project quota. Records live in the agent's own record store
+//! (see `record`), keyed by each volume directory's identity.
 
 use std::fmt::Debug;
 use std::os::fd::{AsFd, BorrowedFd};
+use std::sync::OnceLock;
 
 use nfsprov_api_types::{QuotaBackend, VolumePath, VolumeUsage};
 use rustix::fs::Mode;
 
+use super::archive_name::ARCHIVE_DIR;
 use super::backend::{Layout, VolumeBackend};
-use super::confine::{Root, list_dir, may_be_directory, open_child};
+use super::confine::{Root, STAGING_DIR, STATE_DIR, TRASH_DIR, open_child};
 use super::error::{Result, StoreError, io_error, quota_error};
-use super::record::{
-    QuotaRecord, VolumeRecord, check_xattr_support, collect_quota_records, read_xattr_record,
-    write_xattr_record,
-};
-use super::tree::{measure_tree, remove_tree};
+use super::legacy::{self, Area};
+use super::record::{Identity, QuotaRecord, RecordStore, VolumeRecord};
+use super::tree::{MAX_USAGE_DEPTH, measure_tree, remove_tree};
 use crate::quota::btrfs::{self, Btrfs};
 use crate::quota::xfs::Xfs;
 
@@ -267,18 +267,33 @@ fn plain_dir(parent: BorrowedFd<'_>, name: &str, path: &VolumePath) -> Result<()
 }
 
 fn walk(dir: BorrowedFd<'_>, path: &VolumePath) -> Result<VolumeUsage> {
-    measure_tree(dir).map_err(|e| io_error(format!("measure {path}"), e))
+    let walk = measure_tree(dir).map_err(|e| io_error(format!("measure {path}"), e))?;
+    if walk.mount_points > 0 || walk.too_deep > 0 {
+        tracing::warn!(
+            %path,
+            mount_points = walk.mount_points,
+            directories_too_deep = walk.too_deep,
+            max_depth = MAX_USAGE_DEPTH,
+            "usage leaves out what lies behind mount points inside the volume and below the deepest level walked"
+        );
+    }
+    Ok(walk.usage)
 }
 
 /// Directory volumes with one quota strategy.
 #[derive(Debug)]
 pub struct DirectoryBackend {
     quota: Box<dyn QuotaStrategy>,
+    /// Opened when the store prepares the root.
+    records: OnceLock<RecordStore>,
 }
 
 impl DirectoryBackend {
     pub fn new(quota: Box<dyn QuotaStrategy>) -> Self {
-        Self { quota }
+        Self {
+            quota,
+            records: OnceLock::new(),
+        }
     }
 
     /// Directory volumes whose capacity is recorded, never enforced.
@@ -286,46 +301,10 @@ impl DirectoryBackend {
         Self::new(Box::new(NoQuota))
     }
 
-    fn collect(
-        &self,
-        dir: BorrowedFd<'_>,
-        prefix: &mut Vec<String>,
-        found: &mut Vec<(VolumePath, VolumeRecord)>,
-    ) -> Result<()> {
-        if prefix.len() >= nfsprov_api_types::MAX_COMPONENTS {
-            return Ok(());
-        }
-        let names = list_dir(dir).map_err(|e| io_error("list volumes", e))?;
-        for (name, kind) in names {
-            if name.starts_with('.') || nfsprov_api_types::validate_component(&name).is_err() {
-                continue;
-            }
-            if !may_be_directory(kind) {
-                continue;
-            }
-            let child = match open_child(dir, &name, false) {
-                Ok(child) => child,
-                // Vanished, a symlink, or not a directory: not a volume either way.
-                Err(_) => continue,
-            };
-            prefix.push(name);
-            match read_xattr_record(child.as_fd()) {
-                Ok(Some(record)) => {
-                    if let Ok(path) = VolumePath::parse(&prefix.join("/")) {
-                        found.push((path, record));
-                    }
-                }
-                Ok(None) => self.collect(child.as_fd(), prefix, found)?,
-                Err(e) => {
-                    return Err(io_error(
-                        format!("read the record of {}", prefix.join("/")),
-                        e,
-                    ));
-                }
-            }
-            prefix.pop();
-        }
-        Ok(())
+    fn records(&self) -> Result<&RecordStore> {
+        self.records
+            .get()
+            .ok_or_else(|| StoreError::NotReady("the record store is not open".into()))
     }
 }
 
@@ -342,25 +321,52 @@ impl VolumeBackend for DirectoryBackend {
         Layout::Directories
     }
 
-    fn prepare(&self, root: &Root, staging: BorrowedFd<'_>) -> Result<()> {
-        check_xattr_support(staging, root.path())?;
+    fn prepare(&self, root: &Root, _: BorrowedFd<'_>) -> Result<()> {
+        let state = root.open_internal(&[STATE_DIR], false)?;
+        let store = RecordStore::open(state.as_fd())?;
+        let migrated = legacy::migrate(
+            root,
+            &store,
+            &[
+                Area {
+                    components: &[],
+                    depth: nfsprov_api_types::MAX_COMPONENTS,
+                },
+                // Archives sit one level below their path (`.archive/<path>/@<time>`).
+                Area {
+                    components: &[ARCHIVE_DIR],
+                    depth: nfsprov_api_types::MAX_COMPONENTS + 1,
+                },
+                Area {
+                    components: &[STATE_DIR, STAGING_DIR],
+                    depth: 1,
+                },
+                Area {
+                    components: &[STATE_DIR, TRASH_DIR],
+                    depth: 1,
+                },
+            ],
+        )?;
+        if migrated > 0 {
+            tracing::info!(
+                records = migrated,
+                "moved volume records from extended attributes into the agent's record store"
+            );
+        }
         if self.quota.wants_records() {
-            let mut recorded = Vec::new();
-            // Archives sit two levels below their path (`.archive/<path>/@<time>`).
-            collect_quota_records(
-                root.fd(),
-                nfsprov_api_types::MAX_COMPONENTS + 2,
-                &mut recorded,
-            )?;
+            let recorded = store
+                .all()?
+                .into_iter()
+                .filter_map(|(_, r)| r.quota)
+                .collect();
             self.quota.recover(recorded);
         }
+        let _ = self.records.set(store);
         Ok(())
     }
 
     fn is_volume(&self, _: &Root, dir: BorrowedFd<'_>) -> Result<bool> {
-        read_xattr_record(dir)
-            .map(|record| record.is_some())
-            .map_err(|e| io_error("read a volume record", e))
+        self.records()?.contains(dir)
     }
 
     fn find(
@@ -374,10 +380,11 @@ impl VolumeBackend for DirectoryBackend {
             Err(StoreError::NotFound(_)) => return Ok(None),
             Err(e) => return Err(e),
         };
-        match read_xattr_record(dir.as_fd())
-            .map_err(|e| io_error(format!("read the record of {path}"), e))?
-        {
-            Some(record) => Ok(Some(record)),
+        match self.records()?.read(dir.as_fd())? {
+            Some((recorded, record)) if recorded == path.as_str() => Ok(Some(record)),
+            Some((recorded, _)) => Err(StoreError::Conflict(format!(
+                "{path} is the volume made for {recorded}, moved here by hand; refusing to touch it"
+            ))),
             None => Err(StoreError::Conflict(format!(
                 "{path} exists but is not a volume made by the agent (no volume record); refusing to touch it"
             ))),
@@ -414,9 +421,11 @@ impl VolumeBackend for DirectoryBackend {
         path: &VolumePath,
         record: &VolumeRecord,
     ) -> Result<()> {
-        write_xattr_record(dir, record).map_err(|e| io_error(format!("record {path}"), e))
+        self.records()?.write(dir, path.as_str(), record)
     }
 
+    /// The record goes last, so a removal a crash interrupted still knows the quota to
+    /// release when it is done again.
     fn remove(
         &self,
         parent: BorrowedFd<'_>,
@@ -424,7 +433,27 @@ impl VolumeBackend for DirectoryBackend {
         _: Option<&VolumePath>,
         quota: Option<&QuotaRecord>,
     ) -> Result<()> {
-        self.quota.remove(parent, name, quota)
+        let records = self.records()?;
+        let identity = match open_child(parent, name, false) {
+            Ok(dir) => Some(
+                Identity::of(dir.as_fd()).map_err(|e| io_error(format!("identify {name}"), e))?,
+            ),
+            Err(StoreError::NotFound(_)) => return Ok(()),
+            // Not a directory: nothing was recorded of it.
+            Err(_) => None,
+        };
+        let recorded = match (quota, &identity) {
+            (Some(quota), _) => Some(quota.clone()),
+            (None, Some(identity)) => records
+                .read_identity(identity)?
+                .and_then(|(_, record)| record.quota),
+            (None, None) => None,
+        };
+        self.quota.remove(parent, name, recorded.as_ref())?;
+        if let Some(identity) = identity {
+            records.remove(&identity)?;
+        }
+        Ok(())
     }
 
     fn measure(
@@ -449,9 +478,25 @@ impl VolumeBackend for DirectoryBackend {
         self.quota.set_limit(dir, path, quota, capacity_bytes)
     }
 
+    /// From the record store, each checked against what is really at its path, so an
+    /// archived or vanished volume is not listed and no tenant's tree is walked.
     fn list(&self, root: &Root) -> Result<Vec<(VolumePath, VolumeRecord)>> {
         let mut found = Vec::new();
-        self.collect(root.fd(), &mut Vec::new(), &mut found)?;
+        for (recorded, record) in self.records()?.all()? {
+            let Ok(path) = VolumePath::parse(&recorded) else {
+                continue;
+            };
+            let components: Vec<&str> = path.components().collect();
+            let Some(parent) = root.open_existing(&components[..components.len() - 1])? else {
+                continue;
+            };
+            let Ok(dir) = open_child(parent.as_fd(), path.file_name(), false) else {
+                continue;
+            };
+            if matches!(self.records()?.read(dir.as_fd())?, Some((at, _)) if at == recorded) {
+                found.push((path, record));
+            }
+        }
         Ok(found)
     }
 }

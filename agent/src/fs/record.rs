@@ -1,24 +1,33 @@
 //! Volume records: what the agent knows of each volume it made (the settings it was made
-//! with, its owner claim and the quota holding it), and how directory volumes keep them in
-//! an extended attribute. A directory is a volume only if it carries a record, so the
-//! agent never deletes, archives or adopts a directory it did not create.
+//! with, its owner claim and the quota holding it). A directory is a volume only if the
+//! agent holds a record of it, so the agent never deletes, archives or adopts a directory
+//! it did not create.
+//!
+//! Directory volumes' records live where only the agent can write: in the agent's own
+//! directory beneath the root (`.nfsprov/records`, mode 0700), one entry per volume, named
+//! after the volume directory's identity (inode number and birth time), which renames
+//! into staging, place, trash or archive do not change. Nothing a tenant writes inside a
+//! volume, an extended attribute included, is ever read as a record.
+//!
+//! Each record is the target of a symbolic link: a link is created and renamed over the
+//! old one in single metadata operations, which journaling filesystems commit in order
+//! with the renames that move volumes, so a crash leaves either the old record or the new
+//! one, never a torn one, and no `fsync` is needed on the request path.
 
-use std::io;
-use std::os::fd::{AsFd, BorrowedFd};
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use nfsprov_api_types::{Mode as VolumeMode, QuotaBackend, Volume, VolumeOwner, VolumePath};
-use rustix::fs::XattrFlags;
+use rustix::fs::{AtFlags, StatxFlags};
 use rustix::io::Errno;
 use serde::{Deserialize, Serialize};
 use time::OffsetDateTime;
 
-use super::confine::{list_dir, may_be_directory, open_child};
+use super::confine::list_dir;
 use super::error::{Result, StoreError, io_error};
 
-/// Extended attribute holding a directory volume's record.
-const RECORD_XATTR: &str = "user.nfsprov.volume";
-/// Written and removed once at start to learn whether records can be kept at all.
-const PROBE_XATTR: &str = "user.nfsprov.probe";
+/// Longest record a link can hold (its target is at most `PATH_MAX - 1` bytes).
+const MAX_RECORD_BYTES: usize = 4095;
 
 /// The record kept with each volume.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -84,62 +93,162 @@ pub fn now_rfc3339() -> String {
         .unwrap_or_default()
 }
 
-/// The record of the directory `dir`, if it carries one.
-pub fn read_xattr_record(dir: BorrowedFd<'_>) -> rustix::io::Result<Option<VolumeRecord>> {
-    let mut buf = vec![0u8; 4096];
-    match rustix::fs::fgetxattr(dir, RECORD_XATTR, &mut buf[..]) {
-        Ok(len) => {
-            buf.truncate(len);
-            Ok(VolumeRecord::decode(&buf))
+/// What tells one directory from every other on the root's filesystem for as long as it
+/// exists, whatever it is renamed to: its inode number, and its birth time where the
+/// filesystem keeps one (every btrfs subvolume's root has inode 256).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Identity {
+    ino: u64,
+    birth: Option<(i64, u32)>,
+}
+
+impl Identity {
+    pub fn of(dir: BorrowedFd<'_>) -> rustix::io::Result<Self> {
+        let stat = rustix::fs::statx(
+            dir,
+            c"",
+            AtFlags::EMPTY_PATH,
+            StatxFlags::INO | StatxFlags::BTIME,
+        )?;
+        let birth = (stat.stx_mask & StatxFlags::BTIME.bits() != 0)
+            .then_some((stat.stx_btime.tv_sec, stat.stx_btime.tv_nsec));
+        Ok(Self {
+            ino: stat.stx_ino,
+            birth,
+        })
+    }
+
+    fn key(&self) -> String {
+        match self.birth {
+            Some((seconds, nanos)) => format!("{}-{seconds}.{nanos:09}", self.ino),
+            None => self.ino.to_string(),
         }
-        // zfs-fuse has no extended attributes; its volumes keep records in properties.
-        Err(Errno::NODATA | Errno::NOTSUP) => Ok(None),
-        Err(e) => Err(e),
     }
 }
 
-pub fn write_xattr_record(dir: BorrowedFd<'_>, record: &VolumeRecord) -> rustix::io::Result<()> {
-    let encoded = record.encode().map_err(|_| Errno::INVAL)?;
-    rustix::fs::fsetxattr(dir, RECORD_XATTR, encoded.as_bytes(), XattrFlags::empty())
+/// A record as stored: the volume's record, the path it was made for, and the identity
+/// of its directory (checked again on every read).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+struct StoredRecord {
+    path: String,
+    #[serde(flatten)]
+    record: VolumeRecord,
 }
 
-/// Fails unless user extended attributes work in `dir`: directory records depend on them.
-pub fn check_xattr_support(dir: BorrowedFd<'_>, root: &std::path::Path) -> Result<()> {
-    match rustix::fs::fsetxattr(dir, PROBE_XATTR, b"1", XattrFlags::empty()) {
-        Ok(()) => {
-            let _ = rustix::fs::fremovexattr(dir, PROBE_XATTR);
-            Ok(())
-        }
-        Err(e) => Err(StoreError::NotReady(format!(
-            "the filesystem of {} does not support user extended attributes ({}); the agent keeps volume records in them",
-            root.display(),
-            io::Error::from(e)
-        ))),
-    }
+/// The agent's own store of directory volumes' records.
+#[derive(Debug)]
+pub struct RecordStore {
+    dir: OwnedFd,
+    unique: AtomicU64,
 }
 
-/// Collects the quota records of the directory volumes at or below `dir`, descending at
-/// most `depth` levels and never into a volume.
-pub fn collect_quota_records(
-    dir: BorrowedFd<'_>,
-    depth: usize,
-    found: &mut Vec<QuotaRecord>,
-) -> Result<()> {
-    if depth == 0 {
-        return Ok(());
-    }
-    for (name, kind) in list_dir(dir).map_err(|e| io_error("scan for volume records", e))? {
-        if !may_be_directory(kind) {
-            continue;
+/// Beneath the agent's state directory.
+const RECORDS_DIR: &str = "records";
+
+impl RecordStore {
+    /// Opens (making it when missing) the store in `state`, the agent's own directory.
+    pub fn open(state: BorrowedFd<'_>) -> Result<Self> {
+        match rustix::fs::mkdirat(state, RECORDS_DIR, rustix::fs::Mode::from_raw_mode(0o700)) {
+            Ok(()) | Err(Errno::EXIST) => {}
+            Err(e) => return Err(io_error("create the record store", e)),
         }
-        let Ok(child) = open_child(dir, &name, false) else {
-            continue;
-        };
-        match read_xattr_record(child.as_fd()) {
-            Ok(Some(record)) => found.extend(record.quota),
-            Ok(None) => collect_quota_records(child.as_fd(), depth - 1, found)?,
-            Err(e) => return Err(io_error(format!("read the record of {name}"), e)),
+        let dir = super::confine::open_child(state, RECORDS_DIR, false)?;
+        // Whatever the umask or an earlier version left: the records are the agent's alone.
+        rustix::fs::fchmod(&dir, rustix::fs::Mode::from_raw_mode(0o700))
+            .map_err(|e| io_error("restrict the record store", e))?;
+        Ok(Self {
+            dir,
+            unique: AtomicU64::new(0),
+        })
+    }
+
+    /// The record of the volume whose directory is `dir`, with the path it was made for.
+    pub fn read(&self, dir: BorrowedFd<'_>) -> Result<Option<(String, VolumeRecord)>> {
+        let identity = Identity::of(dir).map_err(|e| io_error("identify a directory", e))?;
+        self.read_identity(&identity)
+    }
+
+    pub fn read_identity(&self, identity: &Identity) -> Result<Option<(String, VolumeRecord)>> {
+        self.read_key(&identity.key())
+    }
+
+    fn read_key(&self, key: &str) -> Result<Option<(String, VolumeRecord)>> {
+        match rustix::fs::readlinkat(&self.dir, key, Vec::new()) {
+            Ok(target) => {
+                let stored: StoredRecord =
+                    serde_json::from_slice(target.as_bytes()).map_err(|e| StoreError::Io {
+                        context: format!("read record {key}"),
+                        source: std::io::Error::other(e),
+                    })?;
+                Ok(Some((stored.path, stored.record)))
+            }
+            Err(Errno::NOENT) => Ok(None),
+            Err(e) => Err(io_error(format!("read record {key}"), e)),
         }
     }
-    Ok(())
+
+    /// Records (or replaces) the record of the volume whose directory is `dir`.
+    pub fn write(&self, dir: BorrowedFd<'_>, path: &str, record: &VolumeRecord) -> Result<()> {
+        let identity = Identity::of(dir).map_err(|e| io_error("identify a directory", e))?;
+        let stored = serde_json::to_string(&StoredRecord {
+            path: path.to_owned(),
+            record: record.clone(),
+        })
+        .map_err(|e| StoreError::Io {
+            context: format!("encode the record of {path}"),
+            source: std::io::Error::other(e),
+        })?;
+        if stored.len() > MAX_RECORD_BYTES {
+            return Err(StoreError::Unsupported(format!(
+                "the record of {path} would be {} bytes, more than the {MAX_RECORD_BYTES} a record can hold",
+                stored.len()
+            )));
+        }
+        let temporary = format!(
+            ".new-{}-{}",
+            std::process::id(),
+            self.unique.fetch_add(1, Ordering::Relaxed)
+        );
+        rustix::fs::symlinkat(stored.as_str(), &self.dir, temporary.as_str())
+            .map_err(|e| io_error(format!("write the record of {path}"), e))?;
+        rustix::fs::renameat(
+            &self.dir,
+            temporary.as_str(),
+            &self.dir,
+            identity.key().as_str(),
+        )
+        .map_err(|e| {
+            let _ = rustix::fs::unlinkat(&self.dir, temporary.as_str(), AtFlags::empty());
+            io_error(format!("write the record of {path}"), e)
+        })
+    }
+
+    /// Forgets the record of `identity` (absent already is fine).
+    pub fn remove(&self, identity: &Identity) -> Result<()> {
+        match rustix::fs::unlinkat(&self.dir, identity.key().as_str(), AtFlags::empty()) {
+            Ok(()) | Err(Errno::NOENT) => Ok(()),
+            Err(e) => Err(io_error("remove a record", e)),
+        }
+    }
+
+    /// Every record, with the path its volume was made for.
+    pub fn all(&self) -> Result<Vec<(String, VolumeRecord)>> {
+        let mut records = Vec::new();
+        for (key, _) in list_dir(self.dir.as_fd()).map_err(|e| io_error("list records", e))? {
+            if key.starts_with('.') {
+                // A write a crash interrupted: the record it meant to replace is intact.
+                let _ = rustix::fs::unlinkat(&self.dir, key.as_str(), AtFlags::empty());
+                continue;
+            }
+            if let Some(found) = self.read_key(&key)? {
+                records.push(found);
+            }
+        }
+        Ok(records)
+    }
+
+    /// Whether the store holds a record of the volume whose directory is `dir`.
+    pub fn contains(&self, dir: BorrowedFd<'_>) -> Result<bool> {
+        Ok(self.read(dir)?.is_some())
+    }
 }

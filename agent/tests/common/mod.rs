@@ -4,6 +4,7 @@
 
 #![allow(dead_code)]
 
+pub mod agent_process;
 pub mod zfs_pool;
 
 use std::collections::BTreeMap;

@@ -1,0 +1,97 @@
+//! The agent as a real process: `init` into a temp dir, then the release-like binary
+//! serving an export root beside it, reached over real HTTPS.
+
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+use nfsprov_agent::init::{self, InitArgs, files};
+use nfsprov_api_types::client::{AgentClient, AgentConnectionConfig};
+
+/// The binary under test: this tree's, or another build named by `NFSPROV_AGENT_BIN` (to
+/// run the same attacks against a release build or an earlier version).
+pub fn agent_binary() -> String {
+    std::env::var("NFSPROV_AGENT_BIN")
+        .unwrap_or_else(|_| env!("CARGO_BIN_EXE_nfsprov-agent").to_owned())
+}
+
+pub struct Setup {
+    _temp: tempfile::TempDir,
+    pub root: PathBuf,
+    pub etc: PathBuf,
+    pub port: u16,
+}
+
+pub fn setup() -> Setup {
+    let temp = tempfile::tempdir().unwrap();
+    let root = temp.path().join("export");
+    std::fs::create_dir(&root).unwrap();
+    let etc = temp.path().join("etc");
+    // A port that was free a moment ago; the agent reports clearly if it is taken.
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    init::run(&InitArgs {
+        dir: etc.clone(),
+        export_root: root.clone(),
+        hostnames: vec!["localhost".into()],
+        ips: vec!["127.0.0.1".parse().unwrap()],
+        listen: format!("127.0.0.1:{port}"),
+        name: "proc".into(),
+        nfs_server: None,
+        nfs_path: None,
+        namespace: "nfsprov".into(),
+        force: false,
+        days: 1,
+    })
+    .unwrap();
+    Setup {
+        _temp: temp,
+        root,
+        etc,
+        port,
+    }
+}
+
+impl Setup {
+    pub fn spawn(&self) -> Child {
+        Command::new(agent_binary())
+            .args(["run", "--config"])
+            .arg(self.etc.join(files::CONFIG))
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap()
+    }
+
+    pub fn client(&self) -> AgentClient {
+        AgentClient::new(&AgentConnectionConfig {
+            name: "proc".into(),
+            url: format!("https://localhost:{}", self.port),
+            ca_file: self.etc.join(files::CA_CERT),
+            token_file: Some(self.etc.join(files::TOKEN)),
+            client_cert_file: None,
+            client_key_file: None,
+            timeout_seconds: 300,
+            nfs_server: None,
+            nfs_path: None,
+        })
+        .unwrap()
+    }
+
+    pub async fn wait_healthy(&self, client: &AgentClient) {
+        for _ in 0..500 {
+            if client.healthz().await.is_ok() {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        panic!("the agent did not come up");
+    }
+
+    pub fn trash_entries(&self) -> usize {
+        std::fs::read_dir(self.root.join(".nfsprov/trash")).map_or(0, |d| d.count())
+    }
+}
