@@ -54,7 +54,7 @@ use crate::quota::xfs::Xfs;
 use crate::quota::zfs::Zfs;
 
 pub use self::archive_name::ARCHIVE_DIR;
-pub use self::backend::{Layout, VolumeBackend};
+pub use self::backend::{KnownQuota, Layout, VolumeBackend};
 pub use self::confine::{STATE_DIR, is_dot};
 pub use self::dataset::DatasetBackend;
 pub use self::directory::{DirectoryBackend, NoQuota, QuotaStrategy};
@@ -134,6 +134,7 @@ pub struct VolumeStore {
     default_gid: u32,
     unique: AtomicU64,
     locks: Arc<locks::PathLocks>,
+    mounts: mounts::MountTable,
 }
 
 impl VolumeStore {
@@ -155,6 +156,7 @@ impl VolumeStore {
         backend.prepare(&root, staging.as_fd())?;
         Ok(Self {
             backend,
+            mounts: mounts::MountTable::new(root.canonical_path()),
             root,
             default_uid: rustix::process::geteuid().as_raw(),
             default_gid: rustix::process::getegid().as_raw(),
@@ -318,8 +320,12 @@ impl VolumeStore {
             ))
         })();
         let discard = || {
-            self.backend
-                .remove(staging.as_fd(), &staged, None, record.quota.as_ref())
+            self.backend.remove(
+                staging.as_fd(),
+                &staged,
+                None,
+                KnownQuota::Known(record.quota.as_ref()),
+            )
         };
         match result {
             Ok(Ok(())) => Ok((record.to_volume(path), Created::New)),
@@ -360,9 +366,12 @@ impl VolumeStore {
             Ok(()) => Ok((record.to_volume(path), Created::New)),
             Err(e) => {
                 // Unfinished: nothing refers to it yet, so it goes at once.
-                let _ = self
-                    .backend
-                    .remove(parent, leaf, Some(path), record.quota.as_ref());
+                let _ = self.backend.remove(
+                    parent,
+                    leaf,
+                    Some(path),
+                    KnownQuota::Known(record.quota.as_ref()),
+                );
                 Err(e)
             }
         }
@@ -446,7 +455,7 @@ impl VolumeStore {
                 parent.as_fd(),
                 path.file_name(),
                 Some(path),
-                record.quota.as_ref(),
+                KnownQuota::Known(record.quota.as_ref()),
             )?;
             return Ok(Deleted::Removed);
         }
@@ -464,8 +473,12 @@ impl VolumeStore {
             Err(Errno::NOENT) => return Ok(Deleted::WasAbsent),
             Err(e) => return Err(io_error(format!("move {path} to the trash"), e)),
         }
-        self.backend
-            .remove(trash.as_fd(), &doomed, None, record.quota.as_ref())?;
+        self.backend.remove(
+            trash.as_fd(),
+            &doomed,
+            None,
+            KnownQuota::Known(record.quota.as_ref()),
+        )?;
         Ok(Deleted::Removed)
     }
 
@@ -551,7 +564,10 @@ impl VolumeStore {
                 }
             };
             for (name, _) in names {
-                match self.backend.remove(dir.as_fd(), &name, None, None) {
+                match self
+                    .backend
+                    .remove(dir.as_fd(), &name, None, KnownQuota::Unknown)
+                {
                     Ok(()) => purge.removed += 1,
                     Err(e) => purge.failed.push((format!("{STATE_DIR}/{area}/{name}"), e)),
                 }
@@ -594,10 +610,13 @@ impl VolumeStore {
     /// whole and a retry after the unmount succeeds.
     fn refuse_mount_points(&self, path: &VolumePath) -> Result<()> {
         let dir = self.root.canonical_path().join(path.as_str());
-        let below = mounts::mount_points_below(&dir).map_err(|e| StoreError::Io {
-            context: "read the mount table".into(),
-            source: e,
-        })?;
+        let below = self
+            .mounts
+            .mount_points_below(&dir)
+            .map_err(|e| StoreError::Io {
+                context: "read the mount table".into(),
+                source: e,
+            })?;
         if below.is_empty() {
             return Ok(());
         }

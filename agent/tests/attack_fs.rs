@@ -343,6 +343,15 @@ async fn delete_refuses_a_volume_holding_a_bind_mount_and_touches_nothing_behind
         .create_volume(&path("tenants/m"), &request("m"), None)
         .await
         .unwrap();
+    // A delete before the mount, so the agent holds the mount table from before it.
+    client
+        .create_volume(&path("tenants/before"), &request("before"), None)
+        .await
+        .unwrap();
+    client
+        .delete_volume(&path("tenants/before"), None)
+        .await
+        .unwrap();
     let outside = tempfile::tempdir().unwrap();
     std::fs::write(outside.path().join("precious"), b"not the tenant's").unwrap();
     let point = agent.root().join("tenants/m/mnt");

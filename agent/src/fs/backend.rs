@@ -25,6 +25,15 @@ pub enum Layout {
     Mounts,
 }
 
+/// What the caller of [`VolumeBackend::remove`] knows of the volume's quota.
+#[derive(Debug, Clone, Copy)]
+pub enum KnownQuota<'a> {
+    /// From the volume's record (or from creating it): `None` when nothing limits it.
+    Known(Option<&'a QuotaRecord>),
+    /// What a crash left: the backend looks for a record itself.
+    Unknown,
+}
+
 pub trait VolumeBackend: Debug + Send + Sync {
     /// The quota backend this storage reports (and records in volumes it limits).
     fn kind(&self) -> QuotaBackend;
@@ -79,7 +88,7 @@ pub trait VolumeBackend: Debug + Send + Sync {
         parent: BorrowedFd<'_>,
         name: &str,
         path: Option<&VolumePath>,
-        quota: Option<&QuotaRecord>,
+        quota: KnownQuota<'_>,
     ) -> Result<()>;
 
     /// Space and inodes the volume whose directory is `dir` uses.

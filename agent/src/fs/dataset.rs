@@ -11,7 +11,7 @@ use std::os::fd::{AsFd, BorrowedFd};
 
 use nfsprov_api_types::{QuotaBackend, VolumePath, VolumeUsage};
 
-use super::backend::{Layout, VolumeBackend};
+use super::backend::{KnownQuota, Layout, VolumeBackend};
 use super::confine::{Root, open_child};
 use super::error::{Result, StoreError, io_error, quota_error};
 use super::record::{QuotaRecord, VolumeRecord};
@@ -111,7 +111,7 @@ impl VolumeBackend for DatasetBackend {
         parent: BorrowedFd<'_>,
         name: &str,
         path: Option<&VolumePath>,
-        _: Option<&QuotaRecord>,
+        _: KnownQuota<'_>,
     ) -> Result<()> {
         match path {
             Some(path) => self

@@ -11,7 +11,7 @@ use nfsprov_api_types::{QuotaBackend, VolumePath, VolumeUsage};
 use rustix::fs::Mode;
 
 use super::archive_name::ARCHIVE_DIR;
-use super::backend::{Layout, VolumeBackend};
+use super::backend::{KnownQuota, Layout, VolumeBackend};
 use super::confine::{Root, STAGING_DIR, STATE_DIR, TRASH_DIR, open_child};
 use super::error::{Result, StoreError, io_error, quota_error};
 use super::legacy::{self, Area};
@@ -431,7 +431,7 @@ impl VolumeBackend for DirectoryBackend {
         parent: BorrowedFd<'_>,
         name: &str,
         _: Option<&VolumePath>,
-        quota: Option<&QuotaRecord>,
+        quota: KnownQuota<'_>,
     ) -> Result<()> {
         let records = self.records()?;
         let identity = match open_child(parent, name, false) {
@@ -443,11 +443,11 @@ impl VolumeBackend for DirectoryBackend {
             Err(_) => None,
         };
         let recorded = match (quota, &identity) {
-            (Some(quota), _) => Some(quota.clone()),
-            (None, Some(identity)) => records
+            (KnownQuota::Known(quota), _) => quota.cloned(),
+            (KnownQuota::Unknown, Some(identity)) => records
                 .read_identity(identity)?
                 .and_then(|(_, record)| record.quota),
-            (None, None) => None,
+            (KnownQuota::Unknown, None) => None,
         };
         self.quota.remove(parent, name, recorded.as_ref())?;
         if let Some(identity) = identity {

@@ -1,16 +1,76 @@
 //! Mount points beneath a directory, from the kernel's mount table of this process: a
 //! volume holding one (a filesystem or a bind mount a tenant or an admin placed inside it)
 //! is never deleted, because removing its tree would reach into the mounted directory.
+//!
+//! The table is read again only when the kernel says it changed (the file signals
+//! `POLLPRI` after a mount or unmount), so a delete costs one `poll` rather than a read
+//! of the whole table.
 
-use std::io;
+use std::io::{self, Read, Seek};
 use std::path::{Path, PathBuf};
+use std::sync::Mutex;
 
-/// The mount points strictly below `dir` (an absolute path without symlinks).
-pub fn mount_points_below(dir: &Path) -> io::Result<Vec<PathBuf>> {
-    let table = std::fs::read_to_string("/proc/self/mountinfo")?;
-    Ok(parse_mount_points(&table)
-        .filter(|point| point != dir && point.starts_with(dir))
-        .collect())
+use rustix::event::{PollFd, PollFlags};
+
+const MOUNT_TABLE: &str = "/proc/self/mountinfo";
+
+/// The mount points below one directory (the export root), kept current.
+#[derive(Debug)]
+pub struct MountTable {
+    below: PathBuf,
+    state: Mutex<Option<Cached>>,
+}
+
+#[derive(Debug)]
+struct Cached {
+    file: std::fs::File,
+    points: Vec<PathBuf>,
+}
+
+impl MountTable {
+    /// Watches the mount points below `dir` (an absolute path without symlinks).
+    pub fn new(dir: &Path) -> Self {
+        Self {
+            below: dir.to_owned(),
+            state: Mutex::new(None),
+        }
+    }
+
+    /// The mount points strictly below `dir`, which must lie below the watched directory.
+    pub fn mount_points_below(&self, dir: &Path) -> io::Result<Vec<PathBuf>> {
+        let mut state = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        let stale = match state.as_ref() {
+            None => true,
+            Some(cached) => changed(&cached.file)?,
+        };
+        if stale {
+            // Opened before it is read, so a change during the read is signalled too.
+            let mut file = match state.take() {
+                Some(cached) => cached.file,
+                None => std::fs::File::open(MOUNT_TABLE)?,
+            };
+            file.rewind()?;
+            let mut table = String::new();
+            file.read_to_string(&mut table)?;
+            let points = parse_mount_points(&table)
+                .filter(|point| point.starts_with(&self.below))
+                .collect();
+            *state = Some(Cached { file, points });
+        }
+        let points = state.as_ref().map_or(&[][..], |c| &c.points[..]);
+        Ok(points
+            .iter()
+            .filter(|point| *point != dir && point.starts_with(dir))
+            .cloned()
+            .collect())
+    }
+}
+
+/// Whether the kernel signalled a change of the table since it was last read.
+fn changed(file: &std::fs::File) -> io::Result<bool> {
+    let mut fds = [PollFd::new(file, PollFlags::PRI)];
+    let ready = rustix::event::poll(&mut fds, Some(&rustix::event::Timespec::default()))?;
+    Ok(ready > 0 && fds[0].revents().intersects(PollFlags::PRI | PollFlags::ERR))
 }
 
 /// The mount point field of each line (the fifth), with the kernel's octal escapes of
@@ -68,5 +128,14 @@ mod tests {
             })
             .collect();
         assert_eq!(below, [PathBuf::from("/srv/nfs/ns/v1/in there")]);
+    }
+
+    #[test]
+    fn the_table_is_read_again_after_a_change() {
+        let table = MountTable::new(Path::new("/"));
+        let first = table.mount_points_below(Path::new("/")).unwrap();
+        assert!(!first.is_empty(), "some mount is below /");
+        // Nothing changed: the cached list answers the same.
+        assert_eq!(table.mount_points_below(Path::new("/")).unwrap(), first);
     }
 }

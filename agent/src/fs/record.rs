@@ -118,11 +118,15 @@ impl Identity {
         })
     }
 
-    fn key(&self) -> String {
-        match self.birth {
+    /// Where the record of this identity is kept in the store: one of 256 shards (so
+    /// concurrent requests rarely wait for the same directory's lock), then the name.
+    fn key(&self) -> (usize, String) {
+        let shard = (self.ino % SHARDS as u64) as usize;
+        let name = match self.birth {
             Some((seconds, nanos)) => format!("{}-{seconds}.{nanos:09}", self.ino),
             None => self.ino.to_string(),
-        }
+        };
+        (shard, name)
     }
 }
 
@@ -138,28 +142,43 @@ struct StoredRecord {
 /// The agent's own store of directory volumes' records.
 #[derive(Debug)]
 pub struct RecordStore {
-    dir: OwnedFd,
+    /// The shards, by the two hex digits of their name.
+    shards: Vec<OwnedFd>,
     unique: AtomicU64,
 }
 
 /// Beneath the agent's state directory.
 const RECORDS_DIR: &str = "records";
+const SHARDS: usize = 256;
+
+fn private_dir(parent: BorrowedFd<'_>, name: &str) -> Result<OwnedFd> {
+    match rustix::fs::mkdirat(parent, name, rustix::fs::Mode::from_raw_mode(0o700)) {
+        Ok(()) | Err(Errno::EXIST) => {}
+        Err(e) => return Err(io_error("create the record store", e)),
+    }
+    let dir = super::confine::open_child(parent, name, false)?;
+    // Whatever the umask or an earlier version left: the records are the agent's alone.
+    rustix::fs::fchmod(&dir, rustix::fs::Mode::from_raw_mode(0o700))
+        .map_err(|e| io_error("restrict the record store", e))?;
+    Ok(dir)
+}
 
 impl RecordStore {
     /// Opens (making it when missing) the store in `state`, the agent's own directory.
     pub fn open(state: BorrowedFd<'_>) -> Result<Self> {
-        match rustix::fs::mkdirat(state, RECORDS_DIR, rustix::fs::Mode::from_raw_mode(0o700)) {
-            Ok(()) | Err(Errno::EXIST) => {}
-            Err(e) => return Err(io_error("create the record store", e)),
-        }
-        let dir = super::confine::open_child(state, RECORDS_DIR, false)?;
-        // Whatever the umask or an earlier version left: the records are the agent's alone.
-        rustix::fs::fchmod(&dir, rustix::fs::Mode::from_raw_mode(0o700))
-            .map_err(|e| io_error("restrict the record store", e))?;
+        let top = private_dir(state, RECORDS_DIR)?;
+        let shards = (0..SHARDS)
+            .map(|n| private_dir(top.as_fd(), &format!("{n:02x}")))
+            .collect::<Result<_>>()?;
         Ok(Self {
-            dir,
+            shards,
             unique: AtomicU64::new(0),
         })
+    }
+
+    fn shard(&self, identity: &Identity) -> (BorrowedFd<'_>, String) {
+        let (shard, name) = identity.key();
+        (self.shards[shard].as_fd(), name)
     }
 
     /// The record of the volume whose directory is `dir`, with the path it was made for.
@@ -169,22 +188,8 @@ impl RecordStore {
     }
 
     pub fn read_identity(&self, identity: &Identity) -> Result<Option<(String, VolumeRecord)>> {
-        self.read_key(&identity.key())
-    }
-
-    fn read_key(&self, key: &str) -> Result<Option<(String, VolumeRecord)>> {
-        match rustix::fs::readlinkat(&self.dir, key, Vec::new()) {
-            Ok(target) => {
-                let stored: StoredRecord =
-                    serde_json::from_slice(target.as_bytes()).map_err(|e| StoreError::Io {
-                        context: format!("read record {key}"),
-                        source: std::io::Error::other(e),
-                    })?;
-                Ok(Some((stored.path, stored.record)))
-            }
-            Err(Errno::NOENT) => Ok(None),
-            Err(e) => Err(io_error(format!("read record {key}"), e)),
-        }
+        let (shard, name) = self.shard(identity);
+        read_link(shard, &name)
     }
 
     /// Records (or replaces) the record of the volume whose directory is `dir`.
@@ -204,28 +209,31 @@ impl RecordStore {
                 stored.len()
             )));
         }
+        let (shard, name) = self.shard(&identity);
+        let failed = |e| io_error(format!("write the record of {path}"), e);
+        // A new volume has no record yet: one operation. A changed one is replaced by a
+        // rename, so a crash leaves the old record or the new one.
+        match rustix::fs::symlinkat(stored.as_str(), shard, name.as_str()) {
+            Ok(()) => return Ok(()),
+            Err(Errno::EXIST) => {}
+            Err(e) => return Err(failed(e)),
+        }
         let temporary = format!(
             ".new-{}-{}",
             std::process::id(),
             self.unique.fetch_add(1, Ordering::Relaxed)
         );
-        rustix::fs::symlinkat(stored.as_str(), &self.dir, temporary.as_str())
-            .map_err(|e| io_error(format!("write the record of {path}"), e))?;
-        rustix::fs::renameat(
-            &self.dir,
-            temporary.as_str(),
-            &self.dir,
-            identity.key().as_str(),
-        )
-        .map_err(|e| {
-            let _ = rustix::fs::unlinkat(&self.dir, temporary.as_str(), AtFlags::empty());
-            io_error(format!("write the record of {path}"), e)
+        rustix::fs::symlinkat(stored.as_str(), shard, temporary.as_str()).map_err(failed)?;
+        rustix::fs::renameat(shard, temporary.as_str(), shard, name.as_str()).map_err(|e| {
+            let _ = rustix::fs::unlinkat(shard, temporary.as_str(), AtFlags::empty());
+            failed(e)
         })
     }
 
     /// Forgets the record of `identity` (absent already is fine).
     pub fn remove(&self, identity: &Identity) -> Result<()> {
-        match rustix::fs::unlinkat(&self.dir, identity.key().as_str(), AtFlags::empty()) {
+        let (shard, name) = self.shard(identity);
+        match rustix::fs::unlinkat(shard, name.as_str(), AtFlags::empty()) {
             Ok(()) | Err(Errno::NOENT) => Ok(()),
             Err(e) => Err(io_error("remove a record", e)),
         }
@@ -234,14 +242,17 @@ impl RecordStore {
     /// Every record, with the path its volume was made for.
     pub fn all(&self) -> Result<Vec<(String, VolumeRecord)>> {
         let mut records = Vec::new();
-        for (key, _) in list_dir(self.dir.as_fd()).map_err(|e| io_error("list records", e))? {
-            if key.starts_with('.') {
-                // A write a crash interrupted: the record it meant to replace is intact.
-                let _ = rustix::fs::unlinkat(&self.dir, key.as_str(), AtFlags::empty());
-                continue;
-            }
-            if let Some(found) = self.read_key(&key)? {
-                records.push(found);
+        for shard in &self.shards {
+            for (name, _) in list_dir(shard.as_fd()).map_err(|e| io_error("list records", e))? {
+                if name.starts_with('.') {
+                    // A replacement a crash interrupted: the record it was to replace is
+                    // intact.
+                    let _ = rustix::fs::unlinkat(shard, name.as_str(), AtFlags::empty());
+                    continue;
+                }
+                if let Some(found) = read_link(shard.as_fd(), &name)? {
+                    records.push(found);
+                }
             }
         }
         Ok(records)
@@ -250,5 +261,20 @@ impl RecordStore {
     /// Whether the store holds a record of the volume whose directory is `dir`.
     pub fn contains(&self, dir: BorrowedFd<'_>) -> Result<bool> {
         Ok(self.read(dir)?.is_some())
+    }
+}
+
+fn read_link(shard: BorrowedFd<'_>, name: &str) -> Result<Option<(String, VolumeRecord)>> {
+    match rustix::fs::readlinkat(shard, name, Vec::new()) {
+        Ok(target) => {
+            let stored: StoredRecord =
+                serde_json::from_slice(target.as_bytes()).map_err(|e| StoreError::Io {
+                    context: format!("read record {name}"),
+                    source: std::io::Error::other(e),
+                })?;
+            Ok(Some((stored.path, stored.record)))
+        }
+        Err(Errno::NOENT) => Ok(None),
+        Err(e) => Err(io_error(format!("read record {name}"), e)),
     }
 }

@@ -87,18 +87,36 @@ fn remove_top(parent: BorrowedFd<'_>, name: &CStr) -> Removal {
     let Some(top) = open_or_unlink(parent, name)? else {
         return Ok(());
     };
-    let mount = MountId::of(&statx_fd(top.as_fd())?);
     let mut subdirectories = Vec::new();
     for (child, kind) in read_children(top.as_fd())? {
         if !unlink_unless_directory(top.as_fd(), &child, kind)? {
             subdirectories.push(child);
         }
     }
-    remove_in_parallel(top.as_fd(), subdirectories, mount)?;
-    // Whatever appeared meanwhile.
-    empty_directory(top.as_fd(), mount)?;
-    drop(top);
-    remove_empty(parent, name)
+    // Most volumes are flat or empty when they go: the mount is looked up only when
+    // there is something to descend into.
+    let mount = if subdirectories.is_empty() {
+        None
+    } else {
+        let mount = MountId::of(&statx_fd(top.as_fd())?);
+        remove_in_parallel(top.as_fd(), subdirectories, mount)?;
+        Some(mount)
+    };
+    loop {
+        match rustix::fs::unlinkat(parent, name, AtFlags::REMOVEDIR) {
+            Ok(()) | Err(Errno::NOENT) => return Ok(()),
+            Err(Errno::BUSY) => return Err(Stop::MountPoint(name.to_string_lossy().into_owned())),
+            // Refilled meanwhile (a client still writing through an open handle).
+            Err(Errno::NOTEMPTY) => {
+                let mount = match mount {
+                    Some(mount) => mount,
+                    None => MountId::of(&statx_fd(top.as_fd())?),
+                };
+                empty_directory(top.as_fd(), mount)?;
+            }
+            Err(e) => return Err(e.into()),
+        }
+    }
 }
 
 /// Opens `name` in `parent` as a directory; when it is not one, unlinks it instead.
