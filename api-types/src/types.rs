@@ -4,7 +4,7 @@ use std::fmt;
 
 use serde::{Deserialize, Serialize};
 
-use crate::VolumePath;
+use crate::path::VolumePath;
 
 /// Header carrying the request id from the controller to the agent's audit log.
 pub const REQUEST_ID_HEADER: &str = "x-request-id";

@@ -13,12 +13,12 @@ use tokio::sync::{broadcast, mpsc};
 
 use crate::api::{Api, DeleteOptions, PV_PROTECTION, PVC_PROTECTION, Sub};
 use crate::errors::ApiError;
-use crate::expander::ExpandController;
+use crate::expander::{ExpandController, claim_ref_key};
 use crate::meta::{self, annotation, path, path_str};
+use crate::quantity::storage_quantity;
 use crate::recorder::{Note, Recorder};
 use crate::resources::Kind;
 use crate::store::{Key, WatchEvent};
-use crate::validate::storage_quantity;
 
 pub const ANN_STORAGE_PROVISIONER: &str = "volume.kubernetes.io/storage-provisioner";
 pub const ANN_BETA_STORAGE_PROVISIONER: &str = "volume.beta.kubernetes.io/storage-provisioner";
@@ -124,15 +124,6 @@ pub async fn run(api: Api, binder: bool, resync: Duration) {
             c.sync_some(&claims, &volumes, &namespaces);
         }
     }
-}
-
-/// The (namespace, name) of the claim a volume's claimRef names.
-pub fn claim_ref_key(pv: &Value) -> Option<Key> {
-    let cr = path(pv, &["spec", "claimRef"])?;
-    Some((
-        cr.get("namespace")?.as_str()?.to_string(),
-        cr.get("name")?.as_str()?.to_string(),
-    ))
 }
 
 fn phase(o: &Value) -> &str {

@@ -9,8 +9,9 @@ use serde_json::{Map, Value, json};
 
 use crate::errors::Cause;
 use crate::meta::{annotation, path, path_str};
+use crate::names::qualified_name_errors;
 use crate::quantity::Quantity;
-use crate::validate::{qualified_name_errors, storage_quantity};
+use crate::quantity::storage_quantity;
 
 /// The storage class as an annotation, from before `spec.storageClassName` existed; claims
 /// may still carry it and it still wins over the field.

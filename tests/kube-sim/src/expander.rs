@@ -7,11 +7,11 @@
 use serde_json::Value;
 
 use crate::api::Api;
-use crate::binder::claim_ref_key;
 use crate::claim_validation::{capacity_storage, requested_storage};
 use crate::meta::{self, annotation, path, path_str};
 use crate::recorder::{Note, Recorder};
 use crate::resources::Kind;
+use crate::store::Key;
 
 pub const COMPONENT: &str = "volume_expand";
 pub const EXTERNAL_EXPANDING: &str = "ExternalExpanding";
@@ -95,4 +95,13 @@ impl ExpandController {
             &requested.canonical(),
         );
     }
+}
+
+/// The (namespace, name) of the claim a volume's claimRef names.
+pub fn claim_ref_key(pv: &Value) -> Option<Key> {
+    let cr = path(pv, &["spec", "claimRef"])?;
+    Some((
+        cr.get("namespace")?.as_str()?.to_string(),
+        cr.get("name")?.as_str()?.to_string(),
+    ))
 }

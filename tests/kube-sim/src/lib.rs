@@ -15,6 +15,7 @@ pub mod kubeconfig;
 pub mod list;
 pub mod managed;
 pub mod meta;
+pub mod names;
 pub mod patch;
 pub mod quantity;
 pub mod recorder;

@@ -259,6 +259,14 @@ impl Quantity {
     }
 }
 
+/// The quantity at `keys`, if there is one. Decoding has already refused malformed
+/// quantities, so an unparsable one here counts as absent.
+pub fn storage_quantity(obj: &Value, keys: &[&str]) -> Option<Quantity> {
+    crate::meta::path(obj, keys)
+        .and_then(Quantity::from_json)
+        .and_then(Result::ok)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

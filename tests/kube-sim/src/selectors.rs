@@ -78,7 +78,7 @@ impl LabelSelector {
                 | Req::Exists(k)
                 | Req::NotExists(k) => k,
             };
-            if crate::validate::qualified_name_errors(key).is_some() {
+            if crate::names::qualified_name_errors(key).is_some() {
                 return Err(bad_selector(part));
             }
             reqs.push(req);

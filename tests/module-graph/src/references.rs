@@ -163,6 +163,9 @@ impl<'ast> Visit<'ast> for Collector {
         syn::visit::visit_path(self, path);
     }
 
+    /// `pub(crate)` and `pub(super)` say who may use an item, not what it uses.
+    fn visit_visibility(&mut self, _: &'ast syn::Visibility) {}
+
     /// Macro arguments are read as comma-separated expressions where they parse so.
     fn visit_macro(&mut self, mac: &'ast syn::Macro) {
         self.visit_path(&mac.path);

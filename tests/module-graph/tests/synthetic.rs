@@ -109,6 +109,15 @@ fn relative_paths_to_children_and_globs_count() {
 }
 
 #[test]
+fn visibility_restrictions_are_no_dependency() {
+    let (_dir, root) = write_crate(&[
+        ("src/lib.rs", "mod a;\npub use a::f;\n"),
+        ("src/a.rs", "pub(crate) fn f() {}\npub(super) struct S;\n"),
+    ]);
+    assert!(cycle_modules(&root).is_empty());
+}
+
+#[test]
 fn paths_inside_macro_arguments_count() {
     let (_dir, root) = write_crate(&[
         ("src/lib.rs", "mod a;\nmod b;\n"),
