@@ -1,73 +1,10 @@
 //! What the caches keep. Everything the reconcilers never read is dropped before an object
 //! is stored, so that tens of thousands of claims and volumes fit in a small pod.
 
-use std::borrow::Cow;
-
-use k8s_openapi::ClusterResourceScope;
 use k8s_openapi::api::core::v1::{PersistentVolumeClaim, PersistentVolumeClaimSpec};
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::Resource;
-use serde::{Deserialize, Serialize};
 
-use crate::{expand, pv};
-
-/// A PersistentVolume as the volume cache holds it: read from the same API, but only the
-/// fields deletion needs are ever deserialized. `k8s_openapi`'s `PersistentVolume` is
-/// 3.4 kB before any string (every volume source is inline), which alone would be 34 MB
-/// for 10,000 volumes.
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
-pub struct CachedVolume {
-    #[serde(default)]
-    pub metadata: ObjectMeta,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub spec: Option<CachedVolumeSpec>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub status: Option<CachedVolumeStatus>,
-}
-
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase")]
-pub struct CachedVolumeSpec {
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub persistent_volume_reclaim_policy: Option<String>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub storage_class_name: Option<String>,
-}
-
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
-pub struct CachedVolumeStatus {
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub phase: Option<String>,
-}
-
-impl Resource for CachedVolume {
-    type DynamicType = ();
-    type Scope = ClusterResourceScope;
-
-    fn kind(_: &()) -> Cow<'_, str> {
-        Cow::Borrowed("PersistentVolume")
-    }
-
-    fn group(_: &()) -> Cow<'_, str> {
-        Cow::Borrowed("")
-    }
-
-    fn version(_: &()) -> Cow<'_, str> {
-        Cow::Borrowed("v1")
-    }
-
-    fn plural(_: &()) -> Cow<'_, str> {
-        Cow::Borrowed("persistentvolumes")
-    }
-
-    fn meta(&self) -> &ObjectMeta {
-        &self.metadata
-    }
-
-    fn meta_mut(&mut self) -> &mut ObjectMeta {
-        &mut self.metadata
-    }
-}
+use crate::objects::{CachedVolume, claim_is_bound, is_ours, resize_in_play};
 
 /// Drops server-side bookkeeping no reconciler reads.
 pub fn strip_meta<K: Resource>(object: &mut K) {
@@ -85,11 +22,11 @@ pub fn strip_meta<K: Resource>(object: &mut K) {
 /// steady state.
 pub fn slim_claim(pvc: &mut PersistentVolumeClaim) {
     strip_meta(pvc);
-    if expand::resize_in_play(pvc) {
+    if resize_in_play(pvc) {
         return;
     }
     pvc.status = None;
-    if pv::claim_is_bound(pvc) {
+    if claim_is_bound(pvc) {
         let volume_name = pvc.spec.take().and_then(|s| s.volume_name);
         let meta = &mut pvc.metadata;
         meta.labels = None;
@@ -108,12 +45,7 @@ pub fn slim_claim(pvc: &mut PersistentVolumeClaim) {
 /// keep only what says they are not ours.
 pub fn slim_volume(volume: &mut CachedVolume, provisioner: &str) {
     strip_meta(volume);
-    let ours = volume
-        .metadata
-        .annotations
-        .as_ref()
-        .and_then(|a| a.get(pv::ANN_PROVISIONED_BY))
-        .is_some_and(|p| p == provisioner);
+    let ours = is_ours(volume, provisioner);
     let meta = &mut volume.metadata;
     meta.labels = None;
     meta.owner_references = None;
@@ -128,7 +60,7 @@ mod tests {
     use std::collections::BTreeMap;
 
     use super::*;
-    use crate::fixtures::{PROVISIONER, bound_claim, cached, claim, released_pv};
+    use crate::tests::fixtures::{PROVISIONER, bound_claim, cached, claim, released_pv};
 
     #[test]
     fn unbound_claims_keep_what_provisioning_reads() {
@@ -154,7 +86,7 @@ mod tests {
         assert_eq!(spec.storage_class_name, None);
         assert_eq!(
             pvc.metadata.uid.as_deref(),
-            Some(crate::fixtures::CLAIM_UID)
+            Some(crate::tests::fixtures::CLAIM_UID)
         );
     }
 
@@ -206,7 +138,7 @@ mod tests {
         slim_volume(&mut volume, "example.com/other");
         assert_eq!(volume.metadata.annotations, None);
         assert_eq!(volume.metadata.finalizers, None);
-        assert!(!crate::delete::is_ours(&volume, "example.com/other"));
-        assert!(!crate::delete::is_ours(&volume, PROVISIONER));
+        assert!(!crate::objects::is_ours(&volume, "example.com/other"));
+        assert!(!crate::objects::is_ours(&volume, PROVISIONER));
     }
 }

@@ -12,62 +12,32 @@ use serde_json::json;
 use tracing::{debug, info, warn};
 
 use crate::agents::request_id;
-use crate::cache::CachedVolume as PersistentVolume;
-use crate::controller::{Context, Error};
+use crate::context::{Context, Error};
+use crate::objects::{
+    ANN_AGENT, ANN_ON_DELETE, ANN_PATH, CachedVolume, FINALIZER, RECLAIM_DELETE, class_name,
+    has_finalizer, is_ours, phase, reclaim_policy,
+};
 use crate::params::{ClassParams, OnDelete};
-use crate::pv;
 
 pub const REASON_FAILED_DELETE: &str = "VolumeFailedDelete";
 const ACTION: &str = "Delete";
 
-/// Whether this controller made the PV (the only PVs it ever touches).
-pub fn is_ours(pv: &PersistentVolume, provisioner: &str) -> bool {
-    pv.annotations()
-        .get(pv::ANN_PROVISIONED_BY)
-        .is_some_and(|p| p == provisioner)
-}
-
-fn has_finalizer(pv: &PersistentVolume) -> bool {
-    pv.finalizers().iter().any(|f| f == pv::FINALIZER)
-}
-
-fn reclaim_policy(pv: &PersistentVolume) -> &str {
-    pv.spec
-        .as_ref()
-        .and_then(|s| s.persistent_volume_reclaim_policy.as_deref())
-        .unwrap_or(pv::RECLAIM_RETAIN)
-}
-
-fn phase(pv: &PersistentVolume) -> &str {
-    pv.status
-        .as_ref()
-        .and_then(|s| s.phase.as_deref())
-        .unwrap_or("")
-}
-
-fn class_name(pv: &PersistentVolume) -> &str {
-    pv.spec
-        .as_ref()
-        .and_then(|s| s.storage_class_name.as_deref())
-        .unwrap_or("")
-}
-
 /// Ours, reclaimPolicy Delete, Released, and our part not yet done.
-fn awaits_deletion(volume: &PersistentVolume, provisioner: &str) -> bool {
+fn awaits_deletion(volume: &CachedVolume, provisioner: &str) -> bool {
     let done = volume.metadata.deletion_timestamp.is_some() && !has_finalizer(volume);
     is_ours(volume, provisioner)
-        && reclaim_policy(volume) == pv::RECLAIM_DELETE
+        && reclaim_policy(volume) == RECLAIM_DELETE
         && phase(volume) == "Released"
         // Finalizer removed and delete requested: other finalizers such as pv-protection
         // are what still holds the object.
         && !done
 }
 
-pub async fn reconcile(volume: &PersistentVolume, ctx: &Context) -> Result<Action, Error> {
+pub async fn reconcile(volume: &CachedVolume, ctx: &Context) -> Result<Action, Error> {
     if !is_ours(volume, &ctx.provisioner) {
         return Ok(Action::await_change());
     }
-    if reclaim_policy(volume) != pv::RECLAIM_DELETE {
+    if reclaim_policy(volume) != RECLAIM_DELETE {
         // Someone switched the PV to Retain: the data stays, and our finalizer must go or
         // the PV could never be deleted (the library does the same).
         if has_finalizer(volume) {
@@ -80,7 +50,7 @@ pub async fn reconcile(volume: &PersistentVolume, ctx: &Context) -> Result<Actio
     }
     // The cache can lag behind this controller's own last writes (a rerun right after a
     // finished deletion would redo it): act only on what the API says now.
-    let api = Api::<PersistentVolume>::all(ctx.client.clone());
+    let api = Api::<CachedVolume>::all(ctx.client.clone());
     let Some(fresh) = api.get_opt(&volume.name_any()).await? else {
         return Ok(Action::await_change());
     };
@@ -128,11 +98,11 @@ pub async fn reconcile(volume: &PersistentVolume, ctx: &Context) -> Result<Actio
 
 /// Removes our finalizer, guarded by resourceVersion so another writer's finalizers are
 /// never lost (a conflict means: retry with a fresh copy).
-async fn remove_finalizer(volume: &PersistentVolume, ctx: &Context) -> Result<(), Error> {
+async fn remove_finalizer(volume: &CachedVolume, ctx: &Context) -> Result<(), Error> {
     let remaining: Vec<&String> = volume
         .finalizers()
         .iter()
-        .filter(|f| *f != pv::FINALIZER)
+        .filter(|f| *f != FINALIZER)
         .collect();
     let patch = json!({
         "metadata": {
@@ -140,7 +110,7 @@ async fn remove_finalizer(volume: &PersistentVolume, ctx: &Context) -> Result<()
             "resourceVersion": volume.resource_version(),
         }
     });
-    let api = Api::<PersistentVolume>::all(ctx.client.clone());
+    let api = Api::<CachedVolume>::all(ctx.client.clone());
     match api
         .patch(
             &volume.name_any(),
@@ -157,11 +127,11 @@ async fn remove_finalizer(volume: &PersistentVolume, ctx: &Context) -> Result<()
 
 /// What to do with the data: the policy recorded on the PV; for PVs without one, the
 /// class's current policy; without a class, archive (never lose data by guessing).
-fn policy(volume: &PersistentVolume, ctx: &Context) -> Result<OnDelete, String> {
-    if let Some(recorded) = volume.annotations().get(pv::ANN_ON_DELETE) {
+fn policy(volume: &CachedVolume, ctx: &Context) -> Result<OnDelete, String> {
+    if let Some(recorded) = volume.annotations().get(ANN_ON_DELETE) {
         return recorded
             .parse::<OnDelete>()
-            .map_err(|_| format!("annotation {}={recorded:?} is not delete, retain or archive; not touching the data", pv::ANN_ON_DELETE));
+            .map_err(|_| format!("annotation {}={recorded:?} is not delete, retain or archive; not touching the data", ANN_ON_DELETE));
     }
     let from_class = ctx
         .class(class_name(volume))
@@ -170,21 +140,21 @@ fn policy(volume: &PersistentVolume, ctx: &Context) -> Result<OnDelete, String> 
     Ok(from_class.unwrap_or(OnDelete::Archive))
 }
 
-async fn dispose_of_data(volume: &PersistentVolume, ctx: &Context) -> Result<(), String> {
+async fn dispose_of_data(volume: &CachedVolume, ctx: &Context) -> Result<(), String> {
     let annotations = volume.annotations();
-    let agent_name = annotations.get(pv::ANN_AGENT).ok_or_else(|| {
-        format!("PV has no {} annotation, so the agent holding its data is unknown; not touching the data", pv::ANN_AGENT)
+    let agent_name = annotations.get(ANN_AGENT).ok_or_else(|| {
+        format!("PV has no {} annotation, so the agent holding its data is unknown; not touching the data", ANN_AGENT)
     })?;
-    let raw_path = annotations.get(pv::ANN_PATH).ok_or_else(|| {
+    let raw_path = annotations.get(ANN_PATH).ok_or_else(|| {
         format!(
             "PV has no {} annotation, so its directory is unknown; not touching the data",
-            pv::ANN_PATH
+            ANN_PATH
         )
     })?;
     let path = VolumePath::parse(raw_path).map_err(|e| {
         format!(
             "annotation {}={raw_path:?} is not a valid volume path: {e}",
-            pv::ANN_PATH
+            ANN_PATH
         )
     })?;
     let policy = policy(volume, ctx)?;

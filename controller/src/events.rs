@@ -176,7 +176,7 @@ mod tests {
 
     use serde_json::json;
 
-    use crate::fixtures::{BodyCheck, Call, context, finish};
+    use crate::tests::fixtures::{BodyCheck, Call, context, finish};
 
     /// A series patch that must carry the note of the event it continues.
     fn repeat_of(note: &str, count: u32) -> Call {

@@ -11,7 +11,6 @@
 //! absolute value, and a claim found already marked for the same size resumes where a
 //! crashed run stopped instead of starting over.
 
-use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use k8s_openapi::api::core::v1::{
@@ -30,17 +29,17 @@ use serde_json::{Value, json};
 use tracing::{debug, info, warn};
 
 use crate::agents::{Agent, request_id};
-use crate::cache::CachedVolume;
-use crate::controller::{Context, Error};
-use crate::{delete, pv, quantity};
+use crate::context::{Context, Error};
+use crate::objects::{
+    ANN_AGENT, ANN_PATH, ANN_QUOTA, CachedVolume, STORAGE, allocated, bytes, claim_class,
+    claim_key, is_ours, requested, resize_status, status_capacity, storage_of, volume_name,
+};
 
 /// Event reasons, as external-resizer spells them.
 pub const REASON_RESIZING: &str = "Resizing";
 pub const REASON_RESIZE_FAILED: &str = "VolumeResizeFailed";
 pub const REASON_RESIZE_SUCCEEDED: &str = "VolumeResizeSuccessful";
 const ACTION: &str = "Resize";
-
-const STORAGE: &str = "storage";
 
 /// `PersistentVolumeClaimConditionType`s.
 const CONDITION_RESIZING: &str = "Resizing";
@@ -57,63 +56,6 @@ const RESIZE_CONDITIONS: [&str; 4] = [
 /// `ClaimResourceStatus` values of `status.allocatedResourceStatuses["storage"]`.
 pub const CONTROLLER_RESIZE_IN_PROGRESS: &str = "ControllerResizeInProgress";
 pub const CONTROLLER_RESIZE_INFEASIBLE: &str = "ControllerResizeInfeasible";
-
-fn storage_of(map: Option<&BTreeMap<String, Quantity>>) -> Option<&Quantity> {
-    map?.get(STORAGE)
-}
-
-fn requested(pvc: &PersistentVolumeClaim) -> Option<&Quantity> {
-    storage_of(pvc.spec.as_ref()?.resources.as_ref()?.requests.as_ref())
-}
-
-fn status_capacity(pvc: &PersistentVolumeClaim) -> Option<&Quantity> {
-    storage_of(pvc.status.as_ref()?.capacity.as_ref())
-}
-
-fn allocated(pvc: &PersistentVolumeClaim) -> Option<&Quantity> {
-    storage_of(pvc.status.as_ref()?.allocated_resources.as_ref())
-}
-
-fn resize_status(pvc: &PersistentVolumeClaim) -> Option<&str> {
-    pvc.status
-        .as_ref()?
-        .allocated_resource_statuses
-        .as_ref()?
-        .get(STORAGE)
-        .map(String::as_str)
-}
-
-fn volume_name(pvc: &PersistentVolumeClaim) -> Option<&str> {
-    pvc.spec
-        .as_ref()?
-        .volume_name
-        .as_deref()
-        .filter(|v| !v.is_empty())
-}
-
-fn bytes(quantity: &Quantity) -> Option<u64> {
-    quantity::parse_bytes(&quantity.0).ok()
-}
-
-/// Whether a bound claim asks for more than it has, or carries resize state: the claim cache
-/// keeps such claims whole, because [`reconcile`] reads their request, class and status.
-pub fn resize_in_play(pvc: &PersistentVolumeClaim) -> bool {
-    if volume_name(pvc).is_none() {
-        return false;
-    }
-    if resize_status(pvc).is_some() {
-        return true;
-    }
-    // Without a status capacity the claim is not Bound yet, and its status update (which
-    // brings the capacity) triggers another look.
-    match (
-        requested(pvc).and_then(bytes),
-        status_capacity(pvc).and_then(bytes),
-    ) {
-        (Some(request), Some(capacity)) => request > capacity,
-        _ => false,
-    }
-}
 
 /// Why a bound claim is left alone (debug level: nearly every bound claim is).
 #[derive(Debug, PartialEq, Eq)]
@@ -176,19 +118,16 @@ fn wanted(pvc: &PersistentVolumeClaim, ctx: &Context) -> Result<Wanted, Skip> {
         .volumes
         .get(&ObjectRef::new(pv_name))
         .ok_or_else(|| Skip::VolumeNotFound(pv_name.to_owned()))?;
-    if !delete::is_ours(&volume, &ctx.provisioner) {
+    if !is_ours(&volume, &ctx.provisioner) {
         return Err(Skip::VolumeNotOurs);
     }
     let annotations = volume.annotations();
-    let (Some(agent), Some(path)) = (
-        annotations.get(pv::ANN_AGENT),
-        annotations.get(pv::ANN_PATH),
-    ) else {
+    let (Some(agent), Some(path)) = (annotations.get(ANN_AGENT), annotations.get(ANN_PATH)) else {
         return Err(Skip::VolumeNotOurs);
     };
     // The API's admission plugin already refuses a larger request when the class does not
     // allow expansion; a class edited (or deleted) since then is respected too.
-    let allowed = pv::claim_class(pvc)
+    let allowed = claim_class(pvc)
         .and_then(|name| ctx.class(name))
         .is_some_and(|class| class.allow_volume_expansion == Some(true));
     if !allowed {
@@ -200,7 +139,7 @@ fn wanted(pvc: &PersistentVolumeClaim, ctx: &Context) -> Result<Wanted, Skip> {
         target_bytes,
         agent: agent.clone(),
         path: path.clone(),
-        quota: annotations.get(pv::ANN_QUOTA).and_then(|q| q.parse().ok()),
+        quota: annotations.get(ANN_QUOTA).and_then(|q| q.parse().ok()),
     })
 }
 
@@ -249,7 +188,7 @@ pub async fn reconcile(pvc: &PersistentVolumeClaim, ctx: &Context) -> Result<Act
     };
     match planned {
         Err(skip) => {
-            debug!(claim = %pv::claim_key(pvc), ?skip, "not expanding");
+            debug!(claim = %claim_key(pvc), ?skip, "not expanding");
             Ok(Action::await_change())
         }
         Ok(Plan::Shrink { volume }) => {
@@ -267,7 +206,7 @@ pub async fn reconcile(pvc: &PersistentVolumeClaim, ctx: &Context) -> Result<Act
 async fn refuse_shrink(pvc: &PersistentVolumeClaim, volume: &Quantity, ctx: &Context) {
     let target = requested(pvc).map(|q| q.0.as_str()).unwrap_or_default();
     let pv_name = volume_name(pvc).unwrap_or_default();
-    warn!(claim = %pv::claim_key(pvc), pv = pv_name, %target, volume = %volume.0, "refusing to shrink");
+    warn!(claim = %claim_key(pvc), pv = pv_name, %target, volume = %volume.0, "refusing to shrink");
     ctx.event(
         &pvc.object_ref(&()),
         EventType::Warning,
@@ -320,8 +259,7 @@ fn locate(job: &Job, ctx: &Context) -> Result<(VolumePath, Arc<Agent>), String> 
     let path = VolumePath::parse(&job.wanted.path).map_err(|e| {
         format!(
             "annotation {}={:?} on the PV is not a valid volume path: {e}",
-            pv::ANN_PATH,
-            job.wanted.path
+            ANN_PATH, job.wanted.path
         )
     })?;
     let agent = ctx.agents.get(&job.wanted.agent).ok_or_else(|| {
@@ -361,7 +299,7 @@ async fn expand(pvc: &PersistentVolumeClaim, job: &Job, ctx: &Context) -> Result
         &pvc.namespace().unwrap_or_default(),
     );
     let claim = if already_marked(pvc, job.wanted.target_bytes) {
-        info!(claim = %pv::claim_key(pvc), target = %job.wanted.target.0, "resuming expansion");
+        info!(claim = %claim_key(pvc), target = %job.wanted.target.0, "resuming expansion");
         pvc.clone()
     } else {
         patch_claim_status(&claims, pvc, mark_in_progress(pvc, &job.wanted.target)).await?
@@ -427,7 +365,7 @@ async fn expand(pvc: &PersistentVolumeClaim, job: &Job, ctx: &Context) -> Result
     }
 
     info!(
-        claim = %pv::claim_key(pvc), pv = %job.wanted.pv_name, capacity = %job.wanted.target.0,
+        claim = %claim_key(pvc), pv = %job.wanted.pv_name, capacity = %job.wanted.target.0,
         quota_enforced = resized.quota_enforced, "volume expanded"
     );
     ctx.event(
@@ -575,10 +513,13 @@ async fn set_volume_capacity(ctx: &Context, pv_name: &str, target: &Quantity) ->
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::collections::BTreeMap;
+
+    use crate::objects::resize_in_play;
     use k8s_openapi::api::core::v1::PersistentVolumeClaimStatus;
 
     fn bound(request: &str, capacity: &str) -> PersistentVolumeClaim {
-        let mut pvc = crate::fixtures::claim("nfs");
+        let mut pvc = crate::tests::fixtures::claim("nfs");
         pvc.spec.as_mut().unwrap().volume_name = Some("pvc-1".into());
         pvc.spec
             .as_mut()

@@ -17,10 +17,13 @@ use nfsprov_api_types::{
 use tracing::{debug, error, info};
 
 use crate::agents::request_id;
-use crate::controller::{Context, Error};
+use crate::context::{Context, Error};
+use crate::objects::{
+    ANN_SELECTED_NODE, claim_class, claim_is_bound, claim_key, claim_provisioner, pv_name_for,
+};
 use crate::params::ClassParams;
 use crate::pattern::RenderInput;
-use crate::pv::{self, NewVolume};
+use crate::pv::{NewVolume, build_pv};
 use crate::quantity;
 
 pub const REASON_PROVISIONING: &str = "Provisioning";
@@ -49,17 +52,13 @@ pub fn should_provision(
     if pvc.metadata.deletion_timestamp.is_some() {
         return Err(Skip::Deleting);
     }
-    let spec = pvc.spec.as_ref();
-    if spec
-        .and_then(|s| s.volume_name.as_deref())
-        .is_some_and(|v| !v.is_empty())
-    {
+    if claim_is_bound(pvc) {
         return Err(Skip::Bound);
     }
-    if pv::claim_provisioner(pvc) != Some(ctx.provisioner.as_str()) {
+    if claim_provisioner(pvc) != Some(ctx.provisioner.as_str()) {
         return Err(Skip::NotOurs);
     }
-    let class_name = pv::claim_class(pvc).ok_or(Skip::NoClass)?;
+    let class_name = claim_class(pvc).ok_or(Skip::NoClass)?;
     let class = ctx
         .class(class_name)
         .ok_or_else(|| Skip::ClassNotFound(class_name.to_owned()))?;
@@ -71,14 +70,14 @@ pub fn should_provision(
         .metadata
         .annotations
         .as_ref()
-        .is_some_and(|a| a.contains_key(pv::ANN_SELECTED_NODE));
+        .is_some_and(|a| a.contains_key(ANN_SELECTED_NODE));
     if wait_for_consumer && !has_node {
         return Err(Skip::WaitingForNode);
     }
     let uid = pvc.metadata.uid.as_deref().unwrap_or_default();
     if ctx
         .volumes
-        .get(&ObjectRef::new(&pv::pv_name_for(uid)))
+        .get(&ObjectRef::new(&pv_name_for(uid)))
         .is_some()
     {
         return Err(Skip::AlreadyProvisioned);
@@ -91,7 +90,7 @@ pub async fn reconcile(pvc: &PersistentVolumeClaim, ctx: &Context) -> Result<Act
     let (class, class_name) = match should_provision(pvc, ctx) {
         Ok(found) => found,
         Err(skip) => {
-            debug!(claim = %pv::claim_key(pvc), ?skip, "not provisioning");
+            debug!(claim = %claim_key(pvc), ?skip, "not provisioning");
             return Ok(Action::await_change());
         }
     };
@@ -101,7 +100,7 @@ pub async fn reconcile(pvc: &PersistentVolumeClaim, ctx: &Context) -> Result<Act
         Ok(Some(pv_name)) => {
             ctx.metrics
                 .provision_succeeded(&class_name, started.elapsed());
-            info!(claim = %pv::claim_key(pvc), pv = %pv_name, "provisioned");
+            info!(claim = %claim_key(pvc), pv = %pv_name, "provisioned");
             ctx.event(
                 &reference,
                 EventType::Normal,
@@ -192,7 +191,7 @@ async fn provision(
     let namespace = pvc.namespace().unwrap_or_default();
     let name = pvc.name_any();
     let uid = pvc.metadata.uid.as_deref().unwrap_or_default();
-    let pv_name = pv::pv_name_for(uid);
+    let pv_name = pv_name_for(uid);
     let path = params
         .path_pattern
         .render(&RenderInput {
@@ -267,11 +266,11 @@ async fn provision(
             _ => agent_failure(&format!("could not create directory {path}"), e),
         })?;
     info!(
-        claim = %pv::claim_key(pvc), agent = agent.name(), %path, created = outcome.created,
+        claim = %claim_key(pvc), agent = agent.name(), %path, created = outcome.created,
         request_id = %rid, "volume directory ready"
     );
 
-    let volume = pv::build_pv(&NewVolume {
+    let volume = build_pv(&NewVolume {
         pvc,
         class,
         class_name,
@@ -290,13 +289,13 @@ async fn provision(
         // A previous attempt (perhaps of a crashed replica) saved it; the directory was just
         // confirmed with the same settings, so there is nothing left to do.
         Err(kube::Error::Api(status)) if status.code == 409 => {
-            info!(claim = %pv::claim_key(pvc), pv = %pv_name, "PV already exists");
+            info!(claim = %claim_key(pvc), pv = %pv_name, "PV already exists");
             Ok(None)
         }
         Err(e) => {
             // The directory exists now: never leave it behind silently.
             error!(
-                claim = %pv::claim_key(pvc), pv = %pv_name, agent = agent.name(), %path, error = %e,
+                claim = %claim_key(pvc), pv = %pv_name, agent = agent.name(), %path, error = %e,
                 "volume directory exists but its PV could not be saved; retrying"
             );
             Err(Failure {

@@ -1,4 +1,4 @@
-//! Well-known names and the construction of the PersistentVolume for a provisioned claim.
+//! The construction of the PersistentVolume for a provisioned claim.
 
 use std::collections::BTreeMap;
 
@@ -10,80 +10,11 @@ use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use nfsprov_api_types::{NfsExport, QuotaPolicy, VolumePath};
 
+use crate::objects::{
+    ANN_AGENT, ANN_ON_DELETE, ANN_PATH, ANN_PROVISIONED_BY, ANN_QUOTA, FINALIZER, RECLAIM_DELETE,
+    class_reclaim_policy,
+};
 use crate::params::OnDelete;
-
-/// Set on every PV to name the provisioner that made it (as the library does).
-pub const ANN_PROVISIONED_BY: &str = "pv.kubernetes.io/provisioned-by";
-/// Set on claims by the PV controller: which provisioner should act on the claim.
-pub const ANN_STORAGE_PROVISIONER: &str = "volume.kubernetes.io/storage-provisioner";
-pub const ANN_BETA_STORAGE_PROVISIONER: &str = "volume.beta.kubernetes.io/storage-provisioner";
-/// Set by the scheduler under WaitForFirstConsumer.
-pub const ANN_SELECTED_NODE: &str = "volume.kubernetes.io/selected-node";
-/// The pre-`storageClassName` way to name a claim's class; still honoured first.
-pub const ANN_BETA_STORAGE_CLASS: &str = "volume.beta.kubernetes.io/storage-class";
-/// Keeps a PV with reclaimPolicy Delete until its data was dealt with.
-pub const FINALIZER: &str = "external-provisioner.volume.kubernetes.io/finalizer";
-
-/// Agent holding the volume (its name from the controller's agent list).
-pub const ANN_AGENT: &str = "nfsprov.dev/agent";
-/// Volume path relative to that agent's export root.
-pub const ANN_PATH: &str = "nfsprov.dev/path";
-/// What to do with the data on delete, fixed at provisioning time so that deleting never
-/// depends on the class still existing or being unchanged.
-pub const ANN_ON_DELETE: &str = "nfsprov.dev/on-delete";
-/// The class's quota policy when the volume was made. Expansion reads it to explain why a
-/// new capacity is not enforced, and it tells an operator looking at the PV what the
-/// capacity means without tracing the (possibly edited) class.
-pub const ANN_QUOTA: &str = "nfsprov.dev/quota";
-
-pub const RECLAIM_DELETE: &str = "Delete";
-pub const RECLAIM_RETAIN: &str = "Retain";
-
-/// The deterministic PV name of a claim: a retry after a crash finds the same volume.
-pub fn pv_name_for(claim_uid: &str) -> String {
-    format!("pvc-{claim_uid}")
-}
-
-/// The claim's class: the beta annotation wins over `spec.storageClassName`, as in
-/// Kubernetes' own helper.
-pub fn claim_class(pvc: &PersistentVolumeClaim) -> Option<&str> {
-    pvc.metadata
-        .annotations
-        .as_ref()
-        .and_then(|a| a.get(ANN_BETA_STORAGE_CLASS))
-        .map(String::as_str)
-        .or_else(|| pvc.spec.as_ref()?.storage_class_name.as_deref())
-        .filter(|c| !c.is_empty())
-}
-
-/// Whether the claim names its volume (the binder sets it; provisioning is then over).
-pub fn claim_is_bound(pvc: &PersistentVolumeClaim) -> bool {
-    pvc.spec
-        .as_ref()
-        .and_then(|s| s.volume_name.as_deref())
-        .is_some_and(|v| !v.is_empty())
-}
-
-/// `namespace/name`, for logs.
-pub fn claim_key(pvc: &PersistentVolumeClaim) -> String {
-    let namespace = pvc.metadata.namespace.as_deref().unwrap_or_default();
-    let name = pvc.metadata.name.as_deref().unwrap_or_default();
-    format!("{namespace}/{name}")
-}
-
-/// The provisioner the PV controller asked to act on the claim.
-pub fn claim_provisioner(pvc: &PersistentVolumeClaim) -> Option<&str> {
-    let annotations = pvc.metadata.annotations.as_ref()?;
-    annotations
-        .get(ANN_STORAGE_PROVISIONER)
-        .or_else(|| annotations.get(ANN_BETA_STORAGE_PROVISIONER))
-        .map(String::as_str)
-}
-
-/// The class's reclaim policy; Kubernetes defaults it to Delete.
-pub fn class_reclaim_policy(class: &StorageClass) -> &str {
-    class.reclaim_policy.as_deref().unwrap_or(RECLAIM_DELETE)
-}
 
 /// `spec.nfs.path` for a volume: the export root as clients mount it, then the volume path.
 pub fn nfs_path(export_root: &str, path: &VolumePath) -> String {
@@ -157,6 +88,7 @@ pub fn build_pv(v: &NewVolume<'_>) -> PersistentVolume {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::objects::*;
     use k8s_openapi::api::core::v1::{PersistentVolumeClaimSpec, VolumeResourceRequirements};
     use serde_json::json;
 

@@ -18,9 +18,9 @@ use tokio::time::{Instant, MissedTickBehavior};
 use tracing::{debug, info, warn};
 
 use crate::agents::request_id;
-use crate::controller::{Context, stopped};
+use crate::context::{Context, stopped};
 use crate::metrics::VolumeLabels;
-use crate::{delete, pv};
+use crate::objects::{ANN_AGENT, ANN_PATH, is_ours};
 
 pub const REASON_NEARLY_FULL: &str = "VolumeNearlyFull";
 const ACTION: &str = "MeasureUsage";
@@ -60,12 +60,12 @@ fn targets(ctx: &Context, claims: &Store<PersistentVolumeClaim>) -> Vec<Target> 
         .volumes
         .state()
         .iter()
-        .filter(|volume| delete::is_ours(volume, &ctx.provisioner))
+        .filter(|volume| is_ours(volume, &ctx.provisioner))
         .filter(|volume| volume.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Bound"))
         .filter_map(|volume| {
             let annotations = volume.annotations();
-            let agent = annotations.get(pv::ANN_AGENT)?;
-            let path = annotations.get(pv::ANN_PATH)?;
+            let agent = annotations.get(ANN_AGENT)?;
+            let path = annotations.get(ANN_PATH)?;
             let pv_name = volume.name_any();
             let pvc = claim_of.get(&pv_name)?;
             Some(Target {
@@ -139,7 +139,7 @@ impl UsageTracker {
 enum MeasureError {
     #[error("agent {0:?} is not configured")]
     UnknownAgent(String),
-    #[error("annotation {ann} is not a valid volume path: {0}", ann = pv::ANN_PATH)]
+    #[error("annotation {ann} is not a valid volume path: {0}", ann = ANN_PATH)]
     InvalidPath(String),
     #[error("agent {agent}: {source}")]
     Agent {

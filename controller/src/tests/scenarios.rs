@@ -11,11 +11,11 @@ use nfsprov_api_types::{CreateVolumeRequest, ErrorCode, Mode, QuotaPolicy, Volum
 use serde_json::json;
 
 use crate::agents::AgentRegistry;
-use crate::controller::{
+use crate::objects;
+use crate::reconcile::{
     claim_error_policy, reconcile_claim, reconcile_volume, volume_error_policy,
 };
-use crate::fixtures::*;
-use crate::pv;
+use crate::tests::fixtures::*;
 
 const PVS: &str = "/api/v1/persistentvolumes?";
 const DEFAULT_PATH: &str = "team-a-data-pvc-6b1c8f3e-2d4a-4e5b-9c7d-0a1b2c3d4e5f";
@@ -265,7 +265,7 @@ async fn wait_for_first_consumer_waits_for_the_selected_node() {
         .annotations
         .as_mut()
         .unwrap()
-        .insert(pv::ANN_SELECTED_NODE.into(), "node-1".into());
+        .insert(objects::ANN_SELECTED_NODE.into(), "node-1".into());
     let (ctx, api) = context(agent.registry(), vec![wffc], vec![]);
     let server = api.run(vec![
         provisioning_event(),
@@ -291,7 +291,7 @@ async fn claims_that_are_not_ours_are_left_alone() {
     // Annotated for another provisioner.
     let mut pvc = claim("nfs");
     pvc.metadata.annotations = Some(BTreeMap::from([(
-        pv::ANN_STORAGE_PROVISIONER.into(),
+        objects::ANN_STORAGE_PROVISIONER.into(),
         "example.com/other".into(),
     )]));
     reconcile_claim(Arc::new(pvc), ctx.clone()).await.unwrap();
@@ -309,7 +309,7 @@ async fn claims_that_are_not_ours_are_left_alone() {
 
     let mut beta = claim("nfs");
     beta.metadata.annotations = Some(BTreeMap::from([(
-        pv::ANN_BETA_STORAGE_PROVISIONER.into(),
+        objects::ANN_BETA_STORAGE_PROVISIONER.into(),
         PROVISIONER.into(),
     )]));
     let (ctx, api) = context(agent.registry(), vec![class("nfs", &[])], vec![]);
@@ -763,12 +763,10 @@ async fn retain_pvs_and_other_provisioners_pvs_are_untouched() {
         .unwrap();
     // Another provisioner's released Delete PV, even with our annotations and finalizer.
     let mut foreign = released_pv(Some("delete"), "team-a/data");
-    foreign
-        .metadata
-        .annotations
-        .as_mut()
-        .unwrap()
-        .insert(pv::ANN_PROVISIONED_BY.into(), "example.com/other".into());
+    foreign.metadata.annotations.as_mut().unwrap().insert(
+        objects::ANN_PROVISIONED_BY.into(),
+        "example.com/other".into(),
+    );
     reconcile_volume(Arc::new(cached(foreign)), ctx.clone())
         .await
         .unwrap();

@@ -10,9 +10,9 @@ use kube::runtime::controller::Action;
 use nfsprov_api_types::{CreateVolumeRequest, ErrorCode, QuotaPolicy};
 use serde_json::{Value, json};
 
-use crate::controller::{claim_error_policy, reconcile_claim};
 use crate::expand::{CONTROLLER_RESIZE_IN_PROGRESS, CONTROLLER_RESIZE_INFEASIBLE};
-use crate::fixtures::*;
+use crate::reconcile::{claim_error_policy, reconcile_claim};
+use crate::tests::fixtures::*;
 
 const CLAIM_STATUS: &str = "/api/v1/namespaces/team-a/persistentvolumeclaims/data/status?";
 const PATH: &str = "team-a/data";
@@ -418,7 +418,7 @@ async fn claims_that_cannot_or_need_not_expand_are_left_alone() {
     let expandable = || vec![expandable_class("nfs", &[])];
     let mut foreign = ours();
     foreign.metadata.annotations.as_mut().unwrap().insert(
-        crate::pv::ANN_PROVISIONED_BY.into(),
+        crate::objects::ANN_PROVISIONED_BY.into(),
         "example.com/other".into(),
     );
     let mut elsewhere = ours();

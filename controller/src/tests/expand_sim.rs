@@ -17,8 +17,8 @@ use nfsprov_kube_sim::{SimOptions, Simulator};
 use serde_json::json;
 
 use crate::controller::{self, RunConfig};
-use crate::fixtures::MockAgent;
 use crate::metrics::Metrics;
+use crate::tests::fixtures::MockAgent;
 
 const WAIT: Duration = Duration::from_secs(30);
 
@@ -47,7 +47,7 @@ async fn a_bound_claim_grows_through_the_simulated_api() {
         agent.registry(),
         Arc::new(Metrics::new()),
         RunConfig {
-            provisioner: crate::fixtures::PROVISIONER.into(),
+            provisioner: crate::tests::fixtures::PROVISIONER.into(),
             resync: Duration::from_secs(600),
             reporter: Reporter {
                 controller: "nfsprov-controller".into(),
@@ -63,7 +63,7 @@ async fn a_bound_claim_grows_through_the_simulated_api() {
     let class: StorageClass = serde_json::from_value(json!({
         "apiVersion": "storage.k8s.io/v1", "kind": "StorageClass",
         "metadata": {"name": "nfs"},
-        "provisioner": crate::fixtures::PROVISIONER,
+        "provisioner": crate::tests::fixtures::PROVISIONER,
         "allowVolumeExpansion": true,
         "parameters": {"pathPattern": "${.PVC.namespace}/${.PVC.name}"},
     }))

@@ -11,10 +11,10 @@ use nfsprov_agent_testkit::TestAgent;
 use serde_json::json;
 
 use crate::agents::AgentRegistry;
-use crate::controller::{reconcile_claim, reconcile_volume};
-use crate::fixtures::*;
 use crate::metrics::Metrics;
-use crate::pv;
+use crate::objects;
+use crate::reconcile::{reconcile_claim, reconcile_volume};
+use crate::tests::fixtures::*;
 
 fn pv_uri() -> String {
     format!("/api/v1/persistentvolumes/{PV_NAME}?")
@@ -83,7 +83,7 @@ async fn delete(agent: &TestAgent, on_delete: &str, path: &str) {
         .annotations
         .as_mut()
         .unwrap()
-        .insert(pv::ANN_AGENT.into(), "test".into());
+        .insert(objects::ANN_AGENT.into(), "test".into());
     let server = api.run(finalize_and_delete(&volume));
     reconcile_volume(Arc::new(cached(volume)), ctx.clone())
         .await

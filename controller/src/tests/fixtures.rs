@@ -37,10 +37,10 @@ use nfsprov_api_types::{
 use serde_json::{Value, json};
 
 use crate::agents::AgentRegistry;
-use crate::cache::CachedVolume;
-use crate::controller::Context;
+use crate::context::Context;
 use crate::metrics::Metrics;
-use crate::pv;
+use crate::objects;
+use crate::objects::CachedVolume;
 
 pub const PROVISIONER: &str = "nfsprov.dev/nfs";
 pub const CLAIM_UID: &str = "6b1c8f3e-2d4a-4e5b-9c7d-0a1b2c3d4e5f";
@@ -332,7 +332,7 @@ pub fn claim(class: &str) -> PersistentVolumeClaim {
             uid: Some(CLAIM_UID.to_owned()),
             resource_version: Some("100".to_owned()),
             annotations: Some(BTreeMap::from([(
-                pv::ANN_STORAGE_PROVISIONER.to_owned(),
+                objects::ANN_STORAGE_PROVISIONER.to_owned(),
                 PROVISIONER.to_owned(),
             )])),
             ..ObjectMeta::default()
@@ -362,12 +362,15 @@ pub fn cached(volume: PersistentVolume) -> CachedVolume {
 /// A released PV as this controller would have made it.
 pub fn released_pv(on_delete: Option<&str>, path: &str) -> PersistentVolume {
     let mut annotations = BTreeMap::from([
-        (pv::ANN_PROVISIONED_BY.to_owned(), PROVISIONER.to_owned()),
-        (pv::ANN_AGENT.to_owned(), "nfs1".to_owned()),
-        (pv::ANN_PATH.to_owned(), path.to_owned()),
+        (
+            objects::ANN_PROVISIONED_BY.to_owned(),
+            PROVISIONER.to_owned(),
+        ),
+        (objects::ANN_AGENT.to_owned(), "nfs1".to_owned()),
+        (objects::ANN_PATH.to_owned(), path.to_owned()),
     ]);
     if let Some(policy) = on_delete {
-        annotations.insert(pv::ANN_ON_DELETE.to_owned(), policy.to_owned());
+        annotations.insert(objects::ANN_ON_DELETE.to_owned(), policy.to_owned());
     }
     PersistentVolume {
         metadata: ObjectMeta {
@@ -377,7 +380,7 @@ pub fn released_pv(on_delete: Option<&str>, path: &str) -> PersistentVolume {
             annotations: Some(annotations),
             finalizers: Some(vec![
                 "kubernetes.io/pv-protection".to_owned(),
-                pv::FINALIZER.to_owned(),
+                objects::FINALIZER.to_owned(),
             ]),
             ..ObjectMeta::default()
         },
@@ -475,7 +478,7 @@ pub fn bound_pv(capacity: &str, quota: &str) -> PersistentVolume {
         .annotations
         .as_mut()
         .expect("annotations")
-        .insert(pv::ANN_QUOTA.to_owned(), quota.to_owned());
+        .insert(objects::ANN_QUOTA.to_owned(), quota.to_owned());
     let spec = volume.spec.as_mut().expect("spec");
     spec.capacity = Some(storage(capacity));
     spec.claim_ref = Some(ObjectReference {

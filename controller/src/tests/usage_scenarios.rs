@@ -5,7 +5,7 @@ use k8s_openapi::api::core::v1::PersistentVolume;
 use kube::runtime::watcher;
 use nfsprov_api_types::{CreateVolumeRequest, ErrorCode};
 
-use crate::fixtures::*;
+use crate::tests::fixtures::*;
 use crate::usage::{UsageTracker, poll_once};
 
 const GI: u64 = 1 << 30;
@@ -19,7 +19,7 @@ fn logs_pv() -> PersistentVolume {
         .annotations
         .as_mut()
         .unwrap()
-        .insert(crate::pv::ANN_PATH.into(), "team-a/logs".into());
+        .insert(crate::objects::ANN_PATH.into(), "team-a/logs".into());
     let claim_ref = volume.spec.as_mut().unwrap().claim_ref.as_mut().unwrap();
     claim_ref.name = Some("logs".into());
     claim_ref.uid = Some("uid-logs".into());

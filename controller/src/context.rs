@@ -1,0 +1,114 @@
+//! What every reconciler shares: the [`Context`] (client, caches, agents, events,
+//! metrics, backoff), the [`Error`] a reconcile ends with, and event publishing.
+
+use std::sync::Arc;
+
+use k8s_openapi::api::core::v1::ObjectReference;
+use k8s_openapi::api::storage::v1::StorageClass;
+use kube::Client;
+use kube::runtime::events::{Event, EventType, Reporter};
+use kube::runtime::reflector::{ObjectRef, Store};
+use nfsprov_api_types::client::ClientError;
+use tokio::sync::watch;
+use tracing::warn;
+
+use crate::agents::AgentRegistry;
+use crate::backoff::Backoff;
+use crate::events::EventRecorder;
+use crate::metrics::Metrics;
+use crate::objects::CachedVolume;
+
+/// Longest event note the API accepts is 1 kB; keep a margin for UTF-8 boundaries.
+const MAX_NOTE_BYTES: usize = 1000;
+
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("Kubernetes API: {0}")]
+    Kube(#[from] kube::Error),
+    #[error("agent {agent}: {source}")]
+    Agent {
+        agent: String,
+        #[source]
+        source: ClientError,
+    },
+    /// Provisioning, expansion or deletion failed for a reason already reported in an event.
+    #[error("{0}")]
+    Reported(String),
+}
+
+/// Everything a reconcile needs.
+pub struct Context {
+    pub client: Client,
+    /// The provisioner name classes and PVs carry (`nfsprov.dev/nfs` by default).
+    pub provisioner: String,
+    pub agents: AgentRegistry,
+    pub classes: Store<StorageClass>,
+    pub volumes: Store<CachedVolume>,
+    pub recorder: EventRecorder,
+    pub metrics: Arc<Metrics>,
+    pub backoff: Backoff,
+}
+
+impl Context {
+    pub fn new(
+        client: Client,
+        provisioner: String,
+        agents: AgentRegistry,
+        classes: Store<StorageClass>,
+        volumes: Store<CachedVolume>,
+        metrics: Arc<Metrics>,
+        reporter: Reporter,
+    ) -> Self {
+        Self {
+            recorder: EventRecorder::new(client.clone(), reporter),
+            client,
+            provisioner,
+            agents,
+            classes,
+            volumes,
+            metrics,
+            backoff: Backoff::default(),
+        }
+    }
+
+    pub fn class(&self, name: &str) -> Option<Arc<StorageClass>> {
+        self.classes.get(&ObjectRef::new(name))
+    }
+
+    /// Publishes an event; a failure to do so is logged, never fatal to the reconcile.
+    pub async fn event(
+        &self,
+        regarding: &ObjectReference,
+        type_: EventType,
+        reason: &str,
+        action: &str,
+        note: &str,
+    ) {
+        let event = Event {
+            type_,
+            reason: reason.to_owned(),
+            note: Some(truncate(note, MAX_NOTE_BYTES)),
+            action: action.to_owned(),
+            secondary: None,
+        };
+        if let Err(e) = self.recorder.publish(&event, regarding).await {
+            warn!(error = %e, reason, "could not publish event");
+        }
+    }
+}
+
+fn truncate(text: &str, max: usize) -> String {
+    if text.len() <= max {
+        return text.to_owned();
+    }
+    let mut end = max;
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    format!("{}…", &text[..end])
+}
+
+/// Resolves once `shutdown` turns true (or its sender is gone).
+pub async fn stopped(mut shutdown: watch::Receiver<bool>) {
+    let _ = shutdown.wait_for(|stop| *stop).await;
+}

@@ -1,0 +1,248 @@
+//! The objects the controller works on (claims, classes and the cached form of volumes):
+//! the names and annotations it reads and writes, and every predicate over them, once.
+
+use std::borrow::Cow;
+use std::collections::BTreeMap;
+
+use k8s_openapi::ClusterResourceScope;
+use k8s_openapi::api::core::v1::PersistentVolumeClaim;
+use k8s_openapi::api::storage::v1::StorageClass;
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use kube::{Resource, ResourceExt};
+use serde::{Deserialize, Serialize};
+
+/// Set on every PV to name the provisioner that made it (as the library does).
+pub const ANN_PROVISIONED_BY: &str = "pv.kubernetes.io/provisioned-by";
+/// Set on claims by the PV controller: which provisioner should act on the claim.
+pub const ANN_STORAGE_PROVISIONER: &str = "volume.kubernetes.io/storage-provisioner";
+pub const ANN_BETA_STORAGE_PROVISIONER: &str = "volume.beta.kubernetes.io/storage-provisioner";
+/// Set by the scheduler under WaitForFirstConsumer.
+pub const ANN_SELECTED_NODE: &str = "volume.kubernetes.io/selected-node";
+/// The pre-`storageClassName` way to name a claim's class; still honoured first.
+pub const ANN_BETA_STORAGE_CLASS: &str = "volume.beta.kubernetes.io/storage-class";
+/// Keeps a PV with reclaimPolicy Delete until its data was dealt with.
+pub const FINALIZER: &str = "external-provisioner.volume.kubernetes.io/finalizer";
+
+/// Agent holding the volume (its name from the controller's agent list).
+pub const ANN_AGENT: &str = "nfsprov.dev/agent";
+/// Volume path relative to that agent's export root.
+pub const ANN_PATH: &str = "nfsprov.dev/path";
+/// What to do with the data on delete, fixed at provisioning time so that deleting never
+/// depends on the class still existing or being unchanged.
+pub const ANN_ON_DELETE: &str = "nfsprov.dev/on-delete";
+/// The class's quota policy when the volume was made. Expansion reads it to explain why a
+/// new capacity is not enforced, and it tells an operator looking at the PV what the
+/// capacity means without tracing the (possibly edited) class.
+pub const ANN_QUOTA: &str = "nfsprov.dev/quota";
+
+/// The resource name claims and volumes size themselves by.
+pub const STORAGE: &str = "storage";
+
+pub const RECLAIM_DELETE: &str = "Delete";
+pub const RECLAIM_RETAIN: &str = "Retain";
+
+/// The deterministic PV name of a claim: a retry after a crash finds the same volume.
+pub fn pv_name_for(claim_uid: &str) -> String {
+    format!("pvc-{claim_uid}")
+}
+
+/// The claim's class: the beta annotation wins over `spec.storageClassName`, as in
+/// Kubernetes' own helper.
+pub fn claim_class(pvc: &PersistentVolumeClaim) -> Option<&str> {
+    pvc.metadata
+        .annotations
+        .as_ref()
+        .and_then(|a| a.get(ANN_BETA_STORAGE_CLASS))
+        .map(String::as_str)
+        .or_else(|| pvc.spec.as_ref()?.storage_class_name.as_deref())
+        .filter(|c| !c.is_empty())
+}
+
+/// Whether the claim names its volume (the binder sets it; provisioning is then over).
+pub fn claim_is_bound(pvc: &PersistentVolumeClaim) -> bool {
+    volume_name(pvc).is_some()
+}
+
+/// `namespace/name`, for logs.
+pub fn claim_key(pvc: &PersistentVolumeClaim) -> String {
+    let namespace = pvc.metadata.namespace.as_deref().unwrap_or_default();
+    let name = pvc.metadata.name.as_deref().unwrap_or_default();
+    format!("{namespace}/{name}")
+}
+
+/// The provisioner the PV controller asked to act on the claim.
+pub fn claim_provisioner(pvc: &PersistentVolumeClaim) -> Option<&str> {
+    let annotations = pvc.metadata.annotations.as_ref()?;
+    annotations
+        .get(ANN_STORAGE_PROVISIONER)
+        .or_else(|| annotations.get(ANN_BETA_STORAGE_PROVISIONER))
+        .map(String::as_str)
+}
+
+/// The class's reclaim policy; Kubernetes defaults it to Delete.
+pub fn class_reclaim_policy(class: &StorageClass) -> &str {
+    class.reclaim_policy.as_deref().unwrap_or(RECLAIM_DELETE)
+}
+
+/// `pvc/namespace/name`: the claim's key among per-object state such as backoff.
+pub fn claim_state_key(pvc: &PersistentVolumeClaim) -> String {
+    format!("pvc/{}", claim_key(pvc))
+}
+
+/// `pv/name`: the volume's key among per-object state such as backoff.
+pub fn volume_state_key(pv: &CachedVolume) -> String {
+    format!("pv/{}", pv.name_any())
+}
+
+/// The storage entry of a resource map.
+pub fn storage_of(map: Option<&BTreeMap<String, Quantity>>) -> Option<&Quantity> {
+    map?.get(STORAGE)
+}
+
+pub fn requested(pvc: &PersistentVolumeClaim) -> Option<&Quantity> {
+    storage_of(pvc.spec.as_ref()?.resources.as_ref()?.requests.as_ref())
+}
+
+pub fn status_capacity(pvc: &PersistentVolumeClaim) -> Option<&Quantity> {
+    storage_of(pvc.status.as_ref()?.capacity.as_ref())
+}
+
+pub fn allocated(pvc: &PersistentVolumeClaim) -> Option<&Quantity> {
+    storage_of(pvc.status.as_ref()?.allocated_resources.as_ref())
+}
+
+pub fn resize_status(pvc: &PersistentVolumeClaim) -> Option<&str> {
+    pvc.status
+        .as_ref()?
+        .allocated_resource_statuses
+        .as_ref()?
+        .get(STORAGE)
+        .map(String::as_str)
+}
+
+/// The volume the claim is bound to (the binder sets it; provisioning is then over).
+pub fn volume_name(pvc: &PersistentVolumeClaim) -> Option<&str> {
+    pvc.spec
+        .as_ref()?
+        .volume_name
+        .as_deref()
+        .filter(|v| !v.is_empty())
+}
+
+/// A quantity in bytes, if it is one.
+pub fn bytes(quantity: &Quantity) -> Option<u64> {
+    crate::quantity::parse_bytes(&quantity.0).ok()
+}
+
+/// Whether a bound claim asks for more than it has, or carries resize state: the claim cache
+/// keeps such claims whole, because expansion reads their request, class and status.
+pub fn resize_in_play(pvc: &PersistentVolumeClaim) -> bool {
+    if volume_name(pvc).is_none() {
+        return false;
+    }
+    if resize_status(pvc).is_some() {
+        return true;
+    }
+    // Without a status capacity the claim is not Bound yet, and its status update (which
+    // brings the capacity) triggers another look.
+    match (
+        requested(pvc).and_then(bytes),
+        status_capacity(pvc).and_then(bytes),
+    ) {
+        (Some(request), Some(capacity)) => request > capacity,
+        _ => false,
+    }
+}
+
+/// A PersistentVolume as the volume cache holds it: read from the same API, but only the
+/// fields deletion needs are ever deserialized. `k8s_openapi`'s `PersistentVolume` is
+/// 3.4 kB before any string (every volume source is inline), which alone would be 34 MB
+/// for 10,000 volumes.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct CachedVolume {
+    #[serde(default)]
+    pub metadata: ObjectMeta,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub spec: Option<CachedVolumeSpec>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub status: Option<CachedVolumeStatus>,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct CachedVolumeSpec {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub persistent_volume_reclaim_policy: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub storage_class_name: Option<String>,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct CachedVolumeStatus {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub phase: Option<String>,
+}
+
+impl Resource for CachedVolume {
+    type DynamicType = ();
+    type Scope = ClusterResourceScope;
+
+    fn kind(_: &()) -> Cow<'_, str> {
+        Cow::Borrowed("PersistentVolume")
+    }
+
+    fn group(_: &()) -> Cow<'_, str> {
+        Cow::Borrowed("")
+    }
+
+    fn version(_: &()) -> Cow<'_, str> {
+        Cow::Borrowed("v1")
+    }
+
+    fn plural(_: &()) -> Cow<'_, str> {
+        Cow::Borrowed("persistentvolumes")
+    }
+
+    fn meta(&self) -> &ObjectMeta {
+        &self.metadata
+    }
+
+    fn meta_mut(&mut self) -> &mut ObjectMeta {
+        &mut self.metadata
+    }
+}
+
+/// Whether this controller made the PV (the only PVs it ever touches).
+pub fn is_ours(pv: &CachedVolume, provisioner: &str) -> bool {
+    pv.annotations()
+        .get(ANN_PROVISIONED_BY)
+        .is_some_and(|p| p == provisioner)
+}
+
+/// Whether our finalizer still holds the PV.
+pub fn has_finalizer(pv: &CachedVolume) -> bool {
+    pv.finalizers().iter().any(|f| f == FINALIZER)
+}
+
+/// The PV's reclaim policy; absent means Retain (nothing is ever deleted by mistake).
+pub fn reclaim_policy(pv: &CachedVolume) -> &str {
+    pv.spec
+        .as_ref()
+        .and_then(|s| s.persistent_volume_reclaim_policy.as_deref())
+        .unwrap_or(RECLAIM_RETAIN)
+}
+
+pub fn phase(pv: &CachedVolume) -> &str {
+    pv.status
+        .as_ref()
+        .and_then(|s| s.phase.as_deref())
+        .unwrap_or("")
+}
+
+pub fn class_name(pv: &CachedVolume) -> &str {
+    pv.spec
+        .as_ref()
+        .and_then(|s| s.storage_class_name.as_deref())
+        .unwrap_or("")
+}

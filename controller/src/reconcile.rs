@@ -1,0 +1,60 @@
+//! The entry points kube-runtime calls for each object: which reconciler a claim or a
+//! volume goes to, and the per-object backoff around them.
+
+use std::sync::Arc;
+
+use k8s_openapi::api::core::v1::PersistentVolumeClaim;
+use kube::ResourceExt;
+use kube::runtime::controller::Action;
+use tracing::warn;
+
+use crate::context::{Context, Error};
+use crate::objects::{CachedVolume, claim_is_bound, claim_key, claim_state_key, volume_state_key};
+use crate::{delete, expand, provision};
+
+/// Reconciles one claim: provisions it when it is ours and unbound, expands its volume when
+/// it is bound to one of ours and asks for more.
+pub async fn reconcile_claim(
+    pvc: Arc<PersistentVolumeClaim>,
+    ctx: Arc<Context>,
+) -> Result<Action, Error> {
+    let result = if claim_is_bound(&pvc) {
+        expand::reconcile(&pvc, &ctx).await
+    } else {
+        provision::reconcile(&pvc, &ctx).await
+    };
+    if result.is_ok() {
+        ctx.backoff.succeeded(&claim_state_key(&pvc));
+    }
+    result
+}
+
+pub fn claim_error_policy(
+    pvc: Arc<PersistentVolumeClaim>,
+    error: &Error,
+    ctx: Arc<Context>,
+) -> Action {
+    let delay = ctx.backoff.failed(&claim_state_key(&pvc));
+    let work = if claim_is_bound(&pvc) {
+        "expansion"
+    } else {
+        "provisioning"
+    };
+    warn!(claim = %claim_key(&pvc), %error, retry_in = ?delay, "{work} failed");
+    Action::requeue(delay)
+}
+
+/// Reconciles one volume: deletes released PVs of ours whose reclaimPolicy is Delete.
+pub async fn reconcile_volume(pv: Arc<CachedVolume>, ctx: Arc<Context>) -> Result<Action, Error> {
+    let result = delete::reconcile(&pv, &ctx).await;
+    if result.is_ok() {
+        ctx.backoff.succeeded(&volume_state_key(&pv));
+    }
+    result
+}
+
+pub fn volume_error_policy(pv: Arc<CachedVolume>, error: &Error, ctx: Arc<Context>) -> Action {
+    let delay = ctx.backoff.failed(&volume_state_key(&pv));
+    warn!(volume = %pv.name_any(), %error, retry_in = ?delay, "deletion failed");
+    Action::requeue(delay)
+}

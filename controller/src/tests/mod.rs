@@ -1,0 +1,10 @@
+//! Scenario suites and their fixtures, compiled for tests only: the reconcilers against a
+//! mocked API server (calls asserted in order), against the simulator, and against the
+//! real agent.
+
+mod expand_scenarios;
+mod expand_sim;
+pub(crate) mod fixtures;
+mod real_agent;
+mod scenarios;
+mod usage_scenarios;
