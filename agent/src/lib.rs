@@ -8,6 +8,7 @@ pub mod config;
 pub mod fs;
 pub mod init;
 pub mod metrics;
+pub mod mountinfo;
 pub mod quota;
 pub mod tls;
 pub mod usage;

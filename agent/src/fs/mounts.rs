@@ -12,6 +12,8 @@ use std::sync::Mutex;
 
 use rustix::event::{PollFd, PollFlags};
 
+use crate::mountinfo::mount_points;
+
 const MOUNT_TABLE: &str = "/proc/self/mountinfo";
 
 /// The mount points below one directory (the export root), kept current.
@@ -52,7 +54,7 @@ impl MountTable {
             file.rewind()?;
             let mut table = String::new();
             file.read_to_string(&mut table)?;
-            let points = parse_mount_points(&table)
+            let points = mount_points(&table)
                 .filter(|point| point.starts_with(&self.below))
                 .collect();
             *state = Some(Cached { file, points });
@@ -73,42 +75,6 @@ fn changed(file: &std::fs::File) -> io::Result<bool> {
     Ok(ready > 0 && fds[0].revents().intersects(PollFlags::PRI | PollFlags::ERR))
 }
 
-/// The mount point field of each line (the fifth), with the kernel's octal escapes of
-/// space, tab, newline and backslash undone.
-fn parse_mount_points(table: &str) -> impl Iterator<Item = PathBuf> + '_ {
-    table
-        .lines()
-        .filter_map(|line| line.split(' ').nth(4))
-        .map(|field| PathBuf::from(unescape(field)))
-}
-
-fn unescape(field: &str) -> String {
-    let bytes = field.as_bytes();
-    let mut out = Vec::with_capacity(bytes.len());
-    let mut i = 0;
-    while i < bytes.len() {
-        let escaped = bytes
-            .get(i + 1..i + 4)
-            .filter(|_| bytes[i] == b'\\')
-            .and_then(|digits| {
-                std::str::from_utf8(digits)
-                    .ok()
-                    .and_then(|d| u8::from_str_radix(d, 8).ok())
-            });
-        match escaped {
-            Some(byte) => {
-                out.push(byte);
-                i += 4;
-            }
-            None => {
-                out.push(bytes[i]);
-                i += 1;
-            }
-        }
-    }
-    String::from_utf8_lossy(&out).into_owned()
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -121,7 +87,7 @@ mod tests {
 41 22 0:50 / /srv/nfs/ns/v10 rw - tmpfs tmpfs rw
 42 22 0:51 / /srv/nfs/ns/v1 rw - tmpfs tmpfs rw
 ";
-        let below: Vec<PathBuf> = parse_mount_points(table)
+        let below: Vec<PathBuf> = mount_points(table)
             .filter(|p| {
                 let dir = Path::new("/srv/nfs/ns/v1");
                 p != dir && p.starts_with(dir)
