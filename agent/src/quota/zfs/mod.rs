@@ -1,0 +1,671 @@
+//! ZFS quota backend: every volume is a dataset of its own, a child of one configured
+//! dataset that is mounted at the export root, and its capacity is the dataset's
+//! `refquota` (snapshots and descendants do not count against it).
+//!
+//! # Dataset names
+//!
+//! A volume's dataset is a *direct* child of the configured dataset, named by its path
+//! with each `/` turned into `:`: `ns/claim` under `tank/export` is
+//! `tank/export/ns:claim`, mounted at `<export root>/ns/claim`. The parent directories
+//! (`ns`) are plain directories of the configured dataset. The mapping is injective
+//! because `:` is a legal dataset-name character that volume paths cannot contain, and
+//! flat names keep every volume one `zfs get -d 1` away. ZFS limits a whole name to 255
+//! characters; a path whose name would be longer is refused with
+//! [`ZfsError::Invalid`] (volume paths may be up to 1024 bytes, so long ones exist).
+//!
+//! An archived volume's dataset is renamed to `<dataset>/:archive:<guid>`, with its ZFS
+//! guid (unique in the pool). Active names never start with `:`, so an archived dataset
+//! can never be mistaken for a volume, and the archived name has a fixed length: any
+//! volume that could be created can also be archived. Its `mountpoint` says where the
+//! archive is and `nfsprov:path` still names the path it came from.
+//!
+//! # What marks a volume
+//!
+//! zfs-fuse has no extended attributes, so the metadata lives in user properties, read
+//! only where set on the dataset itself (`-s local` semantics): user properties are
+//! inherited, and one set on the parent by hand must not mark every child.
+//! - `nfsprov:path` is set atomically by `zfs create`: the dataset is the agent's. A
+//!   dataset without it is never modified or destroyed, whatever its name.
+//! - `nfsprov:volume` (the caller's JSON) is set last: the volume is finished. A dataset
+//!   that has the first but not the second is a crash leftover, destroyed by the next
+//!   [`Zfs::create`] at its path or by [`Zfs::purge_leftovers`].
+//!
+//! # Running zfs
+//!
+//! Every call goes through the [`ToolRunner`] (a time limit, stderr in the error), with
+//! arguments passed as they are, never through a shell. Output is read with `-H -p`.
+//! zfs-fuse's `zfs list` has no `-p` and its `zfs get` no `-t`, so listings use
+//! `zfs get -r -d 1` and drop snapshot and bookmark names themselves; this works on
+//! OpenZFS too.
+//!
+//! # zfs-fuse quirks this module absorbs
+//!
+//! - `zfs rename` of a mounted dataset fails with "dataset is busy" (OpenZFS remounts by
+//!   itself): [`Zfs::archive`] unmounts, points `mountpoint` at the archive, renames,
+//!   then mounts. Setting `mountpoint` on an unmounted dataset does not mount it.
+//! - After an unmount (also the one `zfs destroy` does itself), the daemon releases the
+//!   dataset a few tens of milliseconds later; until then destroy and rename fail with
+//!   "dataset is busy". Those calls are retried for a bounded time. A dataset that is
+//!   really in use fails differently ("umount failed") and is reported at once.
+//! - Changing `mountpoint` or destroying leaves the old mountpoint directory behind;
+//!   this module removes it, and only when it is empty.
+//! - `referenced` and the object count behind `statvfs` are those of the last committed
+//!   transaction group, so [`Zfs::usage`] lags writes by up to a few seconds.
+//!
+//! # Interrupted operations
+//!
+//! Archiving is ordered so that every intermediate state is safe to retry: the
+//! `mountpoint` is switched before the rename, so a dataset under an archive name always
+//! knows where it belongs, and [`Zfs::purge_leftovers`] mounts finished datasets a crash
+//! left unmounted. Calls for one path are not serialized here; the caller does that.
+//!
+//! `commands` builds the `zfs` command lines, `parse` reads what it prints, `names` holds
+//! the properties and limits both use; this module orchestrates.
+
+mod commands;
+mod names;
+mod parse;
+
+use std::io;
+use std::os::fd::{AsFd, OwnedFd};
+use std::path::{Component, Path, PathBuf};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use nfsprov_api_types::VolumePath;
+use rustix::fs::{AtFlags, Mode, OFlags};
+use rustix::io::Errno;
+
+use self::parse::{
+    Child, ChildKind, Properties, is_missing_dataset, parse_children, parse_properties,
+};
+use super::command::{ToolCommand, ToolError, ToolRunner, one_line};
+
+pub use self::names::{ARCHIVE_NAME_PREFIX, META_PROPERTY, PATH_PROPERTY};
+use self::names::{MAX_DATASET_NAME_LEN, MAX_GUID_DIGITS, MAX_PROPERTY_VALUE_BYTES};
+
+/// How long destroy and rename keep retrying while zfs calls a dataset busy.
+const DEFAULT_BUSY_WAIT: Duration = Duration::from_secs(3);
+
+/// What went wrong, in terms the API can map to its error codes.
+#[derive(Debug, thiserror::Error)]
+pub enum ZfsError {
+    #[error(transparent)]
+    Tool(#[from] ToolError),
+    /// The request cannot be expressed in ZFS (name too long, zero quota, metadata too
+    /// large, archive path outside the root).
+    #[error("{0}")]
+    Invalid(String),
+    /// Something is in the way: a finished volume, a dataset the agent did not create,
+    /// or files in a mountpoint directory.
+    #[error("{0}")]
+    Conflict(String),
+    #[error("{0}")]
+    NotFound(String),
+    #[error("{context}: {source}")]
+    Io {
+        context: String,
+        #[source]
+        source: io::Error,
+    },
+    /// zfs answered with something this module cannot read.
+    #[error("unexpected output from zfs: {0}")]
+    UnexpectedOutput(String),
+}
+
+type Result<T> = std::result::Result<T, ZfsError>;
+
+/// The volumes' datasets below one configured dataset mounted at the export root.
+#[derive(Debug)]
+pub struct Zfs {
+    runner: Arc<dyn ToolRunner>,
+    dataset: String,
+    export_root: PathBuf,
+    busy_wait: Duration,
+}
+
+/// What is found under a volume's dataset name.
+#[derive(Debug)]
+enum VolumeDataset {
+    Absent,
+    /// Exists without `nfsprov:path` naming this path: not the agent's.
+    Foreign,
+    /// The agent's, without metadata yet.
+    Unfinished(Properties),
+    /// The agent's, with metadata.
+    Finished(Properties),
+}
+
+impl Zfs {
+    /// Checks, once at start, that `dataset` exists, is a filesystem mounted at
+    /// `export_root`, and that zfs answers. The error is one line saying what is wrong and
+    /// how to fix it.
+    pub fn probe(
+        runner: Arc<dyn ToolRunner>,
+        dataset: &str,
+        export_root: &Path,
+    ) -> std::result::Result<Self, String> {
+        check_dataset_name(dataset)?;
+        check_export_root(export_root)?;
+        let zfs = Self::new(runner, dataset, export_root);
+        let output = zfs
+            .runner
+            .run(&commands::get_properties(
+                &["type", "mounted", "mountpoint"],
+                dataset,
+            ))
+            .map_err(|e| probe_failure(dataset, export_root, &e))?;
+        let properties = parse_properties(&output);
+        let root = export_root.display();
+        let kind = properties.get("type").map_or("-", String::as_str);
+        if kind != "filesystem" {
+            return Err(format!(
+                "ZFS dataset {dataset} is a {kind}, not a filesystem; configure the filesystem dataset mounted at {root} instead"
+            ));
+        }
+        let mountpoint = properties.get("mountpoint").map_or("-", String::as_str);
+        if !mountpoint.starts_with('/') || Path::new(mountpoint) != export_root {
+            let or_move_the_root = if mountpoint.starts_with('/') {
+                format!(" or configure {mountpoint} as the export root")
+            } else {
+                String::new()
+            };
+            return Err(format!(
+                "ZFS dataset {dataset} has mountpoint {mountpoint}, not the export root {root}; run `zfs set mountpoint={root} {dataset}`{or_move_the_root}"
+            ));
+        }
+        if properties.get("mounted").map(String::as_str) != Some("yes") {
+            return Err(format!(
+                "ZFS dataset {dataset} is not mounted; run `zfs mount {dataset}`"
+            ));
+        }
+        Ok(zfs)
+    }
+
+    fn new(runner: Arc<dyn ToolRunner>, dataset: &str, export_root: &Path) -> Self {
+        Self {
+            runner,
+            dataset: dataset.to_owned(),
+            export_root: export_root.to_owned(),
+            busy_wait: DEFAULT_BUSY_WAIT,
+        }
+    }
+
+    /// How long destroy and rename retry while zfs reports the dataset busy.
+    pub fn with_busy_wait(mut self, busy_wait: Duration) -> Self {
+        self.busy_wait = busy_wait;
+        self
+    }
+
+    pub fn dataset(&self) -> &str {
+        &self.dataset
+    }
+
+    pub fn export_root(&self) -> &Path {
+        &self.export_root
+    }
+
+    /// The dataset name of the volume at `path`; refused when ZFS could not hold it.
+    pub fn dataset_name(&self, path: &VolumePath) -> Result<String> {
+        let name = format!("{}/{}", self.dataset, path.as_str().replace('/', ":"));
+        if name.len() > MAX_DATASET_NAME_LEN {
+            return Err(ZfsError::Invalid(format!(
+                "{path} is too long for the ZFS backend: its dataset name would be {} characters, ZFS allows {MAX_DATASET_NAME_LEN} (the path may be at most {} bytes under {})",
+                name.len(),
+                MAX_DATASET_NAME_LEN.saturating_sub(self.dataset.len() + 1),
+                self.dataset
+            )));
+        }
+        Ok(name)
+    }
+
+    /// The metadata JSON recorded on the volume's dataset; `None` when there is no
+    /// finished volume at `path` (no dataset, one without metadata, or not the agent's).
+    pub fn read_meta(&self, path: &VolumePath) -> Result<Option<String>> {
+        let name = self.dataset_name(path)?;
+        Ok(match self.volume_dataset(&name, path, &[])? {
+            VolumeDataset::Finished(mut properties) => properties.remove(META_PROPERTY),
+            _ => None,
+        })
+    }
+
+    /// Creates the dataset for `path`, mounted at `<export root>/<path>` (the caller made
+    /// the parent directories), with `refquota` bytes or no quota. A leftover of an
+    /// interrupted create at this path is destroyed first; a finished volume or a dataset
+    /// the agent did not create is refused.
+    pub fn create(&self, path: &VolumePath, refquota: Option<u64>) -> Result<()> {
+        let name = self.dataset_name(path)?;
+        let quota = quota_value(refquota)?;
+        match self.volume_dataset(&name, path, &[])? {
+            VolumeDataset::Absent => {}
+            VolumeDataset::Unfinished(_) => self.destroy_dataset(&name)?,
+            VolumeDataset::Finished(_) => {
+                return Err(ZfsError::Conflict(format!(
+                    "a volume already exists at {path} (dataset {name})"
+                )));
+            }
+            VolumeDataset::Foreign => return Err(foreign(&name, path)),
+        }
+        let mountpoint = self.mountpoint(path.as_str())?;
+        let refquota = refquota.is_some().then_some(quota.as_str());
+        self.run(&commands::create(
+            &name,
+            &mountpoint,
+            path.as_str(),
+            refquota,
+        ))?;
+        Ok(())
+    }
+
+    /// Records the metadata; called last, after the mounted directory is set up, so its
+    /// presence marks a finished volume. Overwrites earlier metadata.
+    pub fn write_meta(&self, path: &VolumePath, json: &str) -> Result<()> {
+        check_meta(json)?;
+        let name = self.existing_volume_dataset(path)?;
+        self.run(&commands::set(&name, META_PROPERTY, json))?;
+        Ok(())
+    }
+
+    /// Sets the volume's capacity; `None` removes the limit. ZFS refuses a limit below
+    /// what the volume already references.
+    pub fn set_refquota(&self, path: &VolumePath, bytes: Option<u64>) -> Result<()> {
+        let quota = quota_value(bytes)?;
+        let name = self.existing_volume_dataset(path)?;
+        self.run(&commands::set(&name, "refquota", &quota))?;
+        Ok(())
+    }
+
+    /// Destroys the volume's dataset (with its snapshots and any descendants) and the
+    /// empty mountpoint directory zfs leaves behind. Nothing there is success.
+    pub fn destroy(&self, path: &VolumePath) -> Result<()> {
+        let name = self.dataset_name(path)?;
+        match self.volume_dataset(&name, path, &[])? {
+            VolumeDataset::Absent => {}
+            VolumeDataset::Foreign => return Err(foreign(&name, path)),
+            VolumeDataset::Unfinished(_) | VolumeDataset::Finished(_) => {
+                self.destroy_dataset(&name)?
+            }
+        }
+        self.remove_mountpoint_dir(path.as_str())
+    }
+
+    /// Moves the volume to the archive: afterwards its data is mounted at
+    /// `<export root>/<archive_rel>` (the caller made the parent directories), its dataset
+    /// is renamed to `:archive:<guid>` so the path is free for a new volume, and the old
+    /// mountpoint directory is gone.
+    pub fn archive(&self, path: &VolumePath, archive_rel: &str) -> Result<()> {
+        let archive_mountpoint = self.mountpoint(archive_rel)?;
+        let name = self.dataset_name(path)?;
+        let properties = match self.volume_dataset(&name, path, &["mounted", "guid"])? {
+            VolumeDataset::Absent => {
+                return Err(ZfsError::NotFound(format!("no volume dataset at {path}")));
+            }
+            VolumeDataset::Foreign => return Err(foreign(&name, path)),
+            VolumeDataset::Unfinished(p) | VolumeDataset::Finished(p) => p,
+        };
+        let guid = properties
+            .get("guid")
+            .filter(|g| !g.is_empty() && g.bytes().all(|b| b.is_ascii_digit()))
+            .ok_or_else(|| ZfsError::UnexpectedOutput(format!("no numeric guid for {name}")))?;
+        let archived = format!("{}/{ARCHIVE_NAME_PREFIX}{guid}", self.dataset);
+        // zfs-fuse cannot rename a mounted dataset, and switching the mountpoint while
+        // unmounted does not mount it at the archive before the rename is done.
+        if properties.get("mounted").map(String::as_str) == Some("yes") {
+            self.unmount(&name)?;
+        }
+        self.run(&commands::set(&name, "mountpoint", &archive_mountpoint))?;
+        self.run_retrying_busy(&commands::rename(&name, &archived))?;
+        self.mount(&archived)?;
+        self.remove_mountpoint_dir(path.as_str())
+    }
+
+    /// Every finished active volume with its metadata JSON, sorted by path.
+    pub fn list(&self) -> Result<Vec<(VolumePath, String)>> {
+        let mut volumes: Vec<_> = self
+            .children()?
+            .into_iter()
+            .filter(Child::is_ours)
+            .filter_map(
+                |child| match (child.kind, child.properties.get(META_PROPERTY)) {
+                    (ChildKind::Active(path), Some(meta)) => Some((path, meta.clone())),
+                    _ => None,
+                },
+            )
+            .collect();
+        volumes.sort_by(|a, b| a.0.cmp(&b.0));
+        Ok(volumes)
+    }
+
+    /// Bytes the volume's dataset references, and its object count (files, directories
+    /// and a few objects of ZFS's own) when the dataset is mounted where it belongs.
+    pub fn usage(&self, path: &VolumePath) -> Result<(u64, Option<u64>)> {
+        let name = self.dataset_name(path)?;
+        let properties = self
+            .properties(&name, &["referenced"])?
+            .ok_or_else(|| ZfsError::NotFound(format!("no volume dataset at {path}")))?;
+        let referenced = properties
+            .get("referenced")
+            .and_then(|v| v.parse::<u64>().ok())
+            .ok_or_else(|| {
+                ZfsError::UnexpectedOutput(format!("no byte count in `referenced` of {name}"))
+            })?;
+        Ok((referenced, self.mounted_object_count(path)))
+    }
+
+    /// Destroys the agent's active datasets without metadata (left by a crash between
+    /// create and write_meta) and returns how many. Finished datasets a crash left
+    /// unmounted (an interrupted archive) are mounted again; a failure to do so is
+    /// logged, not returned, so one stuck dataset does not keep the agent down.
+    pub fn purge_leftovers(&self) -> Result<usize> {
+        let mut purged = 0;
+        for child in self.children()?.into_iter().filter(Child::is_ours) {
+            match (&child.kind, child.meta()) {
+                (ChildKind::Active(path), None) => {
+                    self.destroy_dataset(&child.name)?;
+                    self.remove_mountpoint_dir(path.as_str())?;
+                    purged += 1;
+                }
+                (ChildKind::Active(_), Some(_)) | (ChildKind::Archived, _)
+                    if !child.is_mounted() =>
+                {
+                    match self.mount(&child.name) {
+                        Ok(()) => {
+                            tracing::info!(dataset = %child.name, "mounted a dataset an interrupted operation left unmounted")
+                        }
+                        Err(e) => {
+                            tracing::warn!(dataset = %child.name, error = %e, "could not mount a dataset an interrupted operation left unmounted")
+                        }
+                    }
+                }
+                _ => {}
+            }
+        }
+        Ok(purged)
+    }
+
+    /// Classifies the dataset under a volume's name, fetching `extra` properties too.
+    fn volume_dataset(
+        &self,
+        name: &str,
+        path: &VolumePath,
+        extra: &[&str],
+    ) -> Result<VolumeDataset> {
+        let mut wanted = vec![PATH_PROPERTY, META_PROPERTY];
+        wanted.extend_from_slice(extra);
+        let Some(properties) = self.properties(name, &wanted)? else {
+            return Ok(VolumeDataset::Absent);
+        };
+        if properties.get(PATH_PROPERTY).map(String::as_str) != Some(path.as_str()) {
+            return Ok(VolumeDataset::Foreign);
+        }
+        Ok(if properties.contains_key(META_PROPERTY) {
+            VolumeDataset::Finished(properties)
+        } else {
+            VolumeDataset::Unfinished(properties)
+        })
+    }
+
+    /// The name of the agent's dataset at `path`, finished or not; an error otherwise.
+    fn existing_volume_dataset(&self, path: &VolumePath) -> Result<String> {
+        let name = self.dataset_name(path)?;
+        match self.volume_dataset(&name, path, &[])? {
+            VolumeDataset::Absent => {
+                Err(ZfsError::NotFound(format!("no volume dataset at {path}")))
+            }
+            VolumeDataset::Foreign => Err(foreign(&name, path)),
+            VolumeDataset::Unfinished(_) | VolumeDataset::Finished(_) => Ok(name),
+        }
+    }
+
+    /// The properties of one dataset, `None` when it does not exist.
+    fn properties(&self, name: &str, properties: &[&str]) -> Result<Option<Properties>> {
+        match self.runner.run(&commands::get_properties(properties, name)) {
+            Ok(output) => Ok(Some(parse_properties(&output))),
+            Err(e) if is_missing_dataset(&e) => Ok(None),
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    /// The direct children of the configured dataset with the properties that classify
+    /// them.
+    fn children(&self) -> Result<Vec<Child>> {
+        let output = self.run(&commands::get_children(&self.dataset))?;
+        parse_children(&output, &self.dataset).map_err(ZfsError::UnexpectedOutput)
+    }
+
+    /// Destroys a dataset and what is below it; already gone is success.
+    fn destroy_dataset(&self, name: &str) -> Result<()> {
+        match self.run_retrying_busy(&commands::destroy(name)) {
+            Err(ZfsError::Tool(e)) if is_missing_dataset(&e) => Ok(()),
+            other => other.map(drop),
+        }
+    }
+
+    fn unmount(&self, name: &str) -> Result<()> {
+        match self.run(&commands::unmount(name)) {
+            Err(ZfsError::Tool(e)) if e.stderr().contains("not currently mounted") => Ok(()),
+            other => other.map(drop),
+        }
+    }
+
+    fn mount(&self, name: &str) -> Result<()> {
+        match self.run_retrying_busy(&commands::mount(name)) {
+            Err(ZfsError::Tool(e)) if e.stderr().contains("already mounted") => Ok(()),
+            other => other.map(drop),
+        }
+    }
+
+    fn run(&self, command: &ToolCommand) -> Result<String> {
+        Ok(self.runner.run(command)?)
+    }
+
+    /// Runs a command that zfs-fuse refuses as "busy" for a moment after an unmount,
+    /// until it gets through or the busy wait is over.
+    fn run_retrying_busy(&self, command: &ToolCommand) -> Result<String> {
+        let deadline = Instant::now() + self.busy_wait;
+        let mut pause = Duration::from_millis(10);
+        loop {
+            match self.runner.run(command) {
+                Err(e) if e.stderr().contains("dataset is busy") && Instant::now() < deadline => {
+                    std::thread::sleep(
+                        pause.min(deadline.saturating_duration_since(Instant::now())),
+                    );
+                    pause = (pause * 2).min(Duration::from_millis(200));
+                }
+                other => return Ok(other?),
+            }
+        }
+    }
+
+    /// `<export root>/<relative>` as the text zfs takes as a mountpoint; `relative` must
+    /// stay beneath the root.
+    fn mountpoint(&self, relative: &str) -> Result<String> {
+        let beneath = !relative.is_empty()
+            && !relative.contains('\0')
+            && Path::new(relative)
+                .components()
+                .all(|c| matches!(c, Component::Normal(_)));
+        if !beneath {
+            return Err(ZfsError::Invalid(format!(
+                "{relative:?} is not a relative path beneath the export root"
+            )));
+        }
+        let joined = self.export_root.join(relative);
+        joined
+            .to_str()
+            .map(str::to_owned)
+            .ok_or_else(|| ZfsError::Invalid(format!("{} is not valid UTF-8", joined.display())))
+    }
+
+    /// Removes the directory a dataset was mounted on, if it is still there and empty.
+    /// It is reached from the root without following symlinks.
+    fn remove_mountpoint_dir(&self, relative: &str) -> Result<()> {
+        let components: Vec<&str> = relative.split('/').collect();
+        let (leaf, parents) = components
+            .split_last()
+            .ok_or_else(|| ZfsError::Invalid("empty mountpoint path".into()))?;
+        let parent = match open_beneath(&self.export_root, parents) {
+            Ok(parent) => parent,
+            Err(Errno::NOENT) => return Ok(()),
+            Err(e) => return Err(io_failure(format!("open the parent of {relative}"), e)),
+        };
+        let deadline = Instant::now() + self.busy_wait;
+        loop {
+            match rustix::fs::unlinkat(&parent, *leaf, AtFlags::REMOVEDIR) {
+                Ok(()) | Err(Errno::NOENT) => return Ok(()),
+                Err(Errno::NOTEMPTY) | Err(Errno::EXIST) => {
+                    return Err(ZfsError::Conflict(format!(
+                        "the directory {relative} under the export root still holds files that are not on the volume's dataset (written while it was not mounted); move them away"
+                    )));
+                }
+                // A FUSE unmount can take a moment to let go of the directory.
+                Err(Errno::BUSY) if Instant::now() < deadline => {
+                    std::thread::sleep(Duration::from_millis(20));
+                }
+                Err(e) => return Err(io_failure(format!("remove the directory {relative}"), e)),
+            }
+        }
+    }
+
+    /// Objects in use on the dataset mounted at the volume's path, from its `statvfs`;
+    /// `None` unless the directory there is a mountpoint (else the figures would be the
+    /// parent dataset's).
+    fn mounted_object_count(&self, path: &VolumePath) -> Option<u64> {
+        let components: Vec<&str> = path.components().collect();
+        let (leaf, parents) = components.split_last()?;
+        let parent = open_beneath(&self.export_root, parents).ok()?;
+        let dir = open_beneath_from(parent.as_fd(), leaf).ok()?;
+        let parent_dev = rustix::fs::fstat(&parent).ok()?.st_dev;
+        if rustix::fs::fstat(&dir).ok()?.st_dev == parent_dev {
+            return None;
+        }
+        let vfs = rustix::fs::fstatvfs(&dir).ok()?;
+        Some(vfs.f_files.saturating_sub(vfs.f_ffree))
+    }
+}
+
+fn foreign(name: &str, path: &VolumePath) -> ZfsError {
+    ZfsError::Conflict(format!(
+        "dataset {name} exists but was not created by the agent for {path} (its {PATH_PROPERTY} property is not {path}); refusing to touch it"
+    ))
+}
+
+/// The `refquota` value for a capacity. ZFS reads 0 as "no quota", so a zero capacity
+/// is refused rather than silently unlimited.
+fn quota_value(bytes: Option<u64>) -> Result<String> {
+    match bytes {
+        None => Ok("none".to_owned()),
+        Some(0) => Err(ZfsError::Invalid(
+            "a ZFS quota cannot be 0 bytes (ZFS reads 0 as no limit); ask for a capacity of at least 1 byte".into(),
+        )),
+        Some(bytes) => Ok(bytes.to_string()),
+    }
+}
+
+/// Metadata must survive `zfs get -H` (one line per property, tab-separated) and fit a
+/// user property.
+fn check_meta(json: &str) -> Result<()> {
+    if json.is_empty() || json == "-" {
+        return Err(ZfsError::Invalid("volume metadata is empty".into()));
+    }
+    if json.len() > MAX_PROPERTY_VALUE_BYTES {
+        return Err(ZfsError::Invalid(format!(
+            "volume metadata is {} bytes; a ZFS user property holds at most {MAX_PROPERTY_VALUE_BYTES}",
+            json.len()
+        )));
+    }
+    if json.chars().any(char::is_control) {
+        return Err(ZfsError::Invalid(
+            "volume metadata contains control characters (tabs or line breaks); store it as compact JSON".into(),
+        ));
+    }
+    Ok(())
+}
+
+fn check_dataset_name(dataset: &str) -> std::result::Result<(), String> {
+    let valid = !dataset.is_empty()
+        && !dataset.starts_with('/')
+        && !dataset.ends_with('/')
+        && !dataset.contains("//")
+        && dataset
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '-' | '.' | ':' | '/'));
+    if !valid {
+        return Err(format!(
+            "ZFS dataset {dataset:?} is not a filesystem name (pool/dataset, letters, digits and _-.: only)"
+        ));
+    }
+    let archived_len = dataset.len() + 1 + ARCHIVE_NAME_PREFIX.len() + MAX_GUID_DIGITS;
+    if archived_len > MAX_DATASET_NAME_LEN {
+        return Err(format!(
+            "ZFS dataset {dataset:?} is too long: archived volumes below it would need {archived_len} characters and ZFS allows {MAX_DATASET_NAME_LEN}; use a dataset with a shorter name"
+        ));
+    }
+    Ok(())
+}
+
+fn check_export_root(export_root: &Path) -> std::result::Result<(), String> {
+    let normal = export_root.is_absolute()
+        && export_root
+            .components()
+            .all(|c| matches!(c, Component::RootDir | Component::Normal(_)));
+    if !normal || export_root.to_str().is_none() {
+        return Err(format!(
+            "export root {} must be an absolute UTF-8 path without `.` or `..` to be used as a ZFS mountpoint",
+            export_root.display()
+        ));
+    }
+    Ok(())
+}
+
+/// Why `probe`'s query failed, as one line with the fix.
+fn probe_failure(dataset: &str, export_root: &Path, error: &ToolError) -> String {
+    let root = export_root.display();
+    match error {
+        ToolError::NotStarted { reason, .. } => format!(
+            "cannot run zfs ({reason}); install the ZFS utilities and make sure `zfs` is on the agent's PATH"
+        ),
+        ToolError::TimedOut { seconds, .. } => format!(
+            "zfs did not answer within {seconds} s; check that ZFS is loaded (kernel module or zfs-fuse daemon) and the pool is healthy"
+        ),
+        ToolError::Failed { .. } if is_missing_dataset(error) => format!(
+            "ZFS dataset {dataset} does not exist; create it with `zfs create -o mountpoint={root} {dataset}` or configure the dataset mounted at {root} instead"
+        ),
+        ToolError::Failed { stderr, .. } => format!(
+            "zfs cannot read dataset {dataset}: {}; check that ZFS is running and the pool is imported",
+            one_line(stderr)
+        ),
+    }
+}
+
+fn io_failure(context: String, errno: Errno) -> ZfsError {
+    ZfsError::Io {
+        context,
+        source: errno.into(),
+    }
+}
+
+/// Opens `components` below `root` as directories, never following a symlink on the way.
+fn open_beneath(root: &Path, components: &[&str]) -> rustix::io::Result<OwnedFd> {
+    let mut dir = rustix::fs::open(
+        root,
+        OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC,
+        Mode::empty(),
+    )?;
+    for component in components {
+        dir = open_beneath_from(dir.as_fd(), component)?;
+    }
+    Ok(dir)
+}
+
+fn open_beneath_from(dir: std::os::fd::BorrowedFd<'_>, name: &str) -> rustix::io::Result<OwnedFd> {
+    rustix::fs::openat(
+        dir,
+        name,
+        OFlags::RDONLY | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+        Mode::empty(),
+    )
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,15 @@
+//! The names and properties by which datasets are recognised as the agent's, and the
+//! limits ZFS puts on them; shared by the command lines, the parsing and the backend.
+
+/// Marks the dataset as one the agent created; its value is the volume path.
+pub const PATH_PROPERTY: &str = "nfsprov:path";
+/// The volume's metadata JSON; its presence marks a finished volume.
+pub const META_PROPERTY: &str = "nfsprov:volume";
+/// Start of an archived dataset's name below the configured dataset.
+pub const ARCHIVE_NAME_PREFIX: &str = ":archive:";
+/// ZFS's limit on a whole dataset name.
+pub const MAX_DATASET_NAME_LEN: usize = 255;
+/// Longest user property value zfs accepts (zfs-fuse aborts on 8192 bytes).
+pub const MAX_PROPERTY_VALUE_BYTES: usize = 8191;
+/// Digits of the largest guid, for the archived name's length.
+pub const MAX_GUID_DIGITS: usize = 20;

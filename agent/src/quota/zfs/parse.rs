@@ -1,0 +1,111 @@
+//! Reading what `zfs` prints: property lines, the children of the configured dataset and
+//! what their names say, and the errors that mean "no such dataset".
+
+use std::collections::{BTreeMap, HashMap};
+
+use nfsprov_api_types::VolumePath;
+
+use super::names::{ARCHIVE_NAME_PREFIX, META_PROPERTY, PATH_PROPERTY};
+use crate::quota::command::ToolError;
+
+/// Property values of one dataset; user properties only when set on it (not inherited).
+pub type Properties = HashMap<String, String>;
+
+/// A direct child of the configured dataset, as a listing shows it.
+#[derive(Debug)]
+pub struct Child {
+    pub name: String,
+    pub kind: ChildKind,
+    pub properties: Properties,
+}
+
+#[derive(Debug, PartialEq, Eq)]
+pub enum ChildKind {
+    Active(VolumePath),
+    Archived,
+    /// A name neither this module's volume nor archive naming produces.
+    Other,
+}
+
+impl Child {
+    pub fn is_ours(&self) -> bool {
+        match &self.kind {
+            ChildKind::Active(path) => {
+                self.properties.get(PATH_PROPERTY).map(String::as_str) == Some(path.as_str())
+            }
+            ChildKind::Archived => self.properties.contains_key(PATH_PROPERTY),
+            ChildKind::Other => false,
+        }
+    }
+
+    pub fn meta(&self) -> Option<&String> {
+        self.properties.get(META_PROPERTY)
+    }
+
+    pub fn is_mounted(&self) -> bool {
+        self.properties.get("mounted").map(String::as_str) == Some("yes")
+    }
+}
+
+pub fn classify(child: &str) -> ChildKind {
+    if child.starts_with(ARCHIVE_NAME_PREFIX) {
+        return ChildKind::Archived;
+    }
+    match VolumePath::parse(&child.replace(':', "/")) {
+        Ok(path) => ChildKind::Active(path),
+        Err(_) => ChildKind::Other,
+    }
+}
+
+/// Reads `property<TAB>value<TAB>source` lines into a map.
+pub fn parse_properties(output: &str) -> Properties {
+    output.lines().filter_map(parse_property_line).collect()
+}
+
+/// One `property<TAB>value<TAB>source` line. A user property counts only when set on
+/// the dataset itself: an inherited or unset one is left out.
+pub fn parse_property_line(line: &str) -> Option<(String, String)> {
+    let (property, rest) = line.split_once('\t')?;
+    let (value, source) = rest.rsplit_once('\t')?;
+    if property.contains(':') && source != "local" {
+        return None;
+    }
+    Some((property.to_owned(), value.to_owned()))
+}
+
+pub fn is_missing_dataset(error: &ToolError) -> bool {
+    error.stderr().contains("dataset does not exist")
+}
+
+/// The direct children of `dataset` in `zfs get -H -p -r -d 1 -o name,property,value,source`
+/// output; `Err` with the first line that cannot be read.
+pub fn parse_children(output: &str, dataset: &str) -> Result<Vec<Child>, String> {
+    let prefix = format!("{dataset}/");
+    let mut by_name: BTreeMap<String, Properties> = BTreeMap::new();
+    for line in output.lines().filter(|l| !l.is_empty()) {
+        let (name, rest) = line.split_once('\t').ok_or_else(|| line.to_owned())?;
+        let Some(child) = name.strip_prefix(&prefix) else {
+            continue;
+        };
+        // Snapshots and bookmarks (OpenZFS lists them with -r) are not children.
+        if child.contains(['/', '@', '#']) {
+            continue;
+        }
+        let properties = by_name.entry(name.to_owned()).or_default();
+        if let Some((property, value)) = parse_property_line(rest) {
+            properties.insert(property, value);
+        }
+    }
+    Ok(by_name
+        .into_iter()
+        .map(|(name, properties)| Child {
+            kind: classify(&name[prefix.len()..]),
+            name,
+            properties,
+        })
+        .collect())
+}
+
+#[cfg(test)]
+#[path = "parse_tests.rs"]
+mod tests;
