@@ -16,12 +16,14 @@ use nfsprov_api_types::{
     AgentInfo, ApiError, Capabilities, CreateVolumeRequest, ErrorCode, Health, NfsExport,
     REQUEST_ID_HEADER, ResizeVolumeRequest, Volume, VolumeList, VolumePath,
 };
-use tower::limit::ConcurrencyLimitLayer;
+use tower::limit::GlobalConcurrencyLimitLayer;
 use tower_http::request_id::{MakeRequestUuid, PropagateRequestIdLayer, SetRequestIdLayer};
 
 use crate::auth::{Authenticator, Caller};
+use crate::config::AgentConfig;
 use crate::fs::{Archived, Created, Deleted, StoreError, VolumeStore};
 use crate::metrics::{Metrics, RequestLabels, RouteLabels};
+use crate::policy::Policy;
 use crate::tls::PeerCertificate;
 use crate::usage::UsageCache;
 
@@ -37,33 +39,72 @@ pub struct AppState {
     pub request_timeout: Duration,
     /// Largest request body accepted.
     pub max_body_bytes: usize,
+    /// What a create may ask for.
+    pub policy: Policy,
     usage: UsageCache,
     readiness: Mutex<Option<(Instant, Result<(), String>)>>,
+    /// Audit lines of unauthenticated requests allowed per second.
+    unauthenticated_log: RateLimit,
+}
+
+/// At most `per_second` events a second; the ones over it are counted, and the count is
+/// logged with the next allowed one.
+#[derive(Debug)]
+pub struct RateLimit {
+    per_second: u32,
+    window: Mutex<(Instant, u32, u64)>,
+}
+
+impl RateLimit {
+    pub fn new(per_second: u32) -> Self {
+        Self {
+            per_second,
+            window: Mutex::new((Instant::now(), 0, 0)),
+        }
+    }
+
+    /// Whether one more event may be logged now.
+    pub fn allow(&self) -> bool {
+        let mut window = self.window.lock().unwrap_or_else(|e| e.into_inner());
+        let (started, _, suppressed) = &mut *window;
+        if started.elapsed() >= Duration::from_secs(1) {
+            if *suppressed > 0 {
+                tracing::warn!(target: "audit", suppressed = *suppressed, "unauthenticated requests not logged in the last second");
+            }
+            *window = (Instant::now(), 0, 0);
+        }
+        let (_, count, suppressed) = &mut *window;
+        if *count < self.per_second {
+            *count += 1;
+            true
+        } else {
+            *suppressed += 1;
+            false
+        }
+    }
 }
 
 impl AppState {
-    pub fn new(
-        store: Arc<VolumeStore>,
-        auth: Authenticator,
-        nfs: NfsExport,
-        min_free_bytes: u64,
-        min_free_inodes: u64,
-        request_timeout: Duration,
-        max_body_bytes: usize,
-    ) -> Self {
+    /// The state for `config`'s agent, serving `store` and checking callers with `auth`.
+    pub fn new(store: Arc<VolumeStore>, auth: Authenticator, config: &AgentConfig) -> Self {
         Self {
             store,
             auth,
             metrics: Metrics::new(),
-            nfs,
-            min_free_bytes,
-            min_free_inodes,
-            request_timeout,
-            max_body_bytes,
+            nfs: NfsExport {
+                server: config.nfs_server.clone(),
+                path: config.nfs_path.clone(),
+            },
+            min_free_bytes: config.min_free_bytes,
+            min_free_inodes: config.min_free_inodes,
+            request_timeout: config.request_timeout,
+            max_body_bytes: config.max_body_bytes,
+            policy: config.policy.clone(),
             // A figure up to a minute old is good enough for capacity dashboards; the
             // first request for a volume waits a little for a fresh one.
             usage: UsageCache::new(Duration::from_secs(60), Duration::from_secs(2), 2),
             readiness: Mutex::new(None),
+            unauthenticated_log: RateLimit::new(20),
         }
     }
 
@@ -167,7 +208,9 @@ pub fn router(state: Arc<AppState>, max_concurrent_requests: usize) -> Router {
                 "method not allowed on this endpoint",
             )
         })
-        .layer(ConcurrencyLimitLayer::new(max_concurrent_requests))
+        // One semaphore for the whole service: `Router::layer` gives every route its own
+        // copy of a layer, and a per-route limit would let each route have the full count.
+        .layer(GlobalConcurrencyLimitLayer::new(max_concurrent_requests))
         .layer(middleware::from_fn_with_state(state.clone(), observe))
         .layer(PropagateRequestIdLayer::new(
             header::HeaderName::from_static(REQUEST_ID_HEADER),
@@ -212,11 +255,14 @@ async fn authenticate(
 async fn observe(State(state): State<Arc<AppState>>, request: Request, next: Next) -> Response {
     let started = Instant::now();
     let method = request.method().clone();
-    let uri_path = request.uri().path().to_owned();
+    // What a client sent is logged bounded and never becomes a metric label: labels come
+    // from closed sets, so no request can add lasting state.
+    let uri_path = bounded(request.uri().path());
+    let method_label = method_label(&method);
     let route = request
         .extensions()
         .get::<MatchedPath>()
-        .map_or_else(|| "unmatched".to_owned(), |m| m.as_str().to_owned());
+        .map_or("unmatched", |m| route_label(m.as_str()));
     let request_id = request
         .headers()
         .get(REQUEST_ID_HEADER)
@@ -240,8 +286,8 @@ async fn observe(State(state): State<Arc<AppState>>, request: Request, next: Nex
         .metrics
         .requests
         .get_or_create(&RequestLabels {
-            method: method.to_string(),
-            route: route.clone(),
+            method: method_label,
+            route,
             status: status.as_u16(),
         })
         .inc();
@@ -249,7 +295,7 @@ async fn observe(State(state): State<Arc<AppState>>, request: Request, next: Nex
         .metrics
         .request_duration
         .get_or_create(&RouteLabels {
-            method: method.to_string(),
+            method: method_label,
             route,
         })
         .observe(elapsed.as_secs_f64());
@@ -265,7 +311,11 @@ async fn observe(State(state): State<Arc<AppState>>, request: Request, next: Nex
         .unwrap_or("");
     let duration_ms = elapsed.as_secs_f64() * 1000.0;
     let mutation = matches!(method, Method::PUT | Method::DELETE | Method::POST);
-    if status.is_server_error() {
+    let method = bounded(method.as_str());
+    let unauthenticated = response.extensions().get::<Caller>().is_none();
+    if unauthenticated && !status.is_server_error() && !state.unauthenticated_log.allow() {
+        // Anyone can send these: their audit lines are rate-limited (and counted).
+    } else if status.is_server_error() {
         tracing::error!(target: "audit", request_id, %caller, %method, path = uri_path, status = status.as_u16(), duration_ms, error, "request failed");
     } else if mutation || status == StatusCode::UNAUTHORIZED {
         tracing::info!(target: "audit", request_id, %caller, %method, path = uri_path, status = status.as_u16(), duration_ms, error, "request");
@@ -275,6 +325,53 @@ async fn observe(State(state): State<Arc<AppState>>, request: Request, next: Nex
     response
 }
 
+/// The longest path or method the audit log keeps of a request.
+const MAX_LOGGED_BYTES: usize = 256;
+
+/// `text`, cut at [`MAX_LOGGED_BYTES`] (on a character boundary) and marked when cut.
+fn bounded(text: &str) -> String {
+    if text.len() <= MAX_LOGGED_BYTES {
+        return text.to_owned();
+    }
+    let mut end = MAX_LOGGED_BYTES;
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    format!("{}…[{} bytes]", &text[..end], text.len())
+}
+
+fn method_label(method: &Method) -> &'static str {
+    match *method {
+        Method::GET => "GET",
+        Method::PUT => "PUT",
+        Method::PATCH => "PATCH",
+        Method::DELETE => "DELETE",
+        Method::POST => "POST",
+        Method::HEAD => "HEAD",
+        Method::OPTIONS => "OPTIONS",
+        _ => "other",
+    }
+}
+
+/// The route templates of [`router`]: a matched path is always one of them.
+const ROUTES: &[&str] = &[
+    "/healthz",
+    "/readyz",
+    "/metrics",
+    "/v1/info",
+    "/v1/volumes",
+    "/v1/volumes/{*path}",
+    "/v1/archives/{*path}",
+];
+
+fn route_label(matched: &str) -> &'static str {
+    ROUTES
+        .iter()
+        .copied()
+        .find(|r| *r == matched)
+        .unwrap_or("unmatched")
+}
+
 async fn healthz() -> Json<Health> {
     Json(Health {
         status: "ok".into(),
@@ -282,21 +379,45 @@ async fn healthz() -> Json<Health> {
     })
 }
 
-async fn readyz(State(state): State<Arc<AppState>>) -> Response {
+/// Says whether the agent is ready. The reason it is not (the export path, free bytes) is
+/// given only to authenticated callers and the log; anyone else learns only that it is
+/// not ready.
+async fn readyz(
+    State(state): State<Arc<AppState>>,
+    peer: Option<Extension<PeerCertificate>>,
+    headers: HeaderMap,
+) -> Response {
+    let certificate = peer
+        .as_ref()
+        .and_then(|Extension(PeerCertificate(name))| name.as_deref());
+    let authorization = headers
+        .get(header::AUTHORIZATION)
+        .map(HeaderValue::as_bytes);
+    let authenticated = state
+        .auth
+        .authenticate(certificate, authorization)
+        .is_some();
     match state.readiness().await {
         Ok(()) => Json(Health {
             status: "ok".into(),
             reason: None,
         })
         .into_response(),
-        Err(reason) => (
-            StatusCode::SERVICE_UNAVAILABLE,
-            Json(Health {
-                status: "unavailable".into(),
-                reason: Some(reason),
-            }),
-        )
-            .into_response(),
+        Err(reason) => {
+            tracing::debug!(%reason, "not ready");
+            (
+                StatusCode::SERVICE_UNAVAILABLE,
+                Json(Health {
+                    status: "unavailable".into(),
+                    reason: Some(if authenticated {
+                        reason
+                    } else {
+                        "the export root cannot serve now; the agent's log says why".into()
+                    }),
+                }),
+            )
+                .into_response()
+        }
     }
 }
 
@@ -423,6 +544,13 @@ async fn create_volume(
     let body = read_body(body, state.max_body_bytes).await;
     let path = volume_path(raw_path)?;
     let request: CreateVolumeRequest = json_body(&headers, &body?)?;
+    if let Err(refusal) = state.policy.check(&request) {
+        state.metrics.count_operation("create", "rejected");
+        return Err(Failure::new(
+            ErrorCode::Forbidden,
+            format!("{path}: {refusal}"),
+        ));
+    }
     let result = with_path_lock(&state, &path.clone(), move |store| {
         store.create(&path, &request)
     })

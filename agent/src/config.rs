@@ -9,6 +9,7 @@ use clap::{Args, ValueEnum};
 use nfsprov_api_types::QuotaBackend;
 use serde::Deserialize;
 
+use crate::policy::Policy;
 use crate::quota::QuotaSettings;
 
 /// Default location of the agent's settings.
@@ -61,6 +62,8 @@ pub struct FileConfig {
     pub readiness: ReadinessSection,
     #[serde(default)]
     pub quota: QuotaSection,
+    #[serde(default)]
+    pub policy: Policy,
 }
 
 /// `[quota]`: how capacities are enforced.
@@ -217,6 +220,7 @@ pub struct AgentConfig {
     pub min_free_bytes: u64,
     pub min_free_inodes: u64,
     pub quota: QuotaSettings,
+    pub policy: Policy,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -272,6 +276,7 @@ impl AgentConfig {
         let key_file = resolve(&file.tls.key_file);
         check_readable("tls.cert_file", &cert_file)?;
         check_readable("tls.key_file", &key_file)?;
+        check_private("tls.key_file", &key_file)?;
         let client_ca_file = file.tls.client_ca_file.as_deref().map(resolve);
         if let Some(ca) = &client_ca_file {
             check_readable("tls.client_ca_file", ca)?;
@@ -285,12 +290,19 @@ impl AgentConfig {
             }
             let path = resolve(&token.file);
             check_readable(&format!("token {:?}", token.name), &path)?;
+            check_private(&format!("token {:?}", token.name), &path)?;
             tokens.push(TokenSection {
                 name: token.name,
                 file: path,
             });
         }
         let disabled = args.insecure_dev_no_auth;
+        if disabled && (client_ca_file.is_some() || !tokens.is_empty()) {
+            return Err(ConfigError::Invalid(
+                "--insecure-dev-no-auth would switch off the authentication the settings configure (tls.client_ca_file, [[tokens]]); remove one or the other"
+                    .into(),
+            ));
+        }
         if client_ca_file.is_none() && tokens.is_empty() && !disabled {
             return Err(ConfigError::Invalid(
                 "no authentication configured: set tls.client_ca_file and/or [[tokens]] (or --insecure-dev-no-auth for a loopback-only development agent)"
@@ -351,6 +363,10 @@ impl AgentConfig {
             min_free_bytes: file.readiness.min_free_bytes,
             min_free_inodes: file.readiness.min_free_inodes,
             quota: file.quota.check()?,
+            policy: {
+                file.policy.check_settings().map_err(ConfigError::Invalid)?;
+                file.policy
+            },
         })
     }
 }
@@ -381,9 +397,102 @@ fn check_readable(what: &str, path: &Path) -> Result<(), ConfigError> {
     })
 }
 
+/// A secret (private key, token) must be the agent's alone: whoever else can write it
+/// can impersonate the controller, and whoever can read it can be the agent. Refused at
+/// start rather than served with.
+fn check_private(what: &str, path: &Path) -> Result<(), ConfigError> {
+    use std::os::unix::fs::MetadataExt;
+    let refuse = |problem: String| {
+        Err(ConfigError::Invalid(format!(
+            "{what} {}: {problem}",
+            path.display()
+        )))
+    };
+    let meta = std::fs::metadata(path)
+        .map_err(|e| ConfigError::Invalid(format!("{what} {}: {e}", path.display())))?;
+    let mode = meta.mode() & 0o7777;
+    if mode & 0o077 != 0 {
+        return refuse(format!(
+            "group or others may read or write it (mode {mode:04o}); run chmod 600 {}",
+            path.display()
+        ));
+    }
+    let agent = rustix::process::geteuid().as_raw();
+    if meta.uid() != agent && meta.uid() != 0 {
+        return refuse(format!(
+            "it belongs to uid {}, neither the agent's user ({agent}) nor root",
+            meta.uid()
+        ));
+    }
+    if let Some(dir) = path.parent().and_then(|d| std::fs::metadata(d).ok()) {
+        let dir_mode = dir.mode() & 0o7777;
+        // Anyone who can write the directory can replace the file.
+        if dir_mode & 0o022 != 0 && dir_mode & 0o1000 == 0 {
+            return refuse(format!(
+                "its directory is writable by group or others (mode {dir_mode:04o}), so the file can be replaced; run chmod go-w on it"
+            ));
+        }
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn write_private(path: &Path) {
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::write(path, "x").unwrap();
+        std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600)).unwrap();
+    }
+
+    #[test]
+    fn secrets_others_can_read_or_replace_refuse_start() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path().join("export");
+        std::fs::create_dir(&root).unwrap();
+        for name in ["cert.pem", "key.pem", "token"] {
+            write_private(&dir.path().join(name));
+        }
+        let file = dir.path().join("agent.toml");
+        std::fs::write(
+            &file,
+            format!(
+                "export_root = {root:?}\nlisten = \"127.0.0.1:9443\"\n[tls]\ncert_file = \"cert.pem\"\nkey_file = \"key.pem\"\n[[tokens]]\nname = \"controller\"\nfile = \"token\"\n"
+            ),
+        )
+        .unwrap();
+        assert!(AgentConfig::load(&args(&file)).is_ok());
+        let chmod = |name: &str, mode: u32| {
+            std::fs::set_permissions(dir.path().join(name), std::fs::Permissions::from_mode(mode))
+                .unwrap();
+        };
+        chmod("key.pem", 0o644);
+        let err = AgentConfig::load(&args(&file)).unwrap_err().to_string();
+        assert!(
+            err.contains("tls.key_file") && err.contains("chmod 600"),
+            "{err}"
+        );
+        chmod("key.pem", 0o600);
+        chmod("token", 0o666);
+        let err = AgentConfig::load(&args(&file)).unwrap_err().to_string();
+        assert!(
+            err.contains("token \"controller\"") && err.contains("0666"),
+            "{err}"
+        );
+        chmod("token", 0o600);
+        std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o777)).unwrap();
+        let err = AgentConfig::load(&args(&file)).unwrap_err().to_string();
+        assert!(err.contains("directory is writable"), "{err}");
+        std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o700)).unwrap();
+        assert!(AgentConfig::load(&args(&file)).is_ok());
+
+        let mut run = args(&file);
+        run.insecure_dev_no_auth = true;
+        let err = AgentConfig::load(&run).unwrap_err().to_string();
+        assert!(err.contains("would switch off the authentication"), "{err}");
+    }
 
     fn args(config: &Path) -> RunArgs {
         RunArgs {
@@ -398,7 +507,7 @@ mod tests {
         let root = dir.path().join("export");
         std::fs::create_dir(&root).unwrap();
         for name in ["cert.pem", "key.pem", "token"] {
-            std::fs::write(dir.path().join(name), "x").unwrap();
+            write_private(&dir.path().join(name));
         }
         let good = format!(
             "export_root = {root:?}\nlisten = \"127.0.0.1:9443\"\n[tls]\ncert_file = \"cert.pem\"\nkey_file = \"key.pem\"\n[[tokens]]\nname = \"controller\"\nfile = \"token\"\n"
@@ -468,7 +577,7 @@ mod tests {
     fn dev_mode_only_binds_loopback() {
         let dir = tempfile::tempdir().unwrap();
         for name in ["cert.pem", "key.pem"] {
-            std::fs::write(dir.path().join(name), "x").unwrap();
+            write_private(&dir.path().join(name));
         }
         let file = dir.path().join("agent.toml");
         std::fs::write(

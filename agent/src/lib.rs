@@ -9,6 +9,7 @@ pub mod fs;
 pub mod init;
 pub mod metrics;
 pub mod mountinfo;
+pub mod policy;
 pub mod quota;
 pub mod tls;
 pub mod usage;
@@ -16,8 +17,6 @@ pub mod usage;
 use std::future::Future;
 use std::net::SocketAddr;
 use std::sync::Arc;
-
-use nfsprov_api_types::NfsExport;
 
 use crate::api::AppState;
 use crate::auth::Authenticator;
@@ -89,18 +88,7 @@ impl Agent {
                 addr: config.listen,
                 source,
             })?;
-        let state = Arc::new(AppState::new(
-            store,
-            auth,
-            NfsExport {
-                server: config.nfs_server.clone(),
-                path: config.nfs_path.clone(),
-            },
-            config.min_free_bytes,
-            config.min_free_inodes,
-            config.request_timeout,
-            config.max_body_bytes,
-        ));
+        let state = Arc::new(AppState::new(store, auth, &config));
         Ok(Self {
             config,
             state,

@@ -9,17 +9,18 @@ use prometheus_client::registry::Registry;
 
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct RequestLabels {
-    pub method: String,
-    /// The route template (`/v1/volumes/{*path}`), never the concrete path, to bound the
-    /// number of series.
-    pub route: String,
+    /// A known method or `other`: never what a client sent.
+    pub method: &'static str,
+    /// The route template (`/v1/volumes/{*path}`) or `unmatched`, never the concrete
+    /// path, to bound the number of series.
+    pub route: &'static str,
     pub status: u16,
 }
 
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct RouteLabels {
-    pub method: String,
-    pub route: String,
+    pub method: &'static str,
+    pub route: &'static str,
 }
 
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]

@@ -45,7 +45,10 @@ impl Drop for Immutable<'_> {
 #[tokio::test(flavor = "multi_thread")]
 async fn readiness_fails_with_a_reason_when_the_root_is_unwritable_or_gone() {
     let (root, agent) = agent().await;
-    let readyz = || curl(&agent, &[&url(&agent, "/readyz")]);
+    // The reason is for authenticated callers; anyone else learns only that it is not ready.
+    let auth = bearer(&agent);
+    let readyz = || curl(&agent, &["-H", &auth, &url(&agent, "/readyz")]);
+    let anonymous = || curl(&agent, &[&url(&agent, "/readyz")]);
 
     // Root cannot write into an immutable directory: a real unwritable export.
     let chattr = std::process::Command::new("chattr")
@@ -71,6 +74,12 @@ async fn readiness_fails_with_a_reason_when_the_root_is_unwritable_or_gone() {
         },
     )
     .await;
+    let told = anonymous();
+    assert_eq!(told.status, 503);
+    assert!(
+        !told.body.contains(&root.path().display().to_string()),
+        "the export path is not told to anyone: {told:?}"
+    );
     drop(guard);
     wait_for("readyz to recover", Duration::from_secs(10), || {
         readyz().status == 200
@@ -349,7 +358,19 @@ async fn create_applies_mode_and_ownership_exactly() {
         eprintln!("skipped: setting ownership needs root");
         return;
     }
-    let (root, agent) = agent().await;
+    // Setgid and root owners are what the policy is opened for here.
+    let root = tempfile::tempdir().unwrap();
+    let agent = TestAgent::start_with(
+        root.path(),
+        Default::default(),
+        nfsprov_agent::policy::Policy {
+            allow_setgid: true,
+            allow_root_owner: true,
+            ..Default::default()
+        },
+    )
+    .await
+    .unwrap();
     for (path, mode, uid, gid) in [
         ("a", 0o2775u32, 1234u32, 5678u32),
         ("b/c", 0o700, 65534, 0),

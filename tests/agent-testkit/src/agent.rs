@@ -10,6 +10,7 @@ use tokio::sync::oneshot;
 
 use nfsprov_agent::config::{AgentConfig, AuthConfig, LogFormat, TokenSection};
 use nfsprov_agent::init::{self, InitArgs, files};
+use nfsprov_agent::policy::Policy;
 use nfsprov_agent::quota::QuotaSettings;
 
 /// A running agent; dropping it shuts it down.
@@ -29,6 +30,15 @@ impl TestAgent {
 
     /// Like [`TestAgent::start`], with a quota backend (probed as at a real start).
     pub async fn start_with_quota(root: &Path, quota: QuotaSettings) -> anyhow::Result<TestAgent> {
+        Self::start_with(root, quota, Policy::default()).await
+    }
+
+    /// An agent with the given quota settings and create policy.
+    pub async fn start_with(
+        root: &Path,
+        quota: QuotaSettings,
+        policy: Policy,
+    ) -> anyhow::Result<TestAgent> {
         let credentials = tempfile::tempdir()?;
         init::run(&InitArgs {
             dir: credentials.path().to_owned(),
@@ -67,6 +77,7 @@ impl TestAgent {
             min_free_bytes: 0,
             min_free_inodes: 0,
             quota,
+            policy,
         };
         let agent = nfsprov_agent::Agent::bind(config)?;
         let addr = agent.local_addr();

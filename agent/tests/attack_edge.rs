@@ -1,0 +1,222 @@
+//! Attacks by anyone who can reach the agent's port, or write next to its settings:
+//! unbounded metric labels, modes and owners a class should not get, secrets others can
+//! read or replace, and authentication switched off by a flag. Each against the real
+//! agent binary over real HTTPS.
+
+mod common;
+
+use std::os::unix::fs::PermissionsExt;
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+use common::agent_process::{Setup, agent_binary, setup};
+use nfsprov_agent::init::files;
+
+/// The agent process, killed when dropped.
+struct Process(std::process::Child);
+
+impl Drop for Process {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn rss_kib(pid: u32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .expect("VmRSS in /proc/<pid>/status")
+}
+
+fn https(setup: &Setup) -> reqwest::Client {
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    let ca = std::fs::read(setup.etc.join(files::CA_CERT)).unwrap();
+    reqwest::Client::builder()
+        .add_root_certificate(reqwest::Certificate::from_pem(&ca).unwrap())
+        .build()
+        .unwrap()
+}
+
+fn token(setup: &Setup) -> String {
+    std::fs::read_to_string(setup.etc.join(files::TOKEN))
+        .unwrap()
+        .trim()
+        .to_owned()
+}
+
+/// A method name of `len` letters, different for every `n`.
+fn method(n: usize, len: usize) -> reqwest::Method {
+    let mut name = format!("X{n}").into_bytes();
+    name.resize(len, b'Q');
+    for byte in &mut name[1..] {
+        if byte.is_ascii_digit() {
+            *byte = b'A' + (*byte - b'0');
+        }
+    }
+    reqwest::Method::from_bytes(&name).unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn thousands_of_unique_methods_leave_memory_and_metrics_bounded() {
+    let setup = setup();
+    let process = Process(setup.spawn());
+    setup.wait_healthy(&setup.client()).await;
+    let http = https(&setup);
+    let base = format!("https://localhost:{}", setup.port);
+    // Warm up the paths a steady agent has run, so the comparison is about the flood.
+    for _ in 0..200 {
+        let _ = http.get(format!("{base}/healthz")).send().await;
+    }
+    let before = rss_kib(process.0.id());
+
+    const REQUESTS: usize = 5_000;
+    const WORKERS: usize = 8;
+    let mut tasks = Vec::new();
+    for worker in 0..WORKERS {
+        let http = http.clone();
+        let base = base.clone();
+        tasks.push(tokio::spawn(async move {
+            for i in (worker..REQUESTS).step_by(WORKERS) {
+                let answer = http
+                    .request(method(i, 2048), format!("{base}/v1/volumes/x"))
+                    .send()
+                    .await
+                    .unwrap();
+                assert!(answer.status().is_client_error(), "{}", answer.status());
+            }
+        }));
+    }
+    for task in tasks {
+        tokio::time::timeout(Duration::from_secs(300), task)
+            .await
+            .expect("the flood finishes")
+            .unwrap();
+    }
+    let after = rss_kib(process.0.id());
+    assert!(
+        after < before + 8 * 1024,
+        "RSS grew from {before} KiB to {after} KiB over {REQUESTS} unique methods"
+    );
+
+    let metrics = http
+        .get(format!("{base}/metrics"))
+        .bearer_auth(token(&setup))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(
+        metrics.len() < 64 * 1024,
+        "{} bytes of metrics",
+        metrics.len()
+    );
+    assert!(
+        metrics.contains("method=\"other\""),
+        "unknown methods count as other"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn modes_and_owners_outside_the_policy_are_refused_and_nothing_is_made() {
+    let setup = setup();
+    let _process = Process(setup.spawn());
+    setup.wait_healthy(&setup.client()).await;
+    let http = https(&setup);
+    let base = format!("https://localhost:{}", setup.port);
+    for (path, body, needle) in [
+        ("suid", r#"{"mode":"4777","capacity_bytes":1}"#, "setuid"),
+        ("all", r#"{"mode":"7777","capacity_bytes":1}"#, "setuid"),
+        (
+            "sgid",
+            r#"{"mode":"2775","capacity_bytes":1}"#,
+            "policy.allow_setgid",
+        ),
+        (
+            "root",
+            r#"{"mode":"0770","uid":0,"capacity_bytes":1}"#,
+            "policy.allow_root_owner",
+        ),
+        (
+            "rootgroup",
+            r#"{"mode":"0770","gid":0,"capacity_bytes":1}"#,
+            "policy.allow_root_owner",
+        ),
+    ] {
+        let answer = http
+            .put(format!("{base}/v1/volumes/ns/{path}"))
+            .bearer_auth(token(&setup))
+            .header("content-type", "application/json")
+            .body(body)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(answer.status().as_u16(), 403, "{path}");
+        let error: serde_json::Value = answer.json().await.unwrap();
+        assert_eq!(error["code"], "forbidden", "{error}");
+        assert!(
+            error["message"].as_str().unwrap().contains(needle),
+            "{error}"
+        );
+        assert!(
+            !setup.root.join("ns").join(path).exists(),
+            "{path} was made"
+        );
+    }
+    // The default path of a class without mode, uid or gid still provisions.
+    let answer = http
+        .put(format!("{base}/v1/volumes/ns/plain"))
+        .bearer_auth(token(&setup))
+        .header("content-type", "application/json")
+        .body(r#"{"capacity_bytes":1}"#)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(answer.status().as_u16(), 201);
+}
+
+/// Starts the agent and expects it to refuse, with one line on stderr containing `needle`.
+fn refuses_to_start(setup: &Setup, extra: &[&str], needle: &str) {
+    let output = Command::new(agent_binary())
+        .args(["run", "--config"])
+        .arg(setup.etc.join(files::CONFIG))
+        .args(extra)
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(!output.status.success(), "the agent started: {stderr}");
+    assert_eq!(stderr.trim().lines().count(), 1, "one line: {stderr}");
+    assert!(stderr.contains(needle), "{stderr}");
+}
+
+#[test]
+fn secrets_others_can_read_or_replace_refuse_start() {
+    let setup = setup();
+    let chmod = |name: &str, mode: u32| {
+        std::fs::set_permissions(setup.etc.join(name), std::fs::Permissions::from_mode(mode))
+            .unwrap();
+    };
+    chmod(files::SERVER_KEY, 0o644);
+    refuses_to_start(&setup, &[], "chmod 600");
+    chmod(files::SERVER_KEY, 0o600);
+    chmod(files::TOKEN, 0o666);
+    refuses_to_start(&setup, &[], "token");
+    chmod(files::TOKEN, 0o600);
+    std::fs::set_permissions(&setup.etc, std::fs::Permissions::from_mode(0o777)).unwrap();
+    refuses_to_start(&setup, &[], "directory is writable");
+}
+
+#[test]
+fn a_flag_cannot_switch_off_configured_authentication() {
+    let setup = setup();
+    refuses_to_start(
+        &setup,
+        &["--insecure-dev-no-auth"],
+        "would switch off the authentication",
+    );
+}
