@@ -181,15 +181,29 @@ async fn modes_and_owners_outside_the_policy_are_refused_and_nothing_is_made() {
 
 /// Starts the agent and expects it to refuse, with one line on stderr containing `needle`.
 fn refuses_to_start(setup: &Setup, extra: &[&str], needle: &str) {
-    let output = Command::new(agent_binary())
-        .args(["run", "--config"])
-        .arg(setup.etc.join(files::CONFIG))
-        .args(extra)
-        .stdin(Stdio::null())
-        .output()
-        .unwrap();
-    let stderr = String::from_utf8_lossy(&output.stderr);
-    assert!(!output.status.success(), "the agent started: {stderr}");
+    use std::io::Read;
+    use wait_timeout::ChildExt;
+    let mut child = Process(
+        Command::new(agent_binary())
+            .args(["run", "--config"])
+            .arg(setup.etc.join(files::CONFIG))
+            .args(extra)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap(),
+    );
+    // A refusal comes at once; an agent still running after this started after all.
+    let status = child.0.wait_timeout(Duration::from_secs(20)).unwrap();
+    let mut stderr = String::new();
+    if status.is_some() {
+        let _ = child.0.stderr.take().unwrap().read_to_string(&mut stderr);
+    }
+    assert!(
+        status.is_some_and(|s| !s.success()),
+        "the agent started instead of refusing ({needle}): {stderr}"
+    );
     assert_eq!(stderr.trim().lines().count(), 1, "one line: {stderr}");
     assert!(stderr.contains(needle), "{stderr}");
 }
