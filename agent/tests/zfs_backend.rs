@@ -308,7 +308,12 @@ async fn the_agent_enforces_grows_archives_and_deletes_datasets() {
         zfs_dataset: Some(pool.dataset().to_owned()),
         ..Default::default()
     };
-    let agent = nfsprov_agent_testkit::TestAgent::start_with_quota(pool.export_root(), settings)
+    // The volume below is setgid (2770), which the policy must allow.
+    let policy = nfsprov_agent::policy::Policy {
+        allow_setgid: true,
+        ..Default::default()
+    };
+    let agent = nfsprov_agent_testkit::TestAgent::start_with(pool.export_root(), settings, policy)
         .await
         .unwrap();
     let client = agent.client();

@@ -9,7 +9,7 @@ use futures::StreamExt;
 use k8s_openapi::api::core::v1::PersistentVolumeClaim;
 use k8s_openapi::api::storage::v1::StorageClass;
 use kube::api::Api;
-use kube::runtime::controller::{Config as ControllerConfig, Controller};
+use kube::runtime::controller::Controller;
 use kube::runtime::events::Reporter;
 use kube::runtime::reflector::{self, ObjectRef};
 use kube::runtime::{WatchStreamExt, watcher};
@@ -102,7 +102,8 @@ pub async fn run(
     // A class appearing (or changing) re-checks the claims waiting for it.
     let waiting_claims = claims.clone();
     // No rate limit anywhere: the API server's own flow control is the only brake.
-    let controller_config = ControllerConfig::default().concurrency(config.concurrency);
+    let controller_config =
+        kube::runtime::controller::Config::default().concurrency(config.concurrency);
     let claim_controller = Controller::for_stream(claim_stream, claims.clone())
         .with_config(controller_config.clone())
         .watches_stream(class_stream, move |class: StorageClass| {

@@ -10,7 +10,8 @@ use std::collections::HashMap;
 use std::sync::Mutex;
 
 use k8s_openapi::api::core::v1::ObjectReference;
-use k8s_openapi::api::events::v1::{Event as ApiEvent, EventSeries};
+use k8s_openapi::api::events::v1;
+use k8s_openapi::api::events::v1::EventSeries;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta};
 use k8s_openapi::jiff::{SignedDuration, Timestamp};
 use kube::Client;
@@ -58,7 +59,7 @@ fn type_name(type_: EventType) -> &'static str {
     }
 }
 
-fn last_seen(event: &ApiEvent) -> Option<Timestamp> {
+fn last_seen(event: &v1::Event) -> Option<Timestamp> {
     event
         .series
         .as_ref()
@@ -70,7 +71,7 @@ pub struct EventRecorder {
     client: Client,
     reporter: Reporter,
     /// The events published within the series window, as sent.
-    recent: Mutex<HashMap<EventKey, ApiEvent>>,
+    recent: Mutex<HashMap<EventKey, v1::Event>>,
 }
 
 impl EventRecorder {
@@ -104,7 +105,7 @@ impl EventRecorder {
             recent.get(&key).cloned()
         };
         let namespace = regarding.namespace.as_deref().unwrap_or("default");
-        let api = Api::<ApiEvent>::namespaced(self.client.clone(), namespace);
+        let api = Api::<v1::Event>::namespaced(self.client.clone(), namespace);
         let sent = match earlier {
             Some(mut repeat) => {
                 repeat.series = Some(EventSeries {
@@ -138,12 +139,12 @@ impl EventRecorder {
         regarding: &ObjectReference,
         namespace: &str,
         now: Timestamp,
-    ) -> ApiEvent {
+    ) -> v1::Event {
         let object = regarding
             .name
             .as_deref()
             .unwrap_or(&self.reporter.controller);
-        ApiEvent {
+        v1::Event {
             metadata: ObjectMeta {
                 // Unique per occurrence; the nanoseconds also order them.
                 name: Some(format!("{object}.{:x}", now.as_nanosecond())),
@@ -164,7 +165,7 @@ impl EventRecorder {
                     .clone()
                     .unwrap_or_else(|| self.reporter.controller.clone()),
             ),
-            ..ApiEvent::default()
+            ..v1::Event::default()
         }
     }
 }

@@ -17,7 +17,7 @@
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use nfsprov_api_types::{Mode as VolumeMode, QuotaBackend, Volume, VolumeOwner, VolumePath};
+use nfsprov_api_types::{Mode, QuotaBackend, Volume, VolumeOwner, VolumePath};
 use rustix::fs::{AtFlags, StatxFlags};
 use rustix::io::Errno;
 use serde::{Deserialize, Serialize};
@@ -32,7 +32,7 @@ const MAX_RECORD_BYTES: usize = 4095;
 /// The record kept with each volume.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct VolumeRecord {
-    pub mode: VolumeMode,
+    pub mode: Mode,
     pub uid: u32,
     pub gid: u32,
     pub capacity_bytes: u64,

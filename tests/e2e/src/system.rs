@@ -324,46 +324,17 @@ impl System {
     }
 }
 
-/// Volume directories (not the agent's own hidden areas) beneath an export root, up to
-/// two levels deep: what an operator would count as provisioned data.
+/// The volumes beneath an export root, read from the agent's own records and checked
+/// against what is on disk at each path: what an operator would count as provisioned data.
 pub fn volume_dirs(root: &std::path::Path) -> Vec<String> {
-    let mut found = Vec::new();
-    collect(root, root, 0, &mut found);
+    let store = nfsprov_agent::fs::VolumeStore::open(root)
+        .unwrap_or_else(|e| panic!("cannot read the volumes of {}: {e}", root.display()));
+    let mut found: Vec<String> = store
+        .list()
+        .unwrap_or_else(|e| panic!("cannot list the volumes of {}: {e}", root.display()))
+        .into_iter()
+        .map(|volume| volume.path.to_string())
+        .collect();
     found.sort();
     found
-}
-
-fn collect(root: &std::path::Path, dir: &std::path::Path, depth: usize, found: &mut Vec<String>) {
-    let Ok(entries) = std::fs::read_dir(dir) else {
-        return;
-    };
-    for entry in entries.flatten() {
-        let name = entry.file_name().to_string_lossy().into_owned();
-        if name.starts_with('.') || !entry.path().is_dir() {
-            continue;
-        }
-        let is_volume = xattr_present(&entry.path());
-        if is_volume {
-            found.push(
-                entry
-                    .path()
-                    .strip_prefix(root)
-                    .unwrap_or(&entry.path())
-                    .display()
-                    .to_string(),
-            );
-        } else if depth < 2 {
-            collect(root, &entry.path(), depth + 1, found);
-        }
-    }
-}
-
-/// Whether the directory carries the agent's volume metadata.
-fn xattr_present(path: &std::path::Path) -> bool {
-    let mut buf = [0u8; 1];
-    match rustix::fs::getxattr(path, "user.nfsprov.volume", &mut buf[..]) {
-        Ok(_) => true,
-        Err(rustix::io::Errno::RANGE) => true,
-        Err(_) => false,
-    }
 }
