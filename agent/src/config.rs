@@ -162,6 +162,14 @@ pub struct LimitsSection {
     pub request_timeout_seconds: u64,
     pub max_concurrent_requests: usize,
     pub shutdown_grace_seconds: u64,
+    /// Connections open at once; one more is closed at once.
+    pub max_connections: usize,
+    /// Longest wait for a request's headers (and, on a kept-alive connection, for the
+    /// next request).
+    pub header_read_timeout_seconds: u64,
+    /// A connection with no traffic for this long is closed. Longer than
+    /// `request_timeout_seconds`, so a slow request always gets its answer first.
+    pub idle_timeout_seconds: u64,
 }
 
 impl Default for LimitsSection {
@@ -173,6 +181,9 @@ impl Default for LimitsSection {
             request_timeout_seconds: 120,
             max_concurrent_requests: 256,
             shutdown_grace_seconds: 30,
+            max_connections: 4096,
+            header_read_timeout_seconds: 10,
+            idle_timeout_seconds: 300,
         }
     }
 }
@@ -215,6 +226,9 @@ pub struct AgentConfig {
     pub auth: AuthConfig,
     pub max_body_bytes: usize,
     pub request_timeout: Duration,
+    pub max_connections: usize,
+    pub header_read_timeout: Duration,
+    pub idle_timeout: Duration,
     pub max_concurrent_requests: usize,
     pub shutdown_grace: Duration,
     pub min_free_bytes: u64,
@@ -340,6 +354,18 @@ impl AgentConfig {
                 "limits.max_body_bytes, limits.request_timeout_seconds and limits.max_concurrent_requests must be positive".into(),
             ));
         }
+        if limits.max_connections == 0 || limits.header_read_timeout_seconds == 0 {
+            return Err(ConfigError::Invalid(
+                "limits.max_connections and limits.header_read_timeout_seconds must be positive"
+                    .into(),
+            ));
+        }
+        if limits.idle_timeout_seconds <= limits.request_timeout_seconds {
+            return Err(ConfigError::Invalid(format!(
+                "limits.idle_timeout_seconds ({}) must be longer than limits.request_timeout_seconds ({}), or a slow request would lose its connection before its answer",
+                limits.idle_timeout_seconds, limits.request_timeout_seconds
+            )));
+        }
         Ok(Self {
             listen,
             export_root,
@@ -358,6 +384,9 @@ impl AgentConfig {
             },
             max_body_bytes: limits.max_body_bytes,
             request_timeout: Duration::from_secs(limits.request_timeout_seconds),
+            max_connections: limits.max_connections,
+            header_read_timeout: Duration::from_secs(limits.header_read_timeout_seconds),
+            idle_timeout: Duration::from_secs(limits.idle_timeout_seconds),
             max_concurrent_requests: limits.max_concurrent_requests,
             shutdown_grace: Duration::from_secs(limits.shutdown_grace_seconds),
             min_free_bytes: file.readiness.min_free_bytes,

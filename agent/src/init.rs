@@ -308,6 +308,9 @@ fn agent_config(args: &InitArgs, nfs_server: &str, nfs_path: &str) -> String {
          request_timeout_seconds = 120\n\
          max_concurrent_requests = 256\n\
          shutdown_grace_seconds = 30\n\
+         max_connections = 4096\n\
+         header_read_timeout_seconds = 10\n\
+         idle_timeout_seconds = 300\n\
          \n\
          [readiness]\n\
          min_free_bytes = 16777216\n\

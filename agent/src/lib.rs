@@ -5,6 +5,7 @@ pub mod api;
 pub mod auth;
 pub mod cli;
 pub mod config;
+pub mod connections;
 pub mod fs;
 pub mod init;
 pub mod metrics;
@@ -21,6 +22,7 @@ use std::sync::Arc;
 use crate::api::AppState;
 use crate::auth::Authenticator;
 use crate::config::{AgentConfig, LogFormat};
+use crate::connections::ConnectionLimits;
 use crate::fs::VolumeStore;
 
 /// Why the agent could not start. Each message is one line naming the problem.
@@ -146,11 +148,19 @@ impl Agent {
         if self.config.auth.disabled {
             tracing::warn!("authentication is DISABLED (development mode, loopback only)");
         }
-        axum_server::from_tcp(self.listener)?
-            .acceptor(tls::IdentityAcceptor::new(self.tls))
-            .handle(handle)
-            .serve(app.into_make_service())
-            .await
+        let limits = ConnectionLimits::new(self.config.max_connections, self.config.idle_timeout);
+        let mut server = axum_server::from_tcp(self.listener)?
+            .acceptor(tls::IdentityAcceptor::new(self.tls, limits))
+            .handle(handle);
+        // hyper applies the header-read timeout only with a timer; it covers a request
+        // whose headers trickle in and the wait for the next request on a kept-alive
+        // connection.
+        server
+            .http_builder()
+            .http1()
+            .timer(hyper_util::rt::TokioTimer::new())
+            .header_read_timeout(self.config.header_read_timeout);
+        server.serve(app.into_make_service()).await
     }
 }
 

@@ -5,6 +5,7 @@ use std::io;
 use std::path::Path;
 use std::sync::Arc;
 
+use crate::connections::{ConnectionLimits, Limited};
 use axum::Extension;
 use axum::middleware::AddExtension;
 use axum_server::accept::Accept;
@@ -114,12 +115,14 @@ pub fn server_config(
 #[derive(Debug, Clone)]
 pub struct IdentityAcceptor {
     inner: RustlsAcceptor,
+    limits: ConnectionLimits,
 }
 
 impl IdentityAcceptor {
-    pub fn new(config: RustlsConfig) -> Self {
+    pub fn new(config: RustlsConfig, limits: ConnectionLimits) -> Self {
         Self {
             inner: RustlsAcceptor::new(config),
+            limits,
         }
     }
 }
@@ -129,14 +132,17 @@ where
     I: AsyncRead + AsyncWrite + Unpin + Send + 'static,
     S: Send + 'static,
 {
-    type Stream = TlsStream<I>;
+    type Stream = TlsStream<Limited<I>>;
     type Service = AddExtension<S, PeerCertificate>;
     type Future = BoxFuture<'static, io::Result<(Self::Stream, Self::Service)>>;
 
     fn accept(&self, stream: I, service: S) -> Self::Future {
         let acceptor = self.inner.clone();
+        // Counted from the first byte: a connection over the cap is dropped before its
+        // handshake costs anything.
+        let admitted = self.limits.admit(stream);
         Box::pin(async move {
-            let (stream, service) = acceptor.accept(stream, service).await?;
+            let (stream, service) = acceptor.accept(admitted?, service).await?;
             let identity = stream
                 .get_ref()
                 .1

@@ -234,3 +234,118 @@ fn a_flag_cannot_switch_off_configured_authentication() {
         "would switch off the authentication",
     );
 }
+
+/// The agent with short connection timeouts, for the tests that wait for them.
+fn short_timeouts(setup: &Setup) {
+    let config = setup.etc.join(files::CONFIG);
+    let text = std::fs::read_to_string(&config).unwrap();
+    let text = text
+        .replace(
+            "request_timeout_seconds = 120\n",
+            "request_timeout_seconds = 2\n",
+        )
+        .replace(
+            "header_read_timeout_seconds = 10\n",
+            "header_read_timeout_seconds = 2\n",
+        )
+        .replace("idle_timeout_seconds = 300\n", "idle_timeout_seconds = 3\n");
+    std::fs::write(&config, text).unwrap();
+}
+
+/// A TLS connection to the agent that has done its handshake and sent nothing yet.
+async fn tls_connection(setup: &Setup) -> tokio_rustls::client::TlsStream<tokio::net::TcpStream> {
+    use rustls_pki_types::CertificateDer;
+    use rustls_pki_types::pem::PemObject;
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    let mut roots = rustls::RootCertStore::empty();
+    for cert in CertificateDer::pem_file_iter(setup.etc.join(files::CA_CERT)).unwrap() {
+        roots.add(cert.unwrap()).unwrap();
+    }
+    let config = rustls::ClientConfig::builder()
+        .with_root_certificates(roots)
+        .with_no_client_auth();
+    let connector = tokio_rustls::TlsConnector::from(std::sync::Arc::new(config));
+    let tcp = tokio::net::TcpStream::connect(("127.0.0.1", setup.port))
+        .await
+        .unwrap();
+    connector
+        .connect("localhost".try_into().unwrap(), tcp)
+        .await
+        .unwrap()
+}
+
+/// Reads until the agent closes the connection; how long that took.
+async fn closed_after(mut stream: impl tokio::io::AsyncRead + Unpin) -> Duration {
+    use tokio::io::AsyncReadExt;
+    let started = std::time::Instant::now();
+    let mut buf = [0u8; 1024];
+    let closed = tokio::time::timeout(Duration::from_secs(60), async {
+        loop {
+            match stream.read(&mut buf).await {
+                Ok(0) | Err(_) => break,
+                Ok(_) => {}
+            }
+        }
+    })
+    .await;
+    assert!(
+        closed.is_ok(),
+        "the agent kept the connection open for a minute"
+    );
+    started.elapsed()
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn idle_and_slow_connections_are_closed_while_healthz_answers() {
+    use tokio::io::AsyncWriteExt;
+    let setup = setup();
+    short_timeouts(&setup);
+    let _process = Process(setup.spawn());
+    setup.wait_healthy(&setup.client()).await;
+
+    let silent = tls_connection(&setup).await;
+    let mut slow = tls_connection(&setup).await;
+    slow.write_all(b"GET /healthz HTTP/1.1\r\nHost: localhost\r\n")
+        .await
+        .unwrap();
+    slow.flush().await.unwrap();
+    let silent = tokio::spawn(closed_after(silent));
+    let slow = tokio::spawn(closed_after(slow));
+
+    // Both hold their connection; the agent still answers others.
+    setup.client().healthz().await.unwrap();
+
+    let (silent, slow) = (silent.await.unwrap(), slow.await.unwrap());
+    assert!(slow >= Duration::from_secs(1), "closed after {slow:?}");
+    assert!(silent >= Duration::from_secs(1), "closed after {silent:?}");
+    setup.client().healthz().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_thousand_idle_connections_do_not_stop_healthz() {
+    // Room for the connections in this process and in the agent, which inherits it.
+    let wanted = rustix::process::Rlimit {
+        current: Some(8192),
+        maximum: Some(8192),
+    };
+    let limit = rustix::process::getrlimit(rustix::process::Resource::Nofile);
+    let raised = rustix::process::Rlimit {
+        current: wanted.current.min(limit.maximum.or(wanted.maximum)),
+        maximum: limit.maximum,
+    };
+    rustix::process::setrlimit(rustix::process::Resource::Nofile, raised).unwrap();
+
+    let setup = setup();
+    let _process = Process(setup.spawn());
+    setup.wait_healthy(&setup.client()).await;
+    let mut idle = Vec::new();
+    for _ in 0..1000 {
+        idle.push(tls_connection(&setup).await);
+    }
+    setup
+        .client()
+        .healthz()
+        .await
+        .expect("healthz answers with 1,000 idle connections open");
+    drop(idle);
+}
