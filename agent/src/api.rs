@@ -243,11 +243,17 @@ async fn authenticate(
             response.extensions_mut().insert(caller);
             response
         }
-        None => Failure::new(
-            ErrorCode::Unauthenticated,
-            "authentication required: a client certificate from the agent's CA or a valid bearer token",
-        )
-        .into_response(),
+        None => {
+            // Read (a bounded part of) what the client is still sending before answering:
+            // over HTTP/2 an unread body turns the answer into a stream reset, and the
+            // client never sees why it was refused.
+            let _ = read_body(request.into_body(), 0).await;
+            Failure::new(
+                ErrorCode::Unauthenticated,
+                "authentication required: a client certificate from the agent's CA or a valid bearer token",
+            )
+            .into_response()
+        }
     }
 }
 

@@ -349,3 +349,39 @@ async fn a_thousand_idle_connections_do_not_stop_healthz() {
         .expect("healthz answers with 1,000 idle connections open");
     drop(idle);
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn over_http2_refusals_arrive_as_json_not_as_resets() {
+    let setup = setup();
+    let _process = Process(setup.spawn());
+    setup.wait_healthy(&setup.client()).await;
+    let http = https(&setup);
+    let base = format!("https://localhost:{}", setup.port);
+    // Larger than HTTP/2's initial flow-control window, so the client is still sending.
+    let body = vec![b'{'; 512 * 1024];
+    for _ in 0..20 {
+        let answer = http
+            .put(format!("{base}/v1/volumes/ns/h2"))
+            .header("content-type", "application/json")
+            .body(body.clone())
+            .send()
+            .await
+            .expect("an answer, not a reset");
+        assert_eq!(answer.version(), reqwest::Version::HTTP_2);
+        assert_eq!(answer.status().as_u16(), 401);
+        let error: serde_json::Value = answer.json().await.unwrap();
+        assert_eq!(error["code"], "unauthenticated", "{error}");
+
+        let oversized = http
+            .put(format!("{base}/v1/volumes/ns/h2"))
+            .bearer_auth(token(&setup))
+            .header("content-type", "application/json")
+            .body(vec![b' '; 256 * 1024])
+            .send()
+            .await
+            .expect("an answer, not a reset");
+        assert_eq!(oversized.status().as_u16(), 413);
+        let error: serde_json::Value = oversized.json().await.unwrap();
+        assert_eq!(error["code"], "payload_too_large", "{error}");
+    }
+}
