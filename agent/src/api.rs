@@ -24,6 +24,7 @@ use crate::config::AgentConfig;
 use crate::fs::{Archived, Created, Deleted, StoreError, VolumeStore};
 use crate::metrics::{Metrics, RequestLabels, RouteLabels};
 use crate::policy::Policy;
+use crate::ratelimit::RateLimit;
 use crate::tls::PeerCertificate;
 use crate::usage::UsageCache;
 
@@ -47,43 +48,6 @@ pub struct AppState {
     unauthenticated_log: RateLimit,
 }
 
-/// At most `per_second` events a second; the ones over it are counted, and the count is
-/// logged with the next allowed one.
-#[derive(Debug)]
-pub struct RateLimit {
-    per_second: u32,
-    window: Mutex<(Instant, u32, u64)>,
-}
-
-impl RateLimit {
-    pub fn new(per_second: u32) -> Self {
-        Self {
-            per_second,
-            window: Mutex::new((Instant::now(), 0, 0)),
-        }
-    }
-
-    /// Whether one more event may be logged now.
-    pub fn allow(&self) -> bool {
-        let mut window = self.window.lock().unwrap_or_else(|e| e.into_inner());
-        let (started, _, suppressed) = &mut *window;
-        if started.elapsed() >= Duration::from_secs(1) {
-            if *suppressed > 0 {
-                tracing::warn!(target: "audit", suppressed = *suppressed, "unauthenticated requests not logged in the last second");
-            }
-            *window = (Instant::now(), 0, 0);
-        }
-        let (_, count, suppressed) = &mut *window;
-        if *count < self.per_second {
-            *count += 1;
-            true
-        } else {
-            *suppressed += 1;
-            false
-        }
-    }
-}
-
 impl AppState {
     /// The state for `config`'s agent, serving `store` and checking callers with `auth`.
     pub fn new(store: Arc<VolumeStore>, auth: Authenticator, config: &AgentConfig) -> Self {
@@ -104,7 +68,7 @@ impl AppState {
             // first request for a volume waits a little for a fresh one.
             usage: UsageCache::new(Duration::from_secs(60), Duration::from_secs(2), 2),
             readiness: Mutex::new(None),
-            unauthenticated_log: RateLimit::new(20),
+            unauthenticated_log: RateLimit::new(20, "unauthenticated requests"),
         }
     }
 
@@ -437,6 +401,9 @@ async fn metrics(State(state): State<Arc<AppState>>) -> Response {
             .metrics
             .filesystem_free_inodes
             .set(fs.free_inodes as i64);
+    }
+    if let Ok(count) = state.store.leftover_count() {
+        state.metrics.leftover_entries.set(count as i64);
     }
     (
         [(

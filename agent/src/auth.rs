@@ -147,6 +147,7 @@ mod tests {
         std::fs::write(&file, "s3cret-token\n").unwrap();
         let auth = Authenticator::new(&AuthConfig {
             client_ca_file: None,
+            allowed_client_names: Vec::new(),
             tokens: vec![TokenSection {
                 name: "controller".into(),
                 file: file.clone(),
@@ -194,6 +195,7 @@ mod tests {
         std::fs::write(&file, "\n").unwrap();
         let err = Authenticator::new(&AuthConfig {
             client_ca_file: None,
+            allowed_client_names: Vec::new(),
             tokens: vec![TokenSection {
                 name: "c".into(),
                 file,

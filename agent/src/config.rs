@@ -145,6 +145,10 @@ pub struct TlsSection {
     pub key_file: PathBuf,
     /// CA whose client certificates are accepted (mTLS). Without it, only tokens work.
     pub client_ca_file: Option<PathBuf>,
+    /// When set, only client certificates with one of these names (subject common name
+    /// or DNS subject alternative name) are accepted, not everything the CA signed.
+    #[serde(default)]
+    pub allowed_client_names: Vec<String>,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -208,6 +212,8 @@ impl Default for ReadinessSection {
 #[derive(Debug, Clone)]
 pub struct AuthConfig {
     pub client_ca_file: Option<PathBuf>,
+    /// Empty: any client certificate the CA signed for client authentication.
+    pub allowed_client_names: Vec<String>,
     pub tokens: Vec<TokenSection>,
     /// Development mode: no authentication at all (loopback only).
     pub disabled: bool,
@@ -295,6 +301,17 @@ impl AgentConfig {
         if let Some(ca) = &client_ca_file {
             check_readable("tls.client_ca_file", ca)?;
         }
+        let allowed_client_names = file.tls.allowed_client_names;
+        if !allowed_client_names.is_empty() && client_ca_file.is_none() {
+            return Err(ConfigError::Invalid(
+                "tls.allowed_client_names needs tls.client_ca_file: without a client CA no certificate is accepted at all".into(),
+            ));
+        }
+        if allowed_client_names.iter().any(|n| n.trim().is_empty()) {
+            return Err(ConfigError::Invalid(
+                "tls.allowed_client_names holds an empty name".into(),
+            ));
+        }
         let mut tokens = Vec::with_capacity(file.tokens.len());
         for token in file.tokens {
             if token.name.trim().is_empty() {
@@ -379,6 +396,7 @@ impl AgentConfig {
             key_file,
             auth: AuthConfig {
                 client_ca_file,
+                allowed_client_names,
                 tokens,
                 disabled,
             },
@@ -568,6 +586,13 @@ mod tests {
                 "no authentication configured",
             ),
             (format!("{good}colour = 1\n"), "unknown field"),
+            (
+                good.replace(
+                    "key_file = \"key.pem\"\n",
+                    "key_file = \"key.pem\"\nallowed_client_names = [\"controller\"]\n",
+                ),
+                "tls.allowed_client_names needs tls.client_ca_file",
+            ),
             (
                 format!("{good}[quota]\nbackend = \"zfs\"\n"),
                 "quota.zfs_dataset must name the dataset",

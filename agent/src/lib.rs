@@ -12,6 +12,7 @@ pub mod metrics;
 pub mod mountinfo;
 pub mod policy;
 pub mod quota;
+pub mod ratelimit;
 pub mod tls;
 pub mod usage;
 
@@ -77,6 +78,7 @@ impl Agent {
             &config.cert_file,
             &config.key_file,
             config.auth.client_ca_file.as_deref(),
+            &config.auth.allowed_client_names,
             certificate_optional,
         )?;
         let listener =

@@ -1,20 +1,25 @@
-//! HTTPS: the rustls server settings (ring provider) and an acceptor that hands the
-//! verified client certificate's identity to the request handlers.
+//! HTTPS: the rustls server settings (ring provider), a client certificate check
+//! stricter than the CA's signature, and an acceptor that hands the verified client
+//! certificate's identity to the request handlers and logs failed handshakes.
 
 use std::io;
 use std::path::Path;
 use std::sync::Arc;
 
 use crate::connections::{ConnectionLimits, Limited};
+use crate::ratelimit::RateLimit;
 use axum::Extension;
 use axum::middleware::AddExtension;
 use axum_server::accept::Accept;
 use axum_server::tls_rustls::{RustlsAcceptor, RustlsConfig};
 use futures::future::BoxFuture;
+use rustls::client::danger::HandshakeSignatureValid;
 use rustls::server::WebPkiClientVerifier;
+use rustls::server::danger::{ClientCertVerified, ClientCertVerifier};
+use rustls::{CertificateError, DigitallySignedStruct, DistinguishedName, SignatureScheme};
 use rustls_pki_types::pem::PemObject;
-use rustls_pki_types::{CertificateDer, PrivateKeyDer};
-use tokio::io::{AsyncRead, AsyncWrite};
+use rustls_pki_types::{CertificateDer, PrivateKeyDer, UnixTime};
+use tokio::net::TcpStream;
 use tokio_rustls::server::TlsStream;
 use tower::Layer;
 
@@ -63,12 +68,14 @@ fn load_key(path: &Path) -> Result<PrivateKeyDer<'static>, TlsError> {
 }
 
 /// Server settings: our certificate, and client certificates verified against
-/// `client_ca` when given. When tokens are also accepted, a client may connect without a
-/// certificate (it then needs a token); a certificate it does present must still verify.
+/// `client_ca` when given (see [`ClientPurposeVerifier`] for what else they need). When
+/// tokens are also accepted, a client may connect without a certificate (it then needs a
+/// token); a certificate it does present must still verify.
 pub fn server_config(
     cert_file: &Path,
     key_file: &Path,
     client_ca: Option<&Path>,
+    allowed_client_names: &[String],
     certificate_optional: bool,
 ) -> Result<RustlsConfig, TlsError> {
     let provider = Arc::new(rustls::crypto::ring::default_provider());
@@ -93,11 +100,13 @@ pub fn server_config(
             } else {
                 verifier
             };
-            builder.with_client_cert_verifier(
-                verifier
-                    .build()
-                    .map_err(|e| TlsError::Rustls(e.to_string()))?,
-            )
+            let signature_check = verifier
+                .build()
+                .map_err(|e| TlsError::Rustls(e.to_string()))?;
+            builder.with_client_cert_verifier(Arc::new(ClientPurposeVerifier {
+                signature_check,
+                allowed_names: allowed_client_names.to_vec(),
+            }))
         }
         None => builder.with_no_client_auth(),
     };
@@ -110,12 +119,114 @@ pub fn server_config(
     Ok(RustlsConfig::from_config(Arc::new(config)))
 }
 
+/// The CA's signature is not enough for a client certificate: webpki accepts one that
+/// has no extended key usage at all, and every certificate the CA ever signed (a
+/// server's, another service's) would be a key to the agent. This check also requires
+/// the clientAuth extended key usage, and one of the allowed names when a list is set.
+#[derive(Debug)]
+struct ClientPurposeVerifier {
+    signature_check: Arc<dyn ClientCertVerifier>,
+    /// Empty: any name.
+    allowed_names: Vec<String>,
+}
+
+impl ClientPurposeVerifier {
+    fn check_purpose_and_name(&self, der: &[u8]) -> Result<(), rustls::Error> {
+        let refused = |error: CertificateError| rustls::Error::InvalidCertificate(error);
+        let (_, cert) = x509_parser::parse_x509_certificate(der)
+            .map_err(|_| refused(CertificateError::BadEncoding))?;
+        let client_auth = cert
+            .extended_key_usage()
+            .ok()
+            .flatten()
+            .is_some_and(|eku| eku.value.client_auth);
+        if !client_auth {
+            return Err(refused(CertificateError::InvalidPurpose));
+        }
+        if self.allowed_names.is_empty() {
+            return Ok(());
+        }
+        let common_names = cert
+            .subject()
+            .iter_common_name()
+            .filter_map(|cn| cn.as_str().ok());
+        let dns_names = cert
+            .subject_alternative_name()
+            .ok()
+            .flatten()
+            .into_iter()
+            .flat_map(|san| san.value.general_names.iter())
+            .filter_map(|name| match name {
+                x509_parser::extensions::GeneralName::DNSName(dns) => Some(*dns),
+                _ => None,
+            });
+        let mut names = common_names.chain(dns_names);
+        if names.any(|name| self.allowed_names.iter().any(|allowed| allowed == name)) {
+            Ok(())
+        } else {
+            Err(refused(CertificateError::ApplicationVerificationFailure))
+        }
+    }
+}
+
+impl ClientCertVerifier for ClientPurposeVerifier {
+    fn offer_client_auth(&self) -> bool {
+        self.signature_check.offer_client_auth()
+    }
+
+    fn client_auth_mandatory(&self) -> bool {
+        self.signature_check.client_auth_mandatory()
+    }
+
+    fn root_hint_subjects(&self) -> &[DistinguishedName] {
+        self.signature_check.root_hint_subjects()
+    }
+
+    fn verify_client_cert(
+        &self,
+        end_entity: &CertificateDer<'_>,
+        intermediates: &[CertificateDer<'_>],
+        now: UnixTime,
+    ) -> Result<ClientCertVerified, rustls::Error> {
+        let verified = self
+            .signature_check
+            .verify_client_cert(end_entity, intermediates, now)?;
+        self.check_purpose_and_name(end_entity.as_ref())?;
+        Ok(verified)
+    }
+
+    fn verify_tls12_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        self.signature_check
+            .verify_tls12_signature(message, cert, dss)
+    }
+
+    fn verify_tls13_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        self.signature_check
+            .verify_tls13_signature(message, cert, dss)
+    }
+
+    fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
+        self.signature_check.supported_verify_schemes()
+    }
+}
+
 /// Wraps the rustls acceptor to attach the peer certificate's identity to every request
-/// of the connection.
+/// of the connection, and to log (rate-limited) the handshakes that fail.
 #[derive(Debug, Clone)]
 pub struct IdentityAcceptor {
     inner: RustlsAcceptor,
     limits: ConnectionLimits,
+    failure_log: Arc<RateLimit>,
 }
 
 impl IdentityAcceptor {
@@ -123,26 +234,34 @@ impl IdentityAcceptor {
         Self {
             inner: RustlsAcceptor::new(config),
             limits,
+            failure_log: Arc::new(RateLimit::new(20, "failed TLS handshakes")),
         }
     }
 }
 
-impl<I, S> Accept<I, S> for IdentityAcceptor
+impl<S> Accept<TcpStream, S> for IdentityAcceptor
 where
-    I: AsyncRead + AsyncWrite + Unpin + Send + 'static,
     S: Send + 'static,
 {
-    type Stream = TlsStream<Limited<I>>;
+    type Stream = TlsStream<Limited<TcpStream>>;
     type Service = AddExtension<S, PeerCertificate>;
     type Future = BoxFuture<'static, io::Result<(Self::Stream, Self::Service)>>;
 
-    fn accept(&self, stream: I, service: S) -> Self::Future {
+    fn accept(&self, stream: TcpStream, service: S) -> Self::Future {
         let acceptor = self.inner.clone();
+        let failure_log = self.failure_log.clone();
+        let peer = stream.peer_addr().ok();
         // Counted from the first byte: a connection over the cap is dropped before its
         // handshake costs anything.
         let admitted = self.limits.admit(stream);
         Box::pin(async move {
-            let (stream, service) = acceptor.accept(admitted?, service).await?;
+            let accepted = acceptor.accept(admitted?, service).await;
+            let (stream, service) = accepted.inspect_err(|error| {
+                if failure_log.allow() {
+                    let peer = peer.map(|p| p.to_string()).unwrap_or_default();
+                    tracing::warn!(target: "audit", %peer, %error, "TLS handshake failed");
+                }
+            })?;
             let identity = stream
                 .get_ref()
                 .1

@@ -64,6 +64,7 @@ impl TestAgent {
             key_file: dir.join(files::SERVER_KEY),
             auth: AuthConfig {
                 client_ca_file: Some(dir.join(files::CA_CERT)),
+                allowed_client_names: Vec::new(),
                 tokens: vec![TokenSection {
                     name: "controller".into(),
                     file: dir.join(files::TOKEN),
