@@ -576,6 +576,21 @@ impl VolumeStore {
         purge
     }
 
+    /// How many entries the staging and trash areas hold: work in flight, or leftovers
+    /// that could not be removed (the log names them). Absent areas hold none.
+    pub fn leftover_count(&self) -> Result<usize> {
+        let mut count = 0;
+        for area in [STAGING_DIR, TRASH_DIR] {
+            let Some(dir) = self.root.open_existing(&[STATE_DIR, area])? else {
+                continue;
+            };
+            count += list_dir(dir.as_fd())
+                .map_err(|e| io_error(format!("list {area}"), e))?
+                .len();
+        }
+        Ok(count)
+    }
+
     /// Opens the parent directory of `path`, creating missing parents when `create` is set.
     /// `None` when a parent is missing and `create` is not set. Refuses symlinks,
     /// non-directories and parents that are volumes themselves (no nested volumes).

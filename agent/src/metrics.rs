@@ -37,6 +37,7 @@ pub struct Metrics {
     pub operations: Family<OperationLabels, Counter>,
     pub filesystem_available_bytes: Gauge,
     pub filesystem_free_inodes: Gauge,
+    pub leftover_entries: Gauge,
 }
 
 impl Default for Metrics {
@@ -79,6 +80,12 @@ impl Metrics {
             "Free inodes on the export root's filesystem at the last scrape",
             filesystem_free_inodes.clone(),
         );
+        let leftover_entries = Gauge::default();
+        registry.register(
+            "leftover_entries",
+            "Entries in the staging and trash areas at the last scrape: work in flight, or leftovers that could not be removed (the log names them)",
+            leftover_entries.clone(),
+        );
         Self {
             registry,
             requests,
@@ -86,6 +93,7 @@ impl Metrics {
             operations,
             filesystem_available_bytes,
             filesystem_free_inodes,
+            leftover_entries,
         }
     }
 

@@ -31,22 +31,6 @@ fn rss_kib(pid: u32) -> u64 {
         .expect("VmRSS in /proc/<pid>/status")
 }
 
-fn https(setup: &Setup) -> reqwest::Client {
-    let _ = rustls::crypto::ring::default_provider().install_default();
-    let ca = std::fs::read(setup.etc.join(files::CA_CERT)).unwrap();
-    reqwest::Client::builder()
-        .add_root_certificate(reqwest::Certificate::from_pem(&ca).unwrap())
-        .build()
-        .unwrap()
-}
-
-fn token(setup: &Setup) -> String {
-    std::fs::read_to_string(setup.etc.join(files::TOKEN))
-        .unwrap()
-        .trim()
-        .to_owned()
-}
-
 /// A method name of `len` letters, different for every `n`.
 fn method(n: usize, len: usize) -> reqwest::Method {
     let mut name = format!("X{n}").into_bytes();
@@ -64,7 +48,7 @@ async fn thousands_of_unique_methods_leave_memory_and_metrics_bounded() {
     let setup = setup();
     let process = Process(setup.spawn());
     setup.wait_healthy(&setup.client()).await;
-    let http = https(&setup);
+    let http = setup.https();
     let base = format!("https://localhost:{}", setup.port);
     // Warm up the paths a steady agent has run, so the comparison is about the flood.
     for _ in 0..200 {
@@ -103,7 +87,7 @@ async fn thousands_of_unique_methods_leave_memory_and_metrics_bounded() {
 
     let metrics = http
         .get(format!("{base}/metrics"))
-        .bearer_auth(token(&setup))
+        .bearer_auth(setup.token())
         .send()
         .await
         .unwrap()
@@ -126,7 +110,7 @@ async fn modes_and_owners_outside_the_policy_are_refused_and_nothing_is_made() {
     let setup = setup();
     let _process = Process(setup.spawn());
     setup.wait_healthy(&setup.client()).await;
-    let http = https(&setup);
+    let http = setup.https();
     let base = format!("https://localhost:{}", setup.port);
     for (path, body, needle) in [
         ("suid", r#"{"mode":"4777","capacity_bytes":1}"#, "setuid"),
@@ -149,7 +133,7 @@ async fn modes_and_owners_outside_the_policy_are_refused_and_nothing_is_made() {
     ] {
         let answer = http
             .put(format!("{base}/v1/volumes/ns/{path}"))
-            .bearer_auth(token(&setup))
+            .bearer_auth(setup.token())
             .header("content-type", "application/json")
             .body(body)
             .send()
@@ -170,7 +154,7 @@ async fn modes_and_owners_outside_the_policy_are_refused_and_nothing_is_made() {
     // The default path of a class without mode, uid or gid still provisions.
     let answer = http
         .put(format!("{base}/v1/volumes/ns/plain"))
-        .bearer_auth(token(&setup))
+        .bearer_auth(setup.token())
         .header("content-type", "application/json")
         .body(r#"{"capacity_bytes":1}"#)
         .send()
@@ -355,7 +339,7 @@ async fn over_http2_refusals_arrive_as_json_not_as_resets() {
     let setup = setup();
     let _process = Process(setup.spawn());
     setup.wait_healthy(&setup.client()).await;
-    let http = https(&setup);
+    let http = setup.https();
     let base = format!("https://localhost:{}", setup.port);
     // Larger than HTTP/2's initial flow-control window, so the client is still sending.
     let body = vec![b'{'; 512 * 1024];
@@ -374,7 +358,7 @@ async fn over_http2_refusals_arrive_as_json_not_as_resets() {
 
         let oversized = http
             .put(format!("{base}/v1/volumes/ns/h2"))
-            .bearer_auth(token(&setup))
+            .bearer_auth(setup.token())
             .header("content-type", "application/json")
             .body(vec![b' '; 256 * 1024])
             .send()
@@ -384,4 +368,63 @@ async fn over_http2_refusals_arrive_as_json_not_as_resets() {
         let error: serde_json::Value = oversized.json().await.unwrap();
         assert_eq!(error["code"], "payload_too_large", "{error}");
     }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn the_concurrency_limit_holds_across_routes() {
+    use tokio::io::AsyncWriteExt;
+    let setup = setup();
+    let config = setup.etc.join(files::CONFIG);
+    let text = std::fs::read_to_string(&config).unwrap();
+    assert!(text.contains("max_concurrent_requests = 256\n"));
+    std::fs::write(
+        &config,
+        text.replace(
+            "max_concurrent_requests = 256\n",
+            "max_concurrent_requests = 1\n",
+        ),
+    )
+    .unwrap();
+    let _process = Process(setup.spawn());
+    setup.wait_healthy(&setup.client()).await;
+
+    // A create whose body is still on its way holds the only slot.
+    let mut slow = tls_connection(&setup).await;
+    let body = br#"{"capacity_bytes":1}"#;
+    slow.write_all(
+        format!(
+            "PUT /v1/volumes/held HTTP/1.1\r\nHost: localhost\r\nAuthorization: Bearer {}\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n",
+            setup.token(),
+            body.len()
+        )
+        .as_bytes(),
+    )
+    .await
+    .unwrap();
+    slow.write_all(&body[..5]).await.unwrap();
+    slow.flush().await.unwrap();
+
+    // Another route and method waits for it: the limit is the whole service's.
+    let http = setup.https();
+    let info = format!("https://localhost:{}/v1/info", setup.port);
+    let waiting = tokio::spawn({
+        let (http, info, token) = (http.clone(), info.clone(), setup.token());
+        async move { http.get(info).bearer_auth(token).send().await }
+    });
+    let early = tokio::time::timeout(Duration::from_secs(2), async {
+        while !waiting.is_finished() {
+            tokio::task::yield_now().await;
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await;
+    assert!(
+        early.is_err(),
+        "GET /v1/info was answered while the only slot was taken"
+    );
+
+    slow.write_all(&body[5..]).await.unwrap();
+    slow.flush().await.unwrap();
+    let answer = waiting.await.unwrap().unwrap();
+    assert_eq!(answer.status().as_u16(), 200);
 }

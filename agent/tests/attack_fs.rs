@@ -210,6 +210,68 @@ async fn an_agent_restarted_with_a_deep_tree_in_its_trash_starts_and_purges_it()
     agent.client().healthz().await.unwrap();
 }
 
+/// `source` bind-mounted on `point` until dropped.
+struct BindMount<'a>(&'a Path);
+
+impl<'a> BindMount<'a> {
+    fn new(source: &Path, point: &'a Path) -> Self {
+        run(
+            "mount",
+            &["--bind", source.to_str().unwrap(), point.to_str().unwrap()],
+        )
+        .unwrap();
+        Self(point)
+    }
+}
+
+impl Drop for BindMount<'_> {
+    fn drop(&mut self) {
+        let _ = run("umount", &[self.0.to_str().unwrap()]);
+    }
+}
+
+/// The agent's metrics, read with its token.
+async fn metrics(setup: &Setup) -> String {
+    setup
+        .https()
+        .get(format!("https://localhost:{}/metrics", setup.port))
+        .bearer_auth(setup.token())
+        .send()
+        .await
+        .unwrap()
+        .error_for_status()
+        .unwrap()
+        .text()
+        .await
+        .unwrap()
+}
+
+#[tokio::test]
+async fn a_trash_entry_that_cannot_be_removed_is_counted_and_the_agent_serves() {
+    assert!(
+        is_root(),
+        "bind mounts need root; run the agent's tests as root (CI does)"
+    );
+    let first = Running::start(setup()).await;
+    let setup = first.stop();
+    // A crash left a tree in the trash that holds a mount: the purge must not cross it.
+    let doomed = setup.root.join(".nfsprov/trash/del-holding-a-mount");
+    let point = doomed.join("mnt");
+    std::fs::create_dir_all(&point).unwrap();
+    let outside = tempfile::tempdir().unwrap();
+    std::fs::write(outside.path().join("precious"), b"not the tenant's").unwrap();
+    let _mounted = BindMount::new(outside.path(), &point);
+
+    let agent = Running::start(setup).await;
+    agent.client().healthz().await.unwrap();
+    let scraped = metrics(&agent.setup).await;
+    assert!(
+        scraped.contains("nfsprov_agent_leftover_entries 1\n"),
+        "{scraped}"
+    );
+    assert!(outside.path().join("precious").exists());
+}
+
 #[tokio::test]
 async fn forged_or_oversized_records_change_nothing_and_break_no_listing() {
     let agent = Running::start(setup()).await;
@@ -357,22 +419,7 @@ async fn delete_refuses_a_volume_holding_a_bind_mount_and_touches_nothing_behind
     let point = agent.root().join("tenants/m/mnt");
     std::fs::create_dir(&point).unwrap();
     std::fs::write(agent.root().join("tenants/m/own-file"), b"tenant data").unwrap();
-    run(
-        "mount",
-        &[
-            "--bind",
-            outside.path().to_str().unwrap(),
-            point.to_str().unwrap(),
-        ],
-    )
-    .unwrap();
-    struct Unmount<'a>(&'a Path);
-    impl Drop for Unmount<'_> {
-        fn drop(&mut self) {
-            let _ = run("umount", &[self.0.to_str().unwrap()]);
-        }
-    }
-    let mounted = Unmount(&point);
+    let mounted = BindMount::new(outside.path(), &point);
 
     let refused = client.delete_volume(&path("tenants/m"), None).await;
     match &refused {

@@ -56,6 +56,24 @@ pub fn setup() -> Setup {
 }
 
 impl Setup {
+    /// An HTTPS client that trusts the agent's CA (and presents no certificate).
+    pub fn https(&self) -> reqwest::Client {
+        let _ = rustls::crypto::ring::default_provider().install_default();
+        let ca = std::fs::read(self.etc.join(files::CA_CERT)).unwrap();
+        reqwest::Client::builder()
+            .add_root_certificate(reqwest::Certificate::from_pem(&ca).unwrap())
+            .build()
+            .unwrap()
+    }
+
+    /// The bearer token `init` wrote.
+    pub fn token(&self) -> String {
+        std::fs::read_to_string(self.etc.join(files::TOKEN))
+            .unwrap()
+            .trim()
+            .to_owned()
+    }
+
     pub fn spawn(&self) -> Child {
         Command::new(agent_binary())
             .args(["run", "--config"])
