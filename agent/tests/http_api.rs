@@ -355,7 +355,10 @@ async fn malformed_and_oversized_bodies_are_rejected() {
 #[tokio::test(flavor = "multi_thread")]
 async fn create_applies_mode_and_ownership_exactly() {
     if !is_root() {
-        eprintln!("skipped: setting ownership needs root");
+        nfsprov_test_skip::skip(
+            "create_applies_mode_and_ownership_exactly",
+            "setting ownership needs root",
+        );
         return;
     }
     // Setgid and root owners are what the policy is opened for here.

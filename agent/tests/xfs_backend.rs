@@ -26,9 +26,9 @@ const IMAGE_BYTES: u64 = 300 << 20;
 const IDS: std::ops::RangeInclusive<u32> = 1000..=1999;
 const FS_XFLAG_PROJINHERIT: u32 = 0x200;
 
-fn should_run() -> bool {
+fn should_run(test: &str) -> bool {
     if std::env::var("NFSPROV_SKIP_XFS").is_ok_and(|v| v == "1") {
-        eprintln!("skipped: NFSPROV_SKIP_XFS=1");
+        nfsprov_test_skip::skip(test, "NFSPROV_SKIP_XFS=1");
         return false;
     }
     assert!(
@@ -192,7 +192,7 @@ impl ToolRunner for QuotaStateFaked {
 
 #[test]
 fn probe_refuses_xfs_without_project_quota_in_one_line() {
-    if !should_run() {
+    if !should_run("probe_refuses_xfs_without_project_quota_in_one_line") {
         return;
     }
     let mut xfs = LoopXfs::new();
@@ -212,7 +212,7 @@ fn probe_refuses_xfs_without_project_quota_in_one_line() {
 
 #[test]
 fn real_tagging_is_inherited_and_undone_when_the_limit_fails() {
-    if !should_run() {
+    if !should_run("real_tagging_is_inherited_and_undone_when_the_limit_fails") {
         return;
     }
     // Mounted without prjquota, setting a limit fails on every kernel.
@@ -277,12 +277,15 @@ fn real_tagging_is_inherited_and_undone_when_the_limit_fails() {
 
 #[test]
 fn prjquota_mount_enforces_the_capacity_where_the_kernel_supports_it() {
-    if !should_run() {
+    if !should_run("prjquota_mount_enforces_the_capacity_where_the_kernel_supports_it") {
         return;
     }
     let mut xfs = LoopXfs::new();
     if let Err(refusal) = xfs.mount("prjquota") {
-        eprintln!("this kernel cannot enforce project quotas, nothing to test: {refusal}");
+        nfsprov_test_skip::skip(
+            "prjquota_mount_enforces_the_capacity_where_the_kernel_supports_it",
+            &format!("this kernel refuses to mount XFS with prjquota: {refusal}"),
+        );
         return;
     }
     let root = xfs.export_root();

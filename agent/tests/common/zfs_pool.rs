@@ -8,7 +8,6 @@
 //! good) when several pools are created, used and destroyed at once, while the same tests
 //! one after the other never did.
 
-use std::io::Write;
 use std::os::fd::OwnedFd;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
@@ -49,8 +48,7 @@ impl ZfsPool {
     /// without having run.
     pub fn create(test: &str) -> Option<Self> {
         if std::env::var(SKIP_VARIABLE).as_deref() == Ok("1") {
-            // Straight to stderr: libtest would swallow eprintln! of a passing test.
-            let _ = writeln!(std::io::stderr(), "skipped {test}: {SKIP_VARIABLE}=1");
+            nfsprov_test_skip::skip(test, &format!("{SKIP_VARIABLE}=1"));
             return None;
         }
         if !rustix::process::geteuid().is_root() {
