@@ -1,5 +1,9 @@
 //! The Kubernetes side of an end-to-end run: the API (the cluster of `E2E_KUBECONFIG`
 //! when set, otherwise the simulator as a process) and controller processes.
+//!
+//! On a real cluster the controller runs with the credentials of
+//! `E2E_CONTROLLER_KUBECONFIG` when set (the ServiceAccount of `deploy/`, so a verb
+//! missing from its RBAC fails the scenario), while the scenarios act as the admin.
 
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
@@ -12,6 +16,7 @@ use crate::binaries::binary;
 /// The API server the system under test talks to.
 pub struct KubeApi {
     kubeconfig: PathBuf,
+    controller_kubeconfig: PathBuf,
     simulator: Option<Child>,
     _work: tempfile::TempDir,
 }
@@ -26,8 +31,11 @@ impl KubeApi {
     pub async fn start_with(kubeconfig: Option<PathBuf>) -> anyhow::Result<Self> {
         let work = tempfile::tempdir()?;
         if let Some(kubeconfig) = kubeconfig {
+            let controller_kubeconfig = std::env::var_os("E2E_CONTROLLER_KUBECONFIG")
+                .map_or_else(|| kubeconfig.clone(), PathBuf::from);
             return Ok(Self {
                 kubeconfig,
+                controller_kubeconfig,
                 simulator: None,
                 _work: work,
             });
@@ -41,6 +49,7 @@ impl KubeApi {
             .stderr(log)
             .spawn()?;
         let api = Self {
+            controller_kubeconfig: kubeconfig.clone(),
             kubeconfig,
             simulator: Some(child),
             _work: work,
@@ -74,8 +83,19 @@ impl KubeApi {
             .and_then(|hostport| hostport.trim_end_matches('/').parse().ok())
     }
 
+    /// The admin's kubeconfig, which the scenarios act with.
     pub fn kubeconfig(&self) -> &Path {
         &self.kubeconfig
+    }
+
+    /// The kubeconfig the controllers run with.
+    pub fn controller_kubeconfig(&self) -> &Path {
+        &self.controller_kubeconfig
+    }
+
+    /// A real cluster outlives the test and serves other tests, unlike a simulator.
+    pub fn is_shared(&self) -> bool {
+        self.simulator.is_none()
     }
 
     /// A stock kube client for this API.
@@ -119,7 +139,7 @@ impl ControllerProcess {
         let log = work.path().join("controller.log");
         let child = Command::new(binary("nfsprov-controller")?)
             .arg("--kubeconfig")
-            .arg(api.kubeconfig())
+            .arg(api.controller_kubeconfig())
             .arg("--agents-dir")
             .arg(agents_dir)
             .arg(format!("--http-addr={http}"))
@@ -154,11 +174,20 @@ impl ControllerProcess {
 
     /// Peak resident memory so far (`VmHWM`), in bytes, while the process runs.
     pub fn peak_rss_bytes(&self) -> Option<u64> {
+        self.memory_field("VmHWM:")
+    }
+
+    /// Resident memory now (`VmRSS`), in bytes, while the process runs.
+    pub fn rss_bytes(&self) -> Option<u64> {
+        self.memory_field("VmRSS:")
+    }
+
+    fn memory_field(&self, field: &str) -> Option<u64> {
         let pid = self.child.as_ref()?.id();
         let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
         let kib: u64 = status
             .lines()
-            .find_map(|l| l.strip_prefix("VmHWM:"))?
+            .find_map(|l| l.strip_prefix(field))?
             .trim()
             .trim_end_matches("kB")
             .trim()

@@ -15,10 +15,69 @@ use crate::agent::AgentProcess;
 use crate::cluster::{ControllerProcess, KubeApi};
 use crate::nfs::{NfsServer, nfs_url};
 
-/// Namespace the scenarios create their claims in.
+/// Namespace the scenarios create their claims in, on a simulator of their own.
 pub const NAMESPACE: &str = "e2e";
-/// The provisioner name the controllers run with.
+/// The provisioner name the controllers run with, on a simulator of their own.
 pub const PROVISIONER: &str = "nfsprov.dev/nfs";
+/// Label of the StorageClasses one run made on a shared cluster, for its cleanup.
+const RUN_LABEL: &str = "nfsprov.dev/e2e-run";
+/// What a provisioned PV names its provisioner by.
+const PROVISIONED_BY: &str = "pv.kubernetes.io/provisioned-by";
+
+/// The names one installation uses. On a shared (real) cluster every run has its own
+/// namespace, provisioner, class names and Lease, so runs never see each other's objects
+/// and what one leaves behind cannot break the next.
+#[derive(Debug, Clone)]
+pub struct Names {
+    /// Set on a shared cluster only.
+    pub run: Option<String>,
+    pub namespace: String,
+    pub provisioner: String,
+}
+
+impl Names {
+    fn for_api(api: &KubeApi) -> Self {
+        if !api.is_shared() {
+            return Self {
+                run: None,
+                namespace: NAMESPACE.to_owned(),
+                provisioner: PROVISIONER.to_owned(),
+            };
+        }
+        static NEXT: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+        let nanos = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.subsec_nanos());
+        let run = format!(
+            "{:x}{:x}{}",
+            std::process::id(),
+            nanos & 0xfff,
+            NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+        );
+        Self {
+            namespace: format!("e2e-{run}"),
+            provisioner: format!("nfsprov.dev/e2e-{run}"),
+            run: Some(run),
+        }
+    }
+
+    /// The name a scenario's class `name` has in this run.
+    pub fn class(&self, name: &str) -> String {
+        match &self.run {
+            Some(run) => format!("{name}-{run}"),
+            None => name.to_owned(),
+        }
+    }
+
+    /// What the controllers need to act on this run's objects only.
+    fn controller_args(&self) -> Vec<String> {
+        let mut args = vec![format!("--provisioner-name={}", self.provisioner)];
+        if let Some(run) = &self.run {
+            args.push(format!("--lease-name=nfsprov-e2e-{run}"));
+        }
+        args
+    }
+}
 
 /// How to start one agent of a [`System`].
 #[derive(Debug, Clone, Default)]
@@ -54,6 +113,7 @@ pub struct System {
     pub controllers: Vec<ControllerProcess>,
     pub client: Client,
     pub agents_dir: PathBuf,
+    pub names: Names,
     _base: tempfile::TempDir,
 }
 
@@ -127,8 +187,9 @@ impl System {
             });
         }
         let client = api.client().await?;
+        let names = Names::for_api(&api);
         let namespace: Namespace =
-            serde_json::from_value(json!({"metadata": {"name": NAMESPACE}}))?;
+            serde_json::from_value(json!({"metadata": {"name": names.namespace}}))?;
         match Api::<Namespace>::all(client.clone())
             .create(&PostParams::default(), &namespace)
             .await
@@ -144,6 +205,7 @@ impl System {
             controllers: Vec::new(),
             client,
             agents_dir,
+            names,
             _base: base,
         };
         for _ in 0..controllers {
@@ -154,7 +216,10 @@ impl System {
 
     /// Starts one more controller process.
     pub async fn start_controller(&mut self, args: &[&str]) -> anyhow::Result<()> {
-        let controller = ControllerProcess::start(&self.api, &self.agents_dir, args).await?;
+        let mut all_args = self.names.controller_args();
+        all_args.extend(args.iter().map(|a| (*a).to_owned()));
+        let all_args: Vec<&str> = all_args.iter().map(String::as_str).collect();
+        let controller = ControllerProcess::start(&self.api, &self.agents_dir, &all_args).await?;
         self.controllers.push(controller);
         Ok(())
     }
@@ -169,14 +234,15 @@ impl System {
     }
 
     pub fn claims(&self) -> Api<PersistentVolumeClaim> {
-        Api::namespaced(self.client.clone(), NAMESPACE)
+        Api::namespaced(self.client.clone(), &self.names.namespace)
     }
 
     pub fn volumes(&self) -> Api<PersistentVolume> {
         Api::all(self.client.clone())
     }
 
-    /// Creates a StorageClass of this provisioner with reclaimPolicy Delete.
+    /// Creates a StorageClass of this provisioner with reclaimPolicy Delete, named
+    /// `self.names.class(name)`.
     pub async fn class(&self, name: &str, parameters: serde_json::Value) -> anyhow::Result<()> {
         self.class_with_expansion(name, parameters, false).await
     }
@@ -188,9 +254,13 @@ impl System {
         parameters: serde_json::Value,
         allow_expansion: bool,
     ) -> anyhow::Result<()> {
+        let labels = match &self.names.run {
+            Some(run) => json!({ RUN_LABEL: run }),
+            None => json!({}),
+        };
         let class: StorageClass = serde_json::from_value(json!({
-            "metadata": {"name": name},
-            "provisioner": PROVISIONER,
+            "metadata": {"name": self.names.class(name), "labels": labels},
+            "provisioner": self.names.provisioner,
             "reclaimPolicy": "Delete",
             "volumeBindingMode": "Immediate",
             "allowVolumeExpansion": allow_expansion,
@@ -202,7 +272,7 @@ impl System {
         Ok(())
     }
 
-    /// Creates a 1Gi ReadWriteMany claim.
+    /// Creates a 1Gi ReadWriteMany claim of the class the scenario calls `class`.
     pub async fn claim(
         &self,
         name: &str,
@@ -211,9 +281,9 @@ impl System {
         annotations: serde_json::Value,
     ) -> anyhow::Result<PersistentVolumeClaim> {
         let claim: PersistentVolumeClaim = serde_json::from_value(json!({
-            "metadata": {"name": name, "namespace": NAMESPACE, "labels": labels, "annotations": annotations},
+            "metadata": {"name": name, "namespace": self.names.namespace, "labels": labels, "annotations": annotations},
             "spec": {
-                "storageClassName": class,
+                "storageClassName": self.names.class(class),
                 "accessModes": ["ReadWriteMany"],
                 "resources": {"requests": {"storage": "1Gi"}},
             },
@@ -277,7 +347,7 @@ impl System {
 
     /// (reason, message) of the events about the named object in the test namespace.
     pub async fn events_about(&self, name: &str) -> anyhow::Result<Vec<(String, String)>> {
-        let events = Api::<Event>::namespaced(self.client.clone(), NAMESPACE)
+        let events = Api::<Event>::namespaced(self.client.clone(), &self.names.namespace)
             .list(&ListParams::default())
             .await?;
         Ok(events
@@ -321,6 +391,84 @@ impl System {
         let source = volume.spec.as_ref().and_then(|s| s.nfs.as_ref());
         let (server, path) = source.map_or(("", ""), |s| (s.server.as_str(), s.path.as_str()));
         nfs_url(server, self.nfs.port(), &format!("{path}/{file}"))
+    }
+}
+
+impl Drop for System {
+    /// On a shared cluster, removes what this run made there: its classes, its namespace
+    /// (with the claims and events in it) and the PVs of its provisioner, finalizers and
+    /// all. The controllers stop first so none of them acts on the removal.
+    fn drop(&mut self) {
+        let Some(run) = self.names.run.clone() else {
+            return;
+        };
+        for controller in &mut self.controllers {
+            controller.kill();
+        }
+        let kubeconfig = self.api.kubeconfig().display().to_string();
+        let kubectl = |args: &[&str]| -> Option<String> {
+            let output = std::process::Command::new("kubectl")
+                .arg(format!("--kubeconfig={kubeconfig}"))
+                .args(args)
+                .output();
+            match output {
+                Ok(out) if out.status.success() => {
+                    Some(String::from_utf8_lossy(&out.stdout).into_owned())
+                }
+                Ok(out) => {
+                    eprintln!(
+                        "cleanup of run {run}: kubectl {args:?}: {}",
+                        String::from_utf8_lossy(&out.stderr).trim()
+                    );
+                    None
+                }
+                Err(e) => {
+                    eprintln!("cleanup of run {run}: cannot run kubectl: {e}");
+                    None
+                }
+            }
+        };
+        let selector = format!("{RUN_LABEL}={run}");
+        kubectl(&["delete", "storageclass", "-l", &selector, "--wait=false"]);
+        kubectl(&[
+            "delete",
+            "namespace",
+            &self.names.namespace,
+            "--ignore-not-found",
+            "--wait=false",
+        ]);
+        let Some(listed) = kubectl(&["get", "persistentvolumes", "-o", "json"]) else {
+            return;
+        };
+        let listed: serde_json::Value = serde_json::from_str(&listed).unwrap_or_default();
+        let ours = listed["items"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter(|pv| {
+                pv["metadata"]["annotations"][PROVISIONED_BY].as_str()
+                    == Some(self.names.provisioner.as_str())
+            });
+        for pv in ours {
+            let Some(name) = pv["metadata"]["name"].as_str() else {
+                continue;
+            };
+            kubectl(&[
+                "patch",
+                "persistentvolume",
+                name,
+                "--type=merge",
+                "-p",
+                r#"{"metadata":{"finalizers":null}}"#,
+            ]);
+            kubectl(&[
+                "delete",
+                "persistentvolume",
+                name,
+                "--ignore-not-found",
+                "--wait=false",
+            ]);
+        }
     }
 }
 

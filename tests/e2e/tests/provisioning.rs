@@ -7,7 +7,7 @@
 use std::time::Duration;
 
 use nfsprov_e2e::nfs::{nfs_read, nfs_write};
-use nfsprov_e2e::system::{NAMESPACE, System, volume_dirs};
+use nfsprov_e2e::system::{System, volume_dirs};
 use serde_json::json;
 use tokio::sync::Mutex;
 
@@ -46,7 +46,7 @@ async fn claims_bind_and_every_on_delete_policy_is_honoured() -> anyhow::Result<
             .as_ref()
             .and_then(|s| s.nfs.clone())
             .expect("an NFS volume");
-        let directory = format!("{NAMESPACE}-{claim_name}-{volume_name}");
+        let directory = format!("{}-{claim_name}-{volume_name}", system.names.namespace);
         assert_eq!(source.server, "127.0.0.1");
         assert_eq!(source.path, format!("{}/{directory}", agent.export));
 
@@ -284,9 +284,9 @@ async fn controller_killed_in_a_burst_converges_without_duplicates() -> anyhow::
         let claims = system.claims();
         let claim: k8s_openapi::api::core::v1::PersistentVolumeClaim =
             serde_json::from_value(json!({
-                "metadata": {"name": format!("burst-{i}"), "namespace": NAMESPACE},
+                "metadata": {"name": format!("burst-{i}"), "namespace": system.names.namespace},
                 "spec": {
-                    "storageClassName": "e2e-delete",
+                    "storageClassName": system.names.class("e2e-delete"),
                     "accessModes": ["ReadWriteMany"],
                     "resources": {"requests": {"storage": "1Gi"}},
                 },
@@ -354,7 +354,7 @@ async fn only_the_leader_acts_and_a_standby_takes_over() -> anyhow::Result<()> {
     let args = |id: &'static str| {
         [
             "--leader-elect=true",
-            "--lease-namespace=e2e",
+            // The Lease lives in the credentials' own namespace, as in the Deployment.
             "--lease-duration-seconds=4",
             match id {
                 "first" => "--identity=first",
@@ -413,7 +413,10 @@ async fn api_faults_during_a_burst_converge() -> anyhow::Result<()> {
     let _turn = ONE_AT_A_TIME.lock().await;
     let system = System::start(&["nfs1"], 1, &["--leader-elect=false"]).await?;
     let Some(admin) = system.api.simulator_url() else {
-        eprintln!("skipped: fault injection needs the simulator");
+        nfsprov_test_skip::skip(
+            "api_faults_during_a_burst_converge",
+            "fault injection needs the simulator",
+        );
         return Ok(());
     };
     system

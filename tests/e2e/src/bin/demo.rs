@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use nfsprov_e2e::cluster::KubeApi;
 use nfsprov_e2e::nfs::{nfs_ls, nfs_read, nfs_write};
-use nfsprov_e2e::system::{NAMESPACE, System};
+use nfsprov_e2e::system::System;
 use serde_json::json;
 
 #[tokio::main]
@@ -62,7 +62,10 @@ async fn main() -> anyhow::Result<()> {
         .and_then(|s| s.nfs.clone())
         .unwrap_or_default();
     let name = volume.metadata.name.clone().unwrap_or_default();
-    println!("\nPersistentVolumeClaim {NAMESPACE}/demo is Bound to PersistentVolume {name}:");
+    println!(
+        "\nPersistentVolumeClaim {}/demo is Bound to PersistentVolume {name}:",
+        system.names.namespace
+    );
     println!(
         "{}",
         serde_json::to_string_pretty(&json!({
