@@ -1,32 +1,52 @@
 //! Provisioning benchmark of the whole system: N claims created at once against the API
 //! under test (the simulator, or the cluster of `E2E_KUBECONFIG`), with the real
-//! controller and agent processes. Prints figures; asserts nothing.
+//! controller and agent processes. It counts claims the API reports **Bound** (not PVs
+//! created) and PVs gone after their claims are deleted, and reads the controller's
+//! memory when all are Bound, again after `--settle-seconds`, and at its peak. With
+//! `--baseline` it first measures the control plane alone in the same run: N claims
+//! bound by the PV binder to N pre-made PVs, no provisioner involved. Prints figures;
+//! asserts nothing.
 //!
-//! cargo build --release --locked --workspace --bins &&
-//!   target/release/nfsprov-provision-bench --claims 1000
+//! On the real API server (its rate limits raised, release binaries):
+//!   tests/real-api --bench --claims 500 --baseline
+//! On the simulator:
+//!   cargo build --release --locked --workspace --bins &&
+//!     target/release/nfsprov-provision-bench --claims 1000
 
 use std::time::{Duration, Instant};
 
 use clap::Parser;
 use futures::{StreamExt, TryStreamExt};
-use k8s_openapi::api::core::v1::PersistentVolumeClaim;
+use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim};
+use kube::Api;
 use kube::api::{DeleteParams, ListParams, PostParams};
-use nfsprov_e2e::system::{NAMESPACE, System};
+use nfsprov_e2e::system::System;
 use serde_json::json;
 
 #[derive(Debug, Parser)]
-#[command(about = "Measure claims bound per second and deletion time through the whole system")]
+#[command(
+    about = "Measure claims Bound per second, PVs deleted per second and the controller's memory through the whole system"
+)]
 struct Args {
     /// Claims created at once.
-    #[arg(long, default_value_t = 1000)]
+    #[arg(long, default_value_t = 500)]
     claims: usize,
     /// API requests the benchmark itself keeps in flight while creating and deleting.
     #[arg(long, default_value_t = 64)]
     concurrency: usize,
     /// Give up waiting after this many seconds.
-    #[arg(long, default_value_t = 600)]
+    #[arg(long, default_value_t = 1800)]
     timeout_seconds: u64,
+    /// First measure the control plane alone: as many claims bound to pre-made PVs.
+    #[arg(long)]
+    baseline: bool,
+    /// Seconds to let the controller run (usage measuring included) after all claims
+    /// are Bound before reading its memory again.
+    #[arg(long, default_value_t = 0)]
+    settle_seconds: u64,
 }
+
+const MIB: f64 = 1024.0 * 1024.0;
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
@@ -34,44 +54,76 @@ async fn main() -> anyhow::Result<()> {
     let args = Args::parse();
     let limit = Duration::from_secs(args.timeout_seconds);
     let system = System::start(&["bench"], 1, &["--leader-elect=false"]).await?;
+    println!(
+        "API server: {}",
+        if system.api.is_shared() {
+            "real (E2E_KUBECONFIG)"
+        } else {
+            "simulator"
+        }
+    );
+    println!("claims: {}", args.claims);
+
+    if args.baseline {
+        let seconds = bare_binding(&system, &args, limit).await?;
+        println!(
+            "control plane alone (pre-made PVs, no provisioner): all Bound after {seconds:.2}s, {:.1} claims/s",
+            args.claims as f64 / seconds
+        );
+    }
+
     system
         .class("bench", json!({"agent": "bench", "onDelete": "delete"}))
         .await?;
     let claims = system.claims();
     let names: Vec<String> = (0..args.claims).map(|i| format!("bench-{i}")).collect();
-
+    let class = system.names.class("bench");
     let started = Instant::now();
-    futures::stream::iter(names.iter().cloned())
-        .map(|name| {
-            let claims = claims.clone();
-            async move {
-                let claim: PersistentVolumeClaim = serde_json::from_value(json!({
-                    "metadata": {"name": name, "namespace": NAMESPACE},
-                    "spec": {
-                        "storageClassName": "bench",
-                        "accessModes": ["ReadWriteMany"],
-                        "resources": {"requests": {"storage": "1Gi"}},
-                    },
-                }))?;
-                claims.create(&PostParams::default(), &claim).await?;
-                anyhow::Ok(())
-            }
-        })
-        .buffer_unordered(args.concurrency)
-        .try_collect::<Vec<()>>()
-        .await?;
-    let created = started.elapsed();
-    wait_until(limit, "all claims Bound", || async {
-        let list = claims.list(&ListParams::default()).await.ok()?;
-        let bound = list
-            .items
-            .iter()
-            .filter(|c| c.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Bound"))
-            .count();
-        (bound == args.claims).then_some(())
-    })
+    create_all(
+        &args,
+        names.iter().cloned(),
+        |name| {
+            json!({
+                "metadata": {"name": name, "namespace": system.names.namespace},
+                "spec": {
+                    "storageClassName": class,
+                    "accessModes": ["ReadWriteMany"],
+                    "resources": {"requests": {"storage": "1Gi"}},
+                },
+            })
+        },
+        &claims,
+    )
     .await?;
+    let created = started.elapsed();
+    wait_until_bound(&claims, args.claims, limit).await?;
     let bound = started.elapsed();
+    let controller = &system.controllers[0];
+    let rss_bound = controller.rss_bytes().unwrap_or(0);
+    println!("provisioner: created in {:.2}s", created.as_secs_f64());
+    println!(
+        "provisioner: all Bound after {:.2}s, {:.1} claims/s",
+        bound.as_secs_f64(),
+        args.claims as f64 / bound.as_secs_f64()
+    );
+    println!(
+        "controller RSS when all are Bound: {:.1} MiB",
+        rss_bound as f64 / MIB
+    );
+    if args.settle_seconds > 0 {
+        // A measurement interval, not a synchronisation: the controller keeps working
+        // (resync, usage poll) while nothing changes.
+        tokio::time::sleep(Duration::from_secs(args.settle_seconds)).await;
+        println!(
+            "controller RSS {} s later: {:.1} MiB",
+            args.settle_seconds,
+            controller.rss_bytes().unwrap_or(0) as f64 / MIB
+        );
+    }
+    println!(
+        "controller peak RSS so far: {:.1} MiB",
+        controller.peak_rss_bytes().unwrap_or(0) as f64 / MIB
+    );
 
     let deleting = Instant::now();
     futures::stream::iter(names.iter().cloned())
@@ -88,34 +140,163 @@ async fn main() -> anyhow::Result<()> {
         .try_collect::<Vec<()>>()
         .await?;
     let volumes = system.volumes();
-    wait_until(limit, "all PVs gone", || async {
-        let list = volumes.list(&ListParams::default()).await.ok()?;
-        list.items.is_empty().then_some(())
-    })
+    let provisioner = system.names.provisioner.clone();
+    wait_until(
+        limit,
+        poll_interval(args.claims),
+        "all PVs gone",
+        || async {
+            let list = volumes.list(&ListParams::default()).await.ok()?;
+            // On a shared cluster other PVs may exist: only this run's count.
+            let ours = list.items.iter().filter(|pv| {
+                pv.metadata
+                    .annotations
+                    .as_ref()
+                    .and_then(|a| a.get("pv.kubernetes.io/provisioned-by"))
+                    == Some(&provisioner)
+            });
+            (ours.count() == 0).then_some(())
+        },
+    )
     .await?;
     let gone = deleting.elapsed();
-
-    let rss = system.controllers[0].peak_rss_bytes().unwrap_or(0);
-    println!("count: {}", args.claims);
-    println!("created in: {:.2}s", created.as_secs_f64());
-    println!("all Bound after: {:.2}s", bound.as_secs_f64());
     println!(
-        "claims bound per second: {:.0}",
-        args.claims as f64 / bound.as_secs_f64()
-    );
-    println!(
-        "all PVs gone after deleting the claims: {:.2}s",
-        gone.as_secs_f64()
+        "provisioner: all PVs gone {:.2}s after the claims' deletion, {:.1} PVs/s",
+        gone.as_secs_f64(),
+        args.claims as f64 / gone.as_secs_f64()
     );
     println!(
         "controller peak RSS: {:.1} MiB",
-        rss as f64 / (1024.0 * 1024.0)
+        controller.peak_rss_bytes().unwrap_or(0) as f64 / MIB
     );
     Ok(())
 }
 
-/// Polls `check` every 100 ms until it yields a value or `limit` passes.
-async fn wait_until<F, Fut>(limit: Duration, what: &str, mut check: F) -> anyhow::Result<()>
+/// The PV binder alone: PVs made for claims by name, then the claims; seconds until all
+/// are Bound. Both are removed afterwards (the PVs keep their data: Retain).
+async fn bare_binding(system: &System, args: &Args, limit: Duration) -> anyhow::Result<f64> {
+    let namespace = system.names.namespace.clone();
+    let run = system.names.run.clone().unwrap_or_else(|| "sim".into());
+    let claims = system.claims();
+    let volumes: Api<PersistentVolume> = system.volumes();
+    let pv_names: Vec<String> = (0..args.claims)
+        .map(|i| format!("bench-static-{run}-{i}"))
+        .collect();
+    let started = Instant::now();
+    futures::stream::iter(pv_names.iter().enumerate())
+        .map(|(i, name)| {
+            let volumes = volumes.clone();
+            let namespace = namespace.clone();
+            async move {
+                let volume: PersistentVolume = serde_json::from_value(json!({
+                    "metadata": {"name": name},
+                    "spec": {
+                        "capacity": {"storage": "1Gi"},
+                        "accessModes": ["ReadWriteMany"],
+                        "persistentVolumeReclaimPolicy": "Retain",
+                        "storageClassName": "",
+                        "nfs": {"server": "127.0.0.1", "path": format!("/static/{i}")},
+                        "claimRef": {"namespace": namespace, "name": format!("static-{i}")},
+                    },
+                }))?;
+                volumes.create(&PostParams::default(), &volume).await?;
+                anyhow::Ok(())
+            }
+        })
+        .buffer_unordered(args.concurrency)
+        .try_collect::<Vec<()>>()
+        .await?;
+    create_all(
+        args,
+        (0..args.claims).map(|i| format!("static-{i}")),
+        |name| {
+            json!({
+                "metadata": {"name": name, "namespace": namespace},
+                "spec": {
+                    "storageClassName": "",
+                    "accessModes": ["ReadWriteMany"],
+                    "resources": {"requests": {"storage": "1Gi"}},
+                },
+            })
+        },
+        &claims,
+    )
+    .await?;
+    wait_until_bound(&claims, args.claims, limit).await?;
+    let seconds = started.elapsed().as_secs_f64();
+    claims
+        .delete_collection(&DeleteParams::default(), &ListParams::default())
+        .await?;
+    for name in &pv_names {
+        volumes.delete(name, &DeleteParams::default()).await?;
+    }
+    // The provisioner's phase counts its own claims only: wait for these to be gone.
+    wait_until(
+        limit,
+        poll_interval(args.claims),
+        "the static claims gone",
+        || async {
+            let list = claims.list(&ListParams::default()).await.ok()?;
+            list.items.is_empty().then_some(())
+        },
+    )
+    .await?;
+    Ok(seconds)
+}
+
+/// Creates one claim per name, `concurrency` at a time.
+async fn create_all(
+    args: &Args,
+    names: impl Iterator<Item = String>,
+    manifest: impl Fn(&str) -> serde_json::Value,
+    claims: &Api<PersistentVolumeClaim>,
+) -> anyhow::Result<()> {
+    let manifests: Vec<serde_json::Value> = names.map(|n| manifest(&n)).collect();
+    futures::stream::iter(manifests)
+        .map(|manifest| {
+            let claims = claims.clone();
+            async move {
+                let claim: PersistentVolumeClaim = serde_json::from_value(manifest)?;
+                claims.create(&PostParams::default(), &claim).await?;
+                anyhow::Ok(())
+            }
+        })
+        .buffer_unordered(args.concurrency)
+        .try_collect::<Vec<()>>()
+        .await?;
+    Ok(())
+}
+
+/// Waits until `count` claims of the namespace are Bound.
+async fn wait_until_bound(
+    claims: &Api<PersistentVolumeClaim>,
+    count: usize,
+    limit: Duration,
+) -> anyhow::Result<()> {
+    wait_until(limit, poll_interval(count), "all claims Bound", || async {
+        let list = claims.list(&ListParams::default()).await.ok()?;
+        let bound = list
+            .items
+            .iter()
+            .filter(|c| c.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Bound"))
+            .count();
+        (bound == count).then_some(())
+    })
+    .await
+}
+
+/// Listing thousands of claims is work for the API server too: poll larger runs less often.
+fn poll_interval(count: usize) -> Duration {
+    Duration::from_millis((count as u64 / 5).clamp(100, 2000))
+}
+
+/// Polls `check` every `every` until it yields a value or `limit` passes.
+async fn wait_until<F, Fut>(
+    limit: Duration,
+    every: Duration,
+    what: &str,
+    mut check: F,
+) -> anyhow::Result<()>
 where
     F: FnMut() -> Fut,
     Fut: std::future::Future<Output = Option<()>>,
@@ -123,7 +304,7 @@ where
     let deadline = Instant::now() + limit;
     while check().await.is_none() {
         anyhow::ensure!(Instant::now() < deadline, "timed out waiting for {what}");
-        tokio::time::sleep(Duration::from_millis(100)).await;
+        tokio::time::sleep(every).await;
     }
     Ok(())
 }
