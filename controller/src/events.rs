@@ -5,8 +5,15 @@
 //! read "now 2Gi" when the volume is 3Gi, and a new failure would show the previous cause.
 //! Here the note is part of what makes two events the same, as in client-go's recorder: a
 //! repeated message grows the series of its first occurrence, a new message is a new event.
+//!
+//! A burst of thousands of claims publishes tens of thousands of events within one series
+//! window, so what is remembered of each is small: a 64-bit digest of what makes it the
+//! same (two different events share one with a chance of about 1 in 10^11 at 20,000
+//! events), its name, when it was first and last seen and its count. A repeat rebuilds the
+//! rest from the event being published, which is the same event by definition.
 
 use std::collections::HashMap;
+use std::hash::{BuildHasher, RandomState};
 use std::sync::Mutex;
 
 use k8s_openapi::api::core::v1::ObjectReference;
@@ -59,19 +66,29 @@ fn type_name(type_: EventType) -> &'static str {
     }
 }
 
-fn last_seen(event: &v1::Event) -> Option<Timestamp> {
-    event
-        .series
-        .as_ref()
-        .map(|s| s.last_observed_time.0)
-        .or_else(|| event.event_time.as_ref().map(|t| t.0))
+/// What a repeat needs of an event published earlier.
+#[derive(Debug, Clone)]
+struct Sent {
+    name: String,
+    first_seen: Timestamp,
+    last_seen: Timestamp,
+    /// 1 until the first repeat.
+    count: i32,
 }
 
 pub struct EventRecorder {
     client: Client,
     reporter: Reporter,
-    /// The events published within the series window, as sent.
-    recent: Mutex<HashMap<EventKey, v1::Event>>,
+    recent: Mutex<Recent>,
+    digests: RandomState,
+}
+
+/// The events published within the series window, by the digest of their key.
+struct Recent {
+    sent: HashMap<u64, Sent>,
+    /// Expired entries are swept at most once a second: sweeping at every publish would
+    /// make a burst quadratic.
+    last_sweep: Timestamp,
 }
 
 impl EventRecorder {
@@ -79,7 +96,11 @@ impl EventRecorder {
         Self {
             client,
             reporter,
-            recent: Mutex::new(HashMap::new()),
+            recent: Mutex::new(Recent {
+                sent: HashMap::new(),
+                last_sweep: Timestamp::UNIX_EPOCH,
+            }),
+            digests: RandomState::new(),
         }
     }
 
@@ -99,55 +120,90 @@ impl EventRecorder {
             regarding: regarding.into(),
             related: event.secondary.as_ref().map(ObjectKey::from),
         };
+        let digest = self.digests.hash_one(&key);
         let earlier = {
             let mut recent = self.recent.lock().unwrap_or_else(|e| e.into_inner());
-            recent.retain(|_, sent| last_seen(sent).is_some_and(|at| at + SERIES_WINDOW > now));
-            recent.get(&key).cloned()
+            if recent.last_sweep + SignedDuration::from_secs(1) <= now {
+                recent.last_sweep = now;
+                let sent = &mut recent.sent;
+                sent.retain(|_, sent| sent.last_seen + SERIES_WINDOW > now);
+                // A table never shrinks by itself: after a burst it would keep the
+                // burst's size for good.
+                if sent.capacity() > 64 && sent.len() < sent.capacity() / 4 {
+                    sent.shrink_to_fit();
+                }
+            }
+            recent
+                .sent
+                .get(&digest)
+                .filter(|sent| sent.last_seen + SERIES_WINDOW > now)
+                .cloned()
         };
         let namespace = regarding.namespace.as_deref().unwrap_or("default");
         let api = Api::<v1::Event>::namespaced(self.client.clone(), namespace);
         let sent = match earlier {
-            Some(mut repeat) => {
+            Some(earlier) => {
+                let count = earlier.count.saturating_add(1);
+                let mut repeat = self.occurrence(
+                    event,
+                    regarding,
+                    namespace,
+                    &earlier.name,
+                    earlier.first_seen,
+                );
                 repeat.series = Some(EventSeries {
-                    count: repeat
-                        .series
-                        .as_ref()
-                        .map_or(2, |s| s.count.saturating_add(1)),
+                    count,
                     last_observed_time: MicroTime(now),
                 });
-                let name = repeat.metadata.name.clone().unwrap_or_default();
-                api.patch(&name, &PatchParams::default(), &Patch::Merge(&repeat))
-                    .await?;
-                repeat
+                api.patch(
+                    &earlier.name,
+                    &PatchParams::default(),
+                    &Patch::Merge(&repeat),
+                )
+                .await?;
+                Sent {
+                    last_seen: now,
+                    count,
+                    ..earlier
+                }
             }
             None => {
-                let first = self.first_occurrence(event, regarding, namespace, now);
+                let object = regarding
+                    .name
+                    .as_deref()
+                    .unwrap_or(&self.reporter.controller);
+                // Unique per occurrence; the nanoseconds also order them.
+                let name = format!("{object}.{:x}", now.as_nanosecond());
+                let first = self.occurrence(event, regarding, namespace, &name, now);
                 api.create(&PostParams::default(), &first).await?;
-                first
+                Sent {
+                    name,
+                    first_seen: now,
+                    last_seen: now,
+                    count: 1,
+                }
             }
         };
         self.recent
             .lock()
             .unwrap_or_else(|e| e.into_inner())
-            .insert(key, sent);
+            .sent
+            .insert(digest, sent);
         Ok(())
     }
 
-    fn first_occurrence(
+    /// The event as first published under `name` at `first_seen`.
+    fn occurrence(
         &self,
         event: &Event,
         regarding: &ObjectReference,
         namespace: &str,
-        now: Timestamp,
+        name: &str,
+        first_seen: Timestamp,
     ) -> v1::Event {
-        let object = regarding
-            .name
-            .as_deref()
-            .unwrap_or(&self.reporter.controller);
         v1::Event {
             metadata: ObjectMeta {
-                // Unique per occurrence; the nanoseconds also order them.
-                name: Some(format!("{object}.{:x}", now.as_nanosecond())),
+                name: Some(name.to_owned()),
                 namespace: Some(namespace.to_owned()),
                 ..ObjectMeta::default()
             },
@@ -155,7 +211,7 @@ impl EventRecorder {
             reason: Some(event.reason.clone()),
             note: event.note.clone(),
             type_: Some(type_name(event.type_).to_owned()),
-            event_time: Some(MicroTime(now)),
+            event_time: Some(MicroTime(first_seen)),
             regarding: Some(regarding.clone()),
             related: event.secondary.clone(),
             reporting_controller: Some(self.reporter.controller.clone()),
