@@ -3,12 +3,15 @@
 //! usage gauges carry the `namespace` and `persistentvolumeclaim` labels of kubelet's
 //! `kubelet_volume_stats_*`, so the same queries and alerts work for NFS volumes.
 
+use std::collections::HashMap;
+use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
-use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::collector::Collector;
+use prometheus_client::encoding::{DescriptorEncoder, EncodeLabelSet, EncodeMetric};
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
-use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::gauge::ConstGauge;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
 
@@ -39,6 +42,65 @@ pub struct VolumeLabels {
     pub agent: String,
 }
 
+/// The last figures of one claim's volume.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct VolumeFigures {
+    pub capacity_bytes: u64,
+    /// Bytes and inodes used: `None` until the agent has measured the tree once.
+    pub used: Option<(u64, u64)>,
+}
+
+/// The per-claim usage gauges: one map by PV name, encoded as the three `nfsprov_volume_*`
+/// families at scrape time. Three labelled families would hold every claim's labels three
+/// times over, plus a gauge allocation each; at 10,000 claims that was a large share of the
+/// controller's memory.
+#[derive(Debug, Default)]
+struct VolumeUsage(RwLock<HashMap<String, (VolumeLabels, VolumeFigures)>>);
+
+impl VolumeUsage {
+    const FAMILIES: [(&str, &str); 3] = [
+        (
+            "nfsprov_volume_used_bytes",
+            "Bytes used by the claim's volume, as measured by its agent",
+        ),
+        (
+            "nfsprov_volume_capacity_bytes",
+            "Capacity of the claim's volume, as recorded by its agent",
+        ),
+        (
+            "nfsprov_volume_used_inodes",
+            "Inodes used by the claim's volume, as measured by its agent",
+        ),
+    ];
+
+    fn value(family: usize, figures: &VolumeFigures) -> Option<u64> {
+        match family {
+            0 => figures.used.map(|(bytes, _)| bytes),
+            1 => Some(figures.capacity_bytes),
+            _ => figures.used.map(|(_, inodes)| inodes),
+        }
+    }
+}
+
+impl Collector for VolumeUsage {
+    fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
+        let volumes = self
+            .0
+            .read()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        for (family, (name, help)) in Self::FAMILIES.into_iter().enumerate() {
+            let gauge = ConstGauge::new(0u64);
+            let mut metric = encoder.encode_descriptor(name, help, None, gauge.metric_type())?;
+            for (labels, figures) in volumes.values() {
+                if let Some(value) = Self::value(family, figures) {
+                    ConstGauge::new(value).encode(metric.encode_family(labels)?)?;
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
 type HistogramFamily<L> = Family<L, Histogram, fn() -> Histogram>;
 
 fn operation_histogram() -> Histogram {
@@ -56,9 +118,7 @@ pub struct Metrics {
     delete_duration: HistogramFamily<ClassLabels>,
     agent_duration: HistogramFamily<AgentLabels>,
     agent_errors: Family<AgentErrorLabels, Counter>,
-    volume_used_bytes: Family<VolumeLabels, Gauge>,
-    volume_capacity_bytes: Family<VolumeLabels, Gauge>,
-    volume_used_inodes: Family<VolumeLabels, Gauge>,
+    volume_usage: Arc<VolumeUsage>,
 }
 
 impl std::fmt::Debug for Metrics {
@@ -87,9 +147,7 @@ impl Metrics {
         let agent_duration =
             HistogramFamily::new_with_constructor(operation_histogram as fn() -> _);
         let agent_errors = Family::<AgentErrorLabels, Counter>::default();
-        let volume_used_bytes = Family::<VolumeLabels, Gauge>::default();
-        let volume_capacity_bytes = Family::<VolumeLabels, Gauge>::default();
-        let volume_used_inodes = Family::<VolumeLabels, Gauge>::default();
+        let volume_usage = Arc::new(VolumeUsage::default());
         // prometheus-client appends `_total` to counters itself.
         registry.register(
             "controller_persistentvolumeclaim_provision",
@@ -131,21 +189,7 @@ impl Metrics {
             "Failed agent API requests by error code",
             agent_errors.clone(),
         );
-        registry.register(
-            "nfsprov_volume_used_bytes",
-            "Bytes used by the claim's volume, as measured by its agent",
-            volume_used_bytes.clone(),
-        );
-        registry.register(
-            "nfsprov_volume_capacity_bytes",
-            "Capacity of the claim's volume, as recorded by its agent",
-            volume_capacity_bytes.clone(),
-        );
-        registry.register(
-            "nfsprov_volume_used_inodes",
-            "Inodes used by the claim's volume, as measured by its agent",
-            volume_used_inodes.clone(),
-        );
+        registry.register_collector(Box::new(volume_usage.clone()));
         Self {
             registry,
             provision_total,
@@ -156,9 +200,7 @@ impl Metrics {
             delete_duration,
             agent_duration,
             agent_errors,
-            volume_used_bytes,
-            volume_capacity_bytes,
-            volume_used_inodes,
+            volume_usage,
         }
     }
 
@@ -213,27 +255,38 @@ impl Metrics {
         }
     }
 
-    pub fn set_volume_capacity(&self, volume: &VolumeLabels, capacity_bytes: u64) {
-        self.volume_capacity_bytes
-            .get_or_create(volume)
-            .set(saturating_i64(capacity_bytes));
+    /// Publishes the figures of the volume `pv_name`, replacing its previous ones.
+    pub fn set_volume(&self, pv_name: &str, labels: &VolumeLabels, figures: VolumeFigures) {
+        let mut volumes = self
+            .volume_usage
+            .0
+            .write()
+            .unwrap_or_else(|p| p.into_inner());
+        match volumes.get_mut(pv_name) {
+            Some(entry) => {
+                if entry.0 != *labels {
+                    entry.0 = labels.clone();
+                }
+                entry.1 = figures;
+            }
+            None => {
+                volumes.insert(pv_name.to_owned(), (labels.clone(), figures));
+            }
+        }
     }
 
-    pub fn set_volume_usage(&self, volume: &VolumeLabels, used_bytes: u64, used_inodes: u64) {
-        self.volume_used_bytes
-            .get_or_create(volume)
-            .set(saturating_i64(used_bytes));
-        self.volume_used_inodes
-            .get_or_create(volume)
-            .set(saturating_i64(used_inodes));
-    }
-
-    /// Drops every usage series of a volume, so a deleted claim does not linger in
-    /// dashboards with its last figures.
-    pub fn remove_volume(&self, volume: &VolumeLabels) {
-        self.volume_used_bytes.remove(volume);
-        self.volume_capacity_bytes.remove(volume);
-        self.volume_used_inodes.remove(volume);
+    /// Drops the figures of every volume `keep` says no to, so a deleted claim does not
+    /// linger in dashboards with its last figures.
+    pub fn retain_volumes(&self, mut keep: impl FnMut(&str) -> bool) {
+        let mut volumes = self
+            .volume_usage
+            .0
+            .write()
+            .unwrap_or_else(|p| p.into_inner());
+        volumes.retain(|pv_name, _| keep(pv_name));
+        if volumes.capacity() > 2 * volumes.len() + 64 {
+            volumes.shrink_to_fit();
+        }
     }
 
     /// The OpenMetrics text exposition.
@@ -242,10 +295,6 @@ impl Metrics {
         prometheus_client::encoding::text::encode(&mut out, &self.registry)?;
         Ok(out)
     }
-}
-
-fn saturating_i64(value: u64) -> i64 {
-    i64::try_from(value).unwrap_or(i64::MAX)
 }
 
 #[cfg(test)]
@@ -289,24 +338,40 @@ mod tests {
     }
 
     #[test]
-    fn volume_gauges_are_set_and_removed() {
+    fn volume_gauges_are_set_replaced_and_removed() {
         let metrics = Metrics::new();
-        metrics.set_volume_capacity(&volume("data"), 1 << 30);
-        metrics.set_volume_usage(&volume("data"), 5 << 20, 42);
-        metrics.set_volume_capacity(&volume("logs"), 2 << 30);
+        let measured = |capacity_bytes, used| VolumeFigures {
+            capacity_bytes,
+            used,
+        };
+        metrics.set_volume("pvc-1", &volume("data"), measured(1 << 30, Some((1, 1))));
+        metrics.set_volume(
+            "pvc-1",
+            &volume("data"),
+            measured(1 << 30, Some((5 << 20, 42))),
+        );
+        metrics.set_volume("pvc-2", &volume("logs"), measured(u64::MAX, None));
         let text = metrics.encode().unwrap();
         for line in [
+            "# TYPE nfsprov_volume_used_bytes gauge",
             "nfsprov_volume_capacity_bytes{namespace=\"team-a\",persistentvolumeclaim=\"data\",agent=\"nfs1\"} 1073741824",
             "nfsprov_volume_used_bytes{namespace=\"team-a\",persistentvolumeclaim=\"data\",agent=\"nfs1\"} 5242880",
             "nfsprov_volume_used_inodes{namespace=\"team-a\",persistentvolumeclaim=\"data\",agent=\"nfs1\"} 42",
-            "nfsprov_volume_capacity_bytes{namespace=\"team-a\",persistentvolumeclaim=\"logs\",agent=\"nfs1\"} 2147483648",
+            "nfsprov_volume_capacity_bytes{namespace=\"team-a\",persistentvolumeclaim=\"logs\",agent=\"nfs1\"} 18446744073709551615",
         ] {
             assert!(text.contains(line), "missing {line:?} in\n{text}");
         }
-        metrics.remove_volume(&volume("data"));
+        // A volume not measured yet has its capacity only; a replaced figure is gone.
+        assert_eq!(
+            text.matches("persistentvolumeclaim=\"logs\"").count(),
+            1,
+            "{text}"
+        );
+        assert!(!text.contains("agent=\"nfs1\"} 1\n"), "{text}");
+
+        metrics.retain_volumes(|pv_name| pv_name != "pvc-1");
         let text = metrics.encode().unwrap();
         assert!(!text.contains("persistentvolumeclaim=\"data\""), "{text}");
         assert!(text.contains("persistentvolumeclaim=\"logs\""), "{text}");
-        assert_eq!(saturating_i64(u64::MAX), i64::MAX);
     }
 }

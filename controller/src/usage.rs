@@ -2,12 +2,12 @@
 //! published as per-claim gauges; a claim whose volume fills up gets a `VolumeNearlyFull`
 //! warning. Runs only where the controllers run, that is on the leader.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeSet, HashMap, HashSet};
 use std::sync::Arc;
 use std::time::Duration;
 
 use futures::StreamExt;
-use k8s_openapi::api::core::v1::{ObjectReference, PersistentVolumeClaim};
+use k8s_openapi::api::core::v1::PersistentVolumeClaim;
 use kube::runtime::events::EventType;
 use kube::runtime::reflector::Store;
 use kube::{Resource, ResourceExt};
@@ -19,8 +19,8 @@ use tracing::{debug, info, warn};
 
 use crate::agents::request_id;
 use crate::context::{Context, stopped};
-use crate::metrics::VolumeLabels;
-use crate::objects::{ANN_AGENT, ANN_PATH, is_ours};
+use crate::metrics::{VolumeFigures, VolumeLabels};
+use crate::objects::{ANN_AGENT, ANN_PATH, CachedVolume, is_ours};
 
 pub const REASON_NEARLY_FULL: &str = "VolumeNearlyFull";
 const ACTION: &str = "MeasureUsage";
@@ -35,52 +35,71 @@ const REARM_PERCENT: u64 = 85;
 /// within a minute, few enough not to crowd out provisioning on the agents.
 const CONCURRENT_REQUESTS: usize = 16;
 
-/// One bound volume of ours and the claim it belongs to.
+/// One bound volume of ours and the claim it belongs to, both as the caches hold them:
+/// a poll over 10,000 volumes copies no names.
 #[derive(Debug, Clone)]
 struct Target {
-    pv_name: String,
-    labels: VolumeLabels,
-    claim: ObjectReference,
-    path: String,
+    volume: Arc<CachedVolume>,
+    claim: Arc<PersistentVolumeClaim>,
 }
 
-/// The bound volumes of ours, with their claims, by PV name. The claim comes from the claim
-/// cache (whose bound skeletons keep name, namespace, uid and `volumeName`), so the volume
-/// cache needs nothing more than deletion does.
+impl Target {
+    fn pv_name(&self) -> &str {
+        self.volume.metadata.name.as_deref().unwrap_or_default()
+    }
+
+    fn annotation(&self, key: &str) -> &str {
+        self.volume
+            .metadata
+            .annotations
+            .as_ref()
+            .and_then(|annotations| annotations.get(key))
+            .map_or("", String::as_str)
+    }
+
+    fn agent(&self) -> &str {
+        self.annotation(ANN_AGENT)
+    }
+
+    fn path(&self) -> &str {
+        self.annotation(ANN_PATH)
+    }
+
+    fn labels(&self) -> VolumeLabels {
+        VolumeLabels {
+            namespace: self.claim.metadata.namespace.clone().unwrap_or_default(),
+            persistentvolumeclaim: self.claim.name_any(),
+            agent: self.agent().to_owned(),
+        }
+    }
+}
+
+/// The bound volumes of ours, with their claims, in PV name order. The claim comes from
+/// the claim cache (whose bound skeletons keep name, namespace, uid and `volumeName`), so
+/// the volume cache needs nothing more than deletion does.
 fn targets(ctx: &Context, claims: &Store<PersistentVolumeClaim>) -> Vec<Target> {
-    let claim_of: HashMap<String, Arc<PersistentVolumeClaim>> = claims
-        .state()
-        .into_iter()
-        .filter_map(|pvc| {
-            let volume = pvc.spec.as_ref()?.volume_name.clone()?;
-            Some((volume, pvc))
-        })
+    let claims = claims.state();
+    let claim_of: HashMap<&str, &Arc<PersistentVolumeClaim>> = claims
+        .iter()
+        .filter(|pvc| pvc.metadata.namespace.is_some())
+        .filter_map(|pvc| Some((pvc.spec.as_ref()?.volume_name.as_deref()?, pvc)))
         .collect();
     let mut found: Vec<Target> = ctx
         .volumes
         .state()
-        .iter()
+        .into_iter()
         .filter(|volume| is_ours(volume, &ctx.provisioner))
         .filter(|volume| volume.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Bound"))
-        .filter_map(|volume| {
+        .filter(|volume| {
             let annotations = volume.annotations();
-            let agent = annotations.get(ANN_AGENT)?;
-            let path = annotations.get(ANN_PATH)?;
-            let pv_name = volume.name_any();
-            let pvc = claim_of.get(&pv_name)?;
-            Some(Target {
-                labels: VolumeLabels {
-                    namespace: pvc.namespace()?,
-                    persistentvolumeclaim: pvc.name_any(),
-                    agent: agent.clone(),
-                },
-                claim: pvc.object_ref(&()),
-                pv_name,
-                path: path.clone(),
-            })
+            annotations.contains_key(ANN_AGENT) && annotations.contains_key(ANN_PATH)
+        })
+        .filter_map(|volume| {
+            let claim = Arc::clone(claim_of.get(volume.metadata.name.as_deref()?)?);
+            Some(Target { volume, claim })
         })
         .collect();
-    found.sort_by(|a, b| a.pv_name.cmp(&b.pv_name));
+    found.sort_by(|a, b| a.pv_name().cmp(b.pv_name()));
     found
 }
 
@@ -108,31 +127,17 @@ impl NearlyFull {
         false
     }
 
-    fn retain(&mut self, live: &BTreeMap<String, VolumeLabels>) {
-        self.warned.retain(|pv_name| live.contains_key(pv_name));
+    fn retain(&mut self, live: &HashSet<&str>) {
+        self.warned
+            .retain(|pv_name| live.contains(pv_name.as_str()));
     }
 }
 
-/// What the previous polls published, so that the series of a claim that is gone (or whose
-/// directory is) are removed instead of showing their last figures forever.
+/// What one poll leaves for the next. The published figures themselves live in
+/// [`crate::metrics::Metrics`], which drops those of volumes a poll no longer finds.
 #[derive(Debug, Default)]
 pub struct UsageTracker {
-    published: BTreeMap<String, VolumeLabels>,
     nearly_full: NearlyFull,
-}
-
-impl UsageTracker {
-    /// Removes every published series not in `live` and forgets the warnings of volumes
-    /// that are gone.
-    fn keep_only(&mut self, live: BTreeMap<String, VolumeLabels>, ctx: &Context) {
-        for (pv_name, labels) in &self.published {
-            if live.get(pv_name) != Some(labels) {
-                ctx.metrics.remove_volume(labels);
-            }
-        }
-        self.nearly_full.retain(&live);
-        self.published = live;
-    }
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -152,15 +157,15 @@ enum MeasureError {
 async fn measure(ctx: &Context, target: &Target) -> Result<Option<Volume>, MeasureError> {
     let agent = ctx
         .agents
-        .get(&target.labels.agent)
-        .ok_or_else(|| MeasureError::UnknownAgent(target.labels.agent.clone()))?;
+        .get(target.agent())
+        .ok_or_else(|| MeasureError::UnknownAgent(target.agent().to_owned()))?;
     let path =
-        VolumePath::parse(&target.path).map_err(|e| MeasureError::InvalidPath(e.to_string()))?;
+        VolumePath::parse(target.path()).map_err(|e| MeasureError::InvalidPath(e.to_string()))?;
     agent
-        .get_volume(&path, &request_id(&target.pv_name))
+        .get_volume(&path, &request_id(target.pv_name()))
         .await
         .map_err(|source| MeasureError::Agent {
-            agent: target.labels.agent.clone(),
+            agent: target.agent().to_owned(),
             source,
         })
 }
@@ -172,77 +177,77 @@ pub async fn poll_once(
     tracker: &mut UsageTracker,
 ) {
     let targets = targets(ctx, claims);
-    let total = targets.len();
-    let mut measured: Vec<(Target, Result<Option<Volume>, MeasureError>)> =
-        futures::stream::iter(targets)
-            .map(|target| async move {
-                let result = measure(ctx, &target).await;
-                (target, result)
-            })
-            .buffer_unordered(CONCURRENT_REQUESTS)
-            .collect()
-            .await;
-    // Events in a stable order whatever order the agents answered in.
-    measured.sort_by(|a, b| a.0.pv_name.cmp(&b.0.pv_name));
-
-    let mut live = BTreeMap::new();
+    // Answers are handled as they arrive, so only the rare crossing is held until the end.
+    // By index: a stream borrowing the targets themselves would not be `Send` for every
+    // lifetime, which the spawned controller future needs.
+    let all = &targets;
+    let mut answers = futures::stream::iter(0..targets.len())
+        .map(|i| async move { (i, measure(ctx, &all[i]).await) })
+        .buffer_unordered(CONCURRENT_REQUESTS);
+    let mut live: HashSet<&str> = HashSet::with_capacity(targets.len());
+    let mut crossings = Vec::new();
     let mut failures = 0usize;
-    for (target, result) in measured {
+    while let Some((i, result)) = answers.next().await {
+        let target = &targets[i];
         match result {
             Ok(Some(volume)) => {
-                ctx.metrics
-                    .set_volume_capacity(&target.labels, volume.capacity_bytes);
                 // The agent's first measurement of a large tree can take a while; until it
                 // has one, only the capacity is known.
-                if let Some(usage) = volume.usage {
-                    ctx.metrics.set_volume_usage(
-                        &target.labels,
-                        usage.used_bytes,
-                        usage.used_inodes,
-                    );
-                    if tracker.nearly_full.observe(
-                        &target.pv_name,
-                        usage.used_bytes,
+                let used = volume.usage.map(|u| (u.used_bytes, u.used_inodes));
+                ctx.metrics.set_volume(
+                    target.pv_name(),
+                    &target.labels(),
+                    VolumeFigures {
+                        capacity_bytes: volume.capacity_bytes,
+                        used,
+                    },
+                );
+                if let Some((used_bytes, _)) = used
+                    && tracker.nearly_full.observe(
+                        target.pv_name(),
+                        used_bytes,
                         volume.capacity_bytes,
-                    ) {
-                        warn_nearly_full(
-                            ctx,
-                            &target,
-                            &volume,
-                            usage.used_bytes,
-                            usage.used_inodes,
-                        )
-                        .await;
-                    }
+                    )
+                {
+                    crossings.push((target, volume));
                 }
-                live.insert(target.pv_name, target.labels);
+                live.insert(target.pv_name());
             }
             Ok(None) => {
-                warn!(pv = %target.pv_name, agent = %target.labels.agent, path = %target.path,
+                warn!(pv = %target.pv_name(), agent = %target.agent(), path = %target.path(),
                     "bound volume has no directory on its agent");
             }
             Err(e) => {
                 failures += 1;
-                debug!(pv = %target.pv_name, error = %e, "could not measure volume");
+                debug!(pv = %target.pv_name(), error = %e, "could not measure volume");
                 // The claim still exists: its last figures stay until the agent answers
                 // again (the agent error counter shows the outage).
-                if let Some(labels) = tracker.published.get(&target.pv_name) {
-                    live.insert(target.pv_name, labels.clone());
-                }
+                live.insert(target.pv_name());
             }
         }
     }
+    drop(answers);
     if failures > 0 {
         warn!(
             failures,
-            volumes = total,
+            volumes = targets.len(),
             "some volumes could not be measured"
         );
     }
-    tracker.keep_only(live, ctx);
+    ctx.metrics.retain_volumes(|pv_name| live.contains(pv_name));
+    tracker.nearly_full.retain(&live);
+    // Events in a stable order whatever order the agents answered in.
+    crossings.sort_by(|a, b| a.0.pv_name().cmp(b.0.pv_name()));
+    for (target, volume) in crossings {
+        warn_nearly_full(ctx, target, &volume).await;
+    }
 }
 
-async fn warn_nearly_full(ctx: &Context, target: &Target, volume: &Volume, used: u64, inodes: u64) {
+async fn warn_nearly_full(ctx: &Context, target: &Target, volume: &Volume) {
+    let (used, inodes) = volume
+        .usage
+        .as_ref()
+        .map_or((0, 0), |u| (u.used_bytes, u.used_inodes));
     let capacity = volume.capacity_bytes;
     let capacity_nonzero = u128::from(capacity.max(1));
     let percent = (u128::from(used) * 100 + capacity_nonzero / 2) / capacity_nonzero;
@@ -252,13 +257,13 @@ async fn warn_nearly_full(ctx: &Context, target: &Target, volume: &Volume, used:
         "the capacity is not enforced, so writes go on until the NFS server's filesystem is full"
     };
     ctx.event(
-        &target.claim,
+        &target.claim.object_ref(&()),
         EventType::Warning,
         REASON_NEARLY_FULL,
         ACTION,
         &format!(
             "volume {} is {percent}% full: {} of {} used ({used} of {capacity} bytes, {inodes} inodes); {enforcement}. Expand the claim or free space",
-            target.pv_name,
+            target.pv_name(),
             human_bytes(used),
             human_bytes(capacity),
         ),
@@ -344,7 +349,7 @@ mod tests {
     fn forgetting_a_volume_rearms_it() {
         let mut full = NearlyFull::default();
         assert!(full.observe("a", 95, 100));
-        full.retain(&BTreeMap::new());
+        full.retain(&HashSet::new());
         assert!(full.observe("a", 95, 100));
     }
 
