@@ -1,10 +1,11 @@
 //! What the caches keep. Everything the reconcilers never read is dropped before an object
 //! is stored, so that tens of thousands of claims and volumes fit in a small pod.
 
-use k8s_openapi::api::core::v1::{PersistentVolumeClaim, PersistentVolumeClaimSpec};
 use kube::Resource;
 
-use crate::objects::{CachedVolume, claim_is_bound, is_ours, resize_in_play};
+use crate::objects::{
+    CachedClaim, CachedVolume, claim_is_bound, is_ours, resize_in_play, volume_name,
+};
 
 /// Drops server-side bookkeeping no reconciler reads.
 pub fn strip_meta<K: Resource>(object: &mut K) {
@@ -16,27 +17,24 @@ pub fn strip_meta<K: Resource>(object: &mut K) {
 }
 
 /// Claims: an unbound claim keeps what provisioning reads (labels and annotations feed the
-/// pathPattern); a bound claim is never provisioned again, so only the fact that it is bound
-/// is kept, unless a resize is asked for or under way: then expansion reads the request,
-/// the class and the status. That is rare and short-lived, so it costs nothing in the
-/// steady state.
-pub fn slim_claim(pvc: &mut PersistentVolumeClaim) {
-    strip_meta(pvc);
-    if resize_in_play(pvc) {
+/// pathPattern); a bound claim is never provisioned again, so only the name of its volume
+/// is kept (spec and status are dropped), unless a resize is asked for or under way: then
+/// expansion reads the request, the class and the status. That is rare and short-lived,
+/// so it costs nothing in the steady state.
+pub fn slim_claim(claim: &mut CachedClaim) {
+    strip_meta(claim);
+    if resize_in_play(claim) {
         return;
     }
-    pvc.status = None;
-    if claim_is_bound(pvc) {
-        let volume_name = pvc.spec.take().and_then(|s| s.volume_name);
-        let meta = &mut pvc.metadata;
+    claim.status = None;
+    if claim_is_bound(claim) {
+        claim.bound_to = volume_name(claim).map(str::to_owned);
+        claim.spec = None;
+        let meta = &mut claim.metadata;
         meta.labels = None;
         meta.annotations = None;
         meta.finalizers = None;
         meta.owner_references = None;
-        pvc.spec = Some(PersistentVolumeClaimSpec {
-            volume_name,
-            ..PersistentVolumeClaimSpec::default()
-        });
     }
 }
 
@@ -60,6 +58,7 @@ mod tests {
     use std::collections::BTreeMap;
 
     use super::*;
+    use crate::objects::ClaimParts;
     use crate::tests::fixtures::{PROVISIONER, bound_claim, cached, claim, released_pv};
 
     #[test]
@@ -68,7 +67,9 @@ mod tests {
         pvc.metadata.labels = Some(BTreeMap::from([("app".into(), "db".into())]));
         pvc.metadata.managed_fields = Some(vec![Default::default()]);
         let before = pvc.clone();
-        slim_claim(&mut pvc);
+        let mut cached = CachedClaim::from(pvc);
+        slim_claim(&mut cached);
+        let pvc = cached.to_claim();
         assert_eq!(pvc.metadata.managed_fields, None);
         assert_eq!(pvc.metadata.labels, before.metadata.labels);
         assert_eq!(pvc.metadata.annotations, before.metadata.annotations);
@@ -79,7 +80,13 @@ mod tests {
     fn bound_claims_keep_only_their_volume_name() {
         let mut pvc = claim("nfs");
         pvc.spec.as_mut().unwrap().volume_name = Some("pvc-1".into());
-        slim_claim(&mut pvc);
+        let mut cached = CachedClaim::from(pvc);
+        slim_claim(&mut cached);
+        assert_eq!(cached.spec, None, "the bound skeleton holds no spec");
+        assert_eq!(cached.status, None);
+        assert_eq!(cached.bound_volume_name(), Some("pvc-1"));
+        assert!(claim_is_bound(&cached));
+        let pvc = cached.to_claim();
         assert_eq!(pvc.metadata.annotations, None);
         let spec = pvc.spec.as_ref().unwrap();
         assert_eq!(spec.volume_name.as_deref(), Some("pvc-1"));
@@ -95,16 +102,20 @@ mod tests {
         let mut pvc = bound_claim("2Gi", "1Gi");
         pvc.metadata.managed_fields = Some(vec![Default::default()]);
         let before = pvc.clone();
-        slim_claim(&mut pvc);
+        let mut cached = CachedClaim::from(pvc);
+        slim_claim(&mut cached);
+        assert_eq!(cached.bound_to, None);
+        let pvc = cached.to_claim();
         assert_eq!(pvc.metadata.managed_fields, None);
         assert_eq!(pvc.metadata.annotations, before.metadata.annotations);
         assert_eq!(pvc.spec, before.spec);
         assert_eq!(pvc.status, before.status);
 
-        let mut done = bound_claim("2Gi", "2Gi");
+        let mut done = CachedClaim::from(bound_claim("2Gi", "2Gi"));
         slim_claim(&mut done);
         assert_eq!(done.status, None);
-        assert_eq!(done.spec.unwrap().resources, None);
+        assert_eq!(done.spec, None);
+        assert_eq!(done.to_claim().spec.unwrap().resources, None);
     }
 
     #[test]

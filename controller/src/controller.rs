@@ -6,7 +6,6 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use futures::StreamExt;
-use k8s_openapi::api::core::v1::PersistentVolumeClaim;
 use k8s_openapi::api::storage::v1::StorageClass;
 use kube::api::Api;
 use kube::runtime::controller::Controller;
@@ -20,7 +19,7 @@ use tracing::{debug, info};
 use crate::agents::AgentRegistry;
 use crate::context::{Context, stopped};
 use crate::metrics::Metrics;
-use crate::objects::{CachedVolume, claim_class, claim_is_bound};
+use crate::objects::{CachedClaim, CachedVolume, claim_class, claim_is_bound};
 use crate::reconcile::{
     claim_error_policy, reconcile_claim, reconcile_volume, volume_error_policy,
 };
@@ -64,7 +63,7 @@ pub async fn run(
     shutdown: watch::Receiver<bool>,
 ) {
     let (classes, class_writer) = reflector::store::<StorageClass>();
-    let (claims, claim_writer) = reflector::store::<PersistentVolumeClaim>();
+    let (claims, claim_writer) = reflector::store::<CachedClaim>();
     let (volumes, volume_writer) = reflector::store::<CachedVolume>();
     let ctx = Arc::new(Context::new(
         client.clone(),
@@ -84,14 +83,11 @@ pub async fn run(
         .modify(cache::strip_meta)
         .reflect(class_writer)
         .applied_objects();
-    let claim_stream = watcher(
-        Api::<PersistentVolumeClaim>::all(client.clone()),
-        list_config(),
-    )
-    .default_backoff()
-    .modify(cache::slim_claim)
-    .reflect(claim_writer)
-    .applied_objects();
+    let claim_stream = watcher(Api::<CachedClaim>::all(client.clone()), list_config())
+        .default_backoff()
+        .modify(cache::slim_claim)
+        .reflect(claim_writer)
+        .applied_objects();
     let provisioner = config.provisioner.clone();
     let volume_stream = watcher(Api::<CachedVolume>::all(client.clone()), list_config())
         .default_backoff()
@@ -111,7 +107,7 @@ pub async fn run(
             waiting_claims
                 .state()
                 .into_iter()
-                .filter(|pvc| claim_class(pvc) == Some(name.as_str()) && !claim_is_bound(pvc))
+                .filter(|pvc| claim_class(&**pvc) == Some(name.as_str()) && !claim_is_bound(&**pvc))
                 .map(|pvc| ObjectRef::from_obj(&*pvc))
                 .collect::<Vec<_>>()
         })

@@ -3,21 +3,20 @@
 
 use std::sync::Arc;
 
-use k8s_openapi::api::core::v1::PersistentVolumeClaim;
 use kube::ResourceExt;
 use kube::runtime::controller::Action;
 use tracing::warn;
 
 use crate::context::{Context, Error};
-use crate::objects::{CachedVolume, claim_is_bound, claim_key, claim_state_key, volume_state_key};
+use crate::objects::{
+    CachedClaim, CachedVolume, claim_is_bound, claim_key, claim_state_key, volume_state_key,
+};
 use crate::{delete, expand, provision};
 
 /// Reconciles one claim: provisions it when it is ours and unbound, expands its volume when
 /// it is bound to one of ours and asks for more.
-pub async fn reconcile_claim(
-    pvc: Arc<PersistentVolumeClaim>,
-    ctx: Arc<Context>,
-) -> Result<Action, Error> {
+pub async fn reconcile_claim(claim: Arc<CachedClaim>, ctx: Arc<Context>) -> Result<Action, Error> {
+    let pvc = claim.to_claim();
     let result = if claim_is_bound(&pvc) {
         expand::reconcile(&pvc, &ctx).await
     } else {
@@ -29,18 +28,14 @@ pub async fn reconcile_claim(
     result
 }
 
-pub fn claim_error_policy(
-    pvc: Arc<PersistentVolumeClaim>,
-    error: &Error,
-    ctx: Arc<Context>,
-) -> Action {
-    let delay = ctx.backoff.failed(&claim_state_key(&pvc));
-    let work = if claim_is_bound(&pvc) {
+pub fn claim_error_policy(claim: Arc<CachedClaim>, error: &Error, ctx: Arc<Context>) -> Action {
+    let delay = ctx.backoff.failed(&claim_state_key(&*claim));
+    let work = if claim_is_bound(&*claim) {
         "expansion"
     } else {
         "provisioning"
     };
-    warn!(claim = %claim_key(&pvc), %error, retry_in = ?delay, "{work} failed");
+    warn!(claim = %claim_key(&*claim), %error, retry_in = ?delay, "{work} failed");
     Action::requeue(delay)
 }
 

@@ -7,7 +7,6 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use futures::StreamExt;
-use k8s_openapi::api::core::v1::PersistentVolumeClaim;
 use kube::runtime::events::EventType;
 use kube::runtime::reflector::Store;
 use kube::{Resource, ResourceExt};
@@ -20,7 +19,7 @@ use tracing::{debug, info, warn};
 use crate::agents::request_id;
 use crate::context::{Context, stopped};
 use crate::metrics::{VolumeFigures, VolumeLabels};
-use crate::objects::{ANN_AGENT, ANN_PATH, CachedVolume, is_ours};
+use crate::objects::{ANN_AGENT, ANN_PATH, CachedClaim, CachedVolume, ClaimParts, is_ours};
 
 pub const REASON_NEARLY_FULL: &str = "VolumeNearlyFull";
 const ACTION: &str = "MeasureUsage";
@@ -40,7 +39,7 @@ const CONCURRENT_REQUESTS: usize = 16;
 #[derive(Debug, Clone)]
 struct Target {
     volume: Arc<CachedVolume>,
-    claim: Arc<PersistentVolumeClaim>,
+    claim: Arc<CachedClaim>,
 }
 
 impl Target {
@@ -77,12 +76,12 @@ impl Target {
 /// The bound volumes of ours, with their claims, in PV name order. The claim comes from
 /// the claim cache (whose bound skeletons keep name, namespace, uid and `volumeName`), so
 /// the volume cache needs nothing more than deletion does.
-fn targets(ctx: &Context, claims: &Store<PersistentVolumeClaim>) -> Vec<Target> {
+fn targets(ctx: &Context, claims: &Store<CachedClaim>) -> Vec<Target> {
     let claims = claims.state();
-    let claim_of: HashMap<&str, &Arc<PersistentVolumeClaim>> = claims
+    let claim_of: HashMap<&str, &Arc<CachedClaim>> = claims
         .iter()
         .filter(|pvc| pvc.metadata.namespace.is_some())
-        .filter_map(|pvc| Some((pvc.spec.as_ref()?.volume_name.as_deref()?, pvc)))
+        .filter_map(|pvc| Some((pvc.bound_volume_name()?, pvc)))
         .collect();
     let mut found: Vec<Target> = ctx
         .volumes
@@ -171,11 +170,7 @@ async fn measure(ctx: &Context, target: &Target) -> Result<Option<Volume>, Measu
 }
 
 /// Measures every bound volume of ours once and publishes the figures.
-pub async fn poll_once(
-    ctx: &Context,
-    claims: &Store<PersistentVolumeClaim>,
-    tracker: &mut UsageTracker,
-) {
+pub async fn poll_once(ctx: &Context, claims: &Store<CachedClaim>, tracker: &mut UsageTracker) {
     let targets = targets(ctx, claims);
     // Answers are handled as they arrive, so only the rare crossing is held until the end.
     // By index: a stream borrowing the targets themselves would not be `Send` for every
@@ -291,7 +286,7 @@ fn human_bytes(bytes: u64) -> String {
 /// restart or a handover does not add a burst of agent requests to the initial sync.
 pub async fn run(
     ctx: Arc<Context>,
-    claims: Store<PersistentVolumeClaim>,
+    claims: Store<CachedClaim>,
     every: Duration,
     shutdown: watch::Receiver<bool>,
 ) {

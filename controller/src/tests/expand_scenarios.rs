@@ -172,7 +172,9 @@ async fn expansion_with_an_enforced_quota() {
             "Resize volume succeeded: {PV_NAME} is now 2Gi, enforced by a quota on agent nfs1"
         )),
     ]);
-    let action = reconcile_claim(Arc::new(asked), ctx.clone()).await.unwrap();
+    let action = reconcile_claim(Arc::new(asked.into()), ctx.clone())
+        .await
+        .unwrap();
     assert_eq!(action, Action::await_change());
     finish(ctx, server).await;
     assert_eq!(agent.calls(), [format!("PATCH {PATH} {TWO_GI}")]);
@@ -212,7 +214,9 @@ async fn expansion_without_enforcement_says_so() {
                 "capacity of {PV_NAME} recorded as 2Gi but not enforced ({why})"
             )),
         ]);
-        reconcile_claim(Arc::new(asked), ctx.clone()).await.unwrap();
+        reconcile_claim(Arc::new(asked.into()), ctx.clone())
+            .await
+            .unwrap();
         finish(ctx, server).await;
         assert_eq!(agent.volume(PATH).unwrap().capacity_bytes, TWO_GI, "{why}");
     }
@@ -247,11 +251,11 @@ async fn transient_agent_failure_keeps_the_claim_in_progress_and_retries() {
         mark_finished("301", "2Gi", &finished),
         succeeded_event("recorded as 2Gi but not enforced"),
     ]);
-    let error = reconcile_claim(Arc::new(asked), ctx.clone())
+    let error = reconcile_claim(Arc::new(asked.into()), ctx.clone())
         .await
         .unwrap_err();
     assert!(error.to_string().contains("not_ready"), "{error}");
-    let retry = Arc::new(marked);
+    let retry = Arc::new(crate::objects::CachedClaim::from(marked));
     assert_eq!(
         claim_error_policy(retry.clone(), &error, ctx.clone()),
         Action::requeue(Duration::from_secs(1))
@@ -307,7 +311,9 @@ async fn final_agent_failure_marks_the_claim_infeasible() {
             "unsupported: injected failure; retried when the claim changes or at the next resync",
         ),
     ]);
-    let action = reconcile_claim(Arc::new(asked), ctx.clone()).await.unwrap();
+    let action = reconcile_claim(Arc::new(asked.into()), ctx.clone())
+        .await
+        .unwrap();
     // Retrying at once cannot help: it waits for a change (or the periodic resync).
     assert_eq!(action, Action::await_change());
     finish(ctx, server).await;
@@ -339,7 +345,7 @@ async fn shrinking_below_the_volume_is_refused_without_calling_the_agent() {
             "cannot shrink volume {PV_NAME} from 2Gi to 1500Mi: NFS volumes can only grow; set the claim's storage request to at least 2Gi"
         )),
     ]);
-    let action = reconcile_claim(Arc::new(lowered), ctx.clone())
+    let action = reconcile_claim(Arc::new(lowered.into()), ctx.clone())
         .await
         .unwrap();
     assert_eq!(action, Action::await_change());
@@ -366,7 +372,7 @@ async fn a_crash_after_the_pv_was_patched_resumes_with_the_claim_status() {
         mark_finished("301", "2Gi", &finished),
         succeeded_event("recorded as 2Gi but not enforced"),
     ]);
-    reconcile_claim(Arc::new(marked), ctx.clone())
+    reconcile_claim(Arc::new(marked.into()), ctx.clone())
         .await
         .unwrap();
     finish(ctx, server).await;
@@ -402,9 +408,15 @@ async fn a_status_conflict_is_retried_from_the_fresh_claim() {
         mark_finished("301", "2Gi", &finished),
         succeeded_event("recorded as 2Gi"),
     ]);
-    assert!(reconcile_claim(Arc::new(asked), ctx.clone()).await.is_err());
+    assert!(
+        reconcile_claim(Arc::new(asked.into()), ctx.clone())
+            .await
+            .is_err()
+    );
     assert!(agent.calls().is_empty());
-    reconcile_claim(Arc::new(fresh), ctx.clone()).await.unwrap();
+    reconcile_claim(Arc::new(fresh.into()), ctx.clone())
+        .await
+        .unwrap();
     finish(ctx, server).await;
     assert_eq!(agent.calls(), [format!("PATCH {PATH} {TWO_GI}")]);
 }
@@ -481,7 +493,9 @@ async fn claims_that_cannot_or_need_not_expand_are_left_alone() {
     for (case, classes, volume, claim, calls) in cases {
         let (ctx, api) = context(agent.registry(), classes, vec![volume]);
         let server = api.run(calls);
-        let action = reconcile_claim(Arc::new(claim), ctx.clone()).await.unwrap();
+        let action = reconcile_claim(Arc::new(claim.into()), ctx.clone())
+            .await
+            .unwrap();
         assert_eq!(action, Action::await_change(), "{case}");
         finish(ctx, server).await;
         assert!(agent.calls().is_empty(), "{case}: {:?}", agent.calls());

@@ -67,7 +67,7 @@ async fn provision(agent: &TestAgent, root: &Path, params: &[(&str, &str)], path
         .status(201),
         Call::event("team-a", "Normal", "ProvisioningSucceeded", "data", PV_NAME),
     ]);
-    reconcile_claim(Arc::new(claim("nfs")), ctx.clone())
+    reconcile_claim(Arc::new(claim("nfs").into()), ctx.clone())
         .await
         .unwrap();
     finish(ctx, server).await;

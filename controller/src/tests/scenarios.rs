@@ -106,7 +106,7 @@ async fn happy_path_creates_directory_then_the_exact_pv() {
         create_pv(DEFAULT_PATH, "archive"),
         succeeded_event(),
     ]);
-    let action = reconcile_claim(Arc::new(claim("nfs")), ctx.clone())
+    let action = reconcile_claim(Arc::new(claim("nfs").into()), ctx.clone())
         .await
         .unwrap();
     assert_eq!(action, Action::await_change());
@@ -152,7 +152,9 @@ async fn parameters_reach_the_agent_and_the_pv() {
         create_pv("team-a/db-data", "delete"),
         succeeded_event(),
     ]);
-    reconcile_claim(Arc::new(pvc), ctx.clone()).await.unwrap();
+    reconcile_claim(Arc::new(pvc.into()), ctx.clone())
+        .await
+        .unwrap();
     finish(ctx, server).await;
     let request = agent.volume("team-a/db-data").expect("volume");
     assert_eq!(request.mode.bits(), 0o750);
@@ -169,7 +171,7 @@ async fn assert_refused(
     let agent = MockAgent::start("nfs1").await;
     let (ctx, api) = context(agent.registry(), vec![class("nfs", params)], vec![]);
     let server = api.run(vec![failed_event(note)]);
-    let result = reconcile_claim(Arc::new(pvc), ctx.clone()).await;
+    let result = reconcile_claim(Arc::new(pvc.into()), ctx.clone()).await;
     assert!(result.is_err(), "{note}: {result:?}");
     finish(ctx, server).await;
     assert!(
@@ -252,7 +254,7 @@ async fn wait_for_first_consumer_waits_for_the_selected_node() {
     // Before the scheduler picked a node: no call at all.
     let (ctx, api) = context(agent.registry(), vec![wffc.clone()], vec![]);
     let server = api.run(vec![]);
-    let action = reconcile_claim(Arc::new(claim("nfs")), ctx.clone())
+    let action = reconcile_claim(Arc::new(claim("nfs").into()), ctx.clone())
         .await
         .unwrap();
     assert_eq!(action, Action::await_change());
@@ -272,7 +274,9 @@ async fn wait_for_first_consumer_waits_for_the_selected_node() {
         create_pv(DEFAULT_PATH, "archive"),
         succeeded_event(),
     ]);
-    reconcile_claim(Arc::new(pvc), ctx.clone()).await.unwrap();
+    reconcile_claim(Arc::new(pvc.into()), ctx.clone())
+        .await
+        .unwrap();
     finish(ctx, server).await;
     assert!(agent.has_volume(DEFAULT_PATH));
 }
@@ -294,15 +298,19 @@ async fn claims_that_are_not_ours_are_left_alone() {
         objects::ANN_STORAGE_PROVISIONER.into(),
         "example.com/other".into(),
     )]));
-    reconcile_claim(Arc::new(pvc), ctx.clone()).await.unwrap();
+    reconcile_claim(Arc::new(pvc.into()), ctx.clone())
+        .await
+        .unwrap();
     // Annotated for us but its class belongs to someone else.
-    reconcile_claim(Arc::new(claim("other")), ctx.clone())
+    reconcile_claim(Arc::new(claim("other").into()), ctx.clone())
         .await
         .unwrap();
     // Already bound.
     let mut pvc = claim("nfs");
     pvc.spec.as_mut().unwrap().volume_name = Some("pv-static".into());
-    reconcile_claim(Arc::new(pvc), ctx.clone()).await.unwrap();
+    reconcile_claim(Arc::new(pvc.into()), ctx.clone())
+        .await
+        .unwrap();
     // Only the legacy beta annotation: still ours (checked by provisioning it).
     finish(ctx, server).await;
     assert!(agent.calls().is_empty());
@@ -318,7 +326,9 @@ async fn claims_that_are_not_ours_are_left_alone() {
         create_pv(DEFAULT_PATH, "archive"),
         succeeded_event(),
     ]);
-    reconcile_claim(Arc::new(beta), ctx.clone()).await.unwrap();
+    reconcile_claim(Arc::new(beta.into()), ctx.clone())
+        .await
+        .unwrap();
     finish(ctx, server).await;
 }
 
@@ -329,7 +339,7 @@ async fn pv_already_exists() {
     let existing = released_pv(Some("archive"), DEFAULT_PATH);
     let (ctx, api) = context(agent.registry(), vec![class("nfs", &[])], vec![existing]);
     let server = api.run(vec![]);
-    reconcile_claim(Arc::new(claim("nfs")), ctx.clone())
+    reconcile_claim(Arc::new(claim("nfs").into()), ctx.clone())
         .await
         .unwrap();
     finish(ctx, server).await;
@@ -353,7 +363,7 @@ async fn pv_already_exists() {
         provisioning_event(),
         create_pv(DEFAULT_PATH, "archive").status(409),
     ]);
-    let action = reconcile_claim(Arc::new(claim("nfs")), ctx.clone())
+    let action = reconcile_claim(Arc::new(claim("nfs").into()), ctx.clone())
         .await
         .unwrap();
     assert_eq!(action, Action::await_change());
@@ -378,7 +388,7 @@ async fn agent_failure_reports_and_backs_off_then_succeeds() {
         create_pv(DEFAULT_PATH, "archive"),
         succeeded_event(),
     ]);
-    let pvc = Arc::new(claim("nfs"));
+    let pvc = Arc::new(objects::CachedClaim::from(claim("nfs")));
     let error = reconcile_claim(pvc.clone(), ctx.clone()).await.unwrap_err();
     assert!(error.to_string().contains("not_ready"), "{error}");
     assert_eq!(
@@ -420,7 +430,7 @@ async fn pv_save_failure_names_the_directory_and_retry_reuses_it() {
         create_pv(DEFAULT_PATH, "archive"),
         succeeded_event(),
     ]);
-    let pvc = Arc::new(claim("nfs"));
+    let pvc = Arc::new(objects::CachedClaim::from(claim("nfs")));
     assert!(reconcile_claim(pvc.clone(), ctx.clone()).await.is_err());
     assert!(agent.has_volume(DEFAULT_PATH));
     reconcile_claim(pvc, ctx.clone()).await.unwrap();
@@ -451,7 +461,7 @@ async fn agent_conflict_is_reported() {
         provisioning_event(),
         failed_event("could not create directory"),
     ]);
-    let error = reconcile_claim(Arc::new(claim("nfs")), ctx.clone())
+    let error = reconcile_claim(Arc::new(claim("nfs").into()), ctx.clone())
         .await
         .unwrap_err();
     assert!(error.to_string().contains("conflict"), "{error}");
@@ -478,7 +488,7 @@ async fn provision_with_quota(agent: &MockAgent, quota: &str) {
         .status(201),
         succeeded_event(),
     ]);
-    reconcile_claim(Arc::new(claim("nfs")), ctx.clone())
+    reconcile_claim(Arc::new(claim("nfs").into()), ctx.clone())
         .await
         .unwrap();
     finish(ctx, server).await;
@@ -529,7 +539,7 @@ async fn enforce_on_an_agent_without_quotas_fails_before_any_directory() {
             "asks for quota enforce, but agent nfs1 cannot enforce quotas (it has no quota backend); no directory was created",
         ),
     ]);
-    let result = reconcile_claim(Arc::new(claim("nfs")), ctx.clone()).await;
+    let result = reconcile_claim(Arc::new(claim("nfs").into()), ctx.clone()).await;
     assert!(result.is_err(), "{result:?}");
     finish(ctx, server).await;
     assert_eq!(agent.calls(), ["GET info"]);
@@ -552,7 +562,7 @@ async fn enforce_refused_by_the_agent_is_reported_the_same_way() {
         provisioning_event(),
         failed_event("but agent nfs1 cannot enforce quotas (it refused: agent answered 422"),
     ]);
-    let result = reconcile_claim(Arc::new(claim("nfs")), ctx.clone()).await;
+    let result = reconcile_claim(Arc::new(claim("nfs").into()), ctx.clone()).await;
     assert!(result.is_err(), "{result:?}");
     finish(ctx, server).await;
     assert_eq!(
@@ -872,11 +882,11 @@ async fn an_unreachable_agent_only_fails_its_own_classes() {
         succeeded_event(),
     ]);
     assert!(
-        reconcile_claim(Arc::new(stranded), ctx.clone())
+        reconcile_claim(Arc::new(stranded.into()), ctx.clone())
             .await
             .is_err()
     );
-    reconcile_claim(Arc::new(claim("nfs")), ctx.clone())
+    reconcile_claim(Arc::new(claim("nfs").into()), ctx.clone())
         .await
         .unwrap();
     finish(ctx, server).await;

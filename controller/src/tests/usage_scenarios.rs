@@ -106,7 +106,7 @@ async fn usage_is_published_warned_about_once_per_crossing_and_dropped_with_the_
     );
 
     // The logs claim is deleted (its PV, Released, is not measured either): its series go.
-    claim_writer.apply_watcher_event(&watcher::Event::Delete(logs_claim()));
+    claim_writer.apply_watcher_event(&watcher::Event::Delete(logs_claim().into()));
     let mut released_logs = logs_pv();
     released_logs.status.as_mut().unwrap().phase = Some("Released".into());
     volumes.apply_watcher_event(&watcher::Event::Apply(cached(released_logs)));
