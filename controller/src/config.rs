@@ -65,8 +65,10 @@ pub struct Args {
     pub lease_duration_seconds: u64,
 
     /// Most claims (and, separately, volumes) reconciled at once; 0 for no limit. Not a
-    /// rate limit: each slot is freed as soon as its reconcile finishes.
-    #[arg(long, env = "NFSPROV_MAX_CONCURRENT_RECONCILES", default_value_t = 256)]
+    /// rate limit: each slot is freed as soon as its reconcile finishes. 32 keeps well
+    /// ahead of what a control plane binds per second, while every slot beyond that is
+    /// one more API and agent connection with its buffers during a burst.
+    #[arg(long, env = "NFSPROV_MAX_CONCURRENT_RECONCILES", default_value_t = 32)]
     pub max_concurrent_reconciles: u16,
 
     /// Every object is reconciled again this often.
