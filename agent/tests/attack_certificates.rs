@@ -89,6 +89,14 @@ async fn start(
     (process, log)
 }
 
+/// How many failed handshakes the agent has logged so far.
+fn refusals_logged(log: &std::path::Path) -> usize {
+    std::fs::read_to_string(log)
+        .unwrap()
+        .matches("TLS handshake failed")
+        .count()
+}
+
 /// Lists volumes presenting `identity` and no token: the status, or the error when the
 /// connection was refused.
 async fn list_with(setup: &Setup, identity: &[u8]) -> Result<u16, String> {
@@ -132,18 +140,9 @@ async fn a_ca_signed_certificate_without_client_auth_is_refused() {
     );
 
     // The client may see the handshake fail before the agent has written its line.
-    let refusals_logged = || {
-        std::fs::read_to_string(&log)
-            .unwrap()
-            .matches("TLS handshake failed")
-            .count()
-            >= 2
-    };
-    common::wait_for(
-        "both refusals in the log",
-        Duration::from_secs(10),
-        refusals_logged,
-    )
+    common::wait_for("both refusals in the log", Duration::from_secs(10), || {
+        refusals_logged(&log) >= 2
+    })
     .await;
     let logged = std::fs::read_to_string(&log).unwrap();
     assert!(
@@ -182,14 +181,8 @@ async fn failed_handshakes_are_logged_at_a_bounded_rate() {
     for _ in 0..200 {
         assert!(list_with(&setup, &server).await.is_err());
     }
-    let logged_lines = || {
-        std::fs::read_to_string(&log)
-            .unwrap()
-            .matches("TLS handshake failed")
-            .count()
-    };
     common::wait_for("a refusal in the log", Duration::from_secs(10), || {
-        logged_lines() >= 1
+        refusals_logged(&log) >= 1
     })
     .await;
     let seconds = started.elapsed().as_secs() + 1;

@@ -9,6 +9,7 @@ use std::time::Duration;
 
 use prometheus_client::collector::Collector;
 use prometheus_client::encoding::{DescriptorEncoder, EncodeLabelSet, EncodeMetric};
+use prometheus_client::metrics::MetricType;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::ConstGauge;
@@ -57,30 +58,30 @@ pub struct VolumeFigures {
 #[derive(Debug, Default)]
 struct VolumeUsage(RwLock<HashMap<String, (VolumeLabels, VolumeFigures)>>);
 
-impl VolumeUsage {
-    const FAMILIES: [(&str, &str); 3] = [
-        (
-            "nfsprov_volume_used_bytes",
-            "Bytes used by the claim's volume, as measured by its agent",
-        ),
-        (
-            "nfsprov_volume_capacity_bytes",
-            "Capacity of the claim's volume, as recorded by its agent",
-        ),
-        (
-            "nfsprov_volume_used_inodes",
-            "Inodes used by the claim's volume, as measured by its agent",
-        ),
-    ];
+/// One usage family: its name, its help, and its figure of a volume (none until measured).
+type UsageFamily = (
+    &'static str,
+    &'static str,
+    fn(&VolumeFigures) -> Option<u64>,
+);
 
-    fn value(family: usize, figures: &VolumeFigures) -> Option<u64> {
-        match family {
-            0 => figures.used.map(|(bytes, _)| bytes),
-            1 => Some(figures.capacity_bytes),
-            _ => figures.used.map(|(_, inodes)| inodes),
-        }
-    }
-}
+const USAGE_FAMILIES: [UsageFamily; 3] = [
+    (
+        "nfsprov_volume_used_bytes",
+        "Bytes used by the claim's volume, as measured by its agent",
+        |figures| figures.used.map(|(bytes, _)| bytes),
+    ),
+    (
+        "nfsprov_volume_capacity_bytes",
+        "Capacity of the claim's volume, as recorded by its agent",
+        |figures| Some(figures.capacity_bytes),
+    ),
+    (
+        "nfsprov_volume_used_inodes",
+        "Inodes used by the claim's volume, as measured by its agent",
+        |figures| figures.used.map(|(_, inodes)| inodes),
+    ),
+];
 
 impl Collector for VolumeUsage {
     fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
@@ -88,11 +89,10 @@ impl Collector for VolumeUsage {
             .0
             .read()
             .unwrap_or_else(|poisoned| poisoned.into_inner());
-        for (family, (name, help)) in Self::FAMILIES.into_iter().enumerate() {
-            let gauge = ConstGauge::new(0u64);
-            let mut metric = encoder.encode_descriptor(name, help, None, gauge.metric_type())?;
+        for (name, help, figure) in USAGE_FAMILIES {
+            let mut metric = encoder.encode_descriptor(name, help, None, MetricType::Gauge)?;
             for (labels, figures) in volumes.values() {
-                if let Some(value) = Self::value(family, figures) {
+                if let Some(value) = figure(figures) {
                     ConstGauge::new(value).encode(metric.encode_family(labels)?)?;
                 }
             }
