@@ -2,9 +2,10 @@
 //! is stored, so that tens of thousands of claims and volumes fit in a small pod.
 
 use kube::Resource;
+use kube::runtime::watcher::Event;
 
 use crate::objects::{
-    CachedClaim, CachedVolume, claim_is_bound, is_ours, resize_in_play, volume_name,
+    CachedClaim, CachedVolume, RecordedAnnotations, claim_is_bound, is_ours, resize_in_play,
 };
 
 /// Drops server-side bookkeeping no reconciler reads.
@@ -16,31 +17,38 @@ pub fn strip_meta<K: Resource>(object: &mut K) {
     }
 }
 
+/// Whether a claim is done with: bound, and asking for no resize. Nothing reconciles such a
+/// claim again until it asks for more, and its labels and warnings are read from its PV's
+/// `claimRef`, so the claim cache need not hold it.
+fn claim_is_done(claim: &CachedClaim) -> bool {
+    claim_is_bound(claim) && !resize_in_play(claim)
+}
+
+/// The claim watch events that reach the claim cache: claims that are done leave it (the
+/// store sees a deletion, the controller no change), so 10,000 bound claims cost nothing
+/// there. A done claim that asks for more is an update like any other and comes back.
+pub fn claim_event(event: Event<CachedClaim>) -> Option<Event<CachedClaim>> {
+    match event {
+        Event::InitApply(claim) if claim_is_done(&claim) => None,
+        Event::Apply(claim) if claim_is_done(&claim) => Some(Event::Delete(claim)),
+        other => Some(other),
+    }
+}
+
 /// Claims: an unbound claim keeps what provisioning reads (labels and annotations feed the
-/// pathPattern); a bound claim is never provisioned again, so only the name of its volume
-/// is kept (spec and status are dropped), unless a resize is asked for or under way: then
-/// expansion reads the request, the class and the status. That is rare and short-lived,
-/// so it costs nothing in the steady state.
+/// pathPattern; the status is not read); a bound one asking for more keeps everything, as
+/// expansion reads the request, the class and the status.
 pub fn slim_claim(claim: &mut CachedClaim) {
     strip_meta(claim);
-    if resize_in_play(claim) {
-        return;
-    }
-    claim.status = None;
-    if claim_is_bound(claim) {
-        claim.bound_to = volume_name(claim).map(str::to_owned);
-        claim.spec = None;
-        let meta = &mut claim.metadata;
-        meta.labels = None;
-        meta.annotations = None;
-        meta.finalizers = None;
-        meta.owner_references = None;
+    if !resize_in_play(claim) {
+        claim.status = None;
     }
 }
 
 /// Volumes: deletion reads the provisioner, our annotations, finalizers, reclaim policy,
-/// class and phase ([`CachedVolume`] holds nothing else). Volumes of other provisioners
-/// keep only what says they are not ours.
+/// class and phase ([`CachedVolume`] holds nothing else, and its annotations are already
+/// reduced to the ones read). Volumes of other provisioners keep none of them: without a
+/// recorded provisioner a volume is not ours.
 pub fn slim_volume(volume: &mut CachedVolume, provisioner: &str) {
     strip_meta(volume);
     let ours = is_ours(volume, provisioner);
@@ -48,8 +56,11 @@ pub fn slim_volume(volume: &mut CachedVolume, provisioner: &str) {
     meta.labels = None;
     meta.owner_references = None;
     if !ours {
-        meta.annotations = None;
         meta.finalizers = None;
+        volume.recorded = RecordedAnnotations::default();
+        if let Some(spec) = volume.spec.as_mut() {
+            spec.claim_ref = None;
+        }
     }
 }
 
@@ -58,7 +69,7 @@ mod tests {
     use std::collections::BTreeMap;
 
     use super::*;
-    use crate::objects::ClaimParts;
+    use crate::objects::{ANN_AGENT, ANN_ON_DELETE, ANN_PATH, ANN_PROVISIONED_BY, ANN_QUOTA};
     use crate::tests::fixtures::{PROVISIONER, bound_claim, cached, claim, released_pv};
 
     #[test]
@@ -76,24 +87,59 @@ mod tests {
         assert_eq!(pvc.spec, before.spec);
     }
 
+    /// The name of the event's kind and its claim's resource version, to compare events.
+    fn seen(event: Option<Event<CachedClaim>>) -> Option<(&'static str, String)> {
+        let (kind, claim) = match event? {
+            Event::Apply(claim) => ("Apply", claim),
+            Event::InitApply(claim) => ("InitApply", claim),
+            Event::Delete(claim) => ("Delete", claim),
+            Event::Init => return Some(("Init", String::new())),
+            Event::InitDone => return Some(("InitDone", String::new())),
+        };
+        Some((kind, claim.metadata.resource_version.unwrap_or_default()))
+    }
+
     #[test]
-    fn bound_claims_keep_only_their_volume_name() {
-        let mut pvc = claim("nfs");
-        pvc.spec.as_mut().unwrap().volume_name = Some("pvc-1".into());
-        let mut cached = CachedClaim::from(pvc);
-        slim_claim(&mut cached);
-        assert_eq!(cached.spec, None, "the bound skeleton holds no spec");
-        assert_eq!(cached.status, None);
-        assert_eq!(cached.bound_volume_name(), Some("pvc-1"));
-        assert!(claim_is_bound(&cached));
-        let pvc = cached.to_claim();
-        assert_eq!(pvc.metadata.annotations, None);
-        let spec = pvc.spec.as_ref().unwrap();
-        assert_eq!(spec.volume_name.as_deref(), Some("pvc-1"));
-        assert_eq!(spec.storage_class_name, None);
+    fn done_claims_leave_the_cache_and_come_back_to_grow() {
+        let version = |mut pvc: k8s_openapi::api::core::v1::PersistentVolumeClaim, rv: &str| {
+            pvc.metadata.resource_version = Some(rv.into());
+            CachedClaim::from(pvc)
+        };
+        let pending = version(claim("nfs"), "1");
+        let done = version(bound_claim("2Gi", "2Gi"), "2");
+        let growing = version(bound_claim("3Gi", "2Gi"), "3");
+
+        // The first list: a done claim is never stored.
         assert_eq!(
-            pvc.metadata.uid.as_deref(),
-            Some(crate::tests::fixtures::CLAIM_UID)
+            seen(claim_event(Event::Init)),
+            Some(("Init", String::new()))
+        );
+        assert_eq!(
+            seen(claim_event(Event::InitApply(pending.clone()))),
+            Some(("InitApply", "1".into()))
+        );
+        assert_eq!(seen(claim_event(Event::InitApply(done.clone()))), None);
+        assert_eq!(
+            seen(claim_event(Event::InitApply(growing.clone()))),
+            Some(("InitApply", "3".into()))
+        );
+        // Watching: binding takes a claim out; asking for more brings it back; deletions
+        // pass as they are.
+        assert_eq!(
+            seen(claim_event(Event::Apply(pending))),
+            Some(("Apply", "1".into()))
+        );
+        assert_eq!(
+            seen(claim_event(Event::Apply(done.clone()))),
+            Some(("Delete", "2".into()))
+        );
+        assert_eq!(
+            seen(claim_event(Event::Apply(growing))),
+            Some(("Apply", "3".into()))
+        );
+        assert_eq!(
+            seen(claim_event(Event::Delete(done))),
+            Some(("Delete", "2".into()))
         );
     }
 
@@ -104,18 +150,13 @@ mod tests {
         let before = pvc.clone();
         let mut cached = CachedClaim::from(pvc);
         slim_claim(&mut cached);
-        assert_eq!(cached.bound_to, None);
         let pvc = cached.to_claim();
         assert_eq!(pvc.metadata.managed_fields, None);
         assert_eq!(pvc.metadata.annotations, before.metadata.annotations);
         assert_eq!(pvc.spec, before.spec);
         assert_eq!(pvc.status, before.status);
-
-        let mut done = CachedClaim::from(bound_claim("2Gi", "2Gi"));
-        slim_claim(&mut done);
-        assert_eq!(done.status, None);
-        assert_eq!(done.spec, None);
-        assert_eq!(done.to_claim().spec.unwrap().resources, None);
+        assert!(!claim_is_done(&cached));
+        assert!(claim_is_done(&CachedClaim::from(bound_claim("2Gi", "2Gi"))));
     }
 
     #[test]
@@ -123,10 +164,30 @@ mod tests {
         let mut full = released_pv(Some("delete"), "team-a/data");
         full.spec.as_mut().unwrap().nfs = Some(Default::default());
         full.metadata.labels = Some(BTreeMap::from([("a".into(), "b".into())]));
+        let annotations = full.metadata.annotations.as_mut().unwrap();
+        annotations.insert(ANN_QUOTA.into(), "enforced".into());
+        annotations.insert("pv.kubernetes.io/bound-by-controller".into(), "yes".into());
         let before = full.clone();
         let mut volume = cached(full);
         slim_volume(&mut volume, PROVISIONER);
-        assert_eq!(volume.metadata.annotations, before.metadata.annotations);
+        let annotation = |key: &str| {
+            let value = before.metadata.annotations.as_ref().unwrap().get(key);
+            value.map(|v| v.clone().into_boxed_str())
+        };
+        assert_eq!(
+            volume.recorded,
+            RecordedAnnotations {
+                provisioned_by: annotation(ANN_PROVISIONED_BY),
+                agent: annotation(ANN_AGENT),
+                path: annotation(ANN_PATH),
+                on_delete: annotation(ANN_ON_DELETE),
+                quota: annotation(ANN_QUOTA),
+            }
+        );
+        assert_eq!(volume.recorded.on_delete.as_deref(), Some("delete"));
+        assert_eq!(volume.recorded.path.as_deref(), Some("team-a/data"));
+        // Read through the fields only: a map left behind would be a second, stale copy.
+        assert_eq!(volume.metadata.annotations, None);
         assert_eq!(volume.metadata.finalizers, before.metadata.finalizers);
         assert_eq!(volume.metadata.uid, before.metadata.uid);
         assert_eq!(
@@ -147,6 +208,7 @@ mod tests {
     fn other_volumes_keep_only_that_they_are_not_ours() {
         let mut volume = cached(released_pv(Some("delete"), "team-a/data"));
         slim_volume(&mut volume, "example.com/other");
+        assert_eq!(volume.recorded, RecordedAnnotations::default());
         assert_eq!(volume.metadata.annotations, None);
         assert_eq!(volume.metadata.finalizers, None);
         assert!(!crate::objects::is_ours(&volume, "example.com/other"));

@@ -5,7 +5,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
-use futures::StreamExt;
+use futures::{StreamExt, TryStreamExt, future};
 use k8s_openapi::api::storage::v1::StorageClass;
 use kube::api::Api;
 use kube::runtime::controller::Controller;
@@ -85,6 +85,7 @@ pub async fn run(
         .applied_objects();
     let claim_stream = watcher(Api::<CachedClaim>::all(client.clone()), list_config())
         .default_backoff()
+        .try_filter_map(|event| future::ready(Ok(cache::claim_event(event))))
         .modify(cache::slim_claim)
         .reflect(claim_writer)
         .applied_objects();
@@ -121,11 +122,10 @@ pub async fn run(
         });
     let usage_poll = {
         let ctx = ctx.clone();
-        let claims = claims.clone();
         let shutdown = shutdown.clone();
         async move {
             if let Some(every) = config.usage_interval {
-                usage::run(ctx, claims, every, shutdown).await;
+                usage::run(ctx, every, shutdown).await;
             }
         }
     };

@@ -128,7 +128,7 @@ async fn remove_finalizer(volume: &CachedVolume, ctx: &Context) -> Result<(), Er
 /// What to do with the data: the policy recorded on the PV; for PVs without one, the
 /// class's current policy; without a class, archive (never lose data by guessing).
 fn policy(volume: &CachedVolume, ctx: &Context) -> Result<OnDelete, String> {
-    if let Some(recorded) = volume.annotations().get(ANN_ON_DELETE) {
+    if let Some(recorded) = volume.recorded.on_delete.as_deref() {
         return recorded
             .parse::<OnDelete>()
             .map_err(|_| format!("annotation {}={recorded:?} is not delete, retain or archive; not touching the data", ANN_ON_DELETE));
@@ -141,11 +141,11 @@ fn policy(volume: &CachedVolume, ctx: &Context) -> Result<OnDelete, String> {
 }
 
 async fn dispose_of_data(volume: &CachedVolume, ctx: &Context) -> Result<(), String> {
-    let annotations = volume.annotations();
-    let agent_name = annotations.get(ANN_AGENT).ok_or_else(|| {
+    let recorded = &volume.recorded;
+    let agent_name = recorded.agent.as_deref().ok_or_else(|| {
         format!("PV has no {} annotation, so the agent holding its data is unknown; not touching the data", ANN_AGENT)
     })?;
-    let raw_path = annotations.get(ANN_PATH).ok_or_else(|| {
+    let raw_path = recorded.path.as_deref().ok_or_else(|| {
         format!(
             "PV has no {} annotation, so its directory is unknown; not touching the data",
             ANN_PATH

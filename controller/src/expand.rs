@@ -31,8 +31,8 @@ use tracing::{debug, info, warn};
 use crate::agents::{Agent, request_id};
 use crate::context::{Context, Error};
 use crate::objects::{
-    ANN_AGENT, ANN_PATH, ANN_QUOTA, CachedVolume, STORAGE, allocated, bytes, claim_class,
-    claim_key, is_ours, requested, resize_status, status_capacity, storage_of, volume_name,
+    ANN_PATH, CachedVolume, STORAGE, allocated, bytes, claim_class, claim_key, is_ours, requested,
+    resize_status, status_capacity, storage_of, volume_name,
 };
 
 /// Event reasons, as external-resizer spells them.
@@ -121,8 +121,8 @@ fn wanted(pvc: &PersistentVolumeClaim, ctx: &Context) -> Result<Wanted, Skip> {
     if !is_ours(&volume, &ctx.provisioner) {
         return Err(Skip::VolumeNotOurs);
     }
-    let annotations = volume.annotations();
-    let (Some(agent), Some(path)) = (annotations.get(ANN_AGENT), annotations.get(ANN_PATH)) else {
+    let recorded = &volume.recorded;
+    let (Some(agent), Some(path)) = (recorded.agent.as_deref(), recorded.path.as_deref()) else {
         return Err(Skip::VolumeNotOurs);
     };
     // The API's admission plugin already refuses a larger request when the class does not
@@ -137,9 +137,9 @@ fn wanted(pvc: &PersistentVolumeClaim, ctx: &Context) -> Result<Wanted, Skip> {
         pv_name: pv_name.to_owned(),
         target: target.clone(),
         target_bytes,
-        agent: agent.clone(),
-        path: path.clone(),
-        quota: annotations.get(ANN_QUOTA).and_then(|q| q.parse().ok()),
+        agent: agent.to_owned(),
+        path: path.to_owned(),
+        quota: recorded.quota.as_deref().and_then(|q| q.parse().ok()),
     })
 }
 

@@ -5,7 +5,7 @@ use std::borrow::Cow;
 use std::collections::BTreeMap;
 
 use k8s_openapi::api::core::v1::{
-    PersistentVolumeClaim, PersistentVolumeClaimSpec, PersistentVolumeClaimStatus,
+    ObjectReference, PersistentVolumeClaim, PersistentVolumeClaimSpec, PersistentVolumeClaimStatus,
 };
 use k8s_openapi::api::storage::v1::StorageClass;
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
@@ -178,9 +178,8 @@ impl ClaimParts for PersistentVolumeClaim {
 }
 
 /// A PersistentVolumeClaim as the claim cache holds it. `k8s_openapi`'s claim is 1 kB
-/// before any string, spec and status inline; here they are boxed, so a bound claim, whose
-/// cache entry keeps neither (see [`crate::cache::slim_claim`]), costs its metadata and the
-/// name of its volume: a 10,000-claim cache is 6 MB smaller.
+/// before any string, spec and status inline; here they are boxed, so a claim whose status
+/// the cache dropped (see [`crate::cache::slim_claim`]) does not pay for an empty one.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct CachedClaim {
     #[serde(default)]
@@ -189,23 +188,14 @@ pub struct CachedClaim {
     pub spec: Option<Box<PersistentVolumeClaimSpec>>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub status: Option<Box<PersistentVolumeClaimStatus>>,
-    /// `spec.volumeName` of a bound claim whose spec the cache dropped.
-    #[serde(skip)]
-    pub bound_to: Option<String>,
 }
 
 impl CachedClaim {
-    /// The claim as the reconcilers read it (a bound skeleton gives its volume name only).
+    /// The claim as the reconcilers read it.
     pub fn to_claim(&self) -> PersistentVolumeClaim {
-        let mut spec = self.spec.as_deref().cloned();
-        if let Some(volume) = &self.bound_to {
-            spec.get_or_insert_with(Default::default)
-                .volume_name
-                .get_or_insert_with(|| volume.clone());
-        }
         PersistentVolumeClaim {
             metadata: self.metadata.clone(),
-            spec,
+            spec: self.spec.as_deref().cloned(),
             status: self.status.as_deref().cloned(),
         }
     }
@@ -217,7 +207,6 @@ impl From<PersistentVolumeClaim> for CachedClaim {
             metadata: pvc.metadata,
             spec: pvc.spec.map(Box::new),
             status: pvc.status.map(Box::new),
-            bound_to: None,
         }
     }
 }
@@ -233,12 +222,6 @@ impl ClaimParts for CachedClaim {
 
     fn claim_status(&self) -> Option<&PersistentVolumeClaimStatus> {
         self.status.as_deref()
-    }
-
-    fn bound_volume_name(&self) -> Option<&str> {
-        self.bound_to
-            .as_deref()
-            .or_else(|| self.spec.as_ref()?.volume_name.as_deref())
     }
 }
 
@@ -275,14 +258,74 @@ impl Resource for CachedClaim {
 /// fields deletion needs are ever deserialized. `k8s_openapi`'s `PersistentVolume` is
 /// 3.4 kB before any string (every volume source is inline), which alone would be 34 MB
 /// for 10,000 volumes.
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+///
+/// The annotations this controller reads are moved out of the metadata into
+/// [`RecordedAnnotations`] as the object is decoded, and the rest are dropped:
+/// `metadata.annotations` of a `CachedVolume` is always `None`. A map of a PV's six
+/// annotations costs about 1 kB (a B-tree node plus a string per key and value), the
+/// fields about a quarter of that, and every decode (watch, get, patch answer) gives the
+/// same shape, so no reader can look in the wrong place.
+#[derive(Debug, Clone, Default, PartialEq, Deserialize)]
+#[serde(from = "DecodedVolume")]
 pub struct CachedVolume {
-    #[serde(default)]
     pub metadata: ObjectMeta,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub recorded: RecordedAnnotations,
     pub spec: Option<CachedVolumeSpec>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub status: Option<CachedVolumeStatus>,
+}
+
+/// The annotations of a PV that this controller reads, each by its constant's name.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct RecordedAnnotations {
+    /// [`ANN_PROVISIONED_BY`]
+    pub provisioned_by: Option<Box<str>>,
+    /// [`ANN_AGENT`]
+    pub agent: Option<Box<str>>,
+    /// [`ANN_PATH`]
+    pub path: Option<Box<str>>,
+    /// [`ANN_ON_DELETE`]
+    pub on_delete: Option<Box<str>>,
+    /// [`ANN_QUOTA`]
+    pub quota: Option<Box<str>>,
+}
+
+impl RecordedAnnotations {
+    fn take_from(annotations: Option<BTreeMap<String, String>>) -> Self {
+        let Some(mut annotations) = annotations else {
+            return Self::default();
+        };
+        let mut take = |key: &str| annotations.remove(key).map(String::into_boxed_str);
+        Self {
+            provisioned_by: take(ANN_PROVISIONED_BY),
+            agent: take(ANN_AGENT),
+            path: take(ANN_PATH),
+            on_delete: take(ANN_ON_DELETE),
+            quota: take(ANN_QUOTA),
+        }
+    }
+}
+
+/// A PV as the API sends it, before the annotations are moved out.
+#[derive(Deserialize)]
+struct DecodedVolume {
+    #[serde(default)]
+    metadata: ObjectMeta,
+    #[serde(default)]
+    spec: Option<CachedVolumeSpec>,
+    #[serde(default)]
+    status: Option<CachedVolumeStatus>,
+}
+
+impl From<DecodedVolume> for CachedVolume {
+    fn from(mut decoded: DecodedVolume) -> Self {
+        let recorded = RecordedAnnotations::take_from(decoded.metadata.annotations.take());
+        Self {
+            metadata: decoded.metadata,
+            recorded,
+            spec: decoded.spec,
+            status: decoded.status,
+        }
+    }
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
@@ -292,6 +335,35 @@ pub struct CachedVolumeSpec {
     pub persistent_volume_reclaim_policy: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub storage_class_name: Option<String>,
+    /// The claim a bound volume belongs to: the usage poll labels and warns by it, so the
+    /// claim cache need not keep bound claims at all.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub claim_ref: Option<VolumeClaimRef>,
+}
+
+/// `spec.claimRef` of a PV, reduced to what names the claim.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct VolumeClaimRef {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub namespace: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub uid: Option<String>,
+}
+
+impl VolumeClaimRef {
+    /// The claim as events refer to it.
+    pub fn object_reference(&self) -> ObjectReference {
+        ObjectReference {
+            api_version: Some("v1".to_owned()),
+            kind: Some("PersistentVolumeClaim".to_owned()),
+            namespace: self.namespace.clone(),
+            name: self.name.clone(),
+            uid: self.uid.clone(),
+            ..ObjectReference::default()
+        }
+    }
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
@@ -331,9 +403,7 @@ impl Resource for CachedVolume {
 
 /// Whether this controller made the PV (the only PVs it ever touches).
 pub fn is_ours(pv: &CachedVolume, provisioner: &str) -> bool {
-    pv.annotations()
-        .get(ANN_PROVISIONED_BY)
-        .is_some_and(|p| p == provisioner)
+    pv.recorded.provisioned_by.as_deref() == Some(provisioner)
 }
 
 /// Whether our finalizer still holds the PV.
@@ -354,6 +424,12 @@ pub fn phase(pv: &CachedVolume) -> &str {
         .as_ref()
         .and_then(|s| s.phase.as_deref())
         .unwrap_or("")
+}
+
+/// The claim a volume is bound to, when its `claimRef` names one.
+pub fn bound_claim_of(pv: &CachedVolume) -> Option<&VolumeClaimRef> {
+    let claim = pv.spec.as_ref()?.claim_ref.as_ref()?;
+    (claim.namespace.is_some() && claim.name.is_some()).then_some(claim)
 }
 
 pub fn class_name(pv: &CachedVolume) -> &str {

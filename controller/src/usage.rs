@@ -2,14 +2,12 @@
 //! published as per-claim gauges; a claim whose volume fills up gets a `VolumeNearlyFull`
 //! warning. Runs only where the controllers run, that is on the leader.
 
-use std::collections::{BTreeSet, HashMap, HashSet};
+use std::collections::{BTreeSet, HashSet};
 use std::sync::Arc;
 use std::time::Duration;
 
 use futures::StreamExt;
 use kube::runtime::events::EventType;
-use kube::runtime::reflector::Store;
-use kube::{Resource, ResourceExt};
 use nfsprov_api_types::client::ClientError;
 use nfsprov_api_types::{Volume, VolumePath};
 use tokio::sync::watch;
@@ -19,7 +17,7 @@ use tracing::{debug, info, warn};
 use crate::agents::request_id;
 use crate::context::{Context, stopped};
 use crate::metrics::{VolumeFigures, VolumeLabels};
-use crate::objects::{ANN_AGENT, ANN_PATH, CachedClaim, CachedVolume, ClaimParts, is_ours};
+use crate::objects::{ANN_PATH, CachedVolume, VolumeClaimRef, bound_claim_of, is_ours};
 
 pub const REASON_NEARLY_FULL: &str = "VolumeNearlyFull";
 const ACTION: &str = "MeasureUsage";
@@ -34,12 +32,11 @@ const REARM_PERCENT: u64 = 85;
 /// within a minute, few enough not to crowd out provisioning on the agents.
 const CONCURRENT_REQUESTS: usize = 16;
 
-/// One bound volume of ours and the claim it belongs to, both as the caches hold them:
-/// a poll over 10,000 volumes copies no names.
+/// One bound volume of ours, as the volume cache holds it: a poll over 10,000 volumes
+/// copies no names. Its claim is the one its `claimRef` names.
 #[derive(Debug, Clone)]
 struct Target {
     volume: Arc<CachedVolume>,
-    claim: Arc<CachedClaim>,
 }
 
 impl Target {
@@ -47,56 +44,40 @@ impl Target {
         self.volume.metadata.name.as_deref().unwrap_or_default()
     }
 
-    fn annotation(&self, key: &str) -> &str {
-        self.volume
-            .metadata
-            .annotations
-            .as_ref()
-            .and_then(|annotations| annotations.get(key))
-            .map_or("", String::as_str)
-    }
-
     fn agent(&self) -> &str {
-        self.annotation(ANN_AGENT)
+        self.volume.recorded.agent.as_deref().unwrap_or_default()
     }
 
     fn path(&self) -> &str {
-        self.annotation(ANN_PATH)
+        self.volume.recorded.path.as_deref().unwrap_or_default()
+    }
+
+    fn claim(&self) -> &VolumeClaimRef {
+        // `targets` keeps only volumes that name their claim.
+        bound_claim_of(&self.volume).expect("a target names its claim")
     }
 
     fn labels(&self) -> VolumeLabels {
+        let claim = self.claim();
         VolumeLabels {
-            namespace: self.claim.metadata.namespace.clone().unwrap_or_default(),
-            persistentvolumeclaim: self.claim.name_any(),
+            namespace: claim.namespace.clone().unwrap_or_default(),
+            persistentvolumeclaim: claim.name.clone().unwrap_or_default(),
             agent: self.agent().to_owned(),
         }
     }
 }
 
-/// The bound volumes of ours, with their claims, in PV name order. The claim comes from
-/// the claim cache (whose bound skeletons keep name, namespace, uid and `volumeName`), so
-/// the volume cache needs nothing more than deletion does.
-fn targets(ctx: &Context, claims: &Store<CachedClaim>) -> Vec<Target> {
-    let claims = claims.state();
-    let claim_of: HashMap<&str, &Arc<CachedClaim>> = claims
-        .iter()
-        .filter(|pvc| pvc.metadata.namespace.is_some())
-        .filter_map(|pvc| Some((pvc.bound_volume_name()?, pvc)))
-        .collect();
+/// The bound volumes of ours that name their agent, directory and claim, in PV name order.
+fn targets(ctx: &Context) -> Vec<Target> {
     let mut found: Vec<Target> = ctx
         .volumes
         .state()
         .into_iter()
         .filter(|volume| is_ours(volume, &ctx.provisioner))
         .filter(|volume| volume.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Bound"))
-        .filter(|volume| {
-            let annotations = volume.annotations();
-            annotations.contains_key(ANN_AGENT) && annotations.contains_key(ANN_PATH)
-        })
-        .filter_map(|volume| {
-            let claim = Arc::clone(claim_of.get(volume.metadata.name.as_deref()?)?);
-            Some(Target { volume, claim })
-        })
+        .filter(|volume| volume.recorded.agent.is_some() && volume.recorded.path.is_some())
+        .filter(|volume| bound_claim_of(volume).is_some())
+        .map(|volume| Target { volume })
         .collect();
     found.sort_by(|a, b| a.pv_name().cmp(b.pv_name()));
     found
@@ -170,8 +151,8 @@ async fn measure(ctx: &Context, target: &Target) -> Result<Option<Volume>, Measu
 }
 
 /// Measures every bound volume of ours once and publishes the figures.
-pub async fn poll_once(ctx: &Context, claims: &Store<CachedClaim>, tracker: &mut UsageTracker) {
-    let targets = targets(ctx, claims);
+pub async fn poll_once(ctx: &Context, tracker: &mut UsageTracker) {
+    let targets = targets(ctx);
     // Answers are handled as they arrive, so only the rare crossing is held until the end.
     // By index: a stream borrowing the targets themselves would not be `Send` for every
     // lifetime, which the spawned controller future needs.
@@ -252,7 +233,7 @@ async fn warn_nearly_full(ctx: &Context, target: &Target, volume: &Volume) {
         "the capacity is not enforced, so writes go on until the NFS server's filesystem is full"
     };
     ctx.event(
-        &target.claim.object_ref(&()),
+        &target.claim().object_reference(),
         EventType::Warning,
         REASON_NEARLY_FULL,
         ACTION,
@@ -284,17 +265,9 @@ fn human_bytes(bytes: u64) -> String {
 /// Polls every `every` until `shutdown` turns true (or the future is dropped, as when the
 /// Lease is lost). The first poll comes one interval after the caches are synced, so a
 /// restart or a handover does not add a burst of agent requests to the initial sync.
-pub async fn run(
-    ctx: Arc<Context>,
-    claims: Store<CachedClaim>,
-    every: Duration,
-    shutdown: watch::Receiver<bool>,
-) {
+pub async fn run(ctx: Arc<Context>, every: Duration, shutdown: watch::Receiver<bool>) {
     let work = async {
-        let synced =
-            futures::future::try_join(ctx.volumes.wait_until_ready(), claims.wait_until_ready())
-                .await;
-        if synced.is_err() {
+        if ctx.volumes.wait_until_ready().await.is_err() {
             return;
         }
         info!(every = ?every, "measuring volume usage");
@@ -303,7 +276,7 @@ pub async fn run(
         let mut tracker = UsageTracker::default();
         loop {
             interval.tick().await;
-            poll_once(&ctx, &claims, &mut tracker).await;
+            poll_once(&ctx, &mut tracker).await;
         }
     };
     tokio::select! {

@@ -40,7 +40,7 @@ use crate::agents::AgentRegistry;
 use crate::context::Context;
 use crate::metrics::Metrics;
 use crate::objects;
-use crate::objects::{CachedClaim, CachedVolume};
+use crate::objects::CachedVolume;
 
 pub const PROVISIONER: &str = "nfsprov.dev/nfs";
 pub const CLAIM_UID: &str = "6b1c8f3e-2d4a-4e5b-9c7d-0a1b2c3d4e5f";
@@ -394,22 +394,6 @@ pub fn released_pv(on_delete: Option<&str>, path: &str) -> PersistentVolume {
             ..PersistentVolumeStatus::default()
         }),
     }
-}
-
-/// A claim cache holding `claims` as the watcher would after slimming them, and its writer.
-pub fn claim_store(
-    claims: Vec<PersistentVolumeClaim>,
-) -> (
-    reflector::Store<CachedClaim>,
-    reflector::store::Writer<CachedClaim>,
-) {
-    let (store, mut writer) = reflector::store();
-    for pvc in claims {
-        let mut claim = CachedClaim::from(pvc);
-        crate::cache::slim_claim(&mut claim);
-        writer.apply_watcher_event(&watcher::Event::Apply(claim));
-    }
-    (store, writer)
 }
 
 /// A class that allows expansion.

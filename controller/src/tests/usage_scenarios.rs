@@ -26,15 +26,6 @@ fn logs_pv() -> PersistentVolume {
     volume
 }
 
-/// The claim of [`logs_pv`].
-fn logs_claim() -> k8s_openapi::api::core::v1::PersistentVolumeClaim {
-    let mut pvc = bound_claim("1Gi", "1Gi");
-    pvc.metadata.name = Some("logs".into());
-    pvc.metadata.uid = Some("uid-logs".into());
-    pvc.spec.as_mut().unwrap().volume_name = Some("pvc-logs".into());
-    pvc
-}
-
 fn series(metric: &str, claim: &str, value: u64) -> String {
     format!(
         "{metric}{{namespace=\"team-a\",persistentvolumeclaim=\"{claim}\",agent=\"nfs1\"}} {value}"
@@ -68,7 +59,6 @@ async fn usage_is_published_warned_about_once_per_crossing_and_dropped_with_the_
         vec![],
         vec![bound_pv("1Gi", "bestEffort"), logs_pv(), released],
     );
-    let (claims, mut claim_writer) = claim_store(vec![bound_claim("1Gi", "1Gi"), logs_claim()]);
     let server = api.run(vec![
         nearly_full(&format!(
             "volume {PV_NAME} is 95% full: 972.8 MiB of 1.0 GiB used ({nearly} of {GI} bytes, 12 inodes); the capacity is not enforced"
@@ -77,7 +67,7 @@ async fn usage_is_published_warned_about_once_per_crossing_and_dropped_with_the_
     ]);
     let mut tracker = UsageTracker::default();
 
-    poll_once(&ctx, &claims, &mut tracker).await;
+    poll_once(&ctx, &mut tracker).await;
     let text = ctx.metrics.encode().unwrap();
     for line in [
         series("nfsprov_volume_used_bytes", "data", nearly),
@@ -93,11 +83,11 @@ async fn usage_is_published_warned_about_once_per_crossing_and_dropped_with_the_
     assert_eq!(calls, ["GET team-a/data", "GET team-a/logs"]);
 
     // Still above 90 %: no second warning.
-    poll_once(&ctx, &claims, &mut tracker).await;
+    poll_once(&ctx, &mut tracker).await;
 
     // An unreachable agent keeps the last figures (the claims still exist).
     agent.fail_with(Some(ErrorCode::NotReady));
-    poll_once(&ctx, &claims, &mut tracker).await;
+    poll_once(&ctx, &mut tracker).await;
     agent.fail_with(None);
     let text = ctx.metrics.encode().unwrap();
     assert!(
@@ -105,12 +95,11 @@ async fn usage_is_published_warned_about_once_per_crossing_and_dropped_with_the_
         "{text}"
     );
 
-    // The logs claim is deleted (its PV, Released, is not measured either): its series go.
-    claim_writer.apply_watcher_event(&watcher::Event::Delete(logs_claim().into()));
+    // The logs claim is deleted, so its PV is Released and not measured: its series go.
     let mut released_logs = logs_pv();
     released_logs.status.as_mut().unwrap().phase = Some("Released".into());
     volumes.apply_watcher_event(&watcher::Event::Apply(cached(released_logs)));
-    poll_once(&ctx, &claims, &mut tracker).await;
+    poll_once(&ctx, &mut tracker).await;
     let text = ctx.metrics.encode().unwrap();
     assert!(!text.contains("persistentvolumeclaim=\"logs\""), "{text}");
     assert!(
@@ -120,13 +109,13 @@ async fn usage_is_published_warned_about_once_per_crossing_and_dropped_with_the_
 
     // Below 85 % re-arms; the next crossing warns again, with its own figures.
     agent.set_usage("team-a/data", GI * 80 / 100, 12);
-    poll_once(&ctx, &claims, &mut tracker).await;
+    poll_once(&ctx, &mut tracker).await;
     agent.set_usage("team-a/data", GI * 91 / 100, 12);
-    poll_once(&ctx, &claims, &mut tracker).await;
+    poll_once(&ctx, &mut tracker).await;
 
     // The directory vanished from the agent: no figures to show.
     agent.state.lock().unwrap().volumes.remove("team-a/data");
-    poll_once(&ctx, &claims, &mut tracker).await;
+    poll_once(&ctx, &mut tracker).await;
     let text = ctx.metrics.encode().unwrap();
     assert!(!text.contains("persistentvolumeclaim=\"data\""), "{text}");
     finish(ctx, server).await;
@@ -147,9 +136,8 @@ async fn a_volume_not_measured_yet_has_only_its_capacity() {
         vec![],
         vec![bound_pv("1Gi", "bestEffort")],
     );
-    let (claims, _) = claim_store(vec![bound_claim("1Gi", "1Gi")]);
     let server = api.run(vec![]);
-    poll_once(&ctx, &claims, &mut UsageTracker::default()).await;
+    poll_once(&ctx, &mut UsageTracker::default()).await;
     let text = ctx.metrics.encode().unwrap();
     assert!(
         text.contains(&series("nfsprov_volume_capacity_bytes", "data", GI)),
