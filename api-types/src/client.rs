@@ -46,10 +46,30 @@ pub struct AgentConnectionConfig {
     /// NFS export path for PVs, overriding what the agent reports.
     #[serde(default)]
     pub nfs_path: Option<String>,
+    /// The agent for StorageClasses that name none, once several agents are configured;
+    /// at most one agent may say so.
+    #[serde(default)]
+    pub default: bool,
 }
 
 fn default_timeout_seconds() -> u64 {
     30
+}
+
+/// Two defaults would make a class without an `agent` parameter depend on file order.
+fn check_single_default(agents: &[AgentConnectionConfig]) -> Result<(), ClientError> {
+    let defaults: Vec<&str> = agents
+        .iter()
+        .filter(|a| a.default)
+        .map(|a| a.name.as_str())
+        .collect();
+    if defaults.len() > 1 {
+        return Err(ClientError::Config(format!(
+            "several agents are marked default = true ({}); mark at most one",
+            defaults.join(", ")
+        )));
+    }
+    Ok(())
 }
 
 impl AgentConnectionConfig {
@@ -115,7 +135,14 @@ impl AgentConnectionConfig {
                 dir.display()
             )));
         }
+        check_single_default(&agents)?;
         Ok(agents)
+    }
+
+    /// The name of the agent marked `default = true`, if any.
+    pub fn default_name(agents: &[Self]) -> Result<Option<&str>, ClientError> {
+        check_single_default(agents)?;
+        Ok(agents.iter().find(|a| a.default).map(|a| a.name.as_str()))
     }
 
     fn validate(&self) -> Result<(), String> {
@@ -540,5 +567,35 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(err.contains("used twice"), "{err}");
+    }
+
+    #[test]
+    fn at_most_one_default() {
+        let dir = tempfile::tempdir().unwrap();
+        let write = |name: &str, default: bool| {
+            std::fs::write(
+                dir.path().join(format!("{name}.toml")),
+                format!(
+                    "name = \"{name}\"\nurl = \"https://x\"\nca_file = \"c\"\ntoken_file = \"t\"\ndefault = {default}\n"
+                ),
+            )
+            .unwrap();
+        };
+        write("a", false);
+        write("b", true);
+        let agents = AgentConnectionConfig::from_dir(dir.path()).unwrap();
+        assert_eq!(
+            AgentConnectionConfig::default_name(&agents).unwrap(),
+            Some("b")
+        );
+        assert!(!agents[0].default);
+        write("c", true);
+        let err = AgentConnectionConfig::from_dir(dir.path())
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("several agents are marked default = true (b, c)"),
+            "{err}"
+        );
     }
 }

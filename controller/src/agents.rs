@@ -4,18 +4,27 @@
 
 use std::collections::BTreeMap;
 use std::future::Future;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
+use futures::FutureExt;
+use futures::future::{BoxFuture, Shared};
 use nfsprov_api_types::client::{AgentClient, AgentConnectionConfig, ClientError, CreateOutcome};
 use nfsprov_api_types::{
     ArchiveResult, Capabilities, CreateVolumeRequest, NfsExport, Volume, VolumePath,
 };
+use tracing::debug;
 
 use crate::metrics::Metrics;
 
-/// How long what `/v1/info` reported is trusted before asking again.
-const INFO_TTL: Duration = Duration::from_secs(300);
+/// How long what `/v1/info` reported is trusted before asking again. Short, because the
+/// free space it reports decides where new volumes go; long enough that a burst of claims
+/// shares one request.
+const INFO_TTL: Duration = Duration::from_secs(15);
+
+/// How long an unreachable agent is taken as unreachable without trying again, so that a
+/// dead agent costs one connection timeout per interval instead of one per claim.
+const UNREACHABLE_TTL: Duration = Duration::from_secs(10);
 
 /// An id that ties this controller's log lines to the agent's audit log: the object the
 /// call is about, then a timestamp so each attempt is told apart.
@@ -32,11 +41,33 @@ pub enum SelectError {
     #[error("StorageClass names agent {wanted:?}, which is not configured; known agents: {known}")]
     Unknown { wanted: String, known: String },
     #[error(
-        "StorageClass has no \"agent\" parameter and several agents are configured ({known}); name one"
+        "StorageClass has no \"agent\" parameter and several agents are configured ({known}) with no default; name one in the class, or mark one agent default = true in its connection file or with --default-agent"
     )]
     Ambiguous { known: String },
     #[error("no agents are configured")]
     None,
+    /// Retriable: agents come back.
+    #[error("none of the StorageClass's agents is ready: {reasons}")]
+    NoneReady { reasons: String },
+}
+
+impl SelectError {
+    /// Whether trying again without a change to the class can help.
+    pub fn is_retriable(&self) -> bool {
+        matches!(self, SelectError::NoneReady { .. })
+    }
+}
+
+/// A failed `/v1/info`, shared by every caller that waited for the same request or came
+/// while the failure was remembered.
+#[derive(Debug, Clone, thiserror::Error)]
+#[error("{0}")]
+pub struct InfoError(Arc<ClientError>);
+
+impl InfoError {
+    pub fn client_error(&self) -> &ClientError {
+        &self.0
+    }
 }
 
 /// The parts of an agent's `/v1/info` answer the controller acts on.
@@ -44,7 +75,33 @@ pub enum SelectError {
 struct InfoFacts {
     export: NfsExport,
     capabilities: Capabilities,
-    fetched: Instant,
+    /// Bytes unprivileged writers can still use on the export's filesystem: what pods
+    /// writing through a root-squashed export actually get.
+    available_bytes: u64,
+}
+
+type InfoFetch = Shared<BoxFuture<'static, Result<InfoFacts, InfoError>>>;
+
+#[derive(Debug, Default)]
+struct InfoState {
+    /// The last answer and when it came; failures are kept only when the agent was
+    /// unreachable (an agent that answers an error costs nothing to ask again).
+    last: Option<(Instant, Result<InfoFacts, InfoError>)>,
+    /// The request under way, which every caller meanwhile waits for instead of sending
+    /// its own.
+    in_flight: Option<InfoFetch>,
+}
+
+impl InfoState {
+    fn fresh(&self, now: Instant) -> Option<Result<InfoFacts, InfoError>> {
+        let (at, result) = self.last.as_ref()?;
+        let ttl = if result.is_ok() {
+            INFO_TTL
+        } else {
+            UNREACHABLE_TTL
+        };
+        (now.saturating_duration_since(*at) < ttl).then(|| result.clone())
+    }
 }
 
 /// One agent: client, export overrides and the cached `/v1/info` facts.
@@ -54,7 +111,7 @@ pub struct Agent {
     client: AgentClient,
     nfs_server: Option<String>,
     nfs_path: Option<String>,
-    info: tokio::sync::Mutex<Option<InfoFacts>>,
+    info: Arc<Mutex<InfoState>>,
     metrics: Arc<Metrics>,
 }
 
@@ -65,7 +122,7 @@ impl Agent {
             client: AgentClient::new(config)?,
             nfs_server: config.nfs_server.clone(),
             nfs_path: config.nfs_path.clone(),
-            info: tokio::sync::Mutex::new(None),
+            info: Arc::default(),
             metrics,
         })
     }
@@ -76,7 +133,7 @@ impl Agent {
 
     /// What PVs mount: the agent's `/v1/info` answer with the configured overrides applied.
     /// With both overrides set the agent is not asked at all.
-    pub async fn export(&self, request_id: &str) -> Result<NfsExport, ClientError> {
+    pub async fn export(&self, request_id: &str) -> Result<NfsExport, InfoError> {
         if let (Some(server), Some(path)) = (&self.nfs_server, &self.nfs_path) {
             return Ok(NfsExport {
                 server: server.clone(),
@@ -91,28 +148,78 @@ impl Agent {
     }
 
     /// What the agent says it can do (quota enforcement, archiving).
-    pub async fn capabilities(&self, request_id: &str) -> Result<Capabilities, ClientError> {
+    pub async fn capabilities(&self, request_id: &str) -> Result<Capabilities, InfoError> {
         Ok(self.info(request_id).await?.capabilities)
     }
 
-    async fn info(&self, request_id: &str) -> Result<InfoFacts, ClientError> {
-        // Holding the lock across the call makes concurrent claims share one request.
-        let mut cached = self.info.lock().await;
-        if let Some(facts) = cached.as_ref()
-            && facts.fetched.elapsed() < INFO_TTL
-        {
-            return Ok(facts.clone());
-        }
-        let info = self
-            .timed("info", self.client.info(Some(request_id)))
-            .await?;
-        let facts = InfoFacts {
-            export: info.nfs,
-            capabilities: info.capabilities,
-            fetched: Instant::now(),
+    /// Bytes still available on the agent's export filesystem.
+    pub async fn available_bytes(&self, request_id: &str) -> Result<u64, InfoError> {
+        Ok(self.info(request_id).await?.available_bytes)
+    }
+
+    fn info_state(&self) -> MutexGuard<'_, InfoState> {
+        self.info.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The cached facts, or the answer of one request shared by all concurrent callers.
+    /// The lock is never held across the request: a slow agent must not block callers
+    /// that only need what is already known.
+    async fn info(&self, request_id: &str) -> Result<InfoFacts, InfoError> {
+        let fetch = {
+            let mut state = self.info_state();
+            if let Some(result) = state.fresh(Instant::now()) {
+                return result;
+            }
+            match &state.in_flight {
+                Some(fetch) => fetch.clone(),
+                None => {
+                    let fetch = self.start_info_fetch(request_id);
+                    state.in_flight = Some(fetch.clone());
+                    fetch
+                }
+            }
         };
-        *cached = Some(facts.clone());
-        Ok(facts)
+        fetch.await
+    }
+
+    /// Runs the request in its own task, so it completes (and its answer is kept) even
+    /// when every caller waiting for it gives up.
+    fn start_info_fetch(&self, request_id: &str) -> InfoFetch {
+        let client = self.client.clone();
+        let metrics = self.metrics.clone();
+        let name = self.name.clone();
+        let state = self.info.clone();
+        let request_id = request_id.to_owned();
+        let task = tokio::spawn(async move {
+            let started = Instant::now();
+            let result = client.info(Some(&request_id)).await;
+            let code = result.as_ref().err().map(error_label);
+            metrics.agent_request(&name, "info", started.elapsed(), code.as_deref());
+            let result = result
+                .map(|info| InfoFacts {
+                    export: info.nfs,
+                    capabilities: info.capabilities,
+                    available_bytes: info.filesystem.available_bytes,
+                })
+                .map_err(|e| InfoError(Arc::new(e)));
+            let mut state = state.lock().unwrap_or_else(|e| e.into_inner());
+            state.in_flight = None;
+            let remember = match &result {
+                Ok(_) => true,
+                Err(e) => matches!(e.client_error(), ClientError::Transport(_)),
+            };
+            state.last = remember.then(|| (Instant::now(), result.clone()));
+            result
+        });
+        task.map(|joined| {
+            joined.unwrap_or_else(|e| {
+                Err(InfoError(Arc::new(ClientError::Config(format!(
+                    "the /v1/info request task failed: {e}"
+                )))))
+            })
+        })
+        .boxed()
+        .shared()
     }
 
     pub async fn create_volume(
@@ -201,13 +308,15 @@ fn error_label(error: &ClientError) -> String {
     }
 }
 
-/// All configured agents by name.
+/// All configured agents by name, and the one classes without an agent parameter use.
 #[derive(Debug, Clone, Default)]
 pub struct AgentRegistry {
     agents: BTreeMap<String, Arc<Agent>>,
+    default: Option<String>,
 }
 
 impl AgentRegistry {
+    /// The default is the agent marked `default = true`, or the only agent there is.
     pub fn new(
         configs: &[AgentConnectionConfig],
         metrics: Arc<Metrics>,
@@ -219,7 +328,30 @@ impl AgentRegistry {
                 Arc::new(Agent::new(config, metrics.clone())?),
             );
         }
-        Ok(Self { agents })
+        let default = AgentConnectionConfig::default_name(configs)?.map(str::to_owned);
+        Ok(Self { agents, default })
+    }
+
+    /// Makes `name` the default, overriding any `default = true`; an unknown name is a
+    /// configuration error, refused at start-up rather than at the first claim.
+    pub fn set_default(&mut self, name: &str) -> Result<(), ClientError> {
+        if !self.agents.contains_key(name) {
+            return Err(ClientError::Config(format!(
+                "default agent {name:?} is not configured; known agents: {}",
+                self.names().join(", ")
+            )));
+        }
+        self.default = Some(name.to_owned());
+        Ok(())
+    }
+
+    /// The agent classes without an agent parameter use, if there is one.
+    pub fn default_name(&self) -> Option<&str> {
+        match &self.default {
+            Some(name) => Some(name),
+            None if self.agents.len() == 1 => self.agents.keys().next().map(String::as_str),
+            None => None,
+        }
     }
 
     pub fn get(&self, name: &str) -> Option<Arc<Agent>> {
@@ -230,21 +362,58 @@ impl AgentRegistry {
         self.agents.keys().map(String::as_str).collect()
     }
 
-    /// The agent a class names, or the only agent when it names none.
-    pub fn select(&self, wanted: Option<&str>) -> Result<Arc<Agent>, SelectError> {
-        let known = || self.names().join(", ");
+    fn known(&self, name: &str) -> Result<Arc<Agent>, SelectError> {
+        self.get(name).ok_or_else(|| SelectError::Unknown {
+            wanted: name.to_owned(),
+            known: self.names().join(", "),
+        })
+    }
+
+    /// The agent a new volume goes to. `wanted` is what the class names: nothing (the
+    /// default agent), one agent, or several, of which the one with the most available
+    /// space among those answering wins (ties go to the first named).
+    pub async fn select(
+        &self,
+        wanted: &[String],
+        request_id: &str,
+    ) -> Result<Arc<Agent>, SelectError> {
         match wanted {
-            Some(name) => self.get(name).ok_or_else(|| SelectError::Unknown {
-                wanted: name.to_owned(),
-                known: known(),
-            }),
-            None => {
-                let mut all = self.agents.values();
-                match (all.next(), all.next()) {
-                    (Some(only), None) => Ok(only.clone()),
-                    (None, _) => Err(SelectError::None),
-                    (Some(_), Some(_)) => Err(SelectError::Ambiguous { known: known() }),
+            [] => match self.default_name() {
+                Some(name) => self.known(name),
+                None if self.agents.is_empty() => Err(SelectError::None),
+                None => Err(SelectError::Ambiguous {
+                    known: self.names().join(", "),
+                }),
+            },
+            [only] => self.known(only),
+            several => {
+                let candidates = several
+                    .iter()
+                    .map(|name| self.known(name))
+                    .collect::<Result<Vec<_>, _>>()?;
+                let answers = futures::future::join_all(
+                    candidates
+                        .iter()
+                        .map(|agent| agent.available_bytes(request_id)),
+                )
+                .await;
+                let mut best: Option<(u64, &Arc<Agent>)> = None;
+                let mut reasons = Vec::new();
+                for (agent, answer) in candidates.iter().zip(answers) {
+                    match answer {
+                        Ok(bytes) => {
+                            debug!(agent = agent.name(), available_bytes = bytes, "candidate");
+                            if best.is_none_or(|(most, _)| bytes > most) {
+                                best = Some((bytes, agent));
+                            }
+                        }
+                        Err(e) => reasons.push(format!("agent {}: {e}", agent.name())),
+                    }
                 }
+                best.map(|(_, agent)| agent.clone())
+                    .ok_or_else(|| SelectError::NoneReady {
+                        reasons: reasons.join("; "),
+                    })
             }
         }
     }
@@ -275,7 +444,12 @@ mod tests {
             timeout_seconds: 1,
             nfs_server: Some("nfs.example".to_owned()),
             nfs_path: Some("/export".to_owned()),
+            default: false,
         }
+    }
+
+    fn names(list: &[&str]) -> Vec<String> {
+        list.iter().map(|n| (*n).to_owned()).collect()
     }
 
     #[tokio::test]
@@ -283,27 +457,86 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let metrics = Arc::new(Metrics::new());
         let one = AgentRegistry::new(&[config(dir.path(), "a")], metrics.clone()).unwrap();
-        assert_eq!(one.select(None).unwrap().name(), "a");
+        assert_eq!(one.select(&[], "rid").await.unwrap().name(), "a");
         assert!(matches!(
-            one.select(Some("b")),
+            one.select(&names(&["b"]), "rid").await,
             Err(SelectError::Unknown { .. })
         ));
         // Both overrides set: the export is known without contacting the (unreachable) agent.
-        let export = one.select(None).unwrap().export("rid").await.unwrap();
+        let export = one
+            .select(&[], "rid")
+            .await
+            .unwrap()
+            .export("rid")
+            .await
+            .unwrap();
         assert_eq!(export.server, "nfs.example");
         assert_eq!(export.path, "/export");
 
-        let two = AgentRegistry::new(
+        let mut two = AgentRegistry::new(
             &[config(dir.path(), "a"), config(dir.path(), "b")],
             metrics.clone(),
         )
         .unwrap();
-        let err = two.select(None).unwrap_err().to_string();
-        assert!(err.contains("a, b"), "{err}");
-        assert_eq!(two.select(Some("b")).unwrap().name(), "b");
+        let err = two.select(&[], "rid").await.unwrap_err();
+        assert!(!err.is_retriable());
+        let err = err.to_string();
+        assert!(
+            err.contains("a, b") && err.contains("--default-agent"),
+            "{err}"
+        );
+        assert_eq!(two.select(&names(&["b"]), "rid").await.unwrap().name(), "b");
+        assert!(
+            two.set_default("c")
+                .unwrap_err()
+                .to_string()
+                .contains("\"c\"")
+        );
+        two.set_default("b").unwrap();
+        assert_eq!(two.select(&[], "rid").await.unwrap().name(), "b");
         assert!(matches!(
-            AgentRegistry::default().select(None),
+            AgentRegistry::default().select(&[], "rid").await,
             Err(SelectError::None)
         ));
+    }
+
+    #[tokio::test]
+    async fn default_from_connection_files() {
+        let dir = tempfile::tempdir().unwrap();
+        let metrics = Arc::new(Metrics::new());
+        let mut b = config(dir.path(), "b");
+        b.default = true;
+        let registry =
+            AgentRegistry::new(&[config(dir.path(), "a"), b.clone()], metrics.clone()).unwrap();
+        assert_eq!(registry.default_name(), Some("b"));
+        let mut a = config(dir.path(), "a");
+        a.default = true;
+        let err = AgentRegistry::new(&[a, b], metrics)
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("several agents are marked default"), "{err}");
+    }
+
+    #[tokio::test]
+    async fn unreachable_agents_are_remembered_briefly() {
+        let dir = tempfile::tempdir().unwrap();
+        let metrics = Arc::new(Metrics::new());
+        let mut dead = config(dir.path(), "dead");
+        dead.nfs_server = None;
+        let registry = AgentRegistry::new(&[dead], metrics.clone()).unwrap();
+        let agent = registry.get("dead").unwrap();
+        // Concurrent callers share one request, and the next caller gets the remembered
+        // failure without a request of its own.
+        let (first, second) = tokio::join!(agent.export("r1"), agent.export("r2"));
+        assert!(first.unwrap_err().to_string().contains("agent unreachable"));
+        assert!(second.is_err());
+        assert!(agent.export("r3").await.is_err());
+        let text = metrics.encode().unwrap();
+        assert!(
+            text.contains(
+                "nfsprov_agent_request_errors_total{agent=\"dead\",operation=\"info\",code=\"transport\"} 1"
+            ),
+            "{text}"
+        );
     }
 }

@@ -80,8 +80,14 @@ fn shutdown_signal() -> watch::Receiver<bool> {
 pub async fn run(args: Args) -> Result<(), AppError> {
     let metrics = Arc::new(Metrics::new());
     let configs = AgentConnectionConfig::from_dir(&args.agents_dir)?;
-    let agents = AgentRegistry::new(&configs, metrics.clone())?;
-    info!(agents = ?agents.names(), provisioner = %args.provisioner_name, "starting");
+    let mut agents = AgentRegistry::new(&configs, metrics.clone())?;
+    if let Some(name) = &args.default_agent {
+        agents.set_default(name)?;
+    }
+    info!(
+        agents = ?agents.names(), default_agent = ?agents.default_name(),
+        provisioner = %args.provisioner_name, "starting"
+    );
     let client = client(&args).await?;
     let identity = args.identity.clone().unwrap_or_else(|| {
         std::env::var("HOSTNAME").unwrap_or_else(|_| "nfsprov-controller".to_owned())

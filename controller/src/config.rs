@@ -38,6 +38,11 @@ pub struct Args {
     )]
     pub agents_dir: PathBuf,
 
+    /// Agent for StorageClasses without an `agent` or `agents` parameter; overrides
+    /// `default = true` in the connection files. Needed only with several agents.
+    #[arg(long, env = "NFSPROV_DEFAULT_AGENT")]
+    pub default_agent: Option<String>,
+
     /// Address of the /livez, /readyz and /metrics server.
     #[arg(long, env = "NFSPROV_HTTP_ADDR", default_value = "0.0.0.0:8080")]
     pub http_addr: SocketAddr,
@@ -99,6 +104,7 @@ mod tests {
         assert!(args.leader_elect);
         assert_eq!(args.log_format, LogFormat::Text);
         assert_eq!(args.usage_interval(), Some(Duration::from_secs(60)));
+        assert_eq!(args.default_agent, None);
         let args = Args::try_parse_from([
             "nfsprov-controller",
             "--provisioner-name=example.com/nfs",
@@ -106,12 +112,14 @@ mod tests {
             "--log-format=json",
             "--http-addr=127.0.0.1:9000",
             "--usage-interval-seconds=0",
+            "--default-agent=nfs2",
         ])
         .unwrap();
         assert_eq!(args.provisioner_name, "example.com/nfs");
         assert!(!args.leader_elect);
         assert_eq!(args.log_format, LogFormat::Json);
         assert_eq!(args.usage_interval(), None);
+        assert_eq!(args.default_agent.as_deref(), Some("nfs2"));
         assert!(Args::try_parse_from(["nfsprov-controller", "--log-format=xml"]).is_err());
     }
 }

@@ -12,11 +12,12 @@ use nfsprov_api_types::client::ClientError;
 use tokio::sync::watch;
 use tracing::warn;
 
-use crate::agents::AgentRegistry;
+use crate::agents::{AgentRegistry, InfoError};
 use crate::backoff::Backoff;
 use crate::events::EventRecorder;
 use crate::metrics::Metrics;
 use crate::objects::CachedVolume;
+use crate::provision::ReportedFailures;
 
 /// Longest event note the API accepts is 1 kB; keep a margin for UTF-8 boundaries.
 const MAX_NOTE_BYTES: usize = 1000;
@@ -30,6 +31,12 @@ pub enum Error {
         agent: String,
         #[source]
         source: ClientError,
+    },
+    #[error("agent {agent}: {source}")]
+    AgentInfo {
+        agent: String,
+        #[source]
+        source: InfoError,
     },
     /// Provisioning, expansion or deletion failed for a reason already reported in an event.
     #[error("{0}")]
@@ -47,6 +54,8 @@ pub struct Context {
     pub recorder: EventRecorder,
     pub metrics: Arc<Metrics>,
     pub backoff: Backoff,
+    /// Permanent provisioning failures already reported, so resyncs do not repeat them.
+    pub reported: ReportedFailures,
 }
 
 impl Context {
@@ -68,6 +77,7 @@ impl Context {
             volumes,
             metrics,
             backoff: Backoff::default(),
+            reported: ReportedFailures::default(),
         }
     }
 

@@ -10,6 +10,7 @@ use nfsprov_api_types::{Mode, QuotaPolicy, validate_component};
 use crate::pattern::{PathPattern, PatternError};
 
 pub const PARAM_AGENT: &str = "agent";
+pub const PARAM_AGENTS: &str = "agents";
 pub const PARAM_PATH_PATTERN: &str = "pathPattern";
 pub const PARAM_ON_DELETE: &str = "onDelete";
 pub const PARAM_ARCHIVE_ON_DELETE: &str = "archiveOnDelete";
@@ -18,8 +19,9 @@ pub const PARAM_UID: &str = "uid";
 pub const PARAM_GID: &str = "gid";
 pub const PARAM_QUOTA: &str = "quota";
 
-const KNOWN: [&str; 8] = [
+const KNOWN: [&str; 9] = [
     PARAM_AGENT,
+    PARAM_AGENTS,
     PARAM_PATH_PATTERN,
     PARAM_ON_DELETE,
     PARAM_ARCHIVE_ON_DELETE,
@@ -74,8 +76,9 @@ impl FromStr for OnDelete {
 /// The parsed parameters of one StorageClass.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ClassParams {
-    /// Agent name; `None` means "the only agent configured".
-    pub agent: Option<String>,
+    /// The agents a new volume may go to, from `agent` or `agents`: none means the default
+    /// agent, several mean the one with the most space available.
+    pub agents: Vec<String>,
     pub path_pattern: PathPattern,
     pub on_delete: OnDelete,
     pub mode: Mode,
@@ -88,7 +91,7 @@ pub struct ClassParams {
 impl Default for ClassParams {
     fn default() -> Self {
         Self {
-            agent: None,
+            agents: Vec::new(),
             path_pattern: PathPattern::default(),
             on_delete: OnDelete::default(),
             mode: Mode::DEFAULT,
@@ -109,6 +112,12 @@ pub enum ParamError {
         value: String,
         expected: &'static str,
     },
+    #[error(
+        "StorageClass parameters agent and agents exclude each other: use agents alone to name several"
+    )]
+    AgentAndAgents,
+    #[error("StorageClass parameter agents={value:?} names agent {name:?} twice")]
+    DuplicateAgent { value: String, name: String },
     #[error("StorageClass parameter pathPattern is invalid: {0}")]
     Pattern(#[from] PatternError),
 }
@@ -122,16 +131,12 @@ impl ClassParams {
         };
         let mut on_delete = None;
         let mut archive_on_delete = None;
+        let mut agent = None;
+        let mut agents = None;
         for (key, value) in parameters {
             match key.as_str() {
-                PARAM_AGENT => {
-                    validate_component(value).map_err(|_| ParamError::Invalid {
-                        key: PARAM_AGENT,
-                        value: value.clone(),
-                        expected: "the name of an agent from the controller's agent list",
-                    })?;
-                    params.agent = Some(value.clone());
-                }
+                PARAM_AGENT => agent = Some(parse_agent_name(PARAM_AGENT, value, value)?),
+                PARAM_AGENTS => agents = Some(parse_agents(value)?),
                 PARAM_PATH_PATTERN => params.path_pattern = PathPattern::parse(value)?,
                 PARAM_ON_DELETE => on_delete = Some(value.parse::<OnDelete>()?),
                 PARAM_ARCHIVE_ON_DELETE => {
@@ -160,10 +165,47 @@ impl ClassParams {
                 _ => return Err(ParamError::Unknown { key: key.clone() }),
             }
         }
+        params.agents = match (agent, agents) {
+            (Some(_), Some(_)) => return Err(ParamError::AgentAndAgents),
+            (Some(one), None) => vec![one],
+            (None, Some(several)) => several,
+            (None, None) => Vec::new(),
+        };
         // onDelete overrides the legacy archiveOnDelete, as in nfs-subdir-external-provisioner.
         params.on_delete = on_delete.or(archive_on_delete).unwrap_or_default();
         Ok(params)
     }
+}
+
+fn parse_agent_name(key: &'static str, value: &str, name: &str) -> Result<String, ParamError> {
+    let name = name.trim();
+    validate_component(name).map_err(|_| ParamError::Invalid {
+        key,
+        value: value.to_owned(),
+        expected: if key == PARAM_AGENTS {
+            "a comma-separated list of agent names from the controller's agent list"
+        } else {
+            "the name of an agent from the controller's agent list"
+        },
+    })?;
+    Ok(name.to_owned())
+}
+
+/// `nfs1,nfs2`: spaces around names are allowed, empty names and repeats are not (a
+/// repeat is almost always a typo for another agent).
+fn parse_agents(value: &str) -> Result<Vec<String>, ParamError> {
+    let mut names: Vec<String> = Vec::new();
+    for part in value.split(',') {
+        let name = parse_agent_name(PARAM_AGENTS, value, part)?;
+        if names.contains(&name) {
+            return Err(ParamError::DuplicateAgent {
+                value: value.to_owned(),
+                name,
+            });
+        }
+        names.push(name);
+    }
+    Ok(names)
 }
 
 /// Case-insensitive like `onDelete`, so `Enforce` or `besteffort` are not a trap; the
@@ -255,7 +297,7 @@ mod tests {
             ("quota", "off"),
         ])
         .unwrap();
-        assert_eq!(params.agent.as_deref(), Some("nfs1"));
+        assert_eq!(params.agents, ["nfs1"]);
         assert_eq!(
             params.path_pattern.as_str(),
             "${.PVC.namespace}/${.PVC.name}"
@@ -264,6 +306,16 @@ mod tests {
         assert_eq!(params.mode.bits(), 0o2770);
         assert_eq!((params.uid, params.gid), (Some(1000), Some(0)));
         assert_eq!(params.quota, QuotaPolicy::Off);
+    }
+
+    #[test]
+    fn several_agents() {
+        assert_eq!(
+            parse(&[("agents", " nfs1 , nfs2,nfs3")]).unwrap().agents,
+            ["nfs1", "nfs2", "nfs3"]
+        );
+        assert_eq!(parse(&[("agents", "nfs2")]).unwrap().agents, ["nfs2"]);
+        assert!(parse(&[]).unwrap().agents.is_empty());
     }
 
     #[test]
@@ -298,6 +350,17 @@ mod tests {
             (&[("uid", "root")], "uid"),
             (&[("agent", "../x")], "agent"),
             (&[("agent", "")], "agent"),
+            (&[("agents", "")], "agents"),
+            (&[("agents", "nfs1,,nfs2")], "comma-separated"),
+            (&[("agents", "nfs1,../x")], "comma-separated"),
+            (
+                &[("agents", "nfs1, nfs2,nfs1")],
+                "names agent \"nfs1\" twice",
+            ),
+            (
+                &[("agent", "nfs1"), ("agents", "nfs1,nfs2")],
+                "agent and agents exclude each other",
+            ),
             (&[("pathPattern", "${.PVC.uid}")], "unknown variable"),
             (&[("pathPattern", "")], "pathPattern"),
         ];

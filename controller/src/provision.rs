@@ -1,7 +1,8 @@
 //! Provisioning: which claims are ours, and turning one into an agent directory plus a PV.
 
-use std::sync::Arc;
-use std::time::Instant;
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim};
 use k8s_openapi::api::storage::v1::StorageClass;
@@ -19,7 +20,8 @@ use tracing::{debug, error, info};
 use crate::agents::request_id;
 use crate::context::{Context, Error};
 use crate::objects::{
-    ANN_SELECTED_NODE, claim_class, claim_is_bound, claim_key, claim_provisioner, pv_name_for,
+    ANN_SELECTED_NODE, claim_class, claim_is_bound, claim_key, claim_provisioner, claim_state_key,
+    pv_name_for,
 };
 use crate::params::ClassParams;
 use crate::pattern::RenderInput;
@@ -66,11 +68,14 @@ pub fn should_provision(
         return Err(Skip::ClassNotOurs);
     }
     let wait_for_consumer = class.volume_binding_mode.as_deref() == Some("WaitForFirstConsumer");
+    // An empty value is no choice, as for the library: provisioning on it would ignore the
+    // scheduler's pick once it comes.
     let has_node = pvc
         .metadata
         .annotations
         .as_ref()
-        .is_some_and(|a| a.contains_key(ANN_SELECTED_NODE));
+        .and_then(|a| a.get(ANN_SELECTED_NODE))
+        .is_some_and(|node| !node.is_empty());
     if wait_for_consumer && !has_node {
         return Err(Skip::WaitingForNode);
     }
@@ -96,8 +101,10 @@ pub async fn reconcile(pvc: &PersistentVolumeClaim, ctx: &Context) -> Result<Act
     };
     let started = Instant::now();
     let reference = pvc.object_ref(&());
+    let state_key = claim_state_key(pvc);
     match provision(pvc, &class, &class_name, ctx).await {
-        Ok(Some(pv_name)) => {
+        Ok(pv_name) => {
+            ctx.reported.forget(&state_key);
             ctx.metrics
                 .provision_succeeded(&class_name, started.elapsed());
             info!(claim = %claim_key(pvc), pv = %pv_name, "provisioned");
@@ -111,8 +118,35 @@ pub async fn reconcile(pvc: &PersistentVolumeClaim, ctx: &Context) -> Result<Act
             .await;
             Ok(Action::await_change())
         }
-        Ok(None) => Ok(Action::await_change()),
+        // Nothing but a change of the claim or its class can help, and both trigger a new
+        // reconcile: retrying with backoff would only repeat the event and the metric.
+        Err(failure) if failure.permanent => {
+            let fingerprint = format!(
+                "{}/{}/{}",
+                pvc.metadata.resource_version.as_deref().unwrap_or_default(),
+                class
+                    .metadata
+                    .resource_version
+                    .as_deref()
+                    .unwrap_or_default(),
+                failure.message
+            );
+            if ctx.reported.first_time(&state_key, fingerprint) {
+                info!(claim = %claim_key(pvc), reason = %failure.message, "cannot provision until the claim or its class changes");
+                ctx.metrics.provision_failed(&class_name);
+                ctx.event(
+                    &reference,
+                    EventType::Warning,
+                    REASON_FAILED,
+                    ACTION,
+                    &failure.message,
+                )
+                .await;
+            }
+            Ok(Action::await_change())
+        }
         Err(failure) => {
+            ctx.reported.forget(&state_key);
             ctx.metrics.provision_failed(&class_name);
             ctx.event(
                 &reference,
@@ -131,14 +165,98 @@ pub async fn reconcile(pvc: &PersistentVolumeClaim, ctx: &Context) -> Result<Act
 struct Failure {
     message: String,
     error: Option<Error>,
+    /// Only a change of the claim or its class can cure it.
+    permanent: bool,
 }
 
 impl Failure {
+    /// A failure a later attempt may not meet (an agent down, an API error).
     fn new(message: impl Into<String>) -> Self {
         Self {
             message: message.into(),
             error: None,
+            permanent: false,
         }
+    }
+
+    /// A failure that the claim or its class must change to cure.
+    fn permanent(message: impl Into<String>) -> Self {
+        Self {
+            permanent: true,
+            ..Self::new(message)
+        }
+    }
+}
+
+/// After this long an unchanged claim's permanent failure is reported again; entries of
+/// claims deleted meanwhile go with it.
+const REPORT_AGAIN_AFTER: Duration = Duration::from_secs(24 * 60 * 60);
+
+/// The permanent failures already reported, by claim: each one is reported (event and
+/// metric) once per version of the claim and its class, whatever the resyncs.
+#[derive(Debug)]
+pub struct ReportedFailures {
+    state: Mutex<ReportedState>,
+}
+
+#[derive(Debug)]
+struct ReportedState {
+    entries: HashMap<String, (String, Instant)>,
+    last_sweep: Instant,
+}
+
+impl Default for ReportedFailures {
+    fn default() -> Self {
+        Self {
+            state: Mutex::new(ReportedState {
+                entries: HashMap::new(),
+                last_sweep: Instant::now(),
+            }),
+        }
+    }
+}
+
+impl ReportedFailures {
+    /// Records `fingerprint` for `key`; true when it was not already the one on record.
+    pub fn first_time(&self, key: &str, fingerprint: String) -> bool {
+        let now = Instant::now();
+        let mut state = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        // Claims deleted while failing are never reconciled again; their entries go here.
+        if now.saturating_duration_since(state.last_sweep) >= REPORT_AGAIN_AFTER / 24 {
+            state
+                .entries
+                .retain(|_, (_, at)| now.saturating_duration_since(*at) < REPORT_AGAIN_AFTER);
+            state.last_sweep = now;
+        }
+        match state.entries.get(key) {
+            Some((known, at))
+                if *known == fingerprint
+                    && now.saturating_duration_since(*at) < REPORT_AGAIN_AFTER =>
+            {
+                false
+            }
+            _ => {
+                state.entries.insert(key.to_owned(), (fingerprint, now));
+                true
+            }
+        }
+    }
+
+    pub fn forget(&self, key: &str) {
+        self.state
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .entries
+            .remove(key);
+    }
+
+    /// How many claims have a permanent failure on record.
+    pub fn tracked(&self) -> usize {
+        self.state
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .entries
+            .len()
     }
 }
 
@@ -146,20 +264,20 @@ impl Failure {
 /// Returns the requested capacity as written and in bytes.
 fn check_claim(pvc: &PersistentVolumeClaim) -> Result<(Quantity, u64), Failure> {
     let Some(spec) = pvc.spec.as_ref() else {
-        return Err(Failure::new("claim has no spec"));
+        return Err(Failure::permanent("claim has no spec"));
     };
     if spec.selector.is_some() {
-        return Err(Failure::new(
+        return Err(Failure::permanent(
             "claim Selector is not supported: remove spec.selector to get a dynamically provisioned volume",
         ));
     }
     if spec.volume_mode.as_deref() == Some("Block") {
-        return Err(Failure::new(
+        return Err(Failure::permanent(
             "volumeMode Block is not supported: NFS volumes are filesystems; use volumeMode Filesystem",
         ));
     }
     if spec.data_source.is_some() || spec.data_source_ref.is_some() {
-        return Err(Failure::new(
+        return Err(Failure::permanent(
             "dataSource is not supported by this provisioner: volumes cannot be cloned or restored from snapshots; remove spec.dataSource/dataSourceRef",
         ));
     }
@@ -168,30 +286,35 @@ fn check_claim(pvc: &PersistentVolumeClaim) -> Result<(Quantity, u64), Failure> 
         .as_ref()
         .and_then(|r| r.requests.as_ref())
         .and_then(|r| r.get("storage"))
-        .ok_or_else(|| Failure::new("claim has no spec.resources.requests.storage"))?;
+        .ok_or_else(|| Failure::permanent("claim has no spec.resources.requests.storage"))?;
     let bytes = quantity::parse_bytes(&request.0)
-        .map_err(|e| Failure::new(format!("claim storage request: {e}")))?;
+        .map_err(|e| Failure::permanent(format!("claim storage request: {e}")))?;
     Ok((request.clone(), bytes))
 }
 
-/// Returns the PV name when this call created the PV, `None` when it already existed.
+/// Returns the name of the PV, created now or by an earlier attempt.
 async fn provision(
     pvc: &PersistentVolumeClaim,
     class: &StorageClass,
     class_name: &str,
     ctx: &Context,
-) -> Result<Option<String>, Failure> {
+) -> Result<String, Failure> {
     let (capacity, capacity_bytes) = check_claim(pvc)?;
     let params = ClassParams::parse(class.parameters.as_ref())
-        .map_err(|e| Failure::new(format!("StorageClass {class_name:?}: {e}")))?;
-    let agent = ctx
-        .agents
-        .select(params.agent.as_deref())
-        .map_err(|e| Failure::new(e.to_string()))?;
+        .map_err(|e| Failure::permanent(format!("StorageClass {class_name:?}: {e}")))?;
     let namespace = pvc.namespace().unwrap_or_default();
     let name = pvc.name_any();
     let uid = pvc.metadata.uid.as_deref().unwrap_or_default();
     let pv_name = pv_name_for(uid);
+    let rid = request_id(&pv_name);
+    let agent = ctx.agents.select(&params.agents, &rid).await.map_err(|e| {
+        let message = format!("StorageClass {class_name:?}: {e}");
+        if e.is_retriable() {
+            Failure::new(message)
+        } else {
+            Failure::permanent(message)
+        }
+    })?;
     let path = params
         .path_pattern
         .render(&RenderInput {
@@ -201,7 +324,7 @@ async fn provision(
             pvc_annotations: pvc.metadata.annotations.as_ref(),
             pv_name: &pv_name,
         })
-        .map_err(|e| Failure::new(format!("StorageClass {class_name:?}: {e}")))?;
+        .map_err(|e| Failure::permanent(format!("StorageClass {class_name:?}: {e}")))?;
 
     let reference = pvc.object_ref(&());
     ctx.event(
@@ -213,21 +336,32 @@ async fn provision(
     )
     .await;
 
-    let rid = request_id(&pv_name);
-    let agent_failure = |what: &str, source| Failure {
-        message: format!(
+    let message = |what: &str, source: &dyn std::fmt::Display| {
+        format!(
             "failed to provision volume with StorageClass {class_name:?}: agent {} {what}: {source}",
             agent.name()
-        ),
+        )
+    };
+    let agent_failure = |what: &str, source| Failure {
+        message: message(what, &source),
         error: Some(Error::Agent {
             agent: agent.name().to_owned(),
             source,
         }),
+        permanent: false,
+    };
+    let info_failure = |what: &str, source| Failure {
+        message: message(what, &source),
+        error: Some(Error::AgentInfo {
+            agent: agent.name().to_owned(),
+            source,
+        }),
+        permanent: false,
     };
     let export = agent
         .export(&rid)
         .await
-        .map_err(|e| agent_failure("did not report its NFS export", e))?;
+        .map_err(|e| info_failure("did not report its NFS export", e))?;
     let cannot_enforce = |backend: &str| {
         Failure::new(format!(
             "StorageClass {class_name:?} asks for quota enforce, but agent {} cannot enforce quotas ({backend}); no directory was created. Use quota bestEffort or off in the class, or an agent whose export root has a quota backend",
@@ -238,7 +372,7 @@ async fn provision(
         let capabilities = agent
             .capabilities(&rid)
             .await
-            .map_err(|e| agent_failure("did not report its capabilities", e))?;
+            .map_err(|e| info_failure("did not report its capabilities", e))?;
         if !capabilities.quota_enforced {
             return Err(cannot_enforce(&describe_quota(&capabilities)));
         }
@@ -285,12 +419,13 @@ async fn provision(
     });
     let api = Api::<PersistentVolume>::all(ctx.client.clone());
     match api.create(&PostParams::default(), &volume).await {
-        Ok(_) => Ok(Some(pv_name)),
+        Ok(_) => Ok(pv_name),
         // A previous attempt (perhaps of a crashed replica) saved it; the directory was just
-        // confirmed with the same settings, so there is nothing left to do.
+        // confirmed with the same settings, so this attempt succeeded as well, and is
+        // reported as such (as the library does) since the earlier one may not have been.
         Err(kube::Error::Api(status)) if status.code == 409 => {
-            info!(claim = %claim_key(pvc), pv = %pv_name, "PV already exists");
-            Ok(None)
+            info!(claim = %claim_key(pvc), pv = %pv_name, "PV already exists; reusing it");
+            Ok(pv_name)
         }
         Err(e) => {
             // The directory exists now: never leave it behind silently.
@@ -304,6 +439,7 @@ async fn provision(
                     agent.name()
                 ),
                 error: Some(Error::Kube(e)),
+                permanent: false,
             })
         }
     }

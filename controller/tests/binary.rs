@@ -135,3 +135,56 @@ async fn binary_leads_provisions_and_hands_back_the_lease_on_sigterm() {
     assert_eq!(lease.spec.and_then(|s| s.holder_identity), None);
     sim.shutdown().await;
 }
+
+/// Runs the binary against `agents` until it exits by itself; its status and stderr.
+fn run_until_exit(agents: &std::path::Path, extra: &[&str]) -> (bool, String) {
+    let output = Command::new(env!("CARGO_BIN_EXE_nfsprov-controller"))
+        .arg(format!("--agents-dir={}", agents.display()))
+        .arg("--kubeconfig=/nonexistent/kubeconfig")
+        .arg("--http-addr=127.0.0.1:0")
+        .args(extra)
+        .env_remove("NFSPROV_DEFAULT_AGENT")
+        .output()
+        .unwrap();
+    (
+        output.status.success(),
+        String::from_utf8_lossy(&output.stderr).into_owned(),
+    )
+}
+
+#[test]
+fn an_unclear_default_agent_stops_the_start() {
+    let dir = tempfile::tempdir().unwrap();
+    let key = rcgen::KeyPair::generate().unwrap();
+    let cert = rcgen::CertificateParams::new(vec!["localhost".to_owned()])
+        .unwrap()
+        .self_signed(&key)
+        .unwrap();
+    std::fs::write(dir.path().join("ca.pem"), cert.pem()).unwrap();
+    std::fs::write(dir.path().join("token"), "t\n").unwrap();
+    let write = |name: &str, default: bool| {
+        std::fs::write(
+            dir.path().join(format!("{name}.toml")),
+            format!(
+                "name = \"{name}\"\nurl = \"https://127.0.0.1:1\"\nca_file = \"ca.pem\"\ntoken_file = \"token\"\ndefault = {default}\n"
+            ),
+        )
+        .unwrap();
+    };
+    write("nfs1", true);
+    write("nfs2", true);
+    let (ok, stderr) = run_until_exit(dir.path(), &[]);
+    assert!(!ok);
+    assert!(
+        stderr.contains("several agents are marked default = true (nfs1, nfs2)"),
+        "{stderr}"
+    );
+
+    write("nfs2", false);
+    let (ok, stderr) = run_until_exit(dir.path(), &["--default-agent=nfs3"]);
+    assert!(!ok);
+    assert!(
+        stderr.contains("default agent \"nfs3\" is not configured; known agents: nfs1, nfs2"),
+        "{stderr}"
+    );
+}

@@ -95,6 +95,7 @@ impl Setup {
             timeout_seconds: 300,
             nfs_server: None,
             nfs_path: None,
+            default: false,
         })
         .unwrap()
     }

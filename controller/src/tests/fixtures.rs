@@ -500,12 +500,16 @@ pub struct MockAgentState {
     pub quota_enforced: bool,
     /// What `GET /v1/volumes/{path}` reports as usage, by path.
     pub usage: BTreeMap<String, VolumeUsage>,
+    /// What `/v1/info` reports as available bytes; half a terabyte when unset.
+    pub available_bytes: Option<u64>,
 }
 
 #[derive(Clone)]
 struct MockShared {
     state: Arc<Mutex<MockAgentState>>,
     token: String,
+    /// `<name>.example`, so PVs show which agent they came from.
+    server: String,
 }
 
 /// A fake agent (a mock, not the real `nfsprov-agent`) on 127.0.0.1 over HTTPS with a
@@ -572,6 +576,7 @@ impl MockAgent {
             .with_state(MockShared {
                 state: state.clone(),
                 token: "mock-token".to_owned(),
+                server: format!("{name}.example"),
             });
         let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
         listener.set_nonblocking(true).expect("nonblocking");
@@ -596,6 +601,7 @@ impl MockAgent {
             timeout_seconds: 5,
             nfs_server: None,
             nfs_path: None,
+            default: false,
         };
         Self {
             config,
@@ -618,6 +624,22 @@ impl MockAgent {
     pub fn registry(&self) -> AgentRegistry {
         AgentRegistry::new(std::slice::from_ref(&self.config), Arc::new(Metrics::new()))
             .expect("registry")
+    }
+
+    /// A registry of several agents, with `default` marked `default = true`.
+    pub fn registry_of(agents: &[&MockAgent], default: Option<&str>) -> AgentRegistry {
+        let configs: Vec<AgentConnectionConfig> = agents
+            .iter()
+            .map(|agent| AgentConnectionConfig {
+                default: Some(agent.config.name.as_str()) == default,
+                ..agent.config.clone()
+            })
+            .collect();
+        AgentRegistry::new(&configs, Arc::new(Metrics::new())).expect("registry")
+    }
+
+    pub fn set_available_bytes(&self, bytes: u64) {
+        self.state.lock().expect("lock").available_bytes = Some(bytes);
     }
 
     pub fn calls(&self) -> Vec<String> {
@@ -717,11 +739,17 @@ async fn info(State(shared): State<MockShared>, headers: HeaderMap) -> Response 
     if let Some(response) = enter(&shared, &headers, "GET info".to_owned()) {
         return response;
     }
-    let quota_enforced = shared.state.lock().expect("lock").quota_enforced;
+    let (quota_enforced, available) = {
+        let state = shared.state.lock().expect("lock");
+        (
+            state.quota_enforced,
+            state.available_bytes.unwrap_or(1 << 39),
+        )
+    };
     Json(AgentInfo {
         version: "mock".to_owned(),
         nfs: NfsExport {
-            server: "nfs1.example".to_owned(),
+            server: shared.server.clone(),
             path: "/srv/nfs".to_owned(),
         },
         capabilities: Capabilities {
@@ -735,8 +763,8 @@ async fn info(State(shared): State<MockShared>, headers: HeaderMap) -> Response 
         },
         filesystem: FilesystemStats {
             total_bytes: 1 << 40,
-            free_bytes: 1 << 39,
-            available_bytes: 1 << 39,
+            free_bytes: available,
+            available_bytes: available,
             total_inodes: 1 << 20,
             free_inodes: 1 << 19,
         },

@@ -2,6 +2,7 @@
 //! mocked API server (calls asserted in order), against the simulator, and against the
 //! real agent.
 
+mod agent_choice;
 mod expand_scenarios;
 mod expand_sim;
 pub(crate) mod fixtures;

@@ -161,8 +161,9 @@ async fn parameters_reach_the_agent_and_the_pv() {
     assert_eq!((request.uid, request.gid), (Some(1001), Some(2002)));
 }
 
-/// Runs one claim that must be refused: exactly one ProvisioningFailed event, no agent call,
-/// and the error goes to the backoff.
+/// Runs one claim that must be refused: exactly one ProvisioningFailed event and one failure
+/// in the metrics, no agent call, and no retry until the claim or class changes (a second
+/// reconcile of the same claim, as a resync makes, reports nothing again).
 async fn assert_refused(
     pvc: k8s_openapi::api::core::v1::PersistentVolumeClaim,
     params: &[(&str, &str)],
@@ -171,8 +172,17 @@ async fn assert_refused(
     let agent = MockAgent::start("nfs1").await;
     let (ctx, api) = context(agent.registry(), vec![class("nfs", params)], vec![]);
     let server = api.run(vec![failed_event(note)]);
-    let result = reconcile_claim(Arc::new(pvc.into()), ctx.clone()).await;
-    assert!(result.is_err(), "{note}: {result:?}");
+    let pvc = Arc::new(objects::CachedClaim::from(pvc));
+    for _ in 0..2 {
+        let result = reconcile_claim(pvc.clone(), ctx.clone()).await;
+        assert_eq!(result.unwrap(), Action::await_change(), "{note}");
+    }
+    let metrics = ctx.metrics.encode().unwrap();
+    assert!(
+        metrics
+            .contains("controller_persistentvolumeclaim_provision_failed_total{class=\"nfs\"} 1"),
+        "{note}: {metrics}"
+    );
     finish(ctx, server).await;
     assert!(
         agent.calls().is_empty(),
@@ -346,7 +356,7 @@ async fn pv_already_exists() {
     assert!(agent.calls().is_empty());
 
     // Not yet in the cache (a crash after saving it): the directory is confirmed, the
-    // create answers AlreadyExists, and that counts as done with no success event.
+    // create answers AlreadyExists, and that counts as a success, reported as one.
     agent.insert_volume(
         DEFAULT_PATH,
         CreateVolumeRequest {
@@ -362,12 +372,23 @@ async fn pv_already_exists() {
     let server = api.run(vec![
         provisioning_event(),
         create_pv(DEFAULT_PATH, "archive").status(409),
+        succeeded_event(),
     ]);
     let action = reconcile_claim(Arc::new(claim("nfs").into()), ctx.clone())
         .await
         .unwrap();
     assert_eq!(action, Action::await_change());
+    let metrics = ctx.metrics.encode().unwrap();
     finish(ctx, server).await;
+    assert!(
+        metrics.contains("controller_persistentvolumeclaim_provision_total{class=\"nfs\"} 1"),
+        "{metrics}"
+    );
+    assert!(
+        !metrics
+            .contains("controller_persistentvolumeclaim_provision_failed_total{class=\"nfs\"} 1"),
+        "{metrics}"
+    );
     assert_eq!(
         agent.calls(),
         ["GET info".to_owned(), format!("PUT {DEFAULT_PATH}")]

@@ -124,6 +124,7 @@ impl TestAgent {
             timeout_seconds: 30,
             nfs_server: None,
             nfs_path: None,
+            default: false,
         }
     }
 

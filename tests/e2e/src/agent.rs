@@ -153,6 +153,7 @@ impl AgentProcess {
             timeout_seconds: 30,
             nfs_server: None,
             nfs_path: None,
+            default: false,
         }
     }
 

@@ -457,3 +457,101 @@ async fn api_faults_during_a_burst_converge() -> anyhow::Result<()> {
     assert_eq!(volume_dirs(&system.agents[0].root).len(), CLAIMS);
     Ok(())
 }
+
+/// The agent a PV records and the directory it has on that agent's root.
+fn placed_on(system: &System, volume: &k8s_openapi::api::core::v1::PersistentVolume) -> String {
+    let agent = volume
+        .metadata
+        .annotations
+        .as_ref()
+        .and_then(|a| a.get("nfsprov.dev/agent"))
+        .cloned()
+        .unwrap_or_default();
+    let path = volume
+        .spec
+        .as_ref()
+        .and_then(|s| s.nfs.as_ref())
+        .map(|n| n.path.clone())
+        .unwrap_or_default();
+    let under_test = system
+        .agents
+        .iter()
+        .find(|a| a.process.name() == agent)
+        .unwrap_or_else(|| panic!("PV {} records unknown agent {agent:?}", name_of(volume)));
+    assert!(path.starts_with(&under_test.export), "{agent}: {path}");
+    assert!(
+        volume_dirs(&under_test.root)
+            .iter()
+            .any(|d| d.ends_with(&name_of(volume))),
+        "{agent} has no directory for {}",
+        name_of(volume)
+    );
+    agent
+}
+
+/// Restarts the only controller, which reads its agents directory at start.
+async fn restart_controller(system: &mut System) -> anyhow::Result<()> {
+    for mut controller in system.controllers.drain(..) {
+        controller.kill();
+    }
+    system.start_controller(&["--leader-elect=false"]).await
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn adding_a_second_agent_keeps_classes_without_agent_working() -> anyhow::Result<()> {
+    let _turn = ONE_AT_A_TIME.lock().await;
+    let mut system = System::start(&["nfs1", "nfs2"], 0, &[]).await?;
+    let nfs1_file = system.agents_dir.join("nfs1.toml");
+    let nfs2_file = system.agents_dir.join("nfs2.toml");
+    let nfs2_aside = system.agents_dir.join("nfs2.toml.new");
+
+    // An installation with one agent and a class that names none.
+    std::fs::rename(&nfs2_file, &nfs2_aside)?;
+    system.start_controller(&["--leader-elect=false"]).await?;
+    system
+        .class("e2e-implicit", json!({"onDelete": "delete"}))
+        .await?;
+    system
+        .claim("before", "e2e-implicit", json!({}), json!({}))
+        .await?;
+    let before = system.bound_volume("before", BIND).await?;
+    assert_eq!(placed_on(&system, &before), "nfs1");
+
+    // The second agent's Secret is added without a default: claims of that class fail with
+    // the reason, and stay Pending.
+    std::fs::rename(&nfs2_aside, &nfs2_file)?;
+    restart_controller(&mut system).await?;
+    system
+        .claim("waiting", "e2e-implicit", json!({}), json!({}))
+        .await?;
+    system
+        .wait_for_event("waiting", "ProvisioningFailed", "with no default")
+        .await?;
+
+    // Marking the first agent the default lets them through, on that agent; a class
+    // naming both places its volume on one of them.
+    let mut settings = std::fs::read_to_string(&nfs1_file)?;
+    settings.push_str("default = true\n");
+    std::fs::write(&nfs1_file, settings)?;
+    restart_controller(&mut system).await?;
+    system
+        .claim("after", "e2e-implicit", json!({}), json!({}))
+        .await?;
+    for name in ["waiting", "after"] {
+        let volume = system.bound_volume(name, BIND).await?;
+        assert_eq!(placed_on(&system, &volume), "nfs1", "{name}");
+    }
+    system
+        .class(
+            "e2e-both",
+            json!({"agents": "nfs1,nfs2", "onDelete": "delete"}),
+        )
+        .await?;
+    system
+        .claim("spread", "e2e-both", json!({}), json!({}))
+        .await?;
+    let spread = system.bound_volume("spread", BIND).await?;
+    let agent = placed_on(&system, &spread);
+    assert!(["nfs1", "nfs2"].contains(&agent.as_str()), "{agent}");
+    Ok(())
+}
