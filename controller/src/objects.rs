@@ -9,10 +9,10 @@ use k8s_openapi::api::core::v1::{
 };
 use k8s_openapi::api::storage::v1::StorageClass;
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference, Time};
 use k8s_openapi::{ClusterResourceScope, NamespaceResourceScope};
 use kube::{Resource, ResourceExt};
-use serde::{Deserialize, Serialize};
+use serde::{Deserialize, Deserializer, Serialize};
 
 /// Set on every PV to name the provisioner that made it (as the library does).
 pub const ANN_PROVISIONED_BY: &str = "pv.kubernetes.io/provisioned-by";
@@ -182,7 +182,7 @@ impl ClaimParts for PersistentVolumeClaim {
 /// the cache dropped (see [`crate::cache::slim_claim`]) does not pay for an empty one.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct CachedClaim {
-    #[serde(default)]
+    #[serde(default, deserialize_with = "meta_without_managed_fields")]
     pub metadata: ObjectMeta,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub spec: Option<Box<PersistentVolumeClaimSpec>>,
@@ -305,10 +305,55 @@ impl RecordedAnnotations {
     }
 }
 
+/// `metadata` as the caches decode it: `managedFields` (and the obsolete `selfLink`) are
+/// skipped unread. The field managers' trees are most of a watched object's metadata, a
+/// JSON value of many small allocations each, that the caches would drop at once; at
+/// thousands of watch events a minute they are the bulk of the decoding work and leave
+/// the heap fragmented.
+fn meta_without_managed_fields<'de, D: Deserializer<'de>>(
+    deserializer: D,
+) -> Result<ObjectMeta, D::Error> {
+    #[derive(Deserialize, Default)]
+    #[serde(rename_all = "camelCase", default)]
+    struct Meta {
+        annotations: Option<BTreeMap<String, String>>,
+        creation_timestamp: Option<Time>,
+        deletion_grace_period_seconds: Option<i64>,
+        deletion_timestamp: Option<Time>,
+        finalizers: Option<Vec<String>>,
+        generate_name: Option<String>,
+        generation: Option<i64>,
+        labels: Option<BTreeMap<String, String>>,
+        name: Option<String>,
+        namespace: Option<String>,
+        owner_references: Option<Vec<OwnerReference>>,
+        resource_version: Option<String>,
+        uid: Option<String>,
+    }
+    let meta = Meta::deserialize(deserializer)?;
+    Ok(ObjectMeta {
+        annotations: meta.annotations,
+        creation_timestamp: meta.creation_timestamp,
+        deletion_grace_period_seconds: meta.deletion_grace_period_seconds,
+        deletion_timestamp: meta.deletion_timestamp,
+        finalizers: meta.finalizers,
+        generate_name: meta.generate_name,
+        generation: meta.generation,
+        labels: meta.labels,
+        managed_fields: None,
+        name: meta.name,
+        namespace: meta.namespace,
+        owner_references: meta.owner_references,
+        resource_version: meta.resource_version,
+        self_link: None,
+        uid: meta.uid,
+    })
+}
+
 /// A PV as the API sends it, before the annotations are moved out.
 #[derive(Deserialize)]
 struct DecodedVolume {
-    #[serde(default)]
+    #[serde(default, deserialize_with = "meta_without_managed_fields")]
     metadata: ObjectMeta,
     #[serde(default)]
     spec: Option<CachedVolumeSpec>,
@@ -437,4 +482,82 @@ pub fn class_name(pv: &CachedVolume) -> &str {
         .as_ref()
         .and_then(|s| s.storage_class_name.as_deref())
         .unwrap_or("")
+}
+
+#[cfg(test)]
+mod tests {
+    use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeSpec};
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::ManagedFieldsEntry;
+    use serde_json::json;
+
+    use super::*;
+
+    /// Every metadata field set, as the API server sends them.
+    fn full_meta() -> ObjectMeta {
+        let time: Time = serde_json::from_value(json!("2026-01-02T03:04:05Z")).unwrap();
+        let mut annotations = BTreeMap::from([("a".to_owned(), "1".to_owned())]);
+        annotations.insert(ANN_PROVISIONED_BY.into(), "example.com/nfs".into());
+        ObjectMeta {
+            annotations: Some(annotations),
+            creation_timestamp: Some(time.clone()),
+            deletion_grace_period_seconds: Some(30),
+            deletion_timestamp: Some(time),
+            finalizers: Some(vec!["kubernetes.io/pvc-protection".into()]),
+            generate_name: Some("data-".into()),
+            generation: Some(3),
+            labels: Some(BTreeMap::from([("app".into(), "db".into())])),
+            managed_fields: Some(vec![ManagedFieldsEntry {
+                manager: Some("kube-controller-manager".into()),
+                fields_v1: Some(
+                    serde_json::from_value(json!({"f:spec": {"f:volumeName": {}}})).unwrap(),
+                ),
+                ..ManagedFieldsEntry::default()
+            }]),
+            name: Some("data".into()),
+            namespace: Some("team-a".into()),
+            owner_references: Some(vec![OwnerReference {
+                api_version: "apps/v1".into(),
+                kind: "StatefulSet".into(),
+                name: "db".into(),
+                uid: "uid-db".into(),
+                ..OwnerReference::default()
+            }]),
+            resource_version: Some("42".into()),
+            self_link: Some("/api/v1/obsolete".into()),
+            uid: Some("uid-data".into()),
+        }
+    }
+
+    fn without_managed_fields(mut meta: ObjectMeta) -> ObjectMeta {
+        meta.managed_fields = None;
+        meta.self_link = None;
+        meta
+    }
+
+    #[test]
+    fn the_caches_decode_all_metadata_but_the_field_managers() {
+        let pvc = PersistentVolumeClaim {
+            metadata: full_meta(),
+            ..PersistentVolumeClaim::default()
+        };
+        let claim: CachedClaim =
+            serde_json::from_value(serde_json::to_value(&pvc).unwrap()).unwrap();
+        assert_eq!(claim.metadata, without_managed_fields(full_meta()));
+
+        let pv = PersistentVolume {
+            metadata: full_meta(),
+            spec: Some(PersistentVolumeSpec::default()),
+            ..PersistentVolume::default()
+        };
+        let volume: CachedVolume =
+            serde_json::from_value(serde_json::to_value(&pv).unwrap()).unwrap();
+        let mut expected = without_managed_fields(full_meta());
+        // The annotations read are fields of their own; the others are dropped.
+        expected.annotations = None;
+        assert_eq!(volume.metadata, expected);
+        assert_eq!(
+            volume.recorded.provisioned_by.as_deref(),
+            Some("example.com/nfs")
+        );
+    }
 }
