@@ -1,0 +1,116 @@
+//! `agents`: each agent's health, version, quota backend, free space and volume count,
+//! asked with the controller's own credentials.
+
+use serde::Serialize;
+
+use crate::cluster::Target;
+use crate::probe::{AgentProbe, probe_all};
+use crate::table::{Table, human_bytes};
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct AgentRow {
+    pub name: String,
+    pub secret: String,
+    pub url: Option<String>,
+    /// `ok`, `not ready` or `unreachable`.
+    pub health: String,
+    pub problem: Option<String>,
+    pub version: Option<String>,
+    pub quota: Option<String>,
+    pub quota_enforced: Option<bool>,
+    pub available_bytes: Option<u64>,
+    pub total_bytes: Option<u64>,
+    pub volumes: Option<usize>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct AgentsReport {
+    /// Where the agents' Secrets were found.
+    pub source: String,
+    pub agents: Vec<AgentRow>,
+}
+
+pub fn row(probe: &AgentProbe) -> AgentRow {
+    let info = probe.info.as_ref().ok();
+    let health = match &probe.ready {
+        Ok(h) if h.status == "ok" => "ok",
+        Ok(_) => "not ready",
+        Err(_) => "unreachable",
+    };
+    AgentRow {
+        name: probe.name.clone(),
+        secret: probe.secret.clone(),
+        url: probe.url.clone(),
+        health: health.to_owned(),
+        problem: probe.problem(),
+        version: info.map(|i| i.version.clone()),
+        quota: info.map(|i| i.capabilities.quota.to_string()),
+        quota_enforced: info.map(|i| i.capabilities.quota_enforced),
+        available_bytes: info.map(|i| i.filesystem.available_bytes),
+        total_bytes: info.map(|i| i.filesystem.total_bytes),
+        volumes: probe
+            .volumes
+            .as_ref()
+            .and_then(|v| v.as_ref().ok())
+            .map(Vec::len),
+    }
+}
+
+pub async fn run(target: &Target) -> anyhow::Result<AgentsReport> {
+    let deployment = target.deployment().await?;
+    let agents = crate::credentials::load(target, deployment.as_ref()).await?;
+    let probes = probe_all(&agents, true).await;
+    Ok(AgentsReport {
+        source: agents.source.clone(),
+        agents: probes.iter().map(row).collect(),
+    })
+}
+
+fn or_dash(value: Option<String>) -> String {
+    value.unwrap_or_else(|| "-".to_owned())
+}
+
+impl crate::report::Report for AgentsReport {
+    fn table(&self) -> String {
+        if self.agents.is_empty() {
+            return format!("No agent found in {}.\n", self.source);
+        }
+        let mut table = Table::new(&[
+            "agent",
+            "health",
+            "version",
+            "quota",
+            "available",
+            "volumes",
+            "url",
+        ]);
+        for a in &self.agents {
+            let quota = a.quota.as_ref().map(|q| match a.quota_enforced {
+                Some(true) => format!("{q} (enforced)"),
+                _ => q.clone(),
+            });
+            let available = match (a.available_bytes, a.total_bytes) {
+                (Some(free), Some(total)) => {
+                    Some(format!("{}/{}", human_bytes(free), human_bytes(total)))
+                }
+                _ => None,
+            };
+            table.row([
+                a.name.clone(),
+                a.health.clone(),
+                or_dash(a.version.clone()),
+                or_dash(quota),
+                or_dash(available),
+                or_dash(a.volumes.map(|v| v.to_string())),
+                or_dash(a.url.clone()),
+            ]);
+        }
+        let mut out = table.render();
+        for a in &self.agents {
+            if let Some(problem) = &a.problem {
+                out.push_str(&format!("{}: {problem}\n", a.name));
+            }
+        }
+        out
+    }
+}

@@ -1,0 +1,347 @@
+//! The agents' connection settings, read from the same Secrets the controller mounts.
+//!
+//! The controller reads one `*.toml` per agent from a directory projected from Secrets
+//! (`deploy/deployment.yaml`); here those Secrets are read through the API, written to a
+//! private temporary directory in the same layout, and loaded with the same
+//! [`AgentConnectionConfig::from_file`], so both sides agree on every setting.
+
+use std::collections::BTreeSet;
+use std::path::Path;
+
+use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::core::v1::Secret;
+use kube::Api;
+use kube::api::ListParams;
+use nfsprov_api_types::client::{AgentClient, AgentConnectionConfig};
+
+use crate::cluster::{Access, Target, get_opt, list};
+
+/// Where the controller reads agent settings unless its flags say otherwise.
+const DEFAULT_AGENTS_DIR: &str = "/etc/nfsprov/agents";
+/// The label `nfsprov-agent init` puts on the Secrets it prints.
+pub const CREDENTIALS_SELECTOR: &str = "app.kubernetes.io/component=agent-credentials";
+
+/// One agent as configured: its name and a client, or why none could be made.
+pub struct ConfiguredAgent {
+    pub name: String,
+    pub secret: String,
+    pub url: Option<String>,
+    pub client: Result<AgentClient, String>,
+}
+
+/// Every configured agent, by name; the files behind the clients live as long as this.
+pub struct Agents {
+    pub agents: Vec<ConfiguredAgent>,
+    /// Secrets the Deployment mounts that do not exist.
+    pub missing_secrets: Vec<String>,
+    /// How the Secrets were found, for messages.
+    pub source: String,
+    _files: tempfile::TempDir,
+}
+
+impl Agents {
+    pub fn names(&self) -> BTreeSet<&str> {
+        self.agents.iter().map(|a| a.name.as_str()).collect()
+    }
+
+    pub fn get(&self, name: &str) -> Option<&ConfiguredAgent> {
+        self.agents.iter().find(|a| a.name == name)
+    }
+}
+
+/// The Secrets the controller's Deployment projects into its agents directory (the
+/// directory its `--agents-dir` flag or `NFSPROV_AGENTS_DIR` names), in mount order.
+pub fn secrets_of_deployment(deployment: &Deployment) -> Vec<String> {
+    let Some(pod) = deployment
+        .spec
+        .as_ref()
+        .and_then(|s| s.template.spec.as_ref())
+    else {
+        return Vec::new();
+    };
+    let mut names = Vec::new();
+    for container in &pod.containers {
+        let dir = agents_dir_of(container);
+        let mounts = container.volume_mounts.iter().flatten();
+        for mount in mounts.filter(|m| m.mount_path.trim_end_matches('/') == dir) {
+            let volumes = pod.volumes.iter().flatten();
+            for volume in volumes.filter(|v| v.name == mount.name) {
+                if let Some(name) = volume.secret.as_ref().and_then(|s| s.secret_name.clone()) {
+                    names.push(name);
+                }
+                let sources = volume.projected.as_ref().and_then(|p| p.sources.as_ref());
+                for source in sources.into_iter().flatten() {
+                    if let Some(secret) = &source.secret {
+                        names.push(secret.name.clone());
+                    }
+                }
+            }
+        }
+    }
+    let mut seen = BTreeSet::new();
+    names.retain(|n| seen.insert(n.clone()));
+    names
+}
+
+fn agents_dir_of(container: &k8s_openapi::api::core::v1::Container) -> String {
+    let args = container
+        .command
+        .iter()
+        .flatten()
+        .chain(container.args.iter().flatten());
+    let mut previous_was_flag = false;
+    let mut from_args = None;
+    for arg in args {
+        if previous_was_flag {
+            from_args = Some(arg.clone());
+        } else if let Some(value) = arg.strip_prefix("--agents-dir=") {
+            from_args = Some(value.to_owned());
+        }
+        previous_was_flag = arg == "--agents-dir";
+    }
+    let from_env = container
+        .env
+        .iter()
+        .flatten()
+        .find(|e| e.name == "NFSPROV_AGENTS_DIR")
+        .and_then(|e| e.value.clone());
+    from_args
+        .or(from_env)
+        .unwrap_or_else(|| DEFAULT_AGENTS_DIR.to_owned())
+        .trim_end_matches('/')
+        .to_owned()
+}
+
+/// Writes a Secret's keys as files into `dir`, as Kubernetes projects them.
+pub fn write_secret(secret: &Secret, dir: &Path) -> std::io::Result<()> {
+    use std::io::Write as _;
+    use std::os::unix::fs::OpenOptionsExt as _;
+    std::fs::create_dir_all(dir)?;
+    let data = secret
+        .data
+        .iter()
+        .flatten()
+        .map(|(k, v)| (k, v.0.as_slice()));
+    // stringData is write-only on a real API server, but a Secret read from a file or an
+    // older server may still carry it.
+    let string_data = secret
+        .string_data
+        .iter()
+        .flatten()
+        .map(|(k, v)| (k, v.as_bytes()));
+    for (key, value) in data.chain(string_data) {
+        if key.contains('/') || key.starts_with("..") {
+            continue;
+        }
+        std::fs::OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .mode(0o600)
+            .open(dir.join(key))?
+            .write_all(value)?;
+    }
+    Ok(())
+}
+
+/// The agents of one Secret written to `dir`: each `*.toml` in it is one agent.
+fn agents_in(secret_name: &str, dir: &Path) -> Vec<ConfiguredAgent> {
+    let mut files: Vec<_> = std::fs::read_dir(dir)
+        .into_iter()
+        .flatten()
+        .flatten()
+        .map(|e| e.path())
+        .filter(|p| p.extension().is_some_and(|e| e == "toml"))
+        .collect();
+    files.sort();
+    if files.is_empty() {
+        return vec![ConfiguredAgent {
+            name: secret_name.to_owned(),
+            secret: secret_name.to_owned(),
+            url: None,
+            client: Err(format!(
+                "Secret {secret_name} has no *.toml key with agent settings"
+            )),
+        }];
+    }
+    files
+        .into_iter()
+        .map(|file| match AgentConnectionConfig::from_file(&file) {
+            Ok(config) => ConfiguredAgent {
+                name: config.name.clone(),
+                secret: secret_name.to_owned(),
+                url: Some(config.url.clone()),
+                client: AgentClient::new(&config).map_err(|e| e.to_string()),
+            },
+            Err(e) => {
+                let key = file
+                    .file_name()
+                    .map(|n| n.to_string_lossy().into_owned())
+                    .unwrap_or_default();
+                ConfiguredAgent {
+                    name: key.trim_end_matches(".toml").to_owned(),
+                    secret: secret_name.to_owned(),
+                    url: None,
+                    // The message carries the temporary path; name the Secret's key instead.
+                    client: Err(format!(
+                        "key {key}: {}",
+                        e.to_string().replace(&file.display().to_string(), &key)
+                    )),
+                }
+            }
+        })
+        .collect()
+}
+
+/// Finds the agent Secrets (those the controller's Deployment mounts, or when there is
+/// no Deployment those labelled as agent credentials) and makes a client for each agent.
+pub async fn load(target: &Target, deployment: Option<&Deployment>) -> anyhow::Result<Agents> {
+    let api = Api::<Secret>::namespaced(target.client.clone(), &target.namespace);
+    let files = tempfile::Builder::new()
+        .prefix("kubectl-nfsprov-")
+        .tempdir()?;
+    let mut secrets = Vec::new();
+    let mut missing_secrets = Vec::new();
+    let source;
+    match deployment.map(secrets_of_deployment) {
+        Some(names) if !names.is_empty() => {
+            source = format!(
+                "the Secrets Deployment {}/{} mounts",
+                target.namespace, target.deployment
+            );
+            for name in names {
+                let access = Access {
+                    verb: "get",
+                    group: "",
+                    resource: "secrets",
+                    namespace: Some(&target.namespace),
+                };
+                match get_opt(&api, &name, access).await? {
+                    Some(secret) => secrets.push(secret),
+                    None => missing_secrets.push(name),
+                }
+            }
+        }
+        _ => {
+            source = format!(
+                "the Secrets labelled {CREDENTIALS_SELECTOR} in namespace {}",
+                target.namespace
+            );
+            let access = Access {
+                verb: "list",
+                group: "",
+                resource: "secrets",
+                namespace: Some(&target.namespace),
+            };
+            secrets = list(
+                &api,
+                &ListParams::default().labels(CREDENTIALS_SELECTOR),
+                access,
+            )
+            .await?;
+        }
+    }
+    let mut agents: Vec<ConfiguredAgent> = Vec::new();
+    for (i, secret) in secrets.iter().enumerate() {
+        let name = secret.metadata.name.clone().unwrap_or_default();
+        let dir = files.path().join(i.to_string());
+        write_secret(secret, &dir)?;
+        agents.extend(agents_in(&name, &dir));
+    }
+    agents.sort_by(|a, b| a.name.cmp(&b.name));
+    Ok(Agents {
+        agents,
+        missing_secrets,
+        source,
+        _files: files,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn deployment(value: serde_json::Value) -> Deployment {
+        serde_json::from_value(value).unwrap()
+    }
+
+    #[test]
+    fn the_secrets_projected_into_the_agents_directory_are_found() {
+        let shipped = deployment(json!({
+            "metadata": {"name": "nfsprov-controller"},
+            "spec": {"selector": {}, "template": {"spec": {
+                "containers": [{"name": "controller", "volumeMounts": [
+                    {"name": "agents", "mountPath": "/etc/nfsprov/agents"},
+                    {"name": "other", "mountPath": "/etc/other"},
+                ]}],
+                "volumes": [
+                    {"name": "agents", "projected": {"sources": [
+                        {"secret": {"name": "nfsprov-agent-default"}},
+                        {"secret": {"name": "nfsprov-agent-nfs2"}},
+                        {"configMap": {"name": "unrelated"}},
+                    ]}},
+                    {"name": "other", "secret": {"secretName": "not-an-agent"}},
+                ],
+            }}},
+        }));
+        assert_eq!(
+            secrets_of_deployment(&shipped),
+            ["nfsprov-agent-default", "nfsprov-agent-nfs2"]
+        );
+        let moved = deployment(json!({
+            "spec": {"selector": {}, "template": {"spec": {
+                "containers": [{"name": "c", "args": ["--agents-dir", "/agents/"],
+                    "volumeMounts": [{"name": "a", "mountPath": "/agents"}]}],
+                "volumes": [{"name": "a", "secret": {"secretName": "s1"}}],
+            }}},
+        }));
+        assert_eq!(secrets_of_deployment(&moved), ["s1"]);
+        let by_env = deployment(json!({
+            "spec": {"selector": {}, "template": {"spec": {
+                "containers": [{"name": "c", "env": [{"name": "NFSPROV_AGENTS_DIR", "value": "/x"}],
+                    "volumeMounts": [{"name": "a", "mountPath": "/etc/nfsprov/agents"}]}],
+                "volumes": [{"name": "a", "secret": {"secretName": "s1"}}],
+            }}},
+        }));
+        assert!(secrets_of_deployment(&by_env).is_empty());
+    }
+
+    #[test]
+    fn a_secret_becomes_the_files_the_controller_reads() {
+        let secret: Secret = serde_json::from_value(json!({
+            "metadata": {"name": "nfsprov-agent-nfs1"},
+            "stringData": {
+                "nfs1.toml": "name = \"nfs1\"\nurl = \"https://nfs1:8443\"\nca_file = \"nfs1-ca.pem\"\ntoken_file = \"nfs1-token\"\n",
+                "nfs1-ca.pem": "not a certificate\n",
+                "nfs1-token": "secret\n",
+            },
+        }))
+        .unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        write_secret(&secret, dir.path()).unwrap();
+        let agents = agents_in("nfsprov-agent-nfs1", dir.path());
+        assert_eq!(agents.len(), 1);
+        assert_eq!(agents[0].name, "nfs1");
+        assert_eq!(agents[0].url.as_deref(), Some("https://nfs1:8443"));
+        // The settings parse; the client refuses the CA file, as the controller would.
+        let err = agents[0].client.as_ref().err().unwrap();
+        assert!(err.contains("nfs1-ca.pem"), "{err}");
+
+        let bad: Secret = serde_json::from_value(json!({
+            "metadata": {"name": "broken"},
+            "data": {"b.toml": "bmFtZSA9ICJiIgp1cmwgPSAiaHR0cDovL3giCg=="},
+        }))
+        .unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        write_secret(&bad, dir.path()).unwrap();
+        let agents = agents_in("broken", dir.path());
+        let err = agents[0].client.as_ref().err().unwrap();
+        assert!(err.starts_with("key b.toml:"), "{err}");
+        assert!(!err.contains(&dir.path().display().to_string()), "{err}");
+
+        let empty = tempfile::tempdir().unwrap();
+        let agents = agents_in("empty", empty.path());
+        assert!(agents[0].client.as_ref().is_err());
+    }
+}

@@ -1,0 +1,651 @@
+//! `doctor`: what is wrong, one line each, with what to do about it.
+//!
+//! The rules are pure functions of what was read ([`Facts`]), so each is tested on fixture
+//! objects without a cluster.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::coordination::v1::Lease;
+use k8s_openapi::api::core::v1::{Event, PersistentVolume, PersistentVolumeClaim};
+use k8s_openapi::api::storage::v1::StorageClass;
+use nfsprov_controller::objects::ANN_AGENT;
+use serde::Serialize;
+
+use crate::cluster::{Target, annotation};
+use crate::probe::{AgentProbe, probe_all};
+use crate::table::Table;
+
+pub const VOLUME_FAILED_DELETE: &str = "VolumeFailedDelete";
+pub const PROVISIONING_FAILED: &str = "ProvisioningFailed";
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Finding {
+    /// What it is about, as `kind/name` (`agent/nfs1`, `pv/pvc-…`, `pvc/ns/name`).
+    pub object: String,
+    pub problem: String,
+    pub fix: String,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct DoctorReport {
+    pub findings: Vec<Finding>,
+}
+
+/// Everything the rules look at.
+pub struct Facts<'a> {
+    pub namespace: &'a str,
+    pub deployment_name: &'a str,
+    pub deployment: Option<&'a Deployment>,
+    pub lease: Option<&'a Lease>,
+    /// Where the agent Secrets were looked for, and the mounted ones that are missing.
+    pub agent_source: &'a str,
+    pub missing_secrets: &'a [String],
+    pub agents: &'a [AgentProbe],
+    /// Classes of this provisioner.
+    pub classes: &'a [StorageClass],
+    /// PVs of this provisioner.
+    pub volumes: &'a [PersistentVolume],
+    pub claims: &'a [PersistentVolumeClaim],
+    pub events: &'a [Event],
+}
+
+pub fn diagnose(facts: &Facts<'_>) -> Vec<Finding> {
+    let mut findings = Vec::new();
+    controller_rules(facts, &mut findings);
+    agent_rules(facts, &mut findings);
+    class_rules(facts, &mut findings);
+    released_volume_rules(facts, &mut findings);
+    pending_claim_rules(facts, &mut findings);
+    findings
+}
+
+fn controller_rules(facts: &Facts<'_>, findings: &mut Vec<Finding>) {
+    let object = format!("deployment/{}/{}", facts.namespace, facts.deployment_name);
+    match facts.deployment {
+        None => findings.push(Finding {
+            object,
+            problem: "the controller's Deployment does not exist".into(),
+            fix: "install it (kubectl apply -k deploy/), or pass --namespace/--deployment where it runs".into(),
+        }),
+        Some(d) => {
+            let status = crate::status::controller_status(facts.namespace, facts.deployment_name, Some(d));
+            if status.ready < status.desired || status.desired == 0 {
+                findings.push(Finding {
+                    object,
+                    problem: format!("{}/{} controller replicas ready", status.ready, status.desired),
+                    fix: format!(
+                        "kubectl -n {} describe deployment {} and read the pods' logs",
+                        facts.namespace, facts.deployment_name
+                    ),
+                });
+            }
+        }
+    }
+    let held = facts
+        .lease
+        .and_then(|l| l.spec.as_ref())
+        .and_then(|s| s.holder_identity.as_deref())
+        .is_some_and(|h| !h.is_empty());
+    if facts.deployment.is_some() && !held {
+        findings.push(Finding {
+            object: format!("lease/{}", facts.namespace),
+            problem: "no controller replica holds the leader Lease: nothing is provisioned or deleted".into(),
+            fix: "check the controller pods' logs; their ServiceAccount needs get/create/update on leases in this namespace".into(),
+        });
+    }
+}
+
+fn agent_rules(facts: &Facts<'_>, findings: &mut Vec<Finding>) {
+    for secret in facts.missing_secrets {
+        findings.push(Finding {
+            object: format!("secret/{}/{secret}", facts.namespace),
+            problem: "the controller's Deployment mounts this Secret, but it does not exist".into(),
+            fix: format!(
+                "create it from the controller-secret.yaml `nfsprov-agent init` wrote on the NFS server (kubectl -n {} apply -f)",
+                facts.namespace
+            ),
+        });
+    }
+    if facts.agents.is_empty() {
+        findings.push(Finding {
+            object: format!("namespace/{}", facts.namespace),
+            problem: format!("no agent is configured (looked at {})", facts.agent_source),
+            fix: "run `nfsprov-agent init` on the NFS server and apply the Secret it prints; list it in the Deployment's agents volume".into(),
+        });
+    }
+    for agent in facts.agents {
+        let Some(problem) = agent.problem() else {
+            continue;
+        };
+        let fix = match &agent.ready {
+            Ok(_) => "see the reason: free space or inodes on the export root, or the export root itself (journalctl -u nfsprov-agent on the NFS server)".to_owned(),
+            Err(_) if agent.url.is_none() => format!(
+                "fix Secret {}: it must hold the settings `nfsprov-agent init` printed",
+                agent.secret
+            ),
+            Err(_) => format!(
+                "start the agent (systemctl status nfsprov-agent on the NFS server); check that {} is reachable from here and the certificate and token in Secret {} are the current ones",
+                agent.url.as_deref().unwrap_or("its url"),
+                agent.secret
+            ),
+        };
+        let problem = if agent.ready.is_err() {
+            format!("unreachable: {problem}")
+        } else {
+            problem
+        };
+        findings.push(Finding {
+            object: format!("agent/{}", agent.name),
+            problem,
+            fix,
+        });
+    }
+}
+
+fn class_rules(facts: &Facts<'_>, findings: &mut Vec<Finding>) {
+    let known: BTreeSet<&str> = facts.agents.iter().map(|a| a.name.as_str()).collect();
+    for class in facts.classes {
+        let status = crate::status::class_status(class, &known);
+        let object = format!("storageclass/{}", status.name);
+        if let Some(invalid) = &status.invalid {
+            findings.push(Finding {
+                object: object.clone(),
+                problem: invalid.clone(),
+                fix: "recreate the class with valid parameters (parameters cannot be edited); see controller/README.md".into(),
+            });
+        }
+        for agent in &status.unknown_agents {
+            findings.push(Finding {
+                object: object.clone(),
+                problem: format!("names agent {agent:?}, which no agent Secret configures; its claims stay Pending"),
+                fix: format!(
+                    "apply agent {agent}'s Secret and add it to the Deployment's agents volume, or recreate the class naming one of: {}",
+                    if known.is_empty() { "(none configured)".to_owned() } else { known.iter().copied().collect::<Vec<_>>().join(", ") }
+                ),
+            });
+        }
+    }
+}
+
+/// The newest message of events with `reason` about each object of `kind`, by name.
+fn last_messages(events: &[Event], kind: &str, reason: &str) -> BTreeMap<(String, String), String> {
+    let mut matching: Vec<&Event> = events
+        .iter()
+        .filter(|e| e.reason.as_deref() == Some(reason))
+        .filter(|e| e.involved_object.kind.as_deref() == Some(kind))
+        .collect();
+    let when = |e: &Event| {
+        e.last_timestamp
+            .as_ref()
+            .map(|t| t.0)
+            .or_else(|| e.event_time.as_ref().map(|t| t.0))
+            .or_else(|| e.metadata.creation_timestamp.as_ref().map(|t| t.0))
+    };
+    matching.sort_by_key(|e| when(e));
+    matching
+        .into_iter()
+        .map(|e| {
+            let key = (
+                e.involved_object.namespace.clone().unwrap_or_default(),
+                e.involved_object.name.clone().unwrap_or_default(),
+            );
+            (key, e.message.clone().unwrap_or_default())
+        })
+        .collect()
+}
+
+fn released_volume_rules(facts: &Facts<'_>, findings: &mut Vec<Finding>) {
+    let failures = last_messages(facts.events, "PersistentVolume", VOLUME_FAILED_DELETE);
+    for pv in facts.volumes {
+        let phase = pv.status.as_ref().and_then(|s| s.phase.as_deref());
+        if phase != Some("Released") {
+            continue;
+        }
+        let name = pv.metadata.name.clone().unwrap_or_default();
+        let Some(message) = failures
+            .iter()
+            .find(|((_, n), _)| *n == name)
+            .map(|(_, m)| m)
+        else {
+            continue;
+        };
+        let agent = annotation(&pv.metadata, ANN_AGENT).unwrap_or("its agent");
+        let claim = crate::volumes::claim_of(pv).unwrap_or_default();
+        findings.push(Finding {
+            object: format!("pv/{name}"),
+            problem: format!("stuck Released (claim {claim} is gone) and its data cannot be removed: {message}"),
+            fix: format!(
+                "make agent {agent} reachable and fix the cause; the controller retries by itself. To give up: remove the directory on the server, then kubectl patch pv {name} --type=merge -p '{{\"metadata\":{{\"finalizers\":null}}}}'"
+            ),
+        });
+    }
+}
+
+fn pending_claim_rules(facts: &Facts<'_>, findings: &mut Vec<Finding>) {
+    let ours: BTreeSet<&str> = facts
+        .classes
+        .iter()
+        .filter_map(|c| c.metadata.name.as_deref())
+        .collect();
+    let failures = last_messages(facts.events, "PersistentVolumeClaim", PROVISIONING_FAILED);
+    for claim in facts.claims {
+        let phase = claim.status.as_ref().and_then(|s| s.phase.as_deref());
+        let class = claim
+            .spec
+            .as_ref()
+            .and_then(|s| s.storage_class_name.as_deref());
+        if phase != Some("Pending") || !class.is_some_and(|c| ours.contains(c)) {
+            continue;
+        }
+        let key = (
+            claim.metadata.namespace.clone().unwrap_or_default(),
+            claim.metadata.name.clone().unwrap_or_default(),
+        );
+        let Some(message) = failures.get(&key) else {
+            continue;
+        };
+        findings.push(Finding {
+            object: format!("pvc/{}/{}", key.0, key.1),
+            problem: format!("Pending, provisioning failed: {message}"),
+            fix: format!(
+                "fix what the message names (class {}, its agent, or the claim); the controller retries with backoff, or delete and recreate the claim",
+                class.unwrap_or_default()
+            ),
+        });
+    }
+}
+
+pub async fn run(target: &Target) -> anyhow::Result<DoctorReport> {
+    let deployment = target.deployment().await?;
+    let lease = target.lease().await?;
+    let classes = target.classes().await?;
+    let volumes = target.volumes().await?;
+    let claims = target.claims().await?;
+    let events = target
+        .events(&[VOLUME_FAILED_DELETE, PROVISIONING_FAILED])
+        .await?;
+    let agents = crate::credentials::load(target, deployment.as_ref()).await?;
+    let probes = probe_all(&agents, false).await;
+    let facts = Facts {
+        namespace: &target.namespace,
+        deployment_name: &target.deployment,
+        deployment: deployment.as_ref(),
+        lease: lease.as_ref(),
+        agent_source: &agents.source,
+        missing_secrets: &agents.missing_secrets,
+        agents: &probes,
+        classes: &classes,
+        volumes: &volumes,
+        claims: &claims,
+        events: &events,
+    };
+    Ok(DoctorReport {
+        findings: diagnose(&facts),
+    })
+}
+
+impl crate::report::Report for DoctorReport {
+    fn table(&self) -> String {
+        if self.findings.is_empty() {
+            return "No problem found.\n".to_owned();
+        }
+        let mut table = Table::new(&["object", "problem", "fix"]);
+        for f in &self.findings {
+            table.row([f.object.clone(), f.problem.clone(), f.fix.clone()]);
+        }
+        table.render()
+    }
+
+    fn exit_code(&self) -> i32 {
+        i32::from(!self.findings.is_empty())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use nfsprov_api_types::Health;
+    use serde_json::json;
+
+    fn object<T: serde::de::DeserializeOwned>(value: serde_json::Value) -> T {
+        serde_json::from_value(value).unwrap()
+    }
+
+    fn probe(name: &str, ready: Result<&str, &str>) -> AgentProbe {
+        AgentProbe {
+            name: name.into(),
+            secret: format!("nfsprov-agent-{name}"),
+            url: Some(format!("https://{name}:8443")),
+            ready: ready
+                .map(|status| Health {
+                    status: status.into(),
+                    reason: (status != "ok").then(|| "export root is full".into()),
+                })
+                .map_err(str::to_owned),
+            info: Err("not asked".into()),
+            volumes: None,
+        }
+    }
+
+    fn deployment(ready: i32) -> Deployment {
+        object(json!({
+            "metadata": {"name": "nfsprov-controller"},
+            "spec": {"replicas": 2, "selector": {}, "template": {}},
+            "status": {"readyReplicas": ready},
+        }))
+    }
+
+    fn lease(holder: &str) -> Lease {
+        object(
+            json!({"metadata": {"name": "nfsprov-controller"}, "spec": {"holderIdentity": holder}}),
+        )
+    }
+
+    fn class(name: &str, parameters: serde_json::Value) -> StorageClass {
+        object(
+            json!({"metadata": {"name": name}, "provisioner": "nfsprov.dev/nfs", "parameters": parameters}),
+        )
+    }
+
+    fn pv(name: &str, phase: &str) -> PersistentVolume {
+        object(json!({
+            "metadata": {"name": name, "annotations": {"nfsprov.dev/agent": "nfs1", "nfsprov.dev/path": "ns-data"}},
+            "spec": {"claimRef": {"namespace": "ns", "name": "data"}},
+            "status": {"phase": phase},
+        }))
+    }
+
+    fn claim(name: &str, class: &str, phase: &str) -> PersistentVolumeClaim {
+        object(json!({
+            "metadata": {"name": name, "namespace": "ns"},
+            "spec": {"storageClassName": class},
+            "status": {"phase": phase},
+        }))
+    }
+
+    fn event(
+        kind: &str,
+        namespace: Option<&str>,
+        name: &str,
+        reason: &str,
+        message: &str,
+        at: &str,
+    ) -> Event {
+        object(json!({
+            "metadata": {"name": format!("{name}.{at}"), "namespace": namespace.unwrap_or("default")},
+            "involvedObject": {"kind": kind, "name": name, "namespace": namespace},
+            "reason": reason,
+            "message": message,
+            "lastTimestamp": at,
+        }))
+    }
+
+    struct Fixture {
+        deployment: Option<Deployment>,
+        lease: Option<Lease>,
+        missing: Vec<String>,
+        agents: Vec<AgentProbe>,
+        classes: Vec<StorageClass>,
+        volumes: Vec<PersistentVolume>,
+        claims: Vec<PersistentVolumeClaim>,
+        events: Vec<Event>,
+    }
+
+    impl Fixture {
+        fn healthy() -> Self {
+            Self {
+                deployment: Some(deployment(2)),
+                lease: Some(lease("nfsprov-controller-0")),
+                missing: Vec::new(),
+                agents: vec![probe("nfs1", Ok("ok"))],
+                classes: vec![class("nfs", json!({"agent": "nfs1", "onDelete": "delete"}))],
+                volumes: vec![pv("pvc-1", "Bound")],
+                claims: vec![claim("data", "nfs", "Bound")],
+                events: Vec::new(),
+            }
+        }
+
+        fn diagnose(&self) -> Vec<Finding> {
+            diagnose(&Facts {
+                namespace: "nfsprov",
+                deployment_name: "nfsprov-controller",
+                deployment: self.deployment.as_ref(),
+                lease: self.lease.as_ref(),
+                agent_source: "the Secrets labelled x",
+                missing_secrets: &self.missing,
+                agents: &self.agents,
+                classes: &self.classes,
+                volumes: &self.volumes,
+                claims: &self.claims,
+                events: &self.events,
+            })
+        }
+    }
+
+    fn objects(findings: &[Finding]) -> Vec<&str> {
+        findings.iter().map(|f| f.object.as_str()).collect()
+    }
+
+    #[test]
+    fn a_healthy_installation_has_no_finding() {
+        assert_eq!(Fixture::healthy().diagnose(), []);
+    }
+
+    #[test]
+    fn unreachable_and_unready_agents_are_told_apart() {
+        let mut fixture = Fixture::healthy();
+        fixture.agents = vec![
+            probe(
+                "nfs1",
+                Err("agent unreachable: cannot connect to https://nfs1:8443/"),
+            ),
+            probe("nfs2", Ok("unavailable")),
+        ];
+        let findings = fixture.diagnose();
+        assert_eq!(objects(&findings), ["agent/nfs1", "agent/nfs2"]);
+        assert!(
+            findings[0]
+                .problem
+                .starts_with("unreachable: agent unreachable"),
+            "{:?}",
+            findings[0]
+        );
+        assert!(
+            findings[0].fix.contains("systemctl status nfsprov-agent"),
+            "{:?}",
+            findings[0]
+        );
+        assert!(
+            findings[0].fix.contains("Secret nfsprov-agent-nfs1"),
+            "{:?}",
+            findings[0]
+        );
+        assert_eq!(findings[1].problem, "not ready: export root is full");
+    }
+
+    #[test]
+    fn classes_naming_unknown_agents_are_reported() {
+        let mut fixture = Fixture::healthy();
+        fixture
+            .classes
+            .push(class("typo", json!({"agent": "nfs9"})));
+        fixture
+            .classes
+            .push(class("broken", json!({"onDelete": "shred"})));
+        let findings = fixture.diagnose();
+        assert_eq!(
+            objects(&findings),
+            ["storageclass/typo", "storageclass/broken"]
+        );
+        assert!(
+            findings[0].problem.contains("\"nfs9\""),
+            "{:?}",
+            findings[0]
+        );
+        assert!(
+            findings[0].fix.contains("one of: nfs1"),
+            "{:?}",
+            findings[0]
+        );
+        assert!(
+            findings[1].problem.contains("onDelete"),
+            "{:?}",
+            findings[1]
+        );
+    }
+
+    #[test]
+    fn a_released_pv_with_failed_deletes_is_stuck_and_the_newest_message_is_shown() {
+        let mut fixture = Fixture::healthy();
+        fixture.volumes = vec![pv("pvc-1", "Released"), pv("pvc-2", "Released")];
+        fixture.events = vec![
+            event(
+                "PersistentVolume",
+                None,
+                "pvc-1",
+                VOLUME_FAILED_DELETE,
+                "newer: agent unreachable",
+                "2026-01-01T00:00:10Z",
+            ),
+            event(
+                "PersistentVolume",
+                None,
+                "pvc-1",
+                VOLUME_FAILED_DELETE,
+                "older",
+                "2026-01-01T00:00:01Z",
+            ),
+            // Released without a failure is a delete in progress, not a problem.
+            event(
+                "PersistentVolume",
+                None,
+                "pvc-2",
+                "VolumeDeleted",
+                "x",
+                "2026-01-01T00:00:01Z",
+            ),
+        ];
+        let findings = fixture.diagnose();
+        assert_eq!(objects(&findings), ["pv/pvc-1"]);
+        assert!(
+            findings[0].problem.contains("claim ns/data"),
+            "{:?}",
+            findings[0]
+        );
+        assert!(
+            findings[0].problem.ends_with("newer: agent unreachable"),
+            "{:?}",
+            findings[0]
+        );
+        assert!(findings[0].fix.contains("agent nfs1"), "{:?}", findings[0]);
+        assert!(
+            findings[0].fix.contains("kubectl patch pv pvc-1"),
+            "{:?}",
+            findings[0]
+        );
+        // The same events about a Bound PV are history, not a problem.
+        fixture.volumes = vec![pv("pvc-1", "Bound")];
+        assert_eq!(fixture.diagnose(), []);
+    }
+
+    #[test]
+    fn pending_claims_of_our_classes_with_failures_are_reported() {
+        let mut fixture = Fixture::healthy();
+        fixture.claims = vec![
+            claim("stuck", "nfs", "Pending"),
+            claim("fresh", "nfs", "Pending"),
+            claim("theirs", "other-class", "Pending"),
+        ];
+        fixture.events = vec![
+            event(
+                "PersistentVolumeClaim",
+                Some("ns"),
+                "stuck",
+                PROVISIONING_FAILED,
+                "agent nfs1 cannot enforce quotas",
+                "2026-01-01T00:00:01Z",
+            ),
+            event(
+                "PersistentVolumeClaim",
+                Some("ns"),
+                "theirs",
+                PROVISIONING_FAILED,
+                "not ours",
+                "2026-01-01T00:00:01Z",
+            ),
+            event(
+                "PersistentVolumeClaim",
+                Some("other"),
+                "fresh",
+                PROVISIONING_FAILED,
+                "same name, other namespace",
+                "2026-01-01T00:00:01Z",
+            ),
+        ];
+        let findings = fixture.diagnose();
+        assert_eq!(objects(&findings), ["pvc/ns/stuck"]);
+        assert!(
+            findings[0]
+                .problem
+                .ends_with("agent nfs1 cannot enforce quotas"),
+            "{:?}",
+            findings[0]
+        );
+    }
+
+    #[test]
+    fn controller_lease_and_secret_problems() {
+        let mut fixture = Fixture::healthy();
+        fixture.deployment = Some(deployment(1));
+        fixture.lease = Some(lease(""));
+        fixture.missing = vec!["nfsprov-agent-nfs2".into()];
+        let findings = fixture.diagnose();
+        assert_eq!(
+            objects(&findings),
+            [
+                "deployment/nfsprov/nfsprov-controller",
+                "lease/nfsprov",
+                "secret/nfsprov/nfsprov-agent-nfs2"
+            ]
+        );
+        assert_eq!(findings[0].problem, "1/2 controller replicas ready");
+        fixture.deployment = None;
+        fixture.agents.clear();
+        let findings = fixture.diagnose();
+        assert_eq!(
+            objects(&findings),
+            [
+                "deployment/nfsprov/nfsprov-controller",
+                "secret/nfsprov/nfsprov-agent-nfs2",
+                "namespace/nfsprov",
+                // With no agent configured, the agent the class names is unknown too.
+                "storageclass/nfs"
+            ]
+        );
+        assert!(
+            findings[2].problem.contains("the Secrets labelled x"),
+            "{:?}",
+            findings[2]
+        );
+    }
+
+    #[test]
+    fn findings_print_one_line_each_and_fail_the_exit_status() {
+        use crate::report::Report as _;
+        let mut fixture = Fixture::healthy();
+        fixture.agents = vec![probe("nfs1", Err("down"))];
+        let report = DoctorReport {
+            findings: fixture.diagnose(),
+        };
+        let text = report.table();
+        assert_eq!(text.lines().count(), 2, "{text}");
+        assert!(text.starts_with("OBJECT"), "{text}");
+        assert_eq!(report.exit_code(), 1);
+        let clean = DoctorReport {
+            findings: Vec::new(),
+        };
+        assert_eq!(clean.table(), "No problem found.\n");
+        assert_eq!(clean.exit_code(), 0);
+    }
+}

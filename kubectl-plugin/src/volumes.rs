@@ -1,0 +1,150 @@
+//! `volumes`: the PVs of this provisioner with their claim, agent, path, capacity, and
+//! the usage the agent measured.
+
+use k8s_openapi::api::core::v1::PersistentVolume;
+use nfsprov_api_types::VolumePath;
+use nfsprov_controller::objects::{ANN_AGENT, ANN_PATH};
+use serde::Serialize;
+
+use crate::cluster::{Target, annotation};
+use crate::credentials::Agents;
+use crate::table::{Table, human_bytes};
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct VolumeRow {
+    /// `namespace/name` of the claim the PV is bound to.
+    pub claim: Option<String>,
+    pub pv: String,
+    pub phase: Option<String>,
+    pub agent: Option<String>,
+    pub path: Option<String>,
+    /// The PV's `spec.capacity.storage` as written.
+    pub capacity: Option<String>,
+    pub capacity_bytes: Option<u64>,
+    pub used_bytes: Option<u64>,
+    pub quota_enforced: Option<bool>,
+    /// Why the agent's figures are missing.
+    pub error: Option<String>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct VolumesReport {
+    pub volumes: Vec<VolumeRow>,
+}
+
+/// The claim a PV is bound to, as `namespace/name`.
+pub fn claim_of(pv: &PersistentVolume) -> Option<String> {
+    let claim = pv.spec.as_ref()?.claim_ref.as_ref()?;
+    Some(format!(
+        "{}/{}",
+        claim.namespace.as_deref().unwrap_or(""),
+        claim.name.as_deref().unwrap_or("")
+    ))
+}
+
+/// The row of one PV before the agent is asked.
+pub fn base_row(pv: &PersistentVolume) -> VolumeRow {
+    let capacity = pv
+        .spec
+        .as_ref()
+        .and_then(|s| s.capacity.as_ref())
+        .and_then(|c| c.get("storage"));
+    VolumeRow {
+        claim: claim_of(pv),
+        pv: pv.metadata.name.clone().unwrap_or_default(),
+        phase: pv.status.as_ref().and_then(|s| s.phase.clone()),
+        agent: annotation(&pv.metadata, ANN_AGENT).map(str::to_owned),
+        path: annotation(&pv.metadata, ANN_PATH).map(str::to_owned),
+        capacity: capacity.map(|q| q.0.clone()),
+        capacity_bytes: capacity.and_then(nfsprov_controller::objects::bytes),
+        used_bytes: None,
+        quota_enforced: None,
+        error: None,
+    }
+}
+
+async fn with_usage(mut row: VolumeRow, agents: &Agents) -> VolumeRow {
+    let (Some(agent), Some(path)) = (&row.agent, &row.path) else {
+        row.error = Some("the PV has no nfsprov.dev/agent or nfsprov.dev/path annotation".into());
+        return row;
+    };
+    let Some(configured) = agents.get(agent) else {
+        row.error = Some(format!("agent {agent} is not configured"));
+        return row;
+    };
+    let client = match &configured.client {
+        Ok(client) => client,
+        Err(e) => {
+            row.error = Some(e.clone());
+            return row;
+        }
+    };
+    let path = match VolumePath::parse(path) {
+        Ok(p) => p,
+        Err(e) => {
+            row.error = Some(format!("invalid path annotation: {e}"));
+            return row;
+        }
+    };
+    match client.get_volume(&path, None).await {
+        Ok(Some(volume)) => {
+            row.used_bytes = volume.usage.map(|u| u.used_bytes);
+            row.quota_enforced = Some(volume.quota_enforced);
+            row.capacity_bytes = row.capacity_bytes.or(Some(volume.capacity_bytes));
+        }
+        Ok(None) => row.error = Some(format!("agent {agent} has no volume at this path")),
+        Err(e) => row.error = Some(e.to_string()),
+    }
+    row
+}
+
+pub async fn run(target: &Target) -> anyhow::Result<VolumesReport> {
+    let deployment = target.deployment().await?;
+    let volumes = target.volumes().await?;
+    let agents = crate::credentials::load(target, deployment.as_ref()).await?;
+    let rows =
+        futures::future::join_all(volumes.iter().map(|pv| with_usage(base_row(pv), &agents))).await;
+    Ok(VolumesReport { volumes: rows })
+}
+
+fn or_dash(value: Option<String>) -> String {
+    value.unwrap_or_else(|| "-".to_owned())
+}
+
+impl crate::report::Report for VolumesReport {
+    fn table(&self) -> String {
+        if self.volumes.is_empty() {
+            return "No PV of this provisioner.\n".to_owned();
+        }
+        let mut table = Table::new(&[
+            "claim", "pv", "status", "agent", "path", "capacity", "used", "enforced",
+        ]);
+        for v in &self.volumes {
+            let used = match (v.used_bytes, &v.error) {
+                (Some(bytes), _) => human_bytes(bytes),
+                (None, Some(_)) => "?".to_owned(),
+                (None, None) => "not measured yet".to_owned(),
+            };
+            table.row([
+                or_dash(v.claim.clone()),
+                v.pv.clone(),
+                or_dash(v.phase.clone()),
+                or_dash(v.agent.clone()),
+                or_dash(v.path.clone()),
+                or_dash(v.capacity.clone()),
+                used,
+                or_dash(
+                    v.quota_enforced
+                        .map(|e| if e { "yes" } else { "no" }.to_owned()),
+                ),
+            ]);
+        }
+        let mut out = table.render();
+        for v in &self.volumes {
+            if let Some(error) = &v.error {
+                out.push_str(&format!("{}: {error}\n", v.pv));
+            }
+        }
+        out
+    }
+}

@@ -1,0 +1,613 @@
+//! `kubectl nfsprov` against a running installation: the simulator, a real agent and the
+//! controller, with the plugin binary run as a user runs it.
+//!
+//! The simulator serves no Secrets and no Deployments, so the plugin reaches it through a
+//! small proxy that answers for the controller's Deployment (`deploy/deployment.yaml`,
+//! its agents volume naming the agent's Secret) and the agent's Secret (built from what
+//! `nfsprov-agent init` printed), and forwards everything else to the simulator.
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use k8s_openapi::ByteString;
+use k8s_openapi::api::core::v1::{Namespace, PersistentVolume, Secret};
+use kube::Api;
+use kube::api::{DeleteParams, PostParams};
+use nfsprov_api_types::{CreateVolumeRequest, VolumePath};
+use nfsprov_e2e::binaries::binary;
+use nfsprov_e2e::cluster::KubeApi;
+use nfsprov_e2e::system::System;
+use serde_json::{Value, json};
+use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
+use tokio::net::{TcpListener, TcpStream};
+
+const NAMESPACE: &str = "nfsprov";
+const SECRET: &str = "nfsprov-agent-nfs1";
+const BIND: Duration = Duration::from_secs(60);
+
+/// What the proxy answers itself: the objects the simulator does not serve.
+struct Fixtures {
+    deployment: Value,
+    secrets: BTreeMap<String, Value>,
+    /// Answer 403 to every Secret request, as a cluster without the RBAC rule does.
+    forbid_secrets: AtomicBool,
+}
+
+fn status(code: u16, reason: &str, message: &str) -> (u16, String) {
+    let body = json!({
+        "kind": "Status", "apiVersion": "v1", "metadata": {},
+        "status": "Failure", "message": message, "reason": reason, "code": code,
+    });
+    (code, body.to_string())
+}
+
+impl Fixtures {
+    /// The answer for `path`, or `None` when the simulator should answer.
+    fn answer(&self, method: &str, path: &str) -> Option<(u16, String)> {
+        let secrets = format!("/api/v1/namespaces/{NAMESPACE}/secrets");
+        let deployments = "/apis/apps/v1/";
+        if !path.starts_with(&secrets) && !path.starts_with(deployments) {
+            return None;
+        }
+        if method != "GET" {
+            return Some(status(405, "MethodNotAllowed", "read-only fixture"));
+        }
+        if path.starts_with(&secrets) {
+            if self.forbid_secrets.load(Ordering::SeqCst) {
+                let name = path.trim_start_matches(&secrets).trim_start_matches('/');
+                return Some(status(
+                    403,
+                    "Forbidden",
+                    &format!(
+                        "secrets \"{name}\" is forbidden: User \"alice\" cannot get resource \"secrets\" in API group \"\" in the namespace \"{NAMESPACE}\""
+                    ),
+                ));
+            }
+            return Some(match path.strip_prefix(&format!("{secrets}/")) {
+                Some(name) => match self.secrets.get(name) {
+                    Some(secret) => (200, secret.to_string()),
+                    None => status(404, "NotFound", &format!("secrets \"{name}\" not found")),
+                },
+                None => (
+                    200,
+                    json!({"kind": "SecretList", "apiVersion": "v1", "metadata": {},
+                           "items": self.secrets.values().collect::<Vec<_>>()})
+                    .to_string(),
+                ),
+            });
+        }
+        let ours = format!("/apis/apps/v1/namespaces/{NAMESPACE}/deployments/nfsprov-controller");
+        Some(if path == ours {
+            (200, self.deployment.to_string())
+        } else {
+            status(404, "NotFound", "deployments not found")
+        })
+    }
+}
+
+/// Serves one client connection: fixture answers on it directly (kept alive), anything
+/// else forwarded to the simulator on a connection of its own, then closed.
+async fn proxy_connection(
+    conn: TcpStream,
+    upstream: SocketAddr,
+    fixtures: Arc<Fixtures>,
+) -> std::io::Result<()> {
+    let mut conn = BufReader::new(conn);
+    loop {
+        let mut head = Vec::new();
+        while !head.ends_with(b"\r\n\r\n") {
+            if conn.read_until(b'\n', &mut head).await? == 0 {
+                return Ok(());
+            }
+        }
+        let text = String::from_utf8_lossy(&head).into_owned();
+        let mut lines = text.split("\r\n");
+        let request_line = lines.next().unwrap_or_default().to_owned();
+        let mut parts = request_line.split(' ');
+        let method = parts.next().unwrap_or_default();
+        let target = parts.next().unwrap_or_default();
+        let headers: Vec<&str> = lines.filter(|l| !l.is_empty()).collect();
+        let length: usize = headers
+            .iter()
+            .find_map(|h| {
+                let (name, value) = h.split_once(':')?;
+                name.eq_ignore_ascii_case("content-length")
+                    .then(|| value.trim().parse().ok())?
+            })
+            .unwrap_or(0);
+        let mut body = vec![0; length];
+        conn.read_exact(&mut body).await?;
+        let path = target.split('?').next().unwrap_or_default();
+        if let Some((code, answer)) = fixtures.answer(method, path) {
+            let response = format!(
+                "HTTP/1.1 {code} X\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{answer}",
+                answer.len()
+            );
+            conn.get_mut().write_all(response.as_bytes()).await?;
+            continue;
+        }
+        let mut forwarded = format!("{request_line}\r\n");
+        for header in headers
+            .iter()
+            .filter(|h| !h.to_ascii_lowercase().starts_with("connection:"))
+        {
+            forwarded.push_str(header);
+            forwarded.push_str("\r\n");
+        }
+        // One request per upstream connection: the answer then ends where the stream
+        // does, and its `connection: close` keeps the client from reusing ours.
+        forwarded.push_str("Connection: close\r\n\r\n");
+        let mut sim = TcpStream::connect(upstream).await?;
+        sim.write_all(forwarded.as_bytes()).await?;
+        sim.write_all(&body).await?;
+        let mut response = Vec::new();
+        sim.read_to_end(&mut response).await?;
+        conn.get_mut().write_all(&response).await?;
+        return Ok(());
+    }
+}
+
+async fn start_proxy(upstream: SocketAddr, fixtures: Arc<Fixtures>) -> anyhow::Result<SocketAddr> {
+    let listener = TcpListener::bind("127.0.0.1:0").await?;
+    let address = listener.local_addr()?;
+    tokio::spawn(async move {
+        while let Ok((conn, _)) = listener.accept().await {
+            tokio::spawn(proxy_connection(conn, upstream, fixtures.clone()));
+        }
+    });
+    Ok(address)
+}
+
+/// The agent's Secret as `nfsprov-agent init` printed it, in the shape the API returns
+/// (`data`, base64), with the labels of `deploy/examples/secret.example.yaml`.
+fn agent_secret(system: &System, dir: &Path) -> anyhow::Result<Value> {
+    system.agents[0].process.write_secret_files(dir)?;
+    let mut data = BTreeMap::new();
+    for entry in std::fs::read_dir(dir)? {
+        let entry = entry?;
+        data.insert(
+            entry.file_name().to_string_lossy().into_owned(),
+            ByteString(std::fs::read(entry.path())?),
+        );
+    }
+    anyhow::ensure!(
+        data.contains_key("nfs1.toml"),
+        "init printed {:?}",
+        data.keys()
+    );
+    let mut secret: Secret = serde_json::from_value(json!({
+        "apiVersion": "v1", "kind": "Secret",
+        "metadata": {"name": SECRET, "namespace": NAMESPACE, "labels": {
+            "app.kubernetes.io/name": "nfsprov",
+            "app.kubernetes.io/component": "agent-credentials",
+            "nfsprov.dev/agent": "nfs1",
+        }},
+        "type": "Opaque",
+    }))?;
+    secret.data = Some(data);
+    Ok(serde_json::to_value(&secret)?)
+}
+
+/// The shipped Deployment, as `kubectl apply -k deploy/` makes it with one replica,
+/// mounting this agent's Secret, and with the status its ready pod would give it.
+fn shipped_deployment() -> anyhow::Result<Value> {
+    let file = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../deploy/deployment.yaml");
+    let mut deployment: Value = serde_yaml_ng::from_str(&std::fs::read_to_string(file)?)?;
+    deployment["metadata"]["namespace"] = json!(NAMESPACE);
+    deployment["spec"]["replicas"] = json!(1);
+    let volumes = deployment["spec"]["template"]["spec"]["volumes"]
+        .as_array_mut()
+        .ok_or_else(|| anyhow::anyhow!("deployment.yaml has no volumes"))?;
+    let agents = volumes
+        .iter_mut()
+        .find(|v| v["name"] == "agents")
+        .ok_or_else(|| anyhow::anyhow!("deployment.yaml has no agents volume"))?;
+    agents["projected"]["sources"] = json!([{"secret": {"name": SECRET}}]);
+    // kubectl reads `0400` as YAML 1.1 octal; this YAML 1.2 reader keeps it a string.
+    agents["projected"]["defaultMode"] = json!(0o400);
+    deployment["status"] = json!({"replicas": 1, "readyReplicas": 1});
+    Ok(deployment)
+}
+
+struct Plugin {
+    bin: PathBuf,
+    kubeconfig: PathBuf,
+}
+
+struct Run {
+    code: i32,
+    stdout: String,
+    stderr: String,
+}
+
+impl Run {
+    fn json(&self) -> Value {
+        serde_json::from_str(&self.stdout)
+            .unwrap_or_else(|e| panic!("not JSON ({e}): {}\n{}", self.stdout, self.stderr))
+    }
+}
+
+impl Plugin {
+    async fn run(&self, args: &[&str]) -> anyhow::Result<Run> {
+        let output = tokio::process::Command::new(&self.bin)
+            .arg("--kubeconfig")
+            .arg(&self.kubeconfig)
+            .args(args)
+            .output()
+            .await?;
+        let run = Run {
+            code: output.status.code().unwrap_or(-1),
+            stdout: String::from_utf8_lossy(&output.stdout).into_owned(),
+            stderr: String::from_utf8_lossy(&output.stderr).into_owned(),
+        };
+        // The outputs, for a reader of the test log (and the README's examples).
+        println!(
+            "$ kubectl nfsprov {}\n{}{}",
+            args.join(" "),
+            run.stdout,
+            run.stderr
+        );
+        Ok(run)
+    }
+
+    /// Runs until `done` holds for the answer, or fails after `limit` with the last one.
+    async fn run_until(
+        &self,
+        args: &[&str],
+        limit: Duration,
+        done: impl Fn(&Run) -> bool,
+    ) -> anyhow::Result<Run> {
+        let deadline = Instant::now() + limit;
+        loop {
+            let run = self.run(args).await?;
+            if done(&run) {
+                return Ok(run);
+            }
+            // Status 2 is an error of the plugin itself, which waiting does not cure.
+            anyhow::ensure!(
+                run.code != 2,
+                "kubectl nfsprov {args:?} failed: {}",
+                run.stderr
+            );
+            if Instant::now() > deadline {
+                anyhow::bail!(
+                    "kubectl nfsprov {args:?} did not give the expected answer within {limit:?}; last: {}{}",
+                    run.stdout,
+                    run.stderr
+                );
+            }
+            tokio::time::sleep(Duration::from_millis(500)).await;
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn status_agents_volumes_doctor_and_orphans() -> anyhow::Result<()> {
+    let api = KubeApi::start().await?;
+    let Some(sim) = api.simulator_url() else {
+        nfsprov_test_skip::skip(
+            "status_agents_volumes_doctor_and_orphans",
+            "needs the simulator: the fixture proxy serves the Deployment and Secrets over plain HTTP",
+        );
+        return Ok(());
+    };
+    let admin = api.client().await?;
+    let namespace: Namespace = serde_json::from_value(json!({"metadata": {"name": NAMESPACE}}))?;
+    Api::<Namespace>::all(admin)
+        .create(&PostParams::default(), &namespace)
+        .await?;
+    // Leader election on, with the Lease where the plugin looks for it by default.
+    let mut system = System::start_on(
+        api,
+        &["nfs1"],
+        1,
+        &[&format!("--lease-namespace={NAMESPACE}")],
+    )
+    .await?;
+
+    let work = tempfile::tempdir()?;
+    let fixtures = Arc::new(Fixtures {
+        deployment: shipped_deployment()?,
+        secrets: BTreeMap::from([(
+            SECRET.to_owned(),
+            agent_secret(&system, &work.path().join("secret"))?,
+        )]),
+        forbid_secrets: AtomicBool::new(false),
+    });
+    let proxy = start_proxy(sim, fixtures.clone()).await?;
+    let kubeconfig = work.path().join("kubeconfig");
+    let original = std::fs::read_to_string(system.api.kubeconfig())?;
+    anyhow::ensure!(original.contains(&format!("http://{sim}")), "{original}");
+    std::fs::write(
+        &kubeconfig,
+        original.replace(&format!("http://{sim}"), &format!("http://{proxy}")),
+    )?;
+    let plugin = Plugin {
+        bin: binary("kubectl-nfsprov")?,
+        kubeconfig,
+    };
+
+    system
+        .class("e2e-delete", json!({"agent": "nfs1", "onDelete": "delete"}))
+        .await?;
+    system
+        .claim("data", "e2e-delete", json!({}), json!({}))
+        .await?;
+    let volume = system.bound_volume("data", BIND).await?;
+    let pv = volume.metadata.name.clone().unwrap_or_default();
+    let directory = format!("e2e-data-{pv}");
+    let agent_root = system.agents[0].root.clone();
+    std::fs::write(agent_root.join(&directory).join("blob"), vec![7u8; 3 << 20])?;
+
+    // status: replicas from the Deployment, the Lease holder, the class and its agent.
+    let status = plugin
+        .run_until(&["status", "-o", "json"], BIND, |r| {
+            r.code == 0 && !r.json()["leader"]["holder"].is_null()
+        })
+        .await?
+        .json();
+    assert_eq!(status["provisioner"], "nfsprov.dev/nfs");
+    assert_eq!(status["controller"]["found"], true);
+    assert_eq!(status["controller"]["ready"], 1);
+    assert_eq!(status["controller"]["desired"], 1);
+    assert_eq!(status["agents"], json!(["nfs1"]));
+    assert_eq!(status["classes"][0]["name"], "e2e-delete");
+    assert_eq!(status["classes"][0]["agents"], json!(["nfs1"]));
+    assert_eq!(status["classes"][0]["unknown_agents"], json!([]));
+    assert_eq!(status["classes"][0]["on_delete"], "delete");
+    let holder = status["leader"]["holder"]
+        .as_str()
+        .unwrap_or_default()
+        .to_owned();
+    let table = plugin.run(&["status"]).await?;
+    assert_eq!(table.code, 0, "{}", table.stderr);
+    assert!(
+        table
+            .stdout
+            .contains("Controller:   nfsprov/nfsprov-controller  1/1 ready"),
+        "{}",
+        table.stdout
+    );
+    assert!(
+        table
+            .stdout
+            .contains(&format!("Leader:       {holder} (renewed ")),
+        "{}",
+        table.stdout
+    );
+    assert!(
+        table
+            .stdout
+            .lines()
+            .any(|l| l.split_whitespace().collect::<Vec<_>>()
+                == ["e2e-delete", "nfs1", "delete", "bestEffort", "Delete", "no"]),
+        "{}",
+        table.stdout
+    );
+
+    // agents: asked over mTLS with the credentials of the Secret.
+    let agents = plugin.run(&["agents", "-o", "json"]).await?;
+    assert_eq!(agents.code, 0, "{}", agents.stderr);
+    let agent = &agents.json()["agents"][0];
+    assert_eq!(agent["name"], "nfs1");
+    assert_eq!(agent["secret"], SECRET);
+    assert_eq!(agent["health"], "ok");
+    assert_eq!(agent["version"], env!("CARGO_PKG_VERSION"));
+    assert_eq!(agent["quota"], "none");
+    assert_eq!(agent["volumes"], 1);
+    assert!(
+        agent["available_bytes"].as_u64().unwrap_or(0) > 0,
+        "{agent}"
+    );
+    let table = plugin.run(&["agents"]).await?;
+    let row: Vec<&str> = table
+        .stdout
+        .lines()
+        .nth(1)
+        .unwrap_or_default()
+        .split_whitespace()
+        .collect();
+    assert_eq!(
+        row[..4],
+        ["nfs1", "ok", env!("CARGO_PKG_VERSION"), "none"],
+        "{}",
+        table.stdout
+    );
+    assert_eq!(row[5], "1", "{}", table.stdout);
+
+    // volumes: claim, agent, path and the usage the agent measured.
+    let volumes = plugin
+        .run_until(&["volumes", "-o", "json"], Duration::from_secs(30), |r| {
+            r.code == 0 && !r.json()["volumes"][0]["used_bytes"].is_null()
+        })
+        .await?
+        .json();
+    let row = &volumes["volumes"][0];
+    assert_eq!(volumes["volumes"].as_array().map(Vec::len), Some(1));
+    assert_eq!(row["claim"], "e2e/data");
+    assert_eq!(row["pv"], pv.as_str());
+    assert_eq!(row["agent"], "nfs1");
+    assert_eq!(row["path"], directory.as_str());
+    assert_eq!(row["capacity"], "1Gi");
+    assert_eq!(row["capacity_bytes"], 1u64 << 30);
+    assert_eq!(row["quota_enforced"], false);
+    let used = row["used_bytes"].as_u64().unwrap_or(0);
+    assert!((3 << 20..4 << 20).contains(&used), "used {used}");
+    let table = plugin.run(&["volumes"]).await?;
+    let cells: Vec<&str> = table
+        .stdout
+        .lines()
+        .nth(1)
+        .unwrap_or_default()
+        .split_whitespace()
+        .collect();
+    assert_eq!(
+        cells,
+        [
+            "e2e/data",
+            pv.as_str(),
+            "Bound",
+            "nfs1",
+            directory.as_str(),
+            "1Gi",
+            "3Mi",
+            "no"
+        ],
+        "{}",
+        table.stdout
+    );
+
+    // doctor on a healthy installation: nothing to say, exit status 0.
+    let doctor = plugin.run(&["doctor"]).await?;
+    assert_eq!(
+        (doctor.code, doctor.stdout.as_str()),
+        (0, "No problem found.\n"),
+        "{}",
+        doctor.stderr
+    );
+
+    // orphans: a volume made through the agent's API that no PV points to.
+    let stray = VolumePath::parse("stray")?;
+    system.agents[0]
+        .process
+        .client()?
+        .create_volume(
+            &stray,
+            &CreateVolumeRequest {
+                capacity_bytes: 1 << 20,
+                ..CreateVolumeRequest::default()
+            },
+            None,
+        )
+        .await?;
+    let orphans = plugin.run(&["orphans", "-o", "json"]).await?;
+    assert_eq!(orphans.code, 1, "{}", orphans.stderr);
+    assert_eq!(
+        orphans.json()["orphans"],
+        json!([{"kind": "noPv", "agent": "nfs1", "path": "stray", "pv": null, "claim": null}])
+    );
+    let table = plugin.run(&["orphans"]).await?;
+    assert_eq!(
+        table
+            .stdout
+            .lines()
+            .nth(1)
+            .map(|l| l.split_whitespace().collect::<Vec<_>>()),
+        Some(vec!["no", "PV", "nfs1", "stray", "-", "-"]),
+        "{}",
+        table.stdout
+    );
+
+    // Problems on purpose: a class naming an agent nobody configured, with a claim on it;
+    // and a claim deleted while its agent is down, so its PV stays Released.
+    system.class("e2e-typo", json!({"agent": "nfs9"})).await?;
+    system
+        .claim("typo", "e2e-typo", json!({}), json!({}))
+        .await?;
+    system.agents[0].process.kill();
+    system
+        .claims()
+        .delete("data", &DeleteParams::default())
+        .await?;
+    let stuck = format!("pv/{pv}");
+    let doctor = plugin
+        .run_until(&["doctor", "-o", "json"], BIND, |r| {
+            let findings = r.json()["findings"].clone();
+            let has = |object: &str| {
+                findings
+                    .as_array()
+                    .into_iter()
+                    .flatten()
+                    .any(|f| f["object"] == object)
+            };
+            has(&stuck) && has("pvc/e2e/typo")
+        })
+        .await?;
+    assert_eq!(doctor.code, 1);
+    let findings = doctor.json()["findings"].clone();
+    let finding = |object: &str| {
+        findings
+            .as_array()
+            .into_iter()
+            .flatten()
+            .find(|f| f["object"] == object)
+            .cloned()
+            .unwrap_or_else(|| panic!("no finding about {object}: {findings}"))
+    };
+    let pv_finding = finding(&stuck);
+    let problem = pv_finding["problem"].as_str().unwrap_or_default();
+    assert!(
+        problem.starts_with("stuck Released (claim e2e/data is gone)"),
+        "{problem}"
+    );
+    assert!(problem.contains("unreachable"), "{problem}");
+    assert!(
+        pv_finding["fix"]
+            .as_str()
+            .unwrap_or_default()
+            .contains("make agent nfs1 reachable"),
+        "{pv_finding}"
+    );
+    let agent_finding = finding("agent/nfs1");
+    assert!(
+        agent_finding["problem"]
+            .as_str()
+            .unwrap_or_default()
+            .starts_with("unreachable: "),
+        "{agent_finding}"
+    );
+    let class_finding = finding("storageclass/e2e-typo");
+    assert!(
+        class_finding["problem"]
+            .as_str()
+            .unwrap_or_default()
+            .contains("\"nfs9\""),
+        "{class_finding}"
+    );
+    assert!(
+        finding("pvc/e2e/typo")["problem"]
+            .as_str()
+            .unwrap_or_default()
+            .starts_with("Pending, provisioning failed: "),
+        "{findings}"
+    );
+    let phase = system
+        .volumes()
+        .get(&pv)
+        .await
+        .map(|v: PersistentVolume| v.status.and_then(|s| s.phase))?;
+    assert_eq!(phase.as_deref(), Some("Released"));
+    let table = plugin.run(&["doctor"]).await?;
+    assert_eq!(table.code, 1);
+    // A header and one line per finding.
+    assert_eq!(
+        table.stdout.lines().count(),
+        1 + findings.as_array().map_or(0, Vec::len),
+        "{}",
+        table.stdout
+    );
+
+    // A missing permission names the verb, the resource and the rule to add.
+    fixtures.forbid_secrets.store(true, Ordering::SeqCst);
+    let refused = plugin.run(&["agents"]).await?;
+    assert_eq!(refused.code, 2);
+    assert!(
+        refused
+            .stderr
+            .starts_with("error: forbidden: cannot get secrets in namespace nfsprov"),
+        "{}",
+        refused.stderr
+    );
+    assert!(
+        refused
+            .stderr
+            .contains(r#"{apiGroups: [""], resources: ["secrets"], verbs: ["get"]}"#),
+        "{}",
+        refused.stderr
+    );
+    Ok(())
+}
