@@ -17,7 +17,7 @@ use crate::backoff::Backoff;
 use crate::events::EventRecorder;
 use crate::metrics::Metrics;
 use crate::objects::CachedVolume;
-use crate::provision::ReportedFailures;
+use crate::reported::ReportedFailures;
 
 /// Longest event note the API accepts is 1 kB; keep a margin for UTF-8 boundaries.
 const MAX_NOTE_BYTES: usize = 1000;

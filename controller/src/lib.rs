@@ -4,9 +4,9 @@
 //!
 //! Modules depend only downward (the test suite checks that no import cycle exists):
 //!
-//! 1. leaves: `config`, `quantity`, `pattern`, `params`, `metrics`, `backoff`, `events`,
-//!    and `objects` (names, annotations and every predicate over claims, classes and the
-//!    cached form of volumes);
+//! 1. leaves: `config`, `quantity`, `pattern`, `params`, `metrics`, `backoff`, `reported`
+//!    (permanent failures already reported), `events`, and `objects` (names, annotations
+//!    and every predicate over claims, classes and the cached form of volumes);
 //! 2. `pv` (a new PV), `cache` (what the watch caches keep), `agents` (the agent clients);
 //! 3. `context`: what every reconciler shares (`Context`, `Error`, event publishing);
 //! 4. the reconcilers: `provision`, `delete`, `expand`, `usage`;
@@ -34,6 +34,7 @@ pub mod provision;
 pub mod pv;
 pub mod quantity;
 pub mod reconcile;
+pub mod reported;
 pub mod usage;
 
 #[cfg(test)]
