@@ -117,21 +117,31 @@ pub async fn reconcile(pvc: &PersistentVolumeClaim, ctx: &Context) -> Result<Act
             .await;
             Ok(Action::await_change())
         }
-        // Nothing but a change of the claim or its class can help, and both trigger a new
-        // reconcile: retrying with backoff would only repeat the event and the metric.
-        Err(failure) if failure.permanent => {
-            let fingerprint = format!(
-                "{}/{}/{}",
-                pvc.metadata.resource_version.as_deref().unwrap_or_default(),
-                class
-                    .metadata
-                    .resource_version
-                    .as_deref()
-                    .unwrap_or_default(),
-                failure.message
-            );
-            if ctx.reported.first_time(&state_key, fingerprint) {
-                info!(claim = %claim_key(pvc), reason = %failure.message, "cannot provision until the claim or its class changes");
+        Err(failure) => {
+            // A permanent failure is reported once per version of the claim and its class:
+            // nothing but a change of either can help, and both trigger a new reconcile, so
+            // retrying with backoff would only repeat the event and the metric.
+            let report = if failure.permanent {
+                let fingerprint = format!(
+                    "{}/{}/{}",
+                    pvc.metadata.resource_version.as_deref().unwrap_or_default(),
+                    class
+                        .metadata
+                        .resource_version
+                        .as_deref()
+                        .unwrap_or_default(),
+                    failure.message
+                );
+                let first = ctx.reported.first_time(&state_key, fingerprint);
+                if first {
+                    info!(claim = %claim_key(pvc), reason = %failure.message, "cannot provision until the claim or its class changes");
+                }
+                first
+            } else {
+                ctx.reported.forget(&state_key);
+                true
+            };
+            if report {
                 ctx.metrics.provision_failed(&class_name);
                 ctx.event(
                     &reference,
@@ -142,20 +152,11 @@ pub async fn reconcile(pvc: &PersistentVolumeClaim, ctx: &Context) -> Result<Act
                 )
                 .await;
             }
-            Ok(Action::await_change())
-        }
-        Err(failure) => {
-            ctx.reported.forget(&state_key);
-            ctx.metrics.provision_failed(&class_name);
-            ctx.event(
-                &reference,
-                EventType::Warning,
-                REASON_FAILED,
-                ACTION,
-                &failure.message,
-            )
-            .await;
-            Err(failure.error.unwrap_or(Error::Reported(failure.message)))
+            if failure.permanent {
+                Ok(Action::await_change())
+            } else {
+                Err(failure.error.unwrap_or(Error::Reported(failure.message)))
+            }
         }
     }
 }
