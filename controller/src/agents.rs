@@ -261,6 +261,12 @@ impl Agent {
         .await
     }
 
+    /// Every volume the agent holds, for the orphan check.
+    pub async fn list_volumes(&self, request_id: &str) -> Result<Vec<Volume>, ClientError> {
+        self.timed("list", self.client.list_volumes(Some(request_id)))
+            .await
+    }
+
     pub async fn delete_volume(
         &self,
         path: &VolumePath,

@@ -123,6 +123,7 @@ pub async fn run(args: Args) -> Result<(), AppError> {
         },
         concurrency: args.max_concurrent_reconciles,
         usage_interval: args.usage_interval(),
+        orphan_check: args.orphan_check(),
     };
     let controllers = {
         let client = client.clone();

@@ -15,6 +15,17 @@ pub enum LogFormat {
     Json,
 }
 
+/// How the leader's orphan check runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct OrphanSettings {
+    pub every: Duration,
+    /// Directories younger than this are never reported or touched: their PV may be
+    /// being created right now.
+    pub grace: Duration,
+    /// Archive orphaned directories (never delete them).
+    pub archive: bool,
+}
+
 #[derive(Debug, Clone, Parser)]
 #[command(
     name = "nfsprov-controller",
@@ -84,12 +95,40 @@ pub struct Args {
     /// nfsprov_volume_* gauges and VolumeNearlyFull events); 0 turns measuring off.
     #[arg(long, env = "NFSPROV_USAGE_INTERVAL_SECONDS", default_value_t = 60)]
     pub usage_interval_seconds: u64,
+
+    /// How often the leader compares each agent's volumes with the PVs (directories no
+    /// PV points to, PVs whose directory is gone); 0 turns the check off.
+    #[arg(
+        long,
+        env = "NFSPROV_ORPHAN_CHECK_INTERVAL_SECONDS",
+        default_value_t = 600
+    )]
+    pub orphan_check_interval_seconds: u64,
+
+    /// Directories younger than this are never reported or archived as orphans: their
+    /// PV may be on its way.
+    #[arg(long, env = "NFSPROV_ORPHAN_GRACE_SECONDS", default_value_t = 600)]
+    pub orphan_grace_seconds: u64,
+
+    /// Archive orphaned directories (never delete them) once the API server confirms no
+    /// PV holds them and no pending claim can still get them.
+    #[arg(long, env = "NFSPROV_ARCHIVE_ORPHANS", default_value_t = false, action = ArgAction::Set, num_args = 0..=1, default_missing_value = "true")]
+    pub archive_orphans: bool,
 }
 
 impl Args {
     /// The usage poll interval, `None` when it is off.
     pub fn usage_interval(&self) -> Option<Duration> {
         (self.usage_interval_seconds > 0).then(|| Duration::from_secs(self.usage_interval_seconds))
+    }
+
+    /// The orphan check's settings, `None` when it is off.
+    pub fn orphan_check(&self) -> Option<OrphanSettings> {
+        (self.orphan_check_interval_seconds > 0).then(|| OrphanSettings {
+            every: Duration::from_secs(self.orphan_check_interval_seconds),
+            grace: Duration::from_secs(self.orphan_grace_seconds),
+            archive: self.archive_orphans,
+        })
     }
 }
 
@@ -105,6 +144,14 @@ mod tests {
         assert_eq!(args.log_format, LogFormat::Text);
         assert_eq!(args.usage_interval(), Some(Duration::from_secs(60)));
         assert_eq!(args.default_agent, None);
+        assert_eq!(
+            args.orphan_check(),
+            Some(OrphanSettings {
+                every: Duration::from_secs(600),
+                grace: Duration::from_secs(600),
+                archive: false,
+            })
+        );
         let args = Args::try_parse_from([
             "nfsprov-controller",
             "--provisioner-name=example.com/nfs",
@@ -113,6 +160,7 @@ mod tests {
             "--http-addr=127.0.0.1:9000",
             "--usage-interval-seconds=0",
             "--default-agent=nfs2",
+            "--orphan-check-interval-seconds=0",
         ])
         .unwrap();
         assert_eq!(args.provisioner_name, "example.com/nfs");
@@ -120,6 +168,9 @@ mod tests {
         assert_eq!(args.log_format, LogFormat::Json);
         assert_eq!(args.usage_interval(), None);
         assert_eq!(args.default_agent.as_deref(), Some("nfs2"));
+        assert_eq!(args.orphan_check(), None);
+        let args = Args::try_parse_from(["nfsprov-controller", "--archive-orphans"]).unwrap();
+        assert!(args.orphan_check().unwrap().archive);
         assert!(Args::try_parse_from(["nfsprov-controller", "--log-format=xml"]).is_err());
     }
 }

@@ -1,5 +1,6 @@
 //! Wiring only: the watches and their caches, the two kube-runtime controllers handed
-//! the entry points of [`crate::reconcile`], the periodic resync and the usage poll.
+//! the entry points of [`crate::reconcile`], the periodic resync, the usage poll and the
+//! orphan check.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -17,13 +18,14 @@ use tokio::sync::watch;
 use tracing::{debug, info};
 
 use crate::agents::AgentRegistry;
+use crate::config::OrphanSettings;
 use crate::context::{Context, stopped};
 use crate::metrics::Metrics;
 use crate::objects::{CachedClaim, CachedVolume, claim_class, claim_is_bound};
 use crate::reconcile::{
     claim_error_policy, reconcile_claim, reconcile_volume, volume_error_policy,
 };
-use crate::{cache, usage};
+use crate::{cache, orphans, usage};
 
 /// Settings of [`run`].
 #[derive(Debug, Clone)]
@@ -39,6 +41,8 @@ pub struct RunConfig {
     pub concurrency: u16,
     /// How often every bound volume's usage is measured; `None` turns measuring off.
     pub usage_interval: Option<Duration>,
+    /// The orphan check; `None` turns it off.
+    pub orphan_check: Option<OrphanSettings>,
 }
 
 fn ticks(every: Duration) -> impl futures::Stream<Item = ()> + Send + 'static {
@@ -129,6 +133,15 @@ pub async fn run(
             }
         }
     };
+    let orphan_check = {
+        let ctx = ctx.clone();
+        let shutdown = shutdown.clone();
+        async move {
+            if let Some(settings) = config.orphan_check {
+                orphans::run(ctx, settings, shutdown).await;
+            }
+        }
+    };
     let volume_controller = Controller::for_stream(volume_stream, volumes.clone())
         .with_config(controller_config)
         .reconcile_all_on(ticks(config.resync))
@@ -151,5 +164,11 @@ pub async fn run(
             ready.store(true, Ordering::SeqCst);
         }
     };
-    tokio::join!(claim_controller, volume_controller, readiness, usage_poll);
+    tokio::join!(
+        claim_controller,
+        volume_controller,
+        readiness,
+        usage_poll,
+        orphan_check
+    );
 }

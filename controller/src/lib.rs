@@ -9,7 +9,7 @@
 //!    and every predicate over claims, classes and the cached form of volumes);
 //! 2. `pv` (a new PV), `cache` (what the watch caches keep), `agents` (the agent clients);
 //! 3. `context`: what every reconciler shares (`Context`, `Error`, event publishing);
-//! 4. the reconcilers: `provision`, `delete`, `expand`, `usage`;
+//! 4. the reconcilers: `provision`, `delete`, `expand`, `usage`, `orphans`;
 //! 5. `reconcile`: the entry points kube-runtime calls, with per-object backoff;
 //! 6. `controller` (wiring: watches, caches, controllers), `http`, `leader`;
 //! 7. `app`: the whole process.
@@ -28,6 +28,7 @@ pub mod http;
 pub mod leader;
 pub mod metrics;
 pub mod objects;
+pub mod orphans;
 pub mod params;
 pub mod pattern;
 pub mod provision;

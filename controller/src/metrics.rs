@@ -12,7 +12,7 @@ use prometheus_client::encoding::{DescriptorEncoder, EncodeLabelSet, EncodeMetri
 use prometheus_client::metrics::MetricType;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
-use prometheus_client::metrics::gauge::ConstGauge;
+use prometheus_client::metrics::gauge::{ConstGauge, Gauge};
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
 
@@ -32,6 +32,11 @@ pub struct AgentErrorLabels {
     pub agent: String,
     pub operation: String,
     pub code: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct OrphanLabels {
+    pub agent: String,
 }
 
 /// One claim's volume. `agent` adds no cardinality (a volume lives on one agent) and lets
@@ -119,6 +124,9 @@ pub struct Metrics {
     agent_duration: HistogramFamily<AgentLabels>,
     agent_errors: Family<AgentErrorLabels, Counter>,
     volume_usage: Arc<VolumeUsage>,
+    orphaned_directories: Family<OrphanLabels, Gauge>,
+    missing_directories: Family<OrphanLabels, Gauge>,
+    orphans_archived: Family<OrphanLabels, Counter>,
 }
 
 impl std::fmt::Debug for Metrics {
@@ -148,6 +156,9 @@ impl Metrics {
             HistogramFamily::new_with_constructor(operation_histogram as fn() -> _);
         let agent_errors = Family::<AgentErrorLabels, Counter>::default();
         let volume_usage = Arc::new(VolumeUsage::default());
+        let orphaned_directories = Family::<OrphanLabels, Gauge>::default();
+        let missing_directories = Family::<OrphanLabels, Gauge>::default();
+        let orphans_archived = Family::<OrphanLabels, Counter>::default();
         // prometheus-client appends `_total` to counters itself.
         registry.register(
             "controller_persistentvolumeclaim_provision",
@@ -190,6 +201,21 @@ impl Metrics {
             agent_errors.clone(),
         );
         registry.register_collector(Box::new(volume_usage.clone()));
+        registry.register(
+            "nfsprov_orphaned_directories",
+            "Directories an agent holds that no PV points to, older than the grace period, at the last orphan check",
+            orphaned_directories.clone(),
+        );
+        registry.register(
+            "nfsprov_missing_volume_directories",
+            "PVs whose directory their agent does not have, at the last orphan check",
+            missing_directories.clone(),
+        );
+        registry.register(
+            "nfsprov_orphaned_directories_archived",
+            "Orphaned directories archived by the orphan check's clean-up",
+            orphans_archived.clone(),
+        );
         Self {
             registry,
             provision_total,
@@ -201,6 +227,9 @@ impl Metrics {
             agent_duration,
             agent_errors,
             volume_usage,
+            orphaned_directories,
+            missing_directories,
+            orphans_archived,
         }
     }
 
@@ -253,6 +282,28 @@ impl Metrics {
                 })
                 .inc();
         }
+    }
+
+    /// What the last orphan check of `agent` found.
+    pub fn set_orphans(&self, agent: &str, orphaned_directories: u64, missing_directories: u64) {
+        let labels = OrphanLabels {
+            agent: agent.to_owned(),
+        };
+        let gauge = |n: u64| i64::try_from(n).unwrap_or(i64::MAX);
+        self.orphaned_directories
+            .get_or_create(&labels)
+            .set(gauge(orphaned_directories));
+        self.missing_directories
+            .get_or_create(&labels)
+            .set(gauge(missing_directories));
+    }
+
+    pub fn orphans_archived(&self, agent: &str, count: u64) {
+        self.orphans_archived
+            .get_or_create(&OrphanLabels {
+                agent: agent.to_owned(),
+            })
+            .inc_by(count);
     }
 
     /// Publishes the figures of the volume `pv_name`, replacing its previous ones.

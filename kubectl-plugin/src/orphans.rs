@@ -1,11 +1,13 @@
 //! `orphans`: volumes an agent holds that no PV of this provisioner points to, and PVs
 //! whose volume the agent does not have.
 
-use std::collections::BTreeSet;
+use std::time::Duration;
 
 use k8s_openapi::api::core::v1::PersistentVolume;
+use k8s_openapi::jiff::Timestamp;
 use nfsprov_api_types::Volume;
 use nfsprov_controller::objects::{ANN_AGENT, ANN_PATH};
+use nfsprov_controller::orphans::{self, Finding, PvPointer, expects_directory};
 use serde::Serialize;
 
 use crate::cluster::{Target, annotation};
@@ -39,50 +41,62 @@ pub struct OrphansReport {
     pub unchecked_agents: Vec<(String, String)>,
 }
 
-/// Compares one agent's listing with the PVs that name it.
+/// Compares one agent's listing with the PVs that name it, as the controller's orphan
+/// check does, but reporting directories of any age: an operator asking wants to see a
+/// provisioning in flight too.
 pub fn compare(agent: &str, listed: &[Volume], volumes: &[PersistentVolume]) -> Vec<Orphan> {
-    let on_agent: Vec<&PersistentVolume> = volumes
-        .iter()
-        .filter(|pv| annotation(&pv.metadata, ANN_AGENT) == Some(agent))
-        .collect();
-    let pointed: BTreeSet<&str> = on_agent
-        .iter()
-        .filter_map(|pv| annotation(&pv.metadata, ANN_PATH))
-        .collect();
-    let held: BTreeSet<String> = listed.iter().map(|v| v.path.to_string()).collect();
-    let mut orphans = Vec::new();
-    for volume in listed {
-        let path = volume.path.to_string();
-        if pointed.contains(path.as_str()) {
-            continue;
-        }
-        let owner = &volume.owner;
-        orphans.push(Orphan {
+    let pointers: Vec<PvPointer> = volumes.iter().filter_map(pointer).collect();
+    orphans::compare(
+        agent,
+        listed,
+        &pointers,
+        &pointers,
+        Duration::ZERO,
+        Timestamp::now(),
+    )
+    .into_iter()
+    .map(|finding| match finding {
+        Finding::Unreferenced {
+            agent, path, owner, ..
+        } => Orphan {
             kind: OrphanKind::NoPv,
-            agent: agent.to_owned(),
+            agent,
             path,
-            pv: owner.pv_name.clone(),
-            claim: match (&owner.pvc_namespace, &owner.pvc_name) {
+            pv: owner.pv_name,
+            claim: match (owner.pvc_namespace, owner.pvc_name) {
                 (Some(ns), Some(name)) => Some(format!("{ns}/{name}")),
                 _ => None,
             },
-        });
-    }
-    for pv in on_agent {
-        let Some(path) = annotation(&pv.metadata, ANN_PATH) else {
-            continue;
-        };
-        if !held.contains(path) {
-            orphans.push(Orphan {
-                kind: OrphanKind::NoDirectory,
-                agent: agent.to_owned(),
-                path: path.to_owned(),
-                pv: pv.metadata.name.clone(),
-                claim: crate::volumes::claim_of(pv),
-            });
-        }
-    }
-    orphans
+        },
+        Finding::Missing {
+            agent,
+            path,
+            pv,
+            claim,
+        } => Orphan {
+            kind: OrphanKind::NoDirectory,
+            agent,
+            path,
+            pv: Some(pv),
+            claim,
+        },
+    })
+    .collect()
+}
+
+fn pointer(pv: &PersistentVolume) -> Option<PvPointer> {
+    let phase = pv
+        .status
+        .as_ref()
+        .and_then(|s| s.phase.as_deref())
+        .unwrap_or("");
+    Some(PvPointer {
+        pv: pv.metadata.name.clone()?,
+        agent: annotation(&pv.metadata, ANN_AGENT)?.to_owned(),
+        path: annotation(&pv.metadata, ANN_PATH)?.to_owned(),
+        claim: crate::volumes::claim_of(pv),
+        expects_directory: expects_directory(phase, pv.metadata.deletion_timestamp.is_some()),
+    })
 }
 
 pub fn report(probes: &[AgentProbe], volumes: &[PersistentVolume]) -> OrphansReport {

@@ -1,0 +1,263 @@
+//! The leader's orphan check, with the whole controller against the API simulator and the
+//! REAL agent on a temp-dir export root. The race cases: a directory whose claim still
+//! waits for its PV and a bound claim's directory are never touched, while a directory
+//! whose claim is gone is archived (never deleted) and a PV whose directory was removed
+//! behind the agent's back is reported with an event.
+
+use std::sync::Arc;
+use std::sync::atomic::AtomicBool;
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::PersistentVolumeClaim;
+use k8s_openapi::api::events::v1::Event;
+use k8s_openapi::api::storage::v1::StorageClass;
+use kube::api::{Api, ListParams, PostParams};
+use kube::runtime::events::Reporter;
+use kube::runtime::wait::await_condition;
+use nfsprov_agent_testkit::TestAgent;
+use nfsprov_api_types::{CreateVolumeRequest, VolumeOwner, VolumePath};
+use nfsprov_controller::agents::AgentRegistry;
+use nfsprov_controller::config::OrphanSettings;
+use nfsprov_controller::controller::{self, RunConfig};
+use nfsprov_controller::metrics::Metrics;
+use nfsprov_controller::orphans::REASON_DIRECTORY_MISSING;
+use nfsprov_kube_sim::{SimOptions, Simulator};
+use serde_json::json;
+
+const WAIT: Duration = Duration::from_secs(30);
+
+fn class(name: &str, provisioner: &str) -> StorageClass {
+    serde_json::from_value(json!({
+        "apiVersion": "storage.k8s.io/v1", "kind": "StorageClass",
+        "metadata": {"name": name},
+        "provisioner": provisioner,
+        "reclaimPolicy": "Delete",
+        "parameters": {"pathPattern": "${.PVC.namespace}/${.PVC.name}", "onDelete": "delete"},
+    }))
+    .unwrap()
+}
+
+fn claim(name: &str, class: &str) -> PersistentVolumeClaim {
+    serde_json::from_value(json!({
+        "apiVersion": "v1", "kind": "PersistentVolumeClaim",
+        "metadata": {"name": name, "namespace": "default"},
+        "spec": {
+            "accessModes": ["ReadWriteMany"],
+            "storageClassName": class,
+            "resources": {"requests": {"storage": "1Gi"}},
+        },
+    }))
+    .unwrap()
+}
+
+/// Waits, with a bound, until the controller's metrics contain every line of `wanted`.
+async fn metrics_show(metrics: &Metrics, wanted: &[&str]) -> String {
+    let deadline = tokio::time::Instant::now() + WAIT;
+    loop {
+        let text = metrics.encode().unwrap();
+        if wanted.iter().all(|line| text.contains(line)) {
+            return text;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "metrics never showed {wanted:?}:\n{text}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn orphans_are_reported_and_archived_and_wanted_directories_are_kept() {
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    let sim = Simulator::start(SimOptions::default()).await.unwrap();
+    let client = sim.client().await;
+    let root = tempfile::tempdir().unwrap();
+    let agent = TestAgent::start(root.path()).await.unwrap();
+    let agent_client = agent.client();
+    let metrics = Arc::new(Metrics::new());
+    let agents = AgentRegistry::new(&[agent.connection()], metrics.clone()).unwrap();
+
+    let classes: Api<StorageClass> = Api::all(client.clone());
+    let claims: Api<PersistentVolumeClaim> = Api::namespaced(client.clone(), "default");
+    classes
+        .create(&PostParams::default(), &class("nfs", "nfsprov.dev/nfs"))
+        .await
+        .unwrap();
+    // A class of another provisioner: its claim stays unbound, like a claim whose PV this
+    // controller has not made yet.
+    classes
+        .create(
+            &PostParams::default(),
+            &class("elsewhere", "example.com/other"),
+        )
+        .await
+        .unwrap();
+    let pending = claims
+        .create(&PostParams::default(), &claim("pending", "elsewhere"))
+        .await
+        .unwrap();
+    let pending_pv = format!("pvc-{}", pending.metadata.uid.unwrap());
+
+    // Directories as an interrupted provisioning leaves them: made by the agent, no PV.
+    let make = |path: &str, owner: VolumeOwner| {
+        let agent_client = agent_client.clone();
+        let path = VolumePath::parse(path).unwrap();
+        async move {
+            agent_client
+                .create_volume(
+                    &path,
+                    &CreateVolumeRequest {
+                        capacity_bytes: 1 << 30,
+                        owner,
+                        ..Default::default()
+                    },
+                    None,
+                )
+                .await
+                .unwrap();
+        }
+    };
+    make(
+        "default/pending",
+        VolumeOwner {
+            pvc_namespace: Some("default".into()),
+            pvc_name: Some("pending".into()),
+            pv_name: Some(pending_pv.clone()),
+        },
+    )
+    .await;
+    make(
+        "default/gone",
+        VolumeOwner {
+            pvc_namespace: Some("default".into()),
+            pvc_name: Some("gone".into()),
+            pv_name: Some("pvc-00000000-0000-0000-0000-000000000000".into()),
+        },
+    )
+    .await;
+
+    let (stop, stopped) = tokio::sync::watch::channel(false);
+    let running = tokio::spawn(controller::run(
+        client.clone(),
+        agents,
+        metrics.clone(),
+        RunConfig {
+            provisioner: "nfsprov.dev/nfs".into(),
+            resync: Duration::from_secs(600),
+            reporter: Reporter {
+                controller: "nfsprov-controller".into(),
+                instance: Some("test".into()),
+            },
+            concurrency: 16,
+            usage_interval: None,
+            orphan_check: Some(OrphanSettings {
+                every: Duration::from_millis(200),
+                grace: Duration::ZERO,
+                archive: true,
+            }),
+        },
+        Arc::new(AtomicBool::new(false)),
+        stopped,
+    ));
+
+    // A bound claim of ours, then its directory removed behind the agent's back.
+    claims
+        .create(&PostParams::default(), &claim("kept", "nfs"))
+        .await
+        .unwrap();
+    claims
+        .create(&PostParams::default(), &claim("lost", "nfs"))
+        .await
+        .unwrap();
+    for name in ["kept", "lost"] {
+        tokio::time::timeout(
+            WAIT,
+            await_condition(claims.clone(), name, |c: Option<&PersistentVolumeClaim>| {
+                c.and_then(|c| c.spec.as_ref())
+                    .and_then(|s| s.volume_name.as_deref())
+                    .is_some()
+            }),
+        )
+        .await
+        .expect("claim bound in time")
+        .unwrap();
+    }
+    let lost_pv = claims
+        .get("lost")
+        .await
+        .unwrap()
+        .spec
+        .unwrap()
+        .volume_name
+        .unwrap();
+    std::fs::remove_dir_all(root.path().join("default/lost")).unwrap();
+
+    // Both counts come from the same check, after every finding of it was handled.
+    let name = agent.connection().name;
+    let archived_line =
+        format!("nfsprov_orphaned_directories_archived_total{{agent=\"{name}\"}} 1");
+    metrics_show(
+        &metrics,
+        &[
+            &archived_line,
+            &format!("nfsprov_missing_volume_directories{{agent=\"{name}\"}} 1"),
+        ],
+    )
+    .await;
+    let archived: Vec<_> = std::fs::read_dir(root.path().join(".archive/default/gone"))
+        .unwrap()
+        .collect();
+    assert_eq!(archived.len(), 1, "the orphan is archived, not deleted");
+    assert!(!root.path().join("default/gone").exists());
+    assert!(
+        root.path().join("default/pending").is_dir(),
+        "a directory whose claim still waits for its PV is never touched"
+    );
+    assert!(root.path().join("default/kept").is_dir());
+    assert!(!root.path().join(".archive/default/pending").exists());
+    assert!(!root.path().join(".archive/default/kept").exists());
+
+    // More checks change nothing: the archived orphan is gone from the count.
+    let text = metrics_show(
+        &metrics,
+        &[&format!(
+            "nfsprov_orphaned_directories{{agent=\"{name}\"}} 0"
+        )],
+    )
+    .await;
+    assert!(text.contains(&archived_line), "{text}");
+
+    let events: Api<Event> = Api::all(client.clone());
+    let deadline = tokio::time::Instant::now() + WAIT;
+    loop {
+        let found = events.list(&ListParams::default()).await.unwrap();
+        let missing: Vec<&Event> = found
+            .items
+            .iter()
+            .filter(|e| e.reason.as_deref() == Some(REASON_DIRECTORY_MISSING))
+            .collect();
+        if let Some(event) = missing.first() {
+            assert_eq!(missing.len(), 1, "one event per PV, not one per check");
+            let regarding = event.regarding.as_ref().unwrap();
+            assert_eq!(regarding.kind.as_deref(), Some("PersistentVolume"));
+            assert_eq!(regarding.name.as_deref(), Some(lost_pv.as_str()));
+            assert!(
+                event.note.as_deref().unwrap().contains("default/lost"),
+                "{event:?}"
+            );
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "no {REASON_DIRECTORY_MISSING} event"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+
+    stop.send(true).unwrap();
+    tokio::time::timeout(WAIT, running)
+        .await
+        .expect("controller stops on shutdown")
+        .unwrap();
+    sim.shutdown().await;
+}
