@@ -81,12 +81,12 @@ mod tests {
         );
         state.ready.store(true, Ordering::SeqCst);
         assert_eq!(get(&app, "/readyz").await.0, StatusCode::OK);
-        state.metrics.provision_failed("nfs");
+        state.metrics.provision_failed("nfs", "");
         let (status, body) = get(&app, "/metrics").await;
         assert_eq!(status, StatusCode::OK);
         assert!(
             body.contains(
-                "controller_persistentvolumeclaim_provision_failed_total{class=\"nfs\"} 1"
+                "controller_persistentvolumeclaim_provision_failed_total{class=\"nfs\",source=\"\"} 1"
             ),
             "{body}"
         );

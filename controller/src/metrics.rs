@@ -21,6 +21,14 @@ pub struct ClassLabels {
     pub class: String,
 }
 
+/// The provisioning metrics' labels, as the library has them: the class and the kind of
+/// the claim's data source (empty for a new, empty volume).
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ProvisionLabels {
+    pub class: String,
+    pub source: String,
+}
+
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct AgentLabels {
     pub agent: String,
@@ -108,6 +116,14 @@ impl Collector for VolumeUsage {
 
 type HistogramFamily<L> = Family<L, Histogram, fn() -> Histogram>;
 
+/// The library's provisioning and deletion latency buckets: Prometheus' default ones, so
+/// dashboards made for it read ours unchanged.
+fn library_histogram() -> Histogram {
+    Histogram::new([
+        0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
+    ])
+}
+
 fn operation_histogram() -> Histogram {
     // 5 ms .. ~80 s: covers a local mkdir as well as a slow archive of a large tree.
     Histogram::new(exponential_buckets(0.005, 2.0, 15))
@@ -115,9 +131,9 @@ fn operation_histogram() -> Histogram {
 
 pub struct Metrics {
     registry: Registry,
-    provision_total: Family<ClassLabels, Counter>,
-    provision_failed: Family<ClassLabels, Counter>,
-    provision_duration: HistogramFamily<ClassLabels>,
+    provision_total: Family<ProvisionLabels, Counter>,
+    provision_failed: Family<ProvisionLabels, Counter>,
+    provision_duration: HistogramFamily<ProvisionLabels>,
     delete_total: Family<ClassLabels, Counter>,
     delete_failed: Family<ClassLabels, Counter>,
     delete_duration: HistogramFamily<ClassLabels>,
@@ -144,14 +160,13 @@ impl Default for Metrics {
 impl Metrics {
     pub fn new() -> Self {
         let mut registry = Registry::default();
-        let provision_total = Family::<ClassLabels, Counter>::default();
-        let provision_failed = Family::<ClassLabels, Counter>::default();
+        let provision_total = Family::<ProvisionLabels, Counter>::default();
+        let provision_failed = Family::<ProvisionLabels, Counter>::default();
         let provision_duration =
-            HistogramFamily::new_with_constructor(operation_histogram as fn() -> _);
+            HistogramFamily::new_with_constructor(library_histogram as fn() -> _);
         let delete_total = Family::<ClassLabels, Counter>::default();
         let delete_failed = Family::<ClassLabels, Counter>::default();
-        let delete_duration =
-            HistogramFamily::new_with_constructor(operation_histogram as fn() -> _);
+        let delete_duration = HistogramFamily::new_with_constructor(library_histogram as fn() -> _);
         let agent_duration =
             HistogramFamily::new_with_constructor(operation_histogram as fn() -> _);
         let agent_errors = Family::<AgentErrorLabels, Counter>::default();
@@ -239,18 +254,24 @@ impl Metrics {
         }
     }
 
-    pub fn provision_succeeded(&self, class: &str, took: Duration) {
-        self.provision_total
-            .get_or_create(&Self::class(class))
-            .inc();
+    /// `source` is the kind of the claim's data source, empty for none.
+    pub fn provision_succeeded(&self, class: &str, source: &str, took: Duration) {
+        let labels = ProvisionLabels {
+            class: class.to_owned(),
+            source: source.to_owned(),
+        };
+        self.provision_total.get_or_create(&labels).inc();
         self.provision_duration
-            .get_or_create(&Self::class(class))
+            .get_or_create(&labels)
             .observe(took.as_secs_f64());
     }
 
-    pub fn provision_failed(&self, class: &str) {
+    pub fn provision_failed(&self, class: &str, source: &str) {
         self.provision_failed
-            .get_or_create(&Self::class(class))
+            .get_or_create(&ProvisionLabels {
+                class: class.to_owned(),
+                source: source.to_owned(),
+            })
             .inc();
     }
 
@@ -355,8 +376,8 @@ mod tests {
     #[test]
     fn library_compatible_names() {
         let metrics = Metrics::new();
-        metrics.provision_succeeded("nfs", Duration::from_millis(20));
-        metrics.provision_failed("nfs");
+        metrics.provision_succeeded("nfs", "", Duration::from_millis(20));
+        metrics.provision_failed("nfs", "PersistentVolumeClaim");
         metrics.delete_succeeded("nfs", Duration::from_millis(20));
         metrics.delete_failed("nfs");
         metrics.agent_request(
@@ -367,9 +388,12 @@ mod tests {
         );
         let text = metrics.encode().unwrap();
         for line in [
-            "controller_persistentvolumeclaim_provision_total{class=\"nfs\"} 1",
-            "controller_persistentvolumeclaim_provision_failed_total{class=\"nfs\"} 1",
-            "controller_persistentvolumeclaim_provision_duration_seconds_count{class=\"nfs\"} 1",
+            "controller_persistentvolumeclaim_provision_total{class=\"nfs\",source=\"\"} 1",
+            "controller_persistentvolumeclaim_provision_failed_total{class=\"nfs\",source=\"PersistentVolumeClaim\"} 1",
+            "controller_persistentvolumeclaim_provision_duration_seconds_count{class=\"nfs\",source=\"\"} 1",
+            // The library's buckets (Prometheus' defaults), not the agent requests' ones.
+            "controller_persistentvolumeclaim_provision_duration_seconds_bucket{le=\"0.025\",class=\"nfs\",source=\"\"} 1",
+            "controller_persistentvolume_delete_duration_seconds_bucket{le=\"2.5\",class=\"nfs\"}",
             "controller_persistentvolume_delete_total{class=\"nfs\"} 1",
             "controller_persistentvolume_delete_failed_total{class=\"nfs\"} 1",
             "controller_persistentvolume_delete_duration_seconds_count{class=\"nfs\"} 1",

@@ -89,6 +89,14 @@ pub fn should_provision(
     Ok((class, class_name.to_owned()))
 }
 
+/// The kind of the claim's data source, as the library labels its metrics: empty for none.
+fn source_kind(pvc: &PersistentVolumeClaim) -> &str {
+    pvc.spec
+        .as_ref()
+        .and_then(|s| s.data_source.as_ref())
+        .map_or("", |source| source.kind.as_str())
+}
+
 /// Reconciles one claim.
 pub async fn reconcile(pvc: &PersistentVolumeClaim, ctx: &Context) -> Result<Action, Error> {
     let (class, class_name) = match should_provision(pvc, ctx) {
@@ -105,7 +113,7 @@ pub async fn reconcile(pvc: &PersistentVolumeClaim, ctx: &Context) -> Result<Act
         Ok(pv_name) => {
             ctx.reported.forget(&state_key);
             ctx.metrics
-                .provision_succeeded(&class_name, started.elapsed());
+                .provision_succeeded(&class_name, source_kind(pvc), started.elapsed());
             info!(claim = %claim_key(pvc), pv = %pv_name, "provisioned");
             ctx.event(
                 &reference,
@@ -142,7 +150,7 @@ pub async fn reconcile(pvc: &PersistentVolumeClaim, ctx: &Context) -> Result<Act
                 true
             };
             if report {
-                ctx.metrics.provision_failed(&class_name);
+                ctx.metrics.provision_failed(&class_name, source_kind(pvc));
                 ctx.event(
                     &reference,
                     EventType::Warning,

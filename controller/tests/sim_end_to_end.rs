@@ -136,7 +136,9 @@ async fn claim_to_directory_and_back() {
         .unwrap();
     let text = metrics.encode().unwrap();
     assert!(
-        text.contains("controller_persistentvolumeclaim_provision_total{class=\"nfs\"} 1"),
+        text.contains(
+            "controller_persistentvolumeclaim_provision_total{class=\"nfs\",source=\"\"} 1"
+        ),
         "{text}"
     );
     assert!(

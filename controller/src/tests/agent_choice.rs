@@ -201,8 +201,9 @@ async fn assert_class_refused(parameters: &[(&str, &str)], note: &str) {
     let metrics = ctx.metrics.encode().unwrap();
     finish(ctx, server).await;
     assert!(
-        metrics
-            .contains("controller_persistentvolumeclaim_provision_failed_total{class=\"nfs\"} 1"),
+        metrics.contains(
+            "controller_persistentvolumeclaim_provision_failed_total{class=\"nfs\",source=\"\"} 1"
+        ),
         "{metrics}"
     );
     assert!(nfs1.calls().is_empty() && nfs2.calls().is_empty(), "{note}");
@@ -337,8 +338,9 @@ async fn a_permanent_failure_is_reported_again_only_after_a_change() {
     assert_eq!(ctx.reported.tracked(), 1);
     finish(ctx, server).await;
     assert!(
-        metrics
-            .contains("controller_persistentvolumeclaim_provision_failed_total{class=\"nfs\"} 2"),
+        metrics.contains(
+            "controller_persistentvolumeclaim_provision_failed_total{class=\"nfs\",source=\"\"} 2"
+        ),
         "{metrics}"
     );
     assert!(agent.calls().is_empty());

@@ -127,7 +127,11 @@ async fn happy_path_creates_directory_then_the_exact_pv() {
             quota: QuotaPolicy::BestEffort,
         })
     );
-    assert!(metrics.contains("controller_persistentvolumeclaim_provision_total{class=\"nfs\"} 1"));
+    assert!(
+        metrics.contains(
+            "controller_persistentvolumeclaim_provision_total{class=\"nfs\",source=\"\"} 1"
+        )
+    );
 }
 
 #[tokio::test]
@@ -169,6 +173,12 @@ async fn assert_refused(
     params: &[(&str, &str)],
     note: &str,
 ) {
+    // The library labels failures with the kind of the claim's data source.
+    let source = pvc
+        .spec
+        .as_ref()
+        .and_then(|s| s.data_source.as_ref())
+        .map_or(String::new(), |d| d.kind.clone());
     let agent = MockAgent::start("nfs1").await;
     let (ctx, api) = context(agent.registry(), vec![class("nfs", params)], vec![]);
     let server = api.run(vec![failed_event(note)]);
@@ -179,8 +189,9 @@ async fn assert_refused(
     }
     let metrics = ctx.metrics.encode().unwrap();
     assert!(
-        metrics
-            .contains("controller_persistentvolumeclaim_provision_failed_total{class=\"nfs\"} 1"),
+        metrics.contains(&format!(
+            "controller_persistentvolumeclaim_provision_failed_total{{class=\"nfs\",source=\"{source}\"}} 1"
+        )),
         "{note}: {metrics}"
     );
     finish(ctx, server).await;
@@ -381,12 +392,15 @@ async fn pv_already_exists() {
     let metrics = ctx.metrics.encode().unwrap();
     finish(ctx, server).await;
     assert!(
-        metrics.contains("controller_persistentvolumeclaim_provision_total{class=\"nfs\"} 1"),
+        metrics.contains(
+            "controller_persistentvolumeclaim_provision_total{class=\"nfs\",source=\"\"} 1"
+        ),
         "{metrics}"
     );
     assert!(
-        !metrics
-            .contains("controller_persistentvolumeclaim_provision_failed_total{class=\"nfs\"} 1"),
+        !metrics.contains(
+            "controller_persistentvolumeclaim_provision_failed_total{class=\"nfs\",source=\"\"} 1"
+        ),
         "{metrics}"
     );
     assert_eq!(
@@ -433,8 +447,9 @@ async fn agent_failure_reports_and_backs_off_then_succeeds() {
     finish(ctx, server).await;
     assert!(agent.has_volume(DEFAULT_PATH));
     assert!(
-        metrics
-            .contains("controller_persistentvolumeclaim_provision_failed_total{class=\"nfs\"} 2"),
+        metrics.contains(
+            "controller_persistentvolumeclaim_provision_failed_total{class=\"nfs\",source=\"\"} 2"
+        ),
         "{metrics}"
     );
 }
