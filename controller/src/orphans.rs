@@ -311,9 +311,8 @@ async fn check_agent(
     // What is left unarchived is still orphaned.
     ctx.metrics
         .set_orphans(agent.name(), unreferenced - archived, missing);
-    if archived > 0 {
-        ctx.metrics.orphans_archived(agent.name(), archived);
-    }
+    // Counted even when zero, so the series exists from the first check on.
+    ctx.metrics.orphans_archived(agent.name(), archived);
     Some(())
 }
 

@@ -545,12 +545,16 @@ fn the_alerts_pass_promtool_check_and_unit_tests() {
 #[tokio::test(flavor = "multi_thread")]
 async fn every_queried_metric_and_label_is_exported_by_the_controller_or_the_agent()
 -> anyhow::Result<()> {
-    // Usage is measured every second instead of every minute, so the per-claim gauges
-    // appear within the test.
+    // Usage is measured, and orphans checked, every second instead of every few minutes,
+    // so the per-claim and per-agent gauges appear within the test.
     let mut system = System::start(
         &["nfs1"],
         1,
-        &["--leader-elect=false", "--usage-interval-seconds=1"],
+        &[
+            "--leader-elect=false",
+            "--usage-interval-seconds=1",
+            "--orphan-check-interval-seconds=1",
+        ],
     )
     .await?;
     system
