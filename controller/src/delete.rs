@@ -45,6 +45,13 @@ pub async fn reconcile(volume: &CachedVolume, ctx: &Context) -> Result<Action, E
         }
         return Ok(Action::await_change());
     }
+    if !has_finalizer(volume) && volume.metadata.deletion_timestamp.is_none() {
+        // Switched from Retain to Delete: as the library does, the finalizer comes first,
+        // so the PV cannot go before its data is handled. The patch brings the PV back
+        // through the watch, and that reconcile goes on from here.
+        add_finalizer(volume, ctx).await?;
+        return Ok(Action::await_change());
+    }
     if !awaits_deletion(volume, &ctx.provisioner) {
         return Ok(Action::await_change());
     }
@@ -96,17 +103,33 @@ pub async fn reconcile(volume: &CachedVolume, ctx: &Context) -> Result<Action, E
     Ok(Action::await_change())
 }
 
+/// Adds our finalizer, guarded by resourceVersion like [`remove_finalizer`].
+async fn add_finalizer(volume: &CachedVolume, ctx: &Context) -> Result<(), Error> {
+    let mut finalizers: Vec<&str> = volume.finalizers().iter().map(String::as_str).collect();
+    finalizers.push(FINALIZER);
+    patch_finalizers(volume, ctx, &finalizers).await
+}
+
 /// Removes our finalizer, guarded by resourceVersion so another writer's finalizers are
 /// never lost (a conflict means: retry with a fresh copy).
 async fn remove_finalizer(volume: &CachedVolume, ctx: &Context) -> Result<(), Error> {
-    let remaining: Vec<&String> = volume
+    let remaining: Vec<&str> = volume
         .finalizers()
         .iter()
+        .map(String::as_str)
         .filter(|f| *f != FINALIZER)
         .collect();
+    patch_finalizers(volume, ctx, &remaining).await
+}
+
+async fn patch_finalizers(
+    volume: &CachedVolume,
+    ctx: &Context,
+    finalizers: &[&str],
+) -> Result<(), Error> {
     let patch = json!({
         "metadata": {
-            "finalizers": remaining,
+            "finalizers": finalizers,
             "resourceVersion": volume.resource_version(),
         }
     });

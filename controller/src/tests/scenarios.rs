@@ -857,6 +857,33 @@ async fn switching_to_retain_only_removes_our_finalizer() {
 }
 
 #[tokio::test]
+async fn switching_to_delete_adds_our_finalizer_first() {
+    let agent = MockAgent::start("nfs1").await;
+    stored("team-a/data", &agent);
+    let (ctx, api) = context(agent.registry(), vec![class("nfs", &[])], vec![]);
+    let server = api.run(vec![Call::new(
+        Method::PATCH,
+        &pv_uri(),
+        BodyCheck::Exact(json!({
+            "metadata": {
+                "finalizers": ["kubernetes.io/pv-protection", objects::FINALIZER],
+                "resourceVersion": "200",
+            }
+        })),
+    )]);
+    // Provisioned under Retain (no finalizer of ours), then switched to Delete and
+    // released: the data is not touched before the finalizer holds the PV.
+    let mut switched = released_pv(Some("delete"), "team-a/data");
+    switched.metadata.finalizers = Some(vec!["kubernetes.io/pv-protection".into()]);
+    reconcile_volume(Arc::new(cached(switched)), ctx.clone())
+        .await
+        .unwrap();
+    finish(ctx, server).await;
+    assert!(agent.calls().is_empty());
+    assert!(agent.has_volume("team-a/data"));
+}
+
+#[tokio::test]
 async fn finalizer_conflict_is_retried_not_forced() {
     let agent = MockAgent::start("nfs1").await;
     stored("team-a/data", &agent);
