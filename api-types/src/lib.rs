@@ -4,6 +4,7 @@
 //! This crate depends on neither kube nor axum, so either side can change its framework
 //! without touching the contract.
 
+mod archive;
 mod path;
 mod reloading_file;
 mod types;
@@ -11,6 +12,9 @@ mod types;
 #[cfg(feature = "client")]
 pub mod client;
 
+pub use archive::{
+    ARCHIVE_ENTRY_PREFIX, ArchiveEntry, ArchivePath, ArchivePathError, MAX_ARCHIVE_SUFFIX,
+};
 pub use path::{
     MAX_COMPONENT_BYTES, MAX_COMPONENTS, MAX_PATH_BYTES, PathError, VolumePath, validate_component,
 };

@@ -4,6 +4,7 @@ use std::fmt;
 
 use serde::{Deserialize, Serialize};
 
+use crate::archive::ArchivePath;
 use crate::path::VolumePath;
 
 /// Header carrying the request id from the controller to the agent's audit log.
@@ -217,6 +218,33 @@ pub struct VolumeList {
     pub volumes: Vec<Volume>,
 }
 
+/// Body of `POST /v1/archives/{path}`, optional: no body at all is the same as `{}`
+/// (controllers that predate retention send none).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ArchiveRequest {
+    /// Days the agent keeps the archive before deleting it (the class's retention);
+    /// absent: the agent's default (`archive.retention_days`, or forever). At least 1: an
+    /// archive that expires at once would be a delete under another name.
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        deserialize_with = "retention_days"
+    )]
+    pub retention_days: Option<u32>,
+}
+
+fn retention_days<'de, D: serde::Deserializer<'de>>(
+    deserializer: D,
+) -> Result<Option<u32>, D::Error> {
+    match Option::<u32>::deserialize(deserializer)? {
+        Some(0) => Err(serde::de::Error::custom(
+            "retention_days must be at least 1 (leave it out for the agent's default)",
+        )),
+        days => Ok(days),
+    }
+}
+
 /// Answer to `POST /v1/archives/{path}`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ArchiveResult {
@@ -226,6 +254,43 @@ pub struct ArchiveResult {
     pub archive_path: String,
     /// RFC 3339 UTC time of the archive.
     pub archived_at: String,
+}
+
+/// One archive (element of `GET /v1/archives`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Archive {
+    /// What `DELETE /v1/archives/{id}` takes: `<path>/@<UTC time>`.
+    pub id: ArchivePath,
+    /// Where the data is, relative to the export root (`.archive/<id>`), as
+    /// [`ArchiveResult::archive_path`] said.
+    pub archive_path: String,
+    /// The volume path it was archived from.
+    pub path: VolumePath,
+    /// The claim and PV the volume was made for, as far as the create request named them.
+    #[serde(default)]
+    pub owner: VolumeOwner,
+    /// RFC 3339 UTC time of the archive.
+    pub archived_at: String,
+    /// The retention the archive request asked for; absent: the agent's default applies.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub retention_days: Option<u32>,
+    /// RFC 3339 UTC time after which the agent deletes the archive; absent: kept until
+    /// deleted by hand.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub expires_at: Option<String>,
+    /// Space the archive uses, when measured (cached; a listing waits a little for the
+    /// first measurement, then answers without it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub size_bytes: Option<u64>,
+    /// Inodes the archive uses, measured with `size_bytes`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub inodes: Option<u64>,
+}
+
+/// Answer to `GET /v1/archives`, sorted by `id`.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ArchiveList {
+    pub archives: Vec<Archive>,
 }
 
 /// The export NFS clients mount to reach the volumes.
@@ -437,6 +502,34 @@ mod tests {
         }
         assert!("Enforce".parse::<QuotaPolicy>().is_err());
         assert!("".parse::<QuotaPolicy>().is_err());
+    }
+
+    #[test]
+    fn archive_requests_may_be_empty_and_never_ask_for_zero_days() {
+        let empty: ArchiveRequest = serde_json::from_str("{}").unwrap();
+        assert_eq!(empty.retention_days, None);
+        let null: ArchiveRequest = serde_json::from_str(r#"{"retention_days":null}"#).unwrap();
+        assert_eq!(null.retention_days, None);
+        let week: ArchiveRequest = serde_json::from_str(r#"{"retention_days":7}"#).unwrap();
+        assert_eq!(week.retention_days, Some(7));
+        assert_eq!(
+            serde_json::to_string(&week).unwrap(),
+            r#"{"retention_days":7}"#
+        );
+        assert_eq!(serde_json::to_string(&empty).unwrap(), "{}");
+        for bad in [
+            r#"{"retention_days":0}"#,
+            r#"{"retention_days":-1}"#,
+            r#"{"retention_days":1.5}"#,
+            r#"{"retention_days":"7"}"#,
+            r#"{"retention_days":4294967296}"#,
+            r#"{"retention":7}"#,
+        ] {
+            assert!(
+                serde_json::from_str::<ArchiveRequest>(bad).is_err(),
+                "{bad}"
+            );
+        }
     }
 
     #[test]

@@ -2,8 +2,8 @@
 //! request bodies never panic, and nothing outside the grammar is ever accepted.
 
 use nfsprov_api_types::{
-    CreateVolumeRequest, MAX_COMPONENT_BYTES, MAX_COMPONENTS, MAX_PATH_BYTES, Mode,
-    ResizeVolumeRequest, VolumePath,
+    ArchivePath, ArchiveRequest, CreateVolumeRequest, MAX_COMPONENT_BYTES, MAX_COMPONENTS,
+    MAX_PATH_BYTES, Mode, ResizeVolumeRequest, VolumePath,
 };
 use proptest::prelude::*;
 
@@ -55,6 +55,75 @@ fn valid_path() -> impl Strategy<Value = String> {
         .prop_filter("the whole path fits", |p| p.len() <= MAX_PATH_BYTES)
 }
 
+/// Whether `raw` is an archive id, checked independently of the validator: a path of the
+/// grammar, then `@`, a time the `time` crate reads as a real instant, and an optional
+/// counter from 1 to 99.
+fn archive_in_grammar(raw: &str) -> bool {
+    const STAMP: &[time::format_description::BorrowedFormatItem<'static>] = time::macros::format_description!(
+        "[year][month][day]T[hour][minute][second].[subsecond digits:9]Z"
+    );
+    let Some((volume, entry)) = raw.rsplit_once('/') else {
+        return false;
+    };
+    let Some(entry) = entry.strip_prefix('@') else {
+        return false;
+    };
+    let (Some(stamp), Some(counter)) = (entry.get(..26), entry.get(26..)) else {
+        return false;
+    };
+    // time 0.3.55 subtracts b'0' from a digit before checking it, which overflows (and
+    // panics in a debug build) on any byte below '0'; no stamp holds such a byte.
+    let plausible = stamp
+        .bytes()
+        .all(|b| b.is_ascii_digit() || b"T.Z".contains(&b));
+    in_grammar(volume)
+        && plausible
+        && time::PrimitiveDateTime::parse(stamp, STAMP).is_ok()
+        && (counter.is_empty() || (1..=99).any(|n| counter == format!("-{n}")))
+}
+
+/// Archive ids and near misses: a path-like volume, then an entry built from fields in
+/// and just out of range, with and without a counter, sometimes with a stray character.
+fn archive_like() -> impl Strategy<Value = String> {
+    let stamp = (
+        0u32..=9999,
+        0u32..=13,
+        0u32..=32,
+        0u32..=24,
+        0u32..=60,
+        0u32..=60,
+        0u32..1_000_000_000,
+    )
+        .prop_map(|(y, mo, d, h, mi, s, n)| {
+            format!("{y:04}{mo:02}{d:02}T{h:02}{mi:02}{s:02}.{n:09}Z")
+        });
+    let counter = prop_oneof![
+        3 => Just(String::new()),
+        2 => (0u32..=101).prop_map(|n| format!("-{n}")),
+        1 => "-0[0-9]|-|--1|-1a|-99[0-9]",
+    ];
+    let stray = prop_oneof![
+        6 => Just(String::new()),
+        1 => r"[/@.\\\-Tz0 %\x00é]",
+    ];
+    (
+        prop_oneof![3 => valid_path(), 1 => path_like()],
+        prop_oneof![8 => Just("@"), 1 => Just(""), 1 => Just("@@")],
+        stamp,
+        counter,
+        stray,
+        0usize..40,
+    )
+        .prop_map(|(volume, at, stamp, counter, stray, position)| {
+            let mut raw = format!("{volume}/{at}{stamp}{counter}");
+            let position = raw.len().saturating_sub(position);
+            if raw.is_char_boundary(position) {
+                raw.insert_str(position, &stray);
+            }
+            raw
+        })
+}
+
 /// Arbitrary JSON values, nested a few levels.
 fn json_value() -> impl Strategy<Value = serde_json::Value> {
     let leaf = prop_oneof![
@@ -80,6 +149,7 @@ fn json_value() -> impl Strategy<Value = serde_json::Value> {
                     Just("pvc_namespace".to_owned()),
                     Just("pvc_name".to_owned()),
                     Just("pv_name".to_owned()),
+                    Just("retention_days".to_owned()),
                     "[a-z_]{1,12}",
                 ],
                 inner,
@@ -133,6 +203,35 @@ proptest! {
         let _ = serde_json::from_slice::<CreateVolumeRequest>(&body);
         let _ = serde_json::from_slice::<ResizeVolumeRequest>(&body);
         let _ = serde_json::from_slice::<VolumePath>(&body);
+        let _ = serde_json::from_slice::<ArchivePath>(&body);
+        let _ = serde_json::from_slice::<ArchiveRequest>(&body);
+    }
+
+    #[test]
+    fn archive_ids_are_accepted_exactly_in_the_grammar(raw in archive_like()) {
+        let parsed = ArchivePath::parse(&raw);
+        prop_assert_eq!(parsed.is_ok(), archive_in_grammar(&raw), "{:?} -> {:?}", raw, parsed);
+        if let Ok(id) = parsed {
+            prop_assert_eq!(id.to_string(), raw.as_str());
+            prop_assert!(id.volume().components().all(|c| c != "." && c != ".."));
+            let json = serde_json::to_string(&id).unwrap();
+            prop_assert_eq!(serde_json::from_str::<ArchivePath>(&json).unwrap(), id);
+        }
+    }
+
+    #[test]
+    fn arbitrary_strings_are_never_archive_ids_outside_the_grammar(raw in any::<String>()) {
+        if ArchivePath::parse(&raw).is_ok() {
+            prop_assert!(archive_in_grammar(&raw), "{:?}", raw);
+        }
+    }
+
+    #[test]
+    fn archive_bodies_never_panic_and_never_ask_for_zero_days(value in json_value()) {
+        let body = serde_json::to_vec(&value).unwrap();
+        if let Ok(request) = serde_json::from_slice::<ArchiveRequest>(&body) {
+            prop_assert_ne!(request.retention_days, Some(0));
+        }
     }
 
     #[test]
