@@ -337,7 +337,7 @@ async fn forged_or_oversized_records_change_nothing_and_break_no_listing() {
 
     // Reclaiming still works.
     client
-        .archive_volume(&path("tenants/b"), None)
+        .archive_volume(&path("tenants/b"), None, None)
         .await
         .expect("archive ignores the oversized attribute");
     client

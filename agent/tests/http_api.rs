@@ -521,7 +521,7 @@ async fn concurrent_mixed_requests_leave_a_consistent_tree() {
                     .await
                     .map(|_| ()),
                 1 => client.delete_volume(&path, None).await,
-                2 => match client.archive_volume(&path, None).await {
+                2 => match client.archive_volume(&path, None, None).await {
                     Err(e) if e.code() == Some(ErrorCode::NotFound) => Ok(()),
                     other => other.map(|_| ()),
                 },

@@ -114,7 +114,7 @@ async fn subvolumes_are_archived_and_deleted_as_subvolumes() {
     std::fs::write(fs.root().join("ns/kept/file"), b"kept").unwrap();
     std::fs::write(fs.root().join("ns/gone/file"), b"gone").unwrap();
 
-    let archived = client.archive_volume(&kept, None).await.unwrap();
+    let archived = client.archive_volume(&kept, None, None).await.unwrap();
     let archive_dir = fs.root().join(&archived.archive_path);
     assert_eq!(std::fs::read(archive_dir.join("file")).unwrap(), b"kept");
     assert_eq!(std::fs::metadata(&archive_dir).unwrap().ino(), 256);

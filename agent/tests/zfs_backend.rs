@@ -388,7 +388,7 @@ async fn the_agent_enforces_grows_archives_and_deletes_datasets() {
     assert_eq!(listed.len(), 1);
     assert_eq!(listed[0].path, path);
 
-    let archived = client.archive_volume(&path, None).await.unwrap();
+    let archived = client.archive_volume(&path, None, None).await.unwrap();
     let archived_data = pool.export_root().join(&archived.archive_path).join("data");
     assert_eq!(std::fs::metadata(&archived_data).unwrap().len(), 16 * MIB);
     assert!(client.get_volume(&path, None).await.unwrap().is_none());

@@ -12,8 +12,9 @@ use serde::Deserialize;
 use serde::de::DeserializeOwned;
 
 use crate::{
-    AgentInfo, ApiError, ArchiveResult, CreateVolumeRequest, ErrorCode, Health, REQUEST_ID_HEADER,
-    ReloadingFile, ResizeVolumeRequest, Volume, VolumeList, VolumePath,
+    AgentInfo, ApiError, Archive, ArchiveList, ArchivePath, ArchiveRequest, ArchiveResult,
+    CreateVolumeRequest, ErrorCode, Health, REQUEST_ID_HEADER, ReloadingFile, ResizeVolumeRequest,
+    Volume, VolumeList, VolumePath,
 };
 
 /// How to reach one agent. Relative file names are resolved against the directory of the
@@ -370,20 +371,43 @@ impl AgentClient {
             .map(|_| ())
     }
 
-    /// Moves the volume into the archive area; a retry after success returns the same result.
+    /// Moves the volume into the archive area; a retry after success returns the same
+    /// result. `retention_days` is how long the agent keeps the archive; `None` leaves it
+    /// to the agent's default (and sends no body, as before retention existed).
     pub async fn archive_volume(
         &self,
         path: &VolumePath,
+        retention_days: Option<u32>,
         request_id: Option<&str>,
     ) -> Result<ArchiveResult, ClientError> {
-        self.call(
-            Method::POST,
-            &format!("/v1/archives/{path}"),
-            None::<&()>,
-            request_id,
-        )
-        .await
-        .map(|(_, body)| body)
+        let body = retention_days.map(|days| ArchiveRequest {
+            retention_days: Some(days),
+        });
+        self.call(Method::POST, &archive_url(path), body.as_ref(), request_id)
+            .await
+            .map(|(_, body)| body)
+    }
+
+    /// Every archive the agent holds, sorted by id.
+    pub async fn list_archives(
+        &self,
+        request_id: Option<&str>,
+    ) -> Result<Vec<Archive>, ClientError> {
+        let (_, list): (_, ArchiveList) = self
+            .call(Method::GET, "/v1/archives", None::<&()>, request_id)
+            .await?;
+        Ok(list.archives)
+    }
+
+    /// Removes one archive with its quota; succeeds also when it is already gone.
+    pub async fn delete_archive(
+        &self,
+        id: &ArchivePath,
+        request_id: Option<&str>,
+    ) -> Result<(), ClientError> {
+        self.send(Method::DELETE, &archive_url(id), None::<&()>, request_id)
+            .await
+            .map(|_| ())
     }
 
     async fn call<B: serde::Serialize, T: DeserializeOwned>(
@@ -450,6 +474,12 @@ impl AgentClient {
 fn volume_url(path: &VolumePath) -> String {
     // Validated paths hold only URL-safe characters, so no escaping is needed.
     format!("/v1/volumes/{path}")
+}
+
+/// Validated volume paths and archive ids hold only URL-safe characters (`@` is allowed
+/// in a path segment), so no escaping is needed.
+fn archive_url(target: &impl std::fmt::Display) -> String {
+    format!("/v1/archives/{target}")
 }
 
 fn read_file(path: &Path) -> Result<Vec<u8>, ClientError> {

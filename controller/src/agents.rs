@@ -283,7 +283,7 @@ impl Agent {
     ) -> Result<ArchiveResult, ClientError> {
         self.timed(
             "archive",
-            self.client.archive_volume(path, Some(request_id)),
+            self.client.archive_volume(path, None, Some(request_id)),
         )
         .await
     }

@@ -81,7 +81,7 @@ async fn volumes_are_usable_over_nfs_through_their_lifecycle() -> anyhow::Result
     )?;
 
     // Archived data stays readable over NFS at the archive path.
-    let archived = client.archive_volume(&path, None).await?;
+    let archived = client.archive_volume(&path, None, None).await?;
     assert!(
         nfs_read(&file_url).is_err(),
         "the volume path is gone after archiving"
