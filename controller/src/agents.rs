@@ -276,14 +276,17 @@ impl Agent {
             .await
     }
 
+    /// `retention_days`: how long the agent keeps the archive; `None` for its own setting.
     pub async fn archive_volume(
         &self,
         path: &VolumePath,
+        retention_days: Option<u32>,
         request_id: &str,
     ) -> Result<ArchiveResult, ClientError> {
         self.timed(
             "archive",
-            self.client.archive_volume(path, None, Some(request_id)),
+            self.client
+                .archive_volume(path, retention_days, Some(request_id)),
         )
         .await
     }

@@ -69,7 +69,10 @@ mod tests {
     use std::collections::BTreeMap;
 
     use super::*;
-    use crate::objects::{ANN_AGENT, ANN_ON_DELETE, ANN_PATH, ANN_PROVISIONED_BY, ANN_QUOTA};
+    use crate::objects::{
+        ANN_AGENT, ANN_ARCHIVE_RETENTION_DAYS, ANN_ON_DELETE, ANN_PATH, ANN_PROVISIONED_BY,
+        ANN_QUOTA,
+    };
     use crate::tests::fixtures::{PROVISIONER, bound_claim, cached, claim, released_pv};
 
     #[test]
@@ -166,6 +169,7 @@ mod tests {
         full.metadata.labels = Some(BTreeMap::from([("a".into(), "b".into())]));
         let annotations = full.metadata.annotations.as_mut().unwrap();
         annotations.insert(ANN_QUOTA.into(), "enforced".into());
+        annotations.insert(ANN_ARCHIVE_RETENTION_DAYS.into(), "30".into());
         annotations.insert("pv.kubernetes.io/bound-by-controller".into(), "yes".into());
         let before = full.clone();
         let mut volume = cached(full);
@@ -182,6 +186,7 @@ mod tests {
                 path: annotation(ANN_PATH),
                 on_delete: annotation(ANN_ON_DELETE),
                 quota: annotation(ANN_QUOTA),
+                archive_retention_days: annotation(ANN_ARCHIVE_RETENTION_DAYS),
             }
         );
         assert_eq!(volume.recorded.on_delete.as_deref(), Some("delete"));

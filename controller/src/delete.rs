@@ -14,10 +14,10 @@ use tracing::{debug, info, warn};
 use crate::agents::request_id;
 use crate::context::{Context, Error};
 use crate::objects::{
-    ANN_AGENT, ANN_ON_DELETE, ANN_PATH, CachedVolume, FINALIZER, RECLAIM_DELETE, class_name,
-    has_finalizer, is_ours, phase, reclaim_policy,
+    ANN_AGENT, ANN_ARCHIVE_RETENTION_DAYS, ANN_ON_DELETE, ANN_PATH, CachedVolume, FINALIZER,
+    RECLAIM_DELETE, class_name, has_finalizer, is_ours, phase, reclaim_policy,
 };
-use crate::params::{ClassParams, OnDelete};
+use crate::params::{ClassParams, OnDelete, parse_retention_days};
 
 pub const REASON_FAILED_DELETE: &str = "VolumeFailedDelete";
 const ACTION: &str = "Delete";
@@ -163,6 +163,21 @@ fn policy(volume: &CachedVolume, ctx: &Context) -> Result<OnDelete, String> {
     Ok(from_class.unwrap_or(OnDelete::Archive))
 }
 
+/// The archive retention recorded on the PV; an unreadable one stops the deletion rather
+/// than keep the archive for a time nobody asked for.
+fn retention_days(volume: &CachedVolume) -> Result<Option<u32>, String> {
+    volume
+        .recorded
+        .archive_retention_days
+        .as_deref()
+        .map(|raw| {
+            parse_retention_days(raw).map_err(|_| {
+                format!("annotation {ANN_ARCHIVE_RETENTION_DAYS}={raw:?} is not a whole number of days; not touching the data")
+            })
+        })
+        .transpose()
+}
+
 async fn dispose_of_data(volume: &CachedVolume, ctx: &Context) -> Result<(), String> {
     let recorded = &volume.recorded;
     let agent_name = recorded.agent.as_deref().ok_or_else(|| {
@@ -197,7 +212,10 @@ async fn dispose_of_data(volume: &CachedVolume, ctx: &Context) -> Result<(), Str
             .delete_volume(&path, &rid)
             .await
             .map_err(|e| format!("agent {agent_name} could not delete directory {path}: {e}")),
-        OnDelete::Archive => match agent.archive_volume(&path, &rid).await {
+        OnDelete::Archive => match agent
+            .archive_volume(&path, retention_days(volume)?, &rid)
+            .await
+        {
             Ok(archived) => {
                 info!(pv = %volume.name_any(), %path, archive = %archived.archive_path, "archived");
                 Ok(())

@@ -37,6 +37,9 @@ pub const ANN_ON_DELETE: &str = "nfsprov.dev/on-delete";
 /// new capacity is not enforced, and it tells an operator looking at the PV what the
 /// capacity means without tracing the (possibly edited) class.
 pub const ANN_QUOTA: &str = "nfsprov.dev/quota";
+/// Days the agent keeps the archive made when the PV is released (the class's
+/// `archiveRetentionDays` when the volume was made); absent: the agent's own retention.
+pub const ANN_ARCHIVE_RETENTION_DAYS: &str = "nfsprov.dev/archive-retention-days";
 
 /// The resource name claims and volumes size themselves by.
 pub const STORAGE: &str = "storage";
@@ -287,6 +290,8 @@ pub struct RecordedAnnotations {
     pub on_delete: Option<Box<str>>,
     /// [`ANN_QUOTA`]
     pub quota: Option<Box<str>>,
+    /// [`ANN_ARCHIVE_RETENTION_DAYS`]
+    pub archive_retention_days: Option<Box<str>>,
 }
 
 impl RecordedAnnotations {
@@ -301,6 +306,7 @@ impl RecordedAnnotations {
             path: take(ANN_PATH),
             on_delete: take(ANN_ON_DELETE),
             quota: take(ANN_QUOTA),
+            archive_retention_days: take(ANN_ARCHIVE_RETENTION_DAYS),
         }
     }
 }

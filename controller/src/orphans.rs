@@ -266,7 +266,7 @@ async fn check_agent(
                     continue;
                 };
                 match agent
-                    .archive_volume(&volume_path, &request_id("orphan-archive"))
+                    .archive_volume(&volume_path, None, &request_id("orphan-archive"))
                     .await
                 {
                     Ok(result) => {

@@ -18,8 +18,9 @@ pub const PARAM_MODE: &str = "mode";
 pub const PARAM_UID: &str = "uid";
 pub const PARAM_GID: &str = "gid";
 pub const PARAM_QUOTA: &str = "quota";
+pub const PARAM_ARCHIVE_RETENTION_DAYS: &str = "archiveRetentionDays";
 
-const KNOWN: [&str; 9] = [
+const KNOWN: [&str; 10] = [
     PARAM_AGENT,
     PARAM_AGENTS,
     PARAM_PATH_PATTERN,
@@ -29,6 +30,7 @@ const KNOWN: [&str; 9] = [
     PARAM_UID,
     PARAM_GID,
     PARAM_QUOTA,
+    PARAM_ARCHIVE_RETENTION_DAYS,
 ];
 
 /// What happens to the data when a PV with reclaimPolicy Delete is released.
@@ -86,6 +88,9 @@ pub struct ClassParams {
     pub gid: Option<u32>,
     /// Whether the agent must, may or must not hold the volume to its capacity.
     pub quota: QuotaPolicy,
+    /// Days the agent keeps an archive of this class's volumes; `None`: the agent's own
+    /// retention (or forever).
+    pub archive_retention_days: Option<u32>,
 }
 
 impl Default for ClassParams {
@@ -98,6 +103,7 @@ impl Default for ClassParams {
             uid: None,
             gid: None,
             quota: QuotaPolicy::default(),
+            archive_retention_days: None,
         }
     }
 }
@@ -162,6 +168,9 @@ impl ClassParams {
                 PARAM_UID => params.uid = Some(parse_id(PARAM_UID, value)?),
                 PARAM_GID => params.gid = Some(parse_id(PARAM_GID, value)?),
                 PARAM_QUOTA => params.quota = parse_quota(value)?,
+                PARAM_ARCHIVE_RETENTION_DAYS => {
+                    params.archive_retention_days = Some(parse_retention_days(value)?)
+                }
                 _ => return Err(ParamError::Unknown { key: key.clone() }),
             }
         }
@@ -225,6 +234,20 @@ fn parse_quota(value: &str) -> Result<QuotaPolicy, ParamError> {
     })
 }
 
+/// Whole days, at least 1: an archive kept for no time would be a delete by another name.
+pub fn parse_retention_days(value: &str) -> Result<u32, ParamError> {
+    value
+        .trim()
+        .parse::<u32>()
+        .ok()
+        .filter(|days| *days > 0)
+        .ok_or_else(|| ParamError::Invalid {
+            key: PARAM_ARCHIVE_RETENTION_DAYS,
+            value: value.to_owned(),
+            expected: "a whole number of days, at least 1",
+        })
+}
+
 fn parse_id(key: &'static str, value: &str) -> Result<u32, ParamError> {
     value
         .trim()
@@ -263,6 +286,23 @@ mod tests {
         );
         assert_eq!(parse(&[]).unwrap(), params);
         assert_eq!(params.quota, QuotaPolicy::BestEffort);
+    }
+
+    #[test]
+    fn archive_retention_in_whole_days() {
+        assert_eq!(
+            parse(&[("archiveRetentionDays", " 30 ")])
+                .unwrap()
+                .archive_retention_days,
+            Some(30)
+        );
+        assert_eq!(parse(&[]).unwrap().archive_retention_days, None);
+        for bad in ["0", "-1", "1.5", "30d", "", "4294967296"] {
+            let err = parse(&[("archiveRetentionDays", bad)])
+                .unwrap_err()
+                .to_string();
+            assert!(err.contains("archiveRetentionDays"), "{bad}: {err}");
+        }
     }
 
     #[test]

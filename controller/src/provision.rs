@@ -350,6 +350,7 @@ async fn provision(
         path: &path,
         on_delete: params.on_delete,
         quota: params.quota,
+        archive_retention_days: params.archive_retention_days,
         export: &export,
         capacity: &capacity,
     });

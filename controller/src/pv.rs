@@ -11,8 +11,8 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use nfsprov_api_types::{NfsExport, QuotaPolicy, VolumePath};
 
 use crate::objects::{
-    ANN_AGENT, ANN_ON_DELETE, ANN_PATH, ANN_PROVISIONED_BY, ANN_QUOTA, FINALIZER, RECLAIM_DELETE,
-    class_reclaim_policy,
+    ANN_AGENT, ANN_ARCHIVE_RETENTION_DAYS, ANN_ON_DELETE, ANN_PATH, ANN_PROVISIONED_BY, ANN_QUOTA,
+    FINALIZER, RECLAIM_DELETE, class_reclaim_policy,
 };
 use crate::params::OnDelete;
 
@@ -34,6 +34,7 @@ pub struct NewVolume<'a> {
     pub path: &'a VolumePath,
     pub on_delete: OnDelete,
     pub quota: QuotaPolicy,
+    pub archive_retention_days: Option<u32>,
     pub export: &'a NfsExport,
     pub capacity: &'a Quantity,
 }
@@ -42,13 +43,16 @@ pub struct NewVolume<'a> {
 /// annotations recording where the data is.
 pub fn build_pv(v: &NewVolume<'_>) -> PersistentVolume {
     let reclaim = class_reclaim_policy(v.class).to_owned();
-    let annotations = BTreeMap::from([
+    let mut annotations = BTreeMap::from([
         (ANN_PROVISIONED_BY.to_owned(), v.provisioner.to_owned()),
         (ANN_AGENT.to_owned(), v.agent.to_owned()),
         (ANN_PATH.to_owned(), v.path.to_string()),
         (ANN_ON_DELETE.to_owned(), v.on_delete.to_string()),
         (ANN_QUOTA.to_owned(), v.quota.to_string()),
     ]);
+    if let Some(days) = v.archive_retention_days {
+        annotations.insert(ANN_ARCHIVE_RETENTION_DAYS.to_owned(), days.to_string());
+    }
     let finalizers = (reclaim == RECLAIM_DELETE).then(|| vec![FINALIZER.to_owned()]);
     let claim_spec = v.pvc.spec.as_ref();
     PersistentVolume {
@@ -129,6 +133,15 @@ mod tests {
     }
 
     fn build(class: &StorageClass, on_delete: OnDelete, root: &str) -> serde_json::Value {
+        build_with_retention(class, on_delete, root, None)
+    }
+
+    fn build_with_retention(
+        class: &StorageClass,
+        on_delete: OnDelete,
+        root: &str,
+        archive_retention_days: Option<u32>,
+    ) -> serde_json::Value {
         let pvc = claim();
         let path = VolumePath::parse("team-a/data").unwrap();
         let export = NfsExport {
@@ -145,6 +158,7 @@ mod tests {
             path: &path,
             on_delete,
             quota: QuotaPolicy::Enforce,
+            archive_retention_days,
             export: &export,
             capacity: &Quantity("5Gi".into()),
         });
@@ -189,6 +203,17 @@ mod tests {
                 }
             })
         );
+    }
+
+    #[test]
+    fn the_archive_retention_is_recorded_only_when_the_class_sets_one() {
+        let pv = build_with_retention(&class(None), OnDelete::Archive, "/srv/nfs", Some(30));
+        assert_eq!(
+            pv["metadata"]["annotations"]["nfsprov.dev/archive-retention-days"],
+            "30"
+        );
+        let pv = build(&class(None), OnDelete::Archive, "/srv/nfs");
+        assert!(pv["metadata"]["annotations"]["nfsprov.dev/archive-retention-days"].is_null());
     }
 
     #[test]

@@ -489,6 +489,8 @@ pub fn bound_pv(capacity: &str, quota: &str) -> PersistentVolume {
 pub struct MockAgentState {
     pub volumes: BTreeMap<String, CreateVolumeRequest>,
     pub archived: BTreeMap<String, ArchiveResult>,
+    /// The retention each archive request asked for, by path.
+    pub archive_retention: BTreeMap<String, Option<u32>>,
     /// `METHOD path` of every authenticated call, in order.
     pub calls: Vec<String>,
     /// When set, every `/v1` call fails with this code.
@@ -686,6 +688,16 @@ impl MockAgent {
             .insert(path.to_owned(), request);
     }
 
+    /// The retention the last archive request for `path` asked for (`None` inside: none).
+    pub fn archive_retention(&self, path: &str) -> Option<Option<u32>> {
+        self.state
+            .lock()
+            .expect("lock")
+            .archive_retention
+            .get(path)
+            .copied()
+    }
+
     pub fn archived(&self, path: &str) -> Option<ArchiveResult> {
         self.state.lock().expect("lock").archived.get(path).cloned()
     }
@@ -858,14 +870,26 @@ async fn archive(
     State(shared): State<MockShared>,
     headers: HeaderMap,
     Path(path): Path<String>,
+    body: axum::body::Bytes,
 ) -> Response {
     if let Some(response) = enter(&shared, &headers, format!("POST archive {path}")) {
         return response;
     }
+    let request: nfsprov_api_types::ArchiveRequest = if body.is_empty() {
+        Default::default()
+    } else {
+        match serde_json::from_slice(&body) {
+            Ok(request) => request,
+            Err(e) => return api_error(ErrorCode::InvalidBody, &e.to_string()),
+        }
+    };
     let Ok(volume_path) = VolumePath::parse(&path) else {
         return api_error(ErrorCode::InvalidPath, "invalid path");
     };
     let mut state = shared.state.lock().expect("lock");
+    state
+        .archive_retention
+        .insert(path.clone(), request.retention_days);
     if state.volumes.remove(&path).is_some() {
         let result = ArchiveResult {
             path: volume_path,

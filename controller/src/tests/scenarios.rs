@@ -696,6 +696,54 @@ async fn on_delete_archive_archives_then_deletes_the_pv() {
 }
 
 #[tokio::test]
+async fn the_recorded_archive_retention_goes_with_the_archive_request() {
+    let agent = MockAgent::start("nfs1").await;
+    stored("team-a/data", &agent);
+    stored("team-a/other", &agent);
+    let (ctx, api) = context(agent.registry(), vec![class("nfs", &[])], vec![]);
+    let with_retention = |path: &str, days: &str| {
+        let mut pv = released_pv(Some("archive"), path);
+        pv.metadata
+            .annotations
+            .as_mut()
+            .unwrap()
+            .insert(objects::ANN_ARCHIVE_RETENTION_DAYS.into(), days.into());
+        pv
+    };
+    let server = api.run(vec![
+        get_pv(&with_retention("team-a/data", "30")),
+        remove_finalizer(),
+        delete_pv(),
+        get_pv(&with_retention("team-a/other", "soon")),
+        Call::event(
+            "default",
+            "Warning",
+            "VolumeFailedDelete",
+            PV_NAME,
+            "nfsprov.dev/archive-retention-days=\"soon\" is not a whole number of days",
+        ),
+    ]);
+    reconcile_volume(
+        Arc::new(cached(with_retention("team-a/data", "30"))),
+        ctx.clone(),
+    )
+    .await
+    .unwrap();
+    // An unreadable retention stops the deletion: the data stays where it is.
+    let result = reconcile_volume(
+        Arc::new(cached(with_retention("team-a/other", "soon"))),
+        ctx.clone(),
+    )
+    .await;
+    assert!(result.is_err(), "{result:?}");
+    finish(ctx, server).await;
+    assert_eq!(agent.archive_retention("team-a/data"), Some(Some(30)));
+    assert!(agent.archived("team-a/data").is_some());
+    assert!(agent.has_volume("team-a/other"));
+    assert_eq!(agent.calls(), ["POST archive team-a/data"]);
+}
+
+#[tokio::test]
 async fn on_delete_retain_keeps_the_directory_and_deletes_the_pv() {
     let agent = MockAgent::start("nfs1").await;
     stored("team-a/data", &agent);
