@@ -7,6 +7,7 @@
 //! the crate root only parses the command line and dispatches.
 
 pub mod agents;
+pub mod archives;
 pub mod cluster;
 pub mod credentials;
 pub mod doctor;
@@ -69,12 +70,38 @@ pub enum Command {
     Doctor,
     /// Directories agents hold that no PV points to, and PVs whose directory is gone.
     Orphans,
+    /// Archives the agents keep: origin, claim, age, size and expiry; `delete` removes one.
+    Archives {
+        /// Only this agent's archives.
+        #[arg(long)]
+        agent: Option<String>,
+        #[command(subcommand)]
+        action: Option<ArchivesAction>,
+    },
+}
+
+#[derive(Debug, Clone, Subcommand)]
+pub enum ArchivesAction {
+    /// Deletes one archive for good.
+    Delete {
+        /// The agent that holds it.
+        agent: String,
+        /// Its id, as `archives` lists it (`<path>/@<time>`).
+        id: String,
+    },
 }
 
 /// Runs one command and prints its report; the exit status on success.
 pub async fn run(cli: Cli) -> anyhow::Result<i32> {
     // kube's TLS and the agent client both use ring; kube needs it as the default.
     let _ = rustls::crypto::ring::default_provider().install_default();
+    if let Command::Archives {
+        action: Some(ArchivesAction::Delete { id, .. }),
+        ..
+    } = &cli.command
+    {
+        archives::parse_id(id)?;
+    }
     let client = cluster::connect(cli.kubeconfig.as_deref(), cli.context.as_deref()).await?;
     let target = cluster::Target {
         client,
@@ -89,6 +116,17 @@ pub async fn run(cli: Cli) -> anyhow::Result<i32> {
         Command::Volumes => print(&volumes::run(&target).await?, cli.output),
         Command::Doctor => print(&doctor::run(&target).await?, cli.output),
         Command::Orphans => print(&orphans::run(&target).await?, cli.output),
+        Command::Archives {
+            agent,
+            action: None,
+        } => print(
+            &archives::list(&target, agent.as_deref()).await?,
+            cli.output,
+        ),
+        Command::Archives {
+            action: Some(ArchivesAction::Delete { agent, id }),
+            ..
+        } => print(&archives::delete(&target, &agent, &id).await?, cli.output),
     }
 }
 
@@ -121,7 +159,24 @@ mod tests {
         assert_eq!(cli.context.as_deref(), Some("prod"));
         assert_eq!(cli.provisioner, "example.com/nfs");
         assert!(matches!(cli.command, Command::Volumes));
-        assert!(Cli::try_parse_from(["kubectl-nfsprov", "archives"]).is_err());
+        let cli = Cli::try_parse_from(["kubectl-nfsprov", "archives", "--agent", "nfs1"]).unwrap();
+        assert!(matches!(
+            cli.command,
+            Command::Archives { agent: Some(ref a), action: None } if a == "nfs1"
+        ));
+        let cli = Cli::try_parse_from([
+            "kubectl-nfsprov",
+            "archives",
+            "delete",
+            "nfs1",
+            "team-a/data/@20261120T120000.000000000Z",
+        ])
+        .unwrap();
+        assert!(matches!(
+            cli.command,
+            Command::Archives { action: Some(ArchivesAction::Delete { ref agent, .. }), .. } if agent == "nfs1"
+        ));
+        assert!(Cli::try_parse_from(["kubectl-nfsprov", "archives", "delete", "nfs1"]).is_err());
         assert!(Cli::try_parse_from(["kubectl-nfsprov", "status", "-o", "yaml"]).is_err());
     }
 }

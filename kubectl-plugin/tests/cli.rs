@@ -18,7 +18,9 @@ fn help_names_every_command() {
     let out = plugin(&["--help"], None);
     assert!(out.status.success(), "{out:?}");
     let help = String::from_utf8_lossy(&out.stdout);
-    for command in ["status", "agents", "volumes", "doctor", "orphans"] {
+    for command in [
+        "status", "agents", "volumes", "doctor", "orphans", "archives",
+    ] {
         assert!(help.contains(command), "{command} missing from:\n{help}");
     }
     assert!(help.contains("kubectl nfsprov"), "{help}");
@@ -35,6 +37,27 @@ fn a_missing_kubeconfig_is_one_clear_error() {
     assert!(stderr.contains("cannot read the kubeconfig"), "{stderr}");
     assert!(stderr.contains("no-such-kubeconfig"), "{stderr}");
     assert!(out.stdout.is_empty(), "{out:?}");
+}
+
+#[test]
+fn a_malformed_archive_id_is_refused_before_anything_is_asked() {
+    // No kubeconfig at all: the id is checked first, so the error is about the id.
+    let dir = tempfile::tempdir().unwrap();
+    let missing = dir.path().join("no-such-kubeconfig");
+    let out = plugin(
+        &[
+            "archives",
+            "delete",
+            "nfs1",
+            "../etc/@20261120T120000.000000000Z",
+            "--kubeconfig",
+            missing.to_str().unwrap(),
+        ],
+        None,
+    );
+    assert_eq!(out.status.code(), Some(2), "{out:?}");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("is not an archive id"), "{stderr}");
 }
 
 #[test]
