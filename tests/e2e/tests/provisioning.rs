@@ -555,3 +555,88 @@ async fn adding_a_second_agent_keeps_classes_without_agent_working() -> anyhow::
     assert!(["nfs1", "nfs2"].contains(&agent.as_str()), "{agent}");
     Ok(())
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn an_orphan_made_on_purpose_is_reported_then_archived() -> anyhow::Result<()> {
+    let _turn = ONE_AT_A_TIME.lock().await;
+    // The check runs every second with no grace period, so the claims provisioned below
+    // are checked while their directory exists and their PV does not yet: only the
+    // API server's answer (their claim is still pending) keeps them.
+    let system = System::start(
+        &["nfs1"],
+        1,
+        &[
+            "--leader-elect=false",
+            "--orphan-check-interval-seconds=1",
+            "--orphan-grace-seconds=0",
+            "--archive-orphans",
+        ],
+    )
+    .await?;
+    system
+        .class(
+            "e2e-orphans",
+            json!({"agent": "nfs1", "onDelete": "delete"}),
+        )
+        .await?;
+    for i in 0..5 {
+        system
+            .claim(&format!("kept-{i}"), "e2e-orphans", json!({}), json!({}))
+            .await?;
+    }
+    // What an interrupted provisioning leaves: a directory made for a claim that is gone.
+    let orphan = nfsprov_api_types::VolumePath::parse("e2e-orphan")?;
+    system.agents[0]
+        .process
+        .client()?
+        .create_volume(
+            &orphan,
+            &nfsprov_api_types::CreateVolumeRequest {
+                capacity_bytes: 1 << 20,
+                owner: nfsprov_api_types::VolumeOwner {
+                    pvc_namespace: Some(system.names.namespace.clone()),
+                    pvc_name: Some("gone".into()),
+                    pv_name: Some("pvc-00000000-0000-0000-0000-000000000000".into()),
+                },
+                ..Default::default()
+            },
+            None,
+        )
+        .await?;
+    let mut kept = Vec::new();
+    for i in 0..5 {
+        kept.push(name_of(
+            &system.bound_volume(&format!("kept-{i}"), BIND).await?,
+        ));
+    }
+    let controller = &system.controllers[0];
+    nfsprov_e2e::eventually("the orphan to be archived", BIND, || async {
+        controller
+            .metrics()
+            .unwrap_or_default()
+            .lines()
+            .any(|l| l == "nfsprov_orphaned_directories_archived_total{agent=\"nfs1\"} 1")
+    })
+    .await
+    .map_err(|e| anyhow::anyhow!("{e}\n{}", system.logs()))?;
+    let root = &system.agents[0].root;
+    assert!(!root.join("e2e-orphan").exists());
+    assert_eq!(
+        std::fs::read_dir(root.join(".archive/e2e-orphan"))?.count(),
+        1,
+        "archived, not deleted"
+    );
+    let dirs = volume_dirs(root);
+    assert_eq!(dirs.len(), 5, "{dirs:?}");
+    for pv in &kept {
+        assert!(dirs.iter().any(|d| d.ends_with(pv)), "{pv} not in {dirs:?}");
+    }
+    let metrics = controller.metrics()?;
+    assert!(
+        metrics
+            .lines()
+            .any(|l| l == "nfsprov_orphaned_directories_archived_total{agent=\"nfs1\"} 1"),
+        "nothing else archived: {metrics}"
+    );
+    Ok(())
+}
