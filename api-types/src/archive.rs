@@ -300,7 +300,7 @@ mod tests {
     #[test]
     fn entries_order_by_time_then_counter() {
         let entry = |raw: &str| ArchiveEntry::parse(raw).unwrap();
-        let mut entries = vec![
+        let mut entries = [
             entry(&format!("@{STAMP}-10")),
             entry("@20261122T060102.123456790Z"),
             entry(&format!("@{STAMP}-9")),

@@ -71,11 +71,13 @@ fn archive_in_grammar(raw: &str) -> bool {
     let (Some(stamp), Some(counter)) = (entry.get(..26), entry.get(26..)) else {
         return false;
     };
-    // time 0.3.55 subtracts b'0' from a digit before checking it, which overflows (and
-    // panics in a debug build) on any byte below '0'; no stamp holds such a byte.
+    // time 0.3.55 subtracts b'0' from each digit before checking it, which overflows (and
+    // panics in a debug build) on any byte below '0' where a digit belongs; so only
+    // strings with digits where the format wants digits are handed to it.
     let plausible = stamp
         .bytes()
-        .all(|b| b.is_ascii_digit() || b"T.Z".contains(&b));
+        .enumerate()
+        .all(|(i, b)| matches!(i, 8 | 15 | 25) || b.is_ascii_digit());
     in_grammar(volume)
         && plausible
         && time::PrimitiveDateTime::parse(stamp, STAMP).is_ok()
