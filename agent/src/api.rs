@@ -593,7 +593,10 @@ async fn archive_volume(
     raw_path: Result<Path<String>, PathRejection>,
 ) -> ApiResult<Response> {
     let path = volume_path(raw_path)?;
-    let result = with_path_lock(&state, &path.clone(), move |store| store.archive(&path)).await;
+    let result = with_path_lock(&state, &path.clone(), move |store| {
+        store.archive(&path, None)
+    })
+    .await;
     state.metrics.count_operation("archive", outcome(&result));
     let (archived, how) = result?;
     let status = match how {

@@ -17,6 +17,7 @@
 //! the next start.
 
 mod archive_name;
+mod archives;
 mod backend;
 mod confine;
 mod dataset;
@@ -30,12 +31,12 @@ mod tree;
 
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::path::Path;
-use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, RwLock};
 
 use nfsprov_api_types::{
-    ArchiveResult, CreateVolumeRequest, FilesystemStats, QuotaBackend, QuotaPolicy, Volume,
-    VolumePath, VolumeUsage,
+    ArchiveEntry, ArchivePath, ArchiveResult, CreateVolumeRequest, FilesystemStats, QuotaBackend,
+    QuotaPolicy, Volume, VolumePath, VolumeUsage,
 };
 use rustix::fs::{AtFlags, Mode, RenameFlags};
 use rustix::io::Errno;
@@ -46,7 +47,7 @@ use self::archive_name::{
 };
 use self::confine::{Root, STAGING_DIR, TRASH_DIR, list_dir, open_child, open_or_create_dir};
 use self::error::{io_error, not_found, walk_error};
-use self::record::now_rfc3339;
+use self::record::{now_rfc3339, rfc3339};
 use crate::quota::QuotaSettings;
 use crate::quota::btrfs::Btrfs;
 use crate::quota::command::{SystemRunner, ToolRunner};
@@ -54,13 +55,14 @@ use crate::quota::xfs::Xfs;
 use crate::quota::zfs::Zfs;
 
 pub use self::archive_name::ARCHIVE_DIR;
+pub use self::archives::StoredArchive;
 pub use self::backend::{KnownQuota, Layout, VolumeBackend};
 pub use self::confine::{STATE_DIR, is_dot};
 pub use self::dataset::DatasetBackend;
 pub use self::directory::{DirectoryBackend, NoQuota, QuotaStrategy};
 pub use self::error::{Result, StoreError};
 pub use self::locks::PathGuard;
-pub use self::record::{QuotaRecord, VolumeRecord};
+pub use self::record::{ArchiveRecord, QuotaRecord, VolumeRecord};
 pub use self::tree::{measure_tree, remove_tree};
 
 /// Whether [`VolumeStore::create`] made the volume or found it.
@@ -135,6 +137,10 @@ pub struct VolumeStore {
     unique: AtomicU64,
     locks: Arc<locks::PathLocks>,
     mounts: mounts::MountTable,
+    /// Held shared while an archive directory is made and a volume moved into it, and
+    /// exclusively while empty archive directories are removed, so the one never removes
+    /// a directory the other is about to use.
+    archive_dirs: RwLock<()>,
 }
 
 impl VolumeStore {
@@ -162,6 +168,7 @@ impl VolumeStore {
             default_gid: rustix::process::getegid().as_raw(),
             unique: AtomicU64::new(0),
             locks: Arc::default(),
+            archive_dirs: RwLock::new(()),
         })
     }
 
@@ -188,6 +195,7 @@ impl VolumeStore {
             owner: request.owner.clone(),
             created_at: String::new(),
             quota: None,
+            archive: None,
         }
     }
 
@@ -459,7 +467,7 @@ impl VolumeStore {
             )?;
             return Ok(Deleted::Removed);
         }
-        self.refuse_mount_points(path)?;
+        self.refuse_mount_points(path, path.as_str())?;
         let trash = self.root.open_internal(&[STATE_DIR, TRASH_DIR], false)?;
         let doomed = self.unique_name("del");
         match rustix::fs::renameat_with(
@@ -482,13 +490,29 @@ impl VolumeStore {
         Ok(Deleted::Removed)
     }
 
-    /// Moves the volume into the archive area under `.archive/<path>/@<UTC time>`. When the
-    /// volume is already gone but was archived before, reports the latest archive, so a
-    /// retried request gets the same answer.
-    pub fn archive(&self, path: &VolumePath) -> Result<(ArchiveResult, Archived)> {
+    /// Moves the volume into the archive area under `.archive/<path>/@<UTC time>`, with the
+    /// retention the request asked for recorded. When the volume is already gone but was
+    /// archived before, reports the latest archive, so a retried request gets the same
+    /// answer (and the first request's retention stays).
+    pub fn archive(
+        &self,
+        path: &VolumePath,
+        retention_days: Option<u32>,
+    ) -> Result<(ArchiveResult, Archived)> {
+        self.archive_at(path, retention_days, OffsetDateTime::now_utc())
+    }
+
+    /// [`Self::archive`] as if it were `at`: the present, except in tests of retention.
+    pub(crate) fn archive_at(
+        &self,
+        path: &VolumePath,
+        retention_days: Option<u32>,
+        at: OffsetDateTime,
+    ) -> Result<(ArchiveResult, Archived)> {
         self.root.ensure_present()?;
         let components = archive_components(path);
-        let Some((parent, _)) = self.locate(path)? else {
+        let _dirs = self.archive_dirs.read().unwrap_or_else(|e| e.into_inner());
+        let Some((parent, mut record)) = self.locate(path)? else {
             return match self.latest_archive(&components)? {
                 Some(entry) => Ok((archive_result(path, &entry), Archived::Earlier)),
                 None => Err(StoreError::NotFound(format!(
@@ -496,8 +520,19 @@ impl VolumeStore {
                 ))),
             };
         };
+        record.archive = Some(ArchiveRecord {
+            archived_at: rfc3339(at),
+            retention_days,
+        });
+        // Recorded before the move (which keeps the directory's identity, or the dataset),
+        // so an archive never exists without its time and retention.
+        {
+            let dir = open_child(parent.as_fd(), path.file_name(), false)?;
+            self.backend.write_record(dir.as_fd(), path, &record)?;
+            // Closed before the move: a dataset held open cannot be unmounted.
+        }
         let target = self.root.open_internal(&components, true)?;
-        for entry in archive_entries(OffsetDateTime::now_utc()) {
+        for entry in archive_entries(at) {
             let moved = match self.backend.layout() {
                 Layout::Directories => rustix::fs::renameat_with(
                     &parent,
@@ -506,12 +541,12 @@ impl VolumeStore {
                     entry.as_str(),
                     RenameFlags::NOREPLACE,
                 ),
-                Layout::Mounts if open_child(target.as_fd(), &entry, false).is_ok() => {
+                Layout::Mounts if open_child(target.as_fd(), entry.as_str(), false).is_ok() => {
                     Err(Errno::EXIST)
                 }
                 Layout::Mounts => {
-                    self.backend
-                        .archive_in_place(path, &archive_path(path, &entry))?;
+                    let id = ArchivePath::new(path.clone(), entry.clone());
+                    self.backend.archive_in_place(path, &archive_path(&id))?;
                     Ok(())
                 }
             };
@@ -524,6 +559,76 @@ impl VolumeStore {
         Err(StoreError::Conflict(format!(
             "could not find a free archive name for {path}"
         )))
+    }
+
+    /// Every archive the agent made, sorted by id.
+    pub fn list_archives(&self) -> Result<Vec<StoredArchive>> {
+        let mut found = self.backend.list_archives(&self.root)?;
+        found.sort_by(|a, b| a.id.cmp(&b.id));
+        Ok(found)
+    }
+
+    /// Removes the archive `id` with its quota and record, the way a volume is deleted
+    /// (through the trash for directories). Only the archive area is reached: an id
+    /// cannot name a live volume, and its directories are walked without following links.
+    pub fn delete_archive(&self, id: &ArchivePath) -> Result<Deleted> {
+        self.root.ensure_present()?;
+        let Some(parent) = self.root.open_existing(&archive_components(id.volume()))? else {
+            return Ok(Deleted::WasAbsent);
+        };
+        let deleted = match self.backend.find_archive(&self.root, parent.as_fd(), id)? {
+            None => Deleted::WasAbsent,
+            Some(_) if self.backend.layout() == Layout::Mounts => {
+                self.backend.remove_archive_in_place(id)?;
+                Deleted::Removed
+            }
+            Some(record) => {
+                self.refuse_mount_points(&id, &archive_path(id))?;
+                let trash = self.root.open_internal(&[STATE_DIR, TRASH_DIR], false)?;
+                let doomed = self.unique_name("del");
+                match rustix::fs::renameat_with(
+                    &parent,
+                    id.entry().as_str(),
+                    &trash,
+                    doomed.as_str(),
+                    RenameFlags::NOREPLACE,
+                ) {
+                    Ok(()) => {
+                        self.backend.remove(
+                            trash.as_fd(),
+                            &doomed,
+                            None,
+                            KnownQuota::Known(record.quota.as_ref()),
+                        )?;
+                        Deleted::Removed
+                    }
+                    Err(Errno::NOENT) => Deleted::WasAbsent,
+                    Err(e) => return Err(io_error(format!("move archive {id} to the trash"), e)),
+                }
+            }
+        };
+        drop(parent);
+        let _dirs = self.archive_dirs.write().unwrap_or_else(|e| e.into_inner());
+        // What is left is tidiness, not the archive: a failure leaves empty directories.
+        if let Err(error) = archives::prune(&self.root, id.volume()) {
+            tracing::warn!(archive = %id, %error, "could not remove empty archive directories");
+        }
+        Ok(deleted)
+    }
+
+    /// Space and inodes the archive uses, as its backend counts them.
+    pub fn measure_archive(&self, id: &ArchivePath) -> Result<VolumeUsage> {
+        let missing = || StoreError::NotFound(format!("no archive {id}"));
+        let parent = self
+            .root
+            .open_existing(&archive_components(id.volume()))?
+            .ok_or_else(missing)?;
+        let record = self
+            .backend
+            .find_archive(&self.root, parent.as_fd(), id)?
+            .ok_or_else(missing)?;
+        let dir = archives::open_entry(parent.as_fd(), id)?.ok_or_else(missing)?;
+        self.backend.measure_archive(dir.as_fd(), id, &record)
     }
 
     /// Every volume beneath the root, sorted by path.
@@ -620,11 +725,11 @@ impl VolumeStore {
         }
     }
 
-    /// Refuses to delete a volume that holds a mount point: removing its tree would reach
+    /// Refuses to delete a volume or archive that holds a mount point: removing its tree would reach
     /// into the mounted directory. Checked before anything moves, so the volume stays
     /// whole and a retry after the unmount succeeds.
-    fn refuse_mount_points(&self, path: &VolumePath) -> Result<()> {
-        let dir = self.root.canonical_path().join(path.as_str());
+    fn refuse_mount_points(&self, what: &dyn std::fmt::Display, relative: &str) -> Result<()> {
+        let dir = self.root.canonical_path().join(relative);
         let below = self
             .mounts
             .mount_points_below(&dir)
@@ -637,13 +742,13 @@ impl VolumeStore {
         }
         let points: Vec<String> = below.iter().map(|p| p.display().to_string()).collect();
         Err(StoreError::Conflict(format!(
-            "{path} holds mount points ({}); the agent never deletes across a mount point; unmount them and retry",
+            "{what} holds mount points ({}); the agent never deletes across a mount point; unmount them and retry",
             points.join(", ")
         )))
     }
 
     /// The newest archive entry under the given archive directory, if any.
-    fn latest_archive(&self, components: &[&str]) -> Result<Option<String>> {
+    fn latest_archive(&self, components: &[&str]) -> Result<Option<ArchiveEntry>> {
         let Some(dir) = self.root.open_existing(components)? else {
             return Ok(None);
         };
@@ -766,7 +871,7 @@ mod tests {
         assert_eq!(fake.limit_kib(kept_id), Some(4096));
         store.delete(&path("ns/gone")).unwrap();
         assert_eq!(fake.limit_kib(gone_id), None, "limit cleared on delete");
-        store.archive(&path("ns/kept")).unwrap();
+        store.archive(&path("ns/kept"), None).unwrap();
         drop(store);
 
         // After a restart the archived volume's id is still taken; the freed one is reused.
@@ -776,6 +881,196 @@ mod tests {
         store.create(&path("ns/other"), &request(1 << 20)).unwrap();
         let other = project_of(&store, "ns/other");
         assert!(other != kept_id && other != gone_id, "{other}");
+
+        // Deleting the archive frees its id at last.
+        let [archive] = &store.list_archives().unwrap()[..] else {
+            panic!("one archive");
+        };
+        assert_eq!(fake.limit_kib(kept_id), Some(4096));
+        assert_eq!(store.delete_archive(&archive.id).unwrap(), Deleted::Removed);
+        assert_eq!(fake.limit_kib(kept_id), None, "limit cleared");
+        store.create(&path("ns/third"), &request(1 << 20)).unwrap();
+        assert_eq!(project_of(&store, "ns/third"), kept_id);
+    }
+
+    fn owned_request(claim: &str) -> CreateVolumeRequest {
+        CreateVolumeRequest {
+            owner: nfsprov_api_types::VolumeOwner {
+                pvc_namespace: Some("team".into()),
+                pvc_name: Some(claim.into()),
+                pv_name: Some(format!("pvc-{claim}")),
+            },
+            ..request(1 << 20)
+        }
+    }
+
+    fn ids(store: &VolumeStore) -> Vec<String> {
+        store
+            .list_archives()
+            .unwrap()
+            .into_iter()
+            .map(|a| a.id.to_string())
+            .collect()
+    }
+
+    #[test]
+    fn archives_are_listed_from_their_records_and_deleted_one_at_a_time() {
+        let (dir, store) = store();
+        let at = time::macros::datetime!(2026-01-02 03:04:05.000000006 UTC);
+        store.create(&path("a"), &owned_request("first")).unwrap();
+        let (first, _) = store.archive_at(&path("a"), Some(3), at).unwrap();
+        store.create(&path("a"), &owned_request("second")).unwrap();
+        let (second, _) = store.archive_at(&path("a"), None, at).unwrap();
+        store
+            .create(&path("ns/b/c"), &owned_request("deep"))
+            .unwrap();
+        store.archive(&path("ns/b/c"), Some(30)).unwrap();
+        store.create(&path("live"), &owned_request("live")).unwrap();
+        std::fs::write(dir.path().join("live/data"), b"tenant").unwrap();
+
+        // The same instant twice: the second archive gets a counter.
+        assert_eq!(first.archive_path, ".archive/a/@20260102T030405.000000006Z");
+        assert_eq!(
+            second.archive_path,
+            ".archive/a/@20260102T030405.000000006Z-1"
+        );
+        let listed = store.list_archives().unwrap();
+        assert_eq!(listed.len(), 3, "{listed:?}");
+        assert_eq!(listed[0].archive_path(), first.archive_path);
+        assert_eq!(listed[0].record.owner.pvc_name.as_deref(), Some("first"));
+        assert_eq!(listed[0].retention_days(), Some(3));
+        assert_eq!(listed[0].archived_at(), Some(at));
+        assert_eq!(listed[1].record.owner.pvc_name.as_deref(), Some("second"));
+        assert_eq!(listed[1].retention_days(), None);
+        assert_eq!(listed[2].id.volume().as_str(), "ns/b/c");
+        assert_eq!(listed[2].retention_days(), Some(30));
+
+        // One and only one goes; the directory of the path stays while it holds another.
+        assert_eq!(
+            store.delete_archive(&listed[0].id).unwrap(),
+            Deleted::Removed
+        );
+        assert_eq!(
+            ids(&store),
+            [listed[1].id.to_string(), listed[2].id.to_string()]
+        );
+        assert!(dir.path().join(&second.archive_path).is_dir());
+        assert_eq!(
+            store.delete_archive(&listed[0].id).unwrap(),
+            Deleted::WasAbsent
+        );
+        // The last archive of a path takes its now empty directories with it, and never
+        // the area itself.
+        store.delete_archive(&listed[2].id).unwrap();
+        assert!(!dir.path().join(".archive/ns").exists());
+        store.delete_archive(&listed[1].id).unwrap();
+        assert!(!dir.path().join(".archive/a").exists());
+        assert!(dir.path().join(ARCHIVE_DIR).is_dir());
+        assert!(ids(&store).is_empty());
+
+        // The volumes were never touched, and nothing waits in the trash.
+        assert_eq!(
+            std::fs::read(dir.path().join("live/data")).unwrap(),
+            b"tenant"
+        );
+        let volumes: Vec<String> = store
+            .list()
+            .unwrap()
+            .into_iter()
+            .map(|v| v.path.to_string())
+            .collect();
+        assert_eq!(volumes, ["live"]);
+        assert_eq!(store.leftover_count().unwrap(), 0);
+    }
+
+    #[test]
+    fn a_retention_is_recorded_once_and_survives_a_restart() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = VolumeStore::open(dir.path()).unwrap();
+        store.create(&path("p"), &request(1)).unwrap();
+        let (archived, how) = store.archive(&path("p"), Some(9)).unwrap();
+        assert_eq!(how, Archived::New);
+        // A retry answers the same archive and keeps the first request's retention.
+        let (again, how) = store.archive(&path("p"), Some(2)).unwrap();
+        assert_eq!((how, &again), (Archived::Earlier, &archived));
+        drop(store);
+
+        let store = VolumeStore::open(dir.path()).unwrap();
+        let [archive] = &store.list_archives().unwrap()[..] else {
+            panic!("one archive");
+        };
+        assert_eq!(archive.retention_days(), Some(9));
+        assert_eq!(archive.archive_path(), archived.archive_path);
+        assert_eq!(
+            archive.archived_at().map(record::rfc3339),
+            Some(archived.archived_at)
+        );
+    }
+
+    #[test]
+    fn only_the_agents_archives_are_listed_and_nothing_else_is_deleted() {
+        let (dir, store) = store();
+        let root = dir.path();
+        let outside = tempfile::tempdir().unwrap();
+        let stamp = "@20260102T030405.000000006Z";
+        std::fs::create_dir_all(outside.path().join(format!("x/{stamp}"))).unwrap();
+        std::fs::write(outside.path().join(format!("x/{stamp}/precious")), b"x").unwrap();
+        let area = root.join(ARCHIVE_DIR);
+        // A link to elsewhere, whole or as an entry; a directory nobody recorded.
+        std::os::unix::fs::symlink(outside.path(), area.join("evil")).unwrap();
+        std::fs::create_dir_all(area.join("ns")).unwrap();
+        std::os::unix::fs::symlink(
+            outside.path().join(format!("x/{stamp}")),
+            area.join(format!("ns/{stamp}")),
+        )
+        .unwrap();
+        std::fs::create_dir_all(area.join(format!("foreign/{stamp}"))).unwrap();
+        // A real archive holding what looks like more archives: tenant data, not structure.
+        store.create(&path("t"), &request(1)).unwrap();
+        let (real, _) = store.archive(&path("t"), None).unwrap();
+        std::fs::create_dir_all(root.join(&real.archive_path).join(format!("u/{stamp}"))).unwrap();
+        // A volume moved into the archive area by hand keeps its own record's path.
+        store.create(&path("moved"), &request(1)).unwrap();
+        std::fs::create_dir_all(area.join("elsewhere")).unwrap();
+        std::fs::rename(root.join("moved"), area.join(format!("elsewhere/{stamp}"))).unwrap();
+        // A live volume whose record was marked for an archive that never happened.
+        store.create(&path("live"), &request(1)).unwrap();
+        let (parent, mut record) = store.locate(&path("live")).unwrap().unwrap();
+        record.archive = Some(ArchiveRecord {
+            archived_at: "2000-01-01T00:00:00Z".into(),
+            retention_days: Some(1),
+        });
+        let live = open_child(parent.as_fd(), "live", false).unwrap();
+        store
+            .backend
+            .write_record(live.as_fd(), &path("live"), &record)
+            .unwrap();
+
+        assert_eq!(ids(&store), [format!("t/{}", &real.archive_path[11..])]);
+        let id = |raw: &str| ArchivePath::parse(raw).unwrap();
+        for (raw, refused) in [
+            (format!("evil/x/{stamp}"), "unsafe"),
+            (format!("ns/{stamp}"), "unsafe"),
+            (format!("foreign/{stamp}"), "conflict"),
+            (format!("elsewhere/{stamp}"), "conflict"),
+        ] {
+            let err = store.delete_archive(&id(&raw)).unwrap_err();
+            let matches = match refused {
+                "unsafe" => matches!(err, StoreError::Unsafe(_)),
+                _ => matches!(err, StoreError::Conflict(_)),
+            };
+            assert!(matches, "{raw}: {err}");
+        }
+        // The live volume's path, with an entry: nothing is at it in the archive area.
+        assert_eq!(
+            store.delete_archive(&id(&format!("live/{stamp}"))).unwrap(),
+            Deleted::WasAbsent
+        );
+        assert!(store.get(&path("live")).is_ok());
+        assert!(outside.path().join(format!("x/{stamp}/precious")).exists());
+        assert!(area.join(format!("foreign/{stamp}")).is_dir());
+        assert!(area.join(format!("elsewhere/{stamp}")).is_dir());
+        assert_eq!(ids(&store).len(), 1);
     }
 
     #[test]
@@ -799,7 +1094,7 @@ mod tests {
             Err(StoreError::Conflict(_))
         ));
         assert!(matches!(
-            store.archive(&path("x")),
+            store.archive(&path("x"), None),
             Err(StoreError::Conflict(_))
         ));
         assert!(store.get(&path("x/y")).is_ok());
@@ -812,7 +1107,7 @@ mod tests {
             store.create(&path(p), &request(7)).unwrap();
         }
         std::fs::create_dir_all(dir.path().join("plain/dir")).unwrap();
-        store.archive(&path("b")).unwrap();
+        store.archive(&path("b"), None).unwrap();
         let listed: Vec<String> = store
             .list()
             .unwrap()

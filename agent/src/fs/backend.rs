@@ -7,8 +7,9 @@
 use std::fmt::Debug;
 use std::os::fd::BorrowedFd;
 
-use nfsprov_api_types::{QuotaBackend, VolumePath, VolumeUsage};
+use nfsprov_api_types::{ArchivePath, QuotaBackend, VolumePath, VolumeUsage};
 
+use super::archives::StoredArchive;
 use super::confine::Root;
 use super::error::{Result, StoreError};
 use super::record::{QuotaRecord, VolumeRecord};
@@ -116,6 +117,37 @@ pub trait VolumeBackend: Debug + Send + Sync {
         let _ = archive_path;
         Err(StoreError::Unsupported(format!(
             "{path}: {} volumes are archived by renaming their directory",
+            self.kind()
+        )))
+    }
+
+    /// Every archive the agent made beneath the archive area, in any order.
+    fn list_archives(&self, root: &Root) -> Result<Vec<StoredArchive>>;
+
+    /// The record of the archive `id`, whose entry would be in `parent` (its archive
+    /// directory): `None` when nothing is there, a conflict when what is there is not an
+    /// archive the agent made of that path.
+    fn find_archive(
+        &self,
+        root: &Root,
+        parent: BorrowedFd<'_>,
+        id: &ArchivePath,
+    ) -> Result<Option<VolumeRecord>>;
+
+    /// Space and inodes the archive whose directory is `dir` uses.
+    fn measure_archive(
+        &self,
+        dir: BorrowedFd<'_>,
+        id: &ArchivePath,
+        record: &VolumeRecord,
+    ) -> Result<VolumeUsage> {
+        self.measure(dir, id.volume(), record)
+    }
+
+    /// [`Layout::Mounts`] only: removes the archive `id` where it is, with its quota.
+    fn remove_archive_in_place(&self, id: &ArchivePath) -> Result<()> {
+        Err(StoreError::Unsupported(format!(
+            "{id}: {} archives are removed through the trash",
             self.kind()
         )))
     }

@@ -9,14 +9,16 @@
 
 use std::os::fd::{AsFd, BorrowedFd};
 
-use nfsprov_api_types::{QuotaBackend, VolumePath, VolumeUsage};
+use nfsprov_api_types::{ArchivePath, QuotaBackend, VolumePath, VolumeUsage};
 
+use super::archive_name::{ARCHIVE_DIR, archive_path};
+use super::archives::StoredArchive;
 use super::backend::{KnownQuota, Layout, VolumeBackend};
 use super::confine::{Root, open_child};
 use super::error::{Result, StoreError, io_error, quota_error};
 use super::record::{QuotaRecord, VolumeRecord};
 use super::tree::{measure_tree, remove_tree};
-use crate::quota::zfs::{Zfs, ZfsError};
+use crate::quota::zfs::{ArchivedDataset, Zfs, ZfsError};
 
 #[derive(Debug)]
 pub struct DatasetBackend {
@@ -178,11 +180,117 @@ impl VolumeBackend for DatasetBackend {
             .map_err(|e| zfs_error(format!("archive the dataset of {path}"), e))
     }
 
+    /// From the archived datasets' own marks (one `zfs get`), not from a walk; the size
+    /// is the dataset's `referenced`.
+    fn list_archives(&self, root: &Root) -> Result<Vec<StoredArchive>> {
+        let datasets = self
+            .zfs
+            .archives()
+            .map_err(|e| zfs_error("list the archives' datasets", e))?;
+        Ok(datasets
+            .into_iter()
+            .filter_map(|archive| {
+                let id = archive_id(&archive)?;
+                // Unreadable records are treated as foreign, as for volumes.
+                let record = VolumeRecord::decode(archive.meta.as_ref()?.as_bytes())?;
+                let usage = archive
+                    .referenced
+                    .zip(mounted_objects(root, &archive.location));
+                Some(StoredArchive {
+                    id,
+                    record,
+                    usage: usage.map(|(used_bytes, used_inodes)| VolumeUsage {
+                        used_bytes,
+                        used_inodes,
+                    }),
+                })
+            })
+            .collect())
+    }
+
+    /// The archived dataset mounted at the archive's location. Anything else there (a
+    /// directory left by an interrupted destroy, or put there by hand) is no archive.
+    fn find_archive(
+        &self,
+        _: &Root,
+        _: BorrowedFd<'_>,
+        id: &ArchivePath,
+    ) -> Result<Option<VolumeRecord>> {
+        let location = archive_path(id);
+        let datasets = self
+            .zfs
+            .archives()
+            .map_err(|e| zfs_error("list the archives' datasets", e))?;
+        let Some(archive) = datasets.into_iter().find(|a| a.location == location) else {
+            return Ok(None);
+        };
+        if archive.path != *id.volume() {
+            return Err(StoreError::Conflict(format!(
+                "archive {id} is the dataset {} archived from {}, mounted there by hand; refusing to touch it",
+                archive.name, archive.path
+            )));
+        }
+        archive
+            .meta
+            .as_deref()
+            .and_then(|meta| VolumeRecord::decode(meta.as_bytes()))
+            .map(Some)
+            .ok_or_else(|| {
+                StoreError::Conflict(format!(
+                    "archive {id}: the dataset's volume metadata cannot be read; refusing to touch it"
+                ))
+            })
+    }
+
+    /// An archived dataset's own figures are only found through the listing; this is for
+    /// when it had none.
+    fn measure_archive(
+        &self,
+        dir: BorrowedFd<'_>,
+        id: &ArchivePath,
+        _: &VolumeRecord,
+    ) -> Result<VolumeUsage> {
+        Ok(measure_tree(dir)
+            .map_err(|e| io_error(format!("measure archive {id}"), e))?
+            .usage)
+    }
+
+    fn remove_archive_in_place(&self, id: &ArchivePath) -> Result<()> {
+        self.zfs
+            .destroy_archive(&archive_path(id))
+            .map_err(|e| zfs_error(format!("destroy the dataset of archive {id}"), e))
+    }
+
     fn purge_unfinished(&self) -> Result<usize> {
         self.zfs
             .purge_leftovers()
             .map_err(|e| quota_error("purge unfinished datasets", e))
     }
+}
+
+/// The archive id an archived dataset's mountpoint names, when it is in the archive area
+/// and archived from the path the dataset says.
+fn archive_id(archive: &ArchivedDataset) -> Option<ArchivePath> {
+    let below = archive
+        .location
+        .strip_prefix(ARCHIVE_DIR)?
+        .strip_prefix('/')?;
+    ArchivePath::parse(below)
+        .ok()
+        .filter(|id| *id.volume() == archive.path)
+}
+
+/// Objects in use on the dataset mounted at `location` below the root, from its
+/// `statvfs`; `None` unless a dataset of its own is mounted there (else the figures would
+/// be the root dataset's).
+fn mounted_objects(root: &Root, location: &str) -> Option<u64> {
+    let components: Vec<&str> = location.split('/').collect();
+    let dir = root.open_existing(&components).ok()??;
+    if rustix::fs::fstat(&dir).ok()?.st_dev == root.device() {
+        return None;
+    }
+    let vfs = rustix::fs::fstatvfs(&dir).ok()?;
+    Some(vfs.f_files.saturating_sub(vfs.f_ffree))
 }
 
 /// Maps the tool layer's answers to the store's, keeping the API's codes meaningful.

@@ -7,10 +7,11 @@ use std::fmt::Debug;
 use std::os::fd::{AsFd, BorrowedFd};
 use std::sync::OnceLock;
 
-use nfsprov_api_types::{QuotaBackend, VolumePath, VolumeUsage};
+use nfsprov_api_types::{ArchivePath, QuotaBackend, VolumePath, VolumeUsage};
 use rustix::fs::Mode;
 
-use super::archive_name::ARCHIVE_DIR;
+use super::archive_name::{ARCHIVE_DIR, archive_components};
+use super::archives::{self, StoredArchive};
 use super::backend::{KnownQuota, Layout, VolumeBackend};
 use super::confine::{Root, STAGING_DIR, STATE_DIR, TRASH_DIR, open_child};
 use super::error::{Result, StoreError, io_error, quota_error};
@@ -498,5 +499,49 @@ impl VolumeBackend for DirectoryBackend {
             }
         }
         Ok(found)
+    }
+
+    /// The archive area walked by name, each entry kept only when the record store holds
+    /// a record of its directory made for the path it is archived under.
+    fn list_archives(&self, root: &Root) -> Result<Vec<StoredArchive>> {
+        let mut found = Vec::new();
+        for id in archives::walk(root)? {
+            let parent = match root.open_existing(&archive_components(id.volume())) {
+                Ok(Some(parent)) => parent,
+                Ok(None) | Err(StoreError::Unsafe(_)) => continue,
+                Err(e) => return Err(e),
+            };
+            match self.find_archive(root, parent.as_fd(), &id) {
+                Ok(Some(record)) => found.push(StoredArchive {
+                    id,
+                    record,
+                    usage: None,
+                }),
+                // Gone meanwhile, or not the agent's: not an archive.
+                Ok(None) | Err(StoreError::Conflict(_) | StoreError::Unsafe(_)) => {}
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(found)
+    }
+
+    fn find_archive(
+        &self,
+        _: &Root,
+        parent: BorrowedFd<'_>,
+        id: &ArchivePath,
+    ) -> Result<Option<VolumeRecord>> {
+        let Some(dir) = archives::open_entry(parent, id)? else {
+            return Ok(None);
+        };
+        match self.records()?.read(dir.as_fd())? {
+            Some((recorded, record)) if recorded == id.volume().as_str() => Ok(Some(record)),
+            Some((recorded, _)) => Err(StoreError::Conflict(format!(
+                "archive {id} holds the volume made for {recorded}, moved there by hand; refusing to touch it"
+            ))),
+            None => Err(StoreError::Conflict(format!(
+                "archive {id} exists but is not an archive made by the agent (no volume record); refusing to touch it"
+            ))),
+        }
     }
 }

@@ -42,6 +42,22 @@ pub struct VolumeRecord {
     /// The quota holding the volume to its capacity; absent when nothing enforces it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub quota: Option<QuotaRecord>,
+    /// Set when the volume is archived: written just before the move, so an archive
+    /// never exists without it. On a volume still at its path (the move failed) it means
+    /// nothing and is replaced by the next archive.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub archive: Option<ArchiveRecord>,
+}
+
+/// When a volume was archived and how long its archive is kept.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ArchiveRecord {
+    /// RFC 3339 UTC: the instant the archive's entry name carries.
+    pub archived_at: String,
+    /// Days to keep the archive, as the archive request asked; absent: the agent's
+    /// default at the time of each sweep.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub retention_days: Option<u32>,
 }
 
 /// Which quota enforces a volume's capacity, with what the backend needs to find it again.
@@ -88,9 +104,16 @@ impl VolumeRecord {
 }
 
 pub fn now_rfc3339() -> String {
-    OffsetDateTime::now_utc()
-        .format(&time::format_description::well_known::Rfc3339)
+    rfc3339(OffsetDateTime::now_utc())
+}
+
+pub fn rfc3339(at: OffsetDateTime) -> String {
+    at.format(&time::format_description::well_known::Rfc3339)
         .unwrap_or_default()
+}
+
+pub fn parse_rfc3339(text: &str) -> Option<OffsetDateTime> {
+    OffsetDateTime::parse(text, &time::format_description::well_known::Rfc3339).ok()
 }
 
 /// What tells one directory from every other on the root's filesystem for as long as it

@@ -41,6 +41,26 @@ pub fn get_children(dataset: &str) -> ToolCommand {
     )
 }
 
+/// The children of `dataset` with what describes an archive: where it is mounted, the
+/// bytes it references, and the agent's marks.
+pub fn get_archives(dataset: &str) -> ToolCommand {
+    ToolCommand::new(
+        ZFS,
+        [
+            "get",
+            "-H",
+            "-p",
+            "-r",
+            "-d",
+            "1",
+            "-o",
+            "name,property,value,source",
+            &format!("mountpoint,referenced,{PATH_PROPERTY},{META_PROPERTY}"),
+            dataset,
+        ],
+    )
+}
+
 /// A volume's dataset, marked as the agent's for `path`, mounted at `mountpoint`.
 pub fn create(name: &str, mountpoint: &str, path: &str, refquota: Option<&str>) -> ToolCommand {
     let mut args = vec![

@@ -124,6 +124,20 @@ pub struct Zfs {
     busy_wait: Duration,
 }
 
+/// An archived volume's dataset of the agent's.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ArchivedDataset {
+    pub name: String,
+    /// Where it is mounted, relative to the export root (`.archive/<path>/@<time>`).
+    pub location: String,
+    /// The volume path it was archived from (its `nfsprov:path`).
+    pub path: VolumePath,
+    /// The volume's metadata JSON.
+    pub meta: Option<String>,
+    /// Bytes it references.
+    pub referenced: Option<u64>,
+}
+
 /// What is found under a volume's dataset name.
 #[derive(Debug)]
 enum VolumeDataset {
@@ -334,6 +348,49 @@ impl Zfs {
             .collect();
         volumes.sort_by(|a, b| a.0.cmp(&b.0));
         Ok(volumes)
+    }
+
+    /// Every archived dataset of the agent's mounted beneath the export root, sorted by
+    /// where it is mounted.
+    pub fn archives(&self) -> Result<Vec<ArchivedDataset>> {
+        let output = self.run(&commands::get_archives(&self.dataset))?;
+        let children =
+            parse_children(&output, &self.dataset).map_err(ZfsError::UnexpectedOutput)?;
+        let mut archives: Vec<ArchivedDataset> = children
+            .into_iter()
+            .filter(|child| child.kind == ChildKind::Archived && child.is_ours())
+            .filter_map(|child| {
+                let mountpoint = Path::new(child.properties.get("mountpoint")?);
+                let location = mountpoint.strip_prefix(&self.export_root).ok()?.to_str()?;
+                Some(ArchivedDataset {
+                    location: location.to_owned(),
+                    path: VolumePath::parse(child.properties.get(PATH_PROPERTY)?).ok()?,
+                    meta: child.meta().cloned(),
+                    referenced: child
+                        .properties
+                        .get("referenced")
+                        .and_then(|v| v.parse().ok()),
+                    name: child.name,
+                })
+            })
+            .collect();
+        archives.sort_by(|a, b| a.location.cmp(&b.location));
+        Ok(archives)
+    }
+
+    /// Destroys the archived dataset mounted at `location` (relative to the export root)
+    /// and the empty directory it leaves. No archived dataset there is success, and then
+    /// nothing is touched.
+    pub fn destroy_archive(&self, location: &str) -> Result<()> {
+        let Some(archive) = self
+            .archives()?
+            .into_iter()
+            .find(|archive| archive.location == location)
+        else {
+            return Ok(());
+        };
+        self.destroy_dataset(&archive.name)?;
+        self.remove_mountpoint_dir(location)
     }
 
     /// Bytes the volume's dataset references, and its object count (files, directories

@@ -411,6 +411,98 @@ fn list_returns_exactly_the_finished_active_volumes() {
     assert!(matches!(f.zfs.list(), Err(ZfsError::UnexpectedOutput(_))));
 }
 
+/// A listing of the children with what describes archives, mounted below `root`.
+fn archive_listing(root: &Path) -> String {
+    let root = root.display();
+    [
+        "tank/export\tmountpoint\t<root>\tlocal".to_owned(),
+        "tank/export\treferenced\t100\t-".to_owned(),
+        // A finished volume: not an archive.
+        "tank/export/b\tmountpoint\t<root>/b\tlocal".to_owned(),
+        "tank/export/b\treferenced\t5\t-".to_owned(),
+        "tank/export/b\tnfsprov:path\tb\tlocal".to_owned(),
+        "tank/export/b\tnfsprov:volume\t{}\tlocal".to_owned(),
+        // Archives of b and of a/c.
+        "tank/export/:archive:77\tmountpoint\t<root>/.archive/b/@20260102T030405.000000006Z\tlocal"
+            .to_owned(),
+        "tank/export/:archive:77\treferenced\t4096\t-".to_owned(),
+        "tank/export/:archive:77\tnfsprov:path\tb\tlocal".to_owned(),
+        "tank/export/:archive:77\tnfsprov:volume\t{\"n\":\"old b\"}\tlocal".to_owned(),
+        "tank/export/:archive:12\tmountpoint\t<root>/.archive/a/c/@20260102T030405.000000006Z-1\tlocal"
+            .to_owned(),
+        "tank/export/:archive:12\treferenced\t8192\t-".to_owned(),
+        "tank/export/:archive:12\tnfsprov:path\ta/c\tlocal".to_owned(),
+        "tank/export/:archive:12\tnfsprov:volume\t{}\tlocal".to_owned(),
+        // Named like an archive but not the agent's, and one mounted outside the root.
+        "tank/export/:archive:5\tmountpoint\t<root>/.archive/z/@20260102T030405.000000006Z\tlocal"
+            .to_owned(),
+        "tank/export/:archive:5\tnfsprov:path\t-\t-".to_owned(),
+        "tank/export/:archive:6\tmountpoint\t/elsewhere/.archive/y/@20260102T030405.000000006Z\tlocal"
+            .to_owned(),
+        "tank/export/:archive:6\tnfsprov:path\ty\tlocal".to_owned(),
+    ]
+    .join("\n")
+    .replace("<root>", &root.to_string())
+        + "\n"
+}
+
+const LIST_ARCHIVES: &str = "zfs get -H -p -r -d 1 -o name,property,value,source mountpoint,referenced,nfsprov:path,nfsprov:volume tank/export";
+
+#[test]
+fn archives_are_the_agents_archived_datasets_below_the_root() {
+    let f = fixture();
+    f.runner.reply(Ok(&archive_listing(f.root.path())));
+    let archives = f.zfs.archives().unwrap();
+    assert_eq!(
+        archives,
+        [
+            ArchivedDataset {
+                name: "tank/export/:archive:12".into(),
+                location: ".archive/a/c/@20260102T030405.000000006Z-1".into(),
+                path: path("a/c"),
+                meta: Some("{}".into()),
+                referenced: Some(8192),
+            },
+            ArchivedDataset {
+                name: "tank/export/:archive:77".into(),
+                location: ".archive/b/@20260102T030405.000000006Z".into(),
+                path: path("b"),
+                meta: Some(r#"{"n":"old b"}"#.into()),
+                referenced: Some(4096),
+            },
+        ]
+    );
+    assert_eq!(f.calls(), [LIST_ARCHIVES]);
+}
+
+#[test]
+fn destroy_archive_destroys_only_the_dataset_mounted_there() {
+    let f = fixture();
+    let location = ".archive/b/@20260102T030405.000000006Z";
+    std::fs::create_dir_all(f.root.path().join(location)).unwrap();
+    f.runner.reply(Ok(&archive_listing(f.root.path())));
+    f.zfs.destroy_archive(location).unwrap();
+    assert_eq!(
+        f.calls(),
+        [LIST_ARCHIVES, "zfs destroy -r tank/export/:archive:77"]
+    );
+    assert!(!f.root.path().join(location).exists());
+    assert!(f.root.path().join(".archive/b").is_dir());
+
+    // Someone else's dataset, or nothing, at the location: nothing is touched.
+    for location in [
+        ".archive/z/@20260102T030405.000000006Z",
+        ".archive/q/@20260102T030405.000000006Z",
+    ] {
+        let f = fixture();
+        std::fs::create_dir_all(f.root.path().join(location)).unwrap();
+        f.runner.reply(Ok(&archive_listing(f.root.path())));
+        f.zfs.destroy_archive(location).unwrap();
+        assert_eq!(f.calls(), [LIST_ARCHIVES]);
+        assert!(f.root.path().join(location).is_dir());
+    }
+}
+
 #[test]
 fn purge_destroys_unfinished_datasets_and_remounts_unmounted_ones() {
     let f = fixture();
