@@ -13,12 +13,14 @@ use axum::routing::{get, post, put};
 use axum::{Extension, Json, Router};
 use futures::StreamExt;
 use nfsprov_api_types::{
-    AgentInfo, ApiError, Capabilities, CreateVolumeRequest, ErrorCode, Health, NfsExport,
-    REQUEST_ID_HEADER, ResizeVolumeRequest, Volume, VolumeList, VolumePath,
+    AgentInfo, ApiError, ArchiveList, ArchivePath, ArchiveRequest, Capabilities,
+    CreateVolumeRequest, ErrorCode, Health, NfsExport, REQUEST_ID_HEADER, ResizeVolumeRequest,
+    Volume, VolumeList, VolumePath,
 };
 use tower::limit::GlobalConcurrencyLimitLayer;
 use tower_http::request_id::{MakeRequestUuid, PropagateRequestIdLayer, SetRequestIdLayer};
 
+use crate::archives::Archives;
 use crate::auth::{Authenticator, Caller};
 use crate::config::AgentConfig;
 use crate::fs::{Archived, Created, Deleted, StoreError, VolumeStore};
@@ -42,6 +44,8 @@ pub struct AppState {
     pub max_body_bytes: usize,
     /// What a create may ask for.
     pub policy: Policy,
+    /// The archives, for the archive endpoints and the retention sweep.
+    pub archives: Arc<Archives>,
     usage: UsageCache,
     readiness: Mutex<Option<(Instant, Result<(), String>)>>,
     /// Audit lines of unauthenticated requests allowed per second.
@@ -51,10 +55,16 @@ pub struct AppState {
 impl AppState {
     /// The state for `config`'s agent, serving `store` and checking callers with `auth`.
     pub fn new(store: Arc<VolumeStore>, auth: Authenticator, config: &AgentConfig) -> Self {
+        let metrics = Metrics::new();
         Self {
+            archives: Arc::new(Archives::new(
+                store.clone(),
+                config.archive.clone(),
+                metrics.archives.clone(),
+            )),
             store,
             auth,
-            metrics: Metrics::new(),
+            metrics,
             nfs: NfsExport {
                 server: config.nfs_server.clone(),
                 path: config.nfs_path.clone(),
@@ -159,7 +169,11 @@ pub fn router(state: Arc<AppState>, max_concurrent_requests: usize) -> Router {
                 .patch(resize_volume)
                 .delete(delete_volume),
         )
-        .route("/v1/archives/{*path}", post(archive_volume))
+        .route("/v1/archives", get(list_archives))
+        .route(
+            "/v1/archives/{*path}",
+            post(archive_volume).delete(delete_archive),
+        )
         .route_layer(middleware::from_fn_with_state(state.clone(), authenticate));
     Router::new()
         .route("/healthz", get(healthz))
@@ -331,6 +345,7 @@ const ROUTES: &[&str] = &[
     "/v1/info",
     "/v1/volumes",
     "/v1/volumes/{*path}",
+    "/v1/archives",
     "/v1/archives/{*path}",
 ];
 
@@ -434,6 +449,15 @@ fn volume_path(raw: Result<Path<String>, PathRejection>) -> ApiResult<VolumePath
         raw.map_err(|e| Failure::new(ErrorCode::InvalidPath, format!("invalid path: {e}")))?;
     VolumePath::parse(&raw)
         .map_err(|e| Failure::new(ErrorCode::InvalidPath, format!("invalid volume path: {e}")))
+}
+
+/// The archive id of `DELETE /v1/archives/{id}`: validated before anything is touched,
+/// so traversal, a hidden name or a live volume's path never reaches the store.
+fn archive_id(raw: Result<Path<String>, PathRejection>) -> ApiResult<ArchivePath> {
+    let Path(raw) =
+        raw.map_err(|e| Failure::new(ErrorCode::InvalidPath, format!("invalid path: {e}")))?;
+    ArchivePath::parse(&raw)
+        .map_err(|e| Failure::new(ErrorCode::InvalidPath, format!("invalid archive id: {e}")))
 }
 
 /// How much of an oversized body is still read (and thrown away) before answering 413.
@@ -591,10 +615,20 @@ async fn delete_volume(
 async fn archive_volume(
     State(state): State<Arc<AppState>>,
     raw_path: Result<Path<String>, PathRejection>,
+    headers: HeaderMap,
+    body: Body,
 ) -> ApiResult<Response> {
+    let body = read_body(body, state.max_body_bytes).await;
     let path = volume_path(raw_path)?;
+    let body = body?;
+    // No body at all is what controllers that predate retention send.
+    let request: ArchiveRequest = if body.is_empty() {
+        ArchiveRequest::default()
+    } else {
+        json_body(&headers, &body)?
+    };
     let result = with_path_lock(&state, &path.clone(), move |store| {
-        store.archive(&path, None)
+        store.archive(&path, request.retention_days)
     })
     .await;
     state.metrics.count_operation("archive", outcome(&result));
@@ -604,6 +638,25 @@ async fn archive_volume(
         Archived::Earlier => StatusCode::OK,
     };
     Ok((status, Json(archived)).into_response())
+}
+
+async fn list_archives(State(state): State<Arc<AppState>>) -> ApiResult<Json<ArchiveList>> {
+    let archives = state.archives.list().await?;
+    Ok(Json(ArchiveList { archives }))
+}
+
+async fn delete_archive(
+    State(state): State<Arc<AppState>>,
+    raw_id: Result<Path<String>, PathRejection>,
+) -> ApiResult<StatusCode> {
+    let id = archive_id(raw_id)?;
+    let result = state.archives.delete(&id).await.map_err(Failure::from);
+    state
+        .metrics
+        .count_operation("delete_archive", outcome(&result));
+    match result? {
+        Deleted::Removed | Deleted::WasAbsent => Ok(StatusCode::NO_CONTENT),
+    }
 }
 
 fn outcome<T>(result: &ApiResult<T>) -> &'static str {

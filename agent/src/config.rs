@@ -11,6 +11,7 @@ use serde::Deserialize;
 
 use crate::policy::Policy;
 use crate::quota::QuotaSettings;
+use crate::retention::{self, ArchiveSettings};
 
 /// Default location of the agent's settings.
 pub const DEFAULT_CONFIG_PATH: &str = "/etc/nfsprov/agent.toml";
@@ -64,6 +65,47 @@ pub struct FileConfig {
     pub quota: QuotaSection,
     #[serde(default)]
     pub policy: Policy,
+    #[serde(default)]
+    pub archive: ArchiveSection,
+}
+
+/// `[archive]`: how long archives are kept.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ArchiveSection {
+    /// Days an archive is kept when its archive request named no retention; absent:
+    /// until it is deleted by hand.
+    pub retention_days: Option<u32>,
+    /// How often the agent looks for expired archives.
+    pub sweep_interval_seconds: u64,
+}
+
+impl Default for ArchiveSection {
+    fn default() -> Self {
+        Self {
+            retention_days: None,
+            sweep_interval_seconds: ArchiveSettings::default().sweep_interval.as_secs(),
+        }
+    }
+}
+
+impl ArchiveSection {
+    fn check(&self) -> Result<ArchiveSettings, ConfigError> {
+        if self.retention_days == Some(0) {
+            return Err(ConfigError::Invalid(
+                "archive.retention_days must be at least 1; leave it out to keep archives until they are deleted by hand".into(),
+            ));
+        }
+        if self.sweep_interval_seconds == 0 {
+            return Err(ConfigError::Invalid(
+                "archive.sweep_interval_seconds must be at least 1".into(),
+            ));
+        }
+        Ok(ArchiveSettings {
+            default_retention: self.retention_days.map(retention::days),
+            sweep_interval: Duration::from_secs(self.sweep_interval_seconds),
+        })
+    }
 }
 
 /// `[quota]`: how capacities are enforced.
@@ -241,6 +283,7 @@ pub struct AgentConfig {
     pub min_free_inodes: u64,
     pub quota: QuotaSettings,
     pub policy: Policy,
+    pub archive: ArchiveSettings,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -414,6 +457,7 @@ impl AgentConfig {
                 file.policy.check_settings().map_err(ConfigError::Invalid)?;
                 file.policy
             },
+            archive: file.archive.check()?,
         })
     }
 }
@@ -565,6 +609,20 @@ mod tests {
         assert_eq!(config.listen.port(), 9443);
         assert_eq!(config.cert_file, dir.path().join("cert.pem"));
         assert_eq!(config.nfs_path, root.display().to_string());
+        assert_eq!(config.archive, ArchiveSettings::default());
+        assert_eq!(config.archive.default_retention, None, "kept forever");
+
+        std::fs::write(
+            &file,
+            format!("{good}[archive]\nretention_days = 30\nsweep_interval_seconds = 60\n"),
+        )
+        .unwrap();
+        let archive = AgentConfig::load(&args(&file)).unwrap().archive;
+        assert_eq!(
+            archive.default_retention,
+            Some(Duration::from_secs(30 * 86_400))
+        );
+        assert_eq!(archive.sweep_interval, Duration::from_secs(60));
 
         let cases = [
             (
@@ -609,6 +667,19 @@ mod tests {
                 format!("{good}[quota]\nxfs_first_project_id = 5\nxfs_last_project_id = 4\n"),
                 "is not a range of project ids",
             ),
+            (
+                format!("{good}[archive]\nretention_days = 0\n"),
+                "archive.retention_days must be at least 1",
+            ),
+            (
+                format!("{good}[archive]\nretention_days = -3\n"),
+                "invalid value",
+            ),
+            (
+                format!("{good}[archive]\nsweep_interval_seconds = 0\n"),
+                "archive.sweep_interval_seconds must be at least 1",
+            ),
+            (format!("{good}[archive]\nretention = 7\n"), "unknown field"),
         ];
         for (text, expected) in cases {
             std::fs::write(&file, &text).unwrap();
@@ -625,6 +696,7 @@ mod tests {
         assert_eq!(example.tokens.len(), 1);
         assert!(example.tls.client_ca_file.is_some());
         assert_eq!(example.nfs.unwrap().server, "nfs1.example.com");
+        assert!(example.archive.check().is_ok());
     }
 
     #[test]

@@ -2,6 +2,7 @@
 //! deletes volume directories beneath one export root for the cluster's controller.
 
 pub mod api;
+pub mod archives;
 pub mod auth;
 pub mod cli;
 pub mod config;
@@ -13,6 +14,7 @@ pub mod mountinfo;
 pub mod policy;
 pub mod quota;
 pub mod ratelimit;
+pub mod retention;
 pub mod tls;
 pub mod usage;
 
@@ -145,6 +147,12 @@ impl Agent {
             mtls = self.config.auth.client_ca_file.is_some(),
             tokens = self.config.auth.tokens.len(),
             quota = %self.state.store.backend().kind(),
+            archive_retention_seconds = self
+                .config
+                .archive
+                .default_retention
+                .map(|d| d.as_secs()),
+            archive_sweep_seconds = self.config.archive.sweep_interval.as_secs(),
             "agent listening"
         );
         if self.config.auth.disabled {
@@ -162,7 +170,11 @@ impl Agent {
             .http1()
             .timer(hyper_util::rt::TokioTimer::new())
             .header_read_timeout(self.config.header_read_timeout);
-        server.serve(app.into_make_service()).await
+        // Stopped with the server: a sweep never outlives the agent that started it.
+        let sweeper = tokio::spawn(self.state.archives.clone().sweep_forever());
+        let served = server.serve(app.into_make_service()).await;
+        sweeper.abort();
+        served
     }
 }
 

@@ -29,6 +29,19 @@ pub struct OperationLabels {
     pub outcome: &'static str,
 }
 
+/// What the archive listing and the retention sweep report.
+#[derive(Debug, Clone, Default)]
+pub struct ArchiveMetrics {
+    /// Archives at the last listing or sweep.
+    pub count: Gauge,
+    /// Their bytes as of the last measurement of each.
+    pub bytes: Gauge,
+    /// Archives deleted because their retention ran out.
+    pub expired: Counter,
+    /// Deletions of an archive (asked for or by retention) that failed.
+    pub deletion_failures: Counter,
+}
+
 #[derive(Debug)]
 pub struct Metrics {
     registry: Registry,
@@ -38,6 +51,7 @@ pub struct Metrics {
     pub filesystem_available_bytes: Gauge,
     pub filesystem_free_inodes: Gauge,
     pub leftover_entries: Gauge,
+    pub archives: ArchiveMetrics,
 }
 
 impl Default for Metrics {
@@ -86,6 +100,27 @@ impl Metrics {
             "Entries in the staging and trash areas at the last scrape: work in flight, or leftovers that could not be removed (the log names them)",
             leftover_entries.clone(),
         );
+        let archives = ArchiveMetrics::default();
+        registry.register(
+            "archives",
+            "Archives beneath the export root at the last listing or retention sweep",
+            archives.count.clone(),
+        );
+        registry.register(
+            "archive_bytes",
+            "Bytes the archives use, as of the last measurement of each (measured at most hourly)",
+            archives.bytes.clone(),
+        );
+        registry.register(
+            "archives_expired",
+            "Archives deleted because their retention ran out",
+            archives.expired.clone(),
+        );
+        registry.register(
+            "archive_deletions_failed",
+            "Deletions of an archive, asked for or by retention, that failed (the log names them)",
+            archives.deletion_failures.clone(),
+        );
         Self {
             registry,
             requests,
@@ -94,6 +129,7 @@ impl Metrics {
             filesystem_available_bytes,
             filesystem_free_inodes,
             leftover_entries,
+            archives,
         }
     }
 

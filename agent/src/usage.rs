@@ -1,19 +1,38 @@
-//! Per-volume usage, measured on the server by walking the volume's tree the way
+//! Per-volume (and per-archive) usage, measured on the server by walking the tree the way
 //! `du -x` counts: the allocated blocks of every entry, hard-linked files once, never
 //! crossing into another filesystem. Walks run on the blocking pool, a few at a time, and
 //! their results are cached, so clients polling a huge volume never stall the API.
 
 use std::collections::HashMap;
+use std::fmt::Display;
+use std::hash::Hash;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use futures::FutureExt;
 use futures::future::{BoxFuture, Shared};
-use nfsprov_api_types::{VolumePath, VolumeUsage};
+use nfsprov_api_types::{ArchivePath, VolumePath, VolumeUsage};
 use tokio::sync::Semaphore;
 
-use crate::fs::VolumeStore;
+use crate::fs::{self, VolumeStore};
+
+/// What a cache measures: a volume by its path, or an archive by its id.
+pub trait Measured: Clone + Eq + Hash + Display + Send + Sync + 'static {
+    fn measure(&self, store: &VolumeStore) -> fs::Result<VolumeUsage>;
+}
+
+impl Measured for VolumePath {
+    fn measure(&self, store: &VolumeStore) -> fs::Result<VolumeUsage> {
+        store.measure(self)
+    }
+}
+
+impl Measured for ArchivePath {
+    fn measure(&self, store: &VolumeStore) -> fs::Result<VolumeUsage> {
+        store.measure_archive(self)
+    }
+}
 
 type Measurement = Shared<BoxFuture<'static, Option<VolumeUsage>>>;
 
@@ -25,18 +44,18 @@ struct Entry {
     running: Option<Measurement>,
 }
 
-type Entries = Arc<Mutex<HashMap<VolumePath, Entry>>>;
+type Entries<K> = Arc<Mutex<HashMap<K, Entry>>>;
 
-/// Cached usage per volume path.
-pub struct UsageCache {
-    entries: Entries,
+/// Cached usage per volume path (or archive id).
+pub struct UsageCache<K: Measured = VolumePath> {
+    entries: Entries<K>,
     generations: AtomicU64,
     walks: Arc<Semaphore>,
     fresh_for: Duration,
     first_wait: Duration,
 }
 
-impl std::fmt::Debug for UsageCache {
+impl<K: Measured> std::fmt::Debug for UsageCache<K> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("UsageCache")
             .field("fresh_for", &self.fresh_for)
@@ -45,7 +64,7 @@ impl std::fmt::Debug for UsageCache {
     }
 }
 
-impl UsageCache {
+impl<K: Measured> UsageCache<K> {
     /// `fresh_for`: how long a figure is served before it is measured again (in the
     /// background). `first_wait`: how long a request without any figure yet waits for
     /// the first walk before answering without one.
@@ -60,23 +79,8 @@ impl UsageCache {
     }
 
     /// The latest figure for `path`, starting a new walk when it is stale.
-    pub async fn get(&self, store: &Arc<VolumeStore>, path: &VolumePath) -> Option<VolumeUsage> {
-        let (last, running) = {
-            let mut entries = self.entries.lock().unwrap_or_else(|e| e.into_inner());
-            let entry = entries.entry(path.clone()).or_insert_with(|| Entry {
-                generation: self.generations.fetch_add(1, Ordering::Relaxed),
-                last: None,
-                running: None,
-            });
-            let fresh = entry
-                .last
-                .is_some_and(|(_, at)| at.elapsed() < self.fresh_for);
-            if !fresh && entry.running.is_none() {
-                entry.running = Some(self.start(store.clone(), path.clone(), entry.generation));
-            }
-            (entry.last.map(|(usage, _)| usage), entry.running.clone())
-        };
-        match (last, running) {
+    pub async fn get(&self, store: &Arc<VolumeStore>, path: &K) -> Option<VolumeUsage> {
+        match self.current(store, path) {
             (Some(usage), _) => Some(usage),
             (None, Some(walk)) => tokio::time::timeout(self.first_wait, walk)
                 .await
@@ -86,15 +90,50 @@ impl UsageCache {
         }
     }
 
+    /// The latest figure for `path` without waiting for one, starting a new walk when it
+    /// is stale.
+    pub fn latest(&self, store: &Arc<VolumeStore>, path: &K) -> Option<VolumeUsage> {
+        self.current(store, path).0
+    }
+
+    fn current(
+        &self,
+        store: &Arc<VolumeStore>,
+        path: &K,
+    ) -> (Option<VolumeUsage>, Option<Measurement>) {
+        let mut entries = self.entries.lock().unwrap_or_else(|e| e.into_inner());
+        let entry = entries.entry(path.clone()).or_insert_with(|| Entry {
+            generation: self.generations.fetch_add(1, Ordering::Relaxed),
+            last: None,
+            running: None,
+        });
+        let fresh = entry
+            .last
+            .is_some_and(|(_, at)| at.elapsed() < self.fresh_for);
+        if !fresh && entry.running.is_none() {
+            entry.running = Some(self.start(store.clone(), path.clone(), entry.generation));
+        }
+        (entry.last.map(|(usage, _)| usage), entry.running.clone())
+    }
+
     /// Drops what is known about `path` (after it was created, deleted or archived).
-    pub fn forget(&self, path: &VolumePath) {
+    pub fn forget(&self, path: &K) {
         self.entries
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .remove(path);
     }
 
-    fn start(&self, store: Arc<VolumeStore>, path: VolumePath, generation: u64) -> Measurement {
+    /// Drops what is known about every key but those `keep` accepts (what no longer
+    /// exists, found by a listing).
+    pub fn retain(&self, keep: impl Fn(&K) -> bool) {
+        self.entries
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .retain(|key, _| keep(key));
+    }
+
+    fn start(&self, store: Arc<VolumeStore>, path: K, generation: u64) -> Measurement {
         let walks = self.walks.clone();
         let entries = self.entries.clone();
         let walk = async move {
@@ -102,7 +141,7 @@ impl UsageCache {
                 Ok(_permit) => {
                     let measured = {
                         let path = path.clone();
-                        tokio::task::spawn_blocking(move || store.measure(&path)).await
+                        tokio::task::spawn_blocking(move || path.measure(&store)).await
                     };
                     match measured {
                         Ok(Ok(usage)) => Some(usage),

@@ -12,6 +12,7 @@ use nfsprov_agent::config::{AgentConfig, AuthConfig, LogFormat, TokenSection};
 use nfsprov_agent::init::{self, InitArgs, files};
 use nfsprov_agent::policy::Policy;
 use nfsprov_agent::quota::QuotaSettings;
+use nfsprov_agent::retention::ArchiveSettings;
 
 /// A running agent; dropping it shuts it down.
 pub struct TestAgent {
@@ -38,6 +39,17 @@ impl TestAgent {
         root: &Path,
         quota: QuotaSettings,
         policy: Policy,
+    ) -> anyhow::Result<TestAgent> {
+        Self::start_with_archive(root, quota, policy, ArchiveSettings::default()).await
+    }
+
+    /// An agent with the given quota settings, create policy and archive retention
+    /// (a `Duration`, so a test can have archives expire without waiting for days).
+    pub async fn start_with_archive(
+        root: &Path,
+        quota: QuotaSettings,
+        policy: Policy,
+        archive: ArchiveSettings,
     ) -> anyhow::Result<TestAgent> {
         let credentials = tempfile::tempdir()?;
         init::run(&InitArgs {
@@ -82,6 +94,7 @@ impl TestAgent {
             min_free_inodes: 0,
             quota,
             policy,
+            archive,
         };
         let agent = nfsprov_agent::Agent::bind(config)?;
         let addr = agent.local_addr();
