@@ -133,6 +133,25 @@ async fn subvolumes_are_archived_and_deleted_as_subvolumes() {
         .await
         .unwrap();
     assert!(!fs.root().join("ns/gone/file").exists());
+
+    // Deleting the archive deletes its subvolume (and with it the qgroup's charge).
+    let [listed] = &client.list_archives(None).await.unwrap()[..] else {
+        panic!("one archive");
+    };
+    assert_eq!(
+        format!(".archive/{}", listed.id),
+        archived.archive_path,
+        "{listed:?}"
+    );
+    assert!(listed.size_bytes.is_some(), "{listed:?}");
+    client.delete_archive(&listed.id, None).await.unwrap();
+    assert!(!archive_dir.exists());
+    let subvolumes = fs.subvolumes().unwrap();
+    assert!(
+        !subvolumes.contains("ns/kept/@") && !subvolumes.contains("trash"),
+        "the archived subvolume is deleted as a subvolume: {subvolumes}"
+    );
+    assert!(client.list_archives(None).await.unwrap().is_empty());
 }
 
 #[tokio::test(flavor = "multi_thread")]

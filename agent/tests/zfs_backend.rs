@@ -398,5 +398,29 @@ async fn the_agent_enforces_grows_archives_and_deletes_datasets() {
     client.delete_volume(&path, None).await.unwrap();
     assert!(client.get_volume(&path, None).await.unwrap().is_none());
     assert!(client.list_volumes(None).await.unwrap().is_empty());
+
+    // The archive is listed from its dataset, measured by it, and destroyed with it.
+    let [listed] = &client.list_archives(None).await.unwrap()[..] else {
+        panic!("one archive");
+    };
+    assert_eq!(format!(".archive/{}", listed.id), archived.archive_path);
+    assert_eq!(listed.path, path);
+    assert!(listed.size_bytes.unwrap() >= 16 * MIB, "{listed:?}");
+    assert_eq!(
+        pool.child_datasets().len(),
+        1,
+        "{:?}",
+        pool.child_datasets()
+    );
+    client.delete_archive(&listed.id, None).await.unwrap();
+    assert!(
+        pool.child_datasets().is_empty(),
+        "{:?}",
+        pool.child_datasets()
+    );
+    assert!(!pool.export_root().join(&archived.archive_path).exists());
+    assert!(!pool.export_root().join(".archive/ns").exists());
+    assert!(client.list_archives(None).await.unwrap().is_empty());
+    client.delete_archive(&listed.id, None).await.unwrap();
     agent.stop().await.unwrap();
 }
