@@ -696,7 +696,11 @@ mod tests {
         assert_eq!(example.tokens.len(), 1);
         assert!(example.tls.client_ca_file.is_some());
         assert_eq!(example.nfs.unwrap().server, "nfs1.example.com");
-        assert!(example.archive.check().is_ok());
+        assert_eq!(example.archive.retention_days, None, "kept until deleted");
+        assert_eq!(
+            example.archive.check().unwrap().sweep_interval,
+            ArchiveSettings::default().sweep_interval
+        );
     }
 
     #[test]
