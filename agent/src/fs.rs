@@ -1008,6 +1008,43 @@ mod tests {
     }
 
     #[test]
+    fn archives_made_before_times_were_recorded_are_dated_by_their_name() {
+        let (dir, store) = store();
+        let at = time::macros::datetime!(2024-05-06 07:08:09.1 UTC);
+        store.create(&path("old"), &request(1)).unwrap();
+        let (archived, _) = store.archive_at(&path("old"), Some(5), at).unwrap();
+        // What an earlier version left: the record as it was before archiving.
+        let entry = open_child(
+            store
+                .root
+                .open_existing(&[ARCHIVE_DIR, "old"])
+                .unwrap()
+                .unwrap()
+                .as_fd(),
+            archived.archive_path.rsplit('/').next().unwrap(),
+            false,
+        )
+        .unwrap();
+        let [listed] = &store.list_archives().unwrap()[..] else {
+            panic!("one archive");
+        };
+        let mut record = listed.record.clone();
+        record.archive = None;
+        store
+            .backend
+            .write_record(entry.as_fd(), &path("old"), &record)
+            .unwrap();
+
+        let [listed] = &store.list_archives().unwrap()[..] else {
+            panic!("one archive");
+        };
+        assert_eq!(listed.record.archive, None);
+        assert_eq!(listed.archived_at(), Some(at));
+        assert_eq!(listed.retention_days(), None);
+        assert!(dir.path().join(&archived.archive_path).is_dir());
+    }
+
+    #[test]
     fn only_the_agents_archives_are_listed_and_nothing_else_is_deleted() {
         let (dir, store) = store();
         let root = dir.path();
