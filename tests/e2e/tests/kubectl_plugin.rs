@@ -502,6 +502,64 @@ async fn status_agents_volumes_doctor_and_orphans() -> anyhow::Result<()> {
         table.stdout
     );
 
+    // archives: the stray volume archived, listed, then deleted through the plugin.
+    let empty = plugin.run(&["archives"]).await?;
+    assert_eq!(
+        (empty.code, empty.stdout.as_str()),
+        (0, "No archive found.\n"),
+        "{}",
+        empty.stderr
+    );
+    let archived = system.agents[0]
+        .process
+        .client()?
+        .archive_volume(&stray, Some(3), None)
+        .await?;
+    let listed = plugin.run(&["archives", "-o", "json"]).await?;
+    assert_eq!(listed.code, 0, "{}", listed.stderr);
+    let archives = listed.json()["archives"].clone();
+    assert_eq!(archives.as_array().map(Vec::len), Some(1), "{archives}");
+    assert_eq!(archives[0]["agent"], "nfs1");
+    assert_eq!(archives[0]["path"], "stray");
+    assert_eq!(archives[0]["archive_path"], archived.archive_path.as_str());
+    assert_eq!(archives[0]["retention_days"], 3);
+    let id = archives[0]["id"].as_str().unwrap_or_default().to_owned();
+    let table = plugin.run(&["archives", "--agent", "nfs1"]).await?;
+    let row: Vec<String> = table
+        .stdout
+        .lines()
+        .nth(1)
+        .map(|l| l.split_whitespace().map(str::to_owned).collect())
+        .unwrap_or_default();
+    assert_eq!(
+        row.first().map(String::as_str),
+        Some("nfs1"),
+        "{}",
+        table.stdout
+    );
+    assert_eq!(row.get(1), Some(&id), "{}", table.stdout);
+    assert_eq!(
+        row[row.len().saturating_sub(2)..],
+        ["in".to_owned(), "2d".to_owned()],
+        "expires in about three days: {}",
+        table.stdout
+    );
+    let deleted = plugin.run(&["archives", "delete", "nfs1", &id]).await?;
+    assert_eq!(deleted.code, 0, "{}", deleted.stderr);
+    assert_eq!(
+        deleted.stdout,
+        format!("archive {id} deleted on agent nfs1\n")
+    );
+    let after = plugin.run(&["archives", "-o", "json"]).await?;
+    assert_eq!(after.json()["archives"], json!([]), "{}", after.stderr);
+    let unknown = plugin.run(&["archives", "--agent", "nfs9"]).await?;
+    assert_eq!(unknown.code, 2, "{}", unknown.stdout);
+    assert!(
+        unknown.stderr.contains("not configured"),
+        "{}",
+        unknown.stderr
+    );
+
     // Problems on purpose: a class naming an agent nobody configured, with a claim on it;
     // and a claim deleted while its agent is down, so its PV stays Released.
     system.class("e2e-typo", json!({"agent": "nfs9"})).await?;
