@@ -17,6 +17,7 @@ use crate::controller::{self, RunConfig};
 use crate::http::{self, HttpState};
 use crate::leader::{self, LeaderError, LeaseSettings};
 use crate::metrics::Metrics;
+use crate::objects::Provisioners;
 
 #[derive(Debug, thiserror::Error)]
 pub enum AppError {
@@ -115,7 +116,10 @@ pub async fn run(args: Args) -> Result<(), AppError> {
     });
 
     let run_config = RunConfig {
-        provisioner: args.provisioner_name.clone(),
+        provisioner: Provisioners::new(
+            args.provisioner_name.clone(),
+            args.additional_provisioner_names.iter().cloned(),
+        ),
         resync: Duration::from_secs(args.resync_seconds.max(1)),
         reporter: Reporter {
             controller: "nfsprov-controller".to_owned(),

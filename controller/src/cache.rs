@@ -5,7 +5,8 @@ use kube::Resource;
 use kube::runtime::watcher::Event;
 
 use crate::objects::{
-    CachedClaim, CachedVolume, RecordedAnnotations, claim_is_bound, is_ours, resize_in_play,
+    CachedClaim, CachedVolume, Provisioners, RecordedAnnotations, claim_is_bound, is_ours,
+    resize_in_play,
 };
 
 /// Drops server-side bookkeeping no reconciler reads.
@@ -49,9 +50,9 @@ pub fn slim_claim(claim: &mut CachedClaim) {
 /// class and phase ([`CachedVolume`] holds nothing else, and its annotations are already
 /// reduced to the ones read). Volumes of other provisioners keep none of them: without a
 /// recorded provisioner a volume is not ours.
-pub fn slim_volume(volume: &mut CachedVolume, provisioner: &str) {
+pub fn slim_volume(volume: &mut CachedVolume, provisioners: &Provisioners) {
     strip_meta(volume);
-    let ours = is_ours(volume, provisioner);
+    let ours = is_ours(volume, provisioners);
     let meta = &mut volume.metadata;
     meta.labels = None;
     meta.owner_references = None;
@@ -173,7 +174,7 @@ mod tests {
         annotations.insert("pv.kubernetes.io/bound-by-controller".into(), "yes".into());
         let before = full.clone();
         let mut volume = cached(full);
-        slim_volume(&mut volume, PROVISIONER);
+        slim_volume(&mut volume, &PROVISIONER.into());
         let annotation = |key: &str| {
             let value = before.metadata.annotations.as_ref().unwrap().get(key);
             value.map(|v| v.clone().into_boxed_str())
@@ -212,11 +213,14 @@ mod tests {
     #[test]
     fn other_volumes_keep_only_that_they_are_not_ours() {
         let mut volume = cached(released_pv(Some("delete"), "team-a/data"));
-        slim_volume(&mut volume, "example.com/other");
+        slim_volume(&mut volume, &"example.com/other".into());
         assert_eq!(volume.recorded, RecordedAnnotations::default());
         assert_eq!(volume.metadata.annotations, None);
         assert_eq!(volume.metadata.finalizers, None);
-        assert!(!crate::objects::is_ours(&volume, "example.com/other"));
-        assert!(!crate::objects::is_ours(&volume, PROVISIONER));
+        assert!(!crate::objects::is_ours(
+            &volume,
+            &"example.com/other".into()
+        ));
+        assert!(!crate::objects::is_ours(&volume, &PROVISIONER.into()));
     }
 }

@@ -37,6 +37,17 @@ pub struct Args {
     #[arg(long, env = "NFSPROV_PROVISIONER_NAME", default_value = DEFAULT_PROVISIONER)]
     pub provisioner_name: String,
 
+    /// More provisioner names to act for, comma-separated, as the library's
+    /// additionalProvisionerNames: the classes and PVs of a provisioner this controller
+    /// replaces (e.g. k8s-sigs.io/nfs-subdir-external-provisioner) keep working.
+    #[arg(
+        long,
+        env = "NFSPROV_ADDITIONAL_PROVISIONER_NAMES",
+        value_delimiter = ',',
+        num_args = 0..
+    )]
+    pub additional_provisioner_names: Vec<String>,
+
     /// kubeconfig file; in-cluster configuration (or ~/.kube/config) when absent.
     #[arg(long, env = "KUBECONFIG")]
     pub kubeconfig: Option<PathBuf>,
@@ -144,6 +155,7 @@ mod tests {
         assert_eq!(args.log_format, LogFormat::Text);
         assert_eq!(args.usage_interval(), Some(Duration::from_secs(60)));
         assert_eq!(args.default_agent, None);
+        assert!(args.additional_provisioner_names.is_empty());
         assert_eq!(
             args.orphan_check(),
             Some(OrphanSettings {
@@ -161,6 +173,7 @@ mod tests {
             "--usage-interval-seconds=0",
             "--default-agent=nfs2",
             "--orphan-check-interval-seconds=0",
+            "--additional-provisioner-names=k8s-sigs.io/nfs-subdir-external-provisioner,example.com/old",
         ])
         .unwrap();
         assert_eq!(args.provisioner_name, "example.com/nfs");
@@ -169,6 +182,13 @@ mod tests {
         assert_eq!(args.usage_interval(), None);
         assert_eq!(args.default_agent.as_deref(), Some("nfs2"));
         assert_eq!(args.orphan_check(), None);
+        assert_eq!(
+            args.additional_provisioner_names,
+            [
+                "k8s-sigs.io/nfs-subdir-external-provisioner",
+                "example.com/old"
+            ]
+        );
         let args = Args::try_parse_from(["nfsprov-controller", "--archive-orphans"]).unwrap();
         assert!(args.orphan_check().unwrap().archive);
         assert!(Args::try_parse_from(["nfsprov-controller", "--log-format=xml"]).is_err());

@@ -16,7 +16,7 @@ use crate::agents::{AgentRegistry, InfoError};
 use crate::backoff::Backoff;
 use crate::events::EventRecorder;
 use crate::metrics::Metrics;
-use crate::objects::CachedVolume;
+use crate::objects::{CachedVolume, Provisioners};
 use crate::reported::ReportedFailures;
 
 /// Longest event note the API accepts is 1 kB; keep a margin for UTF-8 boundaries.
@@ -46,8 +46,9 @@ pub enum Error {
 /// Everything a reconcile needs.
 pub struct Context {
     pub client: Client,
-    /// The provisioner name classes and PVs carry (`nfsprov.dev/nfs` by default).
-    pub provisioner: String,
+    /// The provisioner names classes and PVs carry (`nfsprov.dev/nfs` by default, plus
+    /// any additional names).
+    pub provisioner: Provisioners,
     pub agents: AgentRegistry,
     pub classes: Store<StorageClass>,
     pub volumes: Store<CachedVolume>,
@@ -61,7 +62,7 @@ pub struct Context {
 impl Context {
     pub fn new(
         client: Client,
-        provisioner: String,
+        provisioner: Provisioners,
         agents: AgentRegistry,
         classes: Store<StorageClass>,
         volumes: Store<CachedVolume>,

@@ -21,7 +21,7 @@ use crate::agents::AgentRegistry;
 use crate::config::OrphanSettings;
 use crate::context::{Context, stopped};
 use crate::metrics::Metrics;
-use crate::objects::{CachedClaim, CachedVolume, claim_class, claim_is_bound};
+use crate::objects::{CachedClaim, CachedVolume, Provisioners, claim_class, claim_is_bound};
 use crate::reconcile::{
     claim_error_policy, reconcile_claim, reconcile_volume, volume_error_policy,
 };
@@ -30,7 +30,7 @@ use crate::{cache, orphans, usage};
 /// Settings of [`run`].
 #[derive(Debug, Clone)]
 pub struct RunConfig {
-    pub provisioner: String,
+    pub provisioner: Provisioners,
     /// Every object is reconciled again this often, whatever happened.
     pub resync: Duration,
     /// Reporter for events (controller name, pod name).

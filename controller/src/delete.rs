@@ -15,7 +15,7 @@ use crate::agents::request_id;
 use crate::context::{Context, Error};
 use crate::objects::{
     ANN_AGENT, ANN_ARCHIVE_RETENTION_DAYS, ANN_ON_DELETE, ANN_PATH, CachedVolume, FINALIZER,
-    RECLAIM_DELETE, class_name, has_finalizer, is_ours, phase, reclaim_policy,
+    Provisioners, RECLAIM_DELETE, class_name, has_finalizer, is_ours, phase, reclaim_policy,
 };
 use crate::params::{ClassParams, OnDelete, parse_retention_days};
 
@@ -23,7 +23,7 @@ pub const REASON_FAILED_DELETE: &str = "VolumeFailedDelete";
 const ACTION: &str = "Delete";
 
 /// Ours, reclaimPolicy Delete, Released, and our part not yet done.
-fn awaits_deletion(volume: &CachedVolume, provisioner: &str) -> bool {
+fn awaits_deletion(volume: &CachedVolume, provisioner: &Provisioners) -> bool {
     let done = volume.metadata.deletion_timestamp.is_some() && !has_finalizer(volume);
     is_ours(volume, provisioner)
         && reclaim_policy(volume) == RECLAIM_DELETE

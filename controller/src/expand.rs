@@ -250,7 +250,8 @@ fn is_infeasible(error: &ClientError) -> bool {
 fn failure_message(job: &Job, ctx: &Context, cause: &str) -> String {
     format!(
         "resize volume {:?} by resizer {:?} failed: {cause}",
-        job.wanted.pv_name, ctx.provisioner
+        job.wanted.pv_name,
+        ctx.provisioner.own()
     )
 }
 

@@ -452,9 +452,59 @@ impl Resource for CachedVolume {
     }
 }
 
-/// Whether this controller made the PV (the only PVs it ever touches).
-pub fn is_ours(pv: &CachedVolume, provisioner: &str) -> bool {
-    pv.recorded.provisioned_by.as_deref() == Some(provisioner)
+/// The provisioner names this controller answers to: its own, then additional ones, as
+/// the library's `additionalProvisionerNames` (the name of a provisioner it replaces, so
+/// that provisioner's classes and volumes keep working under this controller).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Provisioners {
+    /// Its own name first.
+    names: Vec<String>,
+}
+
+impl Provisioners {
+    pub fn new(own: impl Into<String>, additional: impl IntoIterator<Item = String>) -> Self {
+        let mut names = vec![own.into()];
+        for name in additional {
+            if !names.contains(&name) {
+                names.push(name);
+            }
+        }
+        Self { names }
+    }
+
+    /// The controller's own name: what the PVs it adopts are marked with.
+    pub fn own(&self) -> &str {
+        &self.names[0]
+    }
+
+    pub fn contains(&self, name: &str) -> bool {
+        self.names.iter().any(|n| n == name)
+    }
+
+    pub fn all(&self) -> &[String] {
+        &self.names
+    }
+}
+
+impl From<&str> for Provisioners {
+    fn from(own: &str) -> Self {
+        Self::new(own, [])
+    }
+}
+
+impl std::fmt::Display for Provisioners {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.names.join(", "))
+    }
+}
+
+/// Whether this controller made the PV (the only PVs it ever touches): it records one of
+/// the controller's provisioner names.
+pub fn is_ours(pv: &CachedVolume, provisioners: &Provisioners) -> bool {
+    pv.recorded
+        .provisioned_by
+        .as_deref()
+        .is_some_and(|name| provisioners.contains(name))
 }
 
 /// Whether our finalizer still holds the PV.

@@ -56,14 +56,14 @@ pub fn should_provision(
     if claim_is_bound(pvc) {
         return Err(Skip::Bound);
     }
-    if claim_provisioner(pvc) != Some(ctx.provisioner.as_str()) {
+    if !claim_provisioner(pvc).is_some_and(|name| ctx.provisioner.contains(name)) {
         return Err(Skip::NotOurs);
     }
     let class_name = claim_class(pvc).ok_or(Skip::NoClass)?;
     let class = ctx
         .class(class_name)
         .ok_or_else(|| Skip::ClassNotFound(class_name.to_owned()))?;
-    if class.provisioner != ctx.provisioner {
+    if !ctx.provisioner.contains(&class.provisioner) {
         return Err(Skip::ClassNotOurs);
     }
     let wait_for_consumer = class.volume_binding_mode.as_deref() == Some("WaitForFirstConsumer");
@@ -344,7 +344,8 @@ async fn provision(
         pvc,
         class,
         class_name,
-        provisioner: &ctx.provisioner,
+        // The name the class uses, as the library records it: one of ours either way.
+        provisioner: &class.provisioner,
         pv_name: &pv_name,
         agent: agent.name(),
         path: &path,

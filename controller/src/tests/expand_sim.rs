@@ -147,19 +147,31 @@ async fn a_bound_claim_grows_through_the_simulated_api() {
         agent.volume("default/data").unwrap().capacity_bytes,
         2 << 30
     );
-    let reasons: Vec<String> = Api::<Event>::namespaced(client.clone(), "default")
-        .list(&ListParams::default())
-        .await
-        .unwrap()
-        .items
-        .into_iter()
-        .filter_map(|e| e.reason)
-        .collect();
-    for reason in ["Resizing", "VolumeResizeSuccessful"] {
+    // The success event is published after the claim's status is written, so the claim
+    // can show 2Gi a moment before the event exists: wait for it, with a bound.
+    let events = Api::<Event>::namespaced(client.clone(), "default");
+    let deadline = tokio::time::Instant::now() + WAIT;
+    loop {
+        let reasons: Vec<String> = events
+            .list(&ListParams::default())
+            .await
+            .unwrap()
+            .items
+            .into_iter()
+            .filter_map(|e| e.reason)
+            .collect();
+        let missing: Vec<&str> = ["Resizing", "VolumeResizeSuccessful"]
+            .into_iter()
+            .filter(|reason| !reasons.iter().any(|r| r == reason))
+            .collect();
+        if missing.is_empty() {
+            break;
+        }
         assert!(
-            reasons.iter().any(|r| r == reason),
-            "{reason} in {reasons:?}"
+            tokio::time::Instant::now() < deadline,
+            "{missing:?} not in {reasons:?}"
         );
+        tokio::time::sleep(Duration::from_millis(20)).await;
     }
 
     stop.send(true).unwrap();

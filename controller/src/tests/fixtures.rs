@@ -269,6 +269,20 @@ pub fn context_with_volume_writer(
     ApiServerVerifier,
     reflector::store::Writer<CachedVolume>,
 ) {
+    context_with_provisioners(PROVISIONER.into(), agents, classes, volumes)
+}
+
+/// [`context_with_volume_writer`] for a controller answering to `provisioners`.
+pub fn context_with_provisioners(
+    provisioners: objects::Provisioners,
+    agents: AgentRegistry,
+    classes: Vec<StorageClass>,
+    volumes: Vec<PersistentVolume>,
+) -> (
+    Arc<Context>,
+    ApiServerVerifier,
+    reflector::store::Writer<CachedVolume>,
+) {
     let (service, handle) = tower_test::mock::pair::<Request<Body>, http::Response<Body>>();
     let client = Client::new(service, "default");
     let (class_store, mut class_writer) = reflector::store();
@@ -281,7 +295,7 @@ pub fn context_with_volume_writer(
     }
     let ctx = Context::new(
         client,
-        PROVISIONER.to_owned(),
+        provisioners,
         agents,
         class_store,
         volume_store,

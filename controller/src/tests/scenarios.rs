@@ -98,6 +98,48 @@ fn owner() -> VolumeOwner {
 }
 
 #[tokio::test]
+async fn an_additional_provisioner_name_is_served_and_recorded_as_the_class_names_it() {
+    const REPLACED: &str = "k8s-sigs.io/nfs-subdir-external-provisioner";
+    let agent = MockAgent::start("nfs1").await;
+    let mut replaced_class = class("nfs", &[]);
+    replaced_class.provisioner = REPLACED.into();
+    let mut pvc = claim("nfs");
+    pvc.metadata
+        .annotations
+        .as_mut()
+        .unwrap()
+        .insert(objects::ANN_STORAGE_PROVISIONER.into(), REPLACED.into());
+    let pvc = Arc::new(objects::CachedClaim::from(pvc));
+
+    // Without the additional name the claim is not ours: no call at all.
+    let (ctx, api) = context(agent.registry(), vec![replaced_class.clone()], vec![]);
+    let server = api.run(vec![]);
+    reconcile_claim(pvc.clone(), ctx.clone()).await.unwrap();
+    finish(ctx, server).await;
+    assert!(agent.calls().is_empty());
+
+    let (ctx, api, _) = context_with_provisioners(
+        objects::Provisioners::new(PROVISIONER, [REPLACED.to_owned()]),
+        agent.registry(),
+        vec![replaced_class],
+        vec![],
+    );
+    let mut expected = expected_pv(DEFAULT_PATH, "archive");
+    expected["metadata"]["annotations"]["pv.kubernetes.io/provisioned-by"] = json!(REPLACED);
+    let server = api.run(vec![
+        provisioning_event(),
+        Call::new(Method::POST, PVS, BodyCheck::Exact(expected)).status(201),
+        succeeded_event(),
+    ]);
+    reconcile_claim(pvc, ctx.clone()).await.unwrap();
+    finish(ctx, server).await;
+    assert_eq!(
+        agent.calls(),
+        ["GET info".to_owned(), format!("PUT {DEFAULT_PATH}")]
+    );
+}
+
+#[tokio::test]
 async fn happy_path_creates_directory_then_the_exact_pv() {
     let agent = MockAgent::start("nfs1").await;
     let (ctx, api) = context(agent.registry(), vec![class("nfs", &[])], vec![]);
