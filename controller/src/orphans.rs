@@ -11,7 +11,7 @@ use std::collections::HashSet;
 use std::sync::Arc;
 use std::time::Duration;
 
-use k8s_openapi::api::core::v1::PersistentVolumeClaim;
+use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim};
 use k8s_openapi::jiff::Timestamp;
 use kube::Api;
 use kube::runtime::events::EventType;
@@ -23,7 +23,7 @@ use tracing::{info, warn};
 use crate::agents::{Agent, request_id};
 use crate::config::OrphanSettings;
 use crate::context::{Context, stopped};
-use crate::objects::{CachedVolume, is_ours, phase, pv_name_for};
+use crate::objects::{ANN_AGENT, ANN_PATH, CachedVolume, is_ours, phase, pv_name_for};
 
 pub const REASON_DIRECTORY_MISSING: &str = "VolumeDirectoryMissing";
 const ACTION: &str = "CheckOrphans";
@@ -178,15 +178,40 @@ pub async fn still_wanted(
         }
     }
     if let Some(pv_name) = &owner.pv_name {
-        let volumes: Api<CachedVolume> = Api::all(ctx.client.clone());
+        let volumes: Api<PersistentVolume> = Api::all(ctx.client.clone());
         if let Some(pv) = volumes.get_opt(pv_name).await?
-            && pv.recorded.agent.as_deref() == Some(agent)
-            && pv.recorded.path.as_deref() == Some(path)
+            && points_to(&pv, agent, path)
         {
             return Ok(Some(Keep::PvExists(pv_name.clone())));
         }
     }
     Ok(None)
+}
+
+/// Whether `pv` holds `path` on `agent`: by our annotations, or, for a PV being adopted
+/// from another provisioner (the agent has adopted its directory, the PV does not carry
+/// our annotations yet), by its NFS path ending in the volume's path.
+fn points_to(pv: &PersistentVolume, agent: &str, path: &str) -> bool {
+    let annotation = |key: &str| {
+        pv.metadata
+            .annotations
+            .as_ref()
+            .and_then(|a| a.get(key))
+            .map(String::as_str)
+    };
+    match annotation(ANN_AGENT) {
+        Some(recorded) => recorded == agent && annotation(ANN_PATH) == Some(path),
+        None => pv
+            .spec
+            .as_ref()
+            .and_then(|s| s.nfs.as_ref())
+            .is_some_and(|nfs| {
+                nfs.path
+                    .trim_end_matches('/')
+                    .strip_suffix(path)
+                    .is_some_and(|export| export.ends_with('/'))
+            }),
+    }
 }
 
 /// The PVs of ours that point somewhere, from the cache.
@@ -467,6 +492,32 @@ mod tests {
             now(),
         );
         assert!(found.is_empty(), "{found:?}");
+    }
+
+    #[test]
+    fn a_pv_points_to_a_directory_by_our_annotations_or_while_adopted_by_its_nfs_path() {
+        let pv = |annotations: serde_json::Value, nfs_path: &str| -> PersistentVolume {
+            serde_json::from_value(json!({
+                "metadata": {"name": "pvc-1", "annotations": annotations},
+                "spec": {"nfs": {"server": "nfs.example", "path": nfs_path}},
+            }))
+            .unwrap()
+        };
+        let ours = pv(
+            json!({"nfsprov.dev/agent": "nfs1", "nfsprov.dev/path": "ns/a"}),
+            "/srv/nfs/ns/a",
+        );
+        assert!(points_to(&ours, "nfs1", "ns/a"));
+        assert!(!points_to(&ours, "nfs2", "ns/a"));
+        assert!(!points_to(&ours, "nfs1", "ns/b"));
+        // Not adopted yet: only the NFS path says where its data is.
+        let adopting = pv(json!({}), "/srv/nfs/ns-a-pvc-1/");
+        assert!(points_to(&adopting, "nfs1", "ns-a-pvc-1"));
+        assert!(
+            !points_to(&adopting, "nfs1", "a-pvc-1"),
+            "whole components only"
+        );
+        assert!(!points_to(&adopting, "nfs1", "ns-a-pvc-2"));
     }
 
     #[test]
