@@ -344,8 +344,9 @@ async fn provision(
         pvc,
         class,
         class_name,
-        // The name the class uses, as the library records it: one of ours either way.
-        provisioner: &class.provisioner,
+        // Always our own name, whichever of ours the class uses: the PV stays ours when
+        // the name of a replaced provisioner is dropped after its classes are migrated.
+        provisioner: ctx.provisioner.own(),
         pv_name: &pv_name,
         agent: agent.name(),
         path: &path,
