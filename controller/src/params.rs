@@ -146,17 +146,7 @@ impl ClassParams {
                 PARAM_PATH_PATTERN => params.path_pattern = PathPattern::parse(value)?,
                 PARAM_ON_DELETE => on_delete = Some(value.parse::<OnDelete>()?),
                 PARAM_ARCHIVE_ON_DELETE => {
-                    archive_on_delete = Some(match value.trim().to_ascii_lowercase().as_str() {
-                        "true" => OnDelete::Archive,
-                        "false" => OnDelete::Delete,
-                        _ => {
-                            return Err(ParamError::Invalid {
-                                key: PARAM_ARCHIVE_ON_DELETE,
-                                value: value.clone(),
-                                expected: "\"true\" or \"false\"",
-                            });
-                        }
-                    })
+                    archive_on_delete = Some(parse_archive_on_delete(value)?)
                 }
                 PARAM_MODE => {
                     params.mode = Mode::parse_octal(value).map_err(|_| ParamError::Invalid {
@@ -183,6 +173,36 @@ impl ClassParams {
         // onDelete overrides the legacy archiveOnDelete, as in nfs-subdir-external-provisioner.
         params.on_delete = on_delete.or(archive_on_delete).unwrap_or_default();
         Ok(params)
+    }
+}
+
+impl ClassParams {
+    /// What `onDelete` and `archiveOnDelete` say, every other parameter left unread: for
+    /// the classes of a provisioner whose volumes are adopted (nfs-subdir-external-
+    /// provisioner has the same two, with the same meaning and precedence).
+    pub fn on_delete_of(
+        parameters: Option<&BTreeMap<String, String>>,
+    ) -> Result<OnDelete, ParamError> {
+        let get = |key: &str| parameters.and_then(|p| p.get(key));
+        let on_delete = get(PARAM_ON_DELETE)
+            .map(|v| v.parse::<OnDelete>())
+            .transpose()?;
+        let archive_on_delete = get(PARAM_ARCHIVE_ON_DELETE)
+            .map(|v| parse_archive_on_delete(v))
+            .transpose()?;
+        Ok(on_delete.or(archive_on_delete).unwrap_or_default())
+    }
+}
+
+fn parse_archive_on_delete(value: &str) -> Result<OnDelete, ParamError> {
+    match value.trim().to_ascii_lowercase().as_str() {
+        "true" => Ok(OnDelete::Archive),
+        "false" => Ok(OnDelete::Delete),
+        _ => Err(ParamError::Invalid {
+            key: PARAM_ARCHIVE_ON_DELETE,
+            value: value.to_owned(),
+            expected: "\"true\" or \"false\"",
+        }),
     }
 }
 
@@ -286,6 +306,33 @@ mod tests {
         );
         assert_eq!(parse(&[]).unwrap(), params);
         assert_eq!(params.quota, QuotaPolicy::BestEffort);
+    }
+
+    #[test]
+    fn on_delete_alone_from_another_provisioners_class() {
+        let of = |pairs: &[(&str, &str)]| {
+            let map: BTreeMap<String, String> = pairs
+                .iter()
+                .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+                .collect();
+            ClassParams::on_delete_of(Some(&map))
+        };
+        assert_eq!(ClassParams::on_delete_of(None).unwrap(), OnDelete::Archive);
+        // Parameters only the other provisioner knows are no error here.
+        assert_eq!(
+            of(&[("archiveOnDelete", "false"), ("server", "x")]).unwrap(),
+            OnDelete::Delete
+        );
+        assert_eq!(
+            of(&[("archiveOnDelete", "true")]).unwrap(),
+            OnDelete::Archive
+        );
+        assert_eq!(
+            of(&[("archiveOnDelete", "false"), ("onDelete", "retain")]).unwrap(),
+            OnDelete::Retain
+        );
+        assert!(of(&[("archiveOnDelete", "yes")]).is_err());
+        assert!(of(&[("onDelete", "shred")]).is_err());
     }
 
     #[test]
