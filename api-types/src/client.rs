@@ -12,9 +12,9 @@ use serde::Deserialize;
 use serde::de::DeserializeOwned;
 
 use crate::{
-    AgentInfo, ApiError, Archive, ArchiveList, ArchivePath, ArchiveRequest, ArchiveResult,
-    CreateVolumeRequest, ErrorCode, Health, REQUEST_ID_HEADER, ReloadingFile, ResizeVolumeRequest,
-    Volume, VolumeList, VolumePath,
+    AdoptVolumeRequest, AgentInfo, ApiError, Archive, ArchiveList, ArchivePath, ArchiveRequest,
+    ArchiveResult, CreateVolumeRequest, ErrorCode, Health, REQUEST_ID_HEADER, ReloadingFile,
+    ResizeVolumeRequest, Volume, VolumeList, VolumePath,
 };
 
 /// How to reach one agent. Relative file names are resolved against the directory of the
@@ -235,11 +235,12 @@ impl ClientError {
     }
 }
 
-/// The outcome of `PUT /v1/volumes/{path}`.
+/// The outcome of `PUT /v1/volumes/{path}` and of `POST /v1/adoptions/{path}`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct CreateOutcome {
     pub volume: Volume,
-    /// `true` when this call made the directory, `false` when it was already there.
+    /// `true` when this call made the volume (created the directory, or adopted it),
+    /// `false` when it was already a volume with the same settings.
     pub created: bool,
 }
 
@@ -313,6 +314,24 @@ impl AgentClient {
     ) -> Result<CreateOutcome, ClientError> {
         let (status, volume) = self
             .call(Method::PUT, &volume_url(path), Some(request), request_id)
+            .await?;
+        Ok(CreateOutcome {
+            volume,
+            created: status == StatusCode::CREATED,
+        })
+    }
+
+    /// Makes the directory already at `path` a volume as it is (nothing on disk changes;
+    /// no quota enforces it), or confirms it already is one with the same owner and
+    /// capacity.
+    pub async fn adopt_volume(
+        &self,
+        path: &VolumePath,
+        request: &AdoptVolumeRequest,
+        request_id: Option<&str>,
+    ) -> Result<CreateOutcome, ClientError> {
+        let (status, volume) = self
+            .call(Method::POST, &adoption_url(path), Some(request), request_id)
             .await?;
         Ok(CreateOutcome {
             volume,
@@ -474,6 +493,10 @@ impl AgentClient {
 fn volume_url(path: &VolumePath) -> String {
     // Validated paths hold only URL-safe characters, so no escaping is needed.
     format!("/v1/volumes/{path}")
+}
+
+fn adoption_url(path: &VolumePath) -> String {
+    format!("/v1/adoptions/{path}")
 }
 
 /// Validated volume paths and archive ids hold only URL-safe characters (`@` is allowed

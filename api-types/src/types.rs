@@ -131,6 +131,18 @@ pub struct CreateVolumeRequest {
     pub quota: QuotaPolicy,
 }
 
+/// Body of `POST /v1/adoptions/{path}`: makes the directory already at `path` (say, one
+/// nfs-subdir-external-provisioner made) a volume, as it is. Mode, uid and gid are read
+/// from the directory, not asked for: adoption changes nothing on disk, it only records.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AdoptVolumeRequest {
+    /// Size in bytes (the claim's request), recorded; no quota enforces it.
+    pub capacity_bytes: u64,
+    #[serde(default)]
+    pub owner: VolumeOwner,
+}
+
 /// Whether a volume's capacity is enforced by a filesystem quota (StorageClass
 /// parameter `quota`).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
@@ -527,6 +539,36 @@ mod tests {
         ] {
             assert!(
                 serde_json::from_str::<ArchiveRequest>(bad).is_err(),
+                "{bad}"
+            );
+        }
+    }
+
+    #[test]
+    fn adoption_requests_need_a_capacity_and_nothing_a_directory_already_has() {
+        let req: AdoptVolumeRequest = serde_json::from_str(
+            r#"{"capacity_bytes":5,"owner":{"pvc_namespace":"ns","pvc_name":"c","pv_name":"pv"}}"#,
+        )
+        .unwrap();
+        assert_eq!(req.capacity_bytes, 5);
+        assert_eq!(req.owner.pv_name.as_deref(), Some("pv"));
+        let bare: AdoptVolumeRequest = serde_json::from_str(r#"{"capacity_bytes":1}"#).unwrap();
+        assert_eq!(bare.owner, VolumeOwner::default());
+        assert_eq!(
+            serde_json::to_string(&bare).unwrap(),
+            r#"{"capacity_bytes":1,"owner":{}}"#
+        );
+        // Mode, uid and gid are the directory's own: asking for them is refused, not ignored.
+        for bad in [
+            "{}",
+            r#"{"capacity_bytes":-1}"#,
+            r#"{"capacity_bytes":1,"mode":"0777"}"#,
+            r#"{"capacity_bytes":1,"uid":0}"#,
+            r#"{"capacity_bytes":1,"quota":"enforce"}"#,
+            r#"{"capacity_bytes":1,"owner":{"pvc":"x"}}"#,
+        ] {
+            assert!(
+                serde_json::from_str::<AdoptVolumeRequest>(bad).is_err(),
                 "{bad}"
             );
         }
