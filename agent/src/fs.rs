@@ -14,7 +14,8 @@
 //! made in place is finished by writing its record last. Deletion first renames a
 //! directory volume into the trash (so the path is gone at once and a retry sees it
 //! absent), then removes the tree; what a crash leaves in staging or trash is purged at
-//! the next start.
+//! the next start. Adoption, asked for explicitly, makes a directory already at its path a
+//! volume by writing its record and nothing else; a create never takes a directory over.
 
 mod archive_name;
 mod archives;
@@ -35,10 +36,10 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, RwLock};
 
 use nfsprov_api_types::{
-    ArchiveEntry, ArchivePath, ArchiveResult, CreateVolumeRequest, FilesystemStats, QuotaBackend,
-    QuotaPolicy, Volume, VolumePath, VolumeUsage,
+    AdoptVolumeRequest, ArchiveEntry, ArchivePath, ArchiveResult, CreateVolumeRequest,
+    FilesystemStats, QuotaBackend, QuotaPolicy, Volume, VolumePath, VolumeUsage,
 };
-use rustix::fs::{AtFlags, Mode, RenameFlags};
+use rustix::fs::{AtFlags, FileType, Mode, RenameFlags};
 use rustix::io::Errno;
 use time::OffsetDateTime;
 
@@ -65,7 +66,7 @@ pub use self::locks::PathGuard;
 pub use self::record::{ArchiveRecord, QuotaRecord, VolumeRecord};
 pub use self::tree::{measure_tree, remove_tree};
 
-/// Whether [`VolumeStore::create`] made the volume or found it.
+/// Whether [`VolumeStore::create`] or [`VolumeStore::adopt`] made the volume or found it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Created {
     New,
@@ -141,6 +142,11 @@ pub struct VolumeStore {
     /// exclusively while empty archive directories are removed, so the one never removes
     /// a directory the other is about to use.
     archive_dirs: RwLock<()>,
+    /// Held shared while a volume is created and exclusively while one is adopted. A
+    /// create checks that no volume is above its path and an adoption that none is below
+    /// its directory, each under its own path's lock only: without this, a create below a
+    /// directory being adopted could pass both checks and end up nested.
+    nesting: RwLock<()>,
 }
 
 impl VolumeStore {
@@ -169,6 +175,7 @@ impl VolumeStore {
             unique: AtomicU64::new(0),
             locks: Arc::default(),
             archive_dirs: RwLock::new(()),
+            nesting: RwLock::new(()),
         })
     }
 
@@ -279,6 +286,7 @@ impl VolumeStore {
         request: &CreateVolumeRequest,
     ) -> Result<(Volume, Created)> {
         self.root.ensure_present()?;
+        let _nesting = self.nesting.read().unwrap_or_else(|e| e.into_inner());
         let wanted = self.wanted_record(request);
         let parent = self
             .walk_parents(path, true)?
@@ -299,6 +307,106 @@ impl VolumeStore {
             }
             Layout::Mounts => self.create_in_place(path, parent.as_fd(), record, limit),
         }
+    }
+
+    /// Makes the directory already at `path` a volume as it is, by writing a record of it:
+    /// mode, uid and gid as found, the request's capacity and owner, no quota. Nothing
+    /// inside is read or changed and nothing moves, so data a tenant reaches over NFS
+    /// stays exactly where and what it was. A volume already there with the same owner
+    /// and capacity is confirmed.
+    pub fn adopt(
+        &self,
+        path: &VolumePath,
+        request: &AdoptVolumeRequest,
+    ) -> Result<(Volume, Created)> {
+        self.root.ensure_present()?;
+        self.backend.check_adoptable(path)?;
+        let _nesting = self.nesting.write().unwrap_or_else(|e| e.into_inner());
+        let parent = self
+            .walk_parents(path, false)?
+            .ok_or_else(|| no_directory(path))?;
+        let dir = open_adoptable(parent.as_fd(), path)?;
+        if self.backend.is_volume(&self.root, dir.as_fd())? {
+            let existing = self
+                .backend
+                .find(&self.root, parent.as_fd(), path)?
+                .ok_or_else(|| no_directory(path))?;
+            let wanted = VolumeRecord {
+                capacity_bytes: request.capacity_bytes,
+                owner: request.owner.clone(),
+                ..existing.clone()
+            };
+            return confirm(path, existing, &wanted, QuotaPolicy::BestEffort);
+        }
+        self.refuse_volumes_below(path)?;
+        self.refuse_mount_points_around(path)?;
+        let stat = rustix::fs::fstat(&dir).map_err(|e| io_error(format!("stat {path}"), e))?;
+        let mode = nfsprov_api_types::Mode::new(stat.st_mode & nfsprov_api_types::Mode::MAX)
+            .map_err(|e| StoreError::Unsupported(format!("{path}: {e}")))?;
+        let record = VolumeRecord {
+            mode,
+            uid: stat.st_uid,
+            gid: stat.st_gid,
+            capacity_bytes: request.capacity_bytes,
+            owner: request.owner.clone(),
+            created_at: now_rfc3339(),
+            quota: None,
+            archive: None,
+        };
+        self.backend.write_record(dir.as_fd(), path, &record)?;
+        tracing::info!(
+            %path,
+            capacity_bytes = record.capacity_bytes,
+            quota_backend = %self.backend.kind(),
+            "adopted an existing directory as a volume; no quota enforces its capacity"
+        );
+        Ok((record.to_volume(path), Created::New))
+    }
+
+    /// Refuses to adopt a directory that holds volumes: they would be nested in it.
+    fn refuse_volumes_below(&self, path: &VolumePath) -> Result<()> {
+        let prefix = format!("{path}/");
+        let below: Vec<String> = self
+            .backend
+            .list(&self.root)?
+            .into_iter()
+            .map(|(volume, _)| volume.to_string())
+            .filter(|volume| volume.starts_with(&prefix))
+            .collect();
+        if below.is_empty() {
+            return Ok(());
+        }
+        let shown = below.iter().take(5).cloned().collect::<Vec<_>>().join(", ");
+        let more = below.len().saturating_sub(5);
+        let more = if more > 0 {
+            format!(" and {more} more")
+        } else {
+            String::new()
+        };
+        Err(StoreError::Conflict(format!(
+            "{path} holds volumes ({shown}{more}); volumes cannot be nested, so it cannot be adopted"
+        )))
+    }
+
+    /// Refuses to adopt a directory that is, holds or lies beneath a mount point: its
+    /// volume would span filesystems, and could then be neither deleted nor archived.
+    fn refuse_mount_points_around(&self, path: &VolumePath) -> Result<()> {
+        let dir = self.root.canonical_path().join(path.as_str());
+        let points = self
+            .mounts
+            .mount_points_around(&dir)
+            .map_err(|e| StoreError::Io {
+                context: "read the mount table".into(),
+                source: e,
+            })?;
+        if points.is_empty() {
+            return Ok(());
+        }
+        let points: Vec<String> = points.iter().map(|p| p.display().to_string()).collect();
+        Err(StoreError::Conflict(format!(
+            "{path} is, holds or lies beneath mount points ({}); a volume never spans a mount point, so it cannot be adopted; unmount them and retry",
+            points.join(", ")
+        )))
     }
 
     /// Sets a directory volume up in staging, then renames it into place.
@@ -763,6 +871,33 @@ impl VolumeStore {
     }
 }
 
+fn no_directory(path: &VolumePath) -> StoreError {
+    StoreError::NotFound(format!("no directory at {path} to adopt"))
+}
+
+/// The directory at `path` in `parent`, opened without following a link. A link there is
+/// refused as on every path (never followed, whatever it points to); anything else that is
+/// not a directory is a conflict, as a foreign directory is for a create.
+fn open_adoptable(parent: BorrowedFd<'_>, path: &VolumePath) -> Result<OwnedFd> {
+    let name = path.file_name();
+    match open_or_create_dir(parent, name, false) {
+        Ok(dir) => Ok(dir),
+        Err(Errno::NOENT) => Err(no_directory(path)),
+        Err(Errno::NOTDIR | Errno::LOOP) => {
+            let is_link = rustix::fs::statat(parent, name, AtFlags::SYMLINK_NOFOLLOW)
+                .is_ok_and(|st| FileType::from_raw_mode(st.st_mode) == FileType::Symlink);
+            if is_link {
+                Err(walk_error(path.as_str(), Errno::LOOP))
+            } else {
+                Err(StoreError::Conflict(format!(
+                    "{path} is not a directory; only a directory can be adopted"
+                )))
+            }
+        }
+        Err(e) => Err(walk_error(path.as_str(), e)),
+    }
+}
+
 /// Whether a resize to `capacity_bytes` changes anything; an error for a shrink.
 fn is_growth(path: &VolumePath, record: &VolumeRecord, capacity_bytes: u64) -> Result<bool> {
     if capacity_bytes < record.capacity_bytes {
@@ -821,6 +956,8 @@ fn confirm(
 
 #[cfg(test)]
 mod tests {
+    use std::os::unix::fs::{MetadataExt, PermissionsExt};
+
     use super::*;
 
     fn store() -> (tempfile::TempDir, VolumeStore) {
@@ -1135,6 +1272,213 @@ mod tests {
             Err(StoreError::Conflict(_))
         ));
         assert!(store.get(&path("x/y")).is_ok());
+    }
+
+    fn adoption(claim: &str, capacity: u64) -> AdoptVolumeRequest {
+        AdoptVolumeRequest {
+            capacity_bytes: capacity,
+            owner: owned_request(claim).owner,
+        }
+    }
+
+    fn listed(store: &VolumeStore) -> Vec<String> {
+        store
+            .list()
+            .unwrap()
+            .into_iter()
+            .map(|v| v.path.to_string())
+            .collect()
+    }
+
+    #[test]
+    fn adoption_refuses_directories_inside_volumes_and_directories_holding_them() {
+        let (dir, store) = store();
+        let root = dir.path();
+        store.create(&path("a"), &request(1)).unwrap();
+        std::fs::create_dir(root.join("a/inner")).unwrap();
+        let err = store
+            .adopt(&path("a/inner"), &adoption("c", 1))
+            .unwrap_err();
+        assert!(
+            matches!(err, StoreError::Conflict(ref m) if m.contains("nested")),
+            "{err}"
+        );
+
+        store.create(&path("x/y"), &request(1)).unwrap();
+        store.create(&path("x/z/w"), &request(1)).unwrap();
+        for parent in ["x", "x/z"] {
+            let err = store.adopt(&path(parent), &adoption("c", 1)).unwrap_err();
+            assert!(
+                matches!(err, StoreError::Conflict(ref m) if m.contains("holds volumes")),
+                "{parent}: {err}"
+            );
+        }
+        // A name that merely starts like the directory's is no volume below it.
+        std::fs::create_dir(root.join("x-y")).unwrap();
+        assert_eq!(
+            store.adopt(&path("x-y"), &adoption("c", 1)).unwrap().1,
+            Created::New
+        );
+        // Refusals recorded nothing.
+        assert_eq!(listed(&store), ["a", "x-y", "x/y", "x/z/w"]);
+        assert!(store.get(&path("x")).is_err());
+
+        // An archived volume is no longer below its former parent.
+        store.archive(&path("x/y"), None).unwrap();
+        store.delete(&path("x/z/w")).unwrap();
+        let (adopted, how) = store.adopt(&path("x"), &adoption("c", 1)).unwrap();
+        assert_eq!((adopted.path.as_str(), how), ("x", Created::New));
+        // Now a volume, it can no more be adopted into than a created one.
+        let err = store.adopt(&path("x/z"), &adoption("c", 1)).unwrap_err();
+        assert!(
+            matches!(err, StoreError::Conflict(ref m) if m.contains("nested")),
+            "{err}"
+        );
+        let err = store.create(&path("x/new"), &request(1)).unwrap_err();
+        assert!(
+            matches!(err, StoreError::Conflict(ref m) if m.contains("nested")),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn an_adoption_and_a_create_below_it_never_both_succeed() {
+        let (dir, store) = store();
+        for round in 0..40 {
+            let parent = format!("p{round}");
+            std::fs::create_dir(dir.path().join(&parent)).unwrap();
+            let start = std::sync::Barrier::new(2);
+            let (adopted, created) = std::thread::scope(|s| {
+                let adopting = s.spawn(|| {
+                    start.wait();
+                    store.adopt(&path(&parent), &adoption("p", 1))
+                });
+                let creating = s.spawn(|| {
+                    start.wait();
+                    store.create(&path(&format!("{parent}/child")), &request(1))
+                });
+                (adopting.join().unwrap(), creating.join().unwrap())
+            });
+            assert!(
+                adopted.is_ok() != created.is_ok(),
+                "round {round}: adopted {adopted:?}, created {created:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn adoption_records_the_directory_as_found_and_confirms_only_the_same_claim() {
+        let (dir, store) = store();
+        let legacy = dir.path().join("ns-claim-pvc-1");
+        std::fs::create_dir(&legacy).unwrap();
+        std::fs::write(legacy.join("data"), b"tenant").unwrap();
+        std::fs::set_permissions(&legacy, std::fs::Permissions::from_mode(0o2751)).unwrap();
+        let stat = std::fs::metadata(&legacy).unwrap();
+
+        let (volume, how) = store
+            .adopt(&path("ns-claim-pvc-1"), &adoption("claim", 1 << 30))
+            .unwrap();
+        assert_eq!(how, Created::New);
+        assert_eq!(volume.mode.bits(), 0o2751);
+        assert_eq!((volume.uid, volume.gid), (stat.uid(), stat.gid()));
+        assert_eq!(volume.capacity_bytes, 1 << 30);
+        assert!(!volume.quota_enforced);
+        assert_eq!(volume.owner.pvc_name.as_deref(), Some("claim"));
+        assert_eq!(store.get(&path("ns-claim-pvc-1")).unwrap(), volume);
+        let after = std::fs::metadata(&legacy).unwrap();
+        assert_eq!(
+            (
+                after.ino(),
+                after.mode(),
+                after.uid(),
+                after.gid(),
+                after.mtime()
+            ),
+            (
+                stat.ino(),
+                stat.mode(),
+                stat.uid(),
+                stat.gid(),
+                stat.mtime()
+            )
+        );
+
+        let again = store
+            .adopt(&path("ns-claim-pvc-1"), &adoption("claim", 1 << 30))
+            .unwrap();
+        assert_eq!(again, (volume.clone(), Created::Existing));
+        for (other, what) in [
+            (adoption("other", 1 << 30), "owner"),
+            (adoption("claim", 1 << 20), "capacity"),
+        ] {
+            let err = store.adopt(&path("ns-claim-pvc-1"), &other).unwrap_err();
+            assert!(
+                matches!(err, StoreError::Conflict(ref m) if m.contains(what)),
+                "{what}: {err}"
+            );
+        }
+        // A volume the agent created is confirmed to the same claim, like an adopted one.
+        store.create(&path("made"), &owned_request("made")).unwrap();
+        assert_eq!(
+            store
+                .adopt(&path("made"), &adoption("made", 1 << 20))
+                .unwrap()
+                .1,
+            Created::Existing
+        );
+        assert_eq!(store.get(&path("ns-claim-pvc-1")).unwrap(), volume);
+    }
+
+    #[test]
+    fn adopted_directories_are_deleted_without_a_quota_command() {
+        use crate::quota::command::MockToolRunner;
+        use crate::quota::xfs::tests::xfs_backend_for_tests;
+        type Strategy = fn(Arc<MockToolRunner>) -> Box<dyn QuotaStrategy>;
+        let strategies: [(&str, Strategy); 2] = [
+            ("xfs", |runner| Box::new(xfs_backend_for_tests(runner))),
+            ("btrfs", |runner| Box::new(Btrfs::for_tests(runner))),
+        ];
+        for (kind, strategy) in strategies {
+            let dir = tempfile::tempdir().unwrap();
+            let runner = Arc::new(MockToolRunner::default());
+            let store = VolumeStore::open_with_backend(
+                dir.path(),
+                Box::new(DirectoryBackend::new(strategy(runner.clone()))),
+            )
+            .unwrap();
+            std::fs::create_dir_all(dir.path().join("old/sub")).unwrap();
+            std::fs::write(dir.path().join("old/sub/file"), b"x").unwrap();
+            let (volume, _) = store.adopt(&path("old"), &adoption("c", 1 << 20)).unwrap();
+            assert!(!volume.quota_enforced, "{kind}");
+            assert_eq!(
+                store.measure(&path("old")).unwrap().used_inodes,
+                3,
+                "{kind}"
+            );
+            store.resize(&path("old"), 2 << 20).unwrap();
+            assert_eq!(store.delete(&path("old")).unwrap(), Deleted::Removed);
+            assert!(!dir.path().join("old").exists(), "{kind}");
+            assert!(runner.calls().is_empty(), "{kind}: {:?}", runner.calls());
+        }
+    }
+
+    #[test]
+    fn adoption_is_unsupported_on_zfs_and_runs_no_command() {
+        use crate::quota::command::MockToolRunner;
+        let dir = tempfile::tempdir().unwrap();
+        let runner = Arc::new(MockToolRunner::default());
+        let zfs = Zfs::for_tests(runner.clone(), "tank/export", dir.path());
+        let store =
+            VolumeStore::open_with_backend(dir.path(), Box::new(DatasetBackend::new(zfs))).unwrap();
+        std::fs::create_dir(dir.path().join("plain")).unwrap();
+        for target in ["plain", "missing"] {
+            let err = store.adopt(&path(target), &adoption("c", 1)).unwrap_err();
+            assert!(
+                matches!(err, StoreError::Unsupported(ref m) if m.contains("zfs") && m.contains("dataset")),
+                "{err}"
+            );
+        }
+        assert!(runner.calls().is_empty(), "{:?}", runner.calls());
     }
 
     #[test]

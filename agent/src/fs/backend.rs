@@ -73,6 +73,13 @@ pub trait VolumeBackend: Debug + Send + Sync {
         limit: Option<u64>,
     ) -> Result<Option<QuotaRecord>>;
 
+    /// Refuses, saying why, when a plain directory already at `path` cannot become a
+    /// volume of this kind just by recording it.
+    fn check_adoptable(&self, path: &VolumePath) -> Result<()> {
+        let _ = path;
+        Ok(())
+    }
+
     /// Writes the record of the volume whose directory is `dir`. For volumes made in
     /// place this is the last step of creation: until then the volume is unfinished.
     fn write_record(

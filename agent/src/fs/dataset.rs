@@ -93,6 +93,14 @@ impl VolumeBackend for DatasetBackend {
         Ok(limit.map(|_| QuotaRecord::of(QuotaBackend::Zfs)))
     }
 
+    /// A volume is a dataset of its own, and a directory of the root dataset becomes one
+    /// only by copying its data, which adoption never does.
+    fn check_adoptable(&self, path: &VolumePath) -> Result<()> {
+        Err(StoreError::Unsupported(format!(
+            "{path}: this agent's quota backend is zfs, whose volumes are ZFS datasets; a plain directory cannot become one, so it cannot be adopted; copy its data into a volume the agent creates instead"
+        )))
+    }
+
     fn write_record(
         &self,
         _: BorrowedFd<'_>,

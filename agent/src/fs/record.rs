@@ -1,7 +1,7 @@
-//! Volume records: what the agent knows of each volume it made (the settings it was made
-//! with, its owner claim and the quota holding it). A directory is a volume only if the
-//! agent holds a record of it, so the agent never deletes, archives or adopts a directory
-//! it did not create.
+//! Volume records: what the agent knows of each volume it made or adopted (the settings it
+//! was made with or found with, its owner claim and the quota holding it). A directory is
+//! a volume only if the agent holds a record of it, so the agent never deletes or archives
+//! a directory it did not create or was not explicitly asked to adopt.
 //!
 //! Directory volumes' records live where only the agent can write: in the agent's own
 //! directory beneath the root (`.nfsprov/records`, mode 0700), one entry per volume, named

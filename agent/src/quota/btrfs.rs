@@ -45,6 +45,12 @@ impl Btrfs {
         }
     }
 
+    /// A backend driving `runner` without probing a filesystem, for the store's tests.
+    #[cfg(test)]
+    pub(crate) fn for_tests(runner: Arc<dyn ToolRunner>) -> Self {
+        Self { runner }
+    }
+
     /// Makes `name` in `dir` a new, empty subvolume.
     pub fn create_subvolume(&self, dir: BorrowedFd<'_>, name: &str) -> Result<(), ToolError> {
         self.btrfs(&["subvolume", "create"], &path_through_fd(dir, Some(name)))

@@ -205,6 +205,16 @@ impl Zfs {
         }
     }
 
+    /// A backend driving `runner` without probing a pool, for the store's tests.
+    #[cfg(test)]
+    pub(crate) fn for_tests(
+        runner: Arc<dyn ToolRunner>,
+        dataset: &str,
+        export_root: &Path,
+    ) -> Self {
+        Self::new(runner, dataset, export_root)
+    }
+
     /// How long destroy and rename retry while zfs reports the dataset busy.
     pub fn with_busy_wait(mut self, busy_wait: Duration) -> Self {
         self.busy_wait = busy_wait;
