@@ -13,9 +13,9 @@ use axum::routing::{get, post, put};
 use axum::{Extension, Json, Router};
 use futures::StreamExt;
 use nfsprov_api_types::{
-    AgentInfo, ApiError, ArchiveList, ArchivePath, ArchiveRequest, Capabilities,
-    CreateVolumeRequest, ErrorCode, Health, NfsExport, REQUEST_ID_HEADER, ResizeVolumeRequest,
-    Volume, VolumeList, VolumePath,
+    AdoptVolumeRequest, AgentInfo, ApiError, ArchiveList, ArchivePath, ArchiveRequest,
+    Capabilities, CreateVolumeRequest, ErrorCode, Health, NfsExport, REQUEST_ID_HEADER,
+    ResizeVolumeRequest, Volume, VolumeList, VolumePath,
 };
 use tower::limit::GlobalConcurrencyLimitLayer;
 use tower_http::request_id::{MakeRequestUuid, PropagateRequestIdLayer, SetRequestIdLayer};
@@ -169,6 +169,7 @@ pub fn router(state: Arc<AppState>, max_concurrent_requests: usize) -> Router {
                 .patch(resize_volume)
                 .delete(delete_volume),
         )
+        .route("/v1/adoptions/{*path}", post(adopt_volume))
         .route("/v1/archives", get(list_archives))
         .route(
             "/v1/archives/{*path}",
@@ -345,6 +346,7 @@ const ROUTES: &[&str] = &[
     "/v1/info",
     "/v1/volumes",
     "/v1/volumes/{*path}",
+    "/v1/adoptions/{*path}",
     "/v1/archives",
     "/v1/archives/{*path}",
 ];
@@ -555,6 +557,28 @@ async fn create_volume(
     state.metrics.count_operation("create", outcome(&result));
     let (volume, created) = result?;
     let status = match created {
+        Created::New => StatusCode::CREATED,
+        Created::Existing => StatusCode::OK,
+    };
+    Ok((status, Json(volume)).into_response())
+}
+
+async fn adopt_volume(
+    State(state): State<Arc<AppState>>,
+    raw_path: Result<Path<String>, PathRejection>,
+    headers: HeaderMap,
+    body: Body,
+) -> ApiResult<Response> {
+    let body = read_body(body, state.max_body_bytes).await;
+    let path = volume_path(raw_path)?;
+    let request: AdoptVolumeRequest = json_body(&headers, &body?)?;
+    let result = with_path_lock(&state, &path.clone(), move |store| {
+        store.adopt(&path, &request)
+    })
+    .await;
+    state.metrics.count_operation("adopt", outcome(&result));
+    let (volume, adopted) = result?;
+    let status = match adopted {
         Created::New => StatusCode::CREATED,
         Created::Existing => StatusCode::OK,
     };
