@@ -428,7 +428,7 @@ async fn creates_are_idempotent_and_conflicts_are_reported() {
             "{result:?}"
         );
     }
-    // A directory the agent did not make is never adopted.
+    // A create never takes over a directory the agent did not make.
     std::fs::create_dir(root.path().join("ns").join("foreign")).unwrap();
     let foreign = call(&agent, "PUT", "/v1/volumes/ns/foreign", Some(BODY));
     assert_eq!(foreign.status, 409, "{foreign:?}");
