@@ -380,8 +380,23 @@ async fn records_kept_the_old_way_are_migrated_at_start_once() {
         "nothing below a volume is migrated"
     );
 
+    // A directory that is not a volume (as a replaced provisioner's are, owned by their
+    // tenants) gets the old attribute after the migration: it must stay foreign.
+    let planted = agent.root().join("tenants/planted");
+    std::fs::create_dir_all(&planted).unwrap();
+    forge(&planted, record.to_string().as_bytes());
+
     // A second start finds nothing more to do and loses nothing.
     let agent = Running::start(agent.stop()).await;
+    let foreign = agent
+        .client()
+        .get_volume(&path("tenants/planted"), None)
+        .await;
+    assert!(
+        matches!(&foreign, Err(e) if api_code(e) == Some(ErrorCode::Conflict)),
+        "an attribute planted after the migration makes no volume: {foreign:?}"
+    );
+    assert!(has_xattr(&planted), "and the agent did not even read it");
     let again = agent
         .client()
         .get_volume(&path("tenants/old"), None)

@@ -325,7 +325,8 @@ impl VolumeBackend for DirectoryBackend {
     fn prepare(&self, root: &Root, _: BorrowedFd<'_>) -> Result<()> {
         let state = root.open_internal(&[STATE_DIR], false)?;
         let store = RecordStore::open(state.as_fd())?;
-        let migrated = legacy::migrate(
+        let migrated = legacy::migrate_once(
+            state.as_fd(),
             root,
             &store,
             &[

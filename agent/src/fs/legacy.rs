@@ -5,10 +5,13 @@
 //!
 //! Only the places where the agent itself put volumes are searched (paths beneath the
 //! root, the archive, staging and trash), and never below a volume: an attribute a tenant
-//! planted inside a volume is never taken for a record.
+//! planted inside a volume is never taken for a record. And only once: after the first
+//! start that completes it, a marker in the agent's state directory turns it off, so an
+//! attribute planted later on a directory that is not a volume never makes one.
 
 use std::os::fd::{AsFd, BorrowedFd};
 
+use rustix::fs::{AtFlags, Mode, OFlags};
 use rustix::io::Errno;
 
 use super::confine::{Root, list_dir, may_be_directory, open_child};
@@ -25,8 +28,38 @@ pub struct Area<'a> {
     pub depth: usize,
 }
 
+/// Marks, in the agent's state directory, that the migration has been done: a tenant who
+/// can set extended attributes on a directory it owns (any directory of a provisioner
+/// being replaced, over NFS) must not have it taken for a volume at a later start.
+const MIGRATED_MARKER: &str = "legacy-records-migrated";
+
+/// [`migrate`], at the first start that gets to the end of it, never again.
+pub fn migrate_once(
+    state: BorrowedFd<'_>,
+    root: &Root,
+    store: &RecordStore,
+    areas: &[Area<'_>],
+) -> Result<usize> {
+    match rustix::fs::statat(state, MIGRATED_MARKER, AtFlags::SYMLINK_NOFOLLOW) {
+        Ok(_) => return Ok(0),
+        Err(Errno::NOENT) => {}
+        Err(e) => return Err(io_error("look for the migration marker", e)),
+    }
+    let migrated = migrate(root, store, areas)?;
+    // Written only after a complete pass: an interrupted start does the rest next time.
+    match rustix::fs::openat(
+        state,
+        MIGRATED_MARKER,
+        OFlags::CREATE | OFlags::EXCL | OFlags::WRONLY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+        Mode::from_raw_mode(0o600),
+    ) {
+        Ok(_) | Err(Errno::EXIST) => Ok(migrated),
+        Err(e) => Err(io_error("write the migration marker", e)),
+    }
+}
+
 /// Moves every record kept the old way in `areas` into `store`; answers how many.
-pub fn migrate(root: &Root, store: &RecordStore, areas: &[Area<'_>]) -> Result<usize> {
+fn migrate(root: &Root, store: &RecordStore, areas: &[Area<'_>]) -> Result<usize> {
     let mut migrated = 0;
     for area in areas {
         let Some(dir) = root.open_existing(area.components)? else {
