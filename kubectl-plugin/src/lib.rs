@@ -6,6 +6,7 @@
 //! `probe` (asking the agents), `report` (printing), then one module per command;
 //! the crate root only parses the command line and dispatches.
 
+pub mod adopt;
 pub mod agents;
 pub mod archives;
 pub mod cluster;
@@ -70,6 +71,29 @@ pub enum Command {
     Doctor,
     /// Directories agents hold that no PV points to, and PVs whose directory is gone.
     Orphans,
+    /// Takes over the PVs another provisioner made on an agent's export (e.g.
+    /// nfs-subdir-external-provisioner's); --dry-run lists what would be adopted.
+    Adopt {
+        /// Provisioner name whose PVs to adopt (repeat or comma-separate for several).
+        #[arg(long, required = true, value_delimiter = ',')]
+        from: Vec<String>,
+        /// The agent whose export holds their directories.
+        #[arg(long)]
+        agent: String,
+        /// NFS server the PVs name, when not the one the agent reports.
+        #[arg(long)]
+        nfs_server: Option<String>,
+        /// Export path the PVs' paths start with, when not the one the agent reports.
+        #[arg(long)]
+        nfs_path: Option<String>,
+        /// Directory of agent connection files (as the controller's), instead of the
+        /// agents' Secrets in the cluster.
+        #[arg(long)]
+        agents_dir: Option<PathBuf>,
+        /// List what would be adopted; change nothing.
+        #[arg(long)]
+        dry_run: bool,
+    },
     /// Archives the agents keep: origin, claim, age, size and expiry; `delete` removes one.
     Archives {
         /// Only this agent's archives.
@@ -116,6 +140,24 @@ pub async fn run(cli: Cli) -> anyhow::Result<i32> {
         Command::Volumes => print(&volumes::run(&target).await?, cli.output),
         Command::Doctor => print(&doctor::run(&target).await?, cli.output),
         Command::Orphans => print(&orphans::run(&target).await?, cli.output),
+        Command::Adopt {
+            from,
+            agent,
+            nfs_server,
+            nfs_path,
+            agents_dir,
+            dry_run,
+        } => {
+            let options = adopt::AdoptOptions {
+                from,
+                agent,
+                nfs_server,
+                nfs_path,
+                agents_dir,
+                dry_run,
+            };
+            print(&adopt::run(&target, &options).await?, cli.output)
+        }
         Command::Archives {
             agent,
             action: None,
