@@ -640,3 +640,155 @@ async fn an_orphan_made_on_purpose_is_reported_then_archived() -> anyhow::Result
     );
     Ok(())
 }
+
+/// What `kubectl nfsprov adopt` printed as JSON, after checking it exited as expected.
+async fn adopt(system: &System, extra: &[&str]) -> anyhow::Result<serde_json::Value> {
+    let plugin = nfsprov_e2e::binaries::binary("kubectl-nfsprov")?;
+    let replaced = format!("{}-subdir", system.names.provisioner);
+    let agents_dir = system.agents_dir.display().to_string();
+    let kubeconfig = system.api.kubeconfig().display().to_string();
+    let mut args = vec![
+        "adopt",
+        "--from",
+        &replaced,
+        "--agent",
+        "nfs1",
+        "--agents-dir",
+        &agents_dir,
+        "--provisioner",
+        &system.names.provisioner,
+        "--kubeconfig",
+        &kubeconfig,
+        "-o",
+        "json",
+    ];
+    args.extend_from_slice(extra);
+    let out = tokio::process::Command::new(plugin)
+        .args(&args)
+        .output()
+        .await?;
+    anyhow::ensure!(
+        out.status.success(),
+        "kubectl nfsprov {args:?}: {}\n{}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    Ok(serde_json::from_slice(&out.stdout)?)
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_volume_laid_out_by_nfs_subdir_is_adopted_then_archived() -> anyhow::Result<()> {
+    use k8s_openapi::api::core::v1::PersistentVolume;
+    use k8s_openapi::api::storage::v1::StorageClass;
+    use kube::api::{Api, PostParams};
+
+    let _turn = ONE_AT_A_TIME.lock().await;
+    let mut system = System::start(&["nfs1"], 0, &[]).await?;
+    let replaced = format!("{}-subdir", system.names.provisioner);
+    // nfs-subdir-external-provisioner's class and claim, the claim bound to the PV it made.
+    let class_name = system.names.class("e2e-subdir");
+    let mut class: StorageClass = serde_json::from_value(json!({
+        "metadata": {"name": class_name},
+        "provisioner": replaced,
+        "reclaimPolicy": "Delete",
+        "parameters": {"archiveOnDelete": "true"},
+    }))?;
+    if let Some(run) = &system.names.run {
+        class.metadata.labels = Some([("nfsprov.dev/e2e-run".to_owned(), run.clone())].into());
+    }
+    Api::<StorageClass>::all(system.client.clone())
+        .create(&PostParams::default(), &class)
+        .await?;
+    let claim = system
+        .claim("legacy", "e2e-subdir", json!({}), json!({}))
+        .await?;
+    let uid = claim.metadata.uid.clone().unwrap_or_default();
+    let pv_name = format!("pvc-{uid}");
+    let namespace = system.names.namespace.clone();
+    let directory = format!("{namespace}-legacy-{pv_name}");
+    let on_disk = system.agents[0].root.join(&directory);
+    std::fs::create_dir(&on_disk)?;
+    std::fs::write(on_disk.join("data.txt"), b"written before the migration")?;
+    let export = system.agents[0].export.clone();
+    let pv: PersistentVolume = serde_json::from_value(json!({
+        "metadata": {
+            "name": pv_name,
+            "annotations": {"pv.kubernetes.io/provisioned-by": replaced},
+        },
+        "spec": {
+            "capacity": {"storage": "1Gi"},
+            "accessModes": ["ReadWriteMany"],
+            "persistentVolumeReclaimPolicy": "Delete",
+            "storageClassName": class_name,
+            "nfs": {"server": "127.0.0.1", "path": format!("{export}/{directory}")},
+            "claimRef": {"namespace": namespace, "name": "legacy", "uid": uid},
+        },
+    }))?;
+    system.volumes().create(&PostParams::default(), &pv).await?;
+    system.bound_volume("legacy", BIND).await?;
+
+    // The dry run lists it and changes nothing.
+    let planned = adopt(&system, &["--dry-run"]).await?;
+    assert_eq!(
+        planned["volumes"],
+        json!([{
+            "pv": pv_name, "claim": format!("{namespace}/legacy"), "phase": "Bound",
+            "path": directory, "on_delete": "archive", "action": "adopt", "reason": null,
+        }]),
+        "{planned}"
+    );
+    let untouched = system.volumes().get(&pv_name).await?;
+    assert!(
+        !untouched
+            .metadata
+            .annotations
+            .unwrap_or_default()
+            .contains_key("nfsprov.dev/agent")
+    );
+    assert!(volume_dirs(&system.agents[0].root).is_empty());
+
+    let done = adopt(&system, &[]).await?;
+    assert_eq!(done["volumes"][0]["action"], "adopted", "{done}");
+    let adopted = system.volumes().get(&pv_name).await?;
+    let annotations = adopted.metadata.annotations.unwrap_or_default();
+    for (key, value) in [
+        (
+            "pv.kubernetes.io/provisioned-by",
+            system.names.provisioner.as_str(),
+        ),
+        ("nfsprov.dev/agent", "nfs1"),
+        ("nfsprov.dev/path", directory.as_str()),
+        ("nfsprov.dev/on-delete", "archive"),
+    ] {
+        assert_eq!(
+            annotations.get(key).map(String::as_str),
+            Some(value),
+            "{key}"
+        );
+    }
+    assert_eq!(volume_dirs(&system.agents[0].root), [directory.clone()]);
+    // A second run finds nothing left to do.
+    let again = adopt(&system, &[]).await?;
+    assert_eq!(again["volumes"], json!([]), "{again}");
+
+    // From now on this controller handles it: deleting the claim archives the data.
+    system
+        .start_controller(&[
+            "--leader-elect=false",
+            &format!("--additional-provisioner-names={replaced}"),
+        ])
+        .await?;
+    system
+        .delete_claim_and_wait_for_volume("legacy", &pv_name)
+        .await
+        .map_err(|e| anyhow::anyhow!("{e}\n{}", system.logs()))?;
+    assert!(!on_disk.exists());
+    let archive_dir = system.agents[0].root.join(".archive").join(&directory);
+    let archived: Vec<_> = std::fs::read_dir(&archive_dir)?.collect::<Result<_, _>>()?;
+    assert_eq!(archived.len(), 1, "{archived:?}");
+    assert_eq!(
+        std::fs::read(archived[0].path().join("data.txt"))?,
+        b"written before the migration"
+    );
+    Ok(())
+}
