@@ -26,6 +26,15 @@ const INFO_TTL: Duration = Duration::from_secs(15);
 /// dead agent costs one connection timeout per interval instead of one per claim.
 const UNREACHABLE_TTL: Duration = Duration::from_secs(10);
 
+/// Most reconciles that work with one agent at once, unless configured otherwise: half of
+/// the default reconcile slots, so a slow or stuck agent leaves the other half to the
+/// others. One agent's volumes are still made far faster than a control plane binds them.
+pub const DEFAULT_MAX_IN_FLIGHT: usize = 16;
+
+/// When a reconcile finds its agent's slots all taken, it is tried again after this long,
+/// without backoff, event or failure count: waiting is not failing.
+pub const BUSY_RETRY: Duration = Duration::from_millis(500);
+
 /// An id that ties this controller's log lines to the agent's audit log: the object the
 /// call is about, then a timestamp so each attempt is told apart.
 pub fn request_id(subject: &str) -> String {
@@ -113,11 +122,18 @@ pub struct Agent {
     nfs_path: Option<String>,
     info: Arc<Mutex<InfoState>>,
     metrics: Arc<Metrics>,
+    /// Reconciles working with this agent now; see [`Agent::try_slot`].
+    slots: Arc<tokio::sync::Semaphore>,
 }
 
 impl Agent {
-    pub fn new(config: &AgentConnectionConfig, metrics: Arc<Metrics>) -> Result<Self, ClientError> {
+    pub fn new(
+        config: &AgentConnectionConfig,
+        metrics: Arc<Metrics>,
+        max_in_flight: usize,
+    ) -> Result<Self, ClientError> {
         Ok(Self {
+            slots: Arc::new(tokio::sync::Semaphore::new(max_in_flight.max(1))),
             name: config.name.clone(),
             client: AgentClient::new(config)?,
             nfs_server: config.nfs_server.clone(),
@@ -129,6 +145,13 @@ impl Agent {
 
     pub fn name(&self) -> &str {
         &self.name
+    }
+
+    /// A reconcile slot of this agent, held while the reconcile works with it; `None`
+    /// when all are taken, and the reconcile should step aside (retry after
+    /// [`BUSY_RETRY`]) rather than wait and hold one of the controller's own slots.
+    pub fn try_slot(&self) -> Option<tokio::sync::OwnedSemaphorePermit> {
+        self.slots.clone().try_acquire_owned().ok()
     }
 
     /// What PVs mount: the agent's `/v1/info` answer with the configured overrides applied.
@@ -330,11 +353,20 @@ impl AgentRegistry {
         configs: &[AgentConnectionConfig],
         metrics: Arc<Metrics>,
     ) -> Result<Self, ClientError> {
+        Self::with_max_in_flight(configs, metrics, DEFAULT_MAX_IN_FLIGHT)
+    }
+
+    /// As [`AgentRegistry::new`], with at most `max_in_flight` reconciles per agent.
+    pub fn with_max_in_flight(
+        configs: &[AgentConnectionConfig],
+        metrics: Arc<Metrics>,
+        max_in_flight: usize,
+    ) -> Result<Self, ClientError> {
         let mut agents = BTreeMap::new();
         for config in configs {
             agents.insert(
                 config.name.clone(),
-                Arc::new(Agent::new(config, metrics.clone())?),
+                Arc::new(Agent::new(config, metrics.clone(), max_in_flight)?),
             );
         }
         let default = AgentConnectionConfig::default_name(configs)?.map(str::to_owned);

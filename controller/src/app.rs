@@ -81,7 +81,11 @@ fn shutdown_signal() -> watch::Receiver<bool> {
 pub async fn run(args: Args) -> Result<(), AppError> {
     let metrics = Arc::new(Metrics::new());
     let configs = AgentConnectionConfig::from_dir(&args.agents_dir)?;
-    let mut agents = AgentRegistry::new(&configs, metrics.clone())?;
+    let mut agents = AgentRegistry::with_max_in_flight(
+        &configs,
+        metrics.clone(),
+        usize::from(args.max_reconciles_per_agent),
+    )?;
     if let Some(name) = &args.default_agent {
         agents.set_default(name)?;
     }

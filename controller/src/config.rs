@@ -98,6 +98,12 @@ pub struct Args {
     #[arg(long, env = "NFSPROV_MAX_CONCURRENT_RECONCILES", default_value_t = 32)]
     pub max_concurrent_reconciles: u16,
 
+    /// Most reconciles working with one agent at once (at least 1): when an agent's are
+    /// all taken, others step aside and retry shortly, so one slow agent never holds every
+    /// reconcile slot and the classes of the other agents keep provisioning.
+    #[arg(long, env = "NFSPROV_MAX_RECONCILES_PER_AGENT", default_value_t = 16)]
+    pub max_reconciles_per_agent: u16,
+
     /// Every object is reconciled again this often.
     #[arg(long, env = "NFSPROV_RESYNC_SECONDS", default_value_t = 600)]
     pub resync_seconds: u64,
@@ -156,6 +162,7 @@ mod tests {
         assert_eq!(args.usage_interval(), Some(Duration::from_secs(60)));
         assert_eq!(args.default_agent, None);
         assert!(args.additional_provisioner_names.is_empty());
+        assert_eq!(args.max_reconciles_per_agent, 16);
         assert_eq!(
             args.orphan_check(),
             Some(OrphanSettings {

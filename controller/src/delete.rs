@@ -11,7 +11,7 @@ use nfsprov_api_types::{ErrorCode, VolumePath};
 use serde_json::json;
 use tracing::{debug, info, warn};
 
-use crate::agents::request_id;
+use crate::agents::{BUSY_RETRY, request_id};
 use crate::context::{Context, Error};
 use crate::objects::{
     ANN_AGENT, ANN_ARCHIVE_RETENTION_DAYS, ANN_ON_DELETE, ANN_PATH, CachedVolume, FINALIZER,
@@ -65,6 +65,20 @@ pub async fn reconcile(volume: &CachedVolume, ctx: &Context) -> Result<Action, E
         return Ok(Action::await_change());
     }
     let volume = &fresh;
+    // An unknown agent is reported by the deletion itself.
+    let agent = volume
+        .recorded
+        .agent
+        .as_deref()
+        .and_then(|name| ctx.agents.get(name));
+    let _slot = match agent.as_ref().map(|agent| agent.try_slot()) {
+        Some(None) => {
+            debug!(pv = %volume.name_any(), "every reconcile slot of its agent is taken; waiting");
+            return Ok(Action::requeue(BUSY_RETRY));
+        }
+        Some(slot) => slot,
+        None => None,
+    };
     let started = Instant::now();
     let class = class_name(volume).to_owned();
     if let Err(message) = dispose_of_data(volume, ctx).await {

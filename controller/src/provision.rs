@@ -16,7 +16,7 @@ use nfsprov_api_types::{
 };
 use tracing::{debug, error, info};
 
-use crate::agents::request_id;
+use crate::agents::{BUSY_RETRY, request_id};
 use crate::context::{Context, Error};
 use crate::objects::{
     ANN_SELECTED_NODE, claim_class, claim_is_bound, claim_key, claim_provisioner, claim_state_key,
@@ -125,6 +125,10 @@ pub async fn reconcile(pvc: &PersistentVolumeClaim, ctx: &Context) -> Result<Act
             .await;
             Ok(Action::await_change())
         }
+        Err(failure) if failure.busy => {
+            debug!(claim = %claim_key(pvc), reason = %failure.message, "waiting for the agent");
+            Ok(Action::requeue(BUSY_RETRY))
+        }
         Err(failure) => {
             // A permanent failure is reported once per version of the claim and its class:
             // nothing but a change of either can help, and both trigger a new reconcile, so
@@ -175,6 +179,8 @@ struct Failure {
     error: Option<Error>,
     /// Only a change of the claim or its class can cure it.
     permanent: bool,
+    /// Not a failure: every slot of the agent is taken, so the claim waits its turn.
+    busy: bool,
 }
 
 impl Failure {
@@ -184,6 +190,14 @@ impl Failure {
             message: message.into(),
             error: None,
             permanent: false,
+            busy: false,
+        }
+    }
+
+    fn busy(agent: &str) -> Self {
+        Self {
+            busy: true,
+            ..Self::new(format!("every reconcile slot of agent {agent} is taken"))
         }
     }
 
@@ -251,6 +265,9 @@ async fn provision(
             Failure::permanent(message)
         }
     })?;
+    let Some(_slot) = agent.try_slot() else {
+        return Err(Failure::busy(agent.name()));
+    };
     let path = params
         .path_pattern
         .render(&RenderInput {
@@ -285,6 +302,7 @@ async fn provision(
             source,
         }),
         permanent: false,
+        busy: false,
     };
     let info_failure = |what: &str, source| Failure {
         message: message(what, &source),
@@ -293,6 +311,7 @@ async fn provision(
             source,
         }),
         permanent: false,
+        busy: false,
     };
     let export = agent
         .export(&rid)
@@ -379,6 +398,7 @@ async fn provision(
                 ),
                 error: Some(Error::Kube(e)),
                 permanent: false,
+                busy: false,
             })
         }
     }

@@ -138,6 +138,59 @@ async fn an_additional_provisioner_name_is_served_and_the_pv_records_our_own() {
 }
 
 #[tokio::test]
+async fn a_claim_whose_agent_has_no_free_slot_steps_aside_without_failing() {
+    let agent = MockAgent::start("nfs1").await;
+    let registry = AgentRegistry::with_max_in_flight(
+        std::slice::from_ref(&agent.config),
+        std::sync::Arc::new(crate::metrics::Metrics::new()),
+        1,
+    )
+    .unwrap();
+    let held = registry
+        .get("nfs1")
+        .unwrap()
+        .try_slot()
+        .expect("a free slot");
+    let (ctx, api) = context(registry, vec![class("nfs", &[])], vec![]);
+    // Busy: no agent call, no API call (no event), no failure count; a retry soon.
+    let server = api.run(vec![]);
+    let pvc = Arc::new(objects::CachedClaim::from(claim("nfs")));
+    let action = reconcile_claim(pvc.clone(), ctx.clone()).await.unwrap();
+    assert_eq!(action, Action::requeue(crate::agents::BUSY_RETRY));
+    assert!(agent.calls().is_empty(), "{:?}", agent.calls());
+    assert!(
+        !ctx.metrics
+            .encode()
+            .unwrap()
+            .contains("controller_persistentvolumeclaim_provision_failed_total")
+    );
+    finish(ctx, server).await;
+
+    // The slot freed, the same claim goes through.
+    drop(held);
+    let (ctx, api) = context(
+        AgentRegistry::with_max_in_flight(
+            std::slice::from_ref(&agent.config),
+            std::sync::Arc::new(crate::metrics::Metrics::new()),
+            1,
+        )
+        .unwrap(),
+        vec![class("nfs", &[])],
+        vec![],
+    );
+    let server = api.run(vec![
+        provisioning_event(),
+        create_pv(DEFAULT_PATH, "archive"),
+        succeeded_event(),
+    ]);
+    assert_eq!(
+        reconcile_claim(pvc, ctx.clone()).await.unwrap(),
+        Action::await_change()
+    );
+    finish(ctx, server).await;
+}
+
+#[tokio::test]
 async fn happy_path_creates_directory_then_the_exact_pv() {
     let agent = MockAgent::start("nfs1").await;
     let (ctx, api) = context(agent.registry(), vec![class("nfs", &[])], vec![]);
@@ -847,6 +900,35 @@ async fn recorded_policy_wins_over_a_changed_class() {
     .unwrap();
     finish(ctx, server).await;
     assert_eq!(agent.calls(), ["POST archive team-a/data"]);
+}
+
+#[tokio::test]
+async fn a_release_whose_agent_has_no_free_slot_waits_without_touching_anything() {
+    let agent = MockAgent::start("nfs1").await;
+    stored("team-a/data", &agent);
+    let registry = AgentRegistry::with_max_in_flight(
+        std::slice::from_ref(&agent.config),
+        std::sync::Arc::new(crate::metrics::Metrics::new()),
+        1,
+    )
+    .unwrap();
+    let _held = registry
+        .get("nfs1")
+        .unwrap()
+        .try_slot()
+        .expect("a free slot");
+    let (ctx, api) = context(registry, vec![class("nfs", &[])], vec![]);
+    let server = api.run(vec![get_pv(&released_pv(Some("delete"), "team-a/data"))]);
+    let action = reconcile_volume(
+        Arc::new(cached(released_pv(Some("delete"), "team-a/data"))),
+        ctx.clone(),
+    )
+    .await
+    .unwrap();
+    assert_eq!(action, Action::requeue(crate::agents::BUSY_RETRY));
+    finish(ctx, server).await;
+    assert!(agent.calls().is_empty());
+    assert!(agent.has_volume("team-a/data"));
 }
 
 #[tokio::test]
