@@ -792,3 +792,63 @@ async fn a_volume_laid_out_by_nfs_subdir_is_adopted_then_archived() -> anyhow::R
     );
     Ok(())
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_class_naming_two_agents_places_volumes_on_the_one_with_more_space() -> anyhow::Result<()>
+{
+    let _turn = ONE_AT_A_TIME.lock().await;
+    // nfs1, listed first, on a 256 MiB filesystem; nfs2 on the machine's own disk.
+    let small = nfsprov_agent_testkit::LoopBtrfs::new(256, false)?;
+    let specs = [
+        nfsprov_e2e::system::AgentSpec {
+            name: "nfs1".into(),
+            root: Some(small.root()),
+            settings: String::new(),
+        },
+        nfsprov_e2e::system::AgentSpec::named("nfs2"),
+    ];
+    let system = System::start_with_agents(
+        nfsprov_e2e::cluster::KubeApi::start().await?,
+        &specs,
+        1,
+        &["--leader-elect=false"],
+    )
+    .await?;
+    system
+        .class(
+            "e2e-spread",
+            json!({"agents": "nfs1,nfs2", "onDelete": "delete"}),
+        )
+        .await?;
+    for i in 0..3 {
+        system
+            .claim(&format!("spread-{i}"), "e2e-spread", json!({}), json!({}))
+            .await?;
+    }
+    for i in 0..3 {
+        let volume = system.bound_volume(&format!("spread-{i}"), BIND).await?;
+        assert_eq!(placed_on(&system, &volume), "nfs2", "spread-{i}");
+    }
+    assert!(volume_dirs(&system.agents[0].root).is_empty());
+
+    // An unknown or repeated name in the list fails the claim with the reason.
+    system
+        .class("e2e-typo", json!({"agents": "nfs1,nfs9"}))
+        .await?;
+    system
+        .claim("typo", "e2e-typo", json!({}), json!({}))
+        .await?;
+    system
+        .wait_for_event("typo", "ProvisioningFailed", "nfs9")
+        .await?;
+    system
+        .class("e2e-twice", json!({"agents": "nfs2,nfs2"}))
+        .await?;
+    system
+        .claim("twice", "e2e-twice", json!({}), json!({}))
+        .await?;
+    system
+        .wait_for_event("twice", "ProvisioningFailed", "twice")
+        .await?;
+    Ok(())
+}
