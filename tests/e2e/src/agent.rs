@@ -87,6 +87,12 @@ impl AgentProcess {
     }
 
     async fn spawn(&mut self) -> anyhow::Result<()> {
+        self.spawn_under(&[], &[]).await
+    }
+
+    /// Starts the agent as the argument of `wrapper` (a command and its arguments that
+    /// runs the rest of its command line, e.g. `faketime -f +2d`), with `env` added.
+    async fn spawn_under(&mut self, wrapper: &[&str], env: &[(&str, &str)]) -> anyhow::Result<()> {
         let log = std::fs::OpenOptions::new()
             .create(true)
             .append(true)
@@ -94,6 +100,8 @@ impl AgentProcess {
         // Under the umask the shipped systemd unit sets, as in production.
         let child = Command::new("sh")
             .args(["-c", "umask 077 && exec \"$0\" \"$@\""])
+            .args(wrapper)
+            .envs(env.iter().copied())
             .arg(&self.bin)
             .args(["run", "--config"])
             .arg(self.etc.join("agent.toml"))
@@ -128,12 +136,47 @@ impl AgentProcess {
         self.spawn().await
     }
 
+    /// Starts the agent again with its wall clock `offset` ahead (libfaketime's syntax,
+    /// e.g. `+2d`), its monotonic clock left alone so its timers run as usual: what the
+    /// agent does once days have passed, without waiting for them.
+    pub async fn restart_in_the_future(&mut self, offset: &str) -> anyhow::Result<()> {
+        self.kill();
+        self.spawn_under(
+            &["faketime", "-f", offset],
+            &[("FAKETIME_DONT_FAKE_MONOTONIC", "1")],
+        )
+        .await
+    }
+
     pub fn name(&self) -> &str {
         &self.name
     }
 
     pub fn url(&self) -> String {
         format!("https://localhost:{}", self.port)
+    }
+
+    /// The agent's `/metrics`, fetched with curl as a Prometheus operator would check it.
+    pub fn metrics(&self) -> anyhow::Result<String> {
+        let connection = self.connection();
+        let token_file = connection
+            .token_file
+            .ok_or_else(|| anyhow::anyhow!("the agent has no token"))?;
+        let token = std::fs::read_to_string(token_file)?;
+        let output = Command::new("curl")
+            .args(["-sS", "--fail-with-body", "--max-time", "30", "--cacert"])
+            .arg(&connection.ca_file)
+            .args(["-H", &format!("Authorization: Bearer {}", token.trim())])
+            .arg(format!("{}/metrics", self.url()))
+            .output()?;
+        anyhow::ensure!(
+            output.status.success(),
+            "curl {}/metrics: {}{}",
+            self.url(),
+            String::from_utf8_lossy(&output.stderr),
+            String::from_utf8_lossy(&output.stdout)
+        );
+        Ok(String::from_utf8(output.stdout)?)
     }
 
     /// The agent's log so far (for failure messages).

@@ -9,7 +9,6 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Duration;
 
-use nfsprov_e2e::agent::AgentProcess;
 use nfsprov_e2e::system::System;
 use serde_json::json;
 
@@ -358,29 +357,6 @@ fn exposed(exposition: &str) -> BTreeMap<String, BTreeSet<String>> {
     out
 }
 
-/// The agent's `/metrics`, read with its bearer token as a Prometheus scrape job would.
-fn agent_metrics(agent: &AgentProcess) -> anyhow::Result<String> {
-    let connection = agent.connection();
-    let token_file = connection
-        .token_file
-        .ok_or_else(|| anyhow::anyhow!("the agent has no token"))?;
-    let token = std::fs::read_to_string(token_file)?;
-    let output = Command::new("curl")
-        .args(["-sS", "--fail-with-body", "--max-time", "30", "--cacert"])
-        .arg(&connection.ca_file)
-        .args(["-H", &format!("Authorization: Bearer {}", token.trim())])
-        .arg(format!("{}/metrics", agent.url()))
-        .output()?;
-    anyhow::ensure!(
-        output.status.success(),
-        "curl {}/metrics: {}{}",
-        agent.url(),
-        String::from_utf8_lossy(&output.stderr),
-        String::from_utf8_lossy(&output.stdout)
-    );
-    Ok(String::from_utf8(output.stdout)?)
-}
-
 /// Whether the controller's exposition has a sample of `metric` carrying `text`.
 fn has_sample(controller: &str, metric: &str, text: &str) -> bool {
     controller
@@ -618,7 +594,7 @@ async fn every_queried_metric_and_label_is_exported_by_the_controller_or_the_age
     .map_err(|e| anyhow::anyhow!("{e}\n{}", system.logs()))?;
 
     let controller_text = system.controllers[0].metrics()?;
-    let agent_text = agent_metrics(&system.agents[0].process)?;
+    let agent_text = system.agents[0].process.metrics()?;
     let controller_series = exposed(&controller_text);
     let agent_series = exposed(&agent_text);
 

@@ -852,3 +852,93 @@ async fn a_class_naming_two_agents_places_volumes_on_the_one_with_more_space() -
         .await?;
     Ok(())
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn retention_deletes_an_expired_archive_and_nothing_else() -> anyhow::Result<()> {
+    let _turn = ONE_AT_A_TIME.lock().await;
+    let spec = nfsprov_e2e::system::AgentSpec {
+        name: "nfs1".into(),
+        root: None,
+        settings: "[archive]\nsweep_interval_seconds = 1".into(),
+    };
+    let mut system = System::start_with_agents(
+        nfsprov_e2e::cluster::KubeApi::start().await?,
+        &[spec],
+        1,
+        &["--leader-elect=false"],
+    )
+    .await?;
+    for (class, days) in [("e2e-day", "1"), ("e2e-week", "7")] {
+        system
+            .class(
+                class,
+                json!({"agent": "nfs1", "onDelete": "archive", "archiveRetentionDays": days}),
+            )
+            .await?;
+    }
+    for (claim, class) in [
+        ("short", "e2e-day"),
+        ("long", "e2e-week"),
+        ("live", "e2e-day"),
+    ] {
+        system.claim(claim, class, json!({}), json!({})).await?;
+    }
+    let mut pvs = std::collections::BTreeMap::new();
+    for claim in ["short", "long", "live"] {
+        let volume = system.bound_volume(claim, BIND).await?;
+        pvs.insert(claim, name_of(&volume));
+    }
+    for claim in ["short", "long"] {
+        system
+            .delete_claim_and_wait_for_volume(claim, &pvs[claim])
+            .await?;
+    }
+    let client = system.agents[0].process.client()?;
+    let archives = client.list_archives(None).await?;
+    let retention = |pv: &str| {
+        archives
+            .iter()
+            .find(|a| a.owner.pv_name.as_deref() == Some(pv))
+            .map(|a| a.retention_days)
+    };
+    assert_eq!(retention(&pvs["short"]), Some(Some(1)), "{archives:?}");
+    assert_eq!(retention(&pvs["long"]), Some(Some(7)), "{archives:?}");
+
+    // Two days on, the one-day archive goes; the week's archive and the live volume stay.
+    system.agents[0]
+        .process
+        .restart_in_the_future("+2d")
+        .await?;
+    let client = system.agents[0].process.client()?;
+    nfsprov_e2e::eventually("the expired archive to be deleted", BIND, || {
+        let client = client.clone();
+        let short = pvs["short"].clone();
+        async move {
+            client.list_archives(None).await.is_ok_and(|archives| {
+                !archives
+                    .iter()
+                    .any(|a| a.owner.pv_name.as_deref() == Some(short.as_str()))
+            })
+        }
+    })
+    .await
+    .map_err(|e| anyhow::anyhow!("{e}\n{}", system.agents[0].process.log_text()))?;
+    let left: Vec<_> = client
+        .list_archives(None)
+        .await?
+        .into_iter()
+        .map(|a| a.owner.pv_name.unwrap_or_default())
+        .collect();
+    assert_eq!(left, [pvs["long"].clone()]);
+    let volumes = volume_dirs(&system.agents[0].root);
+    assert_eq!(volumes.len(), 1, "{volumes:?}");
+    assert!(volumes[0].ends_with(&pvs["live"]), "{volumes:?}");
+    let expired = system.agents[0].process.metrics()?;
+    assert!(
+        expired
+            .lines()
+            .any(|l| l == "nfsprov_agent_archives_expired_total 1"),
+        "{expired}"
+    );
+    Ok(())
+}
