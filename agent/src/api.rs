@@ -556,11 +556,16 @@ async fn create_volume(
     .await;
     state.metrics.count_operation("create", outcome(&result));
     let (volume, created) = result?;
-    let status = match created {
+    Ok(made_or_found(volume, created))
+}
+
+/// 201 with the volume when the request made it, 200 when it was there already.
+fn made_or_found(volume: Volume, how: Created) -> Response {
+    let status = match how {
         Created::New => StatusCode::CREATED,
         Created::Existing => StatusCode::OK,
     };
-    Ok((status, Json(volume)).into_response())
+    (status, Json(volume)).into_response()
 }
 
 async fn adopt_volume(
@@ -578,11 +583,7 @@ async fn adopt_volume(
     .await;
     state.metrics.count_operation("adopt", outcome(&result));
     let (volume, adopted) = result?;
-    let status = match adopted {
-        Created::New => StatusCode::CREATED,
-        Created::Existing => StatusCode::OK,
-    };
-    Ok((status, Json(volume)).into_response())
+    Ok(made_or_found(volume, adopted))
 }
 
 async fn resize_volume(

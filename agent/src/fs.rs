@@ -391,18 +391,10 @@ impl VolumeStore {
     /// Refuses to adopt a directory that is, holds or lies beneath a mount point: its
     /// volume would span filesystems, and could then be neither deleted nor archived.
     fn refuse_mount_points_around(&self, path: &VolumePath) -> Result<()> {
-        let dir = self.root.canonical_path().join(path.as_str());
-        let points = self
-            .mounts
-            .mount_points_around(&dir)
-            .map_err(|e| StoreError::Io {
-                context: "read the mount table".into(),
-                source: e,
-            })?;
+        let points = self.mount_points(path.as_str(), mounts::MountTable::mount_points_around)?;
         if points.is_empty() {
             return Ok(());
         }
-        let points: Vec<String> = points.iter().map(|p| p.display().to_string()).collect();
         Err(StoreError::Conflict(format!(
             "{path} is, holds or lies beneath mount points ({}); a volume never spans a mount point, so it cannot be adopted; unmount them and retry",
             points.join(", ")
@@ -833,22 +825,28 @@ impl VolumeStore {
         }
     }
 
+    /// The mount points `which` finds for `relative` below the root, for messages.
+    fn mount_points(
+        &self,
+        relative: &str,
+        which: fn(&mounts::MountTable, &Path) -> std::io::Result<Vec<std::path::PathBuf>>,
+    ) -> Result<Vec<String>> {
+        let dir = self.root.canonical_path().join(relative);
+        let points = which(&self.mounts, &dir).map_err(|e| StoreError::Io {
+            context: "read the mount table".into(),
+            source: e,
+        })?;
+        Ok(points.iter().map(|p| p.display().to_string()).collect())
+    }
+
     /// Refuses to delete a volume or archive that holds a mount point: removing its tree would reach
     /// into the mounted directory. Checked before anything moves, so the volume stays
     /// whole and a retry after the unmount succeeds.
     fn refuse_mount_points(&self, what: &dyn std::fmt::Display, relative: &str) -> Result<()> {
-        let dir = self.root.canonical_path().join(relative);
-        let below = self
-            .mounts
-            .mount_points_below(&dir)
-            .map_err(|e| StoreError::Io {
-                context: "read the mount table".into(),
-                source: e,
-            })?;
-        if below.is_empty() {
+        let points = self.mount_points(relative, mounts::MountTable::mount_points_below)?;
+        if points.is_empty() {
             return Ok(());
         }
-        let points: Vec<String> = below.iter().map(|p| p.display().to_string()).collect();
         Err(StoreError::Conflict(format!(
             "{what} holds mount points ({}); the agent never deletes across a mount point; unmount them and retry",
             points.join(", ")
