@@ -766,7 +766,10 @@ async fn a_volume_laid_out_by_nfs_subdir_is_adopted_then_archived() -> anyhow::R
             "{key}"
         );
     }
-    assert_eq!(volume_dirs(&system.agents[0].root), [directory.clone()]);
+    assert_eq!(
+        volume_dirs(&system.agents[0].root),
+        std::slice::from_ref(&directory)
+    );
     // A second run finds nothing left to do.
     let again = adopt(&system, &[]).await?;
     assert_eq!(again["volumes"], json!([]), "{again}");
