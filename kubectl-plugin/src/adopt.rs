@@ -212,16 +212,7 @@ async fn agent_client(
     }
     let deployment = target.deployment().await?;
     let agents = crate::credentials::load(target, deployment.as_ref()).await?;
-    let configured = agents.get(name).with_context(|| {
-        format!(
-            "agent {name:?} is not configured; known agents: {}",
-            agents.names().into_iter().collect::<Vec<_>>().join(", ")
-        )
-    })?;
-    configured
-        .client
-        .clone()
-        .map_err(|e| anyhow::anyhow!("agent {name}: {e}"))
+    agents.client(name).cloned()
 }
 
 pub async fn run(target: &Target, options: &AdoptOptions) -> anyhow::Result<AdoptReport> {

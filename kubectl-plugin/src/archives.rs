@@ -31,11 +31,7 @@ pub async fn list(target: &Target, only: Option<&str>) -> anyhow::Result<Archive
     let deployment = target.deployment().await?;
     let agents = crate::credentials::load(target, deployment.as_ref()).await?;
     if let Some(name) = only {
-        anyhow::ensure!(
-            agents.get(name).is_some(),
-            "agent {name:?} is not configured; known agents: {}",
-            agents.names().into_iter().collect::<Vec<_>>().join(", ")
-        );
+        agents.configured(name)?;
     }
     let asked = agents
         .agents
@@ -82,17 +78,8 @@ pub async fn delete(target: &Target, agent: &str, id: &str) -> anyhow::Result<De
     let id = parse_id(id)?;
     let deployment = target.deployment().await?;
     let agents = crate::credentials::load(target, deployment.as_ref()).await?;
-    let configured = agents.get(agent).with_context(|| {
-        format!(
-            "agent {agent:?} is not configured; known agents: {}",
-            agents.names().into_iter().collect::<Vec<_>>().join(", ")
-        )
-    })?;
-    let client = configured
-        .client
-        .as_ref()
-        .map_err(|e| anyhow::anyhow!("agent {agent}: {e}"))?;
-    client
+    agents
+        .client(agent)?
         .delete_archive(&id, None)
         .await
         .with_context(|| format!("agent {agent} could not delete archive {id}"))?;

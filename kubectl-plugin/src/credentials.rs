@@ -47,6 +47,25 @@ impl Agents {
     pub fn get(&self, name: &str) -> Option<&ConfiguredAgent> {
         self.agents.iter().find(|a| a.name == name)
     }
+
+    /// Agent `name`, or an error naming the agents there are.
+    pub fn configured(&self, name: &str) -> anyhow::Result<&ConfiguredAgent> {
+        self.get(name).ok_or_else(|| {
+            anyhow::anyhow!(
+                "agent {name:?} is not configured; known agents: {}",
+                self.names().into_iter().collect::<Vec<_>>().join(", ")
+            )
+        })
+    }
+
+    /// The client of agent `name`, or why there is none (not configured, or its Secret
+    /// does not make a client).
+    pub fn client(&self, name: &str) -> anyhow::Result<&AgentClient> {
+        self.configured(name)?
+            .client
+            .as_ref()
+            .map_err(|e| anyhow::anyhow!("agent {name}: {e}"))
+    }
 }
 
 /// The Secrets the controller's Deployment projects into its agents directory (the
