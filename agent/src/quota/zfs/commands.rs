@@ -24,26 +24,20 @@ pub fn get_properties(properties: &[&str], name: &str) -> ToolCommand {
 
 /// The children of `dataset` with the properties that classify them.
 pub fn get_children(dataset: &str) -> ToolCommand {
-    ToolCommand::new(
-        ZFS,
-        [
-            "get",
-            "-H",
-            "-p",
-            "-r",
-            "-d",
-            "1",
-            "-o",
-            "name,property,value,source",
-            &format!("mounted,{PATH_PROPERTY},{META_PROPERTY}"),
-            dataset,
-        ],
-    )
+    get_child_properties(dataset, &format!("mounted,{PATH_PROPERTY},{META_PROPERTY}"))
 }
 
 /// The children of `dataset` with what describes an archive: where it is mounted, the
 /// bytes it references, and the agent's marks.
 pub fn get_archives(dataset: &str) -> ToolCommand {
+    get_child_properties(
+        dataset,
+        &format!("mountpoint,referenced,{PATH_PROPERTY},{META_PROPERTY}"),
+    )
+}
+
+/// `properties` (comma-separated) of `dataset`'s direct children, one line each.
+fn get_child_properties(dataset: &str, properties: &str) -> ToolCommand {
     ToolCommand::new(
         ZFS,
         [
@@ -55,7 +49,7 @@ pub fn get_archives(dataset: &str) -> ToolCommand {
             "1",
             "-o",
             "name,property,value,source",
-            &format!("mountpoint,referenced,{PATH_PROPERTY},{META_PROPERTY}"),
+            properties,
             dataset,
         ],
     )
