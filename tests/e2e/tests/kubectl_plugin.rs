@@ -216,6 +216,8 @@ fn shipped_deployment() -> anyhow::Result<Value> {
 struct Plugin {
     bin: PathBuf,
     kubeconfig: PathBuf,
+    /// Flags every run starts with (namespace, provisioner, Lease of the installation).
+    scope: Vec<String>,
 }
 
 struct Run {
@@ -236,6 +238,7 @@ impl Plugin {
         let output = tokio::process::Command::new(&self.bin)
             .arg("--kubeconfig")
             .arg(&self.kubeconfig)
+            .args(&self.scope)
             .args(args)
             .output()
             .await?;
@@ -285,6 +288,24 @@ impl Plugin {
     }
 }
 
+/// A volume made through the agent's API that no PV points to: an orphan on purpose.
+async fn make_stray(system: &System) -> anyhow::Result<VolumePath> {
+    let stray = VolumePath::parse("stray")?;
+    system.agents[0]
+        .process
+        .client()?
+        .create_volume(
+            &stray,
+            &CreateVolumeRequest {
+                capacity_bytes: 1 << 20,
+                ..CreateVolumeRequest::default()
+            },
+            None,
+        )
+        .await?;
+    Ok(stray)
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn status_agents_volumes_doctor_and_orphans() -> anyhow::Result<()> {
     let api = KubeApi::start().await?;
@@ -329,6 +350,7 @@ async fn status_agents_volumes_doctor_and_orphans() -> anyhow::Result<()> {
     let plugin = Plugin {
         bin: binary("kubectl-nfsprov")?,
         kubeconfig,
+        scope: Vec::new(),
     };
 
     system
@@ -471,19 +493,7 @@ async fn status_agents_volumes_doctor_and_orphans() -> anyhow::Result<()> {
     );
 
     // orphans: a volume made through the agent's API that no PV points to.
-    let stray = VolumePath::parse("stray")?;
-    system.agents[0]
-        .process
-        .client()?
-        .create_volume(
-            &stray,
-            &CreateVolumeRequest {
-                capacity_bytes: 1 << 20,
-                ..CreateVolumeRequest::default()
-            },
-            None,
-        )
-        .await?;
+    let stray = make_stray(&system).await?;
     let orphans = plugin.run(&["orphans", "-o", "json"]).await?;
     assert_eq!(orphans.code, 1, "{}", orphans.stderr);
     assert_eq!(
@@ -700,48 +710,21 @@ async fn on_a_real_api_server_with_the_shipped_deployment() -> anyhow::Result<()
         .delete("nfsprov-agent-default", &DeleteParams::default())
         .await;
     secrets.create(&PostParams::default(), &secret).await?;
-    struct RemoveSecret(Api<Secret>);
-    impl Drop for RemoveSecret {
-        fn drop(&mut self) {
-            let api = self.0.clone();
-            // Best effort, on the way out: the next run replaces it anyway.
-            let _ = std::thread::spawn(move || {
-                tokio::runtime::Runtime::new().map(|rt| {
-                    rt.block_on(api.delete("nfsprov-agent-default", &DeleteParams::default()))
-                })
-            })
-            .join();
-        }
-    }
-    let _cleanup = RemoveSecret(secrets.clone());
 
+    let lease = format!("nfsprov-e2e-{run}");
     let plugin = Plugin {
         bin: binary("kubectl-nfsprov")?,
         kubeconfig: system.api.kubeconfig().to_owned(),
-    };
-    let lease = format!("nfsprov-e2e-{run}");
-    let provisioner = system.names.provisioner.clone();
-    let scope = [
-        "-n",
-        NAMESPACE,
-        "--provisioner",
-        provisioner.as_str(),
-        "--lease",
-        lease.as_str(),
-    ];
-    let with = |args: &[&'static str]| -> Vec<String> {
-        scope
-            .iter()
-            .chain(args.iter())
-            .map(|s| (*s).to_owned())
-            .collect()
-    };
-    let run_plugin = |args: Vec<String>| {
-        let plugin = &plugin;
-        async move {
-            let args: Vec<&str> = args.iter().map(String::as_str).collect();
-            plugin.run(&args).await
-        }
+        scope: [
+            "-n",
+            NAMESPACE,
+            "--provisioner",
+            &system.names.provisioner,
+            "--lease",
+            &lease,
+        ]
+        .map(str::to_owned)
+        .to_vec(),
     };
 
     system
@@ -754,7 +737,7 @@ async fn on_a_real_api_server_with_the_shipped_deployment() -> anyhow::Result<()
     let pv = volume.metadata.name.clone().unwrap_or_default();
 
     // status: the shipped Deployment (none ready: no nodes), this run's leader, its class.
-    let status = run_plugin(with(&["status", "-o", "json"])).await?;
+    let status = plugin.run(&["status", "-o", "json"]).await?;
     assert_eq!(status.code, 0, "{}", status.stderr);
     let status = status.json();
     assert_eq!(status["controller"]["found"], true, "{status}");
@@ -768,35 +751,28 @@ async fn on_a_real_api_server_with_the_shipped_deployment() -> anyhow::Result<()
     );
 
     // agents and volumes, through the real Secret and the real agent.
-    let agents = run_plugin(with(&["agents", "-o", "json"])).await?;
+    let agents = plugin.run(&["agents", "-o", "json"]).await?;
     assert_eq!(agents.code, 0, "{}", agents.stderr);
     assert_eq!(agents.json()["agents"][0]["health"], "ok");
     assert_eq!(
         agents.json()["agents"][0]["secret"],
         "nfsprov-agent-default"
     );
-    let volumes = run_plugin(with(&["volumes", "-o", "json"])).await?;
+    let volumes = plugin.run(&["volumes", "-o", "json"]).await?;
     assert_eq!(volumes.code, 0, "{}", volumes.stderr);
     assert_eq!(volumes.json()["volumes"][0]["pv"], pv.as_str());
 
     // An orphan and an archive made on purpose.
-    let stray = VolumePath::parse("stray")?;
-    let client = system.agents[0].process.client()?;
-    client
-        .create_volume(
-            &stray,
-            &CreateVolumeRequest {
-                capacity_bytes: 1 << 20,
-                ..CreateVolumeRequest::default()
-            },
-            None,
-        )
-        .await?;
-    let orphans = run_plugin(with(&["orphans", "-o", "json"])).await?;
+    let stray = make_stray(&system).await?;
+    let orphans = plugin.run(&["orphans", "-o", "json"]).await?;
     assert_eq!(orphans.code, 1, "{}", orphans.stderr);
     assert_eq!(orphans.json()["orphans"][0]["path"], "stray");
-    client.archive_volume(&stray, None, None).await?;
-    let archives = run_plugin(with(&["archives", "-o", "json"])).await?;
+    system.agents[0]
+        .process
+        .client()?
+        .archive_volume(&stray, None, None)
+        .await?;
+    let archives = plugin.run(&["archives", "-o", "json"]).await?;
     assert_eq!(archives.json()["archives"][0]["path"], "stray");
 
     // A stuck PV: its claim deleted while the agent is down.
@@ -807,10 +783,8 @@ async fn on_a_real_api_server_with_the_shipped_deployment() -> anyhow::Result<()
         .await?;
     let stuck = format!("pv/{pv}");
     let deployment = format!("deployment/{NAMESPACE}/nfsprov-controller");
-    let args = with(&["doctor", "-o", "json"]);
-    let args: Vec<&str> = args.iter().map(String::as_str).collect();
     let doctor = plugin
-        .run_until(&args, BIND, |r| {
+        .run_until(&["doctor", "-o", "json"], BIND, |r| {
             let findings = r.json()["findings"].clone();
             let has = |object: &str| {
                 findings
@@ -842,12 +816,10 @@ async fn on_a_real_api_server_with_the_shipped_deployment() -> anyhow::Result<()
     // The controller's own ServiceAccount may not read Deployments or Secrets: the
     // refusal names the rule to add.
     let limited = Plugin {
-        bin: plugin.bin.clone(),
         kubeconfig: system.api.controller_kubeconfig().to_owned(),
+        ..plugin
     };
-    let args = with(&["agents"]);
-    let args: Vec<&str> = args.iter().map(String::as_str).collect();
-    let refused = limited.run(&args).await?;
+    let refused = limited.run(&["agents"]).await?;
     assert_eq!(refused.code, 2, "{}", refused.stdout);
     assert!(
         refused
@@ -858,5 +830,9 @@ async fn on_a_real_api_server_with_the_shipped_deployment() -> anyhow::Result<()
         refused.stderr
     );
     system.agents[0].process.restart().await?;
+    // A run that fails before this leaves the Secret; the next run replaces it.
+    secrets
+        .delete("nfsprov-agent-default", &DeleteParams::default())
+        .await?;
     Ok(())
 }
