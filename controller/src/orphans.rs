@@ -83,21 +83,22 @@ pub enum Finding {
     },
 }
 
-/// Compares one agent's listing with the PVs that point to it. `referenced` is every PV
-/// known at any moment around the listing (a PV made after a snapshot still protects its
-/// directory); `expected` only those known before the listing was asked for, so a volume
-/// made after the listing is never reported missing. Volumes created less than `grace`
+/// Compares one agent's listing with the PVs that point to it: those known before the
+/// listing was asked for (`expected`) and those known after it (`later`). Both protect
+/// their directory (a PV made after a snapshot still does); only `expected` can be
+/// reported missing, so a volume made after the listing never is. Volumes created less than `grace`
 /// before `now` (or at an unreadable time) are left out: their PV may be on its way.
 pub fn compare(
     agent: &str,
     listed: &[Volume],
-    referenced: &[PvPointer],
+    later: &[PvPointer],
     expected: &[PvPointer],
     grace: Duration,
     now: Timestamp,
 ) -> Vec<Finding> {
-    let pointed: HashSet<&str> = referenced
+    let pointed: HashSet<&str> = later
         .iter()
+        .chain(expected)
         .filter(|p| p.agent == agent)
         .map(|p| p.path.as_str())
         .collect();
@@ -248,12 +249,11 @@ async fn check_agent(
             return None;
         }
     };
-    let mut referenced = pointers(ctx);
-    referenced.extend(expected.iter().cloned());
+    let later = pointers(ctx);
     let findings = compare(
         agent.name(),
         &listed,
-        &referenced,
+        &later,
         &expected,
         settings.grace,
         Timestamp::now(),
