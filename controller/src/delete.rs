@@ -71,13 +71,12 @@ pub async fn reconcile(volume: &CachedVolume, ctx: &Context) -> Result<Action, E
         .agent
         .as_deref()
         .and_then(|name| ctx.agents.get(name));
-    let _slot = match agent.as_ref().map(|agent| agent.try_slot()) {
+    let _slot = match agent.map(|agent| agent.try_slot()) {
         Some(None) => {
             debug!(pv = %volume.name_any(), "every reconcile slot of its agent is taken; waiting");
             return Ok(Action::requeue(BUSY_RETRY));
         }
-        Some(slot) => slot,
-        None => None,
+        slot => slot.flatten(),
     };
     let started = Instant::now();
     let class = class_name(volume).to_owned();

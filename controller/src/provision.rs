@@ -110,7 +110,11 @@ pub async fn reconcile(pvc: &PersistentVolumeClaim, ctx: &Context) -> Result<Act
     let reference = pvc.object_ref(&());
     let state_key = claim_state_key(pvc);
     match provision(pvc, &class, &class_name, ctx).await {
-        Ok(pv_name) => {
+        Ok(Provisioned::AgentBusy(agent)) => {
+            debug!(claim = %claim_key(pvc), %agent, "every reconcile slot of the agent is taken; waiting");
+            Ok(Action::requeue(BUSY_RETRY))
+        }
+        Ok(Provisioned::Volume(pv_name)) => {
             ctx.reported.forget(&state_key);
             ctx.metrics
                 .provision_succeeded(&class_name, source_kind(pvc), started.elapsed());
@@ -124,10 +128,6 @@ pub async fn reconcile(pvc: &PersistentVolumeClaim, ctx: &Context) -> Result<Act
             )
             .await;
             Ok(Action::await_change())
-        }
-        Err(failure) if failure.busy => {
-            debug!(claim = %claim_key(pvc), reason = %failure.message, "waiting for the agent");
-            Ok(Action::requeue(BUSY_RETRY))
         }
         Err(failure) => {
             // A permanent failure is reported once per version of the claim and its class:
@@ -179,8 +179,15 @@ struct Failure {
     error: Option<Error>,
     /// Only a change of the claim or its class can cure it.
     permanent: bool,
-    /// Not a failure: every slot of the agent is taken, so the claim waits its turn.
-    busy: bool,
+}
+
+/// What a provisioning attempt that did not fail came to.
+enum Provisioned {
+    /// The PV, by name: made now, or found made by an earlier attempt.
+    Volume(String),
+    /// Not a failure: every reconcile slot of this agent is taken, so the claim waits its
+    /// turn without holding one of the controller's.
+    AgentBusy(String),
 }
 
 impl Failure {
@@ -190,14 +197,6 @@ impl Failure {
             message: message.into(),
             error: None,
             permanent: false,
-            busy: false,
-        }
-    }
-
-    fn busy(agent: &str) -> Self {
-        Self {
-            busy: true,
-            ..Self::new(format!("every reconcile slot of agent {agent} is taken"))
         }
     }
 
@@ -248,7 +247,7 @@ async fn provision(
     class: &StorageClass,
     class_name: &str,
     ctx: &Context,
-) -> Result<String, Failure> {
+) -> Result<Provisioned, Failure> {
     let (capacity, capacity_bytes) = check_claim(pvc)?;
     let params = ClassParams::parse(class.parameters.as_ref())
         .map_err(|e| Failure::permanent(format!("StorageClass {class_name:?}: {e}")))?;
@@ -266,7 +265,7 @@ async fn provision(
         }
     })?;
     let Some(_slot) = agent.try_slot() else {
-        return Err(Failure::busy(agent.name()));
+        return Ok(Provisioned::AgentBusy(agent.name().to_owned()));
     };
     let path = params
         .path_pattern
@@ -302,7 +301,6 @@ async fn provision(
             source,
         }),
         permanent: false,
-        busy: false,
     };
     let info_failure = |what: &str, source| Failure {
         message: message(what, &source),
@@ -311,7 +309,6 @@ async fn provision(
             source,
         }),
         permanent: false,
-        busy: false,
     };
     let export = agent
         .export(&rid)
@@ -377,13 +374,13 @@ async fn provision(
     });
     let api = Api::<PersistentVolume>::all(ctx.client.clone());
     match api.create(&PostParams::default(), &volume).await {
-        Ok(_) => Ok(pv_name),
+        Ok(_) => Ok(Provisioned::Volume(pv_name)),
         // A previous attempt (perhaps of a crashed replica) saved it; the directory was just
         // confirmed with the same settings, so this attempt succeeded as well, and is
         // reported as such (as the library does) since the earlier one may not have been.
         Err(kube::Error::Api(status)) if status.code == 409 => {
             info!(claim = %claim_key(pvc), pv = %pv_name, "PV already exists; reusing it");
-            Ok(pv_name)
+            Ok(Provisioned::Volume(pv_name))
         }
         Err(e) => {
             // The directory exists now: never leave it behind silently.
@@ -398,7 +395,6 @@ async fn provision(
                 ),
                 error: Some(Error::Kube(e)),
                 permanent: false,
-                busy: false,
             })
         }
     }
