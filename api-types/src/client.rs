@@ -13,8 +13,8 @@ use serde::de::DeserializeOwned;
 
 use crate::{
     AdoptVolumeRequest, AgentInfo, ApiError, Archive, ArchiveList, ArchivePath, ArchiveRequest,
-    ArchiveResult, CreateVolumeRequest, ErrorCode, Health, REQUEST_ID_HEADER, ReloadingFile,
-    ResizeVolumeRequest, Volume, VolumeList, VolumePath,
+    ArchiveResult, CloneProgress, CloneVolumeRequest, CreateVolumeRequest, ErrorCode, Health,
+    REQUEST_ID_HEADER, ReloadingFile, ResizeVolumeRequest, Volume, VolumeList, VolumePath,
 };
 
 /// How to reach one agent. Relative file names are resolved against the directory of the
@@ -244,6 +244,15 @@ pub struct CreateOutcome {
     pub created: bool,
 }
 
+/// The outcome of `POST /v1/clones/{path}`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum CloneOutcome {
+    /// The clone is at its path: made by this call, by an earlier one, or found again.
+    Ready(CreateOutcome),
+    /// The agent is still making it; repeat the same request later.
+    InProgress(CloneProgress),
+}
+
 /// A client for one agent. Cheap to clone; connections are pooled and kept alive.
 #[derive(Debug, Clone)]
 pub struct AgentClient {
@@ -337,6 +346,34 @@ impl AgentClient {
             volume,
             created: status == StatusCode::CREATED,
         })
+    }
+
+    /// Makes `path` a clone of `request.source`, or learns how far the agent is with it,
+    /// or confirms the clone is there.
+    pub async fn clone_volume(
+        &self,
+        path: &VolumePath,
+        request: &CloneVolumeRequest,
+        request_id: Option<&str>,
+    ) -> Result<CloneOutcome, ClientError> {
+        let response = self
+            .send(Method::POST, &clone_url(path), Some(request), request_id)
+            .await?;
+        let status = response.status();
+        let bytes = response.bytes().await?;
+        let unexpected = || ClientError::UnexpectedResponse {
+            status: status.as_u16(),
+            body: String::from_utf8_lossy(&bytes).chars().take(512).collect(),
+        };
+        if status == StatusCode::ACCEPTED {
+            let progress = serde_json::from_slice(&bytes).map_err(|_| unexpected())?;
+            return Ok(CloneOutcome::InProgress(progress));
+        }
+        let volume = serde_json::from_slice(&bytes).map_err(|_| unexpected())?;
+        Ok(CloneOutcome::Ready(CreateOutcome {
+            volume,
+            created: status == StatusCode::CREATED,
+        }))
     }
 
     /// The volume, or `None` when the agent has no volume at that path.
@@ -493,6 +530,10 @@ impl AgentClient {
 fn volume_url(path: &VolumePath) -> String {
     // Validated paths hold only URL-safe characters, so no escaping is needed.
     format!("/v1/volumes/{path}")
+}
+
+fn clone_url(path: &VolumePath) -> String {
+    format!("/v1/clones/{path}")
 }
 
 fn adoption_url(path: &VolumePath) -> String {

@@ -143,6 +143,75 @@ pub struct AdoptVolumeRequest {
     pub owner: VolumeOwner,
 }
 
+/// Body of `POST /v1/clones/{path}`: makes a new volume at `path` holding a copy of the
+/// finished volume `source` of the same agent, with everything in it as it is: owners,
+/// modes, times, extended attributes, hard links, symlinks and holes. The new volume's
+/// root keeps the source root's owner and mode; nothing is chowned or chmodded.
+///
+/// A clone the agent cannot finish within the request is answered `202 Accepted` with a
+/// [`CloneProgress`] and goes on in the background; repeating the same request answers
+/// `202` until it is done, then `201` (or `200` once it is seen finished again).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CloneVolumeRequest {
+    /// The volume to copy, on this agent.
+    pub source: VolumePath,
+    /// Size in bytes of the new volume (its claim's request), at least the source's.
+    pub capacity_bytes: u64,
+    #[serde(default)]
+    pub owner: VolumeOwner,
+    #[serde(default)]
+    pub quota: QuotaPolicy,
+}
+
+/// How the agent made a clone: the fastest exact method the export root allows.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum CloneMethod {
+    /// A writable btrfs snapshot of the source's subvolume: instant, point in time.
+    BtrfsSnapshot,
+    /// A ZFS clone of a snapshot of the source's dataset: instant, point in time.
+    ZfsClone,
+    /// Every file's data shared by `FICLONE` reflinks; the tree is walked file by file.
+    Reflink,
+    /// A local copy, file by file, at disk speed.
+    Copy,
+}
+
+impl CloneMethod {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            CloneMethod::BtrfsSnapshot => "btrfs-snapshot",
+            CloneMethod::ZfsClone => "zfs-clone",
+            CloneMethod::Reflink => "reflink",
+            CloneMethod::Copy => "copy",
+        }
+    }
+}
+
+impl fmt::Display for CloneMethod {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// Where a cloned volume's data came from, and how it was copied.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CloneOrigin {
+    pub source: VolumePath,
+    pub method: CloneMethod,
+}
+
+/// Answer `202 Accepted` of `POST /v1/clones/{path}`: the clone is still being made. How
+/// far a copy has come is in the agent's metrics (`nfsprov_agent_clone_copied_bytes_total`,
+/// `nfsprov_agent_clone_pending_bytes`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CloneProgress {
+    pub source: VolumePath,
+    /// Seconds since the agent started this clone.
+    pub running_seconds: u64,
+}
+
 /// Whether a volume's capacity is enforced by a filesystem quota (StorageClass
 /// parameter `quota`).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
@@ -222,6 +291,9 @@ pub struct Volume {
     /// Present when the agent measured it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub usage: Option<VolumeUsage>,
+    /// Present when the volume was made as a clone of another.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub clone: Option<CloneOrigin>,
 }
 
 /// Answer to `GET /v1/volumes`.
@@ -572,6 +644,41 @@ mod tests {
                 "{bad}"
             );
         }
+    }
+
+    #[test]
+    fn clone_requests_name_a_valid_source_and_answers_say_the_method() {
+        let req: CloneVolumeRequest =
+            serde_json::from_str(r#"{"source":"team/data","capacity_bytes":5}"#).unwrap();
+        assert_eq!(req.source.as_str(), "team/data");
+        assert_eq!(req.quota, QuotaPolicy::BestEffort);
+        for hostile in ["../etc", "/abs", "team/.nfsprov", ""] {
+            let body = format!(r#"{{"source":"{hostile}","capacity_bytes":5}}"#);
+            assert!(
+                serde_json::from_str::<CloneVolumeRequest>(&body).is_err(),
+                "{hostile:?} accepted as a source"
+            );
+        }
+        let methods = [
+            CloneMethod::BtrfsSnapshot,
+            CloneMethod::ZfsClone,
+            CloneMethod::Reflink,
+            CloneMethod::Copy,
+        ];
+        for method in methods {
+            assert_eq!(
+                serde_json::to_value(method).unwrap(),
+                serde_json::Value::String(method.to_string()),
+            );
+        }
+        // A volume from an agent that predates clones reads as no clone, and a volume
+        // that is no clone says nothing of it.
+        let volume: Volume = serde_json::from_str(
+            r#"{"path":"a","mode":"0777","uid":1,"gid":1,"capacity_bytes":1,"created_at":"x"}"#,
+        )
+        .unwrap();
+        assert_eq!(volume.clone, None);
+        assert!(!serde_json::to_string(&volume).unwrap().contains("clone"));
     }
 
     #[test]
