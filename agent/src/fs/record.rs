@@ -17,7 +17,7 @@
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use nfsprov_api_types::{Mode, QuotaBackend, Volume, VolumeOwner, VolumePath};
+use nfsprov_api_types::{CloneOrigin, Mode, QuotaBackend, Volume, VolumeOwner, VolumePath};
 use rustix::fs::{AtFlags, StatxFlags};
 use rustix::io::Errno;
 use serde::{Deserialize, Serialize};
@@ -26,6 +26,8 @@ use time::OffsetDateTime;
 use super::confine::list_dir;
 use super::error::{Result, StoreError, io_error};
 
+/// Inode number of every btrfs subvolume's root directory.
+const SUBVOLUME_ROOT_INODE: u64 = 256;
 /// Longest record a link can hold (its target is at most `PATH_MAX - 1` bytes).
 const MAX_RECORD_BYTES: usize = 4095;
 
@@ -47,6 +49,9 @@ pub struct VolumeRecord {
     /// nothing and is replaced by the next archive.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub archive: Option<ArchiveRecord>,
+    /// The volume this one was cloned from, and how.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub clone: Option<CloneOrigin>,
 }
 
 /// When a volume was archived and how long its archive is kept.
@@ -90,6 +95,7 @@ impl VolumeRecord {
             owner: self.owner.clone(),
             created_at: self.created_at.clone(),
             usage: None,
+            clone: self.clone.clone(),
         }
     }
 
@@ -119,10 +125,16 @@ pub fn parse_rfc3339(text: &str) -> Option<OffsetDateTime> {
 /// What tells one directory from every other on the root's filesystem for as long as it
 /// exists, whatever it is renamed to: its inode number, and its birth time where the
 /// filesystem keeps one (every btrfs subvolume's root has inode 256).
+///
+/// A btrfs snapshot's root has the inode number and birth time of its source's root, so
+/// a subvolume root is also told by its subvolume id. Records of subvolumes kept before
+/// that id was part of the key are still found under the old key ([`Self::legacy_key`])
+/// and move to the new one when next written.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Identity {
     ino: u64,
     birth: Option<(i64, u32)>,
+    subvolume: Option<u64>,
 }
 
 impl Identity {
@@ -135,15 +147,32 @@ impl Identity {
         )?;
         let birth = (stat.stx_mask & StatxFlags::BTIME.bits() != 0)
             .then_some((stat.stx_btime.tv_sec, stat.stx_btime.tv_nsec));
+        let subvolume = (stat.stx_ino == SUBVOLUME_ROOT_INODE)
+            .then(|| crate::quota::btrfs::subvolume_id(dir))
+            .flatten();
         Ok(Self {
             ino: stat.stx_ino,
             birth,
+            subvolume,
         })
     }
 
     /// Where the record of this identity is kept in the store: one of 256 shards (so
     /// concurrent requests rarely wait for the same directory's lock), then the name.
     fn key(&self) -> (usize, String) {
+        let (shard, name) = self.key_without_subvolume();
+        match self.subvolume {
+            Some(id) => (shard, format!("{name}-subvolume{id}")),
+            None => (shard, name),
+        }
+    }
+
+    /// The key a subvolume's record had before subvolume ids were part of it.
+    fn legacy_key(&self) -> Option<(usize, String)> {
+        self.subvolume.map(|_| self.key_without_subvolume())
+    }
+
+    fn key_without_subvolume(&self) -> (usize, String) {
         let shard = (self.ino % SHARDS as u64) as usize;
         let name = match self.birth {
             Some((seconds, nanos)) => format!("{}-{seconds}.{nanos:09}", self.ino),
@@ -212,7 +241,31 @@ impl RecordStore {
 
     pub fn read_identity(&self, identity: &Identity) -> Result<Option<(String, VolumeRecord)>> {
         let (shard, name) = self.shard(identity);
-        read_link(shard, &name)
+        if let Some(found) = read_link(shard, &name)? {
+            return Ok(Some(found));
+        }
+        match identity.legacy_key() {
+            Some((shard, name)) => read_link(self.shards[shard].as_fd(), &name),
+            None => Ok(None),
+        }
+    }
+
+    /// Moves the record of a subvolume kept under its legacy key to its own key, before
+    /// the subvolume is snapshotted: the snapshot's legacy key is the same, and must not
+    /// lead to its source's record.
+    pub fn settle(&self, dir: BorrowedFd<'_>) -> Result<()> {
+        let identity = Identity::of(dir).map_err(|e| io_error("identify a directory", e))?;
+        let Some((shard, legacy)) = identity.legacy_key() else {
+            return Ok(());
+        };
+        let (_, name) = self.shard(&identity);
+        if read_link(self.shards[shard].as_fd(), &name)?.is_some() {
+            return Ok(());
+        }
+        if let Some((path, record)) = read_link(self.shards[shard].as_fd(), &legacy)? {
+            self.write(dir, &path, &record)?;
+        }
+        Ok(())
     }
 
     /// Records (or replaces) the record of the volume whose directory is `dir`.
@@ -232,34 +285,51 @@ impl RecordStore {
                 stored.len()
             )));
         }
-        let (shard, name) = self.shard(&identity);
-        let failed = |e| io_error(format!("write the record of {path}"), e);
         // A new volume has no record yet: one operation. A changed one is replaced by a
         // rename, so a crash leaves the old record or the new one.
-        match rustix::fs::symlinkat(stored.as_str(), shard, name.as_str()) {
-            Ok(()) => return Ok(()),
-            Err(Errno::EXIST) => {}
-            Err(e) => return Err(failed(e)),
-        }
-        let temporary = format!(
-            ".new-{}-{}",
-            std::process::id(),
-            self.unique.fetch_add(1, Ordering::Relaxed)
-        );
-        rustix::fs::symlinkat(stored.as_str(), shard, temporary.as_str()).map_err(failed)?;
-        rustix::fs::renameat(shard, temporary.as_str(), shard, name.as_str()).map_err(|e| {
-            let _ = rustix::fs::unlinkat(shard, temporary.as_str(), AtFlags::empty());
-            failed(e)
-        })
+        self.write_identity(&identity, path, &stored)
     }
 
-    /// Forgets the record of `identity` (absent already is fine).
+    /// Records (or replaces) the record, under the identity's own key; a record under
+    /// its legacy key for the same path is then dropped, having moved.
+    fn write_identity(&self, identity: &Identity, path: &str, stored: &str) -> Result<()> {
+        let (shard, name) = self.shard(identity);
+        let failed = |e| io_error(format!("write the record of {path}"), e);
+        match rustix::fs::symlinkat(stored, shard, name.as_str()) {
+            Ok(()) => {}
+            Err(Errno::EXIST) => {
+                let temporary = format!(
+                    ".new-{}-{}",
+                    std::process::id(),
+                    self.unique.fetch_add(1, Ordering::Relaxed)
+                );
+                rustix::fs::symlinkat(stored, shard, temporary.as_str()).map_err(failed)?;
+                rustix::fs::renameat(shard, temporary.as_str(), shard, name.as_str()).map_err(
+                    |e| {
+                        let _ = rustix::fs::unlinkat(shard, temporary.as_str(), AtFlags::empty());
+                        failed(e)
+                    },
+                )?;
+            }
+            Err(e) => return Err(failed(e)),
+        }
+        if let Some((legacy_shard, legacy)) = identity.legacy_key() {
+            let legacy_shard = self.shards[legacy_shard].as_fd();
+            if matches!(read_link(legacy_shard, &legacy)?, Some((at, _)) if at == path) {
+                unlink_record(legacy_shard, &legacy)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Forgets the record of `identity` (absent already is fine), under either key.
     pub fn remove(&self, identity: &Identity) -> Result<()> {
         let (shard, name) = self.shard(identity);
-        match rustix::fs::unlinkat(shard, name.as_str(), AtFlags::empty()) {
-            Ok(()) | Err(Errno::NOENT) => Ok(()),
-            Err(e) => Err(io_error("remove a record", e)),
+        unlink_record(shard, &name)?;
+        if let Some((shard, legacy)) = identity.legacy_key() {
+            unlink_record(self.shards[shard].as_fd(), &legacy)?;
         }
+        Ok(())
     }
 
     /// Every record, with the path its volume was made for.
@@ -284,6 +354,13 @@ impl RecordStore {
     /// Whether the store holds a record of the volume whose directory is `dir`.
     pub fn contains(&self, dir: BorrowedFd<'_>) -> Result<bool> {
         Ok(self.read(dir)?.is_some())
+    }
+}
+
+fn unlink_record(shard: BorrowedFd<'_>, name: &str) -> Result<()> {
+    match rustix::fs::unlinkat(shard, name, AtFlags::empty()) {
+        Ok(()) | Err(Errno::NOENT) => Ok(()),
+        Err(e) => Err(io_error("remove a record", e)),
     }
 }
 

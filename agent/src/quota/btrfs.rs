@@ -57,6 +57,22 @@ impl Btrfs {
             .map(drop)
     }
 
+    /// Makes `name` in `dir` a writable snapshot of the subvolume `source`.
+    pub fn snapshot_subvolume(
+        &self,
+        source: BorrowedFd<'_>,
+        dir: BorrowedFd<'_>,
+        name: &str,
+    ) -> Result<(), ToolError> {
+        let mut args = vec![
+            "subvolume".to_owned(),
+            "snapshot".to_owned(),
+            path_through_fd(source, None).display().to_string(),
+        ];
+        args.push(path_through_fd(dir, Some(name)).display().to_string());
+        self.runner.run(&ToolCommand::new("btrfs", args)).map(drop)
+    }
+
     /// Limits the bytes the subvolume `volume` references (its data and metadata).
     pub fn set_limit(&self, volume: BorrowedFd<'_>, capacity_bytes: u64) -> Result<(), ToolError> {
         self.btrfs(
@@ -95,6 +111,43 @@ impl Btrfs {
 pub fn is_subvolume(dir: BorrowedFd<'_>) -> bool {
     let on_btrfs = rustix::fs::fstatfs(dir).is_ok_and(|s| is_btrfs_magic(s.f_type));
     on_btrfs && rustix::fs::fstat(dir).is_ok_and(|s| s.st_ino == SUBVOLUME_ROOT_INODE)
+}
+
+/// `struct btrfs_ioctl_ino_lookup_args` of `linux/btrfs.h`.
+#[repr(C)]
+struct InoLookupArgs {
+    treeid: u64,
+    objectid: u64,
+    name: [u8; 4080],
+}
+
+/// `BTRFS_IOC_INO_LOOKUP`: `_IOWR(0x94, 18, struct btrfs_ioctl_ino_lookup_args)`.
+const INO_LOOKUP: rustix::ioctl::Opcode =
+    rustix::ioctl::opcode::read_write::<InoLookupArgs>(0x94, 18);
+
+/// The id of the subvolume whose root `dir` is, `None` for any other directory. A
+/// snapshot's root has its source's inode number and birth time; this id is what tells
+/// them apart, and it stays the same across remounts (unlike the device number).
+pub fn subvolume_id(dir: BorrowedFd<'_>) -> Option<u64> {
+    if !is_subvolume(dir) {
+        return None;
+    }
+    // Asking for the subvolume root's own object id answers the tree id without any
+    // capability: the kernel checks CAP_SYS_ADMIN only for other lookups.
+    let mut args = InoLookupArgs {
+        treeid: 0,
+        objectid: SUBVOLUME_ROOT_INODE,
+        name: [0; 4080],
+    };
+    // SAFETY: the opcode's argument is `InoLookupArgs`, laid out as the kernel's struct
+    // (4096 bytes), which the kernel reads and fills in place and which outlives the call.
+    let looked_up = unsafe {
+        rustix::ioctl::ioctl(
+            dir,
+            rustix::ioctl::Updater::<INO_LOOKUP, InoLookupArgs>::new(&mut args),
+        )
+    };
+    looked_up.ok().map(|()| args.treeid)
 }
 
 /// `f_type`'s width differs between architectures, hence the cast.
