@@ -24,13 +24,13 @@ pub const MAX_USAGE_DEPTH: usize = 512;
 /// Which mount an entry is on: the mount id where the kernel reports it (Linux 5.8 and
 /// later; it tells a bind mount of the same filesystem apart), else the device.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum MountId {
+pub(super) enum MountId {
     Mount(u64),
     Device(u32, u32),
 }
 
 impl MountId {
-    fn of(stat: &rustix::fs::Statx) -> Self {
+    pub(super) fn of(stat: &rustix::fs::Statx) -> Self {
         if stat.stx_mask & StatxFlags::MNT_ID.bits() != 0 {
             MountId::Mount(stat.stx_mnt_id)
         } else {
