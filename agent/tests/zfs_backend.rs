@@ -272,6 +272,326 @@ fn list_and_purge_tell_finished_volumes_from_leftovers() {
     assert!(!root.join("redo/partial").exists());
 }
 
+/// Every snapshot in the test pool.
+fn snapshots(pool: &ZfsPool) -> Vec<String> {
+    pool.zfs(&[
+        "list",
+        "-H",
+        "-o",
+        "name",
+        "-t",
+        "snapshot",
+        "-r",
+        pool.dataset(),
+    ])
+    .lines()
+    .map(str::to_owned)
+    .collect()
+}
+
+/// What a dataset was cloned from, `-` for none.
+fn origin(pool: &ZfsPool, child: &str) -> String {
+    let name = format!("{}/{child}", pool.dataset());
+    pool.zfs(&["get", "-H", "-o", "value", "origin", &name])
+        .trim()
+        .to_owned()
+}
+
+/// A finished volume at `p` holding `files` (name, content), owned by 1000:1000.
+fn volume_with_files(zfs: &Zfs, pool: &ZfsPool, p: &str, files: &[(&str, &str)]) {
+    zfs.create(&path(p), Some(32 * MIB)).unwrap();
+    let dir = pool.export_root().join(p);
+    for (name, content) in files {
+        let file = dir.join(name);
+        std::fs::create_dir_all(file.parent().unwrap()).unwrap();
+        std::fs::write(&file, content).unwrap();
+        std::os::unix::fs::chown(&file, Some(1000), Some(1000)).unwrap();
+    }
+    std::os::unix::fs::chown(&dir, Some(1000), Some(1000)).unwrap();
+    zfs.write_meta(&path(p), &meta(p)).unwrap();
+}
+
+/// Writes `content` to `file`, owned by 1000:1000 like the files of `volume_with_files`.
+fn write_owned(file: impl AsRef<Path>, content: &str) -> std::io::Result<()> {
+    std::fs::write(&file, content)?;
+    std::os::unix::fs::chown(&file, Some(1000), Some(1000))
+}
+
+/// `files` are in the volume at `p` with that content, owned by 1000:1000.
+fn assert_files(pool: &ZfsPool, p: &str, files: &[(&str, &str)]) {
+    for (name, content) in files {
+        let file = pool.export_root().join(p).join(name);
+        assert_eq!(
+            std::fs::read_to_string(&file).unwrap_or_else(|e| panic!("{}: {e}", file.display())),
+            *content,
+            "{}",
+            file.display()
+        );
+        let meta = std::fs::metadata(&file).unwrap();
+        assert_eq!((meta.uid(), meta.gid()), (1000, 1000), "{}", file.display());
+    }
+}
+
+#[test]
+fn clones_share_the_source_data_and_outlive_it() {
+    let Some(pool) = ZfsPool::create("clones_share_the_source_data_and_outlive_it") else {
+        return;
+    };
+    let zfs = backend(&pool);
+    let root = pool.export_root();
+    std::fs::create_dir(root.join("ns")).unwrap();
+    let original = [("a.txt", "first file"), ("sub/b.txt", "second file")];
+    volume_with_files(&zfs, &pool, "ns/src", &original);
+
+    zfs.clone_volume(&path("ns/src"), &path("ns/copy"), Some(16 * MIB))
+        .unwrap();
+    assert!(is_mountpoint(&root.join("ns/copy")));
+    assert_files(&pool, "ns/copy", &original);
+    let top = std::fs::metadata(root.join("ns/copy")).unwrap();
+    assert_eq!(
+        (top.uid(), top.gid()),
+        (1000, 1000),
+        "the root's owner comes along"
+    );
+    // The clone is the agent's, unfinished: the source's record did not come along.
+    assert_eq!(zfs.read_meta(&path("ns/copy")).unwrap(), None);
+    let copy = format!("{}/ns:copy", pool.dataset());
+    assert_eq!(
+        pool.zfs(&[
+            "get",
+            "-H",
+            "-p",
+            "-o",
+            "property,value,source",
+            "nfsprov:path,nfsprov:volume,refquota",
+            &copy
+        ]),
+        format!(
+            "nfsprov:path\tns/copy\tlocal\nnfsprov:volume\t-\t-\nrefquota\t{}\tlocal\n",
+            16 * MIB
+        )
+    );
+    assert_eq!(zfs.list().unwrap(), [(path("ns/src"), meta("ns/src"))]);
+    zfs.write_meta(&path("ns/copy"), &meta("ns/copy")).unwrap();
+    let [snapshot] = &snapshots(&pool)[..] else {
+        panic!("one snapshot: {:?}", snapshots(&pool));
+    };
+    assert!(
+        snapshot.starts_with(&format!("{}/ns:src@nfsprov-clone-", pool.dataset())),
+        "{snapshot}"
+    );
+    assert_eq!(origin(&pool, "ns:copy"), *snapshot);
+
+    // Each side is written apart from the other.
+    write_owned(root.join("ns/copy/a.txt"), "changed in the copy").unwrap();
+    write_owned(root.join("ns/copy/new.txt"), "only in the copy").unwrap();
+    write_owned(root.join("ns/src/sub/b.txt"), "changed in the source").unwrap();
+    assert_files(&pool, "ns/src", &[("a.txt", "first file")]);
+    assert_eq!(
+        std::fs::read_to_string(root.join("ns/src/sub/b.txt")).unwrap(),
+        "changed in the source"
+    );
+    assert!(!root.join("ns/src/new.txt").exists());
+    assert_eq!(
+        std::fs::read_to_string(root.join("ns/copy/sub/b.txt")).unwrap(),
+        "second file"
+    );
+
+    // The source goes first: the clone is promoted, keeps its data, and no snapshot is
+    // left.
+    zfs.destroy(&path("ns/src")).unwrap();
+    assert!(!root.join("ns/src").exists());
+    assert_eq!(pool.child_datasets(), ["ns:copy"]);
+    assert_eq!(snapshots(&pool), Vec::<String>::new());
+    assert_eq!(origin(&pool, "ns:copy"), "-");
+    assert_eq!(
+        std::fs::read_to_string(root.join("ns/copy/a.txt")).unwrap(),
+        "changed in the copy"
+    );
+    assert_files(
+        &pool,
+        "ns/copy",
+        &[
+            ("sub/b.txt", "second file"),
+            ("new.txt", "only in the copy"),
+        ],
+    );
+    assert_eq!(zfs.list().unwrap(), [(path("ns/copy"), meta("ns/copy"))]);
+
+    zfs.destroy(&path("ns/copy")).unwrap();
+    assert!(pool.child_datasets().is_empty());
+    assert!(snapshots(&pool).is_empty());
+    assert!(!root.join("ns/copy").exists());
+
+    // The clone goes first: its snapshot goes with it, the source stays as it was.
+    volume_with_files(&zfs, &pool, "ns/src", &original);
+    zfs.clone_volume(&path("ns/src"), &path("ns/copy"), None)
+        .unwrap();
+    assert_eq!(snapshots(&pool).len(), 1);
+    zfs.destroy(&path("ns/copy")).unwrap();
+    assert!(snapshots(&pool).is_empty());
+    assert_eq!(pool.child_datasets(), ["ns:src"]);
+    assert_files(&pool, "ns/src", &original);
+
+    // A quota below what the source holds is refused, and leaves nothing behind.
+    write_incompressible(&root.join("ns/src/big"), 4 * MIB).unwrap();
+    // A property change commits a transaction group, so `referenced` counts the data.
+    zfs.set_refquota(&path("ns/src"), Some(32 * MIB)).unwrap();
+    wait_until(
+        "the source to count its data",
+        Duration::from_secs(60),
+        || (zfs.usage(&path("ns/src")).unwrap().0 >= 4 * MIB).then_some(()),
+    );
+    let err = zfs
+        .clone_volume(&path("ns/src"), &path("ns/copy"), Some(MIB))
+        .unwrap_err();
+    assert!(
+        matches!(err, ZfsError::Invalid(ref m) if m.contains("at least")),
+        "{err}"
+    );
+    assert!(snapshots(&pool).is_empty());
+    assert_eq!(pool.child_datasets(), ["ns:src"]);
+    assert!(!root.join("ns/copy").exists());
+
+    // A missing source, or an unfinished one, is no source.
+    let err = zfs
+        .clone_volume(&path("ns/none"), &path("ns/copy"), None)
+        .unwrap_err();
+    assert!(matches!(err, ZfsError::NotFound(_)), "{err}");
+    zfs.create(&path("ns/half"), None).unwrap();
+    let err = zfs
+        .clone_volume(&path("ns/half"), &path("ns/copy"), None)
+        .unwrap_err();
+    assert!(matches!(err, ZfsError::NotFound(_)), "{err}");
+    assert!(snapshots(&pool).is_empty());
+}
+
+#[test]
+fn clones_of_clones_and_archived_sources_leave_nothing_once_all_are_destroyed() {
+    let Some(pool) = ZfsPool::create(
+        "clones_of_clones_and_archived_sources_leave_nothing_once_all_are_destroyed",
+    ) else {
+        return;
+    };
+    let zfs = backend(&pool);
+    let root = pool.export_root();
+
+    // Two clones of one source, from different points in time; the source goes first,
+    // then the older clone, then the newer.
+    volume_with_files(&zfs, &pool, "src", &[("f", "one")]);
+    zfs.clone_volume(&path("src"), &path("c1"), None).unwrap();
+    zfs.write_meta(&path("c1"), &meta("c1")).unwrap();
+    write_owned(root.join("src/f"), "two").unwrap();
+    zfs.clone_volume(&path("src"), &path("c2"), None).unwrap();
+    zfs.write_meta(&path("c2"), &meta("c2")).unwrap();
+    assert_eq!(snapshots(&pool).len(), 2);
+    zfs.destroy(&path("src")).unwrap();
+    assert_files(&pool, "c1", &[("f", "one")]);
+    assert_files(&pool, "c2", &[("f", "two")]);
+    // The newer clone took over the older snapshot, which the older clone needs.
+    let left = snapshots(&pool);
+    assert_eq!(left.len(), 1, "{left:?}");
+    assert!(left[0].contains("/c2@nfsprov-clone-"), "{left:?}");
+    assert_eq!(origin(&pool, "c1"), left[0]);
+    zfs.destroy(&path("c1")).unwrap();
+    assert!(snapshots(&pool).is_empty());
+    assert_files(&pool, "c2", &[("f", "two")]);
+    zfs.destroy(&path("c2")).unwrap();
+    assert!(pool.child_datasets().is_empty());
+
+    // A chain: a clone of a clone, whose middle goes first.
+    volume_with_files(&zfs, &pool, "src", &[("f", "base")]);
+    zfs.clone_volume(&path("src"), &path("mid"), None).unwrap();
+    zfs.write_meta(&path("mid"), &meta("mid")).unwrap();
+    write_owned(root.join("mid/g"), "middle").unwrap();
+    zfs.clone_volume(&path("mid"), &path("end"), None).unwrap();
+    zfs.write_meta(&path("end"), &meta("end")).unwrap();
+    zfs.destroy(&path("mid")).unwrap();
+    assert_eq!(pool.child_datasets().len(), 2);
+    assert_files(&pool, "end", &[("f", "base"), ("g", "middle")]);
+    assert_files(&pool, "src", &[("f", "base")]);
+    zfs.destroy(&path("src")).unwrap();
+    assert_files(&pool, "end", &[("f", "base"), ("g", "middle")]);
+    zfs.destroy(&path("end")).unwrap();
+    assert!(pool.child_datasets().is_empty());
+    assert!(snapshots(&pool).is_empty());
+
+    // Archiving works in either order (each promotes the other's clone: zfs-fuse cannot
+    // rename a dataset whose snapshot a mounted clone depends on), and the archives are
+    // destroyed in either order. Repeated, since zfs-fuse refuses such renames only about
+    // every other time: source then copy archived, source archive destroyed first; copy
+    // then source, copy first; source then copy, copy first.
+    for round in 0..3 {
+        let stamp = format!("@20261122T083958.12345678{round}Z");
+        let (src_archive, copy_archive) = if round % 2 == 0 {
+            ("src", "copy")
+        } else {
+            ("copy", "src")
+        };
+        volume_with_files(&zfs, &pool, "src", &[("f", "archived")]);
+        zfs.clone_volume(&path("src"), &path("copy"), None).unwrap();
+        zfs.write_meta(&path("copy"), &meta("copy")).unwrap();
+        write_owned(root.join("copy/g"), "copy only").unwrap();
+        let first = format!(".archive/{src_archive}/{stamp}");
+        let second = format!(".archive/{copy_archive}/{stamp}");
+        std::fs::create_dir_all(root.join(format!(".archive/{src_archive}"))).unwrap();
+        std::fs::create_dir_all(root.join(format!(".archive/{copy_archive}"))).unwrap();
+        zfs.archive(&path(src_archive), &first).unwrap();
+        assert!(!root.join(src_archive).exists());
+        zfs.archive(&path(copy_archive), &second).unwrap();
+        let (src_at, copy_at) = if round % 2 == 0 {
+            (&first, &second)
+        } else {
+            (&second, &first)
+        };
+        assert_files(&pool, src_at, &[("f", "archived")]);
+        assert!(!root.join(src_at).join("g").exists());
+        assert_files(&pool, copy_at, &[("f", "archived"), ("g", "copy only")]);
+        assert_eq!(zfs.list().unwrap(), []);
+        assert_eq!(zfs.archives().unwrap().len(), 2);
+        // One snapshot links them, whichever holds it now.
+        assert_eq!(snapshots(&pool).len(), 1, "{:?}", snapshots(&pool));
+
+        let (gone_first, gone_last) = if round == 0 {
+            (src_at, copy_at)
+        } else {
+            (copy_at, src_at)
+        };
+        zfs.destroy_archive(gone_first).unwrap();
+        assert_eq!(zfs.archives().unwrap().len(), 1);
+        assert!(snapshots(&pool).is_empty(), "{:?}", snapshots(&pool));
+        let kept = if gone_last == src_at {
+            vec![("f", "archived")]
+        } else {
+            vec![("f", "archived"), ("g", "copy only")]
+        };
+        assert_files(&pool, gone_last, &kept);
+        zfs.destroy_archive(gone_last).unwrap();
+        assert!(pool.child_datasets().is_empty());
+        assert!(snapshots(&pool).is_empty());
+    }
+
+    // An archived clone takes its snapshot along when destroyed.
+    volume_with_files(&zfs, &pool, "src", &[("f", "again")]);
+    zfs.clone_volume(&path("src"), &path("copy2"), None)
+        .unwrap();
+    zfs.write_meta(&path("copy2"), &meta("copy2")).unwrap();
+    let archived_clone = ".archive/copy2/@20261122T083958.123456789Z";
+    std::fs::create_dir_all(root.join(".archive/copy2")).unwrap();
+    zfs.archive(&path("copy2"), archived_clone).unwrap();
+    zfs.destroy_archive(archived_clone).unwrap();
+    assert!(snapshots(&pool).is_empty());
+    zfs.destroy(&path("src")).unwrap();
+    assert!(pool.child_datasets().is_empty());
+
+    // A leftover clone (never given its record) is purged with its snapshot.
+    volume_with_files(&zfs, &pool, "src", &[("f", "x")]);
+    zfs.clone_volume(&path("src"), &path("half"), None).unwrap();
+    assert_eq!(zfs.purge_leftovers().unwrap(), 1);
+    assert_eq!(pool.child_datasets(), ["src"]);
+    assert!(snapshots(&pool).is_empty());
+}
+
 #[test]
 fn probe_checks_the_real_dataset() {
     let Some(pool) = ZfsPool::create("probe_checks_the_real_dataset") else {
@@ -422,5 +742,120 @@ async fn the_agent_enforces_grows_archives_and_deletes_datasets() {
     assert!(!pool.export_root().join(".archive/ns").exists());
     assert!(client.list_archives(None).await.unwrap().is_empty());
     client.delete_archive(&listed.id, None).await.unwrap();
+    agent.stop().await.unwrap();
+}
+
+/// `POST /v1/clones/{path}` on the whole agent: a ZFS clone, instant, that outlives its
+/// source.
+#[tokio::test(flavor = "multi_thread")]
+async fn the_agent_clones_datasets_and_deletes_them_in_any_order() {
+    let Some(pool) = ZfsPool::create("the_agent_clones_datasets_and_deletes_them_in_any_order")
+    else {
+        return;
+    };
+    let settings = nfsprov_agent::quota::QuotaSettings {
+        backend: nfsprov_api_types::QuotaBackend::Zfs,
+        zfs_dataset: Some(pool.dataset().to_owned()),
+        ..Default::default()
+    };
+    let agent = nfsprov_agent_testkit::TestAgent::start_with_quota(pool.export_root(), settings)
+        .await
+        .unwrap();
+    let client = agent.client();
+    let root = pool.export_root();
+
+    let source = VolumePath::parse("ns/source").unwrap();
+    let request = nfsprov_api_types::CreateVolumeRequest {
+        capacity_bytes: 16 * MIB,
+        mode: nfsprov_api_types::Mode::new(0o750).unwrap(),
+        uid: Some(1000),
+        gid: Some(1000),
+        quota: nfsprov_api_types::QuotaPolicy::Enforce,
+        ..Default::default()
+    };
+    client.create_volume(&source, &request, None).await.unwrap();
+    let files = [("data.txt", "the source's data"), ("dir/more", "more")];
+    for (name, content) in files {
+        let file = root.join("ns/source").join(name);
+        std::fs::create_dir_all(file.parent().unwrap()).unwrap();
+        write_owned(&file, content).unwrap();
+    }
+
+    let copy = VolumePath::parse("ns/copy").unwrap();
+    let clone_request = nfsprov_api_types::CloneVolumeRequest {
+        source: source.clone(),
+        capacity_bytes: 32 * MIB,
+        owner: nfsprov_api_types::VolumeOwner {
+            pvc_namespace: Some("ns".into()),
+            pvc_name: Some("copy".into()),
+            pv_name: Some("pv-copy".into()),
+        },
+        quota: nfsprov_api_types::QuotaPolicy::BestEffort,
+    };
+    let nfsprov_api_types::client::CloneOutcome::Ready(made) = client
+        .clone_volume(&copy, &clone_request, None)
+        .await
+        .unwrap()
+    else {
+        panic!("a ZFS clone is made at once");
+    };
+    assert!(made.created);
+    let volume = made.volume;
+    assert_eq!(
+        volume.clone,
+        Some(nfsprov_api_types::CloneOrigin {
+            source: source.clone(),
+            method: nfsprov_api_types::CloneMethod::ZfsClone,
+        })
+    );
+    assert!(volume.quota_enforced);
+    assert_eq!(
+        (
+            volume.uid,
+            volume.gid,
+            volume.mode.bits(),
+            volume.capacity_bytes
+        ),
+        (1000, 1000, 0o750, 32 * MIB)
+    );
+    assert_eq!(volume.owner, clone_request.owner);
+    let copy_dataset = format!("{}/ns:copy", pool.dataset());
+    assert_eq!(
+        pool.zfs(&["get", "-H", "-p", "-o", "value", "refquota", &copy_dataset])
+            .trim(),
+        (32 * MIB).to_string()
+    );
+    assert_files(&pool, "ns/copy", &files);
+    // The same request again is confirmed.
+    let nfsprov_api_types::client::CloneOutcome::Ready(again) = client
+        .clone_volume(&copy, &clone_request, None)
+        .await
+        .unwrap()
+    else {
+        panic!("the clone is there");
+    };
+    assert!(!again.created);
+    assert_eq!(snapshots(&pool).len(), 1);
+
+    write_owned(root.join("ns/copy/data.txt"), "the copy's data").unwrap();
+    assert_files(&pool, "ns/source", &files);
+
+    // The source goes first; the copy keeps its data and no snapshot is left.
+    client.delete_volume(&source, None).await.unwrap();
+    assert!(client.get_volume(&source, None).await.unwrap().is_none());
+    let kept = client.get_volume(&copy, None).await.unwrap().unwrap();
+    assert_eq!(kept.clone, volume.clone);
+    assert_files(
+        &pool,
+        "ns/copy",
+        &[("data.txt", "the copy's data"), ("dir/more", "more")],
+    );
+    assert_eq!(pool.child_datasets(), ["ns:copy"]);
+    assert!(snapshots(&pool).is_empty(), "{:?}", snapshots(&pool));
+
+    client.delete_volume(&copy, None).await.unwrap();
+    assert!(client.list_volumes(None).await.unwrap().is_empty());
+    assert!(pool.child_datasets().is_empty());
+    assert!(snapshots(&pool).is_empty());
     agent.stop().await.unwrap();
 }

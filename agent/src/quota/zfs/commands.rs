@@ -36,6 +36,18 @@ pub fn get_archives(dataset: &str) -> ToolCommand {
     )
 }
 
+/// The children of `dataset` with the snapshot each was cloned from (`-` for none) and
+/// the agent's mark.
+pub fn get_origins(dataset: &str) -> ToolCommand {
+    get_child_properties(dataset, &format!("origin,{PATH_PROPERTY}"))
+}
+
+/// The transaction group each snapshot of `name` was taken in (`-r -d 1` reaches a
+/// dataset's snapshots; zfs-fuse's `zfs get` has no `-t`).
+pub fn get_snapshot_txgs(name: &str) -> ToolCommand {
+    get_child_properties(name, "createtxg")
+}
+
 /// `properties` (comma-separated) of `dataset`'s direct children, one line each.
 fn get_child_properties(dataset: &str, properties: &str) -> ToolCommand {
     ToolCommand::new(
@@ -57,8 +69,34 @@ fn get_child_properties(dataset: &str, properties: &str) -> ToolCommand {
 
 /// A volume's dataset, marked as the agent's for `path`, mounted at `mountpoint`.
 pub fn create(name: &str, mountpoint: &str, path: &str, refquota: Option<&str>) -> ToolCommand {
+    let mut args = volume_options("create", mountpoint, path, refquota);
+    args.push(name.to_owned());
+    ToolCommand::new(ZFS, args)
+}
+
+/// A clone of `snapshot`, made and marked like [`create`] makes a volume's dataset.
+pub fn clone(
+    snapshot: &str,
+    name: &str,
+    mountpoint: &str,
+    path: &str,
+    refquota: Option<&str>,
+) -> ToolCommand {
+    let mut args = volume_options("clone", mountpoint, path, refquota);
+    args.extend([snapshot.to_owned(), name.to_owned()]);
+    ToolCommand::new(ZFS, args)
+}
+
+/// `subcommand` with the properties a volume's dataset is made with: set atomically with
+/// the dataset, so it is marked as the agent's before it is mounted.
+fn volume_options(
+    subcommand: &str,
+    mountpoint: &str,
+    path: &str,
+    refquota: Option<&str>,
+) -> Vec<String> {
     let mut args = vec![
-        "create".to_owned(),
+        subcommand.to_owned(),
         "-o".to_owned(),
         format!("mountpoint={mountpoint}"),
         "-o".to_owned(),
@@ -67,8 +105,18 @@ pub fn create(name: &str, mountpoint: &str, path: &str, refquota: Option<&str>) 
     if let Some(quota) = refquota {
         args.extend(["-o".to_owned(), format!("refquota={quota}")]);
     }
-    args.push(name.to_owned());
-    ToolCommand::new(ZFS, args)
+    args
+}
+
+/// `snapshot` is `<dataset>@<name>`.
+pub fn snapshot(snapshot: &str) -> ToolCommand {
+    ToolCommand::new(ZFS, ["snapshot", snapshot])
+}
+
+/// Makes the clone `name` independent of its origin: the origin's snapshots up to the
+/// one it was cloned from move onto it.
+pub fn promote(name: &str) -> ToolCommand {
+    ToolCommand::new(ZFS, ["promote", name])
 }
 
 pub fn set(name: &str, property: &str, value: &str) -> ToolCommand {
@@ -82,6 +130,11 @@ pub fn rename(from: &str, to: &str) -> ToolCommand {
 /// The dataset with its snapshots and descendants.
 pub fn destroy(name: &str) -> ToolCommand {
     ToolCommand::new(ZFS, ["destroy", "-r", name])
+}
+
+/// One snapshot (`<dataset>@<name>`), refused while a clone depends on it.
+pub fn destroy_snapshot(snapshot: &str) -> ToolCommand {
+    ToolCommand::new(ZFS, ["destroy", snapshot])
 }
 
 pub fn mount(name: &str) -> ToolCommand {

@@ -24,11 +24,58 @@
 //! zfs-fuse has no extended attributes, so the metadata lives in user properties, read
 //! only where set on the dataset itself (`-s local` semantics): user properties are
 //! inherited, and one set on the parent by hand must not mark every child.
-//! - `nfsprov:path` is set atomically by `zfs create`: the dataset is the agent's. A
-//!   dataset without it is never modified or destroyed, whatever its name.
+//! - `nfsprov:path` is set atomically by `zfs create` (or `zfs clone`): the dataset is the
+//!   agent's. A dataset without it is never modified or destroyed, whatever its name.
 //! - `nfsprov:volume` (the caller's JSON) is set last: the volume is finished. A dataset
 //!   that has the first but not the second is a crash leftover, destroyed by the next
-//!   [`Zfs::create`] at its path or by [`Zfs::purge_leftovers`].
+//!   [`Zfs::create`] or [`Zfs::clone_volume`] at its path or by
+//!   [`Zfs::purge_leftovers`].
+//!
+//! # Clones
+//!
+//! [`Zfs::clone_volume`] takes a snapshot of the source's dataset named
+//! `nfsprov-clone-<ns since 1970>-<counter>` ([`CLONE_SNAPSHOT_PREFIX`]; never the same
+//! twice, so a retry never meets an earlier one) and clones it with the target's
+//! mountpoint, mark and quota given to `zfs clone -o`, so the clone is marked before it
+//! is mounted. A clone does not copy its origin's user properties (checked on zfs-fuse:
+//! `nfsprov:volume` of the clone reads `-`), so it is unfinished until the store writes
+//! its own record. When `zfs clone` fails, the snapshot is destroyed again; a quota below
+//! what the source references is refused by zfs as "out of space" and reported as
+//! [`ZfsError::Invalid`] with the size needed.
+//!
+//! A clone depends on its origin snapshot, and the snapshot on its dataset: `zfs destroy
+//! -r` refuses a dataset whose snapshots have clones. So destroying one of the agent's
+//! datasets (active or archived, also as a leftover) first looks for clones of it among
+//! the agent's datasets (the `origin` of the configured dataset's children). If there are
+//! any, the one whose snapshot is the newest (highest `createtxg`) is promoted: the
+//! snapshots up to that one move onto it, the other clones follow theirs, and the
+//! dataset becomes a clone of the promoted one's snapshot, with no dependents left. After
+//! the dataset is destroyed, the snapshot it then depended on goes too when it is one of
+//! the agent's clone snapshots and no other child depends on it (it existed only for
+//! this clone); a failure there is logged, not returned. Hence, for a source S and a
+//! clone C of `S@p`:
+//! - C destroyed first: then `S@p`.
+//! - S destroyed first: C is promoted (`C@p` is now S's origin), S goes, then `C@p`; C is
+//!   independent, and later destroyed alone.
+//! - Clones C1 of `S@p1` and C2 of `S@p2`, S destroyed: C2 is promoted, `C2@p1` is now
+//!   C1's origin and goes with C1, `C2@p2` goes with S.
+//! - S archived: its clones are promoted the same way first (zfs-fuse cannot rename a
+//!   dataset while a mounted clone depends on one of its snapshots: "dataset is busy",
+//!   for as long as the clone stays mounted). The archive is a clone of C's snapshot,
+//!   which goes when the archive is destroyed.
+//!
+//! Snapshots move with promotions and archives, so a clone is refused unless
+//! `<name>@<snapshot>` fits ZFS's 255 characters for the source's, the target's and an
+//! archived name, and a promotion unless every snapshot that moves fits below the
+//! promoted name. A dataset with clones the agent did not make (no mark, or outside the
+//! configured dataset) is not destroyed: zfs refuses, and that is a
+//! [`ZfsError::Conflict`].
+//!
+//! Every step leaves a state that a retry finishes: a promotion changes no data, and a
+//! dataset promoted over is destroyed or archived like any other. A crash between the
+//! snapshot and the clone leaves the snapshot, which goes with the source's dataset; one
+//! between destroying a dataset and its origin snapshot leaves the snapshot, which goes
+//! with the dataset it is a snapshot of.
 //!
 //! # Running zfs
 //!
@@ -51,6 +98,18 @@
 //!   this module removes it, and only when it is empty.
 //! - `referenced` and the object count behind `statvfs` are those of the last committed
 //!   transaction group, so [`Zfs::usage`] lags writes by up to a few seconds.
+//! - `zfs destroy -r` of a dataset with clones unmounts it before it refuses; it is
+//!   mounted again.
+//! - `zfs rename` of an unmounted dataset one of whose snapshots is the origin of a
+//!   mounted clone fails with "dataset is busy" about every other time, and then for as
+//!   long as the clone is mounted (mounting and unmounting the dataset again does not
+//!   help): [`Zfs::archive`] promotes such clones of the agent's first, after which the
+//!   rename goes through.
+//! - `zfs promote` does not check that the snapshots it moves keep names within 255
+//!   characters; with a longer one the daemon crashes, and again on every listing of the
+//!   pool after a restart. Promotions are checked here first (see "Clones").
+//! - `zfs get -r -d 1` of a dataset lists its snapshots (they are one level down), not
+//!   those of its children.
 //!
 //! # Interrupted operations
 //!
@@ -70,7 +129,8 @@ use std::io;
 use std::os::fd::{AsFd, OwnedFd};
 use std::path::{Component, Path, PathBuf};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use nfsprov_api_types::VolumePath;
 use rustix::fs::{AtFlags, Mode, OFlags};
@@ -78,10 +138,11 @@ use rustix::io::Errno;
 
 use self::parse::{
     Child, ChildKind, Properties, is_missing_dataset, parse_children, parse_properties,
+    parse_snapshots,
 };
 use super::command::{ToolCommand, ToolError, ToolRunner, one_line};
 
-pub use self::names::{ARCHIVE_NAME_PREFIX, META_PROPERTY, PATH_PROPERTY};
+pub use self::names::{ARCHIVE_NAME_PREFIX, CLONE_SNAPSHOT_PREFIX, META_PROPERTY, PATH_PROPERTY};
 use self::names::{MAX_DATASET_NAME_LEN, MAX_GUID_DIGITS, MAX_PROPERTY_VALUE_BYTES};
 
 /// How long destroy and rename keep retrying while zfs calls a dataset busy.
@@ -136,6 +197,15 @@ pub struct ArchivedDataset {
     pub meta: Option<String>,
     /// Bytes it references.
     pub referenced: Option<u64>,
+}
+
+/// What a dataset depends on once [`Zfs::free_from_clones`] is done with it.
+#[derive(Debug)]
+struct Freed {
+    /// The snapshot it is a clone of, if any.
+    origin: Option<String>,
+    /// Whether another child of the configured dataset is a clone of that snapshot too.
+    shared: bool,
 }
 
 /// What is found under a volume's dataset name.
@@ -260,16 +330,7 @@ impl Zfs {
     pub fn create(&self, path: &VolumePath, refquota: Option<u64>) -> Result<()> {
         let name = self.dataset_name(path)?;
         let quota = quota_value(refquota)?;
-        match self.volume_dataset(&name, path, &[])? {
-            VolumeDataset::Absent => {}
-            VolumeDataset::Unfinished(_) => self.destroy_dataset(&name)?,
-            VolumeDataset::Finished(_) => {
-                return Err(ZfsError::Conflict(format!(
-                    "a volume already exists at {path} (dataset {name})"
-                )));
-            }
-            VolumeDataset::Foreign => return Err(foreign(&name, path)),
-        }
+        self.clear_the_way(&name, path)?;
         let mountpoint = self.mountpoint(path.as_str())?;
         let refquota = refquota.is_some().then_some(quota.as_str());
         self.run(&commands::create(
@@ -278,6 +339,51 @@ impl Zfs {
             path.as_str(),
             refquota,
         ))?;
+        Ok(())
+    }
+
+    /// Makes the dataset for `path` a clone of the finished volume at `source`: a new
+    /// snapshot of the source's dataset is cloned, mounted at `<export root>/<path>` and
+    /// marked like [`Zfs::create`] makes a dataset, with `refquota` bytes or no quota. The
+    /// target is handled like `create`'s. The clone shares the source's blocks until
+    /// either is written, depends on the snapshot (see "Clones" above), and is
+    /// unfinished until [`Zfs::write_meta`]. A quota below what the source references is
+    /// refused.
+    pub fn clone_volume(
+        &self,
+        source: &VolumePath,
+        path: &VolumePath,
+        refquota: Option<u64>,
+    ) -> Result<()> {
+        let source_name = self.dataset_name(source)?;
+        let name = self.dataset_name(path)?;
+        let quota = quota_value(refquota)?;
+        let snapshot_name = clone_snapshot_name();
+        self.check_clone_names(source, path, &[&source_name, &name], &snapshot_name)?;
+        let snapshot = format!("{source_name}@{snapshot_name}");
+        let mountpoint = self.mountpoint(path.as_str())?;
+        if !matches!(
+            self.volume_dataset(&source_name, source, &[])?,
+            VolumeDataset::Finished(_)
+        ) {
+            return Err(ZfsError::NotFound(format!(
+                "no volume at {source} to clone (no finished dataset {source_name} of the agent's)"
+            )));
+        }
+        self.clear_the_way(&name, path)?;
+        self.run(&commands::snapshot(&snapshot))?;
+        let refquota_value = refquota.is_some().then_some(quota.as_str());
+        if let Err(error) = self.run(&commands::clone(
+            &snapshot,
+            &name,
+            &mountpoint,
+            path.as_str(),
+            refquota_value,
+        )) {
+            let error = self.clone_failure(error, source, &snapshot, refquota);
+            self.undo_clone(&name, path, &snapshot);
+            return Err(error);
+        }
         Ok(())
     }
 
@@ -316,7 +422,7 @@ impl Zfs {
     /// Moves the volume to the archive: afterwards its data is mounted at
     /// `<export root>/<archive_rel>` (the caller made the parent directories), its dataset
     /// is renamed to `:archive:<guid>` so the path is free for a new volume, and the old
-    /// mountpoint directory is gone.
+    /// mountpoint directory is gone. Clones of it are promoted first (see "Clones").
     pub fn archive(&self, path: &VolumePath, archive_rel: &str) -> Result<()> {
         let archive_mountpoint = self.mountpoint(archive_rel)?;
         let name = self.dataset_name(path)?;
@@ -332,6 +438,8 @@ impl Zfs {
             .filter(|g| !g.is_empty() && g.bytes().all(|b| b.is_ascii_digit()))
             .ok_or_else(|| ZfsError::UnexpectedOutput(format!("no numeric guid for {name}")))?;
         let archived = format!("{}/{ARCHIVE_NAME_PREFIX}{guid}", self.dataset);
+        // zfs-fuse cannot rename a dataset whose snapshot a mounted clone depends on.
+        self.free_from_clones(&name)?;
         // zfs-fuse cannot rename a mounted dataset, and switching the mountpoint while
         // unmounted does not mount it at the archive before the rename is done.
         if properties.get("mounted").map(String::as_str) == Some("yes") {
@@ -500,12 +608,218 @@ impl Zfs {
         parse_children(&output, &self.dataset).map_err(ZfsError::UnexpectedOutput)
     }
 
-    /// Destroys a dataset and what is below it; already gone is success.
-    fn destroy_dataset(&self, name: &str) -> Result<()> {
-        match self.run_retrying_busy(&commands::destroy(name)) {
-            Err(ZfsError::Tool(e)) if is_missing_dataset(&e) => Ok(()),
-            other => other.map(drop),
+    /// Frees `path`'s dataset name for a new dataset: a leftover of an interrupted create
+    /// or clone there is destroyed; a finished volume or a dataset the agent did not
+    /// create is refused.
+    fn clear_the_way(&self, name: &str, path: &VolumePath) -> Result<()> {
+        match self.volume_dataset(name, path, &[])? {
+            VolumeDataset::Absent => Ok(()),
+            VolumeDataset::Unfinished(_) => self.destroy_dataset(name),
+            VolumeDataset::Finished(_) => Err(ZfsError::Conflict(format!(
+                "a volume already exists at {path} (dataset {name})"
+            ))),
+            VolumeDataset::Foreign => Err(foreign(name, path)),
         }
+    }
+
+    /// Refuses a clone whose snapshot could not be named, or could not move with a
+    /// promotion or an archive: `<dataset>@<snapshot>` must fit ZFS's limit below the
+    /// source's and the target's names and below an archived name. zfs-fuse refuses a
+    /// rename that would make a snapshot's name too long, but lets a promotion do it and
+    /// then crashes on every listing of the pool.
+    fn check_clone_names(
+        &self,
+        source: &VolumePath,
+        path: &VolumePath,
+        names: &[&str],
+        snapshot_name: &str,
+    ) -> Result<()> {
+        let archived = self.dataset.len() + 1 + ARCHIVE_NAME_PREFIX.len() + MAX_GUID_DIGITS;
+        let longest = names.iter().map(|n| n.len()).fold(archived, usize::max);
+        let needed = longest + 1 + snapshot_name.len();
+        if needed > MAX_DATASET_NAME_LEN {
+            return Err(ZfsError::Invalid(format!(
+                "{path} cannot be a ZFS clone of {source}: the snapshot the clone depends on, `@{snapshot_name}`, must fit below either volume's dataset name and an archived one, which takes {needed} characters, and ZFS allows {MAX_DATASET_NAME_LEN}; use shorter paths"
+            )));
+        }
+        Ok(())
+    }
+
+    /// What to report for a failed `zfs clone`: a quota below the source's size is
+    /// refused by zfs as "out of space", which is said plainly here.
+    fn clone_failure(
+        &self,
+        error: ZfsError,
+        source: &VolumePath,
+        snapshot: &str,
+        refquota: Option<u64>,
+    ) -> ZfsError {
+        let (ZfsError::Tool(tool), Some(bytes)) = (&error, refquota) else {
+            return error;
+        };
+        if !tool.stderr().contains("out of space") {
+            return error;
+        }
+        let referenced = self
+            .properties(snapshot, &["referenced"])
+            .ok()
+            .flatten()
+            .and_then(|p| p.get("referenced")?.parse::<u64>().ok());
+        match referenced {
+            Some(referenced) if bytes < referenced => ZfsError::Invalid(format!(
+                "a clone of {source} needs a capacity of at least {referenced} bytes, what the source's data takes now (ZFS refuses a quota below it); {bytes} bytes were asked for"
+            )),
+            _ => error,
+        }
+    }
+
+    /// Destroys the snapshot of a failed clone, and the clone too when zfs made it before
+    /// failing (to mount it, say). Failures are logged: the clone's error is the answer,
+    /// and what stays is an unfinished leftover that goes with the next create or clone at
+    /// the path, or at the next start.
+    fn undo_clone(&self, name: &str, path: &VolumePath, snapshot: &str) {
+        let error = match self.run_retrying_busy(&commands::destroy_snapshot(snapshot)) {
+            Ok(_) => return,
+            Err(ZfsError::Tool(e)) if is_missing_dataset(&e) => return,
+            Err(e) => e,
+        };
+        let made = matches!(&error, ZfsError::Tool(e) if e.stderr().contains("dependent clones"))
+            && matches!(
+                self.volume_dataset(name, path, &[]),
+                Ok(VolumeDataset::Unfinished(_))
+            );
+        let undone = if made {
+            // Its snapshot goes with it.
+            self.destroy_dataset(name)
+        } else {
+            Err(error)
+        };
+        if let Err(e) = undone {
+            tracing::warn!(%snapshot, dataset = %name, error = %e, "could not remove what a failed clone left; it goes with the next create at its path or at the next start");
+        }
+    }
+
+    /// Destroys a snapshot the agent took for a clone, once nothing needs it; a failure
+    /// is logged, not returned (the caller's work is done without it). It stays while a
+    /// clone depends on it, and goes with its dataset at the latest.
+    fn destroy_clone_snapshot(&self, snapshot: &str) {
+        match self.run_retrying_busy(&commands::destroy_snapshot(snapshot)) {
+            Ok(_) => {}
+            Err(ZfsError::Tool(e)) if is_missing_dataset(&e) => {}
+            Err(ZfsError::Tool(e)) if e.stderr().contains("dependent clones") => {
+                tracing::info!(%snapshot, "a clone's snapshot stays while a clone depends on it");
+            }
+            Err(e) => {
+                tracing::warn!(%snapshot, error = %e, "could not destroy a clone's snapshot; it goes when its dataset is destroyed");
+            }
+        }
+    }
+
+    /// Destroys one of the agent's datasets (a direct child of the configured dataset)
+    /// with its snapshots and anything below it; already gone is success. Clones of it
+    /// among the agent's datasets survive (see [`Zfs::free_from_clones`]), and the agent's
+    /// snapshot it was cloned from goes after it once no other dataset depends on that.
+    /// See "Clones" above.
+    fn destroy_dataset(&self, name: &str) -> Result<()> {
+        let freed = self.free_from_clones(name)?;
+        match self.run_retrying_busy(&commands::destroy(name)) {
+            Ok(_) => {}
+            Err(ZfsError::Tool(e)) if is_missing_dataset(&e) => {}
+            Err(ZfsError::Tool(e)) if e.stderr().contains("dependent clones") => {
+                // zfs-fuse unmounts the dataset before it finds the clones.
+                if let Err(mount) = self.mount(name) {
+                    tracing::warn!(dataset = %name, error = %mount, "could not mount again a dataset zfs refused to destroy");
+                }
+                return Err(ZfsError::Conflict(format!(
+                    "cannot destroy {name}: datasets the agent did not make are clones of its snapshots; promote or destroy them first ({})",
+                    one_line(e.stderr())
+                )));
+            }
+            Err(e) => return Err(e),
+        }
+        if let Some(origin) = freed.origin
+            && is_clone_snapshot(&origin)
+            && !freed.shared
+        {
+            self.destroy_clone_snapshot(&origin);
+        }
+        Ok(())
+    }
+
+    /// Makes sure no clone of the agent's depends on a snapshot of `name` (a direct child
+    /// of the configured dataset), so that it can be destroyed or renamed: if any does,
+    /// the one of the newest snapshot is promoted. Answers what `name` depends on then.
+    fn free_from_clones(&self, name: &str) -> Result<Freed> {
+        let children = self.origins()?;
+        let own_origin = children
+            .iter()
+            .find(|c| c.name == name)
+            .and_then(Child::origin);
+        let dependents: Vec<&Child> = children
+            .iter()
+            .filter(|c| c.is_ours() && c.origin().is_some_and(|o| snapshot_of(o) == Some(name)))
+            .collect();
+        // The snapshot `name` depends on once the clones are taken care of: as listed now,
+        // and by its name afterwards.
+        let (listed, origin, promoted) = if dependents.is_empty() {
+            (own_origin, own_origin.map(str::to_owned), None)
+        } else {
+            let (promoted, listed) = self.promote_newest_clone(name, &dependents)?;
+            // The snapshot moved onto the promoted clone, and `name` is its clone now.
+            let moved = format!("{promoted}{}", &listed[name.len()..]);
+            (Some(listed), Some(moved), Some(promoted))
+        };
+        let shared = listed.is_some()
+            && children.iter().any(|c| {
+                c.name != name && Some(c.name.as_str()) != promoted && c.origin() == listed
+            });
+        Ok(Freed { origin, shared })
+    }
+
+    /// Promotes the clone in `dependents` (clones of snapshots of `name`) whose snapshot
+    /// is the newest, so that `name` has no dependents left: the snapshots up to that one
+    /// move onto it, and the other clones follow theirs. Answers the promoted clone and
+    /// the snapshot it was cloned from, as named before.
+    fn promote_newest_clone<'c>(
+        &self,
+        name: &str,
+        dependents: &[&'c Child],
+    ) -> Result<(&'c str, &'c str)> {
+        let output = self.run(&commands::get_snapshot_txgs(name))?;
+        let snapshots = parse_snapshots(&output, name).map_err(ZfsError::UnexpectedOutput)?;
+        let txg = |snapshot: &str| {
+            snapshots
+                .iter()
+                .find(|s| s.name == snapshot)
+                .map(|s| s.createtxg)
+        };
+        let (newest, newest_txg) = dependents
+            .iter()
+            .filter_map(|c| Some((*c, txg(c.origin()?)?)))
+            .max_by_key(|(_, txg)| *txg)
+            .ok_or_else(|| {
+                ZfsError::UnexpectedOutput(format!(
+                    "the snapshots of {name} that its clones depend on are not listed"
+                ))
+            })?;
+        for moved in snapshots.iter().filter(|s| s.createtxg <= newest_txg) {
+            let renamed = newest.name.len() + moved.name.len() - name.len();
+            if renamed > MAX_DATASET_NAME_LEN {
+                return Err(ZfsError::Conflict(format!(
+                    "{name} cannot be destroyed or archived before its clone {} takes over its snapshot {}, whose name would then be {renamed} characters, and ZFS allows {MAX_DATASET_NAME_LEN}; destroy or rename that snapshot first",
+                    newest.name, moved.name
+                )));
+            }
+        }
+        self.run_retrying_busy(&commands::promote(&newest.name))?;
+        tracing::info!(dataset = %name, clone = %newest.name, "promoted a clone so that the dataset it was cloned from can go");
+        Ok((newest.name.as_str(), newest.origin().unwrap_or_default()))
+    }
+
+    /// The direct children of the configured dataset with their origins and marks.
+    fn origins(&self) -> Result<Vec<Child>> {
+        let output = self.run(&commands::get_origins(&self.dataset))?;
+        parse_children(&output, &self.dataset).map_err(ZfsError::UnexpectedOutput)
     }
 
     fn unmount(&self, name: &str) -> Result<()> {
@@ -609,6 +923,29 @@ impl Zfs {
         let vfs = rustix::fs::fstatvfs(&dir).ok()?;
         Some(vfs.f_files.saturating_sub(vfs.f_ffree))
     }
+}
+
+/// A new name for the snapshot a clone is made from: the time and a counter, so that no
+/// two are alike, in this process or after a restart.
+fn clone_snapshot_name() -> String {
+    static NEXT: AtomicU64 = AtomicU64::new(0);
+    let nanos = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos());
+    let count = NEXT.fetch_add(1, Ordering::Relaxed);
+    format!("{CLONE_SNAPSHOT_PREFIX}{nanos}-{count}")
+}
+
+/// The dataset a snapshot (`<dataset>@<snapshot>`) is of.
+fn snapshot_of(snapshot: &str) -> Option<&str> {
+    snapshot.split_once('@').map(|(dataset, _)| dataset)
+}
+
+/// Whether `snapshot` is one the agent took to clone a volume.
+fn is_clone_snapshot(snapshot: &str) -> bool {
+    snapshot
+        .split_once('@')
+        .is_some_and(|(_, name)| name.starts_with(CLONE_SNAPSHOT_PREFIX))
 }
 
 fn foreign(name: &str, path: &VolumePath) -> ZfsError {

@@ -7,7 +7,10 @@ pub const PATH_PROPERTY: &str = "nfsprov:path";
 pub const META_PROPERTY: &str = "nfsprov:volume";
 /// Start of an archived dataset's name below the configured dataset.
 pub const ARCHIVE_NAME_PREFIX: &str = ":archive:";
-/// ZFS's limit on a whole dataset name.
+/// Start of the snapshots the agent takes of a volume to clone it. A dataset whose origin
+/// is such a snapshot was cloned by the agent, and the snapshot goes when it does.
+pub const CLONE_SNAPSHOT_PREFIX: &str = "nfsprov-clone-";
+/// ZFS's limit on a whole dataset name (a snapshot's `<dataset>@<snapshot>` included).
 pub const MAX_DATASET_NAME_LEN: usize = 255;
 /// Longest user property value zfs accepts (zfs-fuse aborts on 8192 bytes).
 pub const MAX_PROPERTY_VALUE_BYTES: usize = 8191;

@@ -45,6 +45,22 @@ impl Child {
     pub fn is_mounted(&self) -> bool {
         self.properties.get("mounted").map(String::as_str) == Some("yes")
     }
+
+    /// The snapshot it was cloned from, when it is a clone.
+    pub fn origin(&self) -> Option<&str> {
+        self.properties
+            .get("origin")
+            .map(String::as_str)
+            .filter(|origin| origin.contains('@'))
+    }
+}
+
+/// A snapshot of a dataset, by the whole name (`<dataset>@<snapshot>`).
+#[derive(Debug, PartialEq, Eq)]
+pub struct Snapshot {
+    pub name: String,
+    /// The transaction group it was taken in: later snapshots have higher ones.
+    pub createtxg: u64,
 }
 
 pub fn classify(child: &str) -> ChildKind {
@@ -104,6 +120,31 @@ pub fn parse_children(output: &str, dataset: &str) -> Result<Vec<Child>, String>
             properties,
         })
         .collect())
+}
+
+/// The snapshots of `dataset` in `zfs get -H -p -r -d 1 -o name,property,value,source
+/// createtxg` output, oldest first; `Err` with the first line that cannot be read.
+pub fn parse_snapshots(output: &str, dataset: &str) -> Result<Vec<Snapshot>, String> {
+    let prefix = format!("{dataset}@");
+    let mut snapshots = Vec::new();
+    for line in output.lines().filter(|l| !l.is_empty()) {
+        let mut fields = line.split('\t');
+        let (Some(name), Some(property), Some(value)) =
+            (fields.next(), fields.next(), fields.next())
+        else {
+            return Err(line.to_owned());
+        };
+        if !name.starts_with(&prefix) || property != "createtxg" {
+            continue;
+        }
+        let createtxg = value.parse().map_err(|_| line.to_owned())?;
+        snapshots.push(Snapshot {
+            name: name.to_owned(),
+            createtxg,
+        });
+    }
+    snapshots.sort_by_key(|s| s.createtxg);
+    Ok(snapshots)
 }
 
 #[cfg(test)]

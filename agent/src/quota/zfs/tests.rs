@@ -22,15 +22,36 @@ fn fixture() -> Fixture {
 }
 
 impl Fixture {
-    /// A command line with the fixture's export root written as `<root>`.
+    /// A command line with the fixture's export root written as `<root>` and the unique
+    /// part of a clone snapshot's name as `<n>`.
     fn calls(&self) -> Vec<String> {
         let root = self.root.path().to_str().unwrap();
         self.runner
             .calls()
             .into_iter()
-            .map(|c| c.replace(root, "<root>"))
+            .map(|c| without_snapshot_suffix(&c.replace(root, "<root>")))
             .collect()
     }
+}
+
+/// `line` with every `nfsprov-clone-<digits>-<digits>` written `nfsprov-clone-<n>`
+/// (scripted answers name their snapshots with words).
+fn without_snapshot_suffix(line: &str) -> String {
+    let mut out = String::new();
+    let mut rest = line;
+    while let Some(at) = rest.find(CLONE_SNAPSHOT_PREFIX) {
+        let (before, from) = rest.split_at(at + CLONE_SNAPSHOT_PREFIX.len());
+        out.push_str(before);
+        let suffix = from
+            .find(|c: char| !c.is_ascii_digit() && c != '-')
+            .unwrap_or(from.len());
+        if suffix > 0 {
+            out.push_str("<n>");
+        }
+        rest = &from[suffix..];
+    }
+    out.push_str(rest);
+    out
 }
 
 fn path(p: &str) -> VolumePath {
@@ -64,6 +85,9 @@ fn volume_properties(path: Option<&str>, meta: Option<&str>, extra: &str) -> Str
 
 const GET_VOLUME: &str =
     "zfs get -H -p -o property,value,source nfsprov:path,nfsprov:volume tank/export/ns:claim";
+/// What every destroy looks at first: which children are clones of what.
+const LIST_ORIGINS: &str =
+    "zfs get -H -p -r -d 1 -o name,property,value,source origin,nfsprov:path tank/export";
 
 #[test]
 fn create_makes_one_dataset_with_mountpoint_owner_mark_and_quota() {
@@ -97,6 +121,7 @@ fn create_destroys_an_unfinished_leftover_first() {
         f.calls(),
         [
             GET_VOLUME,
+            LIST_ORIGINS,
             "zfs destroy -r tank/export/ns:claim",
             "zfs create -o mountpoint=<root>/ns/claim -o nfsprov:path=ns/claim -o refquota=5 tank/export/ns:claim",
         ]
@@ -243,6 +268,7 @@ fn destroy_removes_the_dataset_then_its_empty_mountpoint_directory() {
     std::fs::create_dir_all(&dir).unwrap();
     f.runner
         .reply(Ok(&volume_properties(Some("ns/claim"), Some("{}"), "")))
+        .reply(Ok(""))
         // zfs-fuse needs a moment after its own unmount.
         .reply(Err(failed(
             "cannot destroy 'tank/export/ns:claim': dataset is busy",
@@ -252,6 +278,7 @@ fn destroy_removes_the_dataset_then_its_empty_mountpoint_directory() {
         f.calls(),
         [
             GET_VOLUME,
+            LIST_ORIGINS,
             "zfs destroy -r tank/export/ns:claim",
             "zfs destroy -r tank/export/ns:claim",
         ]
@@ -286,7 +313,9 @@ fn a_dataset_that_stays_busy_is_reported_after_the_busy_wait() {
     let runner = Arc::new(MockToolRunner::default());
     let zfs = Zfs::new(runner.clone(), DATASET, Path::new("/nonexistent"))
         .with_busy_wait(Duration::from_millis(50));
-    runner.reply(Ok(&volume_properties(Some("a"), Some("{}"), "")));
+    runner
+        .reply(Ok(&volume_properties(Some("a"), Some("{}"), "")))
+        .reply(Ok(""));
     for _ in 0..1000 {
         runner.reply(Err(failed(
             "cannot destroy 'tank/export/a': dataset is busy",
@@ -323,6 +352,7 @@ fn archive_unmounts_moves_the_mountpoint_renames_and_mounts() {
         f.calls(),
         [
             "zfs get -H -p -o property,value,source nfsprov:path,nfsprov:volume,mounted,guid tank/export/ns:claim",
+            LIST_ORIGINS,
             "zfs umount tank/export/ns:claim",
             "zfs set mountpoint=<root>/.archive/ns/claim/@20261122T083958.123456789Z tank/export/ns:claim",
             "zfs rename tank/export/ns:claim tank/export/:archive:5691047184416807748",
@@ -484,7 +514,11 @@ fn destroy_archive_destroys_only_the_dataset_mounted_there() {
     f.zfs.destroy_archive(location).unwrap();
     assert_eq!(
         f.calls(),
-        [LIST_ARCHIVES, "zfs destroy -r tank/export/:archive:77"]
+        [
+            LIST_ARCHIVES,
+            LIST_ORIGINS,
+            "zfs destroy -r tank/export/:archive:77"
+        ]
     );
     assert!(!f.root.path().join(location).exists());
     assert!(f.root.path().join(".archive/b").is_dir());
@@ -514,6 +548,7 @@ fn purge_destroys_unfinished_datasets_and_remounts_unmounted_ones() {
         [
             LIST_CHILDREN,
             "zfs mount tank/export/:archive:77",
+            LIST_ORIGINS,
             "zfs destroy -r tank/export/half",
         ]
     );
@@ -697,4 +732,594 @@ fn probe_failures_say_what_is_wrong_and_how_to_fix_it_in_one_line() {
             );
         }
     }
+}
+
+const GET_SOURCE: &str =
+    "zfs get -H -p -o property,value,source nfsprov:path,nfsprov:volume tank/export/ns:src";
+const SNAPSHOT_SOURCE: &str = "zfs snapshot tank/export/ns:src@nfsprov-clone-<n>";
+
+#[test]
+fn clone_snapshots_the_source_and_clones_it_marked_at_the_target_path() {
+    let f = fixture();
+    f.runner
+        .reply(Ok(&volume_properties(Some("ns/src"), Some("{}"), "")))
+        .reply(Err(missing()));
+    f.zfs
+        .clone_volume(&path("ns/src"), &path("ns/claim"), Some(1 << 20))
+        .unwrap();
+    assert_eq!(
+        f.calls(),
+        [
+            GET_SOURCE,
+            GET_VOLUME,
+            SNAPSHOT_SOURCE,
+            "zfs clone -o mountpoint=<root>/ns/claim -o nfsprov:path=ns/claim -o refquota=1048576 tank/export/ns:src@nfsprov-clone-<n> tank/export/ns:claim",
+        ]
+    );
+    // The clone is made from the snapshot just taken.
+    let raw = f.runner.calls();
+    let snapshot = raw[2].strip_prefix("zfs snapshot ").unwrap();
+    assert!(raw[3].contains(&format!(" {snapshot} ")), "{raw:?}");
+
+    // Without a quota; a second clone of the same source gets a snapshot of its own.
+    f.runner
+        .reply(Ok(&volume_properties(Some("ns/src"), Some("{}"), "")))
+        .reply(Err(missing()));
+    f.zfs
+        .clone_volume(&path("ns/src"), &path("other"), None)
+        .unwrap();
+    let raw = f.runner.calls();
+    assert_eq!(
+        f.calls()[7],
+        "zfs clone -o mountpoint=<root>/other -o nfsprov:path=other tank/export/ns:src@nfsprov-clone-<n> tank/export/other"
+    );
+    assert_ne!(raw[6], raw[2], "{raw:?}");
+}
+
+#[test]
+fn clone_needs_a_finished_source_of_the_agents_and_a_free_target() {
+    // No finished volume of the agent's at the source: nothing else is looked at.
+    for reply in [
+        Err(missing()),
+        Ok(volume_properties(Some("ns/src"), None, "")),
+        Ok(volume_properties(None, Some("{}"), "")),
+        Ok(volume_properties(Some("other"), Some("{}"), "")),
+    ] {
+        let f = fixture();
+        f.runner.reply(reply.as_deref().map_err(Clone::clone));
+        let err = f
+            .zfs
+            .clone_volume(&path("ns/src"), &path("ns/claim"), None)
+            .unwrap_err();
+        assert!(
+            matches!(err, ZfsError::NotFound(ref m) if m.contains("no volume at ns/src")),
+            "{reply:?}: {err}"
+        );
+        assert_eq!(f.calls(), [GET_SOURCE]);
+    }
+
+    // A finished volume or a dataset of someone else's at the target.
+    for (target, expected) in [
+        (
+            volume_properties(Some("ns/claim"), Some("{}"), ""),
+            "already exists",
+        ),
+        (
+            volume_properties(None, None, ""),
+            "not created by the agent",
+        ),
+    ] {
+        let f = fixture();
+        f.runner
+            .reply(Ok(&volume_properties(Some("ns/src"), Some("{}"), "")))
+            .reply(Ok(&target));
+        let err = f
+            .zfs
+            .clone_volume(&path("ns/src"), &path("ns/claim"), None)
+            .unwrap_err();
+        assert!(
+            matches!(err, ZfsError::Conflict(ref m) if m.contains(expected)),
+            "{err}"
+        );
+        assert_eq!(f.calls(), [GET_SOURCE, GET_VOLUME]);
+    }
+
+    // A leftover of an interrupted create or clone at the target goes first.
+    let f = fixture();
+    f.runner
+        .reply(Ok(&volume_properties(Some("ns/src"), Some("{}"), "")))
+        .reply(Ok(&volume_properties(Some("ns/claim"), None, "")));
+    f.zfs
+        .clone_volume(&path("ns/src"), &path("ns/claim"), Some(5))
+        .unwrap();
+    assert_eq!(
+        f.calls(),
+        [
+            GET_SOURCE,
+            GET_VOLUME,
+            LIST_ORIGINS,
+            "zfs destroy -r tank/export/ns:claim",
+            SNAPSHOT_SOURCE,
+            "zfs clone -o mountpoint=<root>/ns/claim -o nfsprov:path=ns/claim -o refquota=5 tank/export/ns:src@nfsprov-clone-<n> tank/export/ns:claim",
+        ]
+    );
+}
+
+#[test]
+fn clones_whose_snapshot_could_not_move_with_them_are_refused_before_running_zfs() {
+    let f = fixture();
+    // "tank/export/" takes 12 characters and the snapshot `@nfsprov-clone-<19 digits>-<n>`
+    // at least 36, which leaves at most 207 for a path.
+    let fits = "a".repeat(200);
+    let long = "a".repeat(208);
+    let err = f
+        .zfs
+        .clone_volume(&path("src"), &path(&long), None)
+        .unwrap_err();
+    assert!(
+        matches!(err, ZfsError::Invalid(ref m) if m.contains("cannot be a ZFS clone") && m.contains("ZFS allows 255")),
+        "{err}"
+    );
+    let err = f
+        .zfs
+        .clone_volume(&path(&long), &path("claim"), None)
+        .unwrap_err();
+    assert!(matches!(err, ZfsError::Invalid(_)), "{err}");
+    let err = f
+        .zfs
+        .clone_volume(&path("src"), &path("claim"), Some(0))
+        .unwrap_err();
+    assert!(
+        matches!(err, ZfsError::Invalid(ref m) if m.contains("0 bytes")),
+        "{err}"
+    );
+    assert!(f.calls().is_empty(), "{:?}", f.calls());
+
+    f.runner.reply(Err(missing()));
+    let err = f
+        .zfs
+        .clone_volume(&path("src"), &path(&fits), None)
+        .unwrap_err();
+    assert!(matches!(err, ZfsError::NotFound(_)), "{err}");
+}
+
+#[test]
+fn a_failed_clone_destroys_the_snapshot_it_was_to_be_made_from() {
+    let f = fixture();
+    f.runner
+        .reply(Ok(&volume_properties(Some("ns/src"), Some("{}"), "")))
+        .reply(Err(missing()))
+        .reply(Ok(""))
+        .reply(Err(failed(
+            "cannot mount '/srv/ns/claim': directory is not empty",
+        )));
+    let err = f
+        .zfs
+        .clone_volume(&path("ns/src"), &path("ns/claim"), None)
+        .unwrap_err();
+    assert!(err.to_string().contains("directory is not empty"), "{err}");
+    let calls = f.calls();
+    assert_eq!(
+        calls[2..],
+        [
+            SNAPSHOT_SOURCE,
+            "zfs clone -o mountpoint=<root>/ns/claim -o nfsprov:path=ns/claim tank/export/ns:src@nfsprov-clone-<n> tank/export/ns:claim",
+            "zfs destroy tank/export/ns:src@nfsprov-clone-<n>",
+        ]
+    );
+    let raw = f.runner.calls();
+    assert_eq!(
+        raw[4].strip_prefix("zfs destroy "),
+        raw[2].strip_prefix("zfs snapshot "),
+        "the very snapshot taken"
+    );
+
+    // A quota below the source's size: zfs says "out of space"; the size is looked up
+    // on the snapshot, before it goes.
+    let f = fixture();
+    f.runner
+        .reply(Ok(&volume_properties(Some("ns/src"), Some("{}"), "")))
+        .reply(Err(missing()))
+        .reply(Ok(""))
+        .reply(Err(failed(
+            "cannot create 'tank/export/ns:claim': out of space",
+        )))
+        .reply(Ok("referenced\t2220032\t-\n"));
+    let err = f
+        .zfs
+        .clone_volume(&path("ns/src"), &path("ns/claim"), Some(65536))
+        .unwrap_err();
+    assert!(
+        matches!(err, ZfsError::Invalid(ref m) if m.contains("at least 2220032 bytes") && m.contains("65536")),
+        "{err}"
+    );
+    assert_eq!(
+        f.calls()[4..],
+        [
+            "zfs get -H -p -o property,value,source referenced tank/export/ns:src@nfsprov-clone-<n>",
+            "zfs destroy tank/export/ns:src@nfsprov-clone-<n>",
+        ]
+    );
+
+    // A pool that is really full stays what zfs said.
+    let f = fixture();
+    f.runner
+        .reply(Ok(&volume_properties(Some("ns/src"), Some("{}"), "")))
+        .reply(Err(missing()))
+        .reply(Ok(""))
+        .reply(Err(failed(
+            "cannot create 'tank/export/ns:claim': out of space",
+        )))
+        .reply(Ok("referenced\t1000\t-\n"));
+    let err = f
+        .zfs
+        .clone_volume(&path("ns/src"), &path("ns/claim"), Some(65536))
+        .unwrap_err();
+    assert!(
+        matches!(err, ZfsError::Tool(_)) && err.to_string().contains("out of space"),
+        "{err}"
+    );
+}
+
+/// `zfs get -r -d 1 origin,nfsprov:path` output: the configured dataset, then each
+/// `(child, origin, path mark)`.
+fn origins(children: &[(&str, Option<&str>, Option<&str>)]) -> String {
+    let mut out = "tank/export\torigin\t-\t-\ntank/export\tnfsprov:path\t-\t-\n".to_owned();
+    for (child, origin, mark) in children {
+        let name = format!("tank/export/{child}");
+        out += &format!("{name}\torigin\t{}\t-\n", origin.unwrap_or("-"));
+        out += &match mark {
+            Some(mark) => format!("{name}\tnfsprov:path\t{mark}\tlocal\n"),
+            None => format!("{name}\tnfsprov:path\t-\t-\n"),
+        };
+    }
+    out
+}
+
+const GET_SOURCE_SNAPSHOTS: &str =
+    "zfs get -H -p -r -d 1 -o name,property,value,source createtxg tank/export/ns:src";
+
+#[test]
+fn destroying_a_source_promotes_its_clone_and_removes_the_snapshot_that_moved() {
+    let f = fixture();
+    f.runner
+        .reply(Ok(&volume_properties(Some("ns/src"), Some("{}"), "")))
+        .reply(Ok(&origins(&[
+            ("ns:src", None, Some("ns/src")),
+            (
+                "ns:claim",
+                Some("tank/export/ns:src@nfsprov-clone-early"),
+                Some("ns/claim"),
+            ),
+        ])))
+        .reply(Ok("tank/export/ns:src\tcreatetxg\t10\t-\n\
+             tank/export/ns:src@nfsprov-clone-early\tcreatetxg\t20\t-\n"));
+    f.zfs.destroy(&path("ns/src")).unwrap();
+    assert_eq!(
+        f.calls(),
+        [
+            GET_SOURCE,
+            LIST_ORIGINS,
+            GET_SOURCE_SNAPSHOTS,
+            "zfs promote tank/export/ns:claim",
+            "zfs destroy -r tank/export/ns:src",
+            "zfs destroy tank/export/ns:claim@nfsprov-clone-early",
+        ]
+    );
+}
+
+#[test]
+fn destroying_a_source_with_two_clones_promotes_the_one_of_the_newest_snapshot() {
+    let f = fixture();
+    f.runner
+        .reply(Ok(&volume_properties(Some("ns/src"), Some("{}"), "")))
+        .reply(Ok(&origins(&[
+            ("ns:src", None, Some("ns/src")),
+            // Listed first, cloned from the newer snapshot.
+            (
+                "a",
+                Some("tank/export/ns:src@nfsprov-clone-late"),
+                Some("a"),
+            ),
+            (
+                "b",
+                Some("tank/export/ns:src@nfsprov-clone-early"),
+                Some("b"),
+            ),
+            // Someone else's clone of an older snapshot is never promoted.
+            ("scratch", Some("tank/export/ns:src@daily"), None),
+        ])))
+        .reply(Ok("tank/export/ns:src\tcreatetxg\t10\t-\n\
+             tank/export/ns:src@daily\tcreatetxg\t15\t-\n\
+             tank/export/ns:src@nfsprov-clone-early\tcreatetxg\t20\t-\n\
+             tank/export/ns:src@nfsprov-clone-late\tcreatetxg\t31\t-\n"));
+    f.zfs.destroy(&path("ns/src")).unwrap();
+    assert_eq!(
+        f.calls(),
+        [
+            GET_SOURCE,
+            LIST_ORIGINS,
+            GET_SOURCE_SNAPSHOTS,
+            "zfs promote tank/export/a",
+            "zfs destroy -r tank/export/ns:src",
+            // b's snapshot moved onto a with the promotion and stays for b.
+            "zfs destroy tank/export/a@nfsprov-clone-late",
+        ]
+    );
+
+    // Two clones of one snapshot: one is promoted, the snapshot stays for the other.
+    let f = fixture();
+    f.runner
+        .reply(Ok(&volume_properties(Some("ns/src"), Some("{}"), "")))
+        .reply(Ok(&origins(&[
+            ("ns:src", None, Some("ns/src")),
+            (
+                "a",
+                Some("tank/export/ns:src@nfsprov-clone-early"),
+                Some("a"),
+            ),
+            (
+                "b",
+                Some("tank/export/ns:src@nfsprov-clone-early"),
+                Some("b"),
+            ),
+        ])))
+        .reply(Ok(
+            "tank/export/ns:src@nfsprov-clone-early\tcreatetxg\t20\t-\n",
+        ));
+    f.zfs.destroy(&path("ns/src")).unwrap();
+    let calls = f.calls();
+    assert_eq!(calls.len(), 5, "{calls:?}");
+    assert!(calls[3].starts_with("zfs promote "), "{calls:?}");
+    assert_eq!(calls[4], "zfs destroy -r tank/export/ns:src");
+}
+
+#[test]
+fn destroying_a_clone_removes_the_snapshot_it_was_made_from() {
+    let f = fixture();
+    f.runner
+        .reply(Ok(&volume_properties(Some("ns/claim"), Some("{}"), "")))
+        .reply(Ok(&origins(&[
+            ("ns:src", None, Some("ns/src")),
+            (
+                "ns:claim",
+                Some("tank/export/ns:src@nfsprov-clone-early"),
+                Some("ns/claim"),
+            ),
+        ])));
+    f.zfs.destroy(&path("ns/claim")).unwrap();
+    assert_eq!(
+        f.calls(),
+        [
+            GET_VOLUME,
+            LIST_ORIGINS,
+            "zfs destroy -r tank/export/ns:claim",
+            "zfs destroy tank/export/ns:src@nfsprov-clone-early",
+        ]
+    );
+
+    // A snapshot the agent did not take, or one another clone still depends on, stays;
+    // a failure to destroy the snapshot does not fail the destroy.
+    for (other_origin, snapshot) in [
+        (None, "tank/export/ns:src@daily"),
+        (
+            Some("tank/export/ns:src@nfsprov-clone-early"),
+            "tank/export/ns:src@nfsprov-clone-early",
+        ),
+    ] {
+        let f = fixture();
+        f.runner
+            .reply(Ok(&volume_properties(Some("ns/claim"), Some("{}"), "")))
+            .reply(Ok(&origins(&[
+                ("ns:src", None, Some("ns/src")),
+                ("ns:claim", Some(snapshot), Some("ns/claim")),
+                ("other", other_origin, Some("other")),
+            ])));
+        f.zfs.destroy(&path("ns/claim")).unwrap();
+        assert_eq!(
+            f.calls(),
+            [
+                GET_VOLUME,
+                LIST_ORIGINS,
+                "zfs destroy -r tank/export/ns:claim"
+            ]
+        );
+    }
+    let f = fixture();
+    f.runner
+        .reply(Ok(&volume_properties(Some("ns/claim"), Some("{}"), "")))
+        .reply(Ok(&origins(&[(
+            "ns:claim",
+            Some("tank/export/ns:src@nfsprov-clone-early"),
+            Some("ns/claim"),
+        )])))
+        .reply(Ok(""))
+        .reply(Err(failed("internal error: out of memory")));
+    f.zfs.destroy(&path("ns/claim")).unwrap();
+    assert_eq!(f.calls().len(), 4);
+}
+
+#[test]
+fn archived_sources_and_leftover_clones_are_destroyed_the_same_way() {
+    // An archived source: its clone's origin follows the rename.
+    let f = fixture();
+    let location = ".archive/b/@20260102T030405.000000006Z";
+    f.runner
+        .reply(Ok(&archive_listing(f.root.path())))
+        .reply(Ok(&origins(&[
+            (":archive:77", None, Some("b")),
+            (
+                "c",
+                Some("tank/export/:archive:77@nfsprov-clone-early"),
+                Some("c"),
+            ),
+        ])))
+        .reply(Ok(
+            "tank/export/:archive:77@nfsprov-clone-early\tcreatetxg\t20\t-\n",
+        ));
+    f.zfs.destroy_archive(location).unwrap();
+    assert_eq!(
+        f.calls(),
+        [
+            LIST_ARCHIVES,
+            LIST_ORIGINS,
+            "zfs get -H -p -r -d 1 -o name,property,value,source createtxg tank/export/:archive:77",
+            "zfs promote tank/export/c",
+            "zfs destroy -r tank/export/:archive:77",
+            "zfs destroy tank/export/c@nfsprov-clone-early",
+        ]
+    );
+
+    // A clone interrupted before its record is purged with its snapshot.
+    let f = fixture();
+    f.runner
+        .reply(Ok(&listing()))
+        // The mount of the archive a crash left unmounted.
+        .reply(Ok(""))
+        .reply(Ok(&origins(&[(
+            "half",
+            Some("tank/export/b@nfsprov-clone-early"),
+            Some("half"),
+        )])));
+    assert_eq!(f.zfs.purge_leftovers().unwrap(), 1);
+    assert_eq!(
+        f.calls()[2..],
+        [
+            LIST_ORIGINS,
+            "zfs destroy -r tank/export/half",
+            "zfs destroy tank/export/b@nfsprov-clone-early",
+        ]
+    );
+}
+
+#[test]
+fn a_source_with_clones_of_others_is_mounted_again_and_kept() {
+    let f = fixture();
+    f.runner
+        .reply(Ok(&volume_properties(Some("ns/src"), Some("{}"), "")))
+        .reply(Ok(&origins(&[
+            ("ns:src", None, Some("ns/src")),
+            ("scratch", Some("tank/export/ns:src@mine"), None),
+        ])))
+        .reply(Err(failed(
+            "cannot destroy 'tank/export/ns:src': filesystem has dependent clones\nuse '-R' to destroy the following datasets:\ntank/export/scratch",
+        )));
+    let err = f.zfs.destroy(&path("ns/src")).unwrap_err();
+    assert!(
+        matches!(err, ZfsError::Conflict(ref m) if m.contains("did not make") && m.contains("tank/export/scratch")),
+        "{err}"
+    );
+    assert_eq!(
+        f.calls(),
+        [
+            GET_SOURCE,
+            LIST_ORIGINS,
+            "zfs destroy -r tank/export/ns:src",
+            "zfs mount tank/export/ns:src",
+        ]
+    );
+}
+
+#[test]
+fn a_promotion_that_would_make_a_snapshot_name_too_long_is_refused() {
+    // zfs-fuse would do it and crash on the name.
+    let f = fixture();
+    let clone = format!("c{}", "x".repeat(220));
+    f.runner
+        .reply(Ok(&volume_properties(Some("ns/src"), Some("{}"), "")))
+        .reply(Ok(&origins(&[
+            ("ns:src", None, Some("ns/src")),
+            (
+                &clone,
+                Some("tank/export/ns:src@nfsprov-clone-early"),
+                Some(&clone),
+            ),
+        ])))
+        .reply(Ok(&format!(
+            "tank/export/ns:src@{}\tcreatetxg\t5\t-\ntank/export/ns:src@nfsprov-clone-early\tcreatetxg\t20\t-\n",
+            "h".repeat(30)
+        )));
+    let err = f.zfs.destroy(&path("ns/src")).unwrap_err();
+    assert!(
+        matches!(err, ZfsError::Conflict(ref m) if m.contains("hhhh") && m.contains("264 characters")),
+        "{err}"
+    );
+    assert_eq!(f.calls(), [GET_SOURCE, LIST_ORIGINS, GET_SOURCE_SNAPSHOTS]);
+}
+
+#[test]
+fn a_clone_zfs_made_before_failing_goes_with_its_snapshot() {
+    let f = fixture();
+    f.runner
+        .reply(Ok(&volume_properties(Some("ns/src"), Some("{}"), "")))
+        .reply(Err(missing()))
+        .reply(Ok(""))
+        .reply(Err(failed(
+            "cannot mount 'tank/export/ns:claim': mountpoint or dataset is busy",
+        )))
+        .reply(Err(failed(
+            "cannot destroy 'tank/export/ns:src@nfsprov-clone-x': snapshot has dependent clones\nuse '-R' to destroy the following datasets:\ntank/export/ns:claim",
+        )))
+        .reply(Ok(&volume_properties(Some("ns/claim"), None, "")))
+        .reply(Ok(&origins(&[
+            ("ns:src", None, Some("ns/src")),
+            (
+                "ns:claim",
+                Some("tank/export/ns:src@nfsprov-clone-early"),
+                Some("ns/claim"),
+            ),
+        ])));
+    let err = f
+        .zfs
+        .clone_volume(&path("ns/src"), &path("ns/claim"), None)
+        .unwrap_err();
+    assert!(err.to_string().contains("cannot mount"), "{err}");
+    assert_eq!(
+        f.calls()[4..],
+        [
+            "zfs destroy tank/export/ns:src@nfsprov-clone-<n>",
+            GET_VOLUME,
+            LIST_ORIGINS,
+            "zfs destroy -r tank/export/ns:claim",
+            "zfs destroy tank/export/ns:src@nfsprov-clone-early",
+        ]
+    );
+}
+
+#[test]
+fn archiving_a_source_promotes_its_clone_first() {
+    let f = fixture();
+    f.runner
+        .reply(Ok(&volume_properties(
+            Some("ns/src"),
+            Some("{}"),
+            "mounted\tyes\t-\nguid\t42\t-\n",
+        )))
+        .reply(Ok(&origins(&[
+            ("ns:src", None, Some("ns/src")),
+            (
+                "ns:claim",
+                Some("tank/export/ns:src@nfsprov-clone-early"),
+                Some("ns/claim"),
+            ),
+        ])))
+        .reply(Ok(
+            "tank/export/ns:src@nfsprov-clone-early\tcreatetxg\t20\t-\n",
+        ));
+    f.zfs
+        .archive(&path("ns/src"), ".archive/ns/src/@x")
+        .unwrap();
+    assert_eq!(
+        f.calls(),
+        [
+            "zfs get -H -p -o property,value,source nfsprov:path,nfsprov:volume,mounted,guid tank/export/ns:src",
+            LIST_ORIGINS,
+            GET_SOURCE_SNAPSHOTS,
+            "zfs promote tank/export/ns:claim",
+            "zfs umount tank/export/ns:src",
+            "zfs set mountpoint=<root>/.archive/ns/src/@x tank/export/ns:src",
+            "zfs rename tank/export/ns:src tank/export/:archive:42",
+            "zfs mount tank/export/:archive:42",
+        ]
+    );
 }
