@@ -14,14 +14,15 @@ use axum::{Extension, Json, Router};
 use futures::StreamExt;
 use nfsprov_api_types::{
     AdoptVolumeRequest, AgentInfo, ApiError, ArchiveList, ArchivePath, ArchiveRequest,
-    Capabilities, CreateVolumeRequest, ErrorCode, Health, NfsExport, REQUEST_ID_HEADER,
-    ResizeVolumeRequest, Volume, VolumeList, VolumePath,
+    Capabilities, CloneVolumeRequest, CreateVolumeRequest, ErrorCode, Health, NfsExport,
+    REQUEST_ID_HEADER, ResizeVolumeRequest, Volume, VolumeList, VolumePath,
 };
 use tower::limit::GlobalConcurrencyLimitLayer;
 use tower_http::request_id::{MakeRequestUuid, PropagateRequestIdLayer, SetRequestIdLayer};
 
 use crate::archives::Archives;
 use crate::auth::{Authenticator, Caller};
+use crate::clones::{CloneAnswer, Clones};
 use crate::config::AgentConfig;
 use crate::fs::{Archived, Created, Deleted, StoreError, VolumeStore};
 use crate::metrics::{Metrics, RequestLabels, RouteLabels};
@@ -46,6 +47,8 @@ pub struct AppState {
     pub policy: Policy,
     /// The archives, for the archive endpoints and the retention sweep.
     pub archives: Arc<Archives>,
+    /// The clones being made.
+    pub clones: Clones,
     usage: UsageCache,
     readiness: Mutex<Option<(Instant, Result<(), String>)>>,
     /// Audit lines of unauthenticated requests allowed per second.
@@ -62,6 +65,7 @@ impl AppState {
                 config.archive.clone(),
                 metrics.archives.clone(),
             )),
+            clones: Clones::new(store.clone(), metrics.clones.clone()),
             store,
             auth,
             metrics,
@@ -170,6 +174,7 @@ pub fn router(state: Arc<AppState>, max_concurrent_requests: usize) -> Router {
                 .delete(delete_volume),
         )
         .route("/v1/adoptions/{*path}", post(adopt_volume))
+        .route("/v1/clones/{*path}", post(clone_volume))
         .route("/v1/archives", get(list_archives))
         .route(
             "/v1/archives/{*path}",
@@ -347,6 +352,7 @@ const ROUTES: &[&str] = &[
     "/v1/volumes",
     "/v1/volumes/{*path}",
     "/v1/adoptions/{*path}",
+    "/v1/clones/{*path}",
     "/v1/archives",
     "/v1/archives/{*path}",
 ];
@@ -584,6 +590,34 @@ async fn adopt_volume(
     state.metrics.count_operation("adopt", outcome(&result));
     let (volume, adopted) = result?;
     Ok(made_or_found(volume, adopted))
+}
+
+/// How long a clone request waits for its job before answering `202 Accepted`: well
+/// inside the agent's own request time limit and the controller's.
+fn clone_answer_wait(request_timeout: Duration) -> Duration {
+    (request_timeout / 4).min(Duration::from_secs(10))
+}
+
+async fn clone_volume(
+    State(state): State<Arc<AppState>>,
+    raw_path: Result<Path<String>, PathRejection>,
+    headers: HeaderMap,
+    body: Body,
+) -> ApiResult<Response> {
+    let body = read_body(body, state.max_body_bytes).await;
+    let path = volume_path(raw_path)?;
+    let request: CloneVolumeRequest = json_body(&headers, &body?)?;
+    let wait = clone_answer_wait(state.request_timeout);
+    let result = match state.clones.clone_volume(&path, request, wait).await {
+        CloneAnswer::Running(progress) => {
+            return Ok((StatusCode::ACCEPTED, Json(progress)).into_response());
+        }
+        CloneAnswer::Done(outcome) => outcome.map_err(Failure),
+    };
+    state.usage.forget(&path);
+    state.metrics.count_operation("clone", outcome(&result));
+    let (volume, created) = result?;
+    Ok(made_or_found(volume, created))
 }
 
 async fn resize_volume(

@@ -21,6 +21,7 @@ mod archive_name;
 mod archives;
 mod backend;
 mod confine;
+mod copy;
 mod dataset;
 mod directory;
 mod error;
@@ -36,8 +37,9 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, RwLock};
 
 use nfsprov_api_types::{
-    AdoptVolumeRequest, ArchiveEntry, ArchivePath, ArchiveResult, CreateVolumeRequest,
-    FilesystemStats, QuotaBackend, QuotaPolicy, Volume, VolumePath, VolumeUsage,
+    AdoptVolumeRequest, ArchiveEntry, ArchivePath, ArchiveResult, CloneOrigin, CloneVolumeRequest,
+    CreateVolumeRequest, FilesystemStats, QuotaBackend, QuotaPolicy, Volume, VolumePath,
+    VolumeUsage,
 };
 use rustix::fs::{AtFlags, FileType, Mode, RenameFlags};
 use rustix::io::Errno;
@@ -57,8 +59,9 @@ use crate::quota::zfs::Zfs;
 
 pub use self::archive_name::ARCHIVE_DIR;
 pub use self::archives::StoredArchive;
-pub use self::backend::{KnownQuota, Layout, VolumeBackend};
+pub use self::backend::{CloneSource, CloneTarget, KnownQuota, Layout, VolumeBackend};
 pub use self::confine::{STATE_DIR, is_dot};
+pub use self::copy::{CopyOptions, CopyProgress, CopyStats, copy_tree, reflink_supported};
 pub use self::dataset::DatasetBackend;
 pub use self::directory::{DirectoryBackend, NoQuota, QuotaStrategy};
 pub use self::error::{Result, StoreError};
@@ -203,6 +206,7 @@ impl VolumeStore {
             created_at: String::new(),
             quota: None,
             archive: None,
+            clone: None,
         }
     }
 
@@ -352,6 +356,7 @@ impl VolumeStore {
             created_at: now_rfc3339(),
             quota: None,
             archive: None,
+            clone: None,
         };
         self.backend.write_record(dir.as_fd(), path, &record)?;
         tracing::info!(
@@ -416,44 +421,218 @@ impl VolumeStore {
         record.quota = self
             .backend
             .make(&self.root, staging.as_fd(), &staged, path, limit)?;
-        let result = (|| -> Result<rustix::io::Result<()>> {
-            let dir = open_child(staging.as_fd(), &staged, false)?;
-            self.finish(dir.as_fd(), path, &record)?;
-            Ok(rustix::fs::renameat_with(
-                &staging,
-                staged.as_str(),
+        let quota = record.quota.clone();
+        self.place_staged(
+            path,
+            parent,
+            Staged {
+                dir: staging.as_fd(),
+                name: &staged,
+                quota: quota.as_ref(),
+            },
+            |dir| {
+                self.finish(dir, path, &record)?;
+                Ok(record)
+            },
+            |existing| confirm(path, existing, wanted, policy),
+        )
+    }
+
+    /// Finishes the volume made in staging (`finish` sets it up, writes its record and
+    /// answers it) and renames it into place. When anything fails it is removed; when the
+    /// path was taken meanwhile, what is there is judged by `confirm_taken`.
+    fn place_staged(
+        &self,
+        path: &VolumePath,
+        parent: BorrowedFd<'_>,
+        staged: Staged<'_>,
+        finish: impl FnOnce(BorrowedFd<'_>) -> Result<VolumeRecord>,
+        confirm_taken: impl FnOnce(VolumeRecord) -> Result<(Volume, Created)>,
+    ) -> Result<(Volume, Created)> {
+        let result = (|| -> Result<(VolumeRecord, rustix::io::Result<()>)> {
+            let dir = open_child(staged.dir, staged.name, false)?;
+            let record = finish(dir.as_fd())?;
+            let moved = rustix::fs::renameat_with(
+                staged.dir,
+                staged.name,
                 parent,
                 path.file_name(),
                 RenameFlags::NOREPLACE,
-            ))
+            );
+            Ok((record, moved))
         })();
         let discard = || {
             self.backend.remove(
-                staging.as_fd(),
-                &staged,
+                staged.dir,
+                staged.name,
                 None,
-                KnownQuota::Known(record.quota.as_ref()),
+                KnownQuota::Known(staged.quota),
             )
         };
         match result {
-            Ok(Ok(())) => Ok((record.to_volume(path), Created::New)),
-            Ok(Err(Errno::EXIST)) => {
+            Ok((record, Ok(()))) => Ok((record.to_volume(path), Created::New)),
+            Ok((_, Err(Errno::EXIST))) => {
                 // Someone (another request, or a stray file) took the name meanwhile.
                 discard()?;
                 match self.backend.find(&self.root, parent, path)? {
-                    Some(existing) => confirm(path, existing, wanted, policy),
+                    Some(existing) => confirm_taken(existing),
                     None => Err(StoreError::Conflict(format!(
                         "{path} was created concurrently"
                     ))),
                 }
             }
-            Ok(Err(e)) => {
+            Ok((_, Err(e))) => {
                 discard()?;
                 Err(io_error(format!("move new volume {path} into place"), e))
             }
             Err(e) => {
                 discard()?;
                 Err(e)
+            }
+        }
+    }
+
+    /// Makes a new volume at `path` holding a copy of the volume `request.source`, by the
+    /// fastest exact method the backend has (snapshot, clone, reflinks or a local copy),
+    /// or confirms the clone is already there. The copy is made beside its path (in
+    /// staging, or as an unfinished dataset) and becomes the volume only when complete,
+    /// so a crash or a failure leaves no partial clone at the path. The new root keeps
+    /// the source root's owner and mode. Callers hold the locks of both paths.
+    pub fn clone_volume(
+        &self,
+        path: &VolumePath,
+        request: &CloneVolumeRequest,
+        progress: &CopyProgress,
+    ) -> Result<(Volume, Created)> {
+        self.root.ensure_present()?;
+        let source_path = &request.source;
+        if source_path == path {
+            return Err(StoreError::Unsupported(format!(
+                "{path}: a volume cannot be cloned onto itself"
+            )));
+        }
+        let _nesting = self.nesting.read().unwrap_or_else(|e| e.into_inner());
+        let parent = self
+            .walk_parents(path, true)?
+            .ok_or_else(|| not_found(path))?;
+        if let Some(existing) = self.backend.find(&self.root, parent.as_fd(), path)? {
+            return confirm_clone(path, existing, request);
+        }
+        let Some((source_parent, source_record)) = self.locate(source_path)? else {
+            return Err(StoreError::NotFound(format!(
+                "{path}: the source volume {source_path} does not exist; nothing was created"
+            )));
+        };
+        if request.capacity_bytes < source_record.capacity_bytes {
+            return Err(StoreError::Unsupported(format!(
+                "{path}: a clone of {source_path} needs at least its capacity of {} bytes; {} bytes were asked for",
+                source_record.capacity_bytes, request.capacity_bytes
+            )));
+        }
+        if self.backend.layout() == Layout::Directories {
+            let points =
+                self.mount_points(source_path.as_str(), mounts::MountTable::mount_points_below)?;
+            if !points.is_empty() {
+                return Err(StoreError::Conflict(format!(
+                    "{path}: the source volume {source_path} holds mount points ({}); a clone never spans filesystems; unmount them and retry",
+                    points.join(", ")
+                )));
+            }
+        }
+        let source_dir = open_child(source_parent.as_fd(), source_path.file_name(), false)?;
+        let source = CloneSource {
+            path: source_path,
+            dir: source_dir.as_fd(),
+            record: &source_record,
+        };
+        let limit = self
+            .enforcement(path, request.quota)?
+            .then_some(request.capacity_bytes);
+        let cloned_record = |dir: BorrowedFd<'_>, quota, method| -> Result<VolumeRecord> {
+            let stat = rustix::fs::fstat(dir).map_err(|e| io_error(format!("stat {path}"), e))?;
+            let mode = nfsprov_api_types::Mode::new(stat.st_mode & nfsprov_api_types::Mode::MAX)
+                .map_err(|e| StoreError::Unsupported(format!("{path}: {e}")))?;
+            let record = VolumeRecord {
+                mode,
+                uid: stat.st_uid,
+                gid: stat.st_gid,
+                capacity_bytes: request.capacity_bytes,
+                owner: request.owner.clone(),
+                created_at: now_rfc3339(),
+                quota,
+                archive: None,
+                clone: Some(CloneOrigin {
+                    source: source_path.clone(),
+                    method,
+                }),
+            };
+            self.backend.write_record(dir, path, &record)?;
+            Ok(record)
+        };
+        match self.backend.layout() {
+            Layout::Directories => {
+                let staging = self.root.open_internal(&[STATE_DIR, STAGING_DIR], false)?;
+                let staged = self.unique_name("clone");
+                let target = CloneTarget {
+                    parent: staging.as_fd(),
+                    name: &staged,
+                    path,
+                    limit,
+                };
+                let (quota, method) = match self
+                    .backend
+                    .clone_volume(&self.root, &source, &target, progress)
+                {
+                    Ok(made) => made,
+                    Err(e) => {
+                        // Whatever the backend left goes now, not at the next start.
+                        if let Err(left) =
+                            self.backend
+                                .remove(staging.as_fd(), &staged, None, KnownQuota::Unknown)
+                        {
+                            tracing::warn!(%path, error = %left, "could not remove a failed clone from staging; it goes at the next start");
+                        }
+                        return Err(e);
+                    }
+                };
+                self.place_staged(
+                    path,
+                    parent.as_fd(),
+                    Staged {
+                        dir: staging.as_fd(),
+                        name: &staged,
+                        quota: quota.as_ref(),
+                    },
+                    |dir| cloned_record(dir, quota.clone(), method),
+                    |existing| confirm_clone(path, existing, request),
+                )
+            }
+            Layout::Mounts => {
+                let leaf = path.file_name();
+                let target = CloneTarget {
+                    parent: parent.as_fd(),
+                    name: leaf,
+                    path,
+                    limit,
+                };
+                let (quota, method) = self
+                    .backend
+                    .clone_volume(&self.root, &source, &target, progress)?;
+                let finished = open_child(parent.as_fd(), leaf, false)
+                    .and_then(|dir| cloned_record(dir.as_fd(), quota.clone(), method));
+                match finished {
+                    Ok(record) => Ok((record.to_volume(path), Created::New)),
+                    Err(e) => {
+                        // Unfinished: nothing refers to it yet, so it goes at once.
+                        let _ = self.backend.remove(
+                            parent.as_fd(),
+                            leaf,
+                            Some(path),
+                            KnownQuota::Known(quota.as_ref()),
+                        );
+                        Err(e)
+                    }
+                }
             }
         }
     }
@@ -907,6 +1086,43 @@ fn is_growth(path: &VolumePath, record: &VolumeRecord, capacity_bytes: u64) -> R
     Ok(capacity_bytes > record.capacity_bytes)
 }
 
+/// A volume made in the staging area, not yet in place.
+#[derive(Clone, Copy)]
+struct Staged<'a> {
+    dir: BorrowedFd<'a>,
+    name: &'a str,
+    quota: Option<&'a QuotaRecord>,
+}
+
+/// A repeated clone is confirmed only when the volume there is a clone of the same source
+/// with the same capacity, owner and quota. Mode and owner come from the source, so they
+/// are not compared.
+fn confirm_clone(
+    path: &VolumePath,
+    existing: VolumeRecord,
+    request: &CloneVolumeRequest,
+) -> Result<(Volume, Created)> {
+    let mut differences = Vec::new();
+    match &existing.clone {
+        Some(origin) if origin.source == request.source => {}
+        Some(origin) => differences.push(format!(
+            "a clone of {} (requested a clone of {})",
+            origin.source, request.source
+        )),
+        None => differences.push(format!(
+            "not a clone (requested a clone of {})",
+            request.source
+        )),
+    }
+    differences.extend(quota_difference(&existing, request.quota));
+    differences.extend(claim_differences(
+        &existing,
+        request.capacity_bytes,
+        &request.owner,
+    ));
+    confirmed(path, existing, differences)
+}
+
 /// A repeated create is confirmed only when the volume has exactly the settings asked for.
 fn confirm(
     path: &VolumePath,
@@ -914,10 +1130,7 @@ fn confirm(
     wanted: &VolumeRecord,
     policy: QuotaPolicy,
 ) -> Result<(Volume, Created)> {
-    let mut differences = Vec::new();
-    if policy == QuotaPolicy::Enforce && existing.quota.is_none() {
-        differences.push("no enforced quota (requested enforce)".to_owned());
-    }
+    let mut differences: Vec<String> = quota_difference(&existing, policy).into_iter().collect();
     if existing.mode != wanted.mode {
         differences.push(format!(
             "mode {} (requested {})",
@@ -930,18 +1143,44 @@ fn confirm(
     if existing.gid != wanted.gid {
         differences.push(format!("gid {} (requested {})", existing.gid, wanted.gid));
     }
-    if existing.capacity_bytes != wanted.capacity_bytes {
+    differences.extend(claim_differences(
+        &existing,
+        wanted.capacity_bytes,
+        &wanted.owner,
+    ));
+    confirmed(path, existing, differences)
+}
+
+fn quota_difference(existing: &VolumeRecord, policy: QuotaPolicy) -> Option<String> {
+    (policy == QuotaPolicy::Enforce && existing.quota.is_none())
+        .then(|| "no enforced quota (requested enforce)".to_owned())
+}
+
+/// How the volume differs from what its claim asks for: capacity and owner.
+fn claim_differences(
+    existing: &VolumeRecord,
+    capacity_bytes: u64,
+    owner: &nfsprov_api_types::VolumeOwner,
+) -> Vec<String> {
+    let mut differences = Vec::new();
+    if existing.capacity_bytes != capacity_bytes {
         differences.push(format!(
-            "capacity {} bytes (requested {})",
-            existing.capacity_bytes, wanted.capacity_bytes
+            "capacity {} bytes (requested {capacity_bytes})",
+            existing.capacity_bytes
         ));
     }
-    if existing.owner != wanted.owner {
-        differences.push(format!(
-            "owner {:?} (requested {:?})",
-            existing.owner, wanted.owner
-        ));
+    if existing.owner != *owner {
+        differences.push(format!("owner {:?} (requested {owner:?})", existing.owner));
     }
+    differences
+}
+
+/// The volume there, when nothing differs from the request.
+fn confirmed(
+    path: &VolumePath,
+    existing: VolumeRecord,
+    differences: Vec<String>,
+) -> Result<(Volume, Created)> {
     if differences.is_empty() {
         Ok((existing.to_volume(path), Created::Existing))
     } else {

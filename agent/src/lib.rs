@@ -5,6 +5,7 @@ pub mod api;
 pub mod archives;
 pub mod auth;
 pub mod cli;
+pub mod clones;
 pub mod config;
 pub mod connections;
 pub mod fs;

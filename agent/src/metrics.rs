@@ -7,6 +7,8 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::registry::Registry;
 
+use crate::fs::CopyProgress;
+
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct RequestLabels {
     /// A known method or `other`: never what a client sent.
@@ -42,6 +44,22 @@ pub struct ArchiveMetrics {
     pub deletion_failures: Counter,
 }
 
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct CloneLabels {
+    pub method: &'static str,
+}
+
+/// What clones report: how many, by which method, and how far the copies in flight are.
+#[derive(Debug, Clone, Default)]
+pub struct CloneMetrics {
+    /// Clones finished, by method.
+    pub made: Family<CloneLabels, Counter>,
+    /// Clones being made now.
+    pub in_progress: Gauge,
+    /// Updated by the copies themselves.
+    pub copy: CopyProgress,
+}
+
 #[derive(Debug)]
 pub struct Metrics {
     registry: Registry,
@@ -52,6 +70,7 @@ pub struct Metrics {
     pub filesystem_free_inodes: Gauge,
     pub leftover_entries: Gauge,
     pub archives: ArchiveMetrics,
+    pub clones: CloneMetrics,
 }
 
 impl Default for Metrics {
@@ -121,7 +140,34 @@ impl Metrics {
             "Deletions of an archive, asked for or by retention, that failed (the log names them)",
             archives.deletion_failures.clone(),
         );
+        let clones = CloneMetrics::default();
+        registry.register(
+            "clones",
+            "Clones made, by method (btrfs-snapshot, zfs-clone, reflink, copy)",
+            clones.made.clone(),
+        );
+        registry.register(
+            "clones_in_progress",
+            "Clones being made now",
+            clones.in_progress.clone(),
+        );
+        registry.register(
+            "clone_copied_bytes",
+            "Bytes of file data copied or reflinked by clones that copy their tree",
+            clones.copy.copied_bytes.clone(),
+        );
+        registry.register(
+            "clone_copied_files",
+            "Regular files copied or reflinked by clones that copy their tree",
+            clones.copy.copied_files.clone(),
+        );
+        registry.register(
+            "clone_pending_bytes",
+            "Bytes of file data that the copies in flight have found but not copied yet",
+            clones.copy.pending_bytes.clone(),
+        );
         Self {
+            clones,
             registry,
             requests,
             request_duration,

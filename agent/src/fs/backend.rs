@@ -7,10 +7,11 @@
 use std::fmt::Debug;
 use std::os::fd::BorrowedFd;
 
-use nfsprov_api_types::{ArchivePath, QuotaBackend, VolumePath, VolumeUsage};
+use nfsprov_api_types::{ArchivePath, CloneMethod, QuotaBackend, VolumePath, VolumeUsage};
 
 use super::archives::StoredArchive;
 use super::confine::Root;
+use super::copy::CopyProgress;
 use super::error::{Result, StoreError};
 use super::record::{QuotaRecord, VolumeRecord};
 
@@ -33,6 +34,26 @@ pub enum KnownQuota<'a> {
     Known(Option<&'a QuotaRecord>),
     /// What a crash left: the backend looks for a record itself.
     Unknown,
+}
+
+/// The finished volume a clone copies.
+#[derive(Debug, Clone, Copy)]
+pub struct CloneSource<'a> {
+    pub path: &'a VolumePath,
+    /// Its directory, opened by the store beneath the root.
+    pub dir: BorrowedFd<'a>,
+    pub record: &'a VolumeRecord,
+}
+
+/// Where a clone goes: `name` in `parent`, which is the staging area for
+/// [`Layout::Directories`] and the directory of its path for [`Layout::Mounts`].
+#[derive(Debug, Clone, Copy)]
+pub struct CloneTarget<'a> {
+    pub parent: BorrowedFd<'a>,
+    pub name: &'a str,
+    pub path: &'a VolumePath,
+    /// Bytes the clone is limited to, when a quota must hold it.
+    pub limit: Option<u64>,
 }
 
 pub trait VolumeBackend: Debug + Send + Sync {
@@ -72,6 +93,18 @@ pub trait VolumeBackend: Debug + Send + Sync {
         path: &VolumePath,
         limit: Option<u64>,
     ) -> Result<Option<QuotaRecord>>;
+
+    /// Makes the target a volume holding everything the source holds, with the fastest
+    /// exact method this storage allows, limited like [`Self::make`]. The source's root
+    /// owner and mode are kept. Answers the quota record to keep and the method used; on
+    /// failure what was made is left for the caller to remove like an unfinished volume.
+    fn clone_volume(
+        &self,
+        root: &Root,
+        source: &CloneSource<'_>,
+        target: &CloneTarget<'_>,
+        progress: &CopyProgress,
+    ) -> Result<(Option<QuotaRecord>, CloneMethod)>;
 
     /// Refuses, saying why, when a plain directory already at `path` cannot become a
     /// volume of this kind just by recording it.

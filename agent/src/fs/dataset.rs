@@ -9,12 +9,13 @@
 
 use std::os::fd::{AsFd, BorrowedFd};
 
-use nfsprov_api_types::{ArchivePath, QuotaBackend, VolumePath, VolumeUsage};
+use nfsprov_api_types::{ArchivePath, CloneMethod, QuotaBackend, VolumePath, VolumeUsage};
 
 use super::archive_name::{ARCHIVE_DIR, archive_path};
 use super::archives::StoredArchive;
-use super::backend::{KnownQuota, Layout, VolumeBackend};
+use super::backend::{CloneSource, CloneTarget, KnownQuota, Layout, VolumeBackend};
 use super::confine::{Root, open_child};
+use super::copy::CopyProgress;
 use super::error::{Result, StoreError, io_error, quota_error};
 use super::record::{QuotaRecord, VolumeRecord};
 use super::tree::{measure_tree, remove_tree};
@@ -79,18 +80,36 @@ impl VolumeBackend for DatasetBackend {
         path: &VolumePath,
         limit: Option<u64>,
     ) -> Result<Option<QuotaRecord>> {
-        // A directory of the root dataset itself (not a mount) is not the agent's.
-        if let Ok(dir) = open_child(parent, name, false)
-            && rustix::fs::fstat(&dir).is_ok_and(|st| st.st_dev == root.device())
-        {
-            return Err(StoreError::Conflict(format!(
-                "{path} exists but is not a volume made by the agent (a plain directory, no dataset); refusing to touch it"
-            )));
-        }
+        refuse_plain_directory(root, parent, name, path)?;
         self.zfs
             .create(path, limit)
             .map_err(|e| zfs_error(format!("create the dataset of {path}"), e))?;
         Ok(limit.map(|_| QuotaRecord::of(QuotaBackend::Zfs)))
+    }
+
+    /// A ZFS clone of a new snapshot of the source's dataset: instant, nothing is copied
+    /// (so there is no progress to report), and the root directory's owner and mode come
+    /// with the data.
+    fn clone_volume(
+        &self,
+        root: &Root,
+        source: &CloneSource<'_>,
+        target: &CloneTarget<'_>,
+        _: &CopyProgress,
+    ) -> Result<(Option<QuotaRecord>, CloneMethod)> {
+        refuse_plain_directory(root, target.parent, target.name, target.path)?;
+        self.zfs
+            .clone_volume(source.path, target.path, target.limit)
+            .map_err(|e| {
+                zfs_error(
+                    format!("clone the dataset of {} to {}", source.path, target.path),
+                    e,
+                )
+            })?;
+        Ok((
+            target.limit.map(|_| QuotaRecord::of(QuotaBackend::Zfs)),
+            CloneMethod::ZfsClone,
+        ))
     }
 
     /// A volume is a dataset of its own, and a directory of the root dataset becomes one
@@ -274,6 +293,24 @@ impl VolumeBackend for DatasetBackend {
             .purge_leftovers()
             .map_err(|e| quota_error("purge unfinished datasets", e))
     }
+}
+
+/// A volume's dataset is made at its path: a directory of the root dataset itself (not
+/// a mount) in the way is not the agent's.
+fn refuse_plain_directory(
+    root: &Root,
+    parent: BorrowedFd<'_>,
+    name: &str,
+    path: &VolumePath,
+) -> Result<()> {
+    if let Ok(dir) = open_child(parent, name, false)
+        && rustix::fs::fstat(&dir).is_ok_and(|st| st.st_dev == root.device())
+    {
+        return Err(StoreError::Conflict(format!(
+            "{path} exists but is not a volume made by the agent (a plain directory, no dataset); refusing to touch it"
+        )));
+    }
+    Ok(())
 }
 
 /// The archive id an archived dataset's mountpoint names, when it is in the archive area

@@ -7,13 +7,14 @@ use std::fmt::Debug;
 use std::os::fd::{AsFd, BorrowedFd};
 use std::sync::OnceLock;
 
-use nfsprov_api_types::{ArchivePath, QuotaBackend, VolumePath, VolumeUsage};
+use nfsprov_api_types::{ArchivePath, CloneMethod, QuotaBackend, VolumePath, VolumeUsage};
 use rustix::fs::Mode;
 
 use super::archive_name::{ARCHIVE_DIR, archive_components};
 use super::archives::{self, StoredArchive};
-use super::backend::{KnownQuota, Layout, VolumeBackend};
+use super::backend::{CloneSource, CloneTarget, KnownQuota, Layout, VolumeBackend};
 use super::confine::{Root, STAGING_DIR, STATE_DIR, TRASH_DIR, open_child};
+use super::copy::{CopyOptions, CopyProgress, copy_tree, reflink_supported};
 use super::error::{Result, StoreError, io_error, quota_error};
 use super::legacy::{self, Area};
 use super::record::{Identity, QuotaRecord, RecordStore, VolumeRecord};
@@ -75,6 +76,20 @@ pub trait QuotaStrategy: Debug + Send + Sync {
     ) -> Result<()> {
         let _ = quota;
         remove_tree(parent, name)
+    }
+
+    /// Makes `name` in `parent` a writable snapshot of the volume `source`, when this
+    /// strategy can snapshot that volume; `Ok(false)` when it cannot (the tree is then
+    /// copied instead).
+    fn snapshot(
+        &self,
+        source: BorrowedFd<'_>,
+        parent: BorrowedFd<'_>,
+        name: &str,
+        path: &VolumePath,
+    ) -> Result<bool> {
+        let _ = (source, parent, name, path);
+        Ok(false)
     }
 
     /// Learns the quotas that existing volumes, archives and leftovers hold.
@@ -156,6 +171,23 @@ impl QuotaStrategy for Btrfs {
     ) -> Result<()> {
         Btrfs::set_limit(self, dir, capacity_bytes)
             .map_err(|e| quota_error(format!("raise the quota of {path}"), e))
+    }
+
+    /// A volume that is a subvolume (every limited one) is snapshotted: instant, and
+    /// the snapshot shares every extent until either side writes.
+    fn snapshot(
+        &self,
+        source: BorrowedFd<'_>,
+        parent: BorrowedFd<'_>,
+        name: &str,
+        path: &VolumePath,
+    ) -> Result<bool> {
+        if !btrfs::is_subvolume(source) {
+            return Ok(false);
+        }
+        self.snapshot_subvolume(source, parent, name)
+            .map_err(|e| quota_error(format!("snapshot the source of {path}"), e))?;
+        Ok(true)
     }
 
     /// The qgroup's count is what enforcement compares with the capacity; inodes come
@@ -281,12 +313,20 @@ fn walk(dir: BorrowedFd<'_>, path: &VolumePath) -> Result<VolumeUsage> {
     Ok(walk.usage)
 }
 
+/// Threads a local copy uses: the machine's cores, at least two (a copy waits on the
+/// disk as much as on the processor), at most eight.
+fn copy_workers() -> usize {
+    std::thread::available_parallelism().map_or(2, |n| n.get().clamp(2, 8))
+}
+
 /// Directory volumes with one quota strategy.
 #[derive(Debug)]
 pub struct DirectoryBackend {
     quota: Box<dyn QuotaStrategy>,
     /// Opened when the store prepares the root.
     records: OnceLock<RecordStore>,
+    /// Whether the root's filesystem shares extents by `FICLONE`, probed at the first clone.
+    reflink: OnceLock<bool>,
 }
 
 impl DirectoryBackend {
@@ -294,6 +334,7 @@ impl DirectoryBackend {
         Self {
             quota,
             records: OnceLock::new(),
+            reflink: OnceLock::new(),
         }
     }
 
@@ -415,6 +456,47 @@ impl VolumeBackend for DirectoryBackend {
                 Err(e)
             }
         }
+    }
+
+    /// A btrfs snapshot where the source is a subvolume; otherwise a new volume made
+    /// like any other (so its quota holds the copy as it is written) and the tree copied
+    /// into it, by reflinks where the filesystem shares extents.
+    fn clone_volume(
+        &self,
+        root: &Root,
+        source: &CloneSource<'_>,
+        target: &CloneTarget<'_>,
+        progress: &CopyProgress,
+    ) -> Result<(Option<QuotaRecord>, CloneMethod)> {
+        // The snapshot's root shares its source's old record key: move the source's
+        // record off it first.
+        self.records()?.settle(source.dir)?;
+        if self
+            .quota
+            .snapshot(source.dir, target.parent, target.name, target.path)?
+        {
+            let Some(capacity) = target.limit else {
+                return Ok((None, CloneMethod::BtrfsSnapshot));
+            };
+            let dir = open_child(target.parent, target.name, false)?;
+            let quota = self.quota.limit_new(dir.as_fd(), target.path, capacity)?;
+            return Ok((Some(quota), CloneMethod::BtrfsSnapshot));
+        }
+        let quota = self.make(root, target.parent, target.name, target.path, target.limit)?;
+        let dir = open_child(target.parent, target.name, false)?;
+        let options = CopyOptions {
+            workers: copy_workers(),
+            reflink: *self
+                .reflink
+                .get_or_init(|| reflink_supported(target.parent)),
+        };
+        let stats = copy_tree(source.dir, dir.as_fd(), &options, progress)?;
+        let method = if options.reflink && stats.copied_files == 0 {
+            CloneMethod::Reflink
+        } else {
+            CloneMethod::Copy
+        };
+        Ok((quota, method))
     }
 
     fn write_record(

@@ -1,0 +1,177 @@
+//! Clones in flight. A clone that copies a large tree can take far longer than any
+//! request may, so each runs as a job of its own: the request that starts it, and every
+//! repeat of it, waits a bounded time for the job and answers `202 Accepted` when it is
+//! not done. A job holds the locks of its target and source paths until it ends, whether
+//! or not anyone still waits; a repeat that finds no job (it ended, or the agent
+//! restarted) runs the clone again, which confirms a finished clone or starts over from
+//! nothing, since an unfinished one never reaches its path.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use nfsprov_api_types::{
+    ApiError, CloneProgress, CloneVolumeRequest, ErrorCode, Volume, VolumePath,
+};
+use tokio::sync::watch;
+
+use crate::fs::{Created, VolumeStore};
+use crate::metrics::{CloneLabels, CloneMetrics};
+
+/// How a clone ended: the volume and whether this job made it, or why it failed.
+pub type CloneOutcome = Result<(Volume, Created), ApiError>;
+
+/// What a clone request comes to.
+#[derive(Debug)]
+pub enum CloneAnswer {
+    Done(CloneOutcome),
+    Running(CloneProgress),
+}
+
+#[derive(Debug)]
+struct Job {
+    request: CloneVolumeRequest,
+    started: Instant,
+    done: watch::Receiver<Option<CloneOutcome>>,
+}
+
+/// The clone jobs of one agent, by target path.
+#[derive(Debug)]
+pub struct Clones {
+    store: Arc<VolumeStore>,
+    metrics: CloneMetrics,
+    running: Arc<Mutex<HashMap<VolumePath, Job>>>,
+}
+
+impl Clones {
+    pub fn new(store: Arc<VolumeStore>, metrics: CloneMetrics) -> Self {
+        Self {
+            store,
+            metrics,
+            running: Arc::default(),
+        }
+    }
+
+    /// Starts the clone of `request` at `path`, or joins the job already making it, and
+    /// waits at most `wait` for it to end. A job making something else at `path` is a
+    /// conflict.
+    pub async fn clone_volume(
+        &self,
+        path: &VolumePath,
+        request: CloneVolumeRequest,
+        wait: Duration,
+    ) -> CloneAnswer {
+        let (mut done, started) = {
+            let mut running = self.running.lock().unwrap_or_else(|e| e.into_inner());
+            match running.get(path) {
+                Some(job) if job.request == request => (job.done.clone(), job.started),
+                Some(job) => {
+                    return CloneAnswer::Done(Err(ApiError::new(
+                        ErrorCode::Conflict,
+                        format!(
+                            "{path}: a clone of {} with other settings is being made there",
+                            job.request.source
+                        ),
+                    )));
+                }
+                None => {
+                    let done = self.start(path.clone(), request.clone());
+                    let started = Instant::now();
+                    running.insert(
+                        path.clone(),
+                        Job {
+                            request: request.clone(),
+                            started,
+                            done: done.clone(),
+                        },
+                    );
+                    (done, started)
+                }
+            }
+        };
+        match tokio::time::timeout(wait, done.wait_for(Option::is_some)).await {
+            Ok(Ok(outcome)) => CloneAnswer::Done(outcome.clone().unwrap_or_else(|| {
+                Err(ApiError::new(
+                    ErrorCode::Internal,
+                    "clone job ended without an outcome",
+                ))
+            })),
+            Ok(Err(_)) => CloneAnswer::Done(Err(ApiError::new(
+                ErrorCode::Internal,
+                format!("{path}: the clone job ended without an outcome; retry"),
+            ))),
+            Err(_) => CloneAnswer::Running(CloneProgress {
+                source: request.source,
+                running_seconds: started.elapsed().as_secs(),
+            }),
+        }
+    }
+
+    /// Spawns the job; it removes itself from the running jobs when it ends.
+    fn start(
+        &self,
+        path: VolumePath,
+        request: CloneVolumeRequest,
+    ) -> watch::Receiver<Option<CloneOutcome>> {
+        let (tell, done) = watch::channel(None);
+        let store = self.store.clone();
+        let metrics = self.metrics.clone();
+        let running = self.running.clone();
+        tokio::spawn(async move {
+            // Both paths, in one order for every job, so two jobs never wait on each other.
+            let (first, second) = if path <= request.source {
+                (&path, &request.source)
+            } else {
+                (&request.source, &path)
+            };
+            let first_guard = store.lock(first).await;
+            // A clone onto its own source (refused by the store) holds its one lock.
+            let second_guard = if first == second {
+                None
+            } else {
+                Some(store.lock(second).await)
+            };
+            metrics.in_progress.inc();
+            let work = {
+                let store = store.clone();
+                let path = path.clone();
+                let request = request.clone();
+                let progress = metrics.copy.clone();
+                tokio::task::spawn_blocking(move || store.clone_volume(&path, &request, &progress))
+            };
+            let outcome = match work.await {
+                Ok(Ok((volume, created))) => {
+                    if created == Created::New
+                        && let Some(origin) = &volume.clone
+                    {
+                        metrics
+                            .made
+                            .get_or_create(&CloneLabels {
+                                method: origin.method.as_str(),
+                            })
+                            .inc();
+                        tracing::info!(%path, source = %origin.source, method = %origin.method, "cloned a volume");
+                    }
+                    Ok((volume, created))
+                }
+                Ok(Err(e)) => {
+                    tracing::warn!(%path, source = %request.source, error = %e, "clone failed");
+                    Err(crate::api::Failure::from(e).0)
+                }
+                Err(e) => Err(ApiError::new(
+                    ErrorCode::Internal,
+                    format!("{path}: the clone task failed: {e}"),
+                )),
+            };
+            metrics.in_progress.dec();
+            drop(second_guard);
+            drop(first_guard);
+            running
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .remove(&path);
+            let _ = tell.send(Some(outcome));
+        });
+        done
+    }
+}

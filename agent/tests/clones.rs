@@ -1,0 +1,419 @@
+//! Clones over the real HTTPS API on real filesystems (root required): a plain directory
+//! root, where the tree is copied (or reflinked where the filesystem shares extents), and
+//! a loop-mounted btrfs, where a limited volume is snapshotted. Each clone is compared
+//! entry by entry with its source: type, mode, owner, times, size, data, holes, extended
+//! attributes, link targets and hard links.
+
+mod common;
+
+use std::collections::{BTreeMap, HashMap};
+use std::os::fd::AsFd;
+use std::os::unix::fs::{FileExt, MetadataExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant, SystemTime};
+
+use nfsprov_agent::quota::QuotaSettings;
+use nfsprov_agent_testkit::{LoopBtrfs, TestAgent};
+use nfsprov_api_types::client::{AgentClient, ClientError, CloneOutcome, CreateOutcome};
+use nfsprov_api_types::{
+    CloneMethod, CloneVolumeRequest, CreateVolumeRequest, ErrorCode, QuotaBackend, QuotaPolicy,
+    VolumeOwner, VolumePath,
+};
+
+const MIB: u64 = 1 << 20;
+
+fn path(p: &str) -> VolumePath {
+    VolumePath::parse(p).unwrap()
+}
+
+fn owner(claim: &str) -> VolumeOwner {
+    VolumeOwner {
+        pvc_namespace: Some("team".into()),
+        pvc_name: Some(claim.into()),
+        pv_name: Some(format!("pvc-{claim}")),
+    }
+}
+
+fn clone_request(source: &str, capacity_bytes: u64, quota: QuotaPolicy) -> CloneVolumeRequest {
+    CloneVolumeRequest {
+        source: path(source),
+        capacity_bytes,
+        owner: owner("copy"),
+        quota,
+    }
+}
+
+/// Repeats the clone request, as the controller does, until the agent says it is there.
+async fn clone_until_ready(
+    client: &AgentClient,
+    target: &VolumePath,
+    request: &CloneVolumeRequest,
+) -> Result<CreateOutcome, ClientError> {
+    let deadline = Instant::now() + Duration::from_secs(120);
+    loop {
+        match client.clone_volume(target, request, None).await? {
+            CloneOutcome::Ready(outcome) => return Ok(outcome),
+            CloneOutcome::InProgress(progress) => {
+                assert_eq!(progress.source, request.source);
+                assert!(Instant::now() < deadline, "clone still running after 120 s");
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+        }
+    }
+}
+
+/// Writes a tree with every kind of entry a clone must keep exactly.
+fn write_fixture(volume: &Path) {
+    let sub = volume.join("sub/deeper/deepest");
+    std::fs::create_dir_all(&sub).unwrap();
+    std::fs::write(sub.join("leaf.txt"), b"three levels down").unwrap();
+    let data: Vec<u8> = (0..100 * 1024u32).map(|i| (i * 7 % 251) as u8).collect();
+    std::fs::write(volume.join("data.bin"), &data).unwrap();
+    std::fs::write(volume.join("private.txt"), b"for 1234 only").unwrap();
+    std::os::unix::fs::chown(volume.join("private.txt"), Some(1234), Some(5678)).unwrap();
+    std::fs::set_permissions(
+        volume.join("private.txt"),
+        std::fs::Permissions::from_mode(0o640),
+    )
+    .unwrap();
+    std::fs::write(volume.join("empty"), b"").unwrap();
+    std::fs::create_dir(volume.join("shared")).unwrap();
+    std::os::unix::fs::chown(volume.join("shared"), Some(2000), Some(2000)).unwrap();
+    std::fs::set_permissions(
+        volume.join("shared"),
+        std::fs::Permissions::from_mode(0o1777),
+    )
+    .unwrap();
+    std::fs::hard_link(volume.join("data.bin"), volume.join("shared/data-link.bin")).unwrap();
+    std::os::unix::fs::symlink("../data.bin", volume.join("shared/relative-link")).unwrap();
+    std::os::unix::fs::symlink("/etc", volume.join("escape")).unwrap();
+    let sparse = std::fs::File::create(volume.join("sparse.img")).unwrap();
+    sparse.set_len(1 << 30).unwrap();
+    sparse.write_all_at(&[0xab; 65536], 4096 * 16).unwrap();
+    sparse.write_all_at(&[0xcd; 65536], 512 * MIB).unwrap();
+    drop(sparse);
+    rustix::fs::setxattr(
+        volume.join("data.bin"),
+        "user.origin",
+        b"source",
+        rustix::fs::XattrFlags::empty(),
+    )
+    .unwrap();
+    rustix::fs::mkfifoat(
+        rustix::fs::CWD,
+        volume.join("pipe"),
+        rustix::fs::Mode::from_raw_mode(0o600),
+    )
+    .unwrap();
+    let past = SystemTime::UNIX_EPOCH + Duration::new(1_600_000_000, 123_456_789);
+    std::fs::File::options()
+        .write(true)
+        .open(volume.join("data.bin"))
+        .unwrap()
+        .set_times(std::fs::FileTimes::new().set_modified(past))
+        .unwrap();
+    std::fs::File::open(volume.join("sub"))
+        .unwrap()
+        .set_times(std::fs::FileTimes::new().set_modified(past))
+        .unwrap();
+}
+
+/// Every entry below `root` as a comparable line, plus which entries share an inode.
+fn manifest(root: &Path) -> (BTreeMap<PathBuf, String>, Vec<Vec<PathBuf>>) {
+    let mut entries = BTreeMap::new();
+    let mut inodes: HashMap<u64, Vec<PathBuf>> = HashMap::new();
+    let mut pending = vec![root.to_owned()];
+    while let Some(dir) = pending.pop() {
+        for entry in std::fs::read_dir(&dir).unwrap() {
+            let entry = entry.unwrap();
+            let full = entry.path();
+            let relative = full.strip_prefix(root).unwrap().to_owned();
+            let meta = std::fs::symlink_metadata(&full).unwrap();
+            let kind = meta.file_type();
+            let mut line = format!(
+                "mode {:o} owner {}:{} mtime {}.{:09}",
+                meta.mode(),
+                meta.uid(),
+                meta.gid(),
+                meta.mtime(),
+                meta.mtime_nsec()
+            );
+            if kind.is_symlink() {
+                line += &format!(" link->{}", std::fs::read_link(&full).unwrap().display());
+            } else if kind.is_dir() {
+                pending.push(full.clone());
+            } else if kind.is_file() {
+                let data = std::fs::read(&full).unwrap();
+                line += &format!(" size {} data {:016x}", meta.len(), fnv(&data));
+                // Holes stay holes: far fewer blocks than the apparent size.
+                if meta.len() >= 1 << 30 {
+                    line += &format!(" sparse {}", meta.blocks() * 512 < 16 * MIB);
+                }
+                if meta.nlink() > 1 {
+                    inodes.entry(meta.ino()).or_default().push(relative.clone());
+                }
+                let mut value = [0u8; 64];
+                if let Ok(n) = rustix::fs::getxattr(&full, "user.origin", &mut value) {
+                    line += &format!(" xattr {}", String::from_utf8_lossy(&value[..n]));
+                }
+            }
+            entries.insert(relative, line);
+        }
+    }
+    let mut links: Vec<Vec<PathBuf>> = inodes
+        .into_values()
+        .map(|mut names| {
+            names.sort();
+            names
+        })
+        .collect();
+    links.sort();
+    (entries, links)
+}
+
+fn fnv(data: &[u8]) -> u64 {
+    data.iter().fold(0xcbf2_9ce4_8422_2325, |hash, byte| {
+        (hash ^ u64::from(*byte)).wrapping_mul(0x0100_0000_01b3)
+    })
+}
+
+/// The clone holds exactly what the source holds, in files of its own.
+fn assert_same_tree(source: &Path, clone: &Path) {
+    let (source_entries, source_links) = manifest(source);
+    let (clone_entries, clone_links) = manifest(clone);
+    assert_eq!(source_entries, clone_entries);
+    assert_eq!(source_links, clone_links, "hard links kept");
+    let source_root = std::fs::metadata(source).unwrap();
+    let clone_root = std::fs::metadata(clone).unwrap();
+    assert_eq!(
+        (source_root.mode(), source_root.uid(), source_root.gid()),
+        (clone_root.mode(), clone_root.uid(), clone_root.gid()),
+        "the root keeps its source's mode and owner"
+    );
+    // A snapshot keeps inode numbers, on a device of its own.
+    let identity = |meta: std::fs::Metadata| (meta.dev(), meta.ino());
+    assert_ne!(
+        identity(std::fs::metadata(source.join("data.bin")).unwrap()),
+        identity(std::fs::metadata(clone.join("data.bin")).unwrap()),
+        "the clone's files are its own"
+    );
+}
+
+/// The source changes nothing in the clone, the clone nothing in the source, and the
+/// clone outlives its source.
+async fn assert_independent(client: &AgentClient, root: &Path, source: &str, clone: &str) {
+    std::fs::write(root.join(clone).join("data.bin"), b"changed in the clone").unwrap();
+    std::fs::write(root.join(clone).join("new-file"), b"only in the clone").unwrap();
+    let source_data = std::fs::read(root.join(source).join("data.bin")).unwrap();
+    assert_eq!(source_data.len(), 100 * 1024, "the source is unchanged");
+    assert!(!root.join(source).join("new-file").exists());
+    client.delete_volume(&path(source), None).await.unwrap();
+    assert!(!root.join(source).exists());
+    assert_eq!(
+        std::fs::read(root.join(clone).join("sub/deeper/deepest/leaf.txt")).unwrap(),
+        b"three levels down",
+        "the clone survives its source"
+    );
+    assert!(
+        client
+            .get_volume(&path(clone), None)
+            .await
+            .unwrap()
+            .is_some()
+    );
+}
+
+fn skip_unless_root(test: &str) -> bool {
+    if common::is_root() {
+        return false;
+    }
+    nfsprov_test_skip::skip(test, "clones keep owners, which needs root");
+    true
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_directory_volume_is_copied_exactly_and_independently() {
+    if skip_unless_root("a_directory_volume_is_copied_exactly_and_independently") {
+        return;
+    }
+    let root = tempfile::tempdir().unwrap();
+    let agent = TestAgent::start(root.path()).await.unwrap();
+    let client = agent.client();
+    let source = CreateVolumeRequest {
+        capacity_bytes: 2 << 30,
+        owner: owner("source"),
+        ..CreateVolumeRequest::default()
+    };
+    client
+        .create_volume(&path("team/source"), &source, None)
+        .await
+        .unwrap();
+    write_fixture(&root.path().join("team/source"));
+
+    let request = clone_request("team/source", 2 << 30, QuotaPolicy::BestEffort);
+    let made = clone_until_ready(&client, &path("team/copy"), &request)
+        .await
+        .unwrap();
+    let origin = made
+        .volume
+        .clone
+        .clone()
+        .expect("the answer says what it was cloned from");
+    assert_eq!(origin.source, path("team/source"));
+    let probe = std::fs::File::open(root.path().join(".nfsprov/staging")).unwrap();
+    let expected = if nfsprov_agent::fs::reflink_supported(probe.as_fd()) {
+        CloneMethod::Reflink
+    } else {
+        CloneMethod::Copy
+    };
+    assert_eq!(origin.method, expected);
+    assert!(!made.volume.quota_enforced);
+    assert_same_tree(
+        &root.path().join("team/source"),
+        &root.path().join("team/copy"),
+    );
+    assert!(
+        std::fs::read_dir(root.path().join(".nfsprov/staging"))
+            .unwrap()
+            .next()
+            .is_none(),
+        "nothing is left in staging"
+    );
+
+    // The same request again confirms it; another source or a smaller size is refused.
+    let again = clone_until_ready(&client, &path("team/copy"), &request)
+        .await
+        .unwrap();
+    assert!(!again.created);
+    assert_eq!(again.volume.clone, Some(origin));
+    client
+        .create_volume(&path("team/other"), &source, None)
+        .await
+        .unwrap();
+    let other = clone_until_ready(
+        &client,
+        &path("team/copy"),
+        &clone_request("team/other", 2 << 30, QuotaPolicy::BestEffort),
+    )
+    .await
+    .unwrap_err();
+    assert_eq!(other.code(), Some(ErrorCode::Conflict), "{other}");
+    let small = clone_until_ready(
+        &client,
+        &path("team/small"),
+        &clone_request("team/source", 1 << 30, QuotaPolicy::BestEffort),
+    )
+    .await
+    .unwrap_err();
+    assert_eq!(small.code(), Some(ErrorCode::Unsupported), "{small}");
+    assert!(
+        small.to_string().contains("at least its capacity"),
+        "{small}"
+    );
+    let missing = clone_until_ready(
+        &client,
+        &path("team/none"),
+        &clone_request("team/absent", 2 << 30, QuotaPolicy::BestEffort),
+    )
+    .await
+    .unwrap_err();
+    assert_eq!(missing.code(), Some(ErrorCode::NotFound), "{missing}");
+    let itself = clone_until_ready(
+        &client,
+        &path("team/source"),
+        &clone_request("team/source", 2 << 30, QuotaPolicy::BestEffort),
+    )
+    .await
+    .unwrap_err();
+    assert_eq!(itself.code(), Some(ErrorCode::Unsupported), "{itself}");
+    let enforce = clone_until_ready(
+        &client,
+        &path("team/enforced"),
+        &clone_request("team/source", 2 << 30, QuotaPolicy::Enforce),
+    )
+    .await
+    .unwrap_err();
+    assert_eq!(enforce.code(), Some(ErrorCode::Unsupported), "{enforce}");
+    for refused in ["team/small", "team/none", "team/enforced"] {
+        assert!(
+            !root.path().join(refused).exists(),
+            "{refused} was not made"
+        );
+    }
+
+    assert_independent(&client, root.path(), "team/source", "team/copy").await;
+    agent.stop().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_limited_btrfs_volume_is_snapshotted_and_an_unlimited_one_reflinked() {
+    if skip_unless_root("a_limited_btrfs_volume_is_snapshotted_and_an_unlimited_one_reflinked") {
+        return;
+    }
+    let fs = LoopBtrfs::new(2048, true).unwrap();
+    let settings = QuotaSettings {
+        backend: QuotaBackend::Btrfs,
+        ..QuotaSettings::default()
+    };
+    let agent = TestAgent::start_with_quota(&fs.root(), settings)
+        .await
+        .unwrap();
+    let client = agent.client();
+    let root = fs.root();
+    for (name, quota) in [
+        ("team/limited", QuotaPolicy::Enforce),
+        ("team/unlimited", QuotaPolicy::Off),
+    ] {
+        let request = CreateVolumeRequest {
+            capacity_bytes: 256 * MIB,
+            owner: owner(name),
+            quota,
+            ..CreateVolumeRequest::default()
+        };
+        client
+            .create_volume(&path(name), &request, None)
+            .await
+            .unwrap();
+        write_fixture(&root.join(name));
+    }
+
+    let snapshot = clone_until_ready(
+        &client,
+        &path("team/snapshot"),
+        &clone_request("team/limited", 512 * MIB, QuotaPolicy::Enforce),
+    )
+    .await
+    .unwrap();
+    let origin = snapshot.volume.clone.clone().unwrap();
+    assert_eq!(origin.method, CloneMethod::BtrfsSnapshot);
+    assert!(snapshot.volume.quota_enforced);
+    assert_eq!(
+        std::fs::metadata(root.join("team/snapshot")).unwrap().ino(),
+        256,
+        "the clone is a subvolume of its own"
+    );
+    assert_eq!(
+        fs.qgroup_limit(&root.join("team/snapshot")).unwrap(),
+        Some(512 * MIB),
+        "the clone's quota is its own claim's capacity"
+    );
+    assert_same_tree(&root.join("team/limited"), &root.join("team/snapshot"));
+
+    let reflinked = clone_until_ready(
+        &client,
+        &path("team/reflinked"),
+        &clone_request("team/unlimited", 256 * MIB, QuotaPolicy::Off),
+    )
+    .await
+    .unwrap();
+    assert_eq!(
+        reflinked.volume.clone.as_ref().unwrap().method,
+        CloneMethod::Reflink,
+        "btrfs shares extents with FICLONE"
+    );
+    assert_same_tree(&root.join("team/unlimited"), &root.join("team/reflinked"));
+
+    assert_independent(&client, &root, "team/limited", "team/snapshot").await;
+    assert_independent(&client, &root, "team/unlimited", "team/reflinked").await;
+    agent.stop().await.unwrap();
+}
