@@ -9,9 +9,12 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use futures::FutureExt;
 use futures::future::{BoxFuture, Shared};
-use nfsprov_api_types::client::{AgentClient, AgentConnectionConfig, ClientError, CreateOutcome};
+use nfsprov_api_types::client::{
+    AgentClient, AgentConnectionConfig, ClientError, CloneOutcome, CreateOutcome,
+};
 use nfsprov_api_types::{
-    ArchiveResult, Capabilities, CreateVolumeRequest, NfsExport, Volume, VolumePath,
+    ArchiveResult, Capabilities, CloneVolumeRequest, CreateVolumeRequest, NfsExport, Volume,
+    VolumePath,
 };
 use tracing::debug;
 
@@ -254,6 +257,20 @@ impl Agent {
         self.timed(
             "create",
             self.client.create_volume(path, request, Some(request_id)),
+        )
+        .await
+    }
+
+    /// Starts, follows or confirms the clone of `request.source` at `path`.
+    pub async fn clone_volume(
+        &self,
+        path: &VolumePath,
+        request: &CloneVolumeRequest,
+        request_id: &str,
+    ) -> Result<CloneOutcome, ClientError> {
+        self.timed(
+            "clone",
+            self.client.clone_volume(path, request, Some(request_id)),
         )
         .await
     }

@@ -21,6 +21,7 @@ pub mod cache;
 pub mod config;
 pub mod context;
 pub mod controller;
+pub mod datasource;
 pub mod delete;
 pub mod events;
 pub mod expand;

@@ -41,6 +41,11 @@ pub const ANN_QUOTA: &str = "nfsprov.dev/quota";
 /// `archiveRetentionDays` when the volume was made); absent: the agent's own retention.
 pub const ANN_ARCHIVE_RETENTION_DAYS: &str = "nfsprov.dev/archive-retention-days";
 
+/// The claim (`namespace/name`) the volume was cloned from.
+pub const ANN_CLONED_FROM: &str = "nfsprov.dev/cloned-from";
+/// How the agent cloned it: `btrfs-snapshot`, `zfs-clone`, `reflink` or `copy`.
+pub const ANN_CLONE_METHOD: &str = "nfsprov.dev/clone-method";
+
 /// The resource name claims and volumes size themselves by.
 pub const STORAGE: &str = "storage";
 

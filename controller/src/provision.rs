@@ -11,13 +11,16 @@ use kube::runtime::controller::Action;
 use kube::runtime::events::EventType;
 use kube::runtime::reflector::ObjectRef;
 use kube::{Resource, ResourceExt};
+use nfsprov_api_types::client::{ClientError, CloneOutcome};
 use nfsprov_api_types::{
-    Capabilities, CreateVolumeRequest, ErrorCode, QuotaBackend, QuotaPolicy, VolumeOwner,
+    Capabilities, CloneMethod, CloneProgress, CloneVolumeRequest, CreateVolumeRequest, ErrorCode,
+    QuotaBackend, QuotaPolicy, VolumeOwner,
 };
 use tracing::{debug, error, info};
 
-use crate::agents::{BUSY_RETRY, request_id};
+use crate::agents::{Agent, BUSY_RETRY, request_id};
 use crate::context::{Context, Error};
+use crate::datasource::{SourceProblem, SourceVolume, requested_source, resolve};
 use crate::objects::{
     ANN_SELECTED_NODE, claim_class, claim_is_bound, claim_key, claim_provisioner, claim_state_key,
     pv_name_for,
@@ -31,6 +34,8 @@ pub const REASON_PROVISIONING: &str = "Provisioning";
 pub const REASON_SUCCEEDED: &str = "ProvisioningSucceeded";
 pub const REASON_FAILED: &str = "ProvisioningFailed";
 const ACTION: &str = "Provision";
+/// How often a claim asks the agent again about a clone it is still copying.
+const CLONE_POLL: std::time::Duration = std::time::Duration::from_secs(3);
 
 /// Why a claim is left alone (logged at debug level only: most claims are not ours).
 #[derive(Debug, PartialEq, Eq)]
@@ -114,8 +119,16 @@ pub async fn reconcile(pvc: &PersistentVolumeClaim, ctx: &Context) -> Result<Act
             debug!(claim = %claim_key(pvc), %agent, "every reconcile slot of the agent is taken; waiting");
             Ok(Action::requeue(BUSY_RETRY))
         }
+        Ok(Provisioned::Cloning(progress)) => {
+            debug!(
+                claim = %claim_key(pvc), source = %progress.source,
+                running_seconds = progress.running_seconds, "the agent is still cloning"
+            );
+            Ok(Action::requeue(CLONE_POLL))
+        }
         Ok(Provisioned::Volume(pv_name)) => {
             ctx.reported.forget(&state_key);
+            ctx.reported.forget(&cloning_key(&state_key));
             ctx.metrics
                 .provision_succeeded(&class_name, source_kind(pvc), started.elapsed());
             info!(claim = %claim_key(pvc), pv = %pv_name, "provisioned");
@@ -130,6 +143,7 @@ pub async fn reconcile(pvc: &PersistentVolumeClaim, ctx: &Context) -> Result<Act
             Ok(Action::await_change())
         }
         Err(failure) => {
+            ctx.reported.forget(&cloning_key(&state_key));
             // A permanent failure is reported once per version of the claim and its class:
             // nothing but a change of either can help, and both trigger a new reconcile, so
             // retrying with backoff would only repeat the event and the metric.
@@ -188,6 +202,18 @@ enum Provisioned {
     /// Not a failure: every reconcile slot of this agent is taken, so the claim waits its
     /// turn without holding one of the controller's.
     AgentBusy(String),
+    /// The agent is still copying the source into the clone.
+    Cloning(CloneProgress),
+}
+
+impl From<SourceProblem> for Failure {
+    fn from(problem: SourceProblem) -> Self {
+        if problem.may_resolve {
+            Failure::new(problem.message)
+        } else {
+            Failure::permanent(problem.message)
+        }
+    }
 }
 
 impl Failure {
@@ -225,11 +251,6 @@ fn check_claim(pvc: &PersistentVolumeClaim) -> Result<(Quantity, u64), Failure> 
             "volumeMode Block is not supported: NFS volumes are filesystems; use volumeMode Filesystem",
         ));
     }
-    if spec.data_source.is_some() || spec.data_source_ref.is_some() {
-        return Err(Failure::permanent(
-            "dataSource is not supported by this provisioner: volumes cannot be cloned or restored from snapshots; remove spec.dataSource/dataSourceRef",
-        ));
-    }
     let request = spec
         .resources
         .as_ref()
@@ -256,14 +277,21 @@ async fn provision(
     let uid = pvc.metadata.uid.as_deref().unwrap_or_default();
     let pv_name = pv_name_for(uid);
     let rid = request_id(&pv_name);
-    let agent = ctx.agents.select(&params.agents, &rid).await.map_err(|e| {
-        let message = format!("StorageClass {class_name:?}: {e}");
-        if e.is_retriable() {
-            Failure::new(message)
-        } else {
-            Failure::permanent(message)
-        }
-    })?;
+    let source = match requested_source(pvc)? {
+        Some(claim) => Some(resolve(ctx, &claim, class_name, capacity_bytes).await?),
+        None => None,
+    };
+    let agent = match &source {
+        Some(source) => source_agent(ctx, &params.agents, class_name, source)?,
+        None => ctx.agents.select(&params.agents, &rid).await.map_err(|e| {
+            let message = format!("StorageClass {class_name:?}: {e}");
+            if e.is_retriable() {
+                Failure::new(message)
+            } else {
+                Failure::permanent(message)
+            }
+        })?,
+    };
     let Some(_slot) = agent.try_slot() else {
         return Ok(Provisioned::AgentBusy(agent.name().to_owned()));
     };
@@ -279,14 +307,30 @@ async fn provision(
         .map_err(|e| Failure::permanent(format!("StorageClass {class_name:?}: {e}")))?;
 
     let reference = pvc.object_ref(&());
-    ctx.event(
-        &reference,
-        EventType::Normal,
-        REASON_PROVISIONING,
-        ACTION,
-        &format!("External provisioner is provisioning volume for claim \"{namespace}/{name}\""),
-    )
-    .await;
+    // A clone is polled until the agent has copied it: one event for all the polls.
+    let announce = match &source {
+        None => true,
+        Some(source) => ctx.reported.first_time(
+            &cloning_key(&claim_state_key(pvc)),
+            source.claim.to_string(),
+        ),
+    };
+    if announce {
+        let cloning = source
+            .as_ref()
+            .map(|s| format!(", cloning claim {} on agent {}", s.claim, s.agent))
+            .unwrap_or_default();
+        ctx.event(
+            &reference,
+            EventType::Normal,
+            REASON_PROVISIONING,
+            ACTION,
+            &format!(
+                "External provisioner is provisioning volume for claim \"{namespace}/{name}\"{cloning}"
+            ),
+        )
+        .await;
+    }
 
     let message = |what: &str, source: &dyn std::fmt::Display| {
         format!(
@@ -329,33 +373,72 @@ async fn provision(
             return Err(cannot_enforce(&describe_quota(&capabilities)));
         }
     }
-    let request = CreateVolumeRequest {
-        mode: params.mode,
-        uid: params.uid,
-        gid: params.gid,
-        capacity_bytes,
-        owner: VolumeOwner {
-            pvc_namespace: Some(namespace.clone()),
-            pvc_name: Some(name.clone()),
-            pv_name: Some(pv_name.clone()),
-        },
-        quota: params.quota,
+    let owner = VolumeOwner {
+        pvc_namespace: Some(namespace.clone()),
+        pvc_name: Some(name.clone()),
+        pv_name: Some(pv_name.clone()),
     };
-    let outcome = agent
-        .create_volume(&path, &request, &rid)
-        .await
-        .map_err(|e| match e.code() {
-            // The cached capabilities said yes, but the agent (the authority) says no.
-            Some(ErrorCode::Unsupported) if params.quota == QuotaPolicy::Enforce => {
-                cannot_enforce(&format!("it refused: {e}"))
+    let refused = |e: ClientError, what: &str| match e.code() {
+        // The cached capabilities said yes, but the agent (the authority) says no.
+        Some(ErrorCode::Unsupported) if params.quota == QuotaPolicy::Enforce => {
+            cannot_enforce(&format!("it refused: {e}"))
+        }
+        _ => agent_failure(what, e),
+    };
+    let outcome = match &source {
+        None => {
+            let request = CreateVolumeRequest {
+                mode: params.mode,
+                uid: params.uid,
+                gid: params.gid,
+                capacity_bytes,
+                owner,
+                quota: params.quota,
+            };
+            agent
+                .create_volume(&path, &request, &rid)
+                .await
+                .map_err(|e| refused(e, &format!("could not create directory {path}")))?
+        }
+        Some(source) => {
+            // The class's mode, uid and gid are not applied: a clone keeps its source's.
+            let request = CloneVolumeRequest {
+                source: source.path.clone(),
+                capacity_bytes,
+                owner,
+                quota: params.quota,
+            };
+            let what = format!("could not clone {} into {path}", source.path);
+            match agent.clone_volume(&path, &request, &rid).await {
+                Ok(CloneOutcome::Ready(outcome)) => outcome,
+                Ok(CloneOutcome::InProgress(progress)) => {
+                    return Ok(Provisioned::Cloning(progress));
+                }
+                // The request itself is wrong (the source is too large for the claim, or
+                // gone): only a change of the claim helps.
+                Err(e)
+                    if matches!(e.code(), Some(ErrorCode::Unsupported | ErrorCode::NotFound))
+                        && params.quota != QuotaPolicy::Enforce =>
+                {
+                    return Err(Failure::permanent(message(&what, &e)));
+                }
+                Err(e) => return Err(refused(e, &what)),
             }
-            _ => agent_failure(&format!("could not create directory {path}"), e),
-        })?;
+        }
+    };
     info!(
         claim = %claim_key(pvc), agent = agent.name(), %path, created = outcome.created,
         request_id = %rid, "volume directory ready"
     );
 
+    let cloned_from = source.as_ref().map(|source| {
+        let method = outcome
+            .volume
+            .clone
+            .as_ref()
+            .map_or(CloneMethod::Copy, |origin| origin.method);
+        (source.claim.to_string(), method)
+    });
     let volume = build_pv(&NewVolume {
         pvc,
         class,
@@ -371,6 +454,9 @@ async fn provision(
         archive_retention_days: params.archive_retention_days,
         export: &export,
         capacity: &capacity,
+        cloned_from: cloned_from
+            .as_ref()
+            .map(|(claim, method)| (claim.as_str(), *method)),
     });
     let api = Api::<PersistentVolume>::all(ctx.client.clone());
     match api.create(&PostParams::default(), &volume).await {
@@ -398,6 +484,44 @@ async fn provision(
             })
         }
     }
+}
+
+/// The agent holding the source's volume, which must be one the class places volumes
+/// on: a clone is made next to its source, never copied between agents.
+fn source_agent(
+    ctx: &Context,
+    class_agents: &[String],
+    class_name: &str,
+    source: &SourceVolume,
+) -> Result<Arc<Agent>, Failure> {
+    let allowed = match class_agents {
+        [] => ctx.agents.default_name() == Some(source.agent.as_str()),
+        named => named.contains(&source.agent),
+    };
+    if !allowed {
+        let placed = match class_agents {
+            [] => ctx
+                .agents
+                .default_name()
+                .map_or("no default agent".to_owned(), |a| format!("agent {a}")),
+            named => format!("agents {}", named.join(", ")),
+        };
+        return Err(Failure::permanent(format!(
+            "the source claim {} is on agent {}, but StorageClass {class_name:?} places volumes on {placed}: a clone is made on its source's agent",
+            source.claim, source.agent
+        )));
+    }
+    ctx.agents.get(&source.agent).ok_or_else(|| {
+        Failure::permanent(format!(
+            "the source claim {} is on agent {}, which is not in this controller's agent list",
+            source.claim, source.agent
+        ))
+    })
+}
+
+/// The key under which the one `Provisioning` event of a clone is remembered.
+fn cloning_key(state_key: &str) -> String {
+    format!("{state_key}#cloning")
 }
 
 /// The agent's quota situation in words, for messages.

@@ -8,11 +8,11 @@ use k8s_openapi::api::core::v1::{
 use k8s_openapi::api::storage::v1::StorageClass;
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
-use nfsprov_api_types::{NfsExport, QuotaPolicy, VolumePath};
+use nfsprov_api_types::{CloneMethod, NfsExport, QuotaPolicy, VolumePath};
 
 use crate::objects::{
-    ANN_AGENT, ANN_ARCHIVE_RETENTION_DAYS, ANN_ON_DELETE, ANN_PATH, ANN_PROVISIONED_BY, ANN_QUOTA,
-    FINALIZER, RECLAIM_DELETE, class_reclaim_policy,
+    ANN_AGENT, ANN_ARCHIVE_RETENTION_DAYS, ANN_CLONE_METHOD, ANN_CLONED_FROM, ANN_ON_DELETE,
+    ANN_PATH, ANN_PROVISIONED_BY, ANN_QUOTA, FINALIZER, RECLAIM_DELETE, class_reclaim_policy,
 };
 use crate::params::OnDelete;
 
@@ -37,6 +37,8 @@ pub struct NewVolume<'a> {
     pub archive_retention_days: Option<u32>,
     pub export: &'a NfsExport,
     pub capacity: &'a Quantity,
+    /// The claim (`namespace/name`) it was cloned from, and how.
+    pub cloned_from: Option<(&'a str, CloneMethod)>,
 }
 
 /// Builds the PV bound to the claim, as sig-storage-lib-external-provisioner does, plus our
@@ -52,6 +54,10 @@ pub fn build_pv(v: &NewVolume<'_>) -> PersistentVolume {
     ]);
     if let Some(days) = v.archive_retention_days {
         annotations.insert(ANN_ARCHIVE_RETENTION_DAYS.to_owned(), days.to_string());
+    }
+    if let Some((claim, method)) = v.cloned_from {
+        annotations.insert(ANN_CLONED_FROM.to_owned(), claim.to_owned());
+        annotations.insert(ANN_CLONE_METHOD.to_owned(), method.to_string());
     }
     let finalizers = (reclaim == RECLAIM_DELETE).then(|| vec![FINALIZER.to_owned()]);
     let claim_spec = v.pvc.spec.as_ref();
@@ -161,6 +167,7 @@ mod tests {
             archive_retention_days,
             export: &export,
             capacity: &Quantity("5Gi".into()),
+            cloned_from: None,
         });
         serde_json::to_value(pv).unwrap()
     }

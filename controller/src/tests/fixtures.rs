@@ -30,9 +30,9 @@ use kube::runtime::reflector;
 use kube::runtime::watcher;
 use nfsprov_api_types::client::AgentConnectionConfig;
 use nfsprov_api_types::{
-    AgentInfo, ApiError, ArchiveResult, Capabilities, CreateVolumeRequest, ErrorCode,
-    FilesystemStats, NfsExport, QuotaBackend, QuotaPolicy, ResizeVolumeRequest, Volume, VolumePath,
-    VolumeUsage,
+    AgentInfo, ApiError, ArchiveResult, Capabilities, CloneMethod, CloneOrigin, CloneProgress,
+    CloneVolumeRequest, CreateVolumeRequest, ErrorCode, FilesystemStats, NfsExport, QuotaBackend,
+    QuotaPolicy, ResizeVolumeRequest, Volume, VolumePath, VolumeUsage,
 };
 use serde_json::{Value, json};
 
@@ -518,6 +518,10 @@ pub struct MockAgentState {
     pub usage: BTreeMap<String, VolumeUsage>,
     /// What `/v1/info` reports as available bytes; half a terabyte when unset.
     pub available_bytes: Option<u64>,
+    /// Clone requests answered `202 Accepted` before the clone is made, per request.
+    pub clone_polls: u32,
+    /// Clone requests seen so far, by target path.
+    pub clone_requests: BTreeMap<String, u32>,
 }
 
 #[derive(Clone)]
@@ -589,6 +593,7 @@ impl MockAgent {
                 put(create).delete(remove).get(fetch).patch(resize),
             )
             .route("/v1/archives/{*path}", post(archive))
+            .route("/v1/clones/{*path}", post(clone))
             .with_state(MockShared {
                 state: state.clone(),
                 token: "mock-token".to_owned(),
@@ -652,6 +657,11 @@ impl MockAgent {
             })
             .collect();
         AgentRegistry::new(&configs, Arc::new(Metrics::new())).expect("registry")
+    }
+
+    /// Clone requests for a path are answered `202` this many times before the clone.
+    pub fn set_clone_polls(&self, polls: u32) {
+        self.state.lock().expect("lock").clone_polls = polls;
     }
 
     pub fn set_available_bytes(&self, bytes: u64) {
@@ -758,6 +768,7 @@ fn volume_of(state: &MockAgentState, path: VolumePath, request: &CreateVolumeReq
         quota_enforced: state.quota_enforced && request.quota != QuotaPolicy::Off,
         owner: request.owner.clone(),
         created_at: "2026-01-01T00:00:00Z".to_owned(),
+        clone: None,
     }
 }
 
@@ -823,6 +834,57 @@ async fn create(
         }
     };
     (status, Json(volume_of(&state, volume_path, &request))).into_response()
+}
+
+/// Answers `202` for the first [`MockAgentState::clone_polls`] requests for a path, then
+/// makes the clone (the source's mode and owner, the request's capacity and owner).
+async fn clone(
+    State(shared): State<MockShared>,
+    headers: HeaderMap,
+    Path(path): Path<String>,
+    Json(request): Json<CloneVolumeRequest>,
+) -> Response {
+    let call = format!("POST clone {path} from {}", request.source);
+    if let Some(response) = enter(&shared, &headers, call) {
+        return response;
+    }
+    let Ok(volume_path) = VolumePath::parse(&path) else {
+        return api_error(ErrorCode::InvalidPath, "invalid path");
+    };
+    let mut state = shared.state.lock().expect("lock");
+    let Some(source) = state.volumes.get(request.source.as_str()).cloned() else {
+        return api_error(ErrorCode::NotFound, "no source volume");
+    };
+    let seen = {
+        let seen = state.clone_requests.entry(path.clone()).or_default();
+        *seen += 1;
+        *seen
+    };
+    if seen <= state.clone_polls {
+        let progress = CloneProgress {
+            source: request.source.clone(),
+            running_seconds: u64::from(seen),
+        };
+        return (StatusCode::ACCEPTED, Json(progress)).into_response();
+    }
+    let made = CreateVolumeRequest {
+        capacity_bytes: request.capacity_bytes,
+        owner: request.owner.clone(),
+        quota: request.quota,
+        ..source
+    };
+    let status = if state.volumes.contains_key(&path) {
+        StatusCode::OK
+    } else {
+        state.volumes.insert(path.clone(), made.clone());
+        StatusCode::CREATED
+    };
+    let mut volume = volume_of(&state, volume_path, &made);
+    volume.clone = Some(CloneOrigin {
+        source: request.source,
+        method: CloneMethod::Reflink,
+    });
+    (status, Json(volume)).into_response()
 }
 
 async fn fetch(

@@ -310,15 +310,20 @@ async fn block_volume_mode_is_refused() {
 }
 
 #[tokio::test]
-async fn data_source_is_refused() {
+async fn a_snapshot_data_source_is_refused() {
     let mut pvc = claim("nfs");
     pvc.spec.as_mut().unwrap().data_source =
         Some(k8s_openapi::api::core::v1::TypedLocalObjectReference {
-            kind: "PersistentVolumeClaim".into(),
-            name: "other".into(),
-            api_group: None,
+            kind: "VolumeSnapshot".into(),
+            name: "nightly".into(),
+            api_group: Some("snapshot.storage.k8s.io".into()),
         });
-    assert_refused(pvc, &[], "dataSource is not supported").await;
+    assert_refused(
+        pvc,
+        &[],
+        "dataSource of kind VolumeSnapshot (API group snapshot.storage.k8s.io) is not supported",
+    )
+    .await;
 }
 
 #[tokio::test]
@@ -1153,4 +1158,191 @@ async fn a_stale_cache_never_repeats_a_finished_deletion() {
     finish(ctx, server).await;
     assert!(agent.calls().is_empty());
     assert!(agent.has_volume("team-a/data"));
+}
+
+// ------------------------------------------------------------------- clones
+
+const SOURCE_PATH: &str = "team-a/source";
+
+/// The claim `team-a/source` of class `class`, Bound to `pvc-source`, asking for `size`.
+fn source_claim(class: &str, size: &str) -> k8s_openapi::api::core::v1::PersistentVolumeClaim {
+    let mut source = bound_claim(size, size);
+    source.metadata.name = Some("source".into());
+    let spec = source.spec.as_mut().unwrap();
+    spec.volume_name = Some("pvc-source".into());
+    spec.storage_class_name = Some(class.into());
+    source
+}
+
+/// The PV of [`source_claim`], made by this controller on `agent`.
+fn source_pv(agent: &str) -> k8s_openapi::api::core::v1::PersistentVolume {
+    let mut volume = bound_pv("1Gi", "bestEffort");
+    volume.metadata.name = Some("pvc-source".into());
+    let annotations = volume.metadata.annotations.as_mut().unwrap();
+    annotations.insert(objects::ANN_AGENT.into(), agent.into());
+    annotations.insert(objects::ANN_PATH.into(), SOURCE_PATH.into());
+    volume
+}
+
+/// The claim of [`claim`] asking to be cloned from `team-a/source`.
+fn clone_claim() -> k8s_openapi::api::core::v1::PersistentVolumeClaim {
+    let mut pvc = claim("nfs");
+    pvc.spec.as_mut().unwrap().data_source =
+        Some(k8s_openapi::api::core::v1::TypedLocalObjectReference {
+            kind: "PersistentVolumeClaim".into(),
+            name: "source".into(),
+            api_group: None,
+        });
+    pvc
+}
+
+fn get_source(source: &k8s_openapi::api::core::v1::PersistentVolumeClaim) -> Call {
+    Call::new(
+        Method::GET,
+        "/api/v1/namespaces/team-a/persistentvolumeclaims/source",
+        BodyCheck::Exact(serde_json::Value::Null),
+    )
+    .respond(serde_json::to_value(source).unwrap())
+}
+
+#[tokio::test]
+async fn a_clone_is_polled_until_the_agent_made_it_and_its_pv_names_the_source() {
+    let agent = MockAgent::start("nfs1").await;
+    agent.insert_volume(
+        SOURCE_PATH,
+        CreateVolumeRequest {
+            mode: Mode::new(0o750).unwrap(),
+            uid: Some(4242),
+            gid: Some(4242),
+            capacity_bytes: 1 << 30,
+            ..CreateVolumeRequest::default()
+        },
+    );
+    agent.set_clone_polls(1);
+    let source = source_claim("nfs", "1Gi");
+    // The class's mode is not what the clone gets: the agent keeps the source's.
+    let (ctx, api) = context(
+        agent.registry(),
+        vec![class("nfs", &[("agent", "nfs1"), ("mode", "0700")])],
+        vec![source_pv("nfs1")],
+    );
+    let mut expected = expected_pv(DEFAULT_PATH, "archive");
+    let annotations = expected["metadata"]["annotations"].as_object_mut().unwrap();
+    annotations.insert("nfsprov.dev/cloned-from".into(), json!("team-a/source"));
+    annotations.insert("nfsprov.dev/clone-method".into(), json!("reflink"));
+    let server = api.run(vec![
+        get_source(&source),
+        Call::event(
+            "team-a",
+            "Normal",
+            "Provisioning",
+            "data",
+            "cloning claim team-a/source on agent nfs1",
+        ),
+        // Polled again: no second Provisioning event.
+        get_source(&source),
+        Call::new(Method::POST, PVS, BodyCheck::Exact(expected)).status(201),
+        succeeded_event(),
+    ]);
+    let pvc = Arc::new(objects::CachedClaim::from(clone_claim()));
+    assert_eq!(
+        reconcile_claim(pvc.clone(), ctx.clone()).await.unwrap(),
+        Action::requeue(Duration::from_secs(3)),
+        "still cloning: asked again soon, no failure"
+    );
+    assert_eq!(
+        reconcile_claim(pvc, ctx.clone()).await.unwrap(),
+        Action::await_change()
+    );
+    let metrics = ctx.metrics.encode().unwrap();
+    assert!(
+        metrics.contains(
+            "controller_persistentvolumeclaim_provision_total{class=\"nfs\",source=\"PersistentVolumeClaim\"} 1"
+        ),
+        "{metrics}"
+    );
+    assert!(!metrics.contains("provision_failed_total{"), "{metrics}");
+    finish(ctx, server).await;
+    let clone_call = format!("POST clone {DEFAULT_PATH} from {SOURCE_PATH}");
+    assert_eq!(
+        agent.calls(),
+        ["GET info".to_owned(), clone_call.clone(), clone_call]
+    );
+    let made = agent.volume(DEFAULT_PATH).unwrap();
+    assert_eq!(
+        (made.mode, made.uid),
+        (Mode::new(0o750).unwrap(), Some(4242))
+    );
+    assert_eq!(made.owner, owner());
+}
+
+#[tokio::test]
+async fn a_clone_that_breaks_a_rule_is_refused_once_without_calling_the_agent() {
+    let cases: [(
+        k8s_openapi::api::core::v1::PersistentVolumeClaim,
+        &str,
+        &str,
+    ); 3] = [
+        (
+            source_claim("other", "1Gi"),
+            "nfs1",
+            "is of StorageClass \"other\", this claim of \"nfs\"",
+        ),
+        (
+            source_claim("nfs", "2Gi"),
+            "nfs1",
+            "less than the 2147483648 bytes of its source claim team-a/source",
+        ),
+        (
+            source_claim("nfs", "1Gi"),
+            "nfs2",
+            "is on agent nfs2, but StorageClass \"nfs\" places volumes on agents nfs1",
+        ),
+    ];
+    for (source, source_agent, note) in cases {
+        let agent = MockAgent::start("nfs1").await;
+        let (ctx, api) = context(
+            agent.registry(),
+            vec![class("nfs", &[("agent", "nfs1")])],
+            vec![source_pv(source_agent)],
+        );
+        let server = api.run(vec![
+            get_source(&source),
+            failed_event(note),
+            // The second reconcile of the same claim reads the source, reports nothing.
+            get_source(&source),
+        ]);
+        let pvc = Arc::new(objects::CachedClaim::from(clone_claim()));
+        for _ in 0..2 {
+            let result = reconcile_claim(pvc.clone(), ctx.clone()).await;
+            assert_eq!(result.unwrap(), Action::await_change(), "{note}");
+        }
+        finish(ctx, server).await;
+        assert!(agent.calls().is_empty(), "{note}: {:?}", agent.calls());
+    }
+}
+
+#[tokio::test]
+async fn a_clone_waits_with_backoff_for_a_source_that_is_not_bound_yet() {
+    let agent = MockAgent::start("nfs1").await;
+    let mut pending = source_claim("nfs", "1Gi");
+    pending.status.as_mut().unwrap().phase = Some("Pending".into());
+    pending.spec.as_mut().unwrap().volume_name = None;
+    let (ctx, api) = context(
+        agent.registry(),
+        vec![class("nfs", &[("agent", "nfs1")])],
+        vec![],
+    );
+    let server = api.run(vec![
+        get_source(&pending),
+        failed_event("the source claim team-a/source is Pending, not Bound"),
+    ]);
+    let pvc = Arc::new(objects::CachedClaim::from(clone_claim()));
+    let result = reconcile_claim(pvc, ctx.clone()).await;
+    assert!(
+        result.is_err(),
+        "retried with backoff, not given up: {result:?}"
+    );
+    finish(ctx, server).await;
+    assert!(agent.calls().is_empty());
 }

@@ -1,0 +1,307 @@
+//! Claims with a data source: which other claim a new volume is cloned from, checked by
+//! the rules the external-provisioner applies to PVC clones. The source must be a claim
+//! in the same namespace and class, Bound to a volume this provisioner made, on an agent
+//! the class allows, and the new claim at least as large. The agent does the copy next
+//! to the data, so no byte crosses the network.
+
+use k8s_openapi::api::core::v1::PersistentVolumeClaim;
+use kube::ResourceExt;
+use kube::api::Api;
+use kube::runtime::reflector::ObjectRef;
+use nfsprov_api_types::VolumePath;
+
+use crate::context::Context;
+use crate::objects::{claim_class, is_ours, requested, volume_name};
+use crate::quantity;
+
+const CLAIM_KIND: &str = "PersistentVolumeClaim";
+
+/// The claim a new claim asks to be cloned from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SourceClaim {
+    pub namespace: String,
+    pub name: String,
+}
+
+impl std::fmt::Display for SourceClaim {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}/{}", self.namespace, self.name)
+    }
+}
+
+/// The source's volume, where the clone is made.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SourceVolume {
+    pub claim: SourceClaim,
+    pub agent: String,
+    pub path: VolumePath,
+}
+
+/// Why a claim cannot be cloned from its source (yet).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SourceProblem {
+    pub message: String,
+    /// The source may still come right by itself (it is created, or binds); otherwise
+    /// only a change of the claim can help.
+    pub may_resolve: bool,
+}
+
+impl SourceProblem {
+    fn permanent(message: impl Into<String>) -> Self {
+        Self {
+            message: message.into(),
+            may_resolve: false,
+        }
+    }
+
+    fn waiting(message: impl Into<String>) -> Self {
+        Self {
+            message: message.into(),
+            may_resolve: true,
+        }
+    }
+}
+
+/// The claim's data source, when it has one: `dataSourceRef` where set (it is the
+/// newer field and may name a namespace), else `dataSource`. Only claims of the same
+/// namespace can be cloned; snapshots and other kinds are refused.
+pub fn requested_source(pvc: &PersistentVolumeClaim) -> Result<Option<SourceClaim>, SourceProblem> {
+    let Some(spec) = pvc.spec.as_ref() else {
+        return Ok(None);
+    };
+    let namespace = pvc.namespace().unwrap_or_default();
+    let (kind, group, name, other_namespace) = match (&spec.data_source_ref, &spec.data_source) {
+        (Some(r), _) => (
+            &r.kind,
+            r.api_group.as_deref(),
+            &r.name,
+            r.namespace.as_deref(),
+        ),
+        (None, Some(s)) => (&s.kind, s.api_group.as_deref(), &s.name, None),
+        (None, None) => return Ok(None),
+    };
+    if kind != CLAIM_KIND || group.is_some_and(|g| !g.is_empty()) {
+        let group = group.filter(|g| !g.is_empty()).unwrap_or("core");
+        return Err(SourceProblem::permanent(format!(
+            "dataSource of kind {kind} (API group {group}) is not supported: this provisioner clones PersistentVolumeClaims only; use a PersistentVolumeClaim of the same namespace as the data source, or remove spec.dataSource/dataSourceRef"
+        )));
+    }
+    if let Some(other) = other_namespace.filter(|ns| *ns != namespace) {
+        return Err(SourceProblem::permanent(format!(
+            "dataSourceRef names claim {other}/{name} in another namespace: cloning across namespaces is not supported; clone a claim of namespace {namespace}"
+        )));
+    }
+    Ok(Some(SourceClaim {
+        namespace,
+        name: name.clone(),
+    }))
+}
+
+/// Checks the source claim and finds its volume. `class_name` and `requested_bytes` are
+/// the new claim's.
+pub async fn resolve(
+    ctx: &Context,
+    source: &SourceClaim,
+    class_name: &str,
+    requested_bytes: u64,
+) -> Result<SourceVolume, SourceProblem> {
+    let api = Api::<PersistentVolumeClaim>::namespaced(ctx.client.clone(), &source.namespace);
+    let claim = api.get_opt(&source.name).await.map_err(|e| {
+        SourceProblem::waiting(format!("cannot read the source claim {source}: {e}"))
+    })?;
+    let Some(claim) = claim else {
+        return Err(SourceProblem::waiting(format!(
+            "the source claim {source} does not exist (yet); the clone is made once it exists and is Bound"
+        )));
+    };
+    check_source_claim(&claim, source, class_name, requested_bytes)?;
+    let volume_name = volume_name(&claim).unwrap_or_default().to_owned();
+    let Some(volume) = ctx.volumes.get(&ObjectRef::new(&volume_name)) else {
+        return Err(SourceProblem::waiting(format!(
+            "the source claim {source} is bound to PersistentVolume {volume_name}, which this controller has not seen (yet)"
+        )));
+    };
+    if !is_ours(&volume, &ctx.provisioner) {
+        return Err(SourceProblem::permanent(format!(
+            "the source claim {source} is bound to PersistentVolume {volume_name}, which was not provisioned by {}; only volumes of this provisioner can be cloned",
+            ctx.provisioner.own()
+        )));
+    }
+    let (Some(agent), Some(path)) = (
+        volume.recorded.agent.as_deref(),
+        volume.recorded.path.as_deref(),
+    ) else {
+        return Err(SourceProblem::permanent(format!(
+            "PersistentVolume {volume_name} of the source claim {source} does not record its agent and path (made by an old version, or edited); it cannot be cloned"
+        )));
+    };
+    let path = VolumePath::parse(path).map_err(|e| {
+        SourceProblem::permanent(format!(
+            "PersistentVolume {volume_name} of the source claim {source} records an invalid path: {e}"
+        ))
+    })?;
+    Ok(SourceVolume {
+        claim: source.clone(),
+        agent: agent.to_owned(),
+        path,
+    })
+}
+
+/// The external-provisioner's checks of the source claim itself.
+fn check_source_claim(
+    claim: &PersistentVolumeClaim,
+    source: &SourceClaim,
+    class_name: &str,
+    requested_bytes: u64,
+) -> Result<(), SourceProblem> {
+    if claim.metadata.deletion_timestamp.is_some() {
+        return Err(SourceProblem::permanent(format!(
+            "the source claim {source} is being deleted"
+        )));
+    }
+    let source_class = claim_class(claim).unwrap_or_default();
+    if source_class != class_name {
+        return Err(SourceProblem::permanent(format!(
+            "the source claim {source} is of StorageClass {source_class:?}, this claim of {class_name:?}: a clone must be of its source's class"
+        )));
+    }
+    let phase = claim
+        .status
+        .as_ref()
+        .and_then(|s| s.phase.as_deref())
+        .unwrap_or("Pending");
+    if phase != "Bound" || volume_name(claim).is_none() {
+        return Err(SourceProblem::waiting(format!(
+            "the source claim {source} is {phase}, not Bound; the clone is made once it is"
+        )));
+    }
+    let source_bytes = requested(claim)
+        .and_then(|q| quantity::parse_bytes(&q.0).ok())
+        .unwrap_or(0);
+    if requested_bytes < source_bytes {
+        return Err(SourceProblem::permanent(format!(
+            "this claim requests {requested_bytes} bytes, less than the {source_bytes} bytes of its source claim {source}: a clone must be at least as large as its source"
+        )));
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use k8s_openapi::api::core::v1::{
+        PersistentVolumeClaimSpec, PersistentVolumeClaimStatus, TypedLocalObjectReference,
+        TypedObjectReference, VolumeResourceRequirements,
+    };
+    use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
+    use std::collections::BTreeMap;
+
+    fn claim(class: &str, size: &str, phase: &str) -> PersistentVolumeClaim {
+        PersistentVolumeClaim {
+            metadata: ObjectMeta {
+                name: Some("src".into()),
+                namespace: Some("team".into()),
+                ..ObjectMeta::default()
+            },
+            spec: Some(PersistentVolumeClaimSpec {
+                storage_class_name: Some(class.into()),
+                volume_name: (phase == "Bound").then(|| "pvc-1".into()),
+                resources: Some(VolumeResourceRequirements {
+                    requests: Some(BTreeMap::from([("storage".into(), Quantity(size.into()))])),
+                    ..Default::default()
+                }),
+                ..Default::default()
+            }),
+            status: Some(PersistentVolumeClaimStatus {
+                phase: Some(phase.into()),
+                ..Default::default()
+            }),
+        }
+    }
+
+    fn source() -> SourceClaim {
+        SourceClaim {
+            namespace: "team".into(),
+            name: "src".into(),
+        }
+    }
+
+    #[test]
+    fn data_source_ref_wins_and_only_claims_of_the_namespace_are_accepted() {
+        let mut pvc = claim("nfs", "1Gi", "Pending");
+        assert_eq!(requested_source(&pvc), Ok(None));
+        let spec = pvc.spec.as_mut().unwrap();
+        spec.data_source = Some(TypedLocalObjectReference {
+            kind: "PersistentVolumeClaim".into(),
+            name: "old".into(),
+            api_group: None,
+        });
+        spec.data_source_ref = Some(TypedObjectReference {
+            kind: "PersistentVolumeClaim".into(),
+            name: "new".into(),
+            api_group: Some(String::new()),
+            namespace: Some("team".into()),
+        });
+        assert_eq!(
+            requested_source(&pvc).unwrap().unwrap().name,
+            "new",
+            "dataSourceRef is the newer field"
+        );
+        pvc.spec
+            .as_mut()
+            .unwrap()
+            .data_source_ref
+            .as_mut()
+            .unwrap()
+            .namespace = Some("other".into());
+        let problem = requested_source(&pvc).unwrap_err();
+        assert!(!problem.may_resolve);
+        assert!(problem.message.contains("another namespace"), "{problem:?}");
+        let spec = pvc.spec.as_mut().unwrap();
+        spec.data_source_ref = None;
+        spec.data_source = Some(TypedLocalObjectReference {
+            kind: "VolumeSnapshot".into(),
+            name: "snap".into(),
+            api_group: Some("snapshot.storage.k8s.io".into()),
+        });
+        let problem = requested_source(&pvc).unwrap_err();
+        assert!(
+            problem.message.contains(
+                "kind VolumeSnapshot (API group snapshot.storage.k8s.io) is not supported"
+            ),
+            "{problem:?}"
+        );
+    }
+
+    #[test]
+    fn the_source_must_be_bound_of_the_same_class_not_larger_and_not_deleting() {
+        assert_eq!(
+            check_source_claim(&claim("nfs", "1Gi", "Bound"), &source(), "nfs", 1 << 30),
+            Ok(())
+        );
+        let waiting =
+            check_source_claim(&claim("nfs", "1Gi", "Pending"), &source(), "nfs", 1 << 30)
+                .unwrap_err();
+        assert!(waiting.may_resolve, "a Pending source may still bind");
+        assert!(
+            waiting.message.contains("is Pending, not Bound"),
+            "{waiting:?}"
+        );
+        let class = check_source_claim(&claim("fast", "1Gi", "Bound"), &source(), "nfs", 1 << 30)
+            .unwrap_err();
+        assert!(!class.may_resolve);
+        assert!(
+            class.message.contains("must be of its source's class"),
+            "{class:?}"
+        );
+        let small = check_source_claim(&claim("nfs", "2Gi", "Bound"), &source(), "nfs", 1 << 30)
+            .unwrap_err();
+        assert!(!small.may_resolve);
+        assert!(small.message.contains("at least as large"), "{small:?}");
+        let mut deleting = claim("nfs", "1Gi", "Bound");
+        deleting.metadata.deletion_timestamp = Some(Time(Default::default()));
+        let deleting = check_source_claim(&deleting, &source(), "nfs", 1 << 30).unwrap_err();
+        assert!(deleting.message.contains("being deleted"), "{deleting:?}");
+    }
+}
