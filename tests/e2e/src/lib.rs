@@ -6,6 +6,7 @@
 pub mod agent;
 pub mod binaries;
 pub mod cluster;
+pub mod libnfs;
 pub mod nfs;
 pub mod system;
 
