@@ -6,6 +6,7 @@
 
 use std::time::Duration;
 
+use nfsprov_e2e::libnfs::{NfsClient, fixture, snapshot_tree, sparse_usage, write_fixture_tree};
 use nfsprov_e2e::nfs::{nfs_read, nfs_write};
 use nfsprov_e2e::system::{System, volume_dirs};
 use serde_json::json;
@@ -944,4 +945,164 @@ async fn retention_deletes_an_expired_archive_and_nothing_else() -> anyhow::Resu
         "{expired}"
     );
     Ok(())
+}
+
+/// A claim of `class` whose data source is the claim `source`, asking for `size`.
+async fn clone_claim(
+    system: &System,
+    name: &str,
+    class: &str,
+    source: &str,
+    size: &str,
+) -> anyhow::Result<()> {
+    let claim: k8s_openapi::api::core::v1::PersistentVolumeClaim = serde_json::from_value(json!({
+        "metadata": {"name": name, "namespace": system.names.namespace},
+        "spec": {
+            "storageClassName": system.names.class(class),
+            "accessModes": ["ReadWriteMany"],
+            "resources": {"requests": {"storage": size}},
+            "dataSource": {"kind": "PersistentVolumeClaim", "name": source},
+        },
+    }))?;
+    system
+        .claims()
+        .create(&kube::api::PostParams::default(), &claim)
+        .await?;
+    Ok(())
+}
+
+/// The volume's directory below the export, as an NFS client names it.
+fn export_dir(system: &System, volume: &k8s_openapi::api::core::v1::PersistentVolume) -> String {
+    let path = &volume.spec.as_ref().unwrap().nfs.as_ref().unwrap().path;
+    path.strip_prefix(&system.agents[0].export)
+        .unwrap_or(path)
+        .to_owned()
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_claim_cloned_from_another_holds_the_same_files_over_nfs() -> anyhow::Result<()> {
+    let test = "a_claim_cloned_from_another_holds_the_same_files_over_nfs";
+    if let Err(why) = nfsprov_e2e::libnfs::available() {
+        nfsprov_test_skip::skip(test, &why);
+        return Ok(());
+    }
+    let _turn = ONE_AT_A_TIME.lock().await;
+    let system = System::start(&["nfs1"], 1, &["--leader-elect=false"]).await?;
+    // The class's mode and owner apply to new volumes, never to a clone's tree.
+    system
+        .class(
+            "e2e-clone",
+            json!({"agent": "nfs1", "onDelete": "delete", "mode": "0775", "uid": "1000", "gid": "1000"}),
+        )
+        .await?;
+    system
+        .class("e2e-clone-other", json!({"agent": "nfs1"}))
+        .await?;
+    system
+        .claim("source", "e2e-clone", json!({}), json!({}))
+        .await?;
+    let source = system.bound_volume("source", BIND).await?;
+    let source_dir = export_dir(&system, &source);
+    let nfs = NfsClient::connect("127.0.0.1", system.nfs.port(), &system.agents[0].export)?;
+    write_fixture_tree(&nfs, &source_dir)?;
+    nfs.chmod(&format!("{source_dir}/{}", fixture::OWNER_A), 0o604)?;
+    let before = snapshot_tree(&nfs, &source_dir)?;
+    let source_root = nfs.lstat(&source_dir)?;
+
+    clone_claim(&system, "copy", "e2e-clone", "source", "2Gi").await?;
+    let copy = system.bound_volume("copy", BIND).await?;
+    let annotations = copy.metadata.annotations.clone().unwrap_or_default();
+    assert_eq!(
+        annotations.get("nfsprov.dev/cloned-from"),
+        Some(&format!("{}/source", system.names.namespace))
+    );
+    let method = annotations
+        .get("nfsprov.dev/clone-method")
+        .cloned()
+        .unwrap_or_default();
+    assert!(
+        method == "copy" || method == "reflink",
+        "a plain directory root copies or reflinks: {method}"
+    );
+    let copy_dir = export_dir(&system, &copy);
+    assert_ne!(copy_dir, source_dir);
+    assert_eq!(
+        snapshot_tree(&nfs, &copy_dir)?,
+        before,
+        "the same tree over NFS"
+    );
+    let copy_root = nfs.lstat(&copy_dir)?;
+    assert_eq!(
+        (copy_root.mode, copy_root.uid, copy_root.gid),
+        (source_root.mode, source_root.uid, source_root.gid),
+        "the clone's root keeps its source's mode and owner"
+    );
+    let (size, used) = sparse_usage(&nfs, &copy_dir)?;
+    assert!(
+        size == fixture::SPARSE_SIZE && used < 8 << 20,
+        "the sparse file keeps its holes in the clone: {used} of {size} bytes used"
+    );
+
+    // Changes to the clone stay in the clone.
+    nfs.write_file(
+        &format!("{copy_dir}/{}", fixture::OWNER_A),
+        b"changed",
+        0o600,
+    )?;
+    nfs.write_file(&format!("{copy_dir}/only-in-the-copy"), b"new", 0o644)?;
+    assert_eq!(
+        snapshot_tree(&nfs, &source_dir)?,
+        before,
+        "the source is unchanged"
+    );
+
+    // A clone of another class is refused once, with the rule it broke.
+    clone_claim(&system, "wrong-class", "e2e-clone-other", "source", "1Gi").await?;
+    system
+        .wait_for_event(
+            "wrong-class",
+            "ProvisioningFailed",
+            "a clone must be of its source's class",
+        )
+        .await?;
+
+    // The source goes; the clone and its data stay.
+    system
+        .delete_claim_and_wait_for_volume("source", &name_of(&source))
+        .await?;
+    assert!(
+        nfs.lstat(&source_dir).is_err(),
+        "the source's data is deleted"
+    );
+    assert_eq!(
+        nfs.read_file(&format!("{copy_dir}/{}", fixture::NESTED))?,
+        nfs_read_local(&system, &copy, fixture::NESTED)?,
+    );
+    assert_eq!(
+        nfs.read_file(&format!("{copy_dir}/{}", fixture::OWNER_A))?,
+        b"changed"
+    );
+    let claims = system.claims();
+    claims
+        .delete("wrong-class", &kube::api::DeleteParams::default())
+        .await?;
+    system
+        .delete_claim_and_wait_for_volume("copy", &name_of(&copy))
+        .await?;
+    Ok(())
+}
+
+/// A file of the volume read on the server, to compare with what NFS serves.
+fn nfs_read_local(
+    system: &System,
+    volume: &k8s_openapi::api::core::v1::PersistentVolume,
+    file: &str,
+) -> anyhow::Result<Vec<u8>> {
+    let dir = export_dir(system, volume);
+    Ok(std::fs::read(
+        system.agents[0]
+            .root
+            .join(dir.trim_start_matches('/'))
+            .join(file),
+    )?)
 }
