@@ -322,12 +322,22 @@ impl RecordStore {
         Ok(())
     }
 
-    /// Forgets the record of `identity` (absent already is fine), under either key.
+    /// Forgets the record of `identity` (absent already is fine), under either key. A
+    /// record under the legacy key for another path is a snapshot source's, and stays.
     pub fn remove(&self, identity: &Identity) -> Result<()> {
         let (shard, name) = self.shard(identity);
+        let own = read_link(shard, &name)?;
         unlink_record(shard, &name)?;
-        if let Some((shard, legacy)) = identity.legacy_key() {
-            unlink_record(self.shards[shard].as_fd(), &legacy)?;
+        if let Some((legacy_shard, legacy)) = identity.legacy_key() {
+            let legacy_shard = self.shards[legacy_shard].as_fd();
+            let ours = match (&own, read_link(legacy_shard, &legacy)?) {
+                (_, None) => false,
+                (None, Some(_)) => true,
+                (Some((path, _)), Some((at, _))) => *path == at,
+            };
+            if ours {
+                unlink_record(legacy_shard, &legacy)?;
+            }
         }
         Ok(())
     }
@@ -376,5 +386,123 @@ fn read_link(shard: BorrowedFd<'_>, name: &str) -> Result<Option<(String, Volume
         }
         Err(Errno::NOENT) => Ok(None),
         Err(e) => Err(io_error(format!("read record {name}"), e)),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::process::Command;
+
+    use super::*;
+    use nfsprov_api_types::QuotaBackend;
+
+    fn record(capacity_bytes: u64) -> VolumeRecord {
+        VolumeRecord {
+            mode: Mode::DEFAULT,
+            uid: 1,
+            gid: 1,
+            capacity_bytes,
+            owner: VolumeOwner::default(),
+            created_at: String::new(),
+            quota: Some(QuotaRecord::of(QuotaBackend::Btrfs)),
+            archive: None,
+            clone: None,
+        }
+    }
+
+    fn open(path: &std::path::Path) -> OwnedFd {
+        rustix::fs::open(
+            path,
+            rustix::fs::OFlags::DIRECTORY | rustix::fs::OFlags::RDONLY,
+            rustix::fs::Mode::empty(),
+        )
+        .unwrap()
+    }
+
+    fn btrfs(args: &[&str]) {
+        let status = Command::new("btrfs").args(args).status().unwrap();
+        assert!(status.success(), "btrfs {args:?}");
+    }
+
+    /// A snapshot's root has its source's inode number and birth time: its record must
+    /// not be its source's, and a record kept under the old key must move before the
+    /// source is snapshotted.
+    #[test]
+    fn a_snapshot_never_reads_or_replaces_its_sources_record() {
+        const TEST: &str =
+            "fs::record::tests::a_snapshot_never_reads_or_replaces_its_sources_record";
+        if !rustix::process::geteuid().is_root() {
+            nfsprov_test_skip::skip(TEST, "a loop-mounted btrfs needs root");
+            return;
+        }
+        let fs = match nfsprov_agent_testkit::LoopBtrfs::new(300, false) {
+            Ok(fs) => fs,
+            Err(e) => {
+                nfsprov_test_skip::skip(TEST, &format!("no loop-mounted btrfs: {e}"));
+                return;
+            }
+        };
+        let root = fs.root();
+        std::fs::create_dir(root.join("state")).unwrap();
+        let store = RecordStore::open(open(&root.join("state")).as_fd()).unwrap();
+        let source = root.join("source");
+        btrfs(&["subvolume", "create", source.to_str().unwrap()]);
+        let source_dir = open(&source);
+        let identity = Identity::of(source_dir.as_fd()).unwrap();
+        assert!(identity.subvolume.is_some(), "{identity:?}");
+
+        // A record of an earlier version, under the key without the subvolume id.
+        let (shard, legacy) = identity.legacy_key().unwrap();
+        let stored = serde_json::to_string(&StoredRecord {
+            path: "team/source".into(),
+            record: record(7),
+        })
+        .unwrap();
+        rustix::fs::symlinkat(
+            stored.as_str(),
+            store.shards[shard].as_fd(),
+            legacy.as_str(),
+        )
+        .unwrap();
+        assert_eq!(
+            store.read(source_dir.as_fd()).unwrap().unwrap(),
+            ("team/source".to_owned(), record(7)),
+            "found under its old key"
+        );
+        store.settle(source_dir.as_fd()).unwrap();
+        assert!(
+            read_link(store.shards[shard].as_fd(), &legacy)
+                .unwrap()
+                .is_none()
+        );
+        assert_eq!(
+            store.read(source_dir.as_fd()).unwrap().unwrap().1,
+            record(7)
+        );
+
+        let snapshot = root.join("snapshot");
+        btrfs(&[
+            "subvolume",
+            "snapshot",
+            source.to_str().unwrap(),
+            snapshot.to_str().unwrap(),
+        ]);
+        let snapshot_dir = open(&snapshot);
+        let copy = Identity::of(snapshot_dir.as_fd()).unwrap();
+        assert_eq!((copy.ino, copy.birth), (identity.ino, identity.birth));
+        assert_ne!(copy.subvolume, identity.subvolume);
+        assert!(store.read(snapshot_dir.as_fd()).unwrap().is_none());
+        store
+            .write(snapshot_dir.as_fd(), "team/copy", &record(9))
+            .unwrap();
+        store.remove(&copy).unwrap();
+        assert_eq!(
+            store.read(source_dir.as_fd()).unwrap().unwrap(),
+            ("team/source".to_owned(), record(7)),
+            "the source's record survives its snapshot's"
+        );
+        drop((source_dir, snapshot_dir));
+        btrfs(&["subvolume", "delete", snapshot.to_str().unwrap()]);
+        btrfs(&["subvolume", "delete", source.to_str().unwrap()]);
     }
 }
