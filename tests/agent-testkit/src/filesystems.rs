@@ -108,6 +108,68 @@ impl Drop for LoopBtrfs {
     }
 }
 
+/// An XFS filesystem in a sparse file, loop-mounted in a temp dir, with an `exports`
+/// directory to serve; unmounted when dropped. No quotas: for tests of what the agent does
+/// on XFS without its project quota backend (clones by `FICLONE`, say).
+pub struct LoopXfs {
+    mount: PathBuf,
+    // Declared last so the image outlives the mount.
+    _dir: tempfile::TempDir,
+}
+
+impl LoopXfs {
+    /// Makes and mounts the filesystem (xfsprogs wants at least 300 MiB); with `reflink`,
+    /// with extents files can share (`mkfs.xfs -m reflink=1`), without, none.
+    pub fn new(size_mib: u64, reflink: bool) -> anyhow::Result<Self> {
+        anyhow::ensure!(
+            rustix::process::geteuid().is_root(),
+            "a loop-mounted XFS needs root; run the tests as root"
+        );
+        let dir = tempfile::tempdir()?;
+        let image = dir.path().join("xfs.img");
+        std::fs::File::create(&image)?.set_len(size_mib * MIB)?;
+        let reflink = if reflink { "reflink=1" } else { "reflink=0" };
+        run(
+            "mkfs.xfs",
+            &[
+                "-q".as_ref(),
+                "-m".as_ref(),
+                reflink.as_ref(),
+                image.as_os_str(),
+            ],
+        )?;
+        let mount = dir.path().join("mnt");
+        std::fs::create_dir(&mount)?;
+        run(
+            "mount",
+            &[
+                "-o".as_ref(),
+                "loop".as_ref(),
+                image.as_os_str(),
+                mount.as_os_str(),
+            ],
+        )?;
+        let fs = Self { mount, _dir: dir };
+        std::fs::create_dir(fs.root())?;
+        Ok(fs)
+    }
+
+    pub fn mount_point(&self) -> &Path {
+        &self.mount
+    }
+
+    /// The directory to serve as an export root.
+    pub fn root(&self) -> PathBuf {
+        self.mount.join("exports")
+    }
+}
+
+impl Drop for LoopXfs {
+    fn drop(&mut self) {
+        let _ = Command::new("umount").arg(&self.mount).status();
+    }
+}
+
 fn run(program: &str, args: &[&std::ffi::OsStr]) -> anyhow::Result<String> {
     let output = Command::new(program)
         .args(args)

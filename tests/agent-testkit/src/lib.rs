@@ -1,9 +1,10 @@
 //! Test support for the nfsprov agent, kept out of the agent's production build: a real
-//! agent serving an export root over HTTPS ([`TestAgent`]), loop-mounted filesystems for
-//! the quota backends ([`LoopBtrfs`]), and the agent benchmark binary.
+//! agent serving an export root over HTTPS ([`TestAgent`]), loop-mounted filesystems
+//! ([`LoopBtrfs`] for the btrfs quota backend, [`LoopXfs`] with reflinks), and the
+//! benchmark binaries (agent requests, clones).
 
 mod agent;
 mod filesystems;
 
 pub use agent::TestAgent;
-pub use filesystems::LoopBtrfs;
+pub use filesystems::{LoopBtrfs, LoopXfs};
