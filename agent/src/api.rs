@@ -144,17 +144,7 @@ struct FailureMessage(String);
 
 impl From<StoreError> for Failure {
     fn from(error: StoreError) -> Self {
-        let code = match &error {
-            StoreError::Unsafe(_) => ErrorCode::UnsafePath,
-            StoreError::Conflict(_) => ErrorCode::Conflict,
-            StoreError::NotFound(_) => ErrorCode::NotFound,
-            StoreError::NoSpace(_) => ErrorCode::InsufficientStorage,
-            StoreError::NotReady(_) => ErrorCode::NotReady,
-            StoreError::Unsupported(_) => ErrorCode::Unsupported,
-            StoreError::Quota { source, .. } if source.timed_out() => ErrorCode::Timeout,
-            StoreError::Quota { .. } | StoreError::Io { .. } => ErrorCode::Internal,
-        };
-        Failure::new(code, error.to_string())
+        Failure(error.to_api_error())
     }
 }
 

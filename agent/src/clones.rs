@@ -96,10 +96,17 @@ impl Clones {
                     "clone job ended without an outcome",
                 ))
             })),
-            Ok(Err(_)) => CloneAnswer::Done(Err(ApiError::new(
-                ErrorCode::Internal,
-                format!("{path}: the clone job ended without an outcome; retry"),
-            ))),
+            Ok(Err(_)) => {
+                // The job died (it panicked): forget it, so the next request starts over.
+                self.running
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .remove(path);
+                CloneAnswer::Done(Err(ApiError::new(
+                    ErrorCode::Internal,
+                    format!("{path}: the clone job ended without an outcome; retry"),
+                )))
+            }
             Err(_) => CloneAnswer::Running(CloneProgress {
                 source: request.source,
                 running_seconds: started.elapsed().as_secs(),
@@ -156,7 +163,7 @@ impl Clones {
                 }
                 Ok(Err(e)) => {
                     tracing::warn!(%path, source = %request.source, error = %e, "clone failed");
-                    Err(crate::api::Failure::from(e).0)
+                    Err(e.to_api_error())
                 }
                 Err(e) => Err(ApiError::new(
                     ErrorCode::Internal,

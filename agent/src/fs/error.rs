@@ -4,7 +4,7 @@
 
 use std::io;
 
-use nfsprov_api_types::VolumePath;
+use nfsprov_api_types::{ApiError, ErrorCode, VolumePath};
 use rustix::io::Errno;
 
 use crate::quota::QuotaError;
@@ -39,6 +39,27 @@ pub enum StoreError {
         #[source]
         source: io::Error,
     },
+}
+
+impl StoreError {
+    /// The API's error code for it.
+    pub fn code(&self) -> ErrorCode {
+        match self {
+            StoreError::Unsafe(_) => ErrorCode::UnsafePath,
+            StoreError::Conflict(_) => ErrorCode::Conflict,
+            StoreError::NotFound(_) => ErrorCode::NotFound,
+            StoreError::NoSpace(_) => ErrorCode::InsufficientStorage,
+            StoreError::NotReady(_) => ErrorCode::NotReady,
+            StoreError::Unsupported(_) => ErrorCode::Unsupported,
+            StoreError::Quota { source, .. } if source.timed_out() => ErrorCode::Timeout,
+            StoreError::Quota { .. } | StoreError::Io { .. } => ErrorCode::Internal,
+        }
+    }
+
+    /// The API's error answer for it.
+    pub fn to_api_error(&self) -> ApiError {
+        ApiError::new(self.code(), self.to_string())
+    }
 }
 
 pub type Result<T> = std::result::Result<T, StoreError>;
