@@ -10,7 +10,7 @@ pub mod zfs_pool;
 use std::collections::BTreeMap;
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
+use std::process::Command;
 use std::time::{Duration, Instant};
 
 use nfsprov_agent::init::files;
@@ -136,23 +136,4 @@ pub fn is_root() -> bool {
     rustix::process::geteuid().is_root()
 }
 
-/// Runs a program to its end with a C locale (so its messages can be matched); its stdout,
-/// or what it said on failure.
-pub fn run(program: &str, args: &[&str]) -> Result<String, String> {
-    let output = Command::new(program)
-        .args(args)
-        .env("LC_ALL", "C")
-        .stdin(Stdio::null())
-        .output()
-        .map_err(|e| format!("cannot start {program}: {e} (is it installed?)"))?;
-    if output.status.success() {
-        Ok(String::from_utf8_lossy(&output.stdout).into_owned())
-    } else {
-        Err(format!(
-            "`{program} {}` failed ({}): {}",
-            args.join(" "),
-            output.status,
-            String::from_utf8_lossy(&output.stderr).trim()
-        ))
-    }
-}
+pub use nfsprov_agent_testkit::run;

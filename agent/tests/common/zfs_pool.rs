@@ -1,19 +1,8 @@
-//! A real ZFS pool for tests: a sparse file in a temporary directory, with one dataset
-//! mounted in that directory to serve as the export root. zfs-fuse's daemon is started
-//! when no ZFS answers yet (machines without systemd have nobody else to start it). The
-//! pool is destroyed when the fixture is dropped; the daemon is left running.
-//!
-//! Only one such pool exists at a time on the machine, across threads and test processes:
-//! zfs-fuse deadlocks now and then (every FUSE request to any of its mounts hangs for
-//! good) when several pools are created, used and destroyed at once, while the same tests
-//! one after the other never did.
+//! The testkit's real ZFS pool ([`nfsprov_agent_testkit::ZfsPool`]) as the agent's tests
+//! use it: skipped by name when asked to, and a failure (never a pass) when this machine
+//! cannot run it.
 
-use std::os::fd::OwnedFd;
-use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
-use std::sync::OnceLock;
-use std::sync::atomic::{AtomicU32, Ordering};
-use std::time::{Duration, Instant};
+use std::path::Path;
 
 use super::run;
 
@@ -21,26 +10,9 @@ use super::run;
 pub const SKIP_VARIABLE: &str = "NFSPROV_SKIP_ZFS";
 /// Sparse, so only what the test writes takes disk space; ZFS wants at least 64 MiB.
 const POOL_FILE_BYTES: u64 = 256 << 20;
-/// How long the daemon may take to answer after it is started.
-const DAEMON_START_LIMIT: Duration = Duration::from_secs(30);
-/// How long destroying the pool may be refused while its mounts are let go of.
-const DESTROY_LIMIT: Duration = Duration::from_secs(30);
-/// How long a test waits for the pools of other tests to be gone.
-const TURN_LIMIT: Duration = Duration::from_secs(600);
-/// How long a fresh mount may take to answer its first request.
-const MOUNT_ANSWER_LIMIT: Duration = Duration::from_secs(20);
 
 #[derive(Debug)]
-pub struct ZfsPool {
-    name: String,
-    dataset: String,
-    export_root: PathBuf,
-    // Dropped after the pool is destroyed: it holds the pool's file. Taken and kept when
-    // the pool cannot be destroyed, since removing it would walk into hung mounts.
-    dir: Option<tempfile::TempDir>,
-    // Closing it lets the next test create its pool.
-    _turn: OwnedFd,
-}
+pub struct ZfsPool(nfsprov_agent_testkit::ZfsPool);
 
 impl ZfsPool {
     /// A new pool, or `None` after printing a skip line when `NFSPROV_SKIP_ZFS=1`. Panics
@@ -56,251 +28,40 @@ impl ZfsPool {
                 "{test} needs root to run ZFS (zfs-fuse or OpenZFS); run the tests as root or set {SKIP_VARIABLE}=1 to skip them"
             );
         }
-        if let Err(reason) = zfs_ready() {
-            panic!("{test} cannot use ZFS: {reason}; or set {SKIP_VARIABLE}=1 to skip it");
-        }
-        let turn = wait_for_turn(test);
-        Some(Self::create_pool(turn))
-    }
-
-    fn create_pool(turn: OwnedFd) -> Self {
-        static NEXT: AtomicU32 = AtomicU32::new(0);
-        let name = format!(
-            "nfsprovt{}x{}",
-            std::process::id(),
-            NEXT.fetch_add(1, Ordering::Relaxed)
-        );
-        let dir = tempfile::Builder::new()
-            .prefix("nfsprov-zfs-")
-            .tempdir()
-            .expect("temporary directory");
-        let file = dir.path().join("pool.img");
-        std::fs::File::create(&file)
-            .and_then(|f| f.set_len(POOL_FILE_BYTES))
-            .expect("sparse pool file");
-        let pool_mountpoint = dir.path().join("pool");
-        run_ok(
-            "zpool",
-            &[
-                "create",
-                "-m",
-                path_str(&pool_mountpoint),
-                &name,
-                path_str(&file),
-            ],
-        );
-        let pool = Self {
-            dataset: format!("{name}/export"),
-            export_root: dir.path().join("export"),
-            name,
-            dir: Some(dir),
-            _turn: turn,
-        };
-        pool.zfs(&[
-            "create",
-            "-o",
-            &format!("mountpoint={}", path_str(&pool.export_root)),
-            &pool.dataset,
-        ]);
-        pool.check_mount_answers();
-        pool
-    }
-
-    /// A wedged zfs-fuse still answers `zpool` and `zfs` but never a request to its
-    /// mounts; the tests would hang on their first file operation instead of failing.
-    fn check_mount_answers(&self) {
-        let (sender, receiver) = std::sync::mpsc::channel();
-        let export_root = self.export_root.clone();
-        // Left behind if it hangs; the process exits without waiting for it.
-        std::thread::spawn(move || {
-            let _ = sender.send(std::fs::read_dir(&export_root).map(|entries| entries.count()));
-        });
-        match receiver.recv_timeout(MOUNT_ANSWER_LIMIT) {
-            Ok(Ok(_)) => {}
-            Ok(Err(e)) => panic!(
-                "cannot read the new mount {}: {e}",
-                self.export_root.display()
-            ),
-            Err(_) => panic!(
-                "the new mount {} did not answer within {} s: the zfs-fuse daemon is wedged; restart it",
-                self.export_root.display(),
-                MOUNT_ANSWER_LIMIT.as_secs()
-            ),
+        match nfsprov_agent_testkit::ZfsPool::create(POOL_FILE_BYTES) {
+            Ok(pool) => Some(Self(pool)),
+            Err(e) => {
+                panic!("{test} cannot use ZFS: {e}; or set {SKIP_VARIABLE}=1 to skip it")
+            }
         }
     }
 
     /// The dataset mounted at the export root.
     pub fn dataset(&self) -> &str {
-        &self.dataset
+        self.0.dataset()
     }
 
     pub fn export_root(&self) -> &Path {
-        &self.export_root
+        self.0.export_root()
     }
 
     /// A scratch directory beside the pool, outside the export root.
     pub fn scratch_dir(&self) -> &Path {
-        self.dir.as_ref().expect("kept until drop").path()
+        self.0.scratch_dir()
     }
 
     /// Runs zfs and returns its output; panics when it fails.
     pub fn zfs(&self, args: &[&str]) -> String {
-        run_ok("zfs", args)
+        run("zfs", args).unwrap_or_else(|e| panic!("{e}"))
     }
 
     /// Names of the datasets below the export dataset, without it.
     pub fn child_datasets(&self) -> Vec<String> {
-        let prefix = format!("{}/", self.dataset);
-        self.zfs(&["list", "-H", "-o", "name", "-r", &self.dataset])
+        let prefix = format!("{}/", self.dataset());
+        self.zfs(&["list", "-H", "-o", "name", "-r", self.dataset()])
             .lines()
             .filter_map(|l| l.strip_prefix(&prefix))
             .map(str::to_owned)
             .collect()
     }
-}
-
-impl Drop for ZfsPool {
-    fn drop(&mut self) {
-        // Mounts let go a moment after the last file closes; retry until they have.
-        let deadline = Instant::now() + DESTROY_LIMIT;
-        loop {
-            match run("zpool", &["destroy", "-f", &self.name]) {
-                Ok(_) => return,
-                Err(_) if Instant::now() < deadline => {
-                    std::thread::sleep(Duration::from_millis(100));
-                }
-                Err(e) => {
-                    let kept = self.dir.take().map(tempfile::TempDir::keep);
-                    eprintln!(
-                        "could not destroy test pool {}: {e}; remove it with `zpool destroy -f {}`, then its directory {:?}",
-                        self.name, self.name, kept
-                    );
-                    return;
-                }
-            }
-        }
-    }
-}
-
-/// An exclusive lock held for the pool's lifetime, shared by every test process.
-fn wait_for_turn(test: &str) -> OwnedFd {
-    lock_exclusive("nfsprov-zfs-tests.lock", TURN_LIMIT)
-        .unwrap_or_else(|e| panic!("{test}: {e}; is a test stuck on a hung zfs-fuse mount?"))
-}
-
-/// Takes an exclusive `flock` on a file in the temporary directory, waiting at most
-/// `limit` for whoever holds it; released when the returned descriptor is closed.
-fn lock_exclusive(name: &str, limit: Duration) -> Result<OwnedFd, String> {
-    use rustix::fs::{FlockOperation, Mode, OFlags};
-    let path = std::env::temp_dir().join(name);
-    let lock = rustix::fs::open(
-        &path,
-        OFlags::RDWR | OFlags::CREATE | OFlags::CLOEXEC,
-        Mode::from_raw_mode(0o600),
-    )
-    .map_err(|e| format!("cannot open {}: {e}", path.display()))?;
-    let deadline = Instant::now() + limit;
-    loop {
-        match rustix::fs::flock(&lock, FlockOperation::NonBlockingLockExclusive) {
-            Ok(()) => return Ok(lock),
-            Err(rustix::io::Errno::WOULDBLOCK) if Instant::now() < deadline => {
-                std::thread::sleep(Duration::from_millis(50));
-            }
-            Err(e) => {
-                return Err(format!(
-                    "{} stayed locked by another test process for {} s ({e})",
-                    path.display(),
-                    limit.as_secs()
-                ));
-            }
-        }
-    }
-}
-
-/// Whether zfs answers, starting zfs-fuse's daemon once per test process if needed.
-fn zfs_ready() -> Result<(), String> {
-    static READY: OnceLock<Result<(), String>> = OnceLock::new();
-    READY
-        .get_or_init(|| {
-            for tool in ["zfs", "zpool"] {
-                if !on_path(tool) {
-                    return Err(format!(
-                        "`{tool}` is not on PATH; install zfs-fuse (or OpenZFS) and make sure the sbin directories are on PATH"
-                    ));
-                }
-            }
-            if run("zpool", &["list"]).is_ok() {
-                return Ok(());
-            }
-            if !on_path("zfs-fuse") {
-                return Err(
-                    "zfs does not answer (`zpool list` fails) and zfs-fuse is not installed to start".into(),
-                );
-            }
-            // One start at a time across test processes: the daemon takes over the socket
-            // of whichever ran before it, so a second one would strand the first.
-            let _starting = lock_exclusive("nfsprov-zfs-fuse-start.lock", DAEMON_START_LIMIT)?;
-            if run("zpool", &["list"]).is_ok() {
-                return Ok(());
-            }
-            // zfs-fuse refuses to daemonize, silently and with exit status 1, while its
-            // pidfile exists, even when the daemon it names is long gone (a machine's
-            // processes end, its temporary directory stays). No daemon answers, so any
-            // pidfile here is stale.
-            let pidfile = std::env::temp_dir().join("nfsprov-test-zfs-fuse.pid");
-            match std::fs::remove_file(&pidfile) {
-                Ok(()) => {}
-                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-                Err(e) => {
-                    return Err(format!(
-                        "cannot remove the stale zfs-fuse pidfile {}: {e}",
-                        pidfile.display()
-                    ));
-                }
-            }
-            let started = Command::new("zfs-fuse")
-                .args(["--no-kstat-mount", "-p"])
-                .arg(&pidfile)
-                .stdin(Stdio::null())
-                .stdout(Stdio::null())
-                .stderr(Stdio::null())
-                .status();
-            match &started {
-                Ok(status) if status.success() => {}
-                Ok(status) => {
-                    return Err(format!(
-                        "zfs does not answer and `zfs-fuse` failed to start ({status}); run `zfs-fuse --no-daemon` to see why"
-                    ));
-                }
-                Err(e) => return Err(format!("cannot run zfs-fuse: {e}")),
-            }
-            let deadline = Instant::now() + DAEMON_START_LIMIT;
-            loop {
-                match run("zpool", &["list"]) {
-                    Ok(_) => return Ok(()),
-                    Err(e) if Instant::now() >= deadline => {
-                        return Err(format!(
-                            "zfs-fuse was started but `zpool list` still fails after {} s: {e}",
-                            DAEMON_START_LIMIT.as_secs()
-                        ));
-                    }
-                    Err(_) => std::thread::sleep(Duration::from_millis(100)),
-                }
-            }
-        })
-        .clone()
-}
-
-fn on_path(tool: &str) -> bool {
-    std::env::var_os("PATH")
-        .map(|paths| std::env::split_paths(&paths).any(|dir| dir.join(tool).is_file()))
-        .unwrap_or(false)
-}
-
-fn run_ok(program: &str, args: &[&str]) -> String {
-    run(program, args).unwrap_or_else(|e| panic!("{e}"))
-}
-
-fn path_str(path: &Path) -> &str {
-    path.to_str().expect("temporary paths are UTF-8")
 }

@@ -1,10 +1,12 @@
 //! Test support for the nfsprov agent, kept out of the agent's production build: a real
 //! agent serving an export root over HTTPS ([`TestAgent`]), loop-mounted filesystems
-//! ([`LoopBtrfs`] for the btrfs quota backend, [`LoopXfs`] with reflinks), and the
-//! benchmark binaries (agent requests, clones).
+//! ([`LoopBtrfs`] for the btrfs quota backend, [`LoopXfs`] with reflinks), a zfs-fuse
+//! pool ([`ZfsPool`]), and the benchmark binaries (agent requests, clones).
 
 mod agent;
 mod filesystems;
+mod zfs;
 
 pub use agent::TestAgent;
 pub use filesystems::{LoopBtrfs, LoopXfs};
+pub use zfs::{PoolError, ZfsPool, run, zfs_ready};

@@ -7,16 +7,15 @@
 //! Prints figures; fails (exit status 1) when a clone is made by another method than the
 //! one expected or differs from its source.
 
-use std::os::fd::OwnedFd;
 use std::os::unix::fs::{FileExt, MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
+use std::process::Command;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail, ensure};
 use clap::{Parser, ValueEnum};
 use nfsprov_agent::quota::QuotaSettings;
-use nfsprov_agent_testkit::{LoopBtrfs, LoopXfs, TestAgent};
+use nfsprov_agent_testkit::{LoopBtrfs, LoopXfs, PoolError, TestAgent, ZfsPool};
 use nfsprov_api_types::client::{AgentClient, CloneOutcome, CreateOutcome};
 use nfsprov_api_types::{
     CloneMethod, CloneVolumeRequest, CreateVolumeRequest, QuotaBackend, QuotaPolicy, VolumeOwner,
@@ -355,9 +354,12 @@ fn setup(method: Method, args: &Args, fs_mib: u64) -> Result<Env, Setup> {
             })
         }
         Method::ZfsClone => {
-            let pool = ZfsPool::create(fs_mib * MIB)?;
-            let root = pool.export_root.clone();
-            let scratch = pool.pool_mount.join("cp");
+            let pool = ZfsPool::create(fs_mib * MIB).map_err(|e| match e {
+                PoolError::Unavailable(reason) => Setup::Skip(reason),
+                PoolError::Failed(reason) => Setup::Fail(anyhow::anyhow!(reason)),
+            })?;
+            let root = pool.export_root().to_owned();
+            let scratch = pool.pool_mount().join("cp");
             std::fs::create_dir(&scratch)?;
             Ok(Env {
                 filesystem: format!(
@@ -370,7 +372,7 @@ fn setup(method: Method, args: &Args, fs_mib: u64) -> Result<Env, Setup> {
                 host,
                 quota: QuotaSettings {
                     backend: QuotaBackend::Zfs,
-                    zfs_dataset: Some(pool.dataset.clone()),
+                    zfs_dataset: Some(pool.dataset().to_owned()),
                     ..QuotaSettings::default()
                 },
                 policy: QuotaPolicy::Enforce,
@@ -827,185 +829,5 @@ fn sync_fs(path: &Path) -> anyhow::Result<()> {
 }
 
 fn output(program: &str, args: &[&str]) -> anyhow::Result<String> {
-    let out = Command::new(program)
-        .args(args)
-        .stdin(Stdio::null())
-        .output()
-        .with_context(|| format!("cannot run {program}"))?;
-    ensure!(
-        out.status.success(),
-        "{program} {args:?} failed: {}",
-        String::from_utf8_lossy(&out.stderr).trim()
-    );
-    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
-}
-
-// ---------------------------------------------------------------------------------------
-// A zfs-fuse pool in a sparse file, as the agent's ZFS tests make one (and taking turns
-// with them: zfs-fuse can hang when several pools come and go at once).
-
-struct ZfsPool {
-    name: String,
-    dataset: String,
-    export_root: PathBuf,
-    /// Where the pool's own dataset is mounted: beside the export root, in the same pool.
-    pool_mount: PathBuf,
-    dir: Option<tempfile::TempDir>,
-    _turn: OwnedFd,
-}
-
-impl ZfsPool {
-    fn create(bytes: u64) -> Result<Self, Setup> {
-        zfs_ready().map_err(Setup::Skip)?;
-        let turn = lock_exclusive("nfsprov-zfs-tests.lock", Duration::from_secs(600))
-            .map_err(|e| Setup::Skip(format!("no turn at a ZFS pool: {e}")))?;
-        let dir = tempfile::Builder::new()
-            .prefix("nfsprov-clone-bench-zfs-")
-            .tempdir()?;
-        let file = dir.path().join("pool.img");
-        std::fs::File::create(&file)?.set_len(bytes)?;
-        let name = format!("nfsprovbench{}", std::process::id());
-        let pool_mount = dir.path().join("pool");
-        output(
-            "zpool",
-            &[
-                "create",
-                "-m",
-                &pool_mount.to_string_lossy(),
-                &name,
-                &file.to_string_lossy(),
-            ],
-        )
-        .map_err(|e| Setup::Skip(format!("zpool create failed: {e:#}")))?;
-        let pool = Self {
-            dataset: format!("{name}/export"),
-            export_root: dir.path().join("export"),
-            pool_mount,
-            name,
-            dir: Some(dir),
-            _turn: turn,
-        };
-        output(
-            "zfs",
-            &[
-                "create",
-                "-o",
-                &format!("mountpoint={}", pool.export_root.display()),
-                &pool.dataset,
-            ],
-        )?;
-        // A wedged zfs-fuse answers zpool and zfs but never its mounts.
-        let (tell, answer) = std::sync::mpsc::channel();
-        let root = pool.export_root.clone();
-        std::thread::spawn(move || {
-            let _ = tell.send(std::fs::read_dir(&root).map(Iterator::count));
-        });
-        match answer.recv_timeout(Duration::from_secs(20)) {
-            Ok(Ok(_)) => Ok(pool),
-            Ok(Err(e)) => Err(Setup::Fail(anyhow::anyhow!(
-                "cannot read the new mount {}: {e}",
-                pool.export_root.display()
-            ))),
-            Err(_) => {
-                // Its files cannot be removed: keep them rather than hang.
-                let mut pool = pool;
-                let _ = pool.dir.take().map(tempfile::TempDir::keep);
-                Err(Setup::Skip(
-                    "the pool's mount does not answer: zfs-fuse is wedged; restart it".into(),
-                ))
-            }
-        }
-    }
-}
-
-impl Drop for ZfsPool {
-    fn drop(&mut self) {
-        // Mounts let go a moment after the last file closes; retry until they have.
-        let deadline = Instant::now() + Duration::from_secs(60);
-        loop {
-            match output("zpool", &["destroy", "-f", &self.name]) {
-                Ok(_) => return,
-                Err(_) if Instant::now() < deadline => {
-                    std::thread::sleep(Duration::from_millis(200))
-                }
-                Err(e) => {
-                    let kept = self.dir.take().map(tempfile::TempDir::keep);
-                    eprintln!(
-                        "could not destroy pool {}: {e:#}; remove it with `zpool destroy -f {}`, then {kept:?}",
-                        self.name, self.name
-                    );
-                    return;
-                }
-            }
-        }
-    }
-}
-
-/// Whether zfs answers, starting zfs-fuse's daemon (as the agent's tests do) if not.
-fn zfs_ready() -> Result<(), String> {
-    if output("zpool", &["list"]).is_ok() {
-        return Ok(());
-    }
-    let _starting = lock_exclusive("nfsprov-zfs-fuse-start.lock", Duration::from_secs(30))?;
-    if output("zpool", &["list"]).is_ok() {
-        return Ok(());
-    }
-    // zfs-fuse will not start while its pidfile exists; no daemon answers, so it is stale.
-    let pidfile = std::env::temp_dir().join("nfsprov-test-zfs-fuse.pid");
-    match std::fs::remove_file(&pidfile) {
-        Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
-            return Err(format!("cannot remove {}: {e}", pidfile.display()));
-        }
-        _ => {}
-    }
-    let status = Command::new("zfs-fuse")
-        .args(["--no-kstat-mount", "-p"])
-        .arg(&pidfile)
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .status()
-        .map_err(|e| format!("cannot run zfs-fuse: {e}"))?;
-    if !status.success() {
-        return Err(format!("zfs-fuse failed to start ({status})"));
-    }
-    let deadline = Instant::now() + Duration::from_secs(30);
-    loop {
-        match output("zpool", &["list"]) {
-            Ok(_) => return Ok(()),
-            Err(e) if Instant::now() >= deadline => {
-                return Err(format!("zfs-fuse started but zpool list fails: {e:#}"));
-            }
-            Err(_) => std::thread::sleep(Duration::from_millis(100)),
-        }
-    }
-}
-
-/// An exclusive `flock` on a file in the temporary directory, shared with the agent's
-/// tests; released when the descriptor is closed.
-fn lock_exclusive(name: &str, limit: Duration) -> Result<OwnedFd, String> {
-    use rustix::fs::{FlockOperation, Mode, OFlags};
-    let path = std::env::temp_dir().join(name);
-    let lock = rustix::fs::open(
-        &path,
-        OFlags::RDWR | OFlags::CREATE | OFlags::CLOEXEC,
-        Mode::from_raw_mode(0o600),
-    )
-    .map_err(|e| format!("cannot open {}: {e}", path.display()))?;
-    let deadline = Instant::now() + limit;
-    loop {
-        match rustix::fs::flock(&lock, FlockOperation::NonBlockingLockExclusive) {
-            Ok(()) => return Ok(lock),
-            Err(rustix::io::Errno::WOULDBLOCK) if Instant::now() < deadline => {
-                std::thread::sleep(Duration::from_millis(50));
-            }
-            Err(e) => {
-                return Err(format!(
-                    "{} stayed locked for {} s ({e})",
-                    path.display(),
-                    limit.as_secs()
-                ));
-            }
-        }
-    }
+    nfsprov_agent_testkit::run(program, args).map_err(anyhow::Error::msg)
 }
