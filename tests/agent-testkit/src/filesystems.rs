@@ -6,25 +6,27 @@ use std::process::Command;
 
 const MIB: u64 = 1 << 20;
 
-/// A btrfs filesystem in a sparse file, loop-mounted in a temp dir, with an `exports`
-/// directory to serve; unmounted when dropped.
-pub struct LoopBtrfs {
+/// A filesystem in a sparse file, loop-mounted in a temp dir, with an `exports` directory
+/// to serve; unmounted when dropped.
+struct LoopMount {
     mount: PathBuf,
     // Declared last so the image outlives the mount.
     _dir: tempfile::TempDir,
 }
 
-impl LoopBtrfs {
-    /// Makes and mounts the filesystem; with `quotas`, enables btrfs quotas on it.
-    pub fn new(size_mib: u64, quotas: bool) -> anyhow::Result<Self> {
+impl LoopMount {
+    /// Makes the filesystem with `mkfs` (its options before the image) and mounts it.
+    fn new(kind: &str, size_mib: u64, mkfs: &str, options: &[&str]) -> anyhow::Result<Self> {
         anyhow::ensure!(
             rustix::process::geteuid().is_root(),
-            "a loop-mounted btrfs needs root; run the tests as root"
+            "a loop-mounted {kind} needs root; run the tests as root"
         );
         let dir = tempfile::tempdir()?;
-        let image = dir.path().join("btrfs.img");
+        let image = dir.path().join("fs.img");
         std::fs::File::create(&image)?.set_len(size_mib * MIB)?;
-        run("mkfs.btrfs", &["-q".as_ref(), image.as_os_str()])?;
+        let mut args: Vec<&std::ffi::OsStr> = options.iter().map(|o| o.as_ref()).collect();
+        args.push(image.as_os_str());
+        run(mkfs, &args)?;
         let mount = dir.path().join("mnt");
         std::fs::create_dir(&mount)?;
         run(
@@ -37,23 +39,47 @@ impl LoopBtrfs {
             ],
         )?;
         let fs = Self { mount, _dir: dir };
+        std::fs::create_dir(fs.root())?;
+        Ok(fs)
+    }
+
+    fn root(&self) -> PathBuf {
+        self.mount.join("exports")
+    }
+}
+
+impl Drop for LoopMount {
+    fn drop(&mut self) {
+        let _ = Command::new("umount").arg(&self.mount).status();
+    }
+}
+
+/// A btrfs filesystem in a sparse file, loop-mounted in a temp dir, with an `exports`
+/// directory to serve; unmounted when dropped.
+pub struct LoopBtrfs {
+    fs: LoopMount,
+}
+
+impl LoopBtrfs {
+    /// Makes and mounts the filesystem; with `quotas`, enables btrfs quotas on it.
+    pub fn new(size_mib: u64, quotas: bool) -> anyhow::Result<Self> {
+        let fs = LoopMount::new("btrfs", size_mib, "mkfs.btrfs", &["-q"])?;
         if quotas {
             run(
                 "btrfs",
                 &["quota".as_ref(), "enable".as_ref(), fs.mount.as_os_str()],
             )?;
         }
-        std::fs::create_dir(fs.root())?;
-        Ok(fs)
+        Ok(Self { fs })
     }
 
     pub fn mount_point(&self) -> &Path {
-        &self.mount
+        &self.fs.mount
     }
 
     /// The directory to serve as an export root.
     pub fn root(&self) -> PathBuf {
-        self.mount.join("exports")
+        self.fs.root()
     }
 
     /// Commits the filesystem, so qgroup figures are up to date.
@@ -63,7 +89,7 @@ impl LoopBtrfs {
             &[
                 "filesystem".as_ref(),
                 "sync".as_ref(),
-                self.mount.as_os_str(),
+                self.fs.mount.as_os_str(),
             ],
         )
         .map(drop)
@@ -76,7 +102,7 @@ impl LoopBtrfs {
             &[
                 "subvolume".as_ref(),
                 "list".as_ref(),
-                self.mount.as_os_str(),
+                self.fs.mount.as_os_str(),
             ],
         )
     }
@@ -102,71 +128,29 @@ impl LoopBtrfs {
     }
 }
 
-impl Drop for LoopBtrfs {
-    fn drop(&mut self) {
-        let _ = Command::new("umount").arg(&self.mount).status();
-    }
-}
-
 /// An XFS filesystem in a sparse file, loop-mounted in a temp dir, with an `exports`
 /// directory to serve; unmounted when dropped. No quotas: for tests of what the agent does
 /// on XFS without its project quota backend (clones by `FICLONE`, say).
 pub struct LoopXfs {
-    mount: PathBuf,
-    // Declared last so the image outlives the mount.
-    _dir: tempfile::TempDir,
+    fs: LoopMount,
 }
 
 impl LoopXfs {
     /// Makes and mounts the filesystem (xfsprogs wants at least 300 MiB); with `reflink`,
     /// with extents files can share (`mkfs.xfs -m reflink=1`), without, none.
     pub fn new(size_mib: u64, reflink: bool) -> anyhow::Result<Self> {
-        anyhow::ensure!(
-            rustix::process::geteuid().is_root(),
-            "a loop-mounted XFS needs root; run the tests as root"
-        );
-        let dir = tempfile::tempdir()?;
-        let image = dir.path().join("xfs.img");
-        std::fs::File::create(&image)?.set_len(size_mib * MIB)?;
         let reflink = if reflink { "reflink=1" } else { "reflink=0" };
-        run(
-            "mkfs.xfs",
-            &[
-                "-q".as_ref(),
-                "-m".as_ref(),
-                reflink.as_ref(),
-                image.as_os_str(),
-            ],
-        )?;
-        let mount = dir.path().join("mnt");
-        std::fs::create_dir(&mount)?;
-        run(
-            "mount",
-            &[
-                "-o".as_ref(),
-                "loop".as_ref(),
-                image.as_os_str(),
-                mount.as_os_str(),
-            ],
-        )?;
-        let fs = Self { mount, _dir: dir };
-        std::fs::create_dir(fs.root())?;
-        Ok(fs)
+        let fs = LoopMount::new("XFS", size_mib, "mkfs.xfs", &["-q", "-m", reflink])?;
+        Ok(Self { fs })
     }
 
     pub fn mount_point(&self) -> &Path {
-        &self.mount
+        &self.fs.mount
     }
 
     /// The directory to serve as an export root.
     pub fn root(&self) -> PathBuf {
-        self.mount.join("exports")
-    }
-}
-
-impl Drop for LoopXfs {
-    fn drop(&mut self) {
-        let _ = Command::new("umount").arg(&self.mount).status();
+        self.fs.root()
     }
 }
 
