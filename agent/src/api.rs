@@ -501,6 +501,20 @@ fn json_body<T: serde::de::DeserializeOwned>(headers: &HeaderMap, body: &[u8]) -
         .map_err(|e| Failure::new(ErrorCode::InvalidBody, format!("invalid body: {e}")))
 }
 
+/// The volume path and JSON body of a request. The body is read before anything can be
+/// refused, so a rejected request's body never remains unread (which would reset the
+/// client's stream and lose the answer).
+async fn volume_request<T: serde::de::DeserializeOwned>(
+    state: &AppState,
+    raw_path: Result<Path<String>, PathRejection>,
+    headers: &HeaderMap,
+    body: Body,
+) -> ApiResult<(VolumePath, T)> {
+    let body = read_body(body, state.max_body_bytes).await;
+    let path = volume_path(raw_path)?;
+    Ok((path, json_body(headers, &body?)?))
+}
+
 /// Runs filesystem work on the blocking pool while holding the path's lock. The lock
 /// guard travels into the blocking task, so a request that times out keeps the path
 /// locked until its work has really finished.
@@ -534,11 +548,8 @@ async fn create_volume(
     headers: HeaderMap,
     body: Body,
 ) -> ApiResult<Response> {
-    // The body is read before anything can be refused, so a rejected request's body never
-    // remains unread (which would reset the client's stream and lose the answer).
-    let body = read_body(body, state.max_body_bytes).await;
-    let path = volume_path(raw_path)?;
-    let request: CreateVolumeRequest = json_body(&headers, &body?)?;
+    let (path, request): (VolumePath, CreateVolumeRequest) =
+        volume_request(&state, raw_path, &headers, body).await?;
     if let Err(refusal) = state.policy.check(&request) {
         state.metrics.count_operation("create", "rejected");
         return Err(Failure::new(
@@ -570,9 +581,8 @@ async fn adopt_volume(
     headers: HeaderMap,
     body: Body,
 ) -> ApiResult<Response> {
-    let body = read_body(body, state.max_body_bytes).await;
-    let path = volume_path(raw_path)?;
-    let request: AdoptVolumeRequest = json_body(&headers, &body?)?;
+    let (path, request): (VolumePath, AdoptVolumeRequest) =
+        volume_request(&state, raw_path, &headers, body).await?;
     let result = with_path_lock(&state, &path.clone(), move |store| {
         store.adopt(&path, &request)
     })
@@ -594,9 +604,8 @@ async fn clone_volume(
     headers: HeaderMap,
     body: Body,
 ) -> ApiResult<Response> {
-    let body = read_body(body, state.max_body_bytes).await;
-    let path = volume_path(raw_path)?;
-    let request: CloneVolumeRequest = json_body(&headers, &body?)?;
+    let (path, request): (VolumePath, CloneVolumeRequest) =
+        volume_request(&state, raw_path, &headers, body).await?;
     let wait = clone_answer_wait(state.request_timeout);
     let result = match state.clones.clone_volume(&path, request, wait).await {
         CloneAnswer::Running(progress) => {
@@ -616,9 +625,8 @@ async fn resize_volume(
     headers: HeaderMap,
     body: Body,
 ) -> ApiResult<Json<Volume>> {
-    let body = read_body(body, state.max_body_bytes).await;
-    let path = volume_path(raw_path)?;
-    let request: ResizeVolumeRequest = json_body(&headers, &body?)?;
+    let (path, request): (VolumePath, ResizeVolumeRequest) =
+        volume_request(&state, raw_path, &headers, body).await?;
     let result = with_path_lock(&state, &path.clone(), move |store| {
         store.resize(&path, request.capacity_bytes)
     })
