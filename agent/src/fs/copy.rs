@@ -630,33 +630,45 @@ fn open_source_file(
     listed: &Statx,
     rel: &str,
 ) -> Result<Option<(OwnedFd, Statx)>> {
-    let flags = OFlags::RDONLY | OFlags::NOFOLLOW | OFlags::NONBLOCK | OFlags::NOCTTY;
-    let fd = match open_source(dir, name, flags) {
-        Ok(fd) => fd,
-        Err(Errno::NOENT) => return Ok(None),
-        Err(Errno::LOOP | Errno::NXIO) => return Err(changed(rel)),
-        Err(e) => return Err(io_error(format!("open {rel}"), e)),
-    };
-    let stat = stat_fd(fd.as_fd()).map_err(|e| io_error(format!("stat {rel}"), e))?;
-    same_entry(&stat, listed, FileType::RegularFile, rel)?;
-    Ok(Some((fd, stat)))
+    open_listed(dir, name, listed, rel, FileType::RegularFile)
 }
 
+/// [`open_source_file`] for a directory.
 fn open_source_dir(
     dir: BorrowedFd<'_>,
     name: &CStr,
     listed: &Statx,
     rel: &str,
 ) -> Result<Option<(OwnedFd, Statx)>> {
-    let flags = OFlags::RDONLY | OFlags::DIRECTORY | OFlags::NOFOLLOW;
+    open_listed(dir, name, listed, rel, FileType::Directory)
+}
+
+fn open_listed(
+    dir: BorrowedFd<'_>,
+    name: &CStr,
+    listed: &Statx,
+    rel: &str,
+    kind: FileType,
+) -> Result<Option<(OwnedFd, Statx)>> {
+    let (flags, replaced) = if kind == FileType::Directory {
+        (
+            OFlags::RDONLY | OFlags::DIRECTORY | OFlags::NOFOLLOW,
+            Errno::NOTDIR,
+        )
+    } else {
+        (
+            OFlags::RDONLY | OFlags::NOFOLLOW | OFlags::NONBLOCK | OFlags::NOCTTY,
+            Errno::NXIO,
+        )
+    };
     let fd = match open_source(dir, name, flags) {
         Ok(fd) => fd,
         Err(Errno::NOENT) => return Ok(None),
-        Err(Errno::LOOP | Errno::NOTDIR) => return Err(changed(rel)),
+        Err(e) if e == Errno::LOOP || e == replaced => return Err(changed(rel)),
         Err(e) => return Err(io_error(format!("open {rel}"), e)),
     };
     let stat = stat_fd(fd.as_fd()).map_err(|e| io_error(format!("stat {rel}"), e))?;
-    same_entry(&stat, listed, FileType::Directory, rel)?;
+    same_entry(&stat, listed, kind, rel)?;
     Ok(Some((fd, stat)))
 }
 
