@@ -26,8 +26,6 @@ use time::OffsetDateTime;
 use super::confine::list_dir;
 use super::error::{Result, StoreError, io_error};
 
-/// Inode number of every btrfs subvolume's root directory.
-const SUBVOLUME_ROOT_INODE: u64 = 256;
 /// Longest record a link can hold (its target is at most `PATH_MAX - 1` bytes).
 const MAX_RECORD_BYTES: usize = 4095;
 
@@ -147,7 +145,7 @@ impl Identity {
         )?;
         let birth = (stat.stx_mask & StatxFlags::BTIME.bits() != 0)
             .then_some((stat.stx_btime.tv_sec, stat.stx_btime.tv_nsec));
-        let subvolume = (stat.stx_ino == SUBVOLUME_ROOT_INODE)
+        let subvolume = (stat.stx_ino == crate::quota::btrfs::SUBVOLUME_ROOT_INODE)
             .then(|| crate::quota::btrfs::subvolume_id(dir))
             .flatten();
         Ok(Self {

@@ -15,7 +15,7 @@ use super::command::{ToolCommand, ToolError, ToolRunner, path_through_fd};
 /// `statfs` magic of btrfs.
 const BTRFS_SUPER_MAGIC: i64 = 0x9123_683E;
 /// Inode number of every subvolume's root directory.
-const SUBVOLUME_ROOT_INODE: u64 = 256;
+pub const SUBVOLUME_ROOT_INODE: u64 = 256;
 
 #[derive(Debug, Clone)]
 pub struct Btrfs {
@@ -125,11 +125,12 @@ struct InoLookupArgs {
 const INO_LOOKUP: rustix::ioctl::Opcode =
     rustix::ioctl::opcode::read_write::<InoLookupArgs>(0x94, 18);
 
-/// The id of the subvolume whose root `dir` is, `None` for any other directory. A
-/// snapshot's root has its source's inode number and birth time; this id is what tells
-/// them apart, and it stays the same across remounts (unlike the device number).
+/// The id of the subvolume `dir` is in: for a subvolume's root (inode 256, which the
+/// caller has checked), its own id; `None` off btrfs. A snapshot's root has its source's
+/// inode number and birth time; this id is what tells them apart, and it stays the same
+/// across remounts (unlike the device number).
 pub fn subvolume_id(dir: BorrowedFd<'_>) -> Option<u64> {
-    if !is_subvolume(dir) {
+    if !rustix::fs::fstatfs(dir).is_ok_and(|s| is_btrfs_magic(s.f_type)) {
         return None;
     }
     // Asking for the subvolume root's own object id answers the tree id without any
