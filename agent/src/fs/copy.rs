@@ -621,28 +621,10 @@ fn open_source(dir: BorrowedFd<'_>, name: &CStr, flags: OFlags) -> rustix::io::R
     }
 }
 
-/// Opens the file listed as `listed` for reading and checks it still is: a name replaced
-/// by a symlink is refused rather than followed, by another file (or a fifo, opened
-/// without blocking) refused once opened. `None` when it is gone.
-fn open_source_file(
-    dir: BorrowedFd<'_>,
-    name: &CStr,
-    listed: &Statx,
-    rel: &str,
-) -> Result<Option<(OwnedFd, Statx)>> {
-    open_listed(dir, name, listed, rel, FileType::RegularFile)
-}
-
-/// [`open_source_file`] for a directory.
-fn open_source_dir(
-    dir: BorrowedFd<'_>,
-    name: &CStr,
-    listed: &Statx,
-    rel: &str,
-) -> Result<Option<(OwnedFd, Statx)>> {
-    open_listed(dir, name, listed, rel, FileType::Directory)
-}
-
+/// Opens the entry listed as `listed` (a regular file or a directory, as `kind` says)
+/// for reading and checks it still is: a name replaced by a symlink is refused rather
+/// than followed, by another entry (or a fifo, opened without blocking) refused once
+/// opened. `None` when it is gone.
 fn open_listed(
     dir: BorrowedFd<'_>,
     name: &CStr,
@@ -1079,7 +1061,9 @@ impl<'s, 'p> Walker<'s, 'p> {
             )));
         }
         let top = self.top();
-        let Some((source, stat)) = open_source_dir(top.source(), &name, listed, &rel)? else {
+        let Some((source, stat)) =
+            open_listed(top.source(), &name, listed, &rel, FileType::Directory)?
+        else {
             return Ok(());
         };
         // Private to the agent until the copy is done; its metadata comes when everything
@@ -1151,7 +1135,9 @@ impl<'s, 'p> Walker<'s, 'p> {
 
     fn regular(&mut self, name: &CStr, rel: &str, listed: &Statx) -> Result<bool> {
         let top = self.top();
-        let Some((source, stat)) = open_source_file(top.source(), name, listed, rel)? else {
+        let Some((source, stat)) =
+            open_listed(top.source(), name, listed, rel, FileType::RegularFile)?
+        else {
             return Ok(false);
         };
         // Made here rather than by the worker, so that only this thread changes
@@ -1839,6 +1825,15 @@ mod tests {
         let listed = |name: &CStr| {
             rustix::fs::statx(&dir, name, AtFlags::SYMLINK_NOFOLLOW, stat_mask()).unwrap()
         };
+        let open_victim = |listed: &Statx| {
+            open_listed(
+                dir.as_fd(),
+                c"victim",
+                listed,
+                "victim",
+                FileType::RegularFile,
+            )
+        };
         let refused = |result: Result<Option<(OwnedFd, Statx)>>| match result {
             Err(StoreError::Conflict(message)) => assert!(message.contains("victim"), "{message}"),
             Err(e) => panic!("not refused as changed: {e:?}"),
@@ -1846,40 +1841,24 @@ mod tests {
         };
 
         let unchanged = listed(c"victim");
-        let (_, stat) = open_source_file(dir.as_fd(), c"victim", &unchanged, "victim")
-            .unwrap()
-            .unwrap();
+        let (_, stat) = open_victim(&unchanged).unwrap().unwrap();
         assert_eq!(stat.stx_ino, unchanged.stx_ino);
 
         // Replaced by a symlink to another file.
         fs::remove_file(root.join("victim")).unwrap();
         std::os::unix::fs::symlink("other", root.join("victim")).unwrap();
-        refused(open_source_file(
-            dir.as_fd(),
-            c"victim",
-            &unchanged,
-            "victim",
-        ));
+        refused(open_victim(&unchanged));
 
         // Replaced by another file, renamed over it.
         let symlink = listed(c"victim");
         write(root, "new", b"another file");
         fs::rename(root.join("new"), root.join("victim")).unwrap();
-        refused(open_source_file(
-            dir.as_fd(),
-            c"victim",
-            &unchanged,
-            "victim",
-        ));
-        refused(open_source_file(dir.as_fd(), c"victim", &symlink, "victim"));
+        refused(open_victim(&unchanged));
+        refused(open_victim(&symlink));
 
         // Gone: nothing to copy.
         fs::remove_file(root.join("victim")).unwrap();
-        assert!(
-            open_source_file(dir.as_fd(), c"victim", &unchanged, "victim")
-                .unwrap()
-                .is_none()
-        );
+        assert!(open_victim(&unchanged).unwrap().is_none());
     }
 
     #[test]
