@@ -38,8 +38,8 @@ use std::sync::{Arc, RwLock};
 
 use nfsprov_api_types::{
     AdoptVolumeRequest, ArchiveEntry, ArchivePath, ArchiveResult, CloneOrigin, CloneVolumeRequest,
-    CreateVolumeRequest, FilesystemStats, QuotaBackend, QuotaPolicy, Volume, VolumePath,
-    VolumeUsage,
+    CreateVolumeRequest, FilesystemStats, QuotaBackend, QuotaPolicy, Volume, VolumeOwner,
+    VolumePath, VolumeUsage,
 };
 use rustix::fs::{AtFlags, FileType, Mode, RenameFlags};
 use rustix::io::Errno;
@@ -344,20 +344,7 @@ impl VolumeStore {
         }
         self.refuse_volumes_below(path)?;
         self.refuse_mount_points_around(path)?;
-        let stat = rustix::fs::fstat(&dir).map_err(|e| io_error(format!("stat {path}"), e))?;
-        let mode = nfsprov_api_types::Mode::new(stat.st_mode & nfsprov_api_types::Mode::MAX)
-            .map_err(|e| StoreError::Unsupported(format!("{path}: {e}")))?;
-        let record = VolumeRecord {
-            mode,
-            uid: stat.st_uid,
-            gid: stat.st_gid,
-            capacity_bytes: request.capacity_bytes,
-            owner: request.owner.clone(),
-            created_at: now_rfc3339(),
-            quota: None,
-            archive: None,
-            clone: None,
-        };
+        let record = record_as_found(dir.as_fd(), path, request.capacity_bytes, &request.owner)?;
         self.backend.write_record(dir.as_fd(), path, &record)?;
         tracing::info!(
             %path,
@@ -549,22 +536,13 @@ impl VolumeStore {
             .enforcement(path, request.quota)?
             .then_some(request.capacity_bytes);
         let cloned_record = |dir: BorrowedFd<'_>, quota, method| -> Result<VolumeRecord> {
-            let stat = rustix::fs::fstat(dir).map_err(|e| io_error(format!("stat {path}"), e))?;
-            let mode = nfsprov_api_types::Mode::new(stat.st_mode & nfsprov_api_types::Mode::MAX)
-                .map_err(|e| StoreError::Unsupported(format!("{path}: {e}")))?;
             let record = VolumeRecord {
-                mode,
-                uid: stat.st_uid,
-                gid: stat.st_gid,
-                capacity_bytes: request.capacity_bytes,
-                owner: request.owner.clone(),
-                created_at: now_rfc3339(),
                 quota,
-                archive: None,
                 clone: Some(CloneOrigin {
                     source: source_path.clone(),
                     method,
                 }),
+                ..record_as_found(dir, path, request.capacity_bytes, &request.owner)?
             };
             self.backend.write_record(dir, path, &record)?;
             Ok(record)
@@ -1073,6 +1051,31 @@ fn open_adoptable(parent: BorrowedFd<'_>, path: &VolumePath) -> Result<OwnedFd> 
         }
         Err(e) => Err(walk_error(path.as_str(), e)),
     }
+}
+
+/// A record of the directory `dir` at `path` as it is on disk (its mode and owner), for
+/// a volume the agent did not make that way itself: an adopted or a cloned one. No quota,
+/// archive or clone origin: callers add what they know.
+fn record_as_found(
+    dir: BorrowedFd<'_>,
+    path: &VolumePath,
+    capacity_bytes: u64,
+    owner: &VolumeOwner,
+) -> Result<VolumeRecord> {
+    let stat = rustix::fs::fstat(dir).map_err(|e| io_error(format!("stat {path}"), e))?;
+    let mode = nfsprov_api_types::Mode::new(stat.st_mode & nfsprov_api_types::Mode::MAX)
+        .map_err(|e| StoreError::Unsupported(format!("{path}: {e}")))?;
+    Ok(VolumeRecord {
+        mode,
+        uid: stat.st_uid,
+        gid: stat.st_gid,
+        capacity_bytes,
+        owner: owner.clone(),
+        created_at: now_rfc3339(),
+        quota: None,
+        archive: None,
+        clone: None,
+    })
 }
 
 /// Whether a resize to `capacity_bytes` changes anything; an error for a shrink.
