@@ -290,49 +290,46 @@ async fn a_directory_volume_is_copied_exactly_and_independently() {
         .create_volume(&path("team/other"), &source, None)
         .await
         .unwrap();
-    let other = clone_until_ready(
-        &client,
-        &path("team/copy"),
-        &clone_request("team/other", 2 << 30, QuotaPolicy::BestEffort),
-    )
-    .await
-    .unwrap_err();
+    let refused = |target: &'static str, source: &'static str, capacity_bytes, quota| {
+        let client = &client;
+        async move {
+            let request = clone_request(source, capacity_bytes, quota);
+            clone_until_ready(client, &path(target), &request)
+                .await
+                .unwrap_err()
+        }
+    };
+    let other = refused("team/copy", "team/other", 2 << 30, QuotaPolicy::BestEffort).await;
     assert_eq!(other.code(), Some(ErrorCode::Conflict), "{other}");
-    let small = clone_until_ready(
-        &client,
-        &path("team/small"),
-        &clone_request("team/source", 1 << 30, QuotaPolicy::BestEffort),
+    let small = refused(
+        "team/small",
+        "team/source",
+        1 << 30,
+        QuotaPolicy::BestEffort,
     )
-    .await
-    .unwrap_err();
+    .await;
     assert_eq!(small.code(), Some(ErrorCode::Unsupported), "{small}");
     assert!(
         small.to_string().contains("at least its capacity"),
         "{small}"
     );
-    let missing = clone_until_ready(
-        &client,
-        &path("team/none"),
-        &clone_request("team/absent", 2 << 30, QuotaPolicy::BestEffort),
-    )
-    .await
-    .unwrap_err();
+    let missing = refused("team/none", "team/absent", 2 << 30, QuotaPolicy::BestEffort).await;
     assert_eq!(missing.code(), Some(ErrorCode::NotFound), "{missing}");
-    let itself = clone_until_ready(
-        &client,
-        &path("team/source"),
-        &clone_request("team/source", 2 << 30, QuotaPolicy::BestEffort),
+    let itself = refused(
+        "team/source",
+        "team/source",
+        2 << 30,
+        QuotaPolicy::BestEffort,
     )
-    .await
-    .unwrap_err();
+    .await;
     assert_eq!(itself.code(), Some(ErrorCode::Unsupported), "{itself}");
-    let enforce = clone_until_ready(
-        &client,
-        &path("team/enforced"),
-        &clone_request("team/source", 2 << 30, QuotaPolicy::Enforce),
+    let enforce = refused(
+        "team/enforced",
+        "team/source",
+        2 << 30,
+        QuotaPolicy::Enforce,
     )
-    .await
-    .unwrap_err();
+    .await;
     assert_eq!(enforce.code(), Some(ErrorCode::Unsupported), "{enforce}");
     for refused in ["team/small", "team/none", "team/enforced"] {
         assert!(
