@@ -623,11 +623,7 @@ async fn the_agent_enforces_grows_archives_and_deletes_datasets() {
     else {
         return;
     };
-    let settings = nfsprov_agent::quota::QuotaSettings {
-        backend: nfsprov_api_types::QuotaBackend::Zfs,
-        zfs_dataset: Some(pool.dataset().to_owned()),
-        ..Default::default()
-    };
+    let settings = pool.quota_settings();
     // The volume below is setgid (2770), which the policy must allow.
     let policy = nfsprov_agent::policy::Policy {
         allow_setgid: true,
@@ -753,11 +749,7 @@ async fn the_agent_clones_datasets_and_deletes_them_in_any_order() {
     else {
         return;
     };
-    let settings = nfsprov_agent::quota::QuotaSettings {
-        backend: nfsprov_api_types::QuotaBackend::Zfs,
-        zfs_dataset: Some(pool.dataset().to_owned()),
-        ..Default::default()
-    };
+    let settings = pool.quota_settings();
     let agent = nfsprov_agent_testkit::TestAgent::start_with_quota(pool.export_root(), settings)
         .await
         .unwrap();

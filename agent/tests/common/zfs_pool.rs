@@ -45,6 +45,11 @@ impl ZfsPool {
         self.0.export_root()
     }
 
+    /// The agent's quota settings for this pool: the zfs backend on its dataset.
+    pub fn quota_settings(&self) -> nfsprov_agent::quota::QuotaSettings {
+        self.0.quota_settings()
+    }
+
     /// A scratch directory beside the pool, outside the export root.
     pub fn scratch_dir(&self) -> &Path {
         self.0.scratch_dir()

@@ -151,6 +151,15 @@ impl ZfsPool {
         &self.export_root
     }
 
+    /// The agent's quota settings for this pool: the zfs backend on its dataset.
+    pub fn quota_settings(&self) -> nfsprov_agent::quota::QuotaSettings {
+        nfsprov_agent::quota::QuotaSettings {
+            backend: nfsprov_api_types::QuotaBackend::Zfs,
+            zfs_dataset: Some(self.dataset.clone()),
+            ..Default::default()
+        }
+    }
+
     /// Where the pool's own dataset is mounted: beside the export root, in the pool.
     pub fn pool_mount(&self) -> &Path {
         &self.pool_mount

@@ -370,11 +370,7 @@ fn setup(method: Method, args: &Args, fs_mib: u64) -> Result<Env, Setup> {
                 root,
                 scratch,
                 host,
-                quota: QuotaSettings {
-                    backend: QuotaBackend::Zfs,
-                    zfs_dataset: Some(pool.dataset().to_owned()),
-                    ..QuotaSettings::default()
-                },
+                quota: pool.quota_settings(),
                 policy: QuotaPolicy::Enforce,
                 _keep: Box::new(pool),
             })
