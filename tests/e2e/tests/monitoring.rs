@@ -592,6 +592,16 @@ async fn every_queried_metric_and_label_is_exported_by_the_controller_or_the_age
     })
     .await
     .map_err(|e| anyhow::anyhow!("{e}\n{}", system.logs()))?;
+    // The orphan gauges appear with the first check that reaches the agent, which can come
+    // after the deletion when the checks so far all met the agent down.
+    nfsprov_e2e::eventually("an orphan check of agent nfs1", WAIT, || async {
+        has_sample(
+            &controller.metrics().unwrap_or_default(),
+            "nfsprov_orphaned_directories",
+            "agent=\"nfs1\"",
+        )
+    })
+    .await?;
 
     let controller_text = system.controllers[0].metrics()?;
     let agent_text = system.agents[0].process.metrics()?;
