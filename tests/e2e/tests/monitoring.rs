@@ -357,11 +357,23 @@ fn exposed(exposition: &str) -> BTreeMap<String, BTreeSet<String>> {
     out
 }
 
-/// Whether the controller's exposition has a sample of `metric` carrying `text`.
-fn has_sample(controller: &str, metric: &str, text: &str) -> bool {
-    controller
-        .lines()
-        .any(|l| l.starts_with(&format!("{metric}{{")) && l.contains(text))
+/// Waits until the first controller exports a sample of `metric` whose line holds `text`.
+async fn await_controller_sample(
+    system: &System,
+    what: &str,
+    metric: &str,
+    text: &str,
+) -> anyhow::Result<()> {
+    let controller = &system.controllers[0];
+    let start = format!("{metric}{{");
+    nfsprov_e2e::eventually(what, WAIT, || async {
+        controller
+            .metrics()
+            .unwrap_or_default()
+            .lines()
+            .any(|l| l.starts_with(&start) && l.contains(text))
+    })
+    .await
 }
 
 #[test]
@@ -558,14 +570,12 @@ async fn every_queried_metric_and_label_is_exported_by_the_controller_or_the_age
     system
         .wait_for_event("refused", "ProvisioningFailed", "")
         .await?;
-    let controller = &system.controllers[0];
-    nfsprov_e2e::eventually("the usage of claim kept", WAIT, || async {
-        has_sample(
-            &controller.metrics().unwrap_or_default(),
-            "nfsprov_volume_used_bytes",
-            "persistentvolumeclaim=\"kept\"",
-        )
-    })
+    await_controller_sample(
+        &system,
+        "the usage of claim kept",
+        "nfsprov_volume_used_bytes",
+        "persistentvolumeclaim=\"kept\"",
+    )
     .await?;
 
     // With the agent down the deletion fails (a failed deletion and an agent error by
@@ -575,14 +585,12 @@ async fn every_queried_metric_and_label_is_exported_by_the_controller_or_the_age
         .claims()
         .delete("dropped", &Default::default())
         .await?;
-    let controller = &system.controllers[0];
-    nfsprov_e2e::eventually("a failed deletion", WAIT, || async {
-        has_sample(
-            &controller.metrics().unwrap_or_default(),
-            "controller_persistentvolume_delete_failed_total",
-            "",
-        )
-    })
+    await_controller_sample(
+        &system,
+        "a failed deletion",
+        "controller_persistentvolume_delete_failed_total",
+        "",
+    )
     .await?;
     system.agents[0].process.restart().await?;
     let dropped_name = dropped.metadata.name.clone().unwrap_or_default();
@@ -594,13 +602,12 @@ async fn every_queried_metric_and_label_is_exported_by_the_controller_or_the_age
     .map_err(|e| anyhow::anyhow!("{e}\n{}", system.logs()))?;
     // The orphan gauges appear with the first check that reaches the agent, which can come
     // after the deletion when the checks so far all met the agent down.
-    nfsprov_e2e::eventually("an orphan check of agent nfs1", WAIT, || async {
-        has_sample(
-            &controller.metrics().unwrap_or_default(),
-            "nfsprov_orphaned_directories",
-            "agent=\"nfs1\"",
-        )
-    })
+    await_controller_sample(
+        &system,
+        "an orphan check of agent nfs1",
+        "nfsprov_orphaned_directories",
+        "agent=\"nfs1\"",
+    )
     .await?;
 
     let controller_text = system.controllers[0].metrics()?;
