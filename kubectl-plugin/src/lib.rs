@@ -65,7 +65,7 @@ pub enum Command {
     Status,
     /// Each agent's health, version, quota backend, free space and volume count.
     Agents,
-    /// The PVs of this provisioner: claim, agent, path, capacity, used, enforced.
+    /// The PVs of this provisioner: claim, agent, path, capacity, used, enforced, origin.
     Volumes,
     /// Problems found, one a line, each with what to do (exit status 1 when any).
     Doctor,

@@ -1,9 +1,9 @@
-//! `volumes`: the PVs of this provisioner with their claim, agent, path, capacity, and
-//! the usage the agent measured.
+//! `volumes`: the PVs of this provisioner with their claim, agent, path, capacity, the
+//! usage the agent measured, and the claim each clone was made from.
 
 use k8s_openapi::api::core::v1::PersistentVolume;
 use nfsprov_api_types::VolumePath;
-use nfsprov_controller::objects::{ANN_AGENT, ANN_PATH};
+use nfsprov_controller::objects::{ANN_AGENT, ANN_CLONE_METHOD, ANN_CLONED_FROM, ANN_PATH};
 use serde::Serialize;
 
 use crate::cluster::{Target, annotation};
@@ -23,6 +23,9 @@ pub struct VolumeRow {
     pub capacity_bytes: Option<u64>,
     pub used_bytes: Option<u64>,
     pub quota_enforced: Option<bool>,
+    /// `namespace/name` of the claim this volume was cloned from, and how.
+    pub cloned_from: Option<String>,
+    pub clone_method: Option<String>,
     /// Why the agent's figures are missing.
     pub error: Option<String>,
 }
@@ -59,6 +62,8 @@ pub fn base_row(pv: &PersistentVolume) -> VolumeRow {
         capacity_bytes: capacity.and_then(nfsprov_controller::objects::bytes),
         used_bytes: None,
         quota_enforced: None,
+        cloned_from: annotation(&pv.metadata, ANN_CLONED_FROM).map(str::to_owned),
+        clone_method: annotation(&pv.metadata, ANN_CLONE_METHOD).map(str::to_owned),
         error: None,
     }
 }
@@ -117,7 +122,7 @@ impl crate::report::Report for VolumesReport {
             return "No PV of this provisioner.\n".to_owned();
         }
         let mut table = Table::new(&[
-            "claim", "pv", "status", "agent", "path", "capacity", "used", "enforced",
+            "claim", "pv", "status", "agent", "path", "capacity", "used", "enforced", "origin",
         ]);
         for v in &self.volumes {
             let used = match (v.used_bytes, &v.error) {
@@ -137,6 +142,7 @@ impl crate::report::Report for VolumesReport {
                     v.quota_enforced
                         .map(|e| if e { "yes" } else { "no" }.to_owned()),
                 ),
+                or_dash(v.cloned_from.clone()),
             ]);
         }
         let mut out = table.render();
@@ -146,5 +152,51 @@ impl crate::report::Report for VolumesReport {
             }
         }
         out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::report::Report;
+    use serde_json::json;
+
+    fn pv(annotations: serde_json::Value) -> PersistentVolume {
+        serde_json::from_value(json!({
+            "metadata": {"name": "pvc-2", "annotations": annotations},
+            "spec": {
+                "capacity": {"storage": "2Gi"},
+                "claimRef": {"namespace": "ns", "name": "copy"},
+            },
+            "status": {"phase": "Bound"},
+        }))
+        .unwrap()
+    }
+
+    #[test]
+    fn a_clone_names_its_origin_and_other_volumes_a_dash() {
+        let clone = base_row(&pv(json!({
+            ANN_AGENT: "nfs1",
+            ANN_PATH: "ns/copy",
+            ANN_CLONED_FROM: "ns/data",
+            ANN_CLONE_METHOD: "reflink",
+        })));
+        assert_eq!(clone.cloned_from.as_deref(), Some("ns/data"));
+        assert_eq!(clone.clone_method.as_deref(), Some("reflink"));
+        let plain = base_row(&pv(json!({ANN_AGENT: "nfs1", ANN_PATH: "ns/copy"})));
+        assert_eq!(
+            (plain.cloned_from.as_deref(), plain.clone_method.as_deref()),
+            (None, None)
+        );
+
+        let table = VolumesReport {
+            volumes: vec![clone, plain],
+        }
+        .table();
+        let origins: Vec<&str> = table
+            .lines()
+            .map(|l| l.split_whitespace().last().unwrap_or_default())
+            .collect();
+        assert_eq!(origins, ["ORIGIN", "ns/data", "-"], "{table}");
     }
 }

@@ -457,6 +457,7 @@ async fn status_agents_volumes_doctor_and_orphans() -> anyhow::Result<()> {
     assert_eq!(row["capacity"], "1Gi");
     assert_eq!(row["capacity_bytes"], 1u64 << 30);
     assert_eq!(row["quota_enforced"], false);
+    assert!(row["cloned_from"].is_null(), "{row}");
     let used = row["used_bytes"].as_u64().unwrap_or(0);
     assert!((3 << 20..4 << 20).contains(&used), "used {used}");
     let table = plugin.run(&["volumes"]).await?;
@@ -477,7 +478,8 @@ async fn status_agents_volumes_doctor_and_orphans() -> anyhow::Result<()> {
             directory.as_str(),
             "1Gi",
             "3Mi",
-            "no"
+            "no",
+            "-"
         ],
         "{}",
         table.stdout
