@@ -96,17 +96,12 @@ impl Clones {
                     "clone job ended without an outcome",
                 ))
             })),
-            Ok(Err(_)) => {
-                // The job died (it panicked): forget it, so the next request starts over.
-                self.running
-                    .lock()
-                    .unwrap_or_else(|e| e.into_inner())
-                    .remove(path);
-                CloneAnswer::Done(Err(ApiError::new(
-                    ErrorCode::Internal,
-                    format!("{path}: the clone job ended without an outcome; retry"),
-                )))
-            }
+            // The job died without an outcome (it panicked); it is already forgotten, so
+            // the next request starts over.
+            Ok(Err(_)) => CloneAnswer::Done(Err(ApiError::new(
+                ErrorCode::Internal,
+                format!("{path}: the clone job ended without an outcome; retry"),
+            ))),
             Err(_) => CloneAnswer::Running(CloneProgress {
                 source: request.source,
                 running_seconds: started.elapsed().as_secs(),
@@ -114,7 +109,8 @@ impl Clones {
         }
     }
 
-    /// Spawns the job; it removes itself from the running jobs when it ends.
+    /// Spawns the job; it removes itself from the running jobs when it ends, however it
+    /// ends.
     fn start(
         &self,
         path: VolumePath,
@@ -123,7 +119,11 @@ impl Clones {
         let (tell, done) = watch::channel(None);
         let store = self.store.clone();
         let metrics = self.metrics.clone();
-        let running = self.running.clone();
+        let end = JobEnd {
+            running: self.running.clone(),
+            path: path.clone(),
+            tell,
+        };
         tokio::spawn(async move {
             // Both paths, in one order for every job, so two jobs never wait on each other.
             let (first, second) = if path <= request.source {
@@ -173,12 +173,36 @@ impl Clones {
             metrics.in_progress.dec();
             drop(second_guard);
             drop(first_guard);
-            running
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .remove(&path);
-            let _ = tell.send(Some(outcome));
+            end.finish(outcome);
         });
         done
+    }
+}
+
+/// The end of a job: dropped, also when the job panics, it takes the job out of the
+/// running ones. Only the job itself does, so a waiter never removes a newer job that a
+/// retry started at the same path.
+struct JobEnd {
+    running: Arc<Mutex<HashMap<VolumePath, Job>>>,
+    path: VolumePath,
+    tell: watch::Sender<Option<CloneOutcome>>,
+}
+
+impl JobEnd {
+    /// Leaves the running jobs, then tells `outcome` to whoever waits, so a request after
+    /// the outcome never joins the finished job.
+    fn finish(self, outcome: CloneOutcome) {
+        let tell = self.tell.clone();
+        drop(self);
+        let _ = tell.send(Some(outcome));
+    }
+}
+
+impl Drop for JobEnd {
+    fn drop(&mut self) {
+        self.running
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(&self.path);
     }
 }
