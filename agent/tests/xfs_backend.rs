@@ -92,7 +92,7 @@ impl LoopXfs {
     /// The kernel's last message about this filesystem.
     fn kernel_says(&self) -> String {
         let name = self.device.trim_start_matches("/dev/");
-        run("dmesg", &[])
+        run::<&str>("dmesg", &[])
             .ok()
             .and_then(|log| {
                 log.lines()

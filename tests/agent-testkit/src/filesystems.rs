@@ -155,14 +155,5 @@ impl LoopXfs {
 }
 
 fn run(program: &str, args: &[&std::ffi::OsStr]) -> anyhow::Result<String> {
-    let output = Command::new(program)
-        .args(args)
-        .output()
-        .map_err(|e| anyhow::anyhow!("{program} could not be started: {e}"))?;
-    anyhow::ensure!(
-        output.status.success(),
-        "{program} {args:?} failed: {}",
-        String::from_utf8_lossy(&output.stderr).trim()
-    );
-    Ok(String::from_utf8_lossy(&output.stdout).into_owned())
+    crate::command::run(program, args).map_err(anyhow::Error::msg)
 }

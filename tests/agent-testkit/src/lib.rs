@@ -4,9 +4,11 @@
 //! pool ([`ZfsPool`]), and the benchmark binaries (agent requests, clones).
 
 mod agent;
+mod command;
 mod filesystems;
 mod zfs;
 
 pub use agent::TestAgent;
+pub use command::run;
 pub use filesystems::{LoopBtrfs, LoopXfs};
-pub use zfs::{PoolError, ZfsPool, run, zfs_ready};
+pub use zfs::{PoolError, ZfsPool};

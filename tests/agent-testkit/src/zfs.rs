@@ -11,6 +11,8 @@
 use std::os::fd::OwnedFd;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
+
+use crate::command::run;
 use std::sync::OnceLock;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant};
@@ -224,7 +226,7 @@ fn lock_exclusive(name: &str, limit: Duration) -> Result<OwnedFd, String> {
 }
 
 /// Whether zfs answers, starting zfs-fuse's daemon once per process if needed.
-pub fn zfs_ready() -> Result<(), String> {
+fn zfs_ready() -> Result<(), String> {
     static READY: OnceLock<Result<(), String>> = OnceLock::new();
     READY
         .get_or_init(|| {
@@ -301,26 +303,6 @@ fn on_path(tool: &str) -> bool {
     std::env::var_os("PATH")
         .map(|paths| std::env::split_paths(&paths).any(|dir| dir.join(tool).is_file()))
         .unwrap_or(false)
-}
-
-/// Runs a program to its end with a C locale; its stdout, or what it said on failure.
-pub fn run(program: &str, args: &[&str]) -> Result<String, String> {
-    let output = Command::new(program)
-        .args(args)
-        .env("LC_ALL", "C")
-        .stdin(Stdio::null())
-        .output()
-        .map_err(|e| format!("cannot start {program}: {e} (is it installed?)"))?;
-    if output.status.success() {
-        Ok(String::from_utf8_lossy(&output.stdout).into_owned())
-    } else {
-        Err(format!(
-            "`{program} {}` failed ({}): {}",
-            args.join(" "),
-            output.status,
-            String::from_utf8_lossy(&output.stderr).trim()
-        ))
-    }
 }
 
 fn path_str(path: &Path) -> &str {
