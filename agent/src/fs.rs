@@ -24,10 +24,12 @@ mod confine;
 mod copy;
 mod dataset;
 mod directory;
+mod durable;
 mod error;
 mod legacy;
 mod locks;
 mod mounts;
+mod reconcile;
 mod record;
 mod tree;
 
@@ -49,6 +51,7 @@ use self::archive_name::{
     archive_components, archive_entries, archive_path, archive_result, latest_entry,
 };
 use self::confine::{Root, STAGING_DIR, TRASH_DIR, list_dir, open_child, open_or_create_dir};
+use self::durable::{Changes, Durability};
 use self::error::{io_error, not_found, walk_error};
 use self::record::{now_rfc3339, rfc3339};
 use crate::quota::QuotaSettings;
@@ -150,6 +153,10 @@ pub struct VolumeStore {
     /// its directory, each under its own path's lock only: without this, a create below a
     /// directory being adopted could pass both checks and end up nested.
     nesting: RwLock<()>,
+    /// Every change is synced through it before the request that made it answers.
+    durable: Durability,
+    /// Records of volumes found gone at open, and removed.
+    stale_records: usize,
 }
 
 impl VolumeStore {
@@ -168,8 +175,11 @@ impl VolumeStore {
         }
         root.open_internal(&[ARCHIVE_DIR], true)?;
         let staging = root.open_internal(&[STATE_DIR, STAGING_DIR], false)?;
-        backend.prepare(&root, staging.as_fd())?;
+        let stale_records = backend.prepare(&root, staging.as_fd())?;
+        let durable = Durability::new(root.fd())?;
         Ok(Self {
+            durable,
+            stale_records,
             backend,
             mounts: mounts::MountTable::new(root.canonical_path()),
             root,
@@ -180,6 +190,12 @@ impl VolumeStore {
             archive_dirs: RwLock::new(()),
             nesting: RwLock::new(()),
         })
+    }
+
+    /// How many records of volumes that were gone (a deletion a crash interrupted) the
+    /// store removed when it opened.
+    pub fn stale_records_removed(&self) -> usize {
+        self.stale_records
     }
 
     pub fn root_path(&self) -> &Path {
@@ -296,7 +312,10 @@ impl VolumeStore {
             .walk_parents(path, true)?
             .ok_or_else(|| not_found(path))?;
         if let Some(existing) = self.backend.find(&self.root, parent.as_fd(), path)? {
-            return confirm(path, existing, &wanted, request.quota);
+            // Confirmed only once durable: it may be what a request that failed to sync made.
+            let confirmed = confirm(path, existing, &wanted, request.quota)?;
+            self.settle(path, parent.as_fd())?;
+            return Ok(confirmed);
         }
         let limit = self
             .enforcement(path, request.quota)?
@@ -305,12 +324,56 @@ impl VolumeStore {
             created_at: now_rfc3339(),
             ..wanted.clone()
         };
-        match self.backend.layout() {
+        let made = match self.backend.layout() {
             Layout::Directories => {
                 self.create_staged(path, parent.as_fd(), record, limit, &wanted, request.quota)
             }
             Layout::Mounts => self.create_in_place(path, parent.as_fd(), record, limit),
+        }?;
+        self.settle(path, parent.as_fd())?;
+        Ok(made)
+    }
+
+    /// Syncs what making, finding or changing the volume at `path` (in `parent`) touched:
+    /// the directories from the root down to it (a rename or new parent changed their
+    /// entries), the volume's own directory, the staging area it left, and its record.
+    fn settle(&self, path: &VolumePath, parent: BorrowedFd<'_>) -> Result<()> {
+        let components: Vec<&str> = path.components().collect();
+        let mut changes = Changes::new();
+        changes.extend(self.dirs_along(&components[..components.len() - 1])?);
+        changes.dir(parent)?;
+        match open_child(parent, path.file_name(), false) {
+            Ok(dir) => {
+                changes.extend(self.backend.record_dirs(dir.as_fd())?);
+                changes.owned(dir);
+            }
+            // Moved away meanwhile (another request holds no lock of this path's; the
+            // caller does): nothing of it left to sync here.
+            Err(StoreError::NotFound(_)) => {}
+            Err(e) => return Err(e),
         }
+        if self.backend.layout() == Layout::Directories {
+            changes.owned(self.root.open_internal(&[STATE_DIR, STAGING_DIR], false)?);
+        }
+        self.durable.commit(changes)
+    }
+
+    /// The root and each directory below it on the way through `components`, as far as
+    /// they exist.
+    fn dirs_along(&self, components: &[&str]) -> Result<Vec<OwnedFd>> {
+        let mut dirs = vec![self.root.reopen()?];
+        for component in components {
+            let next = match dirs.last() {
+                Some(last) => open_child(last.as_fd(), component, false),
+                None => break,
+            };
+            match next {
+                Ok(dir) => dirs.push(dir),
+                Err(StoreError::NotFound(_)) => break,
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(dirs)
     }
 
     /// Makes the directory already at `path` a volume as it is, by writing a record of it:
@@ -340,12 +403,17 @@ impl VolumeStore {
                 owner: request.owner.clone(),
                 ..existing.clone()
             };
-            return confirm(path, existing, &wanted, QuotaPolicy::BestEffort);
+            let confirmed = confirm(path, existing, &wanted, QuotaPolicy::BestEffort)?;
+            drop(dir);
+            self.settle(path, parent.as_fd())?;
+            return Ok(confirmed);
         }
         self.refuse_volumes_below(path)?;
         self.refuse_mount_points_around(path)?;
         let record = record_as_found(dir.as_fd(), path, request.capacity_bytes, &request.owner)?;
         self.backend.write_record(dir.as_fd(), path, &record)?;
+        drop(dir);
+        self.settle(path, parent.as_fd())?;
         tracing::info!(
             %path,
             capacity_bytes = record.capacity_bytes,
@@ -503,7 +571,9 @@ impl VolumeStore {
             .walk_parents(path, true)?
             .ok_or_else(|| not_found(path))?;
         if let Some(existing) = self.backend.find(&self.root, parent.as_fd(), path)? {
-            return confirm_clone(path, existing, request);
+            let confirmed = confirm_clone(path, existing, request)?;
+            self.settle(path, parent.as_fd())?;
+            return Ok(confirmed);
         }
         let Some((source_parent, source_record)) = self.locate(source_path)? else {
             return Err(StoreError::NotFound(format!(
@@ -557,10 +627,13 @@ impl VolumeStore {
                     path,
                     limit,
                 };
-                let (quota, method) = match self
+                // The copy's data is written back before the clone can reach its path:
+                // a size committed ahead of its data would read back as zeros.
+                let made = self
                     .backend
                     .clone_volume(&self.root, &source, &target, progress)
-                {
+                    .and_then(|made| self.durable.sync_filesystem().map(|()| made));
+                let (quota, method) = match made {
                     Ok(made) => made,
                     Err(e) => {
                         // Whatever the backend left goes now, not at the next start.
@@ -573,7 +646,7 @@ impl VolumeStore {
                         return Err(e);
                     }
                 };
-                self.place_staged(
+                let placed = self.place_staged(
                     path,
                     parent.as_fd(),
                     Staged {
@@ -583,7 +656,9 @@ impl VolumeStore {
                     },
                     |dir| cloned_record(dir, quota.clone(), method),
                     |existing| confirm_clone(path, existing, request),
-                )
+                )?;
+                self.settle(path, parent.as_fd())?;
+                Ok(placed)
             }
             Layout::Mounts => {
                 let leaf = path.file_name();
@@ -599,7 +674,10 @@ impl VolumeStore {
                 let finished = open_child(parent.as_fd(), leaf, false)
                     .and_then(|dir| cloned_record(dir.as_fd(), quota.clone(), method));
                 match finished {
-                    Ok(record) => Ok((record.to_volume(path), Created::New)),
+                    Ok(record) => {
+                        self.settle(path, parent.as_fd())?;
+                        Ok((record.to_volume(path), Created::New))
+                    }
                     Err(e) => {
                         // Unfinished: nothing refers to it yet, so it goes at once.
                         let _ = self.backend.remove(
@@ -706,6 +784,8 @@ impl VolumeStore {
         }
         record.capacity_bytes = capacity_bytes;
         self.backend.write_record(dir.as_fd(), path, &record)?;
+        drop(dir);
+        self.settle(path, parent.as_fd())?;
         Ok(record.to_volume(path))
     }
 
@@ -722,10 +802,18 @@ impl VolumeStore {
                 Some(path),
                 KnownQuota::Known(record.quota.as_ref()),
             )?;
+            let mut changes = Changes::new();
+            changes.dir(parent.as_fd())?;
+            self.durable.commit(changes)?;
             return Ok(Deleted::Removed);
         }
         self.refuse_mount_points(path, path.as_str())?;
         let trash = self.root.open_internal(&[STATE_DIR, TRASH_DIR], false)?;
+        // Known while the directory is there: where its record's removal is to be synced.
+        let record_dirs = {
+            let dir = open_child(parent.as_fd(), path.file_name(), false)?;
+            self.backend.record_dirs(dir.as_fd())?
+        };
         let doomed = self.unique_name("del");
         match rustix::fs::renameat_with(
             &parent,
@@ -744,6 +832,12 @@ impl VolumeStore {
             None,
             KnownQuota::Known(record.quota.as_ref()),
         )?;
+        let mut changes = Changes::new();
+        changes
+            .dir(parent.as_fd())?
+            .dir(trash.as_fd())?
+            .extend(record_dirs);
+        self.durable.commit(changes)?;
         Ok(Deleted::Removed)
     }
 
@@ -783,11 +877,12 @@ impl VolumeStore {
         });
         // Recorded before the move (which keeps the directory's identity, or the dataset),
         // so an archive never exists without its time and retention.
-        {
+        let record_dirs = {
             let dir = open_child(parent.as_fd(), path.file_name(), false)?;
             self.backend.write_record(dir.as_fd(), path, &record)?;
+            self.backend.record_dirs(dir.as_fd())?
             // Closed before the move: a dataset held open cannot be unmounted.
-        }
+        };
         let target = self.root.open_internal(&components, true)?;
         for entry in archive_entries(at) {
             let moved = match self.backend.layout() {
@@ -808,7 +903,15 @@ impl VolumeStore {
                 }
             };
             match moved {
-                Ok(()) => return Ok((archive_result(path, &entry), Archived::New)),
+                Ok(()) => {
+                    let mut changes = Changes::new();
+                    changes
+                        .dir(parent.as_fd())?
+                        .extend(self.dirs_along(&components)?)
+                        .extend(record_dirs);
+                    self.durable.commit(changes)?;
+                    return Ok((archive_result(path, &entry), Archived::New));
+                }
                 Err(Errno::EXIST) => continue,
                 Err(e) => return Err(io_error(format!("move {path} to the archive"), e)),
             }
@@ -842,6 +945,10 @@ impl VolumeStore {
             Some(record) => {
                 self.refuse_mount_points(&id, &archive_path(id))?;
                 let trash = self.root.open_internal(&[STATE_DIR, TRASH_DIR], false)?;
+                let record_dirs = match archives::open_entry(parent.as_fd(), id)? {
+                    Some(dir) => self.backend.record_dirs(dir.as_fd())?,
+                    None => Vec::new(),
+                };
                 let doomed = self.unique_name("del");
                 match rustix::fs::renameat_with(
                     &parent,
@@ -857,6 +964,12 @@ impl VolumeStore {
                             None,
                             KnownQuota::Known(record.quota.as_ref()),
                         )?;
+                        let mut changes = Changes::new();
+                        changes
+                            .dir(parent.as_fd())?
+                            .dir(trash.as_fd())?
+                            .extend(record_dirs);
+                        self.durable.commit(changes)?;
                         Deleted::Removed
                     }
                     Err(Errno::NOENT) => Deleted::WasAbsent,

@@ -96,6 +96,10 @@ impl Agent {
                 source,
             })?;
         let state = Arc::new(AppState::new(store, auth, &config));
+        state
+            .metrics
+            .stale_records_removed
+            .inc_by(state.store.stale_records_removed() as u64);
         Ok(Self {
             config,
             state,

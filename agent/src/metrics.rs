@@ -69,6 +69,8 @@ pub struct Metrics {
     pub filesystem_available_bytes: Gauge,
     pub filesystem_free_inodes: Gauge,
     pub leftover_entries: Gauge,
+    /// Records of volumes found gone at start (a deletion a crash interrupted), removed.
+    pub stale_records_removed: Counter,
     pub archives: ArchiveMetrics,
     pub clones: CloneMetrics,
 }
@@ -118,6 +120,12 @@ impl Metrics {
             "leftover_entries",
             "Entries in the staging and trash areas at the last scrape: work in flight, or leftovers that could not be removed (the log names them)",
             leftover_entries.clone(),
+        );
+        let stale_records_removed = Counter::default();
+        registry.register(
+            "stale_records_removed",
+            "Records of volumes found gone at start (a deletion interrupted by a crash) and removed, their quotas released",
+            stale_records_removed.clone(),
         );
         let archives = ArchiveMetrics::default();
         registry.register(
@@ -175,6 +183,7 @@ impl Metrics {
             filesystem_available_bytes,
             filesystem_free_inodes,
             leftover_entries,
+            stale_records_removed,
             archives,
         }
     }

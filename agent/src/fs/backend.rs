@@ -5,7 +5,7 @@
 //! quota strategy: none, btrfs or xfs) and ZFS datasets.
 
 use std::fmt::Debug;
-use std::os::fd::BorrowedFd;
+use std::os::fd::{BorrowedFd, OwnedFd};
 
 use nfsprov_api_types::{ArchivePath, CloneMethod, QuotaBackend, VolumePath, VolumeUsage};
 
@@ -66,8 +66,10 @@ pub trait VolumeBackend: Debug + Send + Sync {
     fn layout(&self) -> Layout;
 
     /// Runs once when the store opens, after its work areas exist: checks that records
-    /// can be kept and recovers what the backend must know of existing volumes.
-    fn prepare(&self, root: &Root, staging: BorrowedFd<'_>) -> Result<()>;
+    /// can be kept, removes the records of volumes that are gone (releasing their
+    /// quotas) and recovers what the backend must know of existing volumes. Answers how
+    /// many records it removed.
+    fn prepare(&self, root: &Root, staging: BorrowedFd<'_>) -> Result<usize>;
 
     /// Whether `dir`, met on the way to a volume, is a volume itself.
     fn is_volume(&self, root: &Root, dir: BorrowedFd<'_>) -> Result<bool>;
@@ -121,6 +123,14 @@ pub trait VolumeBackend: Debug + Send + Sync {
         path: &VolumePath,
         record: &VolumeRecord,
     ) -> Result<()>;
+
+    /// The directories to sync once the record of the volume whose directory is `dir`
+    /// was written or removed; none where records are not files (dataset properties,
+    /// which zfs commits before it returns).
+    fn record_dirs(&self, dir: BorrowedFd<'_>) -> Result<Vec<OwnedFd>> {
+        let _ = dir;
+        Ok(Vec::new())
+    }
 
     /// Removes `name` in `parent` (a volume, an unfinished one, or what a crash left of
     /// one) with its quota; `path` is the volume's path when it is still at it.

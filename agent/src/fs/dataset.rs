@@ -46,8 +46,8 @@ impl VolumeBackend for DatasetBackend {
     }
 
     /// Records are properties, and the datasets themselves say which are the agent's.
-    fn prepare(&self, _: &Root, _: BorrowedFd<'_>) -> Result<()> {
-        Ok(())
+    fn prepare(&self, _: &Root, _: BorrowedFd<'_>) -> Result<usize> {
+        Ok(0)
     }
 
     /// A volume is a mount: another device than the root's own dataset.

@@ -4,7 +4,7 @@
 //! (see `record`), keyed by each volume directory's identity.
 
 use std::fmt::Debug;
-use std::os::fd::{AsFd, BorrowedFd};
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::sync::OnceLock;
 
 use nfsprov_api_types::{ArchivePath, CloneMethod, QuotaBackend, VolumePath, VolumeUsage};
@@ -17,6 +17,7 @@ use super::confine::{Root, STAGING_DIR, STATE_DIR, TRASH_DIR, open_child};
 use super::copy::{CopyOptions, CopyProgress, copy_tree, reflink_supported};
 use super::error::{Result, StoreError, io_error, quota_error};
 use super::legacy::{self, Area};
+use super::reconcile;
 use super::record::{Identity, QuotaRecord, RecordStore, VolumeRecord};
 use super::tree::{MAX_USAGE_DEPTH, measure_tree, remove_tree};
 use crate::quota::btrfs::{self, Btrfs};
@@ -90,6 +91,13 @@ pub trait QuotaStrategy: Debug + Send + Sync {
     ) -> Result<bool> {
         let _ = (source, parent, name, path);
         Ok(false)
+    }
+
+    /// Releases the quota of a volume that is gone (whose tree was removed by a delete a
+    /// crash interrupted).
+    fn release(&self, quota: &QuotaRecord) -> Result<()> {
+        let _ = quota;
+        Ok(())
     }
 
     /// Learns the quotas that existing volumes, archives and leftovers hold.
@@ -276,6 +284,14 @@ impl QuotaStrategy for Xfs {
         Ok(())
     }
 
+    fn release(&self, quota: &QuotaRecord) -> Result<()> {
+        match quota.project_id {
+            Some(id) => Xfs::release(self, id)
+                .map_err(|e| quota_error(format!("release project id {id}"), e)),
+            None => Ok(()),
+        }
+    }
+
     fn recover(&self, recorded: Vec<QuotaRecord>) {
         self.mark_in_use(recorded.into_iter().filter_map(|q| q.project_id));
     }
@@ -363,7 +379,7 @@ impl VolumeBackend for DirectoryBackend {
         Layout::Directories
     }
 
-    fn prepare(&self, root: &Root, _: BorrowedFd<'_>) -> Result<()> {
+    fn prepare(&self, root: &Root, _: BorrowedFd<'_>) -> Result<usize> {
         let state = root.open_internal(&[STATE_DIR], false)?;
         let store = RecordStore::open(state.as_fd())?;
         let migrated = legacy::migrate_once(
@@ -396,6 +412,15 @@ impl VolumeBackend for DirectoryBackend {
                 "moved volume records from extended attributes into the agent's record store"
             );
         }
+        let stale = reconcile::remove_stale(root, &store)?;
+        for (path, record) in &stale {
+            tracing::warn!(%path, "removed the record of a volume that is gone (a deletion was interrupted)");
+            if let Some(quota) = record.quota.as_ref().filter(|q| q.backend == self.kind())
+                && let Err(error) = self.quota.release(quota)
+            {
+                tracing::error!(%path, %error, "could not release the quota of a volume that is gone");
+            }
+        }
         if self.quota.wants_records() {
             let recorded = store
                 .all()?
@@ -405,7 +430,7 @@ impl VolumeBackend for DirectoryBackend {
             self.quota.recover(recorded);
         }
         let _ = self.records.set(store);
-        Ok(())
+        Ok(stale.len())
     }
 
     fn is_volume(&self, _: &Root, dir: BorrowedFd<'_>) -> Result<bool> {
@@ -506,6 +531,10 @@ impl VolumeBackend for DirectoryBackend {
         record: &VolumeRecord,
     ) -> Result<()> {
         self.records()?.write(dir, path.as_str(), record)
+    }
+
+    fn record_dirs(&self, dir: BorrowedFd<'_>) -> Result<Vec<OwnedFd>> {
+        self.records()?.dirs_of(dir)
     }
 
     /// The record goes last, so a removal a crash interrupted still knows the quota to

@@ -10,9 +10,9 @@
 //! volume, an extended attribute included, is ever read as a record.
 //!
 //! Each record is the target of a symbolic link: a link is created and renamed over the
-//! old one in single metadata operations, which journaling filesystems commit in order
-//! with the renames that move volumes, so a crash leaves either the old record or the new
-//! one, never a torn one, and no `fsync` is needed on the request path.
+//! old one in single metadata operations, so a crash leaves either the old record or the
+//! new one, never a torn one. The shard directory holding it is synced with the rest of
+//! the request's changes before the request answers (see `durable`).
 
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -157,7 +157,7 @@ impl Identity {
 
     /// Where the record of this identity is kept in the store: one of 256 shards (so
     /// concurrent requests rarely wait for the same directory's lock), then the name.
-    fn key(&self) -> (usize, String) {
+    pub(super) fn key(&self) -> (usize, String) {
         let (shard, name) = self.key_without_subvolume();
         match self.subvolume {
             Some(id) => (shard, format!("{name}-subvolume{id}")),
@@ -166,7 +166,7 @@ impl Identity {
     }
 
     /// The key a subvolume's record had before subvolume ids were part of it.
-    fn legacy_key(&self) -> Option<(usize, String)> {
+    pub(super) fn legacy_key(&self) -> Option<(usize, String)> {
         self.subvolume.map(|_| self.key_without_subvolume())
     }
 
@@ -357,6 +357,47 @@ impl RecordStore {
             }
         }
         Ok(records)
+    }
+
+    /// The shard directories where the record of the volume whose directory is `dir`
+    /// is, or would be, kept: what to sync once it is written or removed.
+    pub fn dirs_of(&self, dir: BorrowedFd<'_>) -> Result<Vec<OwnedFd>> {
+        let identity = Identity::of(dir).map_err(|e| io_error("identify a directory", e))?;
+        let (shard, _) = identity.key();
+        let mut shards = vec![shard];
+        shards.extend(identity.legacy_key().map(|(legacy, _)| legacy));
+        shards.dedup();
+        shards
+            .into_iter()
+            .map(|n| {
+                self.shards[n].try_clone().map_err(|source| StoreError::Io {
+                    context: "keep a record shard to sync".into(),
+                    source,
+                })
+            })
+            .collect()
+    }
+
+    /// Every record with where it is kept (shard and name), for the reconciliation at
+    /// start.
+    pub fn entries(&self) -> Result<Vec<((usize, String), String, VolumeRecord)>> {
+        let mut entries = Vec::new();
+        for (n, shard) in self.shards.iter().enumerate() {
+            for (name, _) in list_dir(shard.as_fd()).map_err(|e| io_error("list records", e))? {
+                if name.starts_with('.') {
+                    continue;
+                }
+                if let Some((path, record)) = read_link(shard.as_fd(), &name)? {
+                    entries.push(((n, name), path, record));
+                }
+            }
+        }
+        Ok(entries)
+    }
+
+    /// Forgets the record kept at `key` (as [`Self::entries`] named it).
+    pub fn remove_entry(&self, key: &(usize, String)) -> Result<()> {
+        unlink_record(self.shards[key.0].as_fd(), &key.1)
     }
 
     /// Whether the store holds a record of the volume whose directory is `dir`.

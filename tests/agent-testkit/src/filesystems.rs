@@ -10,6 +10,7 @@ const MIB: u64 = 1 << 20;
 /// to serve; unmounted when dropped.
 struct LoopMount {
     mount: PathBuf,
+    image: PathBuf,
     // Declared last so the image outlives the mount.
     _dir: tempfile::TempDir,
 }
@@ -38,7 +39,11 @@ impl LoopMount {
                 mount.as_os_str(),
             ],
         )?;
-        let fs = Self { mount, _dir: dir };
+        let fs = Self {
+            mount,
+            image,
+            _dir: dir,
+        };
         std::fs::create_dir(fs.root())?;
         Ok(fs)
     }
@@ -75,6 +80,11 @@ impl LoopBtrfs {
 
     pub fn mount_point(&self) -> &Path {
         &self.fs.mount
+    }
+
+    /// The file holding the filesystem.
+    pub fn image(&self) -> &Path {
+        &self.fs.image
     }
 
     /// The directory to serve as an export root.
@@ -146,6 +156,39 @@ impl LoopXfs {
 
     pub fn mount_point(&self) -> &Path {
         &self.fs.mount
+    }
+
+    /// The file holding the filesystem.
+    pub fn image(&self) -> &Path {
+        &self.fs.image
+    }
+
+    /// The directory to serve as an export root.
+    pub fn root(&self) -> PathBuf {
+        self.fs.root()
+    }
+}
+
+/// An ext4 filesystem in a sparse file, loop-mounted in a temp dir, with an `exports`
+/// directory to serve; unmounted when dropped. Defaults as `mkfs.ext4` makes them
+/// (journal, `data=ordered`, delayed allocation): what most NFS servers run.
+pub struct LoopExt4 {
+    fs: LoopMount,
+}
+
+impl LoopExt4 {
+    pub fn new(size_mib: u64) -> anyhow::Result<Self> {
+        let fs = LoopMount::new("ext4", size_mib, "mkfs.ext4", &["-q", "-F"])?;
+        Ok(Self { fs })
+    }
+
+    pub fn mount_point(&self) -> &Path {
+        &self.fs.mount
+    }
+
+    /// The file holding the filesystem.
+    pub fn image(&self) -> &Path {
+        &self.fs.image
     }
 
     /// The directory to serve as an export root.

@@ -1,0 +1,181 @@
+//! Making acknowledged changes survive a power cut, with the syncs of concurrent requests
+//! shared.
+//!
+//! Nothing the store changes is durable until the kernel has written it and the disk has
+//! flushed it: a rename, a new directory or a record can be lost, and copied file data
+//! can come back as zeros behind a size the journal already committed. So every request
+//! that changed something names the directories it changed (and whose entries it
+//! changed) and waits for them to be synced before it answers.
+//!
+//! Syncs are committed in groups: a request joins the group being gathered; one of the
+//! waiting requests syncs everything the group names (each directory once), and every
+//! request of the group gets the outcome. While one group is synced the next gathers,
+//! so under load one sync covers many requests and the rate stays close to the rate
+//! without syncs.
+//!
+//! On btrfs, renaming subvolumes and changing qgroup limits are committed only by a
+//! transaction commit, which an `fsync` of a directory does not force; there a group is
+//! made durable by `syncfs`, which commits the filesystem's transaction. Copied file data
+//! is made durable by `syncfs` too ([`Durability::sync_filesystem`]): one call writes
+//! back every file of a copy, however many, without reopening them.
+
+use std::collections::{HashSet, VecDeque};
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::sync::{Condvar, Mutex};
+
+use super::error::{Result, StoreError, io_error};
+
+/// `statfs` type of btrfs.
+const BTRFS_MAGIC: i64 = 0x9123_683e;
+
+/// How many failed groups are remembered for the requests that have yet to read their
+/// outcome; a request reads it as soon as its group is done, so a few suffice.
+const REMEMBERED_FAILURES: usize = 1024;
+
+#[derive(Debug)]
+pub struct Durability {
+    /// A descriptor of the export root, for `syncfs`.
+    root: OwnedFd,
+    /// Whether a group is synced by committing the whole filesystem (btrfs).
+    whole_filesystem: bool,
+    groups: Mutex<Groups>,
+    done: Condvar,
+}
+
+#[derive(Debug, Default)]
+struct Groups {
+    /// The number of the group being gathered; groups are synced in order.
+    gathering: u64,
+    /// Directories the gathering group names.
+    dirs: Vec<OwnedFd>,
+    /// Whether the gathering group needs the whole filesystem synced.
+    whole: bool,
+    /// Whether a request is syncing a group now.
+    syncing: bool,
+    /// The last group synced; every group up to it is done.
+    synced: Option<u64>,
+    failures: VecDeque<(u64, String)>,
+}
+
+/// What a request changed and must be durable before it answers.
+#[derive(Debug, Default)]
+pub struct Changes {
+    dirs: Vec<OwnedFd>,
+    whole: bool,
+}
+
+impl Changes {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// A directory whose entries or attributes changed.
+    pub fn dir(&mut self, dir: BorrowedFd<'_>) -> Result<&mut Self> {
+        let owned = dir.try_clone_to_owned().map_err(|source| StoreError::Io {
+            context: "keep a directory to sync".into(),
+            source,
+        })?;
+        self.dirs.push(owned);
+        Ok(self)
+    }
+
+    pub fn owned(&mut self, dir: OwnedFd) -> &mut Self {
+        self.dirs.push(dir);
+        self
+    }
+
+    pub fn extend(&mut self, dirs: impl IntoIterator<Item = OwnedFd>) -> &mut Self {
+        self.dirs.extend(dirs);
+        self
+    }
+}
+
+impl Durability {
+    pub fn new(root: BorrowedFd<'_>) -> Result<Self> {
+        let root = root.try_clone_to_owned().map_err(|source| StoreError::Io {
+            context: "keep the export root to sync".into(),
+            source,
+        })?;
+        let fs = rustix::fs::fstatfs(&root).map_err(|e| io_error("statfs export root", e))?;
+        #[allow(clippy::unnecessary_cast, clippy::useless_conversion)]
+        let whole_filesystem = i64::from(fs.f_type) == BTRFS_MAGIC;
+        Ok(Self {
+            root,
+            whole_filesystem,
+            groups: Mutex::default(),
+            done: Condvar::new(),
+        })
+    }
+
+    /// Writes back every file's data and commits the filesystem of the export root: what
+    /// a copy wrote is on disk before the copy is renamed into place.
+    pub fn sync_filesystem(&self) -> Result<()> {
+        self.commit(Changes {
+            dirs: Vec::new(),
+            whole: true,
+        })
+    }
+
+    /// Returns once everything `changes` names is durable, synced together with the
+    /// changes of the requests waiting at the same time.
+    pub fn commit(&self, changes: Changes) -> Result<()> {
+        if changes.dirs.is_empty() && !changes.whole {
+            return Ok(());
+        }
+        let mut groups = self.groups.lock().unwrap_or_else(|e| e.into_inner());
+        groups.dirs.extend(changes.dirs);
+        groups.whole |= changes.whole;
+        let mine = groups.gathering;
+        loop {
+            if groups.synced.is_some_and(|synced| synced >= mine) {
+                return match groups.failures.iter().find(|(group, _)| *group == mine) {
+                    Some((_, error)) => Err(StoreError::Io {
+                        context: "make the change durable".into(),
+                        source: std::io::Error::other(error.clone()),
+                    }),
+                    None => Ok(()),
+                };
+            }
+            if !groups.syncing {
+                groups.syncing = true;
+                let group = groups.gathering;
+                groups.gathering += 1;
+                let dirs = std::mem::take(&mut groups.dirs);
+                let whole = std::mem::take(&mut groups.whole);
+                drop(groups);
+                let outcome = self.sync(dirs, whole);
+                groups = self.groups.lock().unwrap_or_else(|e| e.into_inner());
+                groups.syncing = false;
+                groups.synced = Some(group);
+                if let Err(error) = outcome {
+                    tracing::error!(%error, "could not make changes durable; the requests that made them fail");
+                    groups.failures.push_back((group, error));
+                    if groups.failures.len() > REMEMBERED_FAILURES {
+                        groups.failures.pop_front();
+                    }
+                }
+                self.done.notify_all();
+                continue;
+            }
+            groups = self.done.wait(groups).unwrap_or_else(|e| e.into_inner());
+        }
+    }
+
+    fn sync(&self, dirs: Vec<OwnedFd>, whole: bool) -> std::result::Result<(), String> {
+        if whole || self.whole_filesystem {
+            return rustix::fs::syncfs(&self.root)
+                .map_err(|e| format!("syncfs of the export root: {}", std::io::Error::from(e)));
+        }
+        let mut seen = HashSet::new();
+        for dir in &dirs {
+            let stat = rustix::fs::fstat(dir)
+                .map_err(|e| format!("stat a directory to sync: {}", std::io::Error::from(e)))?;
+            if !seen.insert((stat.st_dev, stat.st_ino)) {
+                continue;
+            }
+            rustix::fs::fsync(dir.as_fd())
+                .map_err(|e| format!("fsync a directory: {}", std::io::Error::from(e)))?;
+        }
+        Ok(())
+    }
+}

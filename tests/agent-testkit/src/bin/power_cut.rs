@@ -1,0 +1,86 @@
+//! Power cuts after acknowledged operations, many times over: for each filesystem and
+//! operation, how many acknowledged results were checked on a copy of the disk taken the
+//! moment the answer arrived, and how many were lost. Prints figures; the suite's own
+//! test runs a few of the same. Needs root, and the mkfs of each filesystem.
+
+use std::path::PathBuf;
+
+use anyhow::Context;
+use clap::Parser;
+use nfsprov_agent_testkit::power_cut::{self, FsKind, Op};
+
+#[derive(Debug, Parser)]
+#[command(about = "Check that what the nfsprov agent acknowledges survives a power cut")]
+struct Args {
+    /// Power cuts per operation and filesystem.
+    #[arg(long, default_value_t = 50)]
+    iterations: usize,
+    /// The agent binary (default: `nfsprov-agent` beside this program).
+    #[arg(long)]
+    agent: Option<PathBuf>,
+    /// Filesystems to run on (ext4, xfs, btrfs); all by default.
+    #[arg(long = "fs", value_delimiter = ',')]
+    filesystems: Vec<String>,
+    /// Print every lost result, not only the first few of each operation.
+    #[arg(long)]
+    verbose: bool,
+}
+
+fn main() -> anyhow::Result<()> {
+    let args = Args::parse();
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    let agent = match args.agent {
+        Some(agent) => agent,
+        None => std::env::current_exe()?
+            .parent()
+            .context("no directory of this program")?
+            .join("nfsprov-agent"),
+    };
+    anyhow::ensure!(agent.is_file(), "no agent binary at {}", agent.display());
+    let kinds: Vec<FsKind> = FsKind::ALL
+        .into_iter()
+        .filter(|kind| args.filesystems.is_empty() || args.filesystems.contains(&kind.to_string()))
+        .collect();
+    println!(
+        "agent: {}; {} power cuts per operation and filesystem",
+        agent.display(),
+        args.iterations
+    );
+    let runtime = tokio::runtime::Runtime::new()?;
+    let mut lost_in_all = 0;
+    for kind in kinds {
+        if which(kind.mkfs()).is_none() {
+            println!("{kind}: skipped, {} is not installed", kind.mkfs());
+            continue;
+        }
+        let started = std::time::Instant::now();
+        let tallies = runtime.block_on(power_cut::run(&agent, kind, &Op::ALL, args.iterations))?;
+        for (op, tally) in &tallies {
+            println!(
+                "{kind:<6} {op:<8} checked {:>4}  lost {:>4}",
+                tally.checked, tally.lost
+            );
+            lost_in_all += tally.lost;
+            let shown = if args.verbose {
+                tally.failures.len()
+            } else {
+                3
+            };
+            for failure in tally.failures.iter().take(shown) {
+                println!("         {failure}");
+            }
+        }
+        println!("{kind}: {:.0}s", started.elapsed().as_secs_f64());
+    }
+    println!("lost in all: {lost_in_all}");
+    Ok(())
+}
+
+fn which(program: &str) -> Option<PathBuf> {
+    std::env::var_os("PATH")?
+        .to_str()?
+        .split(':')
+        .chain(["/sbin", "/usr/sbin"])
+        .map(|dir| PathBuf::from(dir).join(program))
+        .find(|candidate| candidate.is_file())
+}
