@@ -1383,6 +1383,72 @@ mod tests {
         assert_eq!(project_of(&store, "ns/third"), kept_id);
     }
 
+    #[test]
+    fn records_of_volumes_a_crash_removed_go_at_start_with_their_project_ids() {
+        use crate::quota::xfs::tests::{FakeXfsQuota, xfs_backend_for_tests};
+        let dir = tempfile::tempdir().unwrap();
+        let fake = std::sync::Arc::new(FakeXfsQuota::default());
+        let open = || {
+            VolumeStore::open_with_backend(
+                dir.path(),
+                Box::new(DirectoryBackend::new(Box::new(xfs_backend_for_tests(
+                    fake.clone(),
+                )))),
+            )
+            .unwrap()
+        };
+        let store = open();
+        let project_of = |store: &VolumeStore, p: &str| {
+            let (_, record) = store.locate(&path(p)).unwrap().unwrap();
+            record.quota.unwrap().project_id.unwrap()
+        };
+        for p in ["ns/live", "ns/gone", "ns/archived", "ns/trashed"] {
+            store.create(&path(p), &request(1 << 20)).unwrap();
+        }
+        let gone_id = project_of(&store, "ns/gone");
+        let trashed_id = project_of(&store, "ns/trashed");
+        let (archived, _) = store.archive(&path("ns/archived"), None).unwrap();
+        assert_eq!(store.stale_records_removed(), 0);
+        drop(store);
+
+        // What crashes left: a tree removed before its record, and a volume renamed into
+        // the trash whose removal never ran.
+        std::fs::remove_dir(dir.path().join("ns/gone")).unwrap();
+        std::fs::rename(
+            dir.path().join("ns/trashed"),
+            dir.path().join(STATE_DIR).join(TRASH_DIR).join("del-crash"),
+        )
+        .unwrap();
+        let store = open();
+        assert_eq!(store.stale_records_removed(), 1);
+        assert_eq!(
+            fake.limit_kib(gone_id),
+            None,
+            "the gone volume's id is released"
+        );
+        assert_eq!(
+            fake.limit_kib(trashed_id),
+            Some(1024),
+            "the trash keeps its record for the purge"
+        );
+        assert_eq!(listed(&store), ["ns/live"]);
+        assert_eq!(ids(&store), [archived.archive_path[9..].to_owned()]);
+        // A directory made at the gone volume's path is no volume.
+        std::fs::create_dir(dir.path().join("ns/gone")).unwrap();
+        assert!(matches!(
+            store.get(&path("ns/gone")),
+            Err(StoreError::Conflict(_))
+        ));
+        let purge = store.purge_leftovers();
+        assert_eq!((purge.removed, purge.failed.len()), (1, 0));
+        assert_eq!(fake.limit_kib(trashed_id), None);
+        drop(store);
+
+        let store = open();
+        assert_eq!(store.stale_records_removed(), 0, "nothing is stale twice");
+        assert_eq!(listed(&store), ["ns/live"]);
+    }
+
     fn owned_request(claim: &str) -> CreateVolumeRequest {
         CreateVolumeRequest {
             owner: nfsprov_api_types::VolumeOwner {

@@ -537,8 +537,12 @@ impl VolumeBackend for DirectoryBackend {
         self.records()?.dirs_of(dir)
     }
 
-    /// The record goes last, so a removal a crash interrupted still knows the quota to
-    /// release when it is done again.
+    /// The record goes first, while the directory still holds its inode: once the tree
+    /// is removed, a new directory can get the same inode number (and, within one tick of
+    /// the filesystem's clock, the same birth time), and removing the record by identity
+    /// then would remove the new volume's. A crash after the record went leaves an entry
+    /// in staging or trash, which the next start removes without a record; its XFS
+    /// project id, recorded nowhere any more, is free again at that start.
     fn remove(
         &self,
         parent: BorrowedFd<'_>,
@@ -562,11 +566,10 @@ impl VolumeBackend for DirectoryBackend {
                 .and_then(|(_, record)| record.quota),
             (KnownQuota::Unknown, None) => None,
         };
-        self.quota.remove(parent, name, recorded.as_ref())?;
         if let Some(identity) = identity {
             records.remove(&identity)?;
         }
-        Ok(())
+        self.quota.remove(parent, name, recorded.as_ref())
     }
 
     fn measure(
