@@ -20,9 +20,9 @@
 //! back every file of a copy, however many, without reopening them.
 
 use std::collections::{HashSet, VecDeque};
-use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::os::fd::{BorrowedFd, OwnedFd};
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Condvar, Mutex};
+use std::sync::{Arc, Condvar, Mutex, OnceLock, mpsc};
 
 use super::error::{Result, StoreError, io_error};
 
@@ -44,6 +44,8 @@ pub struct Durability {
     whole_filesystem: bool,
     groups: Mutex<Groups>,
     done: Condvar,
+    /// Started at the first group of directories to sync.
+    pool: OnceLock<SyncPool>,
 }
 
 #[derive(Debug, Default)]
@@ -108,6 +110,7 @@ impl Durability {
             whole_filesystem,
             groups: Mutex::default(),
             done: Condvar::new(),
+            pool: OnceLock::new(),
         })
     }
 
@@ -172,14 +175,14 @@ impl Durability {
         }
         let mut seen = HashSet::new();
         let mut distinct = Vec::with_capacity(dirs.len());
-        for dir in &dirs {
-            let stat = rustix::fs::fstat(dir)
+        for dir in dirs {
+            let stat = rustix::fs::fstat(&dir)
                 .map_err(|e| format!("stat a directory to sync: {}", std::io::Error::from(e)))?;
             if seen.insert((stat.st_dev, stat.st_ino)) {
-                distinct.push(dir.as_fd());
+                distinct.push(dir);
             }
         }
-        fsync_all(&distinct)
+        self.pool.get_or_init(SyncPool::new).fsync_all(distinct)
     }
 }
 
@@ -187,33 +190,101 @@ impl Durability {
 /// others find their changes already committed, and the disk cache flushes they ask for
 /// at the same time are merged, so a group costs little more than one `fsync` where one
 /// after another would cost a flush each.
-fn fsync_all(dirs: &[BorrowedFd<'_>]) -> std::result::Result<(), String> {
-    let next = AtomicUsize::new(0);
-    let failed = Mutex::new(None);
-    let work = || {
-        while let Some(dir) = dirs.get(next.fetch_add(1, Ordering::Relaxed)) {
+#[derive(Debug)]
+struct SyncPool {
+    /// Each helper takes a group and syncs from it until none is left.
+    helpers: Mutex<mpsc::Sender<Arc<Group>>>,
+}
+
+#[derive(Debug)]
+struct Group {
+    dirs: Vec<OwnedFd>,
+    next: AtomicUsize,
+    /// Helpers still working on the group.
+    busy: Mutex<usize>,
+    idle: Condvar,
+    failed: Mutex<Option<String>>,
+}
+
+impl Group {
+    fn work(&self) {
+        while let Some(dir) = self.dirs.get(self.next.fetch_add(1, Ordering::Relaxed)) {
             if let Err(e) = rustix::fs::fsync(dir) {
-                *failed.lock().unwrap_or_else(|e| e.into_inner()) =
+                *self.failed.lock().unwrap_or_else(|e| e.into_inner()) =
                     Some(format!("fsync a directory: {}", std::io::Error::from(e)));
             }
         }
-    };
-    let helpers = dirs.len().min(MAX_SYNC_THREADS).saturating_sub(1);
-    std::thread::scope(|scope| {
-        for _ in 0..helpers {
-            scope.spawn(work);
+    }
+}
+
+impl SyncPool {
+    /// Helper threads end when the pool is dropped.
+    fn new() -> Self {
+        let (sender, receiver) = mpsc::channel::<Arc<Group>>();
+        let receiver = Arc::new(Mutex::new(receiver));
+        for _ in 1..MAX_SYNC_THREADS {
+            let receiver = receiver.clone();
+            let spawned = std::thread::Builder::new()
+                .name("nfsprov-sync".into())
+                .spawn(move || {
+                    loop {
+                        let next = receiver.lock().unwrap_or_else(|e| e.into_inner()).recv();
+                        let Ok(group) = next else { return };
+                        group.work();
+                        *group.busy.lock().unwrap_or_else(|e| e.into_inner()) -= 1;
+                        group.idle.notify_all();
+                    }
+                });
+            if spawned.is_err() {
+                // Fewer helpers: groups are synced by fewer threads, no less surely.
+                break;
+            }
         }
-        work();
-    });
-    match failed.into_inner().unwrap_or_else(|e| e.into_inner()) {
-        Some(error) => Err(error),
-        None => Ok(()),
+        Self {
+            helpers: Mutex::new(sender),
+        }
+    }
+
+    fn fsync_all(&self, dirs: Vec<OwnedFd>) -> std::result::Result<(), String> {
+        let wanted = dirs.len().min(MAX_SYNC_THREADS).saturating_sub(1);
+        let group = Arc::new(Group {
+            dirs,
+            next: AtomicUsize::new(0),
+            busy: Mutex::new(0),
+            idle: Condvar::new(),
+            failed: Mutex::new(None),
+        });
+        {
+            let helpers = self.helpers.lock().unwrap_or_else(|e| e.into_inner());
+            for _ in 0..wanted {
+                *group.busy.lock().unwrap_or_else(|e| e.into_inner()) += 1;
+                if helpers.send(group.clone()).is_err() {
+                    *group.busy.lock().unwrap_or_else(|e| e.into_inner()) -= 1;
+                    break;
+                }
+            }
+        }
+        group.work();
+        let mut busy = group.busy.lock().unwrap_or_else(|e| e.into_inner());
+        while *busy > 0 {
+            busy = group.idle.wait(busy).unwrap_or_else(|e| e.into_inner());
+        }
+        drop(busy);
+        match group
+            .failed
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .take()
+        {
+            Some(error) => Err(error),
+            None => Ok(()),
+        }
     }
 }
 
 #[cfg(test)]
 mod tests {
-    use std::sync::Arc;
+    use std::os::fd::AsFd;
 
     use super::*;
 
