@@ -47,7 +47,7 @@ impl FsKind {
 
 impl fmt::Display for FsKind {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(match self {
+        f.pad(match self {
             FsKind::Ext4 => "ext4",
             FsKind::Xfs => "xfs",
             FsKind::Btrfs => "btrfs",
@@ -79,7 +79,7 @@ impl Op {
 
 impl fmt::Display for Op {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(match self {
+        f.pad(match self {
             Op::Create => "create",
             Op::Clone => "clone",
             Op::Adopt => "adopt",
@@ -102,8 +102,8 @@ pub struct Tally {
 }
 
 /// Files of real data in each cloned or archived volume, and their size.
-const FILES: usize = 6;
-const FILE_BYTES: usize = 192 * 1024;
+const FILES: usize = 5;
+const FILE_BYTES: usize = 160 * 1024;
 const GIB: u64 = 1 << 30;
 
 /// Runs `iterations` power cuts after each of `ops` on a new filesystem of `kind` served
@@ -129,7 +129,7 @@ pub async fn run(
             // At once: the power goes as the answer arrives.
             let image = copies.path().join("cut.img");
             copy_image(fs.image(), &image)?;
-            let verdict = check(agent, kind, &image, copies.path(), &expected, &done).await;
+            let verdict = check(agent, kind, &image, copies.path(), &expected, &done).await?;
             std::fs::remove_file(&image)?;
             tally.checked += 1;
             if let Err(e) = verdict {
@@ -138,7 +138,7 @@ pub async fn run(
             }
         }
     }
-    server.stop();
+    drop(server);
     Ok(tallies)
 }
 
@@ -151,10 +151,11 @@ enum Filesystem {
 impl Filesystem {
     fn new(kind: FsKind) -> anyhow::Result<Self> {
         Ok(match kind {
-            FsKind::Ext4 => Filesystem::Ext4(LoopExt4::new(256)?),
+            // Sparse, and only what was written is copied: room for many iterations.
+            FsKind::Ext4 => Filesystem::Ext4(LoopExt4::new(1024)?),
             // Reflinks: a clone there shares extents, which must be durable as well.
-            FsKind::Xfs => Filesystem::Xfs(LoopXfs::new(320, true)?),
-            FsKind::Btrfs => Filesystem::Btrfs(LoopBtrfs::new(320, true)?),
+            FsKind::Xfs => Filesystem::Xfs(LoopXfs::new(1024, true)?),
+            FsKind::Btrfs => Filesystem::Btrfs(LoopBtrfs::new(1024, true)?),
         })
     }
 
@@ -241,8 +242,11 @@ impl Server {
         }
         Ok(server)
     }
+}
 
-    fn stop(mut self) {
+/// Also on an early return: an agent left running would keep its filesystem busy.
+impl Drop for Server {
+    fn drop(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
@@ -444,7 +448,8 @@ pub fn copy_image(from: &Path, to: &Path) -> anyhow::Result<()> {
 }
 
 /// Mounts the copy `image` (recovering its journal), starts an agent on it and checks
-/// what the acknowledgement promised.
+/// what the acknowledgement promised: the verdict, inside what went wrong with the check
+/// itself.
 async fn check(
     agent: &Path,
     kind: FsKind,
@@ -452,7 +457,7 @@ async fn check(
     scratch: &Path,
     expected: &Expected,
     done: &Done,
-) -> anyhow::Result<()> {
+) -> anyhow::Result<anyhow::Result<()>> {
     let mount = scratch.join("mnt");
     std::fs::create_dir_all(&mount)?;
     // The copy has the original's UUID; XFS refuses that unless told.
@@ -460,7 +465,7 @@ async fn check(
         FsKind::Xfs => "loop,nouuid",
         _ => "loop",
     };
-    crate::run(
+    if let Err(e) = crate::run(
         "mount",
         &[
             "-o".as_ref(),
@@ -468,18 +473,34 @@ async fn check(
             image.as_os_str(),
             mount.as_os_str(),
         ],
-    )
-    .map_err(|e| anyhow::anyhow!("the copy does not mount: {e}"))?;
+    ) {
+        return Ok(Err(anyhow::anyhow!("the copy does not mount: {e}")));
+    }
     let checked = async {
         let root = mount.join("exports");
         let server = Server::start(agent, &root, kind).await?;
         let verdict = verify(&server.client, &root, expected, done).await;
-        server.stop();
+        drop(server);
         verdict
     }
     .await;
-    crate::run("umount", &[mount.as_os_str()]).map_err(anyhow::Error::msg)?;
-    checked
+    unmount(&mount)?;
+    Ok(checked)
+}
+
+/// Unmounts, waiting for what the stopped agent started (a btrfs tool deleting a
+/// subvolume, say) to let go of the filesystem.
+fn unmount(mount: &Path) -> anyhow::Result<()> {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        match crate::run("umount", &[mount.as_os_str()]) {
+            Ok(_) => return Ok(()),
+            Err(e) if e.contains("busy") && Instant::now() < deadline => {
+                std::thread::sleep(Duration::from_millis(50));
+            }
+            Err(e) => bail!(e),
+        }
+    }
 }
 
 async fn verify(
