@@ -766,6 +766,8 @@ impl VolumeStore {
         self.root.ensure_present()?;
         let (parent, mut record) = self.locate(path)?.ok_or_else(|| not_found(path))?;
         if !is_growth(path, &record, capacity_bytes)? {
+            // Perhaps a retry of a resize whose sync failed: confirmed once durable.
+            self.settle(path, parent.as_fd())?;
             return Ok(record.to_volume(path));
         }
         let dir = open_child(parent.as_fd(), path.file_name(), false)?;
@@ -793,6 +795,15 @@ impl VolumeStore {
     pub fn delete(&self, path: &VolumePath) -> Result<Deleted> {
         self.root.ensure_present()?;
         let Some((parent, record)) = self.locate(path)? else {
+            // Perhaps a retry of a delete whose sync failed: confirmed once durable.
+            if let Some(parent) = self.walk_parents(path, false)? {
+                let mut changes = Changes::new();
+                changes.owned(parent);
+                if self.backend.layout() == Layout::Directories {
+                    changes.owned(self.root.open_internal(&[STATE_DIR, TRASH_DIR], false)?);
+                }
+                self.durable.commit(changes)?;
+            }
             return Ok(Deleted::WasAbsent);
         };
         if self.backend.layout() == Layout::Mounts {
@@ -865,7 +876,24 @@ impl VolumeStore {
         let _dirs = self.archive_dirs.read().unwrap_or_else(|e| e.into_inner());
         let Some((parent, mut record)) = self.locate(path)? else {
             return match self.latest_archive(&components)? {
-                Some(entry) => Ok((archive_result(path, &entry), Archived::Earlier)),
+                Some(entry) => {
+                    // Perhaps a retry of an archive whose sync failed: confirmed once
+                    // durable.
+                    let mut changes = Changes::new();
+                    let dirs = self.dirs_along(&components)?;
+                    if dirs.len() == components.len() + 1
+                        && let Some(archive_dir) = dirs.last()
+                        && let Ok(archived) = open_child(archive_dir.as_fd(), entry.as_str(), false)
+                    {
+                        changes.extend(self.backend.record_dirs(archived.as_fd())?);
+                    }
+                    changes.extend(dirs);
+                    if let Some(parent) = self.walk_parents(path, false)? {
+                        changes.owned(parent);
+                    }
+                    self.durable.commit(changes)?;
+                    Ok((archive_result(path, &entry), Archived::Earlier))
+                }
                 None => Err(StoreError::NotFound(format!(
                     "no volume at {path} and no archive of it"
                 ))),
