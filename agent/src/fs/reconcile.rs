@@ -19,10 +19,9 @@ use nfsprov_api_types::VolumePath;
 use super::archive_name::archive_components;
 use super::confine::{Root, STAGING_DIR, STATE_DIR, TRASH_DIR, list_dir, open_child};
 use super::error::{Result, StoreError, io_error};
-use super::record::{Identity, RecordStore, VolumeRecord};
+use super::record::{Identity, RecordKey, RecordStore, VolumeRecord};
 
-/// Record keys: the shard and the name a record is kept under.
-type Keys = HashSet<(usize, String)>;
+type Keys = HashSet<RecordKey>;
 
 /// Removes the records whose volume is gone; answers them, with the path each was for.
 pub fn remove_stale(root: &Root, records: &RecordStore) -> Result<Vec<(String, VolumeRecord)>> {
@@ -56,7 +55,7 @@ pub fn remove_stale(root: &Root, records: &RecordStore) -> Result<Vec<(String, V
 }
 
 /// Whether the directory recorded under `key` is at `path` or archived from it.
-fn is_present(root: &Root, path: &VolumePath, key: &(usize, String)) -> Result<bool> {
+fn is_present(root: &Root, path: &VolumePath, key: &RecordKey) -> Result<bool> {
     let components: Vec<&str> = path.components().collect();
     let mut found = Keys::new();
     if let Some(parent) = root.open_existing(&components[..components.len() - 1])? {

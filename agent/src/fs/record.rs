@@ -180,6 +180,9 @@ impl Identity {
     }
 }
 
+/// Where a record is kept: its shard and its name there.
+pub type RecordKey = (usize, String);
+
 /// A record as stored: the volume's record, the path it was made for, and the identity
 /// of its directory (checked again on every read).
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -380,7 +383,7 @@ impl RecordStore {
 
     /// Every record with where it is kept (shard and name), for the reconciliation at
     /// start.
-    pub fn entries(&self) -> Result<Vec<((usize, String), String, VolumeRecord)>> {
+    pub fn entries(&self) -> Result<Vec<(RecordKey, String, VolumeRecord)>> {
         let mut entries = Vec::new();
         for (n, shard) in self.shards.iter().enumerate() {
             for (name, _) in list_dir(shard.as_fd()).map_err(|e| io_error("list records", e))? {
@@ -396,7 +399,7 @@ impl RecordStore {
     }
 
     /// Forgets the record kept at `key` (as [`Self::entries`] named it).
-    pub fn remove_entry(&self, key: &(usize, String)) -> Result<()> {
+    pub fn remove_entry(&self, key: &RecordKey) -> Result<()> {
         unlink_record(self.shards[key.0].as_fd(), &key.1)
     }
 
