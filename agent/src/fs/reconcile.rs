@@ -28,7 +28,7 @@ pub fn remove_stale(root: &Root, records: &RecordStore) -> Result<Vec<(String, V
     let mut in_work_areas = Keys::new();
     for area in [STAGING_DIR, TRASH_DIR] {
         if let Some(dir) = root.open_existing(&[STATE_DIR, area])? {
-            keys_of_entries(dir.as_fd(), |_| true, &mut in_work_areas)?;
+            keys_of_entries(dir.as_fd(), |_| true, None, &mut in_work_areas)?;
         }
     }
     let mut stale = Vec::new();
@@ -40,7 +40,7 @@ pub fn remove_stale(root: &Root, records: &RecordStore) -> Result<Vec<(String, V
             tracing::warn!(%path, "a record names an invalid path; kept");
             continue;
         };
-        match is_present(root, &volume, &key) {
+        match is_present(root, records, &volume, &key) {
             Ok(true) => {}
             Ok(false) => {
                 records.remove_entry(&key)?;
@@ -54,13 +54,19 @@ pub fn remove_stale(root: &Root, records: &RecordStore) -> Result<Vec<(String, V
     Ok(stale)
 }
 
-/// Whether the directory recorded under `key` is at `path` or archived from it.
-fn is_present(root: &Root, path: &VolumePath, key: &RecordKey) -> Result<bool> {
+/// Whether the directory recorded under `key` is at `path` or archived from it (and not
+/// another directory given its inode number since).
+fn is_present(
+    root: &Root,
+    records: &RecordStore,
+    path: &VolumePath,
+    key: &RecordKey,
+) -> Result<bool> {
     let components: Vec<&str> = path.components().collect();
     let mut found = Keys::new();
     if let Some(parent) = root.open_existing(&components[..components.len() - 1])? {
         match open_child(parent.as_fd(), path.file_name(), false) {
-            Ok(dir) => add_keys(dir.as_fd(), &mut found)?,
+            Ok(dir) => add_keys(dir.as_fd(), Some(records), &mut found)?,
             // Nothing, or no directory, at the path: the volume is not there.
             Err(StoreError::NotFound(_) | StoreError::Unsafe(_)) => {}
             Err(e) => return Err(e),
@@ -73,6 +79,7 @@ fn is_present(root: &Root, path: &VolumePath, key: &RecordKey) -> Result<bool> {
         keys_of_entries(
             archived.as_fd(),
             |name| name.starts_with(nfsprov_api_types::ARCHIVE_ENTRY_PREFIX),
+            Some(records),
             &mut found,
         )?;
     }
@@ -83,6 +90,7 @@ fn is_present(root: &Root, path: &VolumePath, key: &RecordKey) -> Result<bool> {
 fn keys_of_entries(
     dir: BorrowedFd<'_>,
     wanted: impl Fn(&str) -> bool,
+    records: Option<&RecordStore>,
     keys: &mut Keys,
 ) -> Result<()> {
     for (name, _) in list_dir(dir).map_err(|e| io_error("list a directory of volumes", e))? {
@@ -90,7 +98,7 @@ fn keys_of_entries(
             continue;
         }
         match open_child(dir, &name, false) {
-            Ok(entry) => add_keys(entry.as_fd(), keys)?,
+            Ok(entry) => add_keys(entry.as_fd(), records, keys)?,
             Err(StoreError::NotFound(_) | StoreError::Unsafe(_)) => {}
             Err(e) => return Err(e),
         }
@@ -98,7 +106,14 @@ fn keys_of_entries(
     Ok(())
 }
 
-fn add_keys(dir: BorrowedFd<'_>, keys: &mut Keys) -> Result<()> {
+/// The keys `dir` would have its record under; with `records`, only when the record
+/// there is its own.
+fn add_keys(dir: BorrowedFd<'_>, records: Option<&RecordStore>, keys: &mut Keys) -> Result<()> {
+    if let Some(records) = records
+        && records.read(dir)?.is_none()
+    {
+        return Ok(());
+    }
     let identity = Identity::of(dir).map_err(|e| io_error("identify a directory", e))?;
     keys.insert(identity.key());
     keys.extend(identity.legacy_key());

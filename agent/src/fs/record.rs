@@ -190,6 +190,19 @@ struct StoredRecord {
     path: String,
     #[serde(flatten)]
     record: VolumeRecord,
+    /// The directory's inode generation, where the filesystem keeps no birth time: an
+    /// inode number is reused as soon as it is freed, its generation changes then.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    generation: Option<u32>,
+}
+
+/// `FS_IOC_GETVERSION`: `_IOR('v', 1, long)`; the kernel writes an `int`.
+const GET_VERSION: rustix::ioctl::Opcode = rustix::ioctl::opcode::read::<std::ffi::c_long>(b'v', 1);
+
+/// The inode generation of `dir`, where the filesystem has one (ext4, XFS, btrfs).
+fn generation_of(dir: BorrowedFd<'_>) -> Option<u32> {
+    // SAFETY: the kernel writes one `int` (4 bytes) into the `u32` the getter holds.
+    unsafe { rustix::ioctl::ioctl(dir, rustix::ioctl::Getter::<GET_VERSION, u32>::new()) }.ok()
 }
 
 /// The agent's own store of directory volumes' records.
@@ -237,7 +250,24 @@ impl RecordStore {
     /// The record of the volume whose directory is `dir`, with the path it was made for.
     pub fn read(&self, dir: BorrowedFd<'_>) -> Result<Option<(String, VolumeRecord)>> {
         let identity = Identity::of(dir).map_err(|e| io_error("identify a directory", e))?;
-        self.read_identity(&identity)
+        let (shard, name) = self.shard(&identity);
+        let mut stored = read_stored(shard, &name)?;
+        if stored.is_none()
+            && let Some((shard, name)) = identity.legacy_key()
+        {
+            stored = read_stored(self.shards[shard].as_fd(), &name)?;
+        }
+        let Some(stored) = stored else {
+            return Ok(None);
+        };
+        // Another directory that was given the recorded one's inode number after it was
+        // removed (by hand: the agent removes a record before the directory).
+        if let (Some(recorded), Some(now)) = (stored.generation, generation_of(dir))
+            && recorded != now
+        {
+            return Ok(None);
+        }
+        Ok(Some((stored.path, stored.record)))
     }
 
     pub fn read_identity(&self, identity: &Identity) -> Result<Option<(String, VolumeRecord)>> {
@@ -275,6 +305,11 @@ impl RecordStore {
         let stored = serde_json::to_string(&StoredRecord {
             path: path.to_owned(),
             record: record.clone(),
+            generation: identity
+                .birth
+                .is_none()
+                .then(|| generation_of(dir))
+                .flatten(),
         })
         .map_err(|e| StoreError::Io {
             context: format!("encode the record of {path}"),
@@ -417,6 +452,10 @@ fn unlink_record(shard: BorrowedFd<'_>, name: &str) -> Result<()> {
 }
 
 fn read_link(shard: BorrowedFd<'_>, name: &str) -> Result<Option<(String, VolumeRecord)>> {
+    Ok(read_stored(shard, name)?.map(|stored| (stored.path, stored.record)))
+}
+
+fn read_stored(shard: BorrowedFd<'_>, name: &str) -> Result<Option<StoredRecord>> {
     match rustix::fs::readlinkat(shard, name, Vec::new()) {
         Ok(target) => {
             let stored: StoredRecord =
@@ -424,7 +463,7 @@ fn read_link(shard: BorrowedFd<'_>, name: &str) -> Result<Option<(String, Volume
                     context: format!("read record {name}"),
                     source: std::io::Error::other(e),
                 })?;
-            Ok(Some((stored.path, stored.record)))
+            Ok(Some(stored))
         }
         Err(Errno::NOENT) => Ok(None),
         Err(e) => Err(io_error(format!("read record {name}"), e)),
@@ -498,6 +537,7 @@ mod tests {
         let stored = serde_json::to_string(&StoredRecord {
             path: "team/source".into(),
             record: record(7),
+            generation: None,
         })
         .unwrap();
         rustix::fs::symlinkat(
@@ -546,5 +586,50 @@ mod tests {
         drop((source_dir, snapshot_dir));
         btrfs(&["subvolume", "delete", snapshot.to_str().unwrap()]);
         btrfs(&["subvolume", "delete", source.to_str().unwrap()]);
+    }
+
+    /// Without birth times a directory is known by its inode number alone, which the
+    /// next new directory is likely to get once it is freed: a record left behind must
+    /// not become that directory's.
+    #[test]
+    fn a_directory_given_a_removed_volumes_inode_number_is_not_that_volume() {
+        const TEST: &str = "fs::record::tests::a_directory_given_a_removed_volumes_inode_number_is_not_that_volume";
+        if !rustix::process::geteuid().is_root() {
+            nfsprov_test_skip::skip(TEST, "a loop-mounted ext4 needs root");
+            return;
+        }
+        // 128-byte inodes have no room for a birth time.
+        let fs = match nfsprov_agent_testkit::LoopExt4::with_options(64, &["-I", "128"]) {
+            Ok(fs) => fs,
+            Err(e) => {
+                nfsprov_test_skip::skip(TEST, &format!("no loop-mounted ext4: {e}"));
+                return;
+            }
+        };
+        let root = fs.root();
+        std::fs::create_dir(root.join("state")).unwrap();
+        let store = RecordStore::open(open(&root.join("state")).as_fd()).unwrap();
+        let volume = root.join("volume");
+        std::fs::create_dir(&volume).unwrap();
+        let dir = open(&volume);
+        let identity = Identity::of(dir.as_fd()).unwrap();
+        assert_eq!(
+            identity.birth, None,
+            "ext4 with 128-byte inodes keeps no birth time"
+        );
+        store.write(dir.as_fd(), "volume", &record(1)).unwrap();
+        assert!(store.read(dir.as_fd()).unwrap().is_some());
+        drop(dir);
+        // Removed by hand, its record left behind.
+        std::fs::remove_dir(&volume).unwrap();
+        let reused = (0..100)
+            .map(|n| {
+                let path = root.join(format!("new-{n}"));
+                std::fs::create_dir(&path).unwrap();
+                open(&path)
+            })
+            .find(|dir| Identity::of(dir.as_fd()).unwrap() == identity)
+            .expect("ext4 hands out a freed inode number again");
+        assert_eq!(store.read(reused.as_fd()).unwrap(), None);
     }
 }

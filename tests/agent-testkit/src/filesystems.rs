@@ -178,7 +178,14 @@ pub struct LoopExt4 {
 
 impl LoopExt4 {
     pub fn new(size_mib: u64) -> anyhow::Result<Self> {
-        let fs = LoopMount::new("ext4", size_mib, "mkfs.ext4", &["-q", "-F"])?;
+        Self::with_options(size_mib, &[])
+    }
+
+    /// With more `mkfs.ext4` options (`-I 128`: inodes without birth times, say).
+    pub fn with_options(size_mib: u64, options: &[&str]) -> anyhow::Result<Self> {
+        let mut all = vec!["-q", "-F"];
+        all.extend_from_slice(options);
+        let fs = LoopMount::new("ext4", size_mib, "mkfs.ext4", &all)?;
         Ok(Self { fs })
     }
 
