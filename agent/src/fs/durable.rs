@@ -296,7 +296,9 @@ mod tests {
         let open = |p: &std::path::Path| {
             rustix::fs::open(
                 p,
-                rustix::fs::OFlags::RDONLY | rustix::fs::OFlags::DIRECTORY,
+                rustix::fs::OFlags::RDONLY
+                    | rustix::fs::OFlags::DIRECTORY
+                    | rustix::fs::OFlags::CLOEXEC,
                 rustix::fs::Mode::empty(),
             )
             .unwrap()

@@ -494,7 +494,9 @@ mod tests {
     fn open(path: &std::path::Path) -> OwnedFd {
         rustix::fs::open(
             path,
-            rustix::fs::OFlags::DIRECTORY | rustix::fs::OFlags::RDONLY,
+            rustix::fs::OFlags::DIRECTORY
+                | rustix::fs::OFlags::RDONLY
+                | rustix::fs::OFlags::CLOEXEC,
             rustix::fs::Mode::empty(),
         )
         .unwrap()
