@@ -68,7 +68,7 @@ fn load_key(path: &Path) -> Result<PrivateKeyDer<'static>, TlsError> {
 }
 
 /// Server settings: our certificate, and client certificates verified against
-/// `client_ca` when given (see [`ClientPurposeVerifier`] for what else they need). When
+/// `client_ca` when given (see `ClientPurposeVerifier` for what else they need). When
 /// tokens are also accepted, a client may connect without a certificate (it then needs a
 /// token); a certificate it does present must still verify.
 pub fn server_config(
