@@ -14,7 +14,8 @@ use serde::de::DeserializeOwned;
 use crate::{
     AdoptVolumeRequest, AgentInfo, ApiError, Archive, ArchiveList, ArchivePath, ArchiveRequest,
     ArchiveResult, CloneProgress, CloneVolumeRequest, CreateVolumeRequest, ErrorCode, Health,
-    REQUEST_ID_HEADER, ReloadingFile, ResizeVolumeRequest, Volume, VolumeList, VolumePath,
+    MAX_PEM_BYTES, MAX_TOKEN_BYTES, REQUEST_ID_HEADER, ReloadingFile, ResizeVolumeRequest, Volume,
+    VolumeList, VolumePath, read_bounded,
 };
 
 /// How to reach one agent. Relative file names are resolved against the directory of the
@@ -275,12 +276,12 @@ impl AgentClient {
             .build()
             .map_err(|e| ClientError::Tls(format!("cannot build the HTTPS client: {e}")))?;
         let token = match &config.token_file {
-            Some(path) => Some(Arc::new(ReloadingFile::open(path).map_err(|source| {
-                ClientError::Io {
+            Some(path) => Some(Arc::new(
+                ReloadingFile::open(path, MAX_TOKEN_BYTES).map_err(|source| ClientError::Io {
                     path: path.clone(),
                     source,
-                }
-            })?)),
+                })?,
+            )),
             None => None,
         };
         Ok(Self {
@@ -546,8 +547,9 @@ fn archive_url(target: &impl std::fmt::Display) -> String {
     format!("/v1/archives/{target}")
 }
 
+/// A certificate or key: a regular file of bounded size only.
 fn read_file(path: &Path) -> Result<Vec<u8>, ClientError> {
-    std::fs::read(path).map_err(|source| ClientError::Io {
+    read_bounded(path, MAX_PEM_BYTES).map_err(|source| ClientError::Io {
         path: path.to_owned(),
         source,
     })
