@@ -780,3 +780,32 @@ fn outcome<T>(result: &ApiResult<T>) -> &'static str {
         Err(_) => "rejected",
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn request_ids_are_kept_only_short_and_plain() {
+        for kept in [
+            "pvc-0d1e-17f3a9c2b4",
+            "orphan-check-1a2b",
+            "a",
+            "ns/claim@x:1+2=3_.",
+        ] {
+            assert!(fit_request_id(kept.as_bytes()), "{kept}");
+        }
+        assert!(fit_request_id("r".repeat(MAX_REQUEST_ID_BYTES).as_bytes()));
+        for replaced in [
+            String::new(),
+            "r".repeat(MAX_REQUEST_ID_BYTES + 1),
+            "a b".into(),
+            "a\"b".into(),
+            "a\\nb".into(),
+            "é".into(),
+            "x\u{1b}[2J".into(),
+        ] {
+            assert!(!fit_request_id(replaced.as_bytes()), "{replaced:?}");
+        }
+    }
+}

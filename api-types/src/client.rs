@@ -11,6 +11,7 @@ use rustls_pki_types::{CertificateDer, PrivateKeyDer};
 use serde::Deserialize;
 use serde::de::DeserializeOwned;
 
+use crate::logsafe::Clean;
 use crate::{
     AdoptVolumeRequest, AgentInfo, ApiError, Archive, ArchiveList, ArchivePath, ArchiveRequest,
     ArchiveResult, CloneProgress, CloneVolumeRequest, CreateVolumeRequest, ErrorCode, Health,
@@ -182,9 +183,11 @@ pub enum ClientError {
     /// `source`: the message already carries the cause that matters.
     #[error("agent unreachable: {}", transport_reason(.0))]
     Transport(reqwest::Error),
-    #[error("agent answered {status}: {error}")]
+    /// Shown escaped and bounded: the message may name files a tenant chose, and it goes
+    /// into the controller's log and the claim's events.
+    #[error("agent answered {status}: {}: {}", .error.code, Clean(&.error.message))]
     Api { status: u16, error: ApiError },
-    #[error("agent answered {status} with an unexpected body: {body}")]
+    #[error("agent answered {status} with an unexpected body: {}", Clean(.body))]
     UnexpectedResponse { status: u16, body: String },
 }
 
