@@ -76,11 +76,19 @@ fn check_single_default(agents: &[AgentConnectionConfig]) -> Result<(), ClientEr
 }
 
 impl AgentConnectionConfig {
-    /// Reads one agent's settings from a TOML file.
+    /// Reads one agent's settings from a TOML file (a regular file of bounded size: it
+    /// comes from the same Secret as the credentials).
     pub fn from_file(path: &Path) -> Result<Self, ClientError> {
-        let text = std::fs::read_to_string(path).map_err(|source| ClientError::Io {
+        let io_error = |source| ClientError::Io {
             path: path.to_owned(),
             source,
+        };
+        let bytes = read_bounded(path, MAX_PEM_BYTES).map_err(io_error)?;
+        let text = String::from_utf8(bytes).map_err(|_| {
+            io_error(std::io::Error::new(
+                std::io::ErrorKind::InvalidData,
+                "not UTF-8",
+            ))
         })?;
         let mut config: Self = toml::from_str(&text)
             .map_err(|e| ClientError::Config(format!("{}: {}", path.display(), e.message())))?;
