@@ -56,7 +56,13 @@ pub struct AppState {
     readiness: Mutex<Option<(Instant, Result<(), String>)>>,
     /// Audit lines of unauthenticated requests allowed per second.
     unauthenticated_log: RateLimit,
+    /// Bodies of refused requests being drained at once (see [`authenticate`]).
+    refused_drains: Arc<Semaphore>,
 }
+
+/// The most bodies of refused requests drained at once: past it, a refused body is dropped
+/// at once (the client of a flood may then see a reset instead of its 401).
+const MAX_REFUSED_DRAINS: usize = 1024;
 
 impl AppState {
     /// The state for `config`'s agent, serving `store` and checking callers with `auth`.
@@ -87,6 +93,7 @@ impl AppState {
             usage: UsageCache::new(Duration::from_secs(60), Duration::from_secs(2), 2),
             readiness: Mutex::new(None),
             unauthenticated_log: RateLimit::new(20, "unauthenticated requests"),
+            refused_drains: Arc::new(Semaphore::new(MAX_REFUSED_DRAINS)),
         }
     }
 
@@ -236,14 +243,18 @@ async fn authenticate(
         }
         None => {
             // Answered at once, whatever of the body is still to come. What does come is
-            // read and thrown away in the background for a little while (bounded in size
-            // and time, holding no slot): a client still uploading would otherwise meet a
-            // closed connection or a reset stream before it reads why it was refused.
+            // read and thrown away in the background for a little while (bounded in size,
+            // time and number, holding no slot): a client still uploading would otherwise
+            // meet a closed connection or a reset stream before it reads why it was
+            // refused.
             let body = request.into_body();
-            let deadline = state.body_read_timeout;
-            tokio::spawn(async move {
-                let _ = tokio::time::timeout(deadline, read_body(body, 0)).await;
-            });
+            if let Ok(drain) = state.refused_drains.clone().try_acquire_owned() {
+                let deadline = state.body_read_timeout;
+                tokio::spawn(async move {
+                    let _ = tokio::time::timeout(deadline, read_body(body, 0)).await;
+                    drop(drain);
+                });
+            }
             Failure::new(
                 ErrorCode::Unauthenticated,
                 "authentication required: a client certificate from the agent's CA or a valid bearer token",
