@@ -11,10 +11,12 @@ use rustls_pki_types::{CertificateDer, PrivateKeyDer};
 use serde::Deserialize;
 use serde::de::DeserializeOwned;
 
+use crate::logsafe::Clean;
 use crate::{
     AdoptVolumeRequest, AgentInfo, ApiError, Archive, ArchiveList, ArchivePath, ArchiveRequest,
     ArchiveResult, CloneProgress, CloneVolumeRequest, CreateVolumeRequest, ErrorCode, Health,
-    REQUEST_ID_HEADER, ReloadingFile, ResizeVolumeRequest, Volume, VolumeList, VolumePath,
+    MAX_PEM_BYTES, MAX_TOKEN_BYTES, REQUEST_ID_HEADER, ReloadingFile, ResizeVolumeRequest, Volume,
+    VolumeList, VolumePath, read_bounded,
 };
 
 /// How to reach one agent. Relative file names are resolved against the directory of the
@@ -74,11 +76,19 @@ fn check_single_default(agents: &[AgentConnectionConfig]) -> Result<(), ClientEr
 }
 
 impl AgentConnectionConfig {
-    /// Reads one agent's settings from a TOML file.
+    /// Reads one agent's settings from a TOML file (a regular file of bounded size: it
+    /// comes from the same Secret as the credentials).
     pub fn from_file(path: &Path) -> Result<Self, ClientError> {
-        let text = std::fs::read_to_string(path).map_err(|source| ClientError::Io {
+        let io_error = |source| ClientError::Io {
             path: path.to_owned(),
             source,
+        };
+        let bytes = read_bounded(path, MAX_PEM_BYTES).map_err(io_error)?;
+        let text = String::from_utf8(bytes).map_err(|_| {
+            io_error(std::io::Error::new(
+                std::io::ErrorKind::InvalidData,
+                "not UTF-8",
+            ))
         })?;
         let mut config: Self = toml::from_str(&text)
             .map_err(|e| ClientError::Config(format!("{}: {}", path.display(), e.message())))?;
@@ -181,9 +191,11 @@ pub enum ClientError {
     /// `source`: the message already carries the cause that matters.
     #[error("agent unreachable: {}", transport_reason(.0))]
     Transport(reqwest::Error),
-    #[error("agent answered {status}: {error}")]
+    /// Shown escaped and bounded: the message may name files a tenant chose, and it goes
+    /// into the controller's log and the claim's events.
+    #[error("agent answered {status}: {}: {}", .error.code, Clean(&.error.message))]
     Api { status: u16, error: ApiError },
-    #[error("agent answered {status} with an unexpected body: {body}")]
+    #[error("agent answered {status} with an unexpected body: {}", Clean(.body))]
     UnexpectedResponse { status: u16, body: String },
 }
 
@@ -275,12 +287,12 @@ impl AgentClient {
             .build()
             .map_err(|e| ClientError::Tls(format!("cannot build the HTTPS client: {e}")))?;
         let token = match &config.token_file {
-            Some(path) => Some(Arc::new(ReloadingFile::open(path).map_err(|source| {
-                ClientError::Io {
+            Some(path) => Some(Arc::new(
+                ReloadingFile::open(path, MAX_TOKEN_BYTES).map_err(|source| ClientError::Io {
                     path: path.clone(),
                     source,
-                }
-            })?)),
+                })?,
+            )),
             None => None,
         };
         Ok(Self {
@@ -546,8 +558,9 @@ fn archive_url(target: &impl std::fmt::Display) -> String {
     format!("/v1/archives/{target}")
 }
 
+/// A certificate or key: a regular file of bounded size only.
 fn read_file(path: &Path) -> Result<Vec<u8>, ClientError> {
-    std::fs::read(path).map_err(|source| ClientError::Io {
+    read_bounded(path, MAX_PEM_BYTES).map_err(|source| ClientError::Io {
         path: path.to_owned(),
         source,
     })

@@ -88,6 +88,7 @@ impl TestAgent {
             max_connections: 4096,
             header_read_timeout: Duration::from_secs(10),
             idle_timeout: Duration::from_secs(300),
+            body_read_timeout: Duration::from_secs(10),
             max_concurrent_requests: 256,
             shutdown_grace: Duration::from_secs(5),
             min_free_bytes: 0,
