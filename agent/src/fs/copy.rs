@@ -2036,6 +2036,63 @@ mod tests {
         }
     }
 
+    /// Names of one file in several directories are one file in the copy, met in any
+    /// order; a file whose other name lies outside the source is copied once under the
+    /// name inside; the copy's root keeps nothing of the bookkeeping, even when the
+    /// source's root holds an entry named like it.
+    #[test]
+    fn hard_links_are_kept_and_nothing_else_is_left() {
+        let tmp = tempfile::tempdir().unwrap();
+        let source = new_dir(&tmp.path().join("source"));
+        for dir in ["a", "b", "c/d"] {
+            fs::create_dir_all(source.join(dir)).unwrap();
+        }
+        for n in 0..50 {
+            let first = source.join("b").join(format!("f{n}"));
+            write(
+                &source.join("b"),
+                &format!("f{n}"),
+                format!("file {n}").as_bytes(),
+            );
+            fs::hard_link(&first, source.join("a").join(format!("g{n}"))).unwrap();
+            fs::hard_link(&first, source.join("c/d").join(format!("h{n}"))).unwrap();
+        }
+        write(&source, "half", b"one name inside");
+        fs::hard_link(source.join("half"), tmp.path().join("outside")).unwrap();
+        // What the first stage of this process would be called, and then some.
+        let next = STAGES.load(Ordering::Relaxed);
+        for n in next..next + 64 {
+            fs::create_dir(source.join(format!(".nfsprov-links-{}-{n}", std::process::id())))
+                .unwrap();
+        }
+        let copied = new_dir(&tmp.path().join("copy"));
+        let stats = copy(&source, &copied, false, &CopyProgress::default()).unwrap();
+        assert_eq!((stats.files, stats.hard_links), (51, 100));
+        let listing = |dir: &Path| {
+            let mut names: Vec<_> = fs::read_dir(dir)
+                .unwrap()
+                .map(|e| e.unwrap().file_name())
+                .collect();
+            names.sort();
+            names
+        };
+        assert_eq!(listing(&copied), listing(&source));
+        for n in 0..50 {
+            let names = [
+                copied.join("a").join(format!("g{n}")),
+                copied.join("b").join(format!("f{n}")),
+                copied.join("c/d").join(format!("h{n}")),
+            ];
+            let first = fs::metadata(&names[0]).unwrap();
+            assert_eq!(first.nlink(), 3);
+            for name in &names {
+                assert_eq!(fs::metadata(name).unwrap().ino(), first.ino());
+            }
+            assert_eq!(fs::read(&names[0]).unwrap(), format!("file {n}").as_bytes());
+        }
+        assert_eq!(fs::metadata(copied.join("half")).unwrap().nlink(), 1);
+    }
+
     #[test]
     fn the_reflink_probe_leaves_nothing_behind() {
         let tmp = tempfile::tempdir().unwrap();

@@ -429,3 +429,70 @@ pub fn measure_tree(dir: BorrowedFd<'_>) -> rustix::io::Result<TreeUsage> {
 fn allocated(stat: &rustix::fs::Statx) -> u64 {
     stat.stx_blocks.saturating_mul(512)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::fs;
+    use std::os::unix::fs::MetadataExt;
+
+    fn open(path: &std::path::Path) -> OwnedFd {
+        rustix::fs::open(
+            path,
+            OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC,
+            Mode::empty(),
+        )
+        .unwrap()
+    }
+
+    /// More entries than a batch in one directory, in a subdirectory and deep down: all
+    /// of it goes, read a batch at a time.
+    #[test]
+    fn a_removal_takes_directories_larger_than_a_batch() {
+        let tmp = tempfile::tempdir().unwrap();
+        let volume = tmp.path().join("volume");
+        let deep = volume.join("a/b/c/d");
+        fs::create_dir_all(&deep).unwrap();
+        for n in 0..BATCH * 2 + 7 {
+            fs::write(volume.join(format!("file-{n}")), b"x").unwrap();
+            fs::create_dir(volume.join("a").join(format!("dir-{n}"))).unwrap();
+            fs::write(deep.join(format!("deep-{n}")), b"y").unwrap();
+        }
+        remove_tree(open(tmp.path()).as_fd(), "volume").unwrap();
+        assert!(!volume.exists());
+        assert_eq!(fs::read_dir(tmp.path()).unwrap().count(), 0);
+    }
+
+    /// A file's names share its blocks and its inode: together they count once, as `du`
+    /// counts them, wherever in the tree they are.
+    #[test]
+    fn hard_linked_files_count_once() {
+        let tmp = tempfile::tempdir().unwrap();
+        let root = tmp.path();
+        fs::create_dir_all(root.join("x/y")).unwrap();
+        fs::write(root.join("plain"), vec![1u8; 10_000]).unwrap();
+        fs::write(root.join("linked"), vec![2u8; 50_000]).unwrap();
+        fs::hard_link(root.join("linked"), root.join("x/second")).unwrap();
+        fs::hard_link(root.join("linked"), root.join("x/y/third")).unwrap();
+        let blocks = |p: &str| fs::symlink_metadata(root.join(p)).unwrap().blocks() * 512;
+        let expected = ["", "x", "x/y", "plain", "linked"]
+            .iter()
+            .map(|p| blocks(p))
+            .sum::<u64>();
+        let walk = measure_tree(open(root).as_fd()).unwrap();
+        assert_eq!(walk.usage.used_bytes, expected);
+        assert_eq!(walk.usage.used_inodes, 5);
+        assert_eq!((walk.mount_points, walk.too_deep), (0, 0));
+    }
+
+    #[test]
+    fn a_usage_walk_stops_at_the_deepest_level() {
+        let tmp = tempfile::tempdir().unwrap();
+        let bottom = tmp.path().join("d/".repeat(MAX_USAGE_DEPTH + 2));
+        fs::create_dir_all(&bottom).unwrap();
+        let walk = measure_tree(open(tmp.path()).as_fd()).unwrap();
+        // The root and the levels down to the deepest; the one below is met, not entered.
+        assert_eq!(walk.usage.used_inodes, MAX_USAGE_DEPTH as u64 + 2);
+        assert_eq!(walk.too_deep, 1);
+    }
+}
