@@ -66,7 +66,11 @@ const JOB_DESCRIPTORS: usize = 32;
 impl Clones {
     pub fn new(store: Arc<VolumeStore>, metrics: CloneMetrics, config: &AgentConfig) -> Self {
         let descriptors = rustix::process::getrlimit(rustix::process::Resource::Nofile).current;
-        let slots = slots(config, descriptors);
+        let slots = slots(
+            config.max_clone_jobs,
+            config.max_connections + config.max_concurrent_requests * REQUEST_DESCRIPTORS,
+            descriptors,
+        );
         metrics.slots.set(i64::try_from(slots).unwrap_or(i64::MAX));
         Self {
             store,
@@ -263,17 +267,15 @@ impl Drop for Queued<'_> {
     }
 }
 
-/// How many clone jobs may run at once: what the settings ask for, less when the
-/// descriptor limit (`None`: unlimited) cannot hold that many deep copies beside
-/// everything else the agent may have open at once.
-fn slots(config: &AgentConfig, descriptors: Option<u64>) -> usize {
-    let wanted = config.max_clone_jobs.max(1);
+/// How many clone jobs may run at once: `wanted`, less when the descriptor limit
+/// (`None`: unlimited) cannot hold that many deep copies beside what connections and
+/// requests may hold (`requests`), the usage walks and the agent's own.
+fn slots(wanted: usize, requests: usize, descriptors: Option<u64>) -> usize {
+    let wanted = wanted.max(1);
     let Some(limit) = descriptors else {
         return wanted;
     };
-    let others = config.max_connections
-        + USAGE_WALKS * (MAX_USAGE_DEPTH + 1)
-        + config.max_concurrent_requests * REQUEST_DESCRIPTORS;
+    let others = requests + USAGE_WALKS * (MAX_USAGE_DEPTH + 1);
     let reserved = BASE_DESCRIPTORS.saturating_add(others as u64);
     let per_job = (COPY_DESCRIPTORS + JOB_DESCRIPTORS) as u64;
     let fit = usize::try_from(limit.saturating_sub(reserved) / per_job).unwrap_or(usize::MAX);
@@ -290,4 +292,25 @@ fn slots(config: &AgentConfig, descriptors: Option<u64>) -> usize {
         "the descriptor limit (LimitNOFILE=) cannot hold limits.max_clone_jobs clones at once beside the connections and requests allowed; fewer run at once and the rest wait"
     );
     slots
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn slots_follow_the_setting_where_descriptors_allow() {
+        // The shipped unit's LimitNOFILE= with the default limits.
+        let requests = 4096 + 256 * REQUEST_DESCRIPTORS;
+        assert_eq!(slots(2, requests, Some(65_536)), 2);
+        assert_eq!(slots(2, requests, None), 2);
+        assert_eq!(slots(0, requests, None), 1);
+        // Room for three copies and a half beyond what everything else may take.
+        let reserved = BASE_DESCRIPTORS as usize + requests + USAGE_WALKS * (MAX_USAGE_DEPTH + 1);
+        let per_job = COPY_DESCRIPTORS + JOB_DESCRIPTORS;
+        let limit = (reserved + 3 * per_job + per_job / 2) as u64;
+        assert_eq!(slots(8, requests, Some(limit)), 3);
+        // Not even one fits: one still runs, rather than none ever.
+        assert_eq!(slots(2, requests, Some(1024)), 1);
+    }
 }

@@ -693,6 +693,10 @@ mod tests {
                 "archive.sweep_interval_seconds must be at least 1",
             ),
             (format!("{good}[archive]\nretention = 7\n"), "unknown field"),
+            (
+                format!("{good}[limits]\nmax_clone_jobs = 0\n"),
+                "limits.max_clone_jobs must be positive",
+            ),
         ];
         for (text, expected) in cases {
             std::fs::write(&file, &text).unwrap();
