@@ -74,7 +74,7 @@ impl AppState {
                 config.archive.clone(),
                 metrics.archives.clone(),
             )),
-            clones: Clones::new(store.clone(), metrics.clones.clone()),
+            clones: Clones::new(store.clone(), metrics.clones.clone(), config),
             store,
             auth,
             metrics,

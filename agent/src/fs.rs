@@ -28,6 +28,7 @@ mod error;
 mod legacy;
 mod locks;
 mod mounts;
+mod nesting;
 mod record;
 mod tree;
 
@@ -61,13 +62,15 @@ pub use self::archive_name::ARCHIVE_DIR;
 pub use self::archives::StoredArchive;
 pub use self::backend::{CloneSource, CloneTarget, KnownQuota, Layout, VolumeBackend};
 pub use self::confine::{STATE_DIR, is_dot};
-pub use self::copy::{CopyOptions, CopyProgress, CopyStats, copy_tree, reflink_supported};
+pub use self::copy::{
+    COPY_DESCRIPTORS, CopyOptions, CopyProgress, CopyStats, copy_tree, reflink_supported,
+};
 pub use self::dataset::DatasetBackend;
 pub use self::directory::{DirectoryBackend, NoQuota, QuotaStrategy};
 pub use self::error::{Result, StoreError};
 pub use self::locks::PathGuard;
 pub use self::record::{ArchiveRecord, QuotaRecord, VolumeRecord};
-pub use self::tree::{measure_tree, remove_tree};
+pub use self::tree::{MAX_USAGE_DEPTH, measure_tree, remove_tree};
 
 /// Whether [`VolumeStore::create`] or [`VolumeStore::adopt`] made the volume or found it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -145,11 +148,9 @@ pub struct VolumeStore {
     /// exclusively while empty archive directories are removed, so the one never removes
     /// a directory the other is about to use.
     archive_dirs: RwLock<()>,
-    /// Held shared while a volume is created and exclusively while one is adopted. A
-    /// create checks that no volume is above its path and an adoption that none is below
-    /// its directory, each under its own path's lock only: without this, a create below a
-    /// directory being adopted could pass both checks and end up nested.
-    nesting: RwLock<()>,
+    /// Holds creates and clones against adoptions of related paths, so a volume never
+    /// ends up nested in another.
+    nesting: nesting::Nesting,
 }
 
 impl VolumeStore {
@@ -178,7 +179,7 @@ impl VolumeStore {
             unique: AtomicU64::new(0),
             locks: Arc::default(),
             archive_dirs: RwLock::new(()),
-            nesting: RwLock::new(()),
+            nesting: nesting::Nesting::default(),
         })
     }
 
@@ -290,7 +291,7 @@ impl VolumeStore {
         request: &CreateVolumeRequest,
     ) -> Result<(Volume, Created)> {
         self.root.ensure_present()?;
-        let _nesting = self.nesting.read().unwrap_or_else(|e| e.into_inner());
+        let _nesting = self.nesting.making(path.as_str());
         let wanted = self.wanted_record(request);
         let parent = self
             .walk_parents(path, true)?
@@ -325,7 +326,7 @@ impl VolumeStore {
     ) -> Result<(Volume, Created)> {
         self.root.ensure_present()?;
         self.backend.check_adoptable(path)?;
-        let _nesting = self.nesting.write().unwrap_or_else(|e| e.into_inner());
+        let _nesting = self.nesting.adopting(path.as_str());
         let parent = self
             .walk_parents(path, false)?
             .ok_or_else(|| no_directory(path))?;
@@ -498,7 +499,7 @@ impl VolumeStore {
                 "{path}: a volume cannot be cloned onto itself"
             )));
         }
-        let _nesting = self.nesting.read().unwrap_or_else(|e| e.into_inner());
+        let _nesting = self.nesting.making(path.as_str());
         let parent = self
             .walk_parents(path, true)?
             .ok_or_else(|| not_found(path))?;

@@ -90,6 +90,7 @@ impl TestAgent {
             idle_timeout: Duration::from_secs(300),
             body_read_timeout: Duration::from_secs(10),
             max_concurrent_requests: 256,
+            max_clone_jobs: 2,
             shutdown_grace: Duration::from_secs(5),
             min_free_bytes: 0,
             min_free_inodes: 0,
