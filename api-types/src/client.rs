@@ -11,6 +11,9 @@ use rustls_pki_types::{CertificateDer, PrivateKeyDer};
 use serde::Deserialize;
 use serde::de::DeserializeOwned;
 
+mod secret;
+pub use secret::{AGENT_SECRET_SELECTOR, AgentSecretError, SecretAgent, agents_in_secret};
+
 use crate::{
     AdoptVolumeRequest, AgentInfo, ApiError, Archive, ArchiveList, ArchivePath, ArchiveRequest,
     ArchiveResult, CloneProgress, CloneVolumeRequest, CreateVolumeRequest, ErrorCode, Health,
@@ -80,8 +83,8 @@ impl AgentConnectionConfig {
             path: path.to_owned(),
             source,
         })?;
-        let mut config: Self = toml::from_str(&text)
-            .map_err(|e| ClientError::Config(format!("{}: {}", path.display(), e.message())))?;
+        let mut config = Self::parse(&text)
+            .map_err(|e| ClientError::Config(format!("{}: {e}", path.display())))?;
         let base = path.parent().unwrap_or(Path::new("."));
         let resolve = |p: &mut PathBuf| {
             if p.is_relative() {
@@ -96,6 +99,11 @@ impl AgentConnectionConfig {
             .validate()
             .map_err(|e| ClientError::Config(format!("{}: {e}", path.display())))?;
         Ok(config)
+    }
+
+    /// Parses one agent's settings, file names left as written.
+    fn parse(text: &str) -> Result<Self, String> {
+        toml::from_str(text).map_err(|e| e.message().to_owned())
     }
 
     /// Reads every `*.toml` file of a directory (one agent each), sorted by file name.
@@ -259,13 +267,91 @@ pub struct AgentClient {
     name: String,
     base_url: String,
     http: reqwest::Client,
-    token: Option<Arc<ReloadingFile>>,
+    token: Option<Token>,
+}
+
+/// Where the bearer token comes from: a file re-read when it changes (a mounted Secret
+/// rotates under it), or a value held in memory (read through the API, replaced by
+/// making a new client).
+#[derive(Clone)]
+enum Token {
+    File(Arc<ReloadingFile>),
+    Inline(Arc<str>),
+}
+
+impl std::fmt::Debug for Token {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Token::File(file) => write!(f, "Token::File({})", file.path().display()),
+            Token::Inline(_) => f.write_str("Token::Inline(<redacted>)"),
+        }
+    }
+}
+
+impl Token {
+    fn value(&self) -> Result<String, ClientError> {
+        match self {
+            Token::File(file) => file.trimmed().map_err(|source| ClientError::Io {
+                path: file.path().to_owned(),
+                source,
+            }),
+            Token::Inline(value) => Ok(value.to_string()),
+        }
+    }
+}
+
+/// The PEM material a client is made of, whatever it was read from. `label` names where
+/// each part came from in error messages.
+struct Material<'a> {
+    ca: (&'a [u8], String),
+    client: Option<((&'a [u8], String), (&'a [u8], String))>,
 }
 
 impl AgentClient {
     pub fn new(config: &AgentConnectionConfig) -> Result<Self, ClientError> {
         config.validate().map_err(ClientError::Config)?;
-        let tls = client_tls_config(config)?;
+        let ca = read_file(&config.ca_file)?;
+        let pair = match (&config.client_cert_file, &config.client_key_file) {
+            (Some(cert), Some(key)) => Some(((read_file(cert)?, cert), (read_file(key)?, key))),
+            _ => None,
+        };
+        let material = Material {
+            ca: (&ca, config.ca_file.display().to_string()),
+            client: pair.as_ref().map(|((cert, cert_path), (key, key_path))| {
+                (
+                    (cert.as_slice(), cert_path.display().to_string()),
+                    (key.as_slice(), key_path.display().to_string()),
+                )
+            }),
+        };
+        let token = match &config.token_file {
+            Some(path) => Some(Token::File(Arc::new(ReloadingFile::open(path).map_err(
+                |source| ClientError::Io {
+                    path: path.clone(),
+                    source,
+                },
+            )?))),
+            None => None,
+        };
+        Self::build(config, &material, token)
+    }
+
+    /// A client for an agent whose settings and files were read from a Kubernetes
+    /// Secret; nothing is read from disk, now or later.
+    pub fn from_secret(agent: &SecretAgent) -> Result<Self, ClientError> {
+        let config = &agent.config;
+        config.validate().map_err(ClientError::Config)?;
+        let material = agent.material();
+        let token = agent.token().map(|t| Token::Inline(Arc::from(t)));
+        Self::build(config, &material, token)
+    }
+
+    fn build(
+        config: &AgentConnectionConfig,
+        material: &Material<'_>,
+        token: Option<Token>,
+    ) -> Result<Self, ClientError> {
+        let tls = client_tls_config(material)?;
         let http = reqwest::Client::builder()
             .use_preconfigured_tls(tls)
             .https_only(true)
@@ -274,15 +360,6 @@ impl AgentClient {
             .pool_idle_timeout(Duration::from_secs(60))
             .build()
             .map_err(|e| ClientError::Tls(format!("cannot build the HTTPS client: {e}")))?;
-        let token = match &config.token_file {
-            Some(path) => Some(Arc::new(ReloadingFile::open(path).map_err(|source| {
-                ClientError::Io {
-                    path: path.clone(),
-                    source,
-                }
-            })?)),
-            None => None,
-        };
         Ok(Self {
             name: config.name.clone(),
             base_url: config.url.trim_end_matches('/').to_owned(),
@@ -502,11 +579,7 @@ impl AgentClient {
             request = request.header(REQUEST_ID_HEADER, id);
         }
         if let Some(token) = &self.token {
-            let value = token.trimmed().map_err(|source| ClientError::Io {
-                path: token.path().to_owned(),
-                source,
-            })?;
-            request = request.bearer_auth(value);
+            request = request.bearer_auth(token.value()?);
         }
         let response = request.send().await?;
         let status = response.status();
@@ -555,22 +628,20 @@ fn read_file(path: &Path) -> Result<Vec<u8>, ClientError> {
 
 /// rustls settings trusting only the agent's CA, with the client certificate when given.
 /// Uses ring explicitly so the client works whether or not a process default is installed.
-fn client_tls_config(config: &AgentConnectionConfig) -> Result<rustls::ClientConfig, ClientError> {
+fn client_tls_config(material: &Material<'_>) -> Result<rustls::ClientConfig, ClientError> {
     let mut roots = rustls::RootCertStore::empty();
-    let ca_pem = read_file(&config.ca_file)?;
+    let (ca_pem, ca_label) = &material.ca;
     let mut found = 0;
-    for cert in CertificateDer::pem_slice_iter(&ca_pem) {
-        let cert =
-            cert.map_err(|e| ClientError::Tls(format!("{}: {e}", config.ca_file.display())))?;
+    for cert in CertificateDer::pem_slice_iter(ca_pem) {
+        let cert = cert.map_err(|e| ClientError::Tls(format!("{ca_label}: {e}")))?;
         roots
             .add(cert)
-            .map_err(|e| ClientError::Tls(format!("{}: {e}", config.ca_file.display())))?;
+            .map_err(|e| ClientError::Tls(format!("{ca_label}: {e}")))?;
         found += 1;
     }
     if found == 0 {
         return Err(ClientError::Tls(format!(
-            "{}: no PEM certificate found",
-            config.ca_file.display()
+            "{ca_label}: no PEM certificate found"
         )));
     }
     let builder = rustls::ClientConfig::builder_with_provider(Arc::new(
@@ -579,24 +650,23 @@ fn client_tls_config(config: &AgentConnectionConfig) -> Result<rustls::ClientCon
     .with_safe_default_protocol_versions()
     .map_err(|e| ClientError::Tls(e.to_string()))?
     .with_root_certificates(roots);
-    match (&config.client_cert_file, &config.client_key_file) {
-        (Some(cert_file), Some(key_file)) => {
-            let chain = CertificateDer::pem_slice_iter(&read_file(cert_file)?)
+    match &material.client {
+        Some(((cert_pem, cert_label), (key_pem, key_label))) => {
+            let chain = CertificateDer::pem_slice_iter(cert_pem)
                 .collect::<Result<Vec<_>, _>>()
-                .map_err(|e| ClientError::Tls(format!("{}: {e}", cert_file.display())))?;
+                .map_err(|e| ClientError::Tls(format!("{cert_label}: {e}")))?;
             if chain.is_empty() {
                 return Err(ClientError::Tls(format!(
-                    "{}: no PEM certificate found",
-                    cert_file.display()
+                    "{cert_label}: no PEM certificate found"
                 )));
             }
-            let key = PrivateKeyDer::from_pem_slice(&read_file(key_file)?)
-                .map_err(|e| ClientError::Tls(format!("{}: {e}", key_file.display())))?;
+            let key = PrivateKeyDer::from_pem_slice(key_pem)
+                .map_err(|e| ClientError::Tls(format!("{key_label}: {e}")))?;
             builder
                 .with_client_auth_cert(chain, key)
                 .map_err(|e| ClientError::Tls(e.to_string()))
         }
-        _ => Ok(builder.with_no_client_auth()),
+        None => Ok(builder.with_no_client_auth()),
     }
 }
 
