@@ -43,6 +43,11 @@ pub struct AgentErrorLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct SecretLabels {
+    pub secret: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct OrphanLabels {
     pub agent: String,
 }
@@ -143,6 +148,7 @@ pub struct Metrics {
     orphaned_directories: Family<OrphanLabels, Gauge>,
     missing_directories: Family<OrphanLabels, Gauge>,
     orphans_archived: Family<OrphanLabels, Counter>,
+    invalid_agent_secrets: Family<SecretLabels, Gauge>,
 }
 
 impl std::fmt::Debug for Metrics {
@@ -174,6 +180,7 @@ impl Metrics {
         let orphaned_directories = Family::<OrphanLabels, Gauge>::default();
         let missing_directories = Family::<OrphanLabels, Gauge>::default();
         let orphans_archived = Family::<OrphanLabels, Counter>::default();
+        let invalid_agent_secrets = Family::<SecretLabels, Gauge>::default();
         // prometheus-client appends `_total` to counters itself.
         registry.register(
             "controller_persistentvolumeclaim_provision",
@@ -231,6 +238,11 @@ impl Metrics {
             "Orphaned directories archived by the orphan check's clean-up",
             orphans_archived.clone(),
         );
+        registry.register(
+            "nfsprov_agent_secret_invalid",
+            "1 for each agent Secret (or key of one) that configures no agent, by Secret name",
+            invalid_agent_secrets.clone(),
+        );
         Self {
             registry,
             provision_total,
@@ -245,6 +257,19 @@ impl Metrics {
             orphaned_directories,
             missing_directories,
             orphans_archived,
+            invalid_agent_secrets,
+        }
+    }
+
+    /// The agent Secrets that configure no agent now; the others' series go.
+    pub fn set_invalid_agent_secrets<'a>(&self, secrets: impl IntoIterator<Item = &'a str>) {
+        self.invalid_agent_secrets.clear();
+        for secret in secrets {
+            self.invalid_agent_secrets
+                .get_or_create(&SecretLabels {
+                    secret: secret.to_owned(),
+                })
+                .set(1);
         }
     }
 
