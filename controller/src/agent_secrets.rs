@@ -101,6 +101,7 @@ pub fn read(secrets: &[Arc<Secret>], registry: &AgentRegistry) -> Reading {
             let key = agent.key.clone();
             match Agent::from_secret(&name, agent, registry.metrics().clone(), slots) {
                 Ok(made) => {
+                    registry.metrics().agent_loaded(&agent_name);
                     reading.agents.insert(agent_name, Arc::new(made));
                 }
                 Err(e) => complain(Some(&agent_name), format!("key {key}: {e}")),

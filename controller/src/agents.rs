@@ -551,6 +551,9 @@ impl AgentRegistry {
                 None
             }
         };
+        self.shared
+            .metrics
+            .set_configured_agents(agents.keys().map(String::as_str));
         *self
             .shared
             .snapshot
