@@ -80,28 +80,42 @@ fn shutdown_signal() -> watch::Receiver<bool> {
 
 pub async fn run(args: Args) -> Result<(), AppError> {
     let metrics = Arc::new(Metrics::new());
+    let max_in_flight = usize::from(args.max_reconciles_per_agent);
+    // Connection files are read before anything else, so a mistake in them stops the
+    // start with its own message.
+    let from_files = match &args.agents_dir {
+        Some(dir) => {
+            let configs = AgentConnectionConfig::from_dir(dir)?;
+            let mut agents =
+                AgentRegistry::with_max_in_flight(&configs, metrics.clone(), max_in_flight)?;
+            if let Some(name) = &args.default_agent {
+                agents.set_default(name)?;
+            }
+            Some(agents)
+        }
+        None => None,
+    };
     let client = client(&args).await?;
     let namespace = args
         .lease_namespace
         .clone()
         .unwrap_or_else(|| client.default_namespace().to_owned());
-    let max_in_flight = usize::from(args.max_reconciles_per_agent);
-    let mut agents = match &args.agents_dir {
-        Some(dir) => {
-            let configs = AgentConnectionConfig::from_dir(dir)?;
-            AgentRegistry::with_max_in_flight(&configs, metrics.clone(), max_in_flight)?
+    let agents = match from_files {
+        Some(agents) => agents,
+        None => {
+            let mut agents = AgentRegistry::empty(
+                AgentSource::Secrets {
+                    namespace: namespace.clone(),
+                },
+                metrics.clone(),
+                max_in_flight,
+            );
+            if let Some(name) = &args.default_agent {
+                agents.set_default(name)?;
+            }
+            agents
         }
-        None => AgentRegistry::empty(
-            AgentSource::Secrets {
-                namespace: namespace.clone(),
-            },
-            metrics.clone(),
-            max_in_flight,
-        ),
     };
-    if let Some(name) = &args.default_agent {
-        agents.set_default(name)?;
-    }
     let agent_secrets = match agents.source() {
         AgentSource::Secrets { namespace } => Some(namespace.clone()),
         AgentSource::Files => None,
