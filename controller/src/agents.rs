@@ -645,11 +645,16 @@ impl AgentRegistry {
         if let Some(problem) = self.snapshot().problems.get(name) {
             return problem.clone();
         }
+        format!("{} configures it", self.looked_at())
+    }
+
+    /// Where agents are looked for, as the subject of a sentence.
+    fn looked_at(&self) -> String {
         match &self.shared.source {
-            AgentSource::Files => "no connection file configures it".to_owned(),
-            AgentSource::Secrets { namespace } => format!(
-                "no Secret labelled {AGENT_SECRET_SELECTOR} in namespace {namespace} configures it"
-            ),
+            AgentSource::Files => "no connection file".to_owned(),
+            AgentSource::Secrets { namespace } => {
+                format!("no Secret labelled {AGENT_SECRET_SELECTOR} in namespace {namespace}")
+            }
         }
     }
 
@@ -678,7 +683,7 @@ impl AgentRegistry {
             [] => match self.default_name() {
                 Some(name) => self.known(&snapshot, &name),
                 None if snapshot.agents.is_empty() => Err(SelectError::None {
-                    why: self.why_missing(""),
+                    why: format!("{} configures one", self.looked_at()),
                 }),
                 None => Err(SelectError::Ambiguous {
                     known: known_list(&snapshot),
