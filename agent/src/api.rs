@@ -12,12 +12,13 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post, put};
 use axum::{Extension, Json, Router};
 use futures::StreamExt;
+use nfsprov_api_types::logsafe::{self, MAX_MESSAGE_BYTES};
 use nfsprov_api_types::{
     AdoptVolumeRequest, AgentInfo, ApiError, ArchiveList, ArchivePath, ArchiveRequest,
     Capabilities, CloneVolumeRequest, CreateVolumeRequest, ErrorCode, Health, NfsExport,
     REQUEST_ID_HEADER, ResizeVolumeRequest, Volume, VolumeList, VolumePath,
 };
-use tower::limit::GlobalConcurrencyLimitLayer;
+use tokio::sync::Semaphore;
 use tower_http::request_id::{MakeRequestUuid, PropagateRequestIdLayer, SetRequestIdLayer};
 
 use crate::archives::Archives;
@@ -41,6 +42,8 @@ pub struct AppState {
     pub min_free_bytes: u64,
     pub min_free_inodes: u64,
     pub request_timeout: Duration,
+    /// Longest wait for a request's body.
+    pub body_read_timeout: Duration,
     /// Largest request body accepted.
     pub max_body_bytes: usize,
     /// What a create may ask for.
@@ -53,7 +56,13 @@ pub struct AppState {
     readiness: Mutex<Option<(Instant, Result<(), String>)>>,
     /// Audit lines of unauthenticated requests allowed per second.
     unauthenticated_log: RateLimit,
+    /// Bodies of refused requests being drained at once (see [`authenticate`]).
+    refused_drains: Arc<Semaphore>,
 }
+
+/// The most bodies of refused requests drained at once: past it, a refused body is dropped
+/// at once (the client of a flood may then see a reset instead of its 401).
+const MAX_REFUSED_DRAINS: usize = 1024;
 
 impl AppState {
     /// The state for `config`'s agent, serving `store` and checking callers with `auth`.
@@ -65,7 +74,7 @@ impl AppState {
                 config.archive.clone(),
                 metrics.archives.clone(),
             )),
-            clones: Clones::new(store.clone(), metrics.clones.clone()),
+            clones: Clones::new(store.clone(), metrics.clones.clone(), config),
             store,
             auth,
             metrics,
@@ -76,6 +85,7 @@ impl AppState {
             min_free_bytes: config.min_free_bytes,
             min_free_inodes: config.min_free_inodes,
             request_timeout: config.request_timeout,
+            body_read_timeout: config.body_read_timeout,
             max_body_bytes: config.max_body_bytes,
             policy: config.policy.clone(),
             // A figure up to a minute old is good enough for capacity dashboards; the
@@ -83,6 +93,7 @@ impl AppState {
             usage: UsageCache::new(Duration::from_secs(60), Duration::from_secs(2), 2),
             readiness: Mutex::new(None),
             unauthenticated_log: RateLimit::new(20, "unauthenticated requests"),
+            refused_drains: Arc::new(Semaphore::new(MAX_REFUSED_DRAINS)),
         }
     }
 
@@ -151,7 +162,12 @@ impl From<StoreError> for Failure {
 type ApiResult<T> = Result<T, Failure>;
 
 /// Builds the router with every route, limit and middleware.
+///
+/// `max_concurrent_requests` bounds authenticated API work only, the whole service's at
+/// once: a request waits for a slot after it was authenticated, so no unauthenticated
+/// client can hold one, and the health endpoints never wait for one.
 pub fn router(state: Arc<AppState>, max_concurrent_requests: usize) -> Router {
+    let slots = Arc::new(Semaphore::new(max_concurrent_requests));
     let authenticated = Router::new()
         .route("/metrics", get(metrics))
         .route("/v1/info", get(info))
@@ -170,7 +186,10 @@ pub fn router(state: Arc<AppState>, max_concurrent_requests: usize) -> Router {
             "/v1/archives/{*path}",
             post(archive_volume).delete(delete_archive),
         )
-        .route_layer(middleware::from_fn_with_state(state.clone(), authenticate));
+        .route_layer(middleware::from_fn_with_state(
+            (state.clone(), slots),
+            authenticate,
+        ));
     Router::new()
         .route("/healthz", get(healthz))
         .route("/readyz", get(readyz))
@@ -182,9 +201,6 @@ pub fn router(state: Arc<AppState>, max_concurrent_requests: usize) -> Router {
                 "method not allowed on this endpoint",
             )
         })
-        // One semaphore for the whole service: `Router::layer` gives every route its own
-        // copy of a layer, and a per-route limit would let each route have the full count.
-        .layer(GlobalConcurrencyLimitLayer::new(max_concurrent_requests))
         .layer(middleware::from_fn_with_state(state.clone(), observe))
         .layer(PropagateRequestIdLayer::new(
             header::HeaderName::from_static(REQUEST_ID_HEADER),
@@ -193,12 +209,15 @@ pub fn router(state: Arc<AppState>, max_concurrent_requests: usize) -> Router {
             header::HeaderName::from_static(REQUEST_ID_HEADER),
             MakeRequestUuid,
         ))
+        // Before an id is made: one that is unfit is dropped, so a fresh one replaces it.
+        .layer(middleware::from_fn(drop_unfit_request_id))
         .with_state(state)
 }
 
-/// Accepts the request when it carries a verified client certificate or a valid token.
+/// Accepts the request when it carries a verified client certificate or a valid token,
+/// then waits for one of the service's `slots` to run it.
 async fn authenticate(
-    State(state): State<Arc<AppState>>,
+    State((state, slots)): State<(Arc<AppState>, Arc<Semaphore>)>,
     peer: Option<Extension<PeerCertificate>>,
     mut request: Request,
     next: Next,
@@ -213,15 +232,29 @@ async fn authenticate(
     match state.auth.authenticate(certificate, authorization) {
         Some(caller) => {
             request.extensions_mut().insert(caller.clone());
+            // Never closed, so acquiring only waits.
+            let Ok(_slot) = slots.acquire_owned().await else {
+                return Failure::new(ErrorCode::NotReady, "the agent is shutting down")
+                    .into_response();
+            };
             let mut response = next.run(request).await;
             response.extensions_mut().insert(caller);
             response
         }
         None => {
-            // Read (a bounded part of) what the client is still sending before answering:
-            // over HTTP/2 an unread body turns the answer into a stream reset, and the
-            // client never sees why it was refused.
-            let _ = read_body(request.into_body(), 0).await;
+            // Answered at once, whatever of the body is still to come. What does come is
+            // read and thrown away in the background for a little while (bounded in size,
+            // time and number, holding no slot): a client still uploading would otherwise
+            // meet a closed connection or a reset stream before it reads why it was
+            // refused.
+            let body = request.into_body();
+            if let Ok(drain) = state.refused_drains.clone().try_acquire_owned() {
+                let deadline = state.body_read_timeout;
+                tokio::spawn(async move {
+                    let _ = tokio::time::timeout(deadline, read_body(body, 0)).await;
+                    drop(drain);
+                });
+            }
             Failure::new(
                 ErrorCode::Unauthenticated,
                 "authentication required: a client certificate from the agent's CA or a valid bearer token",
@@ -231,13 +264,41 @@ async fn authenticate(
     }
 }
 
+/// The longest request id kept; a longer one is replaced.
+const MAX_REQUEST_ID_BYTES: usize = 128;
+
+/// Whether a client's request id is kept as it is: short, and only characters that
+/// cannot disturb a log line or a header (those of object names and timestamps).
+fn fit_request_id(id: &[u8]) -> bool {
+    !id.is_empty()
+        && id.len() <= MAX_REQUEST_ID_BYTES
+        && id
+            .iter()
+            .all(|b| b.is_ascii_alphanumeric() || b"-_.:/@+=".contains(b))
+}
+
+/// Removes a request id that is not [`fit_request_id`], so the agent makes one of its own;
+/// the id used is the one sent back and logged.
+async fn drop_unfit_request_id(mut request: Request, next: Next) -> Response {
+    let headers = request.headers_mut();
+    let unfit = headers
+        .get_all(REQUEST_ID_HEADER)
+        .iter()
+        .any(|id| !fit_request_id(id.as_bytes()))
+        || headers.get_all(REQUEST_ID_HEADER).iter().count() > 1;
+    if unfit {
+        headers.remove(REQUEST_ID_HEADER);
+    }
+    next.run(request).await
+}
+
 /// Times, counts and audits every request, and enforces the request timeout.
 async fn observe(State(state): State<Arc<AppState>>, request: Request, next: Next) -> Response {
     let started = Instant::now();
     let method = request.method().clone();
     // What a client sent is logged bounded and never becomes a metric label: labels come
     // from closed sets, so no request can add lasting state.
-    let uri_path = bounded(request.uri().path());
+    let uri_path = logsafe::clean(request.uri().path(), MAX_LOGGED_BYTES);
     let method_label = method_label(&method);
     let route = request
         .extensions()
@@ -284,14 +345,16 @@ async fn observe(State(state): State<Arc<AppState>>, request: Request, next: Nex
         .extensions()
         .get::<Caller>()
         .map_or_else(|| "unauthenticated".to_owned(), ToString::to_string);
-    let error = response
+    let error_text = response
         .extensions()
         .get::<FailureMessage>()
-        .map(|m| m.0.as_str())
-        .unwrap_or("");
+        // Store errors arrive escaped already: only what is still raw is escaped here.
+        .map(|m| logsafe::bound(&logsafe::escape_controls(&m.0), MAX_MESSAGE_BYTES).into_owned())
+        .unwrap_or_default();
+    let error = error_text.as_str();
     let duration_ms = elapsed.as_secs_f64() * 1000.0;
     let mutation = matches!(method, Method::PUT | Method::DELETE | Method::POST);
-    let method = bounded(method.as_str());
+    let method = logsafe::clean(method.as_str(), MAX_LOGGED_BYTES);
     let unauthenticated = response.extensions().get::<Caller>().is_none();
     if unauthenticated && !status.is_server_error() && !state.unauthenticated_log.allow() {
         // Anyone can send these: their audit lines are rate-limited (and counted).
@@ -307,18 +370,6 @@ async fn observe(State(state): State<Arc<AppState>>, request: Request, next: Nex
 
 /// The longest path or method the audit log keeps of a request.
 const MAX_LOGGED_BYTES: usize = 256;
-
-/// `text`, cut at [`MAX_LOGGED_BYTES`] (on a character boundary) and marked when cut.
-fn bounded(text: &str) -> String {
-    if text.len() <= MAX_LOGGED_BYTES {
-        return text.to_owned();
-    }
-    let mut end = MAX_LOGGED_BYTES;
-    while !text.is_char_boundary(end) {
-        end -= 1;
-    }
-    format!("{}…[{} bytes]", &text[..end], text.len())
-}
 
 fn method_label(method: &Method) -> &'static str {
     match *method {
@@ -461,6 +512,23 @@ fn archive_id(raw: Result<Path<String>, PathRejection>) -> ApiResult<ArchivePath
 /// How much of an oversized body is still read (and thrown away) before answering 413.
 const OVERSIZED_DRAIN_BYTES: usize = 1 << 20;
 
+/// Reads the body up to `limit` bytes within the body deadline: a client that announces a
+/// body and stops sending gets a 408 then, not a slot held until the request timeout.
+async fn read_body_in_time(state: &AppState, body: Body, limit: usize) -> ApiResult<Bytes> {
+    let deadline = state.body_read_timeout;
+    tokio::time::timeout(deadline, read_body(body, limit))
+        .await
+        .unwrap_or_else(|_| {
+            Err(Failure::new(
+                ErrorCode::Timeout,
+                format!(
+                    "the request body did not arrive within {}s (limits.body_read_timeout_seconds)",
+                    deadline.as_secs()
+                ),
+            ))
+        })
+}
+
 /// Reads the body up to `limit` bytes. An oversized body is read on to its end (at most
 /// [`OVERSIZED_DRAIN_BYTES`] more) before the 413 is sent: a client still uploading would
 /// otherwise have its stream reset and never see the answer.
@@ -510,7 +578,7 @@ async fn volume_request<T: serde::de::DeserializeOwned>(
     headers: &HeaderMap,
     body: Body,
 ) -> ApiResult<(VolumePath, T)> {
-    let body = read_body(body, state.max_body_bytes).await;
+    let body = read_body_in_time(state, body, state.max_body_bytes).await;
     let path = volume_path(raw_path)?;
     Ok((path, json_body(headers, &body?)?))
 }
@@ -675,7 +743,7 @@ async fn archive_volume(
     headers: HeaderMap,
     body: Body,
 ) -> ApiResult<Response> {
-    let body = read_body(body, state.max_body_bytes).await;
+    let body = read_body_in_time(&state, body, state.max_body_bytes).await;
     let path = volume_path(raw_path)?;
     let body = body?;
     // No body at all is what controllers that predate retention send.
@@ -721,5 +789,34 @@ fn outcome<T>(result: &ApiResult<T>) -> &'static str {
         Ok(_) => "success",
         Err(Failure(error)) if error.code == ErrorCode::Internal => "error",
         Err(_) => "rejected",
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn request_ids_are_kept_only_short_and_plain() {
+        for kept in [
+            "pvc-0d1e-17f3a9c2b4",
+            "orphan-check-1a2b",
+            "a",
+            "ns/claim@x:1+2=3_.",
+        ] {
+            assert!(fit_request_id(kept.as_bytes()), "{kept}");
+        }
+        assert!(fit_request_id("r".repeat(MAX_REQUEST_ID_BYTES).as_bytes()));
+        for replaced in [
+            String::new(),
+            "r".repeat(MAX_REQUEST_ID_BYTES + 1),
+            "a b".into(),
+            "a\"b".into(),
+            "a\\nb".into(),
+            "é".into(),
+            "x\u{1b}[2J".into(),
+        ] {
+            assert!(!fit_request_id(replaced.as_bytes()), "{replaced:?}");
+        }
     }
 }

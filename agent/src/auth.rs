@@ -1,10 +1,12 @@
 //! Who is calling: a verified client certificate (checked by rustls during the
 //! handshake) or a bearer token compared in constant time against the token files, which
-//! are re-read when they change so tokens rotate without a restart.
+//! are re-read when they change so tokens rotate without a restart. A request only ever
+//! compares against the tokens in memory: the files are watched and read off the request
+//! path (see `ReloadingFile`), so no file put in a token's place can hold a request.
 
 use std::fmt;
 
-use nfsprov_api_types::ReloadingFile;
+use nfsprov_api_types::{MAX_TOKEN_BYTES, ReloadingFile};
 use subtle::ConstantTimeEq;
 
 use crate::config::AuthConfig;
@@ -67,12 +69,13 @@ impl Authenticator {
         let mut tokens = Vec::with_capacity(config.tokens.len());
         for token in &config.tokens {
             let path = token.file.display().to_string();
-            let file =
-                ReloadingFile::open(&token.file).map_err(|source| AuthSetupError::TokenFile {
+            let file = ReloadingFile::open(&token.file, MAX_TOKEN_BYTES).map_err(|source| {
+                AuthSetupError::TokenFile {
                     name: token.name.clone(),
                     path: path.clone(),
                     source,
-                })?;
+                }
+            })?;
             if file.trimmed().map(|t| t.is_empty()).unwrap_or(true) {
                 return Err(AuthSetupError::EmptyToken {
                     name: token.name.clone(),
@@ -114,8 +117,8 @@ impl Authenticator {
         for token in &self.tokens {
             let current = match token.file.trimmed() {
                 Ok(current) if !current.is_empty() => current,
-                // An unreadable or emptied file accepts nothing; the error is logged once
-                // per change by the caller's 401, never the content.
+                // A removed or emptied file accepts nothing; the file's watcher logs why,
+                // never the content.
                 _ => continue,
             };
             if bool::from(current.as_bytes().ct_eq(presented)) && matched.is_none() {
@@ -181,6 +184,12 @@ mod tests {
         let staged = dir.path().join("token.new");
         std::fs::write(&staged, "rotated\n").unwrap();
         std::fs::rename(&staged, &file).unwrap();
+        // The file's watcher picks the new token up within a few seconds.
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        while caller("Bearer rotated").is_none() {
+            assert!(std::time::Instant::now() < deadline, "never rotated");
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
         assert_eq!(caller("Bearer s3cret-token"), None);
         assert_eq!(
             caller("Bearer rotated"),

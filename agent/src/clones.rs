@@ -5,6 +5,14 @@
 //! or not anyone still waits; a repeat that finds no job (it ended, or the agent
 //! restarted) runs the clone again, which confirms a finished clone or starts over from
 //! nothing, since an unfinished one never reaches its path.
+//!
+//! Jobs outlive their requests, so the request limits do not bound them: a number of
+//! slots does. A job waits for a slot before it takes any lock or descriptor, and the
+//! request that started it still gets its `202 Accepted` meanwhile. There are
+//! `limits.max_clone_jobs` slots, or fewer when the process's descriptor limit cannot
+//! hold that many copies at their deepest (each takes at most
+//! [`COPY_DESCRIPTORS`](crate::fs::COPY_DESCRIPTORS)) beside what connections, requests
+//! and usage walks may hold; never fewer than one.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -13,9 +21,10 @@ use std::time::{Duration, Instant};
 use nfsprov_api_types::{
     ApiError, CloneProgress, CloneVolumeRequest, ErrorCode, Volume, VolumePath,
 };
-use tokio::sync::watch;
+use tokio::sync::{Semaphore, watch};
 
-use crate::fs::{Created, VolumeStore};
+use crate::config::AgentConfig;
+use crate::fs::{COPY_DESCRIPTORS, Created, MAX_USAGE_DEPTH, VolumeStore};
 use crate::metrics::{CloneLabels, CloneMetrics};
 
 /// How a clone ended: the volume and whether this job made it, or why it failed.
@@ -41,14 +50,33 @@ pub struct Clones {
     store: Arc<VolumeStore>,
     metrics: CloneMetrics,
     running: Arc<Mutex<HashMap<VolumePath, Job>>>,
+    slots: Arc<Semaphore>,
 }
 
+/// Usage walks at once: two for volumes and one for archives.
+const USAGE_WALKS: usize = 3;
+/// Most descriptors one request holds: a deletion's threads emptying directories, with
+/// the parents walked to reach the volume.
+const REQUEST_DESCRIPTORS: usize = 24;
+/// The agent's own: listener, logs, records, certificates, the export root and its areas.
+const BASE_DESCRIPTORS: u64 = 64;
+/// What a clone job opens besides its copy: the source, staging and parent directories.
+const JOB_DESCRIPTORS: usize = 32;
+
 impl Clones {
-    pub fn new(store: Arc<VolumeStore>, metrics: CloneMetrics) -> Self {
+    pub fn new(store: Arc<VolumeStore>, metrics: CloneMetrics, config: &AgentConfig) -> Self {
+        let descriptors = rustix::process::getrlimit(rustix::process::Resource::Nofile).current;
+        let slots = slots(
+            config.max_clone_jobs,
+            config.max_connections + config.max_concurrent_requests * REQUEST_DESCRIPTORS,
+            descriptors,
+        );
+        metrics.slots.set(i64::try_from(slots).unwrap_or(i64::MAX));
         Self {
             store,
             metrics,
             running: Arc::default(),
+            slots: Arc::new(Semaphore::new(slots)),
         }
     }
 
@@ -119,12 +147,27 @@ impl Clones {
         let (tell, done) = watch::channel(None);
         let store = self.store.clone();
         let metrics = self.metrics.clone();
+        let slots = self.slots.clone();
         let end = JobEnd {
             running: self.running.clone(),
             path: path.clone(),
             tell,
         };
         tokio::spawn(async move {
+            // The slot first and the locks after: a job holding a lock never waits for a
+            // slot held by one that waits for that lock.
+            let slot = match slots.clone().try_acquire_owned() {
+                Ok(slot) => slot,
+                Err(_) => {
+                    metrics.waited.inc();
+                    let _queued = Queued::new(&metrics);
+                    tracing::debug!(%path, "clone job waits for a slot");
+                    slots
+                        .acquire_owned()
+                        .await
+                        .expect("the clone slots are never closed")
+                }
+            };
             // Both paths, in one order for every job, so two jobs never wait on each other.
             let (first, second) = if path <= request.source {
                 (&path, &request.source)
@@ -173,6 +216,7 @@ impl Clones {
             metrics.in_progress.dec();
             drop(second_guard);
             drop(first_guard);
+            drop(slot);
             end.finish(outcome);
         });
         done
@@ -204,5 +248,69 @@ impl Drop for JobEnd {
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .remove(&self.path);
+    }
+}
+
+/// Counts a job as queued for as long as it waits for a slot, however the wait ends.
+struct Queued<'a>(&'a CloneMetrics);
+
+impl<'a> Queued<'a> {
+    fn new(metrics: &'a CloneMetrics) -> Self {
+        metrics.queued.inc();
+        Self(metrics)
+    }
+}
+
+impl Drop for Queued<'_> {
+    fn drop(&mut self) {
+        self.0.queued.dec();
+    }
+}
+
+/// How many clone jobs may run at once: `wanted`, less when the descriptor limit
+/// (`None`: unlimited) cannot hold that many deep copies beside what connections and
+/// requests may hold (`requests`), the usage walks and the agent's own.
+fn slots(wanted: usize, requests: usize, descriptors: Option<u64>) -> usize {
+    let wanted = wanted.max(1);
+    let Some(limit) = descriptors else {
+        return wanted;
+    };
+    let others = requests + USAGE_WALKS * (MAX_USAGE_DEPTH + 1);
+    let reserved = BASE_DESCRIPTORS.saturating_add(others as u64);
+    let per_job = (COPY_DESCRIPTORS + JOB_DESCRIPTORS) as u64;
+    let fit = usize::try_from(limit.saturating_sub(reserved) / per_job).unwrap_or(usize::MAX);
+    if fit >= wanted {
+        return wanted;
+    }
+    let slots = fit.max(1);
+    tracing::warn!(
+        descriptor_limit = limit,
+        max_clone_jobs = wanted,
+        clone_jobs = slots,
+        descriptors_per_clone = per_job,
+        descriptors_reserved = reserved,
+        "the descriptor limit (LimitNOFILE=) cannot hold limits.max_clone_jobs clones at once beside the connections and requests allowed; fewer run at once and the rest wait"
+    );
+    slots
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn slots_follow_the_setting_where_descriptors_allow() {
+        // The shipped unit's LimitNOFILE= with the default limits.
+        let requests = 4096 + 256 * REQUEST_DESCRIPTORS;
+        assert_eq!(slots(2, requests, Some(65_536)), 2);
+        assert_eq!(slots(2, requests, None), 2);
+        assert_eq!(slots(0, requests, None), 1);
+        // Room for three copies and a half beyond what everything else may take.
+        let reserved = BASE_DESCRIPTORS as usize + requests + USAGE_WALKS * (MAX_USAGE_DEPTH + 1);
+        let per_job = COPY_DESCRIPTORS + JOB_DESCRIPTORS;
+        let limit = (reserved + 3 * per_job + per_job / 2) as u64;
+        assert_eq!(slots(8, requests, Some(limit)), 3);
+        // Not even one fits: one still runs, rather than none ever.
+        assert_eq!(slots(2, requests, Some(1024)), 1);
     }
 }

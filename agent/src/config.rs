@@ -216,6 +216,12 @@ pub struct LimitsSection {
     /// A connection with no traffic for this long is closed. Longer than
     /// `request_timeout_seconds`, so a slow request always gets its answer first.
     pub idle_timeout_seconds: u64,
+    /// Longest wait for a request's body, from the end of its headers: a client that
+    /// announces a body and stops sending gets a 408 long before the request timeout.
+    pub body_read_timeout_seconds: u64,
+    /// Clone jobs running at once. Jobs outlive their requests, so
+    /// `max_concurrent_requests` does not count them; more wait for a slot.
+    pub max_clone_jobs: usize,
 }
 
 impl Default for LimitsSection {
@@ -230,6 +236,12 @@ impl Default for LimitsSection {
             max_connections: 4096,
             header_read_timeout_seconds: 10,
             idle_timeout_seconds: 300,
+            // A body is at most `max_body_bytes` (64 KiB by default): seconds are plenty
+            // on any link a controller uses.
+            body_read_timeout_seconds: 10,
+            // Each deep copy may hold over a thousand descriptors and keeps the disks
+            // busy: a few at a time finish sooner than many at once.
+            max_clone_jobs: 2,
         }
     }
 }
@@ -277,7 +289,9 @@ pub struct AgentConfig {
     pub max_connections: usize,
     pub header_read_timeout: Duration,
     pub idle_timeout: Duration,
+    pub body_read_timeout: Duration,
     pub max_concurrent_requests: usize,
+    pub max_clone_jobs: usize,
     pub shutdown_grace: Duration,
     pub min_free_bytes: u64,
     pub min_free_inodes: u64,
@@ -414,9 +428,17 @@ impl AgentConfig {
                 "limits.max_body_bytes, limits.request_timeout_seconds and limits.max_concurrent_requests must be positive".into(),
             ));
         }
-        if limits.max_connections == 0 || limits.header_read_timeout_seconds == 0 {
+        if limits.max_clone_jobs == 0 {
             return Err(ConfigError::Invalid(
-                "limits.max_connections and limits.header_read_timeout_seconds must be positive"
+                "limits.max_clone_jobs must be positive".into(),
+            ));
+        }
+        if limits.max_connections == 0
+            || limits.header_read_timeout_seconds == 0
+            || limits.body_read_timeout_seconds == 0
+        {
+            return Err(ConfigError::Invalid(
+                "limits.max_connections, limits.header_read_timeout_seconds and limits.body_read_timeout_seconds must be positive"
                     .into(),
             ));
         }
@@ -448,7 +470,9 @@ impl AgentConfig {
             max_connections: limits.max_connections,
             header_read_timeout: Duration::from_secs(limits.header_read_timeout_seconds),
             idle_timeout: Duration::from_secs(limits.idle_timeout_seconds),
+            body_read_timeout: Duration::from_secs(limits.body_read_timeout_seconds),
             max_concurrent_requests: limits.max_concurrent_requests,
+            max_clone_jobs: limits.max_clone_jobs,
             shutdown_grace: Duration::from_secs(limits.shutdown_grace_seconds),
             min_free_bytes: file.readiness.min_free_bytes,
             min_free_inodes: file.readiness.min_free_inodes,
@@ -680,6 +704,10 @@ mod tests {
                 "archive.sweep_interval_seconds must be at least 1",
             ),
             (format!("{good}[archive]\nretention = 7\n"), "unknown field"),
+            (
+                format!("{good}[limits]\nmax_clone_jobs = 0\n"),
+                "limits.max_clone_jobs must be positive",
+            ),
         ];
         for (text, expected) in cases {
             std::fs::write(&file, &text).unwrap();

@@ -2,8 +2,8 @@
 //! root, on whichever backend holds the volumes.
 //!
 //! The store does, once for every backend, what keeps volumes safe: it reaches paths only
-//! through [`confine`] (one component at a time from a descriptor of the root, never
-//! following a symlink), serializes requests per path ([`locks`]), refuses nested
+//! through `fs::confine` (one component at a time from a descriptor of the root, never
+//! following a symlink), serializes requests per path (`fs::locks`), refuses nested
 //! volumes, compares a repeated create with the volume's record, and moves volumes
 //! through its work areas. Validated volume paths cannot name hidden entries, which keeps
 //! those areas (`.nfsprov` for staging and trash, `.archive` for archives) out of reach
@@ -29,6 +29,7 @@ mod error;
 mod legacy;
 mod locks;
 mod mounts;
+mod nesting;
 mod reconcile;
 mod record;
 mod tree;
@@ -64,13 +65,15 @@ pub use self::archive_name::ARCHIVE_DIR;
 pub use self::archives::StoredArchive;
 pub use self::backend::{CloneSource, CloneTarget, KnownQuota, Layout, VolumeBackend};
 pub use self::confine::{STATE_DIR, is_dot};
-pub use self::copy::{CopyOptions, CopyProgress, CopyStats, copy_tree, reflink_supported};
+pub use self::copy::{
+    COPY_DESCRIPTORS, CopyOptions, CopyProgress, CopyStats, copy_tree, reflink_supported,
+};
 pub use self::dataset::DatasetBackend;
 pub use self::directory::{DirectoryBackend, NoQuota, QuotaStrategy};
 pub use self::error::{Result, StoreError};
 pub use self::locks::PathGuard;
 pub use self::record::{ArchiveRecord, QuotaRecord, VolumeRecord};
-pub use self::tree::{measure_tree, remove_tree};
+pub use self::tree::{MAX_USAGE_DEPTH, measure_tree, remove_tree};
 
 /// Whether [`VolumeStore::create`] or [`VolumeStore::adopt`] made the volume or found it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -148,11 +151,9 @@ pub struct VolumeStore {
     /// exclusively while empty archive directories are removed, so the one never removes
     /// a directory the other is about to use.
     archive_dirs: RwLock<()>,
-    /// Held shared while a volume is created and exclusively while one is adopted. A
-    /// create checks that no volume is above its path and an adoption that none is below
-    /// its directory, each under its own path's lock only: without this, a create below a
-    /// directory being adopted could pass both checks and end up nested.
-    nesting: RwLock<()>,
+    /// Holds creates and clones against adoptions of related paths, so a volume never
+    /// ends up nested in another.
+    nesting: nesting::Nesting,
     /// Every change is synced through it before the request that made it answers.
     durable: Durability,
     /// Records of volumes found gone at open, and removed.
@@ -188,7 +189,7 @@ impl VolumeStore {
             unique: AtomicU64::new(0),
             locks: Arc::default(),
             archive_dirs: RwLock::new(()),
-            nesting: RwLock::new(()),
+            nesting: nesting::Nesting::default(),
         })
     }
 
@@ -306,7 +307,7 @@ impl VolumeStore {
         request: &CreateVolumeRequest,
     ) -> Result<(Volume, Created)> {
         self.root.ensure_present()?;
-        let _nesting = self.nesting.read().unwrap_or_else(|e| e.into_inner());
+        let _nesting = self.nesting.making(path.as_str());
         let wanted = self.wanted_record(request);
         let parent = self
             .walk_parents(path, true)?
@@ -388,7 +389,7 @@ impl VolumeStore {
     ) -> Result<(Volume, Created)> {
         self.root.ensure_present()?;
         self.backend.check_adoptable(path)?;
-        let _nesting = self.nesting.write().unwrap_or_else(|e| e.into_inner());
+        let _nesting = self.nesting.adopting(path.as_str());
         let parent = self
             .walk_parents(path, false)?
             .ok_or_else(|| no_directory(path))?;
@@ -566,7 +567,7 @@ impl VolumeStore {
                 "{path}: a volume cannot be cloned onto itself"
             )));
         }
-        let _nesting = self.nesting.read().unwrap_or_else(|e| e.into_inner());
+        let _nesting = self.nesting.making(path.as_str());
         let parent = self
             .walk_parents(path, true)?
             .ok_or_else(|| not_found(path))?;

@@ -311,6 +311,7 @@ fn agent_config(args: &InitArgs, nfs_server: &str, nfs_path: &str) -> String {
          max_connections = 4096\n\
          header_read_timeout_seconds = 10\n\
          idle_timeout_seconds = 300\n\
+         body_read_timeout_seconds = 10\n\
          \n\
          [readiness]\n\
          min_free_bytes = 16777216\n\

@@ -10,6 +10,7 @@ pub mod config;
 pub mod connections;
 pub mod fs;
 pub mod init;
+pub mod logging;
 pub mod metrics;
 pub mod mountinfo;
 pub mod policy;
@@ -25,9 +26,10 @@ use std::sync::Arc;
 
 use crate::api::AppState;
 use crate::auth::Authenticator;
-use crate::config::{AgentConfig, LogFormat};
+use crate::config::AgentConfig;
 use crate::connections::ConnectionLimits;
 use crate::fs::VolumeStore;
+pub use crate::logging::init_tracing;
 
 /// Why the agent could not start. Each message is one line naming the problem.
 #[derive(Debug, thiserror::Error)]
@@ -197,17 +199,4 @@ pub async fn shutdown_signal() {
         _ = tokio::signal::ctrl_c() => {}
         _ = terminate => {}
     }
-}
-
-/// Sets up logging; `RUST_LOG` overrides the default level.
-pub fn init_tracing(format: LogFormat) {
-    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
-    let builder = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr);
-    let _ = match format {
-        LogFormat::Json => builder.json().flatten_event(true).try_init(),
-        LogFormat::Text => builder.try_init(),
-    };
 }

@@ -54,8 +54,14 @@ pub struct CloneLabels {
 pub struct CloneMetrics {
     /// Clones finished, by method.
     pub made: Family<CloneLabels, Counter>,
-    /// Clones being made now.
+    /// Clone jobs running now (holding a slot and the locks of their paths).
     pub in_progress: Gauge,
+    /// Clone jobs waiting for a slot now.
+    pub queued: Gauge,
+    /// Clone jobs that had to wait for a slot.
+    pub waited: Counter,
+    /// Clone jobs allowed to run at once.
+    pub slots: Gauge,
     /// Updated by the copies themselves.
     pub copy: CopyProgress,
 }
@@ -158,6 +164,21 @@ impl Metrics {
             "clones_in_progress",
             "Clones being made now",
             clones.in_progress.clone(),
+        );
+        registry.register(
+            "clone_jobs_queued",
+            "Clone jobs waiting for a slot now (their requests were answered 202 Accepted)",
+            clones.queued.clone(),
+        );
+        registry.register(
+            "clone_jobs_waited",
+            "Clone jobs that had to wait for a slot because as many as allowed were running",
+            clones.waited.clone(),
+        );
+        registry.register(
+            "clone_job_slots",
+            "Clone jobs allowed to run at once: limits.max_clone_jobs, or fewer where the descriptor limit cannot hold that many",
+            clones.slots.clone(),
         );
         registry.register(
             "clone_copied_bytes",

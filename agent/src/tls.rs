@@ -40,13 +40,20 @@ pub enum TlsError {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct PeerCertificate(pub Option<String>);
 
+/// A certificate or key file: a regular file of bounded size only, so nothing put in its
+/// place (a FIFO, a device) can hang or exhaust the agent at start.
+fn read_pem(path: &Path) -> Result<Vec<u8>, String> {
+    nfsprov_api_types::read_bounded(path, nfsprov_api_types::MAX_PEM_BYTES)
+        .map_err(|e| format!("cannot read it: {e}"))
+}
+
 fn load_certs(what: &'static str, path: &Path) -> Result<Vec<CertificateDer<'static>>, TlsError> {
     let file_error = |message: String| TlsError::File {
         what,
         path: path.display().to_string(),
         message,
     };
-    let pem = std::fs::read(path).map_err(|e| file_error(format!("cannot read it: {e}")))?;
+    let pem = read_pem(path).map_err(file_error)?;
     let certs = CertificateDer::pem_slice_iter(&pem)
         .collect::<Result<Vec<_>, _>>()
         .map_err(|e| file_error(format!("not valid PEM: {e}")))?;
@@ -62,13 +69,13 @@ fn load_key(path: &Path) -> Result<PrivateKeyDer<'static>, TlsError> {
         path: path.display().to_string(),
         message,
     };
-    let pem = std::fs::read(path).map_err(|e| file_error(format!("cannot read it: {e}")))?;
+    let pem = read_pem(path).map_err(file_error)?;
     PrivateKeyDer::from_pem_slice(&pem)
         .map_err(|e| file_error(format!("holds no usable private key: {e}")))
 }
 
 /// Server settings: our certificate, and client certificates verified against
-/// `client_ca` when given (see [`ClientPurposeVerifier`] for what else they need). When
+/// `client_ca` when given (see `ClientPurposeVerifier` for what else they need). When
 /// tokens are also accepted, a client may connect without a certificate (it then needs a
 /// token); a certificate it does present must still verify.
 pub fn server_config(

@@ -1,7 +1,8 @@
 //! A typed client for the agent API over HTTPS (rustls with ring), with the connection
-//! settings the controller reads from its agents directory.
+//! settings the controller reads from its agents directory or from the agents' Secrets.
 
-use std::path::{Path, PathBuf};
+use std::collections::BTreeMap;
+use std::path::{Component, Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -11,10 +12,12 @@ use rustls_pki_types::{CertificateDer, PrivateKeyDer};
 use serde::Deserialize;
 use serde::de::DeserializeOwned;
 
+use crate::logsafe::Clean;
 use crate::{
     AdoptVolumeRequest, AgentInfo, ApiError, Archive, ArchiveList, ArchivePath, ArchiveRequest,
     ArchiveResult, CloneProgress, CloneVolumeRequest, CreateVolumeRequest, ErrorCode, Health,
-    REQUEST_ID_HEADER, ReloadingFile, ResizeVolumeRequest, Volume, VolumeList, VolumePath,
+    MAX_PEM_BYTES, MAX_TOKEN_BYTES, REQUEST_ID_HEADER, ReloadingFile, ResizeVolumeRequest, Volume,
+    VolumeList, VolumePath, read_bounded,
 };
 
 /// How to reach one agent. Relative file names are resolved against the directory of the
@@ -74,14 +77,22 @@ fn check_single_default(agents: &[AgentConnectionConfig]) -> Result<(), ClientEr
 }
 
 impl AgentConnectionConfig {
-    /// Reads one agent's settings from a TOML file.
+    /// Reads one agent's settings from a TOML file (a regular file of bounded size: it
+    /// comes from the same Secret as the credentials).
     pub fn from_file(path: &Path) -> Result<Self, ClientError> {
-        let text = std::fs::read_to_string(path).map_err(|source| ClientError::Io {
+        let io_error = |source| ClientError::Io {
             path: path.to_owned(),
             source,
+        };
+        let bytes = read_bounded(path, MAX_PEM_BYTES).map_err(io_error)?;
+        let text = String::from_utf8(bytes).map_err(|_| {
+            io_error(std::io::Error::new(
+                std::io::ErrorKind::InvalidData,
+                "not UTF-8",
+            ))
         })?;
-        let mut config: Self = toml::from_str(&text)
-            .map_err(|e| ClientError::Config(format!("{}: {}", path.display(), e.message())))?;
+        let mut config = Self::parse(&text)
+            .map_err(|e| ClientError::Config(format!("{}: {e}", path.display())))?;
         let base = path.parent().unwrap_or(Path::new("."));
         let resolve = |p: &mut PathBuf| {
             if p.is_relative() {
@@ -96,6 +107,11 @@ impl AgentConnectionConfig {
             .validate()
             .map_err(|e| ClientError::Config(format!("{}: {e}", path.display())))?;
         Ok(config)
+    }
+
+    /// Parses one agent's settings, file names left as written.
+    fn parse(text: &str) -> Result<Self, String> {
+        toml::from_str(text).map_err(|e| e.message().to_owned())
     }
 
     /// Reads every `*.toml` file of a directory (one agent each), sorted by file name.
@@ -181,9 +197,11 @@ pub enum ClientError {
     /// `source`: the message already carries the cause that matters.
     #[error("agent unreachable: {}", transport_reason(.0))]
     Transport(reqwest::Error),
-    #[error("agent answered {status}: {error}")]
+    /// Shown escaped and bounded: the message may name files a tenant chose, and it goes
+    /// into the controller's log and the claim's events.
+    #[error("agent answered {status}: {}: {}", .error.code, Clean(&.error.message))]
     Api { status: u16, error: ApiError },
-    #[error("agent answered {status} with an unexpected body: {body}")]
+    #[error("agent answered {status} with an unexpected body: {}", Clean(.body))]
     UnexpectedResponse { status: u16, body: String },
 }
 
@@ -259,13 +277,94 @@ pub struct AgentClient {
     name: String,
     base_url: String,
     http: reqwest::Client,
-    token: Option<Arc<ReloadingFile>>,
+    token: Option<Token>,
+}
+
+/// Where the bearer token comes from: a file re-read when it changes (a mounted Secret
+/// rotates under it), or a value held in memory (read through the API, replaced by
+/// making a new client).
+#[derive(Clone)]
+enum Token {
+    File(Arc<ReloadingFile>),
+    Inline(Arc<str>),
+}
+
+impl std::fmt::Debug for Token {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Token::File(file) => write!(f, "Token::File({})", file.path().display()),
+            Token::Inline(_) => f.write_str("Token::Inline(<redacted>)"),
+        }
+    }
+}
+
+impl Token {
+    fn value(&self) -> Result<String, ClientError> {
+        match self {
+            Token::File(file) => file.trimmed().map_err(|source| ClientError::Io {
+                path: file.path().to_owned(),
+                source,
+            }),
+            Token::Inline(value) => Ok(value.to_string()),
+        }
+    }
+}
+
+/// One PEM part and where it came from, for error messages.
+type Pem<'a> = (&'a [u8], String);
+
+/// The PEM material a client is made of, whatever it was read from: the CA, and the
+/// client certificate chain with its key.
+struct Material<'a> {
+    ca: Pem<'a>,
+    client: Option<(Pem<'a>, Pem<'a>)>,
 }
 
 impl AgentClient {
     pub fn new(config: &AgentConnectionConfig) -> Result<Self, ClientError> {
         config.validate().map_err(ClientError::Config)?;
-        let tls = client_tls_config(config)?;
+        let ca = read_file(&config.ca_file)?;
+        let pair = match (&config.client_cert_file, &config.client_key_file) {
+            (Some(cert), Some(key)) => Some(((read_file(cert)?, cert), (read_file(key)?, key))),
+            _ => None,
+        };
+        let material = Material {
+            ca: (&ca, config.ca_file.display().to_string()),
+            client: pair.as_ref().map(|((cert, cert_path), (key, key_path))| {
+                (
+                    (cert.as_slice(), cert_path.display().to_string()),
+                    (key.as_slice(), key_path.display().to_string()),
+                )
+            }),
+        };
+        let token = match &config.token_file {
+            Some(path) => Some(Token::File(Arc::new(
+                ReloadingFile::open(path, MAX_TOKEN_BYTES).map_err(|source| ClientError::Io {
+                    path: path.clone(),
+                    source,
+                })?,
+            ))),
+            None => None,
+        };
+        Self::build(config, &material, token)
+    }
+
+    /// A client for an agent whose settings and files were read from a Kubernetes
+    /// Secret; nothing is read from disk, now or later.
+    pub fn from_secret(agent: &SecretAgent) -> Result<Self, ClientError> {
+        let config = &agent.config;
+        config.validate().map_err(ClientError::Config)?;
+        let material = agent.material();
+        let token = agent.token().map(|t| Token::Inline(Arc::from(t)));
+        Self::build(config, &material, token)
+    }
+
+    fn build(
+        config: &AgentConnectionConfig,
+        material: &Material<'_>,
+        token: Option<Token>,
+    ) -> Result<Self, ClientError> {
+        let tls = client_tls_config(material)?;
         let http = reqwest::Client::builder()
             .use_preconfigured_tls(tls)
             .https_only(true)
@@ -274,15 +373,6 @@ impl AgentClient {
             .pool_idle_timeout(Duration::from_secs(60))
             .build()
             .map_err(|e| ClientError::Tls(format!("cannot build the HTTPS client: {e}")))?;
-        let token = match &config.token_file {
-            Some(path) => Some(Arc::new(ReloadingFile::open(path).map_err(|source| {
-                ClientError::Io {
-                    path: path.clone(),
-                    source,
-                }
-            })?)),
-            None => None,
-        };
         Ok(Self {
             name: config.name.clone(),
             base_url: config.url.trim_end_matches('/').to_owned(),
@@ -502,11 +592,7 @@ impl AgentClient {
             request = request.header(REQUEST_ID_HEADER, id);
         }
         if let Some(token) = &self.token {
-            let value = token.trimmed().map_err(|source| ClientError::Io {
-                path: token.path().to_owned(),
-                source,
-            })?;
-            request = request.bearer_auth(value);
+            request = request.bearer_auth(token.value()?);
         }
         let response = request.send().await?;
         let status = response.status();
@@ -546,8 +632,9 @@ fn archive_url(target: &impl std::fmt::Display) -> String {
     format!("/v1/archives/{target}")
 }
 
+/// A certificate or key: a regular file of bounded size only.
 fn read_file(path: &Path) -> Result<Vec<u8>, ClientError> {
-    std::fs::read(path).map_err(|source| ClientError::Io {
+    read_bounded(path, MAX_PEM_BYTES).map_err(|source| ClientError::Io {
         path: path.to_owned(),
         source,
     })
@@ -555,22 +642,20 @@ fn read_file(path: &Path) -> Result<Vec<u8>, ClientError> {
 
 /// rustls settings trusting only the agent's CA, with the client certificate when given.
 /// Uses ring explicitly so the client works whether or not a process default is installed.
-fn client_tls_config(config: &AgentConnectionConfig) -> Result<rustls::ClientConfig, ClientError> {
+fn client_tls_config(material: &Material<'_>) -> Result<rustls::ClientConfig, ClientError> {
     let mut roots = rustls::RootCertStore::empty();
-    let ca_pem = read_file(&config.ca_file)?;
+    let (ca_pem, ca_label) = &material.ca;
     let mut found = 0;
-    for cert in CertificateDer::pem_slice_iter(&ca_pem) {
-        let cert =
-            cert.map_err(|e| ClientError::Tls(format!("{}: {e}", config.ca_file.display())))?;
+    for cert in CertificateDer::pem_slice_iter(ca_pem) {
+        let cert = cert.map_err(|e| ClientError::Tls(format!("{ca_label}: {e}")))?;
         roots
             .add(cert)
-            .map_err(|e| ClientError::Tls(format!("{}: {e}", config.ca_file.display())))?;
+            .map_err(|e| ClientError::Tls(format!("{ca_label}: {e}")))?;
         found += 1;
     }
     if found == 0 {
         return Err(ClientError::Tls(format!(
-            "{}: no PEM certificate found",
-            config.ca_file.display()
+            "{ca_label}: no PEM certificate found"
         )));
     }
     let builder = rustls::ClientConfig::builder_with_provider(Arc::new(
@@ -579,25 +664,167 @@ fn client_tls_config(config: &AgentConnectionConfig) -> Result<rustls::ClientCon
     .with_safe_default_protocol_versions()
     .map_err(|e| ClientError::Tls(e.to_string()))?
     .with_root_certificates(roots);
-    match (&config.client_cert_file, &config.client_key_file) {
-        (Some(cert_file), Some(key_file)) => {
-            let chain = CertificateDer::pem_slice_iter(&read_file(cert_file)?)
+    match &material.client {
+        Some(((cert_pem, cert_label), (key_pem, key_label))) => {
+            let chain = CertificateDer::pem_slice_iter(cert_pem)
                 .collect::<Result<Vec<_>, _>>()
-                .map_err(|e| ClientError::Tls(format!("{}: {e}", cert_file.display())))?;
+                .map_err(|e| ClientError::Tls(format!("{cert_label}: {e}")))?;
             if chain.is_empty() {
                 return Err(ClientError::Tls(format!(
-                    "{}: no PEM certificate found",
-                    cert_file.display()
+                    "{cert_label}: no PEM certificate found"
                 )));
             }
-            let key = PrivateKeyDer::from_pem_slice(&read_file(key_file)?)
-                .map_err(|e| ClientError::Tls(format!("{}: {e}", key_file.display())))?;
+            let key = PrivateKeyDer::from_pem_slice(key_pem)
+                .map_err(|e| ClientError::Tls(format!("{key_label}: {e}")))?;
             builder
                 .with_client_auth_cert(chain, key)
                 .map_err(|e| ClientError::Tls(e.to_string()))
         }
-        _ => Ok(builder.with_no_client_auth()),
+        None => Ok(builder.with_no_client_auth()),
     }
+}
+
+// ---------------------------------------------------------------- from a Secret
+//
+// An agent's connection as a Kubernetes Secret holds it (the Secret `nfsprov-agent init`
+// prints): the settings under a `*.toml` key, and the files they name as other keys of
+// the same Secret. Read through the API, so nothing is written to disk.
+
+/// The label selector of the Secrets that hold agents' connections: the label
+/// `nfsprov-agent init` puts on the Secret it prints.
+pub const AGENT_SECRET_SELECTOR: &str = "app.kubernetes.io/component=agent-credentials";
+
+/// One agent read from a Secret: its settings and the material they name.
+#[derive(Clone, PartialEq, Eq)]
+pub struct SecretAgent {
+    /// The key the settings were read from.
+    pub key: String,
+    /// The settings; their file names are the keys the files were read from.
+    pub config: AgentConnectionConfig,
+    ca: Vec<u8>,
+    client_pair: Option<(Vec<u8>, Vec<u8>)>,
+    token: Option<String>,
+}
+
+impl std::fmt::Debug for SecretAgent {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SecretAgent")
+            .field("key", &self.key)
+            .field("config", &self.config)
+            .finish_non_exhaustive()
+    }
+}
+
+impl SecretAgent {
+    fn material(&self) -> Material<'_> {
+        let label = |path: &Option<std::path::PathBuf>| {
+            path.as_ref()
+                .map(|p| format!("key {}", p.display()))
+                .unwrap_or_default()
+        };
+        Material {
+            ca: (&self.ca, format!("key {}", self.config.ca_file.display())),
+            client: self.client_pair.as_ref().map(|(cert, key)| {
+                (
+                    (cert.as_slice(), label(&self.config.client_cert_file)),
+                    (key.as_slice(), label(&self.config.client_key_file)),
+                )
+            }),
+        }
+    }
+
+    fn token(&self) -> Option<&str> {
+        self.token.as_deref()
+    }
+}
+
+/// Why one `*.toml` key of a Secret does not make an agent.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("key {key}: {message}")]
+pub struct AgentSecretError {
+    pub key: String,
+    pub message: String,
+}
+
+/// Every agent of a Secret's data, one per `*.toml` key in key order, each read or the
+/// reason it cannot be. No `*.toml` key gives an empty list.
+pub fn agents_in_secret(
+    data: &BTreeMap<String, Vec<u8>>,
+) -> Vec<Result<SecretAgent, AgentSecretError>> {
+    data.iter()
+        .filter(|(key, _)| key.ends_with(".toml") && !key.starts_with('.'))
+        .map(|(key, settings)| {
+            read_agent(data, settings)
+                .map_err(|message| AgentSecretError {
+                    key: key.clone(),
+                    message,
+                })
+                .map(|(config, ca, client_pair, token)| SecretAgent {
+                    key: key.clone(),
+                    config,
+                    ca,
+                    client_pair,
+                    token,
+                })
+        })
+        .collect()
+}
+
+type Read = (
+    AgentConnectionConfig,
+    Vec<u8>,
+    Option<(Vec<u8>, Vec<u8>)>,
+    Option<String>,
+);
+
+fn read_agent(data: &BTreeMap<String, Vec<u8>>, settings: &[u8]) -> Result<Read, String> {
+    let text = std::str::from_utf8(settings).map_err(|_| "settings are not UTF-8".to_owned())?;
+    let config = AgentConnectionConfig::parse(text)?;
+    config.validate()?;
+    let ca = lookup(data, "ca_file", &config.ca_file)?.to_vec();
+    let client_pair = match (&config.client_cert_file, &config.client_key_file) {
+        (Some(cert), Some(key)) => Some((
+            lookup(data, "client_cert_file", cert)?.to_vec(),
+            lookup(data, "client_key_file", key)?.to_vec(),
+        )),
+        _ => None,
+    };
+    let token = match &config.token_file {
+        Some(file) => {
+            let bytes = lookup(data, "token_file", file)?;
+            let token = std::str::from_utf8(bytes)
+                .map_err(|_| format!("token_file key {} is not UTF-8", file.display()))?
+                .trim();
+            if token.is_empty() {
+                return Err(format!("token_file key {} is empty", file.display()));
+            }
+            Some(token.to_owned())
+        }
+        None => None,
+    };
+    Ok((config, ca, client_pair, token))
+}
+
+/// The value of the key a settings field names; in a Secret a file can only be another
+/// key of the same Secret.
+fn lookup<'a>(
+    data: &'a BTreeMap<String, Vec<u8>>,
+    field: &str,
+    file: &Path,
+) -> Result<&'a [u8], String> {
+    let mut components = file.components();
+    let key = match (components.next(), components.next()) {
+        (Some(Component::Normal(key)), None) => key.to_string_lossy(),
+        _ => {
+            return Err(format!(
+                "{field} {:?} must name another key of the same Secret",
+                file.display().to_string()
+            ));
+        }
+    };
+    data.get(key.as_ref())
+        .map(Vec::as_slice)
+        .ok_or_else(|| format!("{field} names key {key}, which the Secret does not hold"))
 }
 
 #[cfg(test)]
@@ -691,5 +918,72 @@ mod tests {
             err.contains("several agents are marked default = true (b, c)"),
             "{err}"
         );
+    }
+}
+
+#[cfg(test)]
+mod secret_tests {
+    use super::*;
+
+    fn data(entries: &[(&str, &str)]) -> BTreeMap<String, Vec<u8>> {
+        entries
+            .iter()
+            .map(|(k, v)| ((*k).to_owned(), v.as_bytes().to_vec()))
+            .collect()
+    }
+
+    const SETTINGS: &str = "name = \"nfs1\"\nurl = \"https://nfs1:8443\"\nca_file = \"nfs1-ca.pem\"\ntoken_file = \"nfs1-token\"\n";
+
+    #[test]
+    fn settings_and_the_keys_they_name() {
+        let secret = data(&[
+            ("nfs1.toml", SETTINGS),
+            ("nfs1-ca.pem", "not a certificate\n"),
+            ("nfs1-token", "  t0ken\n"),
+        ]);
+        let agents = agents_in_secret(&secret);
+        assert_eq!(agents.len(), 1);
+        let agent = agents[0].as_ref().unwrap();
+        assert_eq!(agent.key, "nfs1.toml");
+        assert_eq!(agent.config.name, "nfs1");
+        assert_eq!(agent.token(), Some("t0ken"));
+        assert!(!format!("{agent:?}").contains("t0ken"));
+        // The material is the Secret's: a bad CA is named by its key.
+        let err = AgentClient::from_secret(agent).unwrap_err().to_string();
+        assert!(err.contains("key nfs1-ca.pem"), "{err}");
+        assert!(agents_in_secret(&data(&[("nfs1-token", "t")])).is_empty());
+    }
+
+    #[test]
+    fn what_a_secret_cannot_hold_is_named() {
+        let cases = [
+            (data(&[("a.toml", SETTINGS)]), "names key nfs1-ca.pem"),
+            (
+                data(&[
+                    ("a.toml", &SETTINGS.replace("nfs1-ca.pem", "/etc/ca.pem")),
+                    ("nfs1-token", "t"),
+                ]),
+                "must name another key",
+            ),
+            (
+                data(&[
+                    ("a.toml", SETTINGS),
+                    ("nfs1-ca.pem", "x"),
+                    ("nfs1-token", "\n"),
+                ]),
+                "is empty",
+            ),
+            (data(&[("a.toml", "name = 1")]), "invalid type"),
+            (
+                data(&[("a.toml", &SETTINGS.replace("https", "http"))]),
+                "https://",
+            ),
+        ];
+        for (secret, expected) in cases {
+            let agents = agents_in_secret(&secret);
+            let err = agents[0].as_ref().unwrap_err();
+            assert_eq!(err.key, "a.toml");
+            assert!(err.to_string().contains(expected), "{err}");
+        }
     }
 }

@@ -5,6 +5,7 @@
 //! without touching the contract.
 
 mod archive;
+pub mod logsafe;
 mod path;
 mod reloading_file;
 mod types;
@@ -18,7 +19,7 @@ pub use archive::{
 pub use path::{
     MAX_COMPONENT_BYTES, MAX_COMPONENTS, MAX_PATH_BYTES, PathError, VolumePath, validate_component,
 };
-pub use reloading_file::ReloadingFile;
+pub use reloading_file::{MAX_PEM_BYTES, MAX_TOKEN_BYTES, ReloadingFile, read_bounded};
 pub use types::*;
 
 /// The API version prefix every authenticated endpoint lives under.

@@ -4,19 +4,21 @@
 
 use std::collections::BTreeMap;
 use std::future::Future;
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard, RwLock};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use futures::FutureExt;
 use futures::future::{BoxFuture, Shared};
 use nfsprov_api_types::client::{
-    AgentClient, AgentConnectionConfig, ClientError, CloneOutcome, CreateOutcome,
+    AGENT_SECRET_SELECTOR, AgentClient, AgentConnectionConfig, ClientError, CloneOutcome,
+    CreateOutcome, SecretAgent,
 };
 use nfsprov_api_types::{
     ArchiveResult, Capabilities, CloneVolumeRequest, CreateVolumeRequest, NfsExport, Volume,
     VolumePath,
 };
-use tracing::debug;
+use tokio::sync::watch;
+use tracing::{debug, warn};
 
 use crate::metrics::Metrics;
 
@@ -50,14 +52,20 @@ pub fn request_id(subject: &str) -> String {
 
 #[derive(Debug, thiserror::Error)]
 pub enum SelectError {
-    #[error("StorageClass names agent {wanted:?}, which is not configured; known agents: {known}")]
-    Unknown { wanted: String, known: String },
+    #[error(
+        "StorageClass names agent {wanted:?}, which is not configured ({why}); known agents: {known}"
+    )]
+    Unknown {
+        wanted: String,
+        why: String,
+        known: String,
+    },
     #[error(
         "StorageClass has no \"agent\" parameter and several agents are configured ({known}) with no default; name one in the class, or mark one agent default = true in its connection file or with --default-agent"
     )]
     Ambiguous { known: String },
-    #[error("no agents are configured")]
-    None,
+    #[error("no agents are configured ({why})")]
+    None { why: String },
     /// Retriable: agents come back.
     #[error("none of the StorageClass's agents is ready: {reasons}")]
     NoneReady { reasons: String },
@@ -127,6 +135,11 @@ pub struct Agent {
     metrics: Arc<Metrics>,
     /// Reconciles working with this agent now; see [`Agent::try_slot`].
     slots: Arc<tokio::sync::Semaphore>,
+    /// `default = true` in its settings.
+    marked_default: bool,
+    /// The Secret it was read from, as read: a new version of the Secret that reads the
+    /// same keeps this agent (its cache and slots) as it is.
+    secret: Option<(String, SecretAgent)>,
 }
 
 impl Agent {
@@ -143,7 +156,43 @@ impl Agent {
             nfs_path: config.nfs_path.clone(),
             info: Arc::default(),
             metrics,
+            marked_default: config.default,
+            secret: None,
         })
+    }
+
+    /// The agent of one Secret's key; `slots` carries over the reconciles already working
+    /// with an earlier version of it, so a changed Secret never doubles the limit.
+    pub fn from_secret(
+        secret: &str,
+        agent: SecretAgent,
+        metrics: Arc<Metrics>,
+        slots: Arc<tokio::sync::Semaphore>,
+    ) -> Result<Self, ClientError> {
+        let config = &agent.config;
+        Ok(Self {
+            name: config.name.clone(),
+            client: AgentClient::from_secret(&agent)?,
+            nfs_server: config.nfs_server.clone(),
+            nfs_path: config.nfs_path.clone(),
+            info: Arc::default(),
+            metrics,
+            slots,
+            marked_default: config.default,
+            secret: Some((secret.to_owned(), agent)),
+        })
+    }
+
+    /// The Secret this agent was read from, and what it read there.
+    pub fn secret(&self) -> Option<(&str, &SecretAgent)> {
+        self.secret
+            .as_ref()
+            .map(|(name, agent)| (name.as_str(), agent))
+    }
+
+    /// Its reconcile slots, to hand on to the agent a changed Secret makes.
+    pub fn slots(&self) -> Arc<tokio::sync::Semaphore> {
+        self.slots.clone()
     }
 
     pub fn name(&self) -> &str {
@@ -357,11 +406,54 @@ fn error_label(error: &ClientError) -> String {
     }
 }
 
-/// All configured agents by name, and the one classes without an agent parameter use.
-#[derive(Debug, Clone, Default)]
-pub struct AgentRegistry {
+/// Where the agents come from, for messages naming what to fix.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum AgentSource {
+    /// Connection files (`--agents-dir`), read once at start.
+    Files,
+    /// The labelled Secrets of this namespace, watched.
+    Secrets { namespace: String },
+}
+
+/// The agents as they are now: replaced whole when their Secrets change, so a reconcile
+/// works with one consistent set from start to end.
+#[derive(Debug, Default)]
+struct Snapshot {
     agents: BTreeMap<String, Arc<Agent>>,
     default: Option<String>,
+    /// Why an agent some Secret meant to configure is not there, by agent name (or by
+    /// Secret name when the agent's own name could not be read).
+    problems: BTreeMap<String, String>,
+}
+
+#[derive(Debug)]
+struct RegistryState {
+    snapshot: RwLock<Arc<Snapshot>>,
+    /// True once the agents are known: at once for files, after the first complete list
+    /// of Secrets otherwise. Bumped on every change, for the claims waiting for an agent.
+    changes: watch::Sender<(bool, u64)>,
+    /// `--default-agent`: wins over `default = true` in the settings.
+    default_override: Mutex<Option<String>>,
+    source: AgentSource,
+    metrics: Arc<Metrics>,
+    max_in_flight: usize,
+}
+
+/// All configured agents by name, and the one classes without an agent parameter use.
+/// Clones share one set, which the agent Secrets' watch replaces as they change.
+#[derive(Debug, Clone)]
+pub struct AgentRegistry {
+    shared: Arc<RegistryState>,
+}
+
+impl Default for AgentRegistry {
+    fn default() -> Self {
+        Self::empty(
+            AgentSource::Files,
+            Arc::new(Metrics::new()),
+            DEFAULT_MAX_IN_FLIGHT,
+        )
+    }
 }
 
 impl AgentRegistry {
@@ -379,6 +471,8 @@ impl AgentRegistry {
         metrics: Arc<Metrics>,
         max_in_flight: usize,
     ) -> Result<Self, ClientError> {
+        AgentConnectionConfig::default_name(configs)?;
+        let registry = Self::empty(AgentSource::Files, metrics.clone(), max_in_flight);
         let mut agents = BTreeMap::new();
         for config in configs {
             agents.insert(
@@ -386,45 +480,194 @@ impl AgentRegistry {
                 Arc::new(Agent::new(config, metrics.clone(), max_in_flight)?),
             );
         }
-        let default = AgentConnectionConfig::default_name(configs)?.map(str::to_owned);
-        Ok(Self { agents, default })
+        registry.install(agents, BTreeMap::new());
+        registry.mark_ready();
+        Ok(registry)
     }
 
-    /// Makes `name` the default, overriding any `default = true`; an unknown name is a
-    /// configuration error, refused at start-up rather than at the first claim.
+    /// No agent yet: the agent Secrets' watch fills it ([`AgentRegistry::install`]).
+    pub fn empty(source: AgentSource, metrics: Arc<Metrics>, max_in_flight: usize) -> Self {
+        Self {
+            shared: Arc::new(RegistryState {
+                snapshot: RwLock::default(),
+                changes: watch::Sender::new((false, 0)),
+                default_override: Mutex::default(),
+                source,
+                metrics,
+                max_in_flight: max_in_flight.max(1),
+            }),
+        }
+    }
+
+    pub fn source(&self) -> &AgentSource {
+        &self.shared.source
+    }
+
+    pub fn metrics(&self) -> &Arc<Metrics> {
+        &self.shared.metrics
+    }
+
+    pub fn max_in_flight(&self) -> usize {
+        self.shared.max_in_flight
+    }
+
+    fn snapshot(&self) -> Arc<Snapshot> {
+        self.shared
+            .snapshot
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+    }
+
+    /// Replaces the agents (and why others are missing); claims waiting for an agent are
+    /// looked at again.
+    pub fn install(
+        &self,
+        agents: BTreeMap<String, Arc<Agent>>,
+        mut problems: BTreeMap<String, String>,
+    ) {
+        let forced = self
+            .shared
+            .default_override
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone();
+        let marked: Vec<&str> = agents
+            .values()
+            .filter(|a| a.marked_default)
+            .map(|a| a.name())
+            .collect();
+        let default = match (forced, marked.as_slice()) {
+            (Some(name), _) => Some(name),
+            (None, [one]) => Some((*one).to_owned()),
+            (None, []) => None,
+            (None, several) => {
+                let message = format!(
+                    "several agents are marked default = true ({}); mark at most one",
+                    several.join(", ")
+                );
+                warn!("{message}");
+                problems.insert(String::new(), message);
+                None
+            }
+        };
+        self.shared
+            .metrics
+            .set_configured_agents(agents.keys().map(String::as_str));
+        *self
+            .shared
+            .snapshot
+            .write()
+            .unwrap_or_else(|e| e.into_inner()) = Arc::new(Snapshot {
+            agents,
+            default,
+            problems,
+        });
+        self.shared
+            .changes
+            .send_modify(|(_, generation)| *generation += 1);
+    }
+
+    /// The agents are known: reconciles waiting in [`AgentRegistry::ready`] go on.
+    pub fn mark_ready(&self) {
+        self.shared.changes.send_modify(|(ready, _)| *ready = true);
+    }
+
+    /// Back to unknown, until a new watch has listed the Secrets again.
+    pub fn mark_unready(&self) {
+        self.shared.changes.send_modify(|(ready, _)| *ready = false);
+    }
+
+    /// Resolves once the agents are known, so no claim is refused for an agent whose
+    /// Secret is simply not read yet.
+    pub async fn ready(&self) {
+        let mut changes = self.shared.changes.subscribe();
+        let _ = changes.wait_for(|(ready, _)| *ready).await;
+    }
+
+    /// Yields once for every change of the agents after the first complete set.
+    pub fn changes(&self) -> impl futures::Stream<Item = ()> + Send + 'static {
+        let mut changes = self.shared.changes.subscribe();
+        changes.mark_unchanged();
+        futures::stream::unfold(changes, |mut changes| async move {
+            changes.changed().await.ok()?;
+            Some(((), changes))
+        })
+    }
+
+    /// Makes `name` the default, overriding any `default = true`. With connection files
+    /// an unknown name is a configuration error, refused at start-up rather than at the
+    /// first claim; with Secrets its Secret may simply not be there yet.
     pub fn set_default(&mut self, name: &str) -> Result<(), ClientError> {
-        if !self.agents.contains_key(name) {
+        let snapshot = self.snapshot();
+        if self.shared.source == AgentSource::Files && !snapshot.agents.contains_key(name) {
             return Err(ClientError::Config(format!(
                 "default agent {name:?} is not configured; known agents: {}",
                 self.names().join(", ")
             )));
         }
-        self.default = Some(name.to_owned());
+        *self
+            .shared
+            .default_override
+            .lock()
+            .unwrap_or_else(|e| e.into_inner()) = Some(name.to_owned());
+        let agents = snapshot.agents.clone();
+        let problems = snapshot.problems.clone();
+        self.install(agents, problems);
         Ok(())
     }
 
     /// The agent classes without an agent parameter use, if there is one.
-    pub fn default_name(&self) -> Option<&str> {
-        match &self.default {
-            Some(name) => Some(name),
-            None if self.agents.len() == 1 => self.agents.keys().next().map(String::as_str),
+    pub fn default_name(&self) -> Option<String> {
+        let snapshot = self.snapshot();
+        match &snapshot.default {
+            Some(name) => Some(name.clone()),
+            None if snapshot.agents.len() == 1 => snapshot.agents.keys().next().cloned(),
             None => None,
         }
     }
 
     pub fn get(&self, name: &str) -> Option<Arc<Agent>> {
-        self.agents.get(name).cloned()
+        self.snapshot().agents.get(name).cloned()
     }
 
-    pub fn names(&self) -> Vec<&str> {
-        self.agents.keys().map(String::as_str).collect()
+    pub fn names(&self) -> Vec<String> {
+        self.snapshot().agents.keys().cloned().collect()
     }
 
-    fn known(&self, name: &str) -> Result<Arc<Agent>, SelectError> {
-        self.get(name).ok_or_else(|| SelectError::Unknown {
-            wanted: name.to_owned(),
-            known: self.names().join(", "),
-        })
+    /// Every agent now configured.
+    pub fn all(&self) -> Vec<Arc<Agent>> {
+        self.snapshot().agents.values().cloned().collect()
+    }
+
+    /// Why `name` is not configured, in words naming what to fix.
+    pub fn why_missing(&self, name: &str) -> String {
+        if let Some(problem) = self.snapshot().problems.get(name) {
+            return problem.clone();
+        }
+        format!("{} configures it", self.looked_at())
+    }
+
+    /// Where agents are looked for, as the subject of a sentence.
+    fn looked_at(&self) -> String {
+        match &self.shared.source {
+            AgentSource::Files => "no connection file".to_owned(),
+            AgentSource::Secrets { namespace } => {
+                format!("no Secret labelled {AGENT_SECRET_SELECTOR} in namespace {namespace}")
+            }
+        }
+    }
+
+    fn known(&self, snapshot: &Snapshot, name: &str) -> Result<Arc<Agent>, SelectError> {
+        snapshot
+            .agents
+            .get(name)
+            .cloned()
+            .ok_or_else(|| SelectError::Unknown {
+                wanted: name.to_owned(),
+                why: self.why_missing(name),
+                known: known_list(snapshot),
+            })
     }
 
     /// The agent a new volume goes to. `wanted` is what the class names: nothing (the
@@ -435,19 +678,22 @@ impl AgentRegistry {
         wanted: &[String],
         request_id: &str,
     ) -> Result<Arc<Agent>, SelectError> {
+        let snapshot = self.snapshot();
         match wanted {
             [] => match self.default_name() {
-                Some(name) => self.known(name),
-                None if self.agents.is_empty() => Err(SelectError::None),
+                Some(name) => self.known(&snapshot, &name),
+                None if snapshot.agents.is_empty() => Err(SelectError::None {
+                    why: format!("{} configures one", self.looked_at()),
+                }),
                 None => Err(SelectError::Ambiguous {
-                    known: self.names().join(", "),
+                    known: known_list(&snapshot),
                 }),
             },
-            [only] => self.known(only),
+            [only] => self.known(&snapshot, only),
             several => {
                 let candidates = several
                     .iter()
-                    .map(|name| self.known(name))
+                    .map(|name| self.known(&snapshot, name))
                     .collect::<Result<Vec<_>, _>>()?;
                 let answers = futures::future::join_all(
                     candidates
@@ -475,6 +721,18 @@ impl AgentRegistry {
             }
         }
     }
+}
+
+fn known_list(snapshot: &Snapshot) -> String {
+    if snapshot.agents.is_empty() {
+        return "none".to_owned();
+    }
+    snapshot
+        .agents
+        .keys()
+        .map(String::as_str)
+        .collect::<Vec<_>>()
+        .join(", ")
 }
 
 #[cfg(test)]
@@ -554,7 +812,7 @@ mod tests {
         assert_eq!(two.select(&[], "rid").await.unwrap().name(), "b");
         assert!(matches!(
             AgentRegistry::default().select(&[], "rid").await,
-            Err(SelectError::None)
+            Err(SelectError::None { .. })
         ));
     }
 
@@ -566,7 +824,7 @@ mod tests {
         b.default = true;
         let registry =
             AgentRegistry::new(&[config(dir.path(), "a"), b.clone()], metrics.clone()).unwrap();
-        assert_eq!(registry.default_name(), Some("b"));
+        assert_eq!(registry.default_name(), Some("b".to_owned()));
         let mut a = config(dir.path(), "a");
         a.default = true;
         let err = AgentRegistry::new(&[a, b], metrics)

@@ -11,7 +11,7 @@ use nfsprov_api_types::client::{AgentConnectionConfig, ClientError};
 use tokio::sync::watch;
 use tracing::{error, info};
 
-use crate::agents::AgentRegistry;
+use crate::agents::{AgentRegistry, AgentSource};
 use crate::config::Args;
 use crate::controller::{self, RunConfig};
 use crate::http::{self, HttpState};
@@ -80,20 +80,56 @@ fn shutdown_signal() -> watch::Receiver<bool> {
 
 pub async fn run(args: Args) -> Result<(), AppError> {
     let metrics = Arc::new(Metrics::new());
-    let configs = AgentConnectionConfig::from_dir(&args.agents_dir)?;
-    let mut agents = AgentRegistry::with_max_in_flight(
-        &configs,
-        metrics.clone(),
-        usize::from(args.max_reconciles_per_agent),
-    )?;
-    if let Some(name) = &args.default_agent {
-        agents.set_default(name)?;
-    }
-    info!(
-        agents = ?agents.names(), default_agent = ?agents.default_name(),
-        provisioner = %args.provisioner_name, "starting"
-    );
+    let max_in_flight = usize::from(args.max_reconciles_per_agent);
+    // Connection files are read before anything else, so a mistake in them stops the
+    // start with its own message.
+    let from_files = match &args.agents_dir {
+        Some(dir) => {
+            let configs = AgentConnectionConfig::from_dir(dir)?;
+            let mut agents =
+                AgentRegistry::with_max_in_flight(&configs, metrics.clone(), max_in_flight)?;
+            if let Some(name) = &args.default_agent {
+                agents.set_default(name)?;
+            }
+            Some(agents)
+        }
+        None => None,
+    };
     let client = client(&args).await?;
+    let namespace = args
+        .lease_namespace
+        .clone()
+        .unwrap_or_else(|| client.default_namespace().to_owned());
+    let agents = match from_files {
+        Some(agents) => agents,
+        None => {
+            let mut agents = AgentRegistry::empty(
+                AgentSource::Secrets {
+                    namespace: namespace.clone(),
+                },
+                metrics.clone(),
+                max_in_flight,
+            );
+            if let Some(name) = &args.default_agent {
+                agents.set_default(name)?;
+            }
+            agents
+        }
+    };
+    let agent_secrets = match agents.source() {
+        AgentSource::Secrets { namespace } => Some(namespace.clone()),
+        AgentSource::Files => None,
+    };
+    match &agent_secrets {
+        Some(namespace) => info!(
+            agent_secrets = %namespace, default_agent = ?args.default_agent,
+            provisioner = %args.provisioner_name, "starting"
+        ),
+        None => info!(
+            agents = ?agents.names(), default_agent = ?agents.default_name(),
+            provisioner = %args.provisioner_name, "starting"
+        ),
+    }
     let identity = args.identity.clone().unwrap_or_else(|| {
         std::env::var("HOSTNAME").unwrap_or_else(|_| "nfsprov-controller".to_owned())
     });
@@ -132,6 +168,7 @@ pub async fn run(args: Args) -> Result<(), AppError> {
         concurrency: args.max_concurrent_reconciles,
         usage_interval: args.usage_interval(),
         orphan_check: args.orphan_check(),
+        agent_secrets,
     };
     let controllers = {
         let client = client.clone();
@@ -147,10 +184,7 @@ pub async fn run(args: Args) -> Result<(), AppError> {
         ready.store(true, Ordering::SeqCst);
         let settings = LeaseSettings {
             name: args.lease_name.clone(),
-            namespace: args
-                .lease_namespace
-                .clone()
-                .unwrap_or_else(|| client.default_namespace().to_owned()),
+            namespace,
             identity,
             duration_seconds: args.lease_duration_seconds.max(3),
         };

@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 ///
 /// kube-runtime never reconciles an object once it is gone from the cache, so nothing says
 /// "succeeded" for a claim deleted while it was still failing. Such entries are dropped
-/// once they have gone [`STALE_AFTER_MAX_WAITS`] maximum waits without a failure: an object
+/// once they have gone `STALE_AFTER_MAX_WAITS` maximum waits without a failure: an object
 /// that still exists and still fails is retried at least once per maximum wait, which
 /// refreshes its entry.
 #[derive(Debug)]

@@ -52,13 +52,13 @@ pub struct Args {
     #[arg(long, env = "KUBECONFIG")]
     pub kubeconfig: Option<PathBuf>,
 
-    /// Directory with one `*.toml` connection file per agent (mounted from a Secret).
-    #[arg(
-        long,
-        env = "NFSPROV_AGENTS_DIR",
-        default_value = "/etc/nfsprov/agents"
-    )]
-    pub agents_dir: PathBuf,
+    /// Directory with one `*.toml` connection file per agent, read once at start. When
+    /// absent, the agents are the Secrets labelled
+    /// `app.kubernetes.io/component=agent-credentials` in the controller's namespace (as
+    /// `nfsprov-agent init` prints them), watched: a Secret added, changed or deleted
+    /// takes effect without a restart.
+    #[arg(long, env = "NFSPROV_AGENTS_DIR")]
+    pub agents_dir: Option<PathBuf>,
 
     /// Agent for StorageClasses without an `agent` or `agents` parameter; overrides
     /// `default = true` in the connection files. Needed only with several agents.
@@ -79,7 +79,8 @@ pub struct Args {
     #[arg(long, env = "NFSPROV_LEASE_NAME", default_value = "nfsprov-controller")]
     pub lease_name: String,
 
-    /// Namespace of the Lease; the client's default namespace when absent.
+    /// Namespace of the Lease and of the agent Secrets; the client's default namespace
+    /// when absent.
     #[arg(long, env = "POD_NAMESPACE")]
     pub lease_namespace: Option<String>,
 
@@ -162,6 +163,7 @@ mod tests {
         assert_eq!(args.usage_interval(), Some(Duration::from_secs(60)));
         assert_eq!(args.default_agent, None);
         assert!(args.additional_provisioner_names.is_empty());
+        assert_eq!(args.agents_dir, None);
         assert_eq!(args.max_reconciles_per_agent, 16);
         assert_eq!(
             args.orphan_check(),

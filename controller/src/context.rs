@@ -14,13 +14,10 @@ use tracing::warn;
 
 use crate::agents::{AgentRegistry, InfoError};
 use crate::backoff::Backoff;
-use crate::events::EventRecorder;
+use crate::events::{EventRecorder, note_text};
 use crate::metrics::Metrics;
 use crate::objects::{CachedVolume, Provisioners};
 use crate::reported::ReportedFailures;
-
-/// Longest event note the API accepts is 1 kB; keep a margin for UTF-8 boundaries.
-const MAX_NOTE_BYTES: usize = 1000;
 
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
@@ -98,7 +95,7 @@ impl Context {
         let event = Event {
             type_,
             reason: reason.to_owned(),
-            note: Some(truncate(note, MAX_NOTE_BYTES)),
+            note: Some(note_text(note)),
             action: action.to_owned(),
             secondary: None,
         };
@@ -106,17 +103,6 @@ impl Context {
             warn!(error = %e, reason, "could not publish event");
         }
     }
-}
-
-fn truncate(text: &str, max: usize) -> String {
-    if text.len() <= max {
-        return text.to_owned();
-    }
-    let mut end = max;
-    while !text.is_char_boundary(end) {
-        end -= 1;
-    }
-    format!("{}…", &text[..end])
 }
 
 /// Resolves once `shutdown` turns true (or its sender is gone).

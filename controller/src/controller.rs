@@ -25,7 +25,7 @@ use crate::objects::{CachedClaim, CachedVolume, Provisioners, claim_class, claim
 use crate::reconcile::{
     claim_error_policy, reconcile_claim, reconcile_volume, volume_error_policy,
 };
-use crate::{cache, orphans, usage};
+use crate::{agent_secrets, cache, orphans, usage};
 
 /// Settings of [`run`].
 #[derive(Debug, Clone)]
@@ -43,6 +43,9 @@ pub struct RunConfig {
     pub usage_interval: Option<Duration>,
     /// The orphan check; `None` turns it off.
     pub orphan_check: Option<OrphanSettings>,
+    /// The namespace whose agent Secrets are watched into the agents; `None` when the
+    /// agents come from connection files.
+    pub agent_secrets: Option<String>,
 }
 
 fn ticks(every: Duration) -> impl futures::Stream<Item = ()> + Send + 'static {
@@ -100,8 +103,33 @@ pub async fn run(
         .reflect(volume_writer)
         .applied_objects();
 
-    // A class appearing (or changing) re-checks the claims waiting for it.
+    // A class appearing (or changing) re-checks the claims waiting for it, and so does
+    // any change of the agents (a Secret added, mended or removed).
     let waiting_claims = claims.clone();
+    let waiting = {
+        let claims = claims.clone();
+        move || {
+            claims
+                .state()
+                .into_iter()
+                .filter(|pvc| !claim_is_bound(&**pvc))
+                .map(|pvc| ObjectRef::from_obj(&*pvc))
+                .collect::<Vec<_>>()
+        }
+    };
+    let agent_changes = ctx
+        .agents
+        .changes()
+        .flat_map(move |()| futures::stream::iter(waiting()));
+    let secret_watch = {
+        let ctx = ctx.clone();
+        let shutdown = shutdown.clone();
+        async move {
+            if let Some(namespace) = config.agent_secrets {
+                agent_secrets::run(ctx, namespace, shutdown).await;
+            }
+        }
+    };
     // No rate limit anywhere: the API server's own flow control is the only brake.
     let controller_config =
         kube::runtime::controller::Config::default().concurrency(config.concurrency);
@@ -116,6 +144,7 @@ pub async fn run(
                 .map(|pvc| ObjectRef::from_obj(&*pvc))
                 .collect::<Vec<_>>()
         })
+        .reconcile_on(agent_changes)
         .reconcile_all_on(ticks(config.resync))
         .graceful_shutdown_on(stopped(shutdown.clone()))
         .run(reconcile_claim, claim_error_policy, ctx.clone())
@@ -142,6 +171,7 @@ pub async fn run(
             }
         }
     };
+    let agents = ctx.agents.clone();
     let volume_controller = Controller::for_stream(volume_stream, volumes.clone())
         .with_config(controller_config)
         .reconcile_all_on(ticks(config.resync))
@@ -160,6 +190,7 @@ pub async fn run(
         )
         .await;
         if synced.is_ok() {
+            agents.ready().await;
             info!("caches synced");
             ready.store(true, Ordering::SeqCst);
         }
@@ -169,6 +200,7 @@ pub async fn run(
         volume_controller,
         readiness,
         usage_poll,
-        orphan_check
+        orphan_check,
+        secret_watch
     );
 }

@@ -215,7 +215,8 @@ async fn dispose_of_data(volume: &CachedVolume, ctx: &Context) -> Result<(), Str
     }
     let agent = ctx.agents.get(agent_name).ok_or_else(|| {
         format!(
-            "agent {agent_name:?} that holds directory {path} is not configured (known: {})",
+            "agent {agent_name:?} that holds directory {path} is not configured ({}; known: {})",
+            ctx.agents.why_missing(agent_name),
             ctx.agents.names().join(", ")
         )
     })?;

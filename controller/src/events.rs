@@ -24,6 +24,23 @@ use k8s_openapi::jiff::{SignedDuration, Timestamp};
 use kube::Client;
 use kube::api::{Api, Patch, PatchParams, PostParams};
 use kube::runtime::events::{Event, EventType, Reporter};
+use nfsprov_api_types::logsafe;
+
+/// The longest note the events API accepts is 1 kB; a margin is kept for UTF-8 boundaries.
+pub const MAX_NOTE_BYTES: usize = 1000;
+
+/// A note fit to publish. Much of a note comes from an agent's error, which can name
+/// files a tenant chose: control and invisible characters are shown escaped (a name
+/// cannot add lines or drive the terminal of whoever reads the events) and the note is
+/// cut, marked, to what the API accepts.
+pub fn note_text(note: &str) -> String {
+    let escaped = logsafe::escape(note);
+    if escaped.len() <= MAX_NOTE_BYTES {
+        return escaped.into_owned();
+    }
+    // Room for the marker `bound` appends.
+    logsafe::bound(&escaped, MAX_NOTE_BYTES - 32).into_owned()
+}
 
 /// How long after its last occurrence an event can still grow a series (the figure of
 /// client-go and kube-runtime).
@@ -234,6 +251,31 @@ mod tests {
     use serde_json::json;
 
     use crate::tests::fixtures::{BodyCheck, Call, context, finish};
+
+    use super::{MAX_NOTE_BYTES, note_text};
+
+    #[test]
+    fn a_note_naming_a_tenant_file_is_escaped_and_bounded() {
+        let note = "agent nfs1: conflict: m\n2026-11-25T00:00:00Z INFO audit: forged\u{1b}[2J is a mount point";
+        let published = note_text(note);
+        assert!(!published.chars().any(char::is_control), "{published:?}");
+        assert!(
+            published.contains("m\\n2026-11-25T00:00:00Z"),
+            "{published}"
+        );
+        assert!(published.contains("\\u{1b}[2J"), "{published}");
+        assert_eq!(note_text("plain note"), "plain note");
+
+        let long = format!("{}\n", "é".repeat(2000));
+        let published = note_text(&long);
+        assert!(
+            published.len() <= MAX_NOTE_BYTES,
+            "{} bytes",
+            published.len()
+        );
+        assert!(published.ends_with("bytes]"), "{published}");
+        assert!(!published.chars().any(char::is_control));
+    }
 
     /// A series patch that must carry the note of the event it continues.
     fn repeat_of(note: &str, count: u32) -> Call {

@@ -265,8 +265,9 @@ fn locate(job: &Job, ctx: &Context) -> Result<(VolumePath, Arc<Agent>), String> 
     })?;
     let agent = ctx.agents.get(&job.wanted.agent).ok_or_else(|| {
         format!(
-            "agent {:?} that holds directory {path} is not configured (known: {})",
+            "agent {:?} that holds directory {path} is not configured ({}; known: {})",
             job.wanted.agent,
+            ctx.agents.why_missing(&job.wanted.agent),
             ctx.agents.names().join(", ")
         )
     })?;

@@ -9,11 +9,13 @@
 //!    and every predicate over claims, classes and the cached form of volumes);
 //! 2. `pv` (a new PV), `cache` (what the watch caches keep), `agents` (the agent clients);
 //! 3. `context`: what every reconciler shares (`Context`, `Error`, event publishing);
-//! 4. the reconcilers: `provision`, `delete`, `expand`, `usage`, `orphans`;
+//! 4. the reconcilers: `provision`, `delete`, `expand`, `usage`, `orphans`, and
+//!    `agent_secrets` (the agents read from their watched Secrets);
 //! 5. `reconcile`: the entry points kube-runtime calls, with per-object backoff;
 //! 6. `controller` (wiring: watches, caches, controllers), `http`, `leader`;
 //! 7. `app`: the whole process.
 
+pub mod agent_secrets;
 pub mod agents;
 pub mod app;
 pub mod backoff;

@@ -5,7 +5,7 @@ use tracing_subscriber::EnvFilter;
 /// jemalloc instead of glibc's malloc. At 10,000 claims on a real API server, glibc's heap
 /// held about 30 MB of free chunks between the long-lived cache entries once a burst was
 /// over (half of the controller's memory), which it cannot give back; jemalloc's size
-/// classes keep such entries together (README, "Controller memory").
+/// classes keep such entries together (docs/benchmarks.md, "Controller memory").
 #[global_allocator]
 static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
 

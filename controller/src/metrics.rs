@@ -43,6 +43,11 @@ pub struct AgentErrorLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct SecretLabels {
+    pub secret: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct OrphanLabels {
     pub agent: String,
 }
@@ -143,6 +148,9 @@ pub struct Metrics {
     orphaned_directories: Family<OrphanLabels, Gauge>,
     missing_directories: Family<OrphanLabels, Gauge>,
     orphans_archived: Family<OrphanLabels, Counter>,
+    invalid_agent_secrets: Family<SecretLabels, Gauge>,
+    configured_agents: Family<OrphanLabels, Gauge>,
+    agents_loaded: Family<OrphanLabels, Counter>,
 }
 
 impl std::fmt::Debug for Metrics {
@@ -174,6 +182,9 @@ impl Metrics {
         let orphaned_directories = Family::<OrphanLabels, Gauge>::default();
         let missing_directories = Family::<OrphanLabels, Gauge>::default();
         let orphans_archived = Family::<OrphanLabels, Counter>::default();
+        let invalid_agent_secrets = Family::<SecretLabels, Gauge>::default();
+        let configured_agents = Family::<OrphanLabels, Gauge>::default();
+        let agents_loaded = Family::<OrphanLabels, Counter>::default();
         // prometheus-client appends `_total` to counters itself.
         registry.register(
             "controller_persistentvolumeclaim_provision",
@@ -231,6 +242,21 @@ impl Metrics {
             "Orphaned directories archived by the orphan check's clean-up",
             orphans_archived.clone(),
         );
+        registry.register(
+            "nfsprov_agent_secret_invalid",
+            "1 for each agent Secret (or key of one) that configures no agent, by Secret name",
+            invalid_agent_secrets.clone(),
+        );
+        registry.register(
+            "nfsprov_agent_configured",
+            "1 for each agent the controller can use now, by agent name",
+            configured_agents.clone(),
+        );
+        registry.register(
+            "nfsprov_agent_secret_loads",
+            "Times an agent's client was made from its Secret: once, then once per change (a rotated token)",
+            agents_loaded.clone(),
+        );
         Self {
             registry,
             provision_total,
@@ -245,6 +271,42 @@ impl Metrics {
             orphaned_directories,
             missing_directories,
             orphans_archived,
+            invalid_agent_secrets,
+            configured_agents,
+            agents_loaded,
+        }
+    }
+
+    /// An agent's client was made anew from its Secret.
+    pub fn agent_loaded(&self, agent: &str) {
+        self.agents_loaded
+            .get_or_create(&OrphanLabels {
+                agent: agent.to_owned(),
+            })
+            .inc();
+    }
+
+    /// The agents configured now; the series of the others go.
+    pub fn set_configured_agents<'a>(&self, agents: impl IntoIterator<Item = &'a str>) {
+        self.configured_agents.clear();
+        for agent in agents {
+            self.configured_agents
+                .get_or_create(&OrphanLabels {
+                    agent: agent.to_owned(),
+                })
+                .set(1);
+        }
+    }
+
+    /// The agent Secrets that configure no agent now; the others' series go.
+    pub fn set_invalid_agent_secrets<'a>(&self, secrets: impl IntoIterator<Item = &'a str>) {
+        self.invalid_agent_secrets.clear();
+        for secret in secrets {
+            self.invalid_agent_secrets
+                .get_or_create(&SecretLabels {
+                    secret: secret.to_owned(),
+                })
+                .set(1);
         }
     }
 

@@ -503,13 +503,20 @@ impl std::fmt::Display for Provisioners {
     }
 }
 
-/// Whether this controller made the PV (the only PVs it ever touches): it records one of
-/// the controller's provisioner names.
+/// Whether the PV is this controller's to manage (the only PVs it ever touches): it records
+/// the controller's own provisioner name, or an additional one together with the agent
+/// and path of this project (made or adopted here). A PV the replaced provisioner made
+/// stays that provisioner's until adopted: no finalizer, no deletion, so scaling the old
+/// provisioner back up finds its PVs as it left them.
 pub fn is_ours(pv: &CachedVolume, provisioners: &Provisioners) -> bool {
-    pv.recorded
-        .provisioned_by
-        .as_deref()
-        .is_some_and(|name| provisioners.contains(name))
+    let recorded = &pv.recorded;
+    match recorded.provisioned_by.as_deref() {
+        Some(name) if name == provisioners.own() => true,
+        Some(name) if provisioners.contains(name) => {
+            recorded.agent.is_some() && recorded.path.is_some()
+        }
+        _ => false,
+    }
 }
 
 /// Whether our finalizer still holds the PV.

@@ -343,10 +343,7 @@ async fn check_agent(
 
 /// Checks every agent once.
 pub async fn check_once(ctx: &Context, settings: &OrphanSettings, warned: &mut HashSet<String>) {
-    for name in ctx.agents.names() {
-        let Some(agent) = ctx.agents.get(name) else {
-            continue;
-        };
+    for agent in ctx.agents.all() {
         check_agent(ctx, &agent, settings, warned).await;
     }
     // Forget warnings of PVs that are gone, so the set does not grow for ever.

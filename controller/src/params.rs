@@ -129,7 +129,8 @@ pub enum ParamError {
 }
 
 impl ClassParams {
-    /// Parses a class's parameters; any key not listed in DESIGN.md is an error.
+    /// Parses a class's parameters; any key not in the StorageClass reference
+    /// (docs/storageclass.md) is an error.
     pub fn parse(parameters: Option<&BTreeMap<String, String>>) -> Result<Self, ParamError> {
         let mut params = ClassParams::default();
         let Some(parameters) = parameters else {

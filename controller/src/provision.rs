@@ -128,7 +128,7 @@ pub async fn reconcile(pvc: &PersistentVolumeClaim, ctx: &Context) -> Result<Act
         }
         Ok(Provisioned::Volume(pv_name)) => {
             ctx.reported.forget(&state_key);
-            ctx.reported.forget(&cloning_key(&state_key));
+            ctx.reported.forget(&announced_key(&state_key));
             ctx.metrics
                 .provision_succeeded(&class_name, source_kind(pvc), started.elapsed());
             info!(claim = %claim_key(pvc), pv = %pv_name, "provisioned");
@@ -143,21 +143,13 @@ pub async fn reconcile(pvc: &PersistentVolumeClaim, ctx: &Context) -> Result<Act
             Ok(Action::await_change())
         }
         Err(failure) => {
-            ctx.reported.forget(&cloning_key(&state_key));
+            ctx.reported.forget(&announced_key(&state_key));
             // A permanent failure is reported once per version of the claim and its class:
             // nothing but a change of either can help, and both trigger a new reconcile, so
             // retrying with backoff would only repeat the event and the metric.
             let report = if failure.permanent {
-                let fingerprint = format!(
-                    "{}/{}/{}",
-                    pvc.metadata.resource_version.as_deref().unwrap_or_default(),
-                    class
-                        .metadata
-                        .resource_version
-                        .as_deref()
-                        .unwrap_or_default(),
-                    failure.message
-                );
+                let fingerprint =
+                    format!("{}{}", version_fingerprint(pvc, &class), failure.message);
                 let first = ctx.reported.first_time(&state_key, fingerprint);
                 if first {
                     info!(claim = %claim_key(pvc), reason = %failure.message, "cannot provision until the claim or its class changes");
@@ -235,6 +227,56 @@ impl Failure {
     }
 }
 
+/// The `Provisioning` event, published before anything can refuse the claim, as the
+/// library publishes it before calling Provision: every claim that fails gets one first.
+/// Once per attempt that ends (in a volume or a failure): not for each retry while the
+/// agent's slots are taken or a clone is being copied, and not again for a version of the
+/// claim and its class already refused for good (that refusal is not repeated either).
+async fn announce(pvc: &PersistentVolumeClaim, class: &StorageClass, ctx: &Context) {
+    let state_key = claim_state_key(pvc);
+    let version = version_fingerprint(pvc, class);
+    if ctx.reported.holds_version(&state_key, &version) {
+        return;
+    }
+    let source = requested_source(pvc).ok().flatten();
+    let attempt = format!(
+        "{version}{}",
+        source.as_ref().map(ToString::to_string).unwrap_or_default()
+    );
+    if !ctx.reported.first_time(&announced_key(&state_key), attempt) {
+        return;
+    }
+    let namespace = pvc.namespace().unwrap_or_default();
+    let name = pvc.name_any();
+    let cloning = source
+        .map(|s| format!(", cloning claim {s}"))
+        .unwrap_or_default();
+    ctx.event(
+        &pvc.object_ref(&()),
+        EventType::Normal,
+        REASON_PROVISIONING,
+        ACTION,
+        &format!(
+            "External provisioner is provisioning volume for claim \"{namespace}/{name}\"{cloning}"
+        ),
+    )
+    .await;
+}
+
+/// What a permanent refusal is recorded under, before its message: the versions of the
+/// claim and of its class.
+fn version_fingerprint(pvc: &PersistentVolumeClaim, class: &StorageClass) -> String {
+    format!(
+        "{}/{}/",
+        pvc.metadata.resource_version.as_deref().unwrap_or_default(),
+        class
+            .metadata
+            .resource_version
+            .as_deref()
+            .unwrap_or_default(),
+    )
+}
+
 /// Refuses what this provisioner cannot honour, with messages a user can act on.
 /// Returns the requested capacity as written and in bytes.
 fn check_claim(pvc: &PersistentVolumeClaim) -> Result<(Quantity, u64), Failure> {
@@ -269,6 +311,7 @@ async fn provision(
     class_name: &str,
     ctx: &Context,
 ) -> Result<Provisioned, Failure> {
+    announce(pvc, class, ctx).await;
     let (capacity, capacity_bytes) = check_claim(pvc)?;
     let params = ClassParams::parse(class.parameters.as_ref())
         .map_err(|e| Failure::permanent(format!("StorageClass {class_name:?}: {e}")))?;
@@ -277,7 +320,7 @@ async fn provision(
     let uid = pvc.metadata.uid.as_deref().unwrap_or_default();
     let pv_name = pv_name_for(uid);
     let rid = request_id(&pv_name);
-    let source = match requested_source(pvc)? {
+    let source = match requested_source(pvc).map_err(Failure::from)? {
         Some(claim) => Some(resolve(ctx, &claim, class_name, capacity_bytes).await?),
         None => None,
     };
@@ -305,32 +348,6 @@ async fn provision(
             pv_name: &pv_name,
         })
         .map_err(|e| Failure::permanent(format!("StorageClass {class_name:?}: {e}")))?;
-
-    let reference = pvc.object_ref(&());
-    // A clone is polled until the agent has copied it: one event for all the polls.
-    let announce = match &source {
-        None => true,
-        Some(source) => ctx.reported.first_time(
-            &cloning_key(&claim_state_key(pvc)),
-            source.claim.to_string(),
-        ),
-    };
-    if announce {
-        let cloning = source
-            .as_ref()
-            .map(|s| format!(", cloning claim {} on agent {}", s.claim, s.agent))
-            .unwrap_or_default();
-        ctx.event(
-            &reference,
-            EventType::Normal,
-            REASON_PROVISIONING,
-            ACTION,
-            &format!(
-                "External provisioner is provisioning volume for claim \"{namespace}/{name}\"{cloning}"
-            ),
-        )
-        .await;
-    }
 
     let message = |what: &str, source: &dyn std::fmt::Display| {
         format!(
@@ -495,7 +512,7 @@ fn source_agent(
     source: &SourceVolume,
 ) -> Result<Arc<Agent>, Failure> {
     let allowed = match class_agents {
-        [] => ctx.agents.default_name() == Some(source.agent.as_str()),
+        [] => ctx.agents.default_name().as_deref() == Some(source.agent.as_str()),
         named => named.contains(&source.agent),
     };
     if !allowed {
@@ -519,9 +536,9 @@ fn source_agent(
     })
 }
 
-/// The key under which the one `Provisioning` event of a clone is remembered.
-fn cloning_key(state_key: &str) -> String {
-    format!("{state_key}#cloning")
+/// The key under which the `Provisioning` event of the attempt under way is remembered.
+fn announced_key(state_key: &str) -> String {
+    format!("{state_key}#provisioning")
 }
 
 /// The agent's quota situation in words, for messages.

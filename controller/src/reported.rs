@@ -60,6 +60,15 @@ impl ReportedFailures {
         }
     }
 
+    /// Whether the failure on record for `key` was recorded under a fingerprint starting
+    /// with `version` (and is still fresh): that version was refused already.
+    pub fn holds_version(&self, key: &str, version: &str) -> bool {
+        let state = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        state.entries.get(key).is_some_and(|(known, at)| {
+            known.starts_with(version) && at.elapsed() < REPORT_AGAIN_AFTER
+        })
+    }
+
     pub fn forget(&self, key: &str) {
         self.state
             .lock()

@@ -155,6 +155,7 @@ async fn orphans_are_reported_and_archived_and_wanted_directories_are_kept() {
                 grace: Duration::ZERO,
                 archive: true,
             }),
+            agent_secrets: None,
         },
         Arc::new(AtomicBool::new(false)),
         stopped,

@@ -52,6 +52,7 @@ async fn claim_to_directory_and_back() {
             concurrency: 16,
             usage_interval: None,
             orphan_check: None,
+            agent_secrets: None,
         },
         ready.clone(),
         stopped,

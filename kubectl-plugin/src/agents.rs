@@ -12,7 +12,7 @@ pub struct AgentRow {
     pub name: String,
     pub secret: String,
     pub url: Option<String>,
-    /// `ok`, `not ready` or `unreachable`.
+    /// `ok`, `not ready`, `unreachable`, or `unreadable` (its Secret makes no client).
     pub health: String,
     pub problem: Option<String>,
     pub version: Option<String>,
@@ -28,11 +28,14 @@ pub struct AgentsReport {
     /// Where the agents' Secrets were found.
     pub source: String,
     pub agents: Vec<AgentRow>,
+    /// Secrets the controller's Deployment mounts that do not exist.
+    pub missing_secrets: Vec<String>,
 }
 
 pub fn row(probe: &AgentProbe) -> AgentRow {
     let info = probe.info.as_ref().ok();
     let health = match &probe.ready {
+        _ if !probe.readable => "unreadable",
         Ok(h) if h.status == "ok" => "ok",
         Ok(_) => "not ready",
         Err(_) => "unreachable",
@@ -63,6 +66,7 @@ pub async fn run(target: &Target) -> anyhow::Result<AgentsReport> {
     Ok(AgentsReport {
         source: agents.source.clone(),
         agents: probes.iter().map(row).collect(),
+        missing_secrets: agents.missing_secrets.clone(),
     })
 }
 
@@ -72,8 +76,14 @@ fn or_dash(value: Option<String>) -> String {
 
 impl crate::report::Report for AgentsReport {
     fn table(&self) -> String {
+        let mut missing = String::new();
+        for secret in &self.missing_secrets {
+            missing.push_str(&format!(
+                "Secret {secret} (mounted by the controller) does not exist: its agents not checked\n"
+            ));
+        }
         if self.agents.is_empty() {
-            return format!("No agent found in {}.\n", self.source);
+            return format!("{missing}No agent found in {}.\n", self.source);
         }
         let mut table = Table::new(&[
             "agent",
@@ -108,9 +118,23 @@ impl crate::report::Report for AgentsReport {
         let mut out = table.render();
         for a in &self.agents {
             if let Some(problem) = &a.problem {
-                out.push_str(&format!("{}: {problem}\n", a.name));
+                out.push_str(&format!(
+                    "agent {} ({}, Secret {}): {problem}\n",
+                    a.name, a.health, a.secret
+                ));
             }
         }
+        out.push_str(&missing);
         out
+    }
+
+    /// 1 when any agent could not be read or reached, or none was found: a script asking
+    /// whether the agents are fine must not hear yes when they were not all asked.
+    fn exit_code(&self) -> i32 {
+        let unchecked = self
+            .agents
+            .iter()
+            .any(|a| a.health == "unreachable" || a.health == "unreadable");
+        i32::from(unchecked || self.agents.is_empty() || !self.missing_secrets.is_empty())
     }
 }

@@ -21,6 +21,8 @@ pub struct ArchivesReport {
     pub archives: Vec<ArchiveRow>,
     /// Agents whose archives could not be listed, with the reason.
     pub unchecked_agents: Vec<(String, String)>,
+    /// Agents whose archives were listed.
+    pub checked_agents: Vec<String>,
     /// Seconds since the Unix epoch when the report was made; ages are relative to it.
     #[serde(skip)]
     pub now: i64,
@@ -48,11 +50,13 @@ pub async fn list(target: &Target, only: Option<&str>) -> anyhow::Result<Archive
     let mut report = ArchivesReport {
         archives: Vec::new(),
         unchecked_agents: Vec::new(),
+        checked_agents: Vec::new(),
         now: Timestamp::now().as_second(),
     };
     for (agent, listed) in answers {
         match listed {
             Ok(archives) => {
+                report.checked_agents.push(agent.clone());
                 report
                     .archives
                     .extend(archives.into_iter().map(|archive| ArchiveRow {
@@ -108,7 +112,18 @@ fn seconds(rfc3339: &str) -> Option<i64> {
 impl crate::report::Report for ArchivesReport {
     fn table(&self) -> String {
         let mut out = if self.archives.is_empty() {
-            "No archive found.\n".to_owned()
+            match (
+                self.checked_agents.is_empty(),
+                self.unchecked_agents.is_empty(),
+            ) {
+                (true, true) => "No agent to ask.\n".to_owned(),
+                (_, true) => "No archive found.\n".to_owned(),
+                (true, false) => "No agent could be asked.\n".to_owned(),
+                (false, false) => format!(
+                    "No archive found on agent(s) {}; the others were not asked.\n",
+                    self.checked_agents.join(", ")
+                ),
+            }
         } else {
             let mut table = Table::new(&["agent", "id", "claim", "age", "size", "expires"]);
             for row in &self.archives {
@@ -143,7 +158,7 @@ impl crate::report::Report for ArchivesReport {
 
     fn exit_code(&self) -> i32 {
         // An agent that could not be asked leaves the list incomplete.
-        i32::from(!self.unchecked_agents.is_empty())
+        i32::from(!self.unchecked_agents.is_empty() || self.checked_agents.is_empty())
     }
 }
 
@@ -197,6 +212,7 @@ mod tests {
                 },
             ],
             unchecked_agents: vec![("nfs3".into(), "connection refused".into())],
+            checked_agents: vec!["nfs1".into(), "nfs2".into()],
             now,
         };
         let table = report.table();

@@ -1,25 +1,22 @@
-//! The agents' connection settings, read from the same Secrets the controller mounts.
+//! The agents' connection settings, read from the same Secrets the controller reads.
 //!
-//! The controller reads one `*.toml` per agent from a directory projected from Secrets
-//! (`deploy/deployment.yaml`); here those Secrets are read through the API, written to a
-//! private temporary directory in the same layout, and loaded with the same
-//! [`AgentConnectionConfig::from_file`], so both sides agree on every setting.
+//! The controller reads the labelled agent Secrets of its namespace through the API (or,
+//! given `--agents-dir`, the Secrets its Deployment projects there); here the same
+//! Secrets are read with the same [`agents_in_secret`] of api-types, so both sides agree
+//! on every setting, and the clients hold what they need in memory.
 
-use std::collections::BTreeSet;
-use std::path::Path;
+use std::collections::{BTreeMap, BTreeSet};
 
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::Secret;
 use kube::Api;
 use kube::api::ListParams;
-use nfsprov_api_types::client::{AgentClient, AgentConnectionConfig};
+use nfsprov_api_types::client::{AGENT_SECRET_SELECTOR, AgentClient, agents_in_secret};
 
 use crate::cluster::{Access, Target, get_opt, list};
 
-/// Where the controller reads agent settings unless its flags say otherwise.
-const DEFAULT_AGENTS_DIR: &str = "/etc/nfsprov/agents";
 /// The label `nfsprov-agent init` puts on the Secrets it prints.
-pub const CREDENTIALS_SELECTOR: &str = "app.kubernetes.io/component=agent-credentials";
+pub const CREDENTIALS_SELECTOR: &str = AGENT_SECRET_SELECTOR;
 
 /// One agent as configured: its name and a client, or why none could be made.
 pub struct ConfiguredAgent {
@@ -29,14 +26,13 @@ pub struct ConfiguredAgent {
     pub client: Result<AgentClient, String>,
 }
 
-/// Every configured agent, by name; the files behind the clients live as long as this.
+/// Every configured agent, by name.
 pub struct Agents {
     pub agents: Vec<ConfiguredAgent>,
     /// Secrets the Deployment mounts that do not exist.
     pub missing_secrets: Vec<String>,
     /// How the Secrets were found, for messages.
     pub source: String,
-    _files: tempfile::TempDir,
 }
 
 impl Agents {
@@ -69,7 +65,8 @@ impl Agents {
 }
 
 /// The Secrets the controller's Deployment projects into its agents directory (the
-/// directory its `--agents-dir` flag or `NFSPROV_AGENTS_DIR` names), in mount order.
+/// directory its `--agents-dir` flag or `NFSPROV_AGENTS_DIR` names), in mount order;
+/// empty when it names none, and the controller reads the labelled Secrets instead.
 pub fn secrets_of_deployment(deployment: &Deployment) -> Vec<String> {
     let Some(pod) = deployment
         .spec
@@ -80,7 +77,9 @@ pub fn secrets_of_deployment(deployment: &Deployment) -> Vec<String> {
     };
     let mut names = Vec::new();
     for container in &pod.containers {
-        let dir = agents_dir_of(container);
+        let Some(dir) = agents_dir_of(container) else {
+            continue;
+        };
         let mounts = container.volume_mounts.iter().flatten();
         for mount in mounts.filter(|m| m.mount_path.trim_end_matches('/') == dir) {
             let volumes = pod.volumes.iter().flatten();
@@ -102,7 +101,7 @@ pub fn secrets_of_deployment(deployment: &Deployment) -> Vec<String> {
     names
 }
 
-fn agents_dir_of(container: &k8s_openapi::api::core::v1::Container) -> String {
+fn agents_dir_of(container: &k8s_openapi::api::core::v1::Container) -> Option<String> {
     let args = container
         .command
         .iter()
@@ -126,99 +125,62 @@ fn agents_dir_of(container: &k8s_openapi::api::core::v1::Container) -> String {
         .and_then(|e| e.value.clone());
     from_args
         .or(from_env)
-        .unwrap_or_else(|| DEFAULT_AGENTS_DIR.to_owned())
-        .trim_end_matches('/')
-        .to_owned()
+        .map(|dir| dir.trim_end_matches('/').to_owned())
 }
 
-/// Writes a Secret's keys as files into `dir`, as Kubernetes projects them.
-pub fn write_secret(secret: &Secret, dir: &Path) -> std::io::Result<()> {
-    use std::io::Write as _;
-    use std::os::unix::fs::OpenOptionsExt as _;
-    std::fs::create_dir_all(dir)?;
-    let data = secret
+/// The agents of one Secret: each `*.toml` key is one agent.
+pub fn agents_in(secret: &Secret) -> Vec<ConfiguredAgent> {
+    let secret_name = secret.metadata.name.clone().unwrap_or_default();
+    let mut data: BTreeMap<String, Vec<u8>> = secret
         .data
         .iter()
         .flatten()
-        .map(|(k, v)| (k, v.0.as_slice()));
+        .map(|(k, v)| (k.clone(), v.0.clone()))
+        .collect();
     // stringData is write-only on a real API server, but a Secret read from a file or an
     // older server may still carry it.
-    let string_data = secret
-        .string_data
-        .iter()
-        .flatten()
-        .map(|(k, v)| (k, v.as_bytes()));
-    for (key, value) in data.chain(string_data) {
-        if key.contains('/') || key.starts_with("..") {
-            continue;
-        }
-        std::fs::OpenOptions::new()
-            .write(true)
-            .create(true)
-            .truncate(true)
-            .mode(0o600)
-            .open(dir.join(key))?
-            .write_all(value)?;
-    }
-    Ok(())
-}
-
-/// The agents of one Secret written to `dir`: each `*.toml` in it is one agent.
-fn agents_in(secret_name: &str, dir: &Path) -> Vec<ConfiguredAgent> {
-    let mut files: Vec<_> = std::fs::read_dir(dir)
-        .into_iter()
-        .flatten()
-        .flatten()
-        .map(|e| e.path())
-        .filter(|p| p.extension().is_some_and(|e| e == "toml"))
-        .collect();
-    files.sort();
-    if files.is_empty() {
+    data.extend(
+        secret
+            .string_data
+            .iter()
+            .flatten()
+            .map(|(k, v)| (k.clone(), v.clone().into_bytes())),
+    );
+    let found = agents_in_secret(&data);
+    if found.is_empty() {
         return vec![ConfiguredAgent {
-            name: secret_name.to_owned(),
-            secret: secret_name.to_owned(),
+            name: secret_name.clone(),
+            secret: secret_name.clone(),
             url: None,
             client: Err(format!(
                 "Secret {secret_name} has no *.toml key with agent settings"
             )),
         }];
     }
-    files
+    found
         .into_iter()
-        .map(|file| match AgentConnectionConfig::from_file(&file) {
-            Ok(config) => ConfiguredAgent {
-                name: config.name.clone(),
-                secret: secret_name.to_owned(),
-                url: Some(config.url.clone()),
-                client: AgentClient::new(&config).map_err(|e| e.to_string()),
+        .map(|read| match read {
+            Ok(agent) => ConfiguredAgent {
+                name: agent.config.name.clone(),
+                secret: secret_name.clone(),
+                url: Some(agent.config.url.clone()),
+                client: AgentClient::from_secret(&agent).map_err(|e| e.to_string()),
             },
-            Err(e) => {
-                let key = file
-                    .file_name()
-                    .map(|n| n.to_string_lossy().into_owned())
-                    .unwrap_or_default();
-                ConfiguredAgent {
-                    name: key.trim_end_matches(".toml").to_owned(),
-                    secret: secret_name.to_owned(),
-                    url: None,
-                    // The message carries the temporary path; name the Secret's key instead.
-                    client: Err(format!(
-                        "key {key}: {}",
-                        e.to_string().replace(&file.display().to_string(), &key)
-                    )),
-                }
-            }
+            Err(e) => ConfiguredAgent {
+                name: e.key.trim_end_matches(".toml").to_owned(),
+                secret: secret_name.clone(),
+                url: None,
+                client: Err(format!("Secret {secret_name}: {e}")),
+            },
         })
         .collect()
 }
 
-/// Finds the agent Secrets (those the controller's Deployment mounts, or when there is
-/// no Deployment those labelled as agent credentials) and makes a client for each agent.
+/// Finds the agent Secrets (those the controller's Deployment mounts when it runs with an
+/// agents directory, otherwise those labelled as agent credentials, as the controller
+/// reads them) and makes a client for each agent.
 pub async fn load(target: &Target, deployment: Option<&Deployment>) -> anyhow::Result<Agents> {
     let api = Api::<Secret>::namespaced(target.client.clone(), &target.namespace);
-    let files = tempfile::Builder::new()
-        .prefix("kubectl-nfsprov-")
-        .tempdir()?;
     let mut secrets = Vec::new();
     let mut missing_secrets = Vec::new();
     let source;
@@ -260,19 +222,12 @@ pub async fn load(target: &Target, deployment: Option<&Deployment>) -> anyhow::R
             .await?;
         }
     }
-    let mut agents: Vec<ConfiguredAgent> = Vec::new();
-    for (i, secret) in secrets.iter().enumerate() {
-        let name = secret.metadata.name.clone().unwrap_or_default();
-        let dir = files.path().join(i.to_string());
-        write_secret(secret, &dir)?;
-        agents.extend(agents_in(&name, &dir));
-    }
+    let mut agents: Vec<ConfiguredAgent> = secrets.iter().flat_map(agents_in).collect();
     agents.sort_by(|a, b| a.name.cmp(&b.name));
     Ok(Agents {
         agents,
         missing_secrets,
         source,
-        _files: files,
     })
 }
 
@@ -287,16 +242,18 @@ mod tests {
 
     #[test]
     fn the_secrets_projected_into_the_agents_directory_are_found() {
-        let shipped = deployment(json!({
+        let with_flag = deployment(json!({
             "metadata": {"name": "nfsprov-controller"},
             "spec": {"selector": {}, "template": {"spec": {
-                "containers": [{"name": "controller", "volumeMounts": [
-                    {"name": "agents", "mountPath": "/etc/nfsprov/agents"},
-                    {"name": "other", "mountPath": "/etc/other"},
-                ]}],
+                "containers": [{"name": "controller",
+                    "args": ["--agents-dir=/etc/nfsprov/agents"],
+                    "volumeMounts": [
+                        {"name": "agents", "mountPath": "/etc/nfsprov/agents"},
+                        {"name": "other", "mountPath": "/etc/other"},
+                    ]}],
                 "volumes": [
                     {"name": "agents", "projected": {"sources": [
-                        {"secret": {"name": "nfsprov-agent-default"}},
+                        {"secret": {"name": "nfsprov-agent-nfs1"}},
                         {"secret": {"name": "nfsprov-agent-nfs2"}},
                         {"configMap": {"name": "unrelated"}},
                     ]}},
@@ -305,8 +262,8 @@ mod tests {
             }}},
         }));
         assert_eq!(
-            secrets_of_deployment(&shipped),
-            ["nfsprov-agent-default", "nfsprov-agent-nfs2"]
+            secrets_of_deployment(&with_flag),
+            ["nfsprov-agent-nfs1", "nfsprov-agent-nfs2"]
         );
         let moved = deployment(json!({
             "spec": {"selector": {}, "template": {"spec": {
@@ -324,10 +281,20 @@ mod tests {
             }}},
         }));
         assert!(secrets_of_deployment(&by_env).is_empty());
+        // Without an agents directory the controller reads the labelled Secrets, whatever
+        // is mounted.
+        let shipped = deployment(json!({
+            "spec": {"selector": {}, "template": {"spec": {
+                "containers": [{"name": "c",
+                    "volumeMounts": [{"name": "a", "mountPath": "/etc/nfsprov/agents"}]}],
+                "volumes": [{"name": "a", "secret": {"secretName": "s1"}}],
+            }}},
+        }));
+        assert!(secrets_of_deployment(&shipped).is_empty());
     }
 
     #[test]
-    fn a_secret_becomes_the_files_the_controller_reads() {
+    fn a_secret_becomes_the_settings_the_controller_reads() {
         let secret: Secret = serde_json::from_value(json!({
             "metadata": {"name": "nfsprov-agent-nfs1"},
             "stringData": {
@@ -337,13 +304,11 @@ mod tests {
             },
         }))
         .unwrap();
-        let dir = tempfile::tempdir().unwrap();
-        write_secret(&secret, dir.path()).unwrap();
-        let agents = agents_in("nfsprov-agent-nfs1", dir.path());
+        let agents = agents_in(&secret);
         assert_eq!(agents.len(), 1);
         assert_eq!(agents[0].name, "nfs1");
         assert_eq!(agents[0].url.as_deref(), Some("https://nfs1:8443"));
-        // The settings parse; the client refuses the CA file, as the controller would.
+        // The settings parse; the client refuses the CA, as the controller would.
         let err = agents[0].client.as_ref().err().unwrap();
         assert!(err.contains("nfs1-ca.pem"), "{err}");
 
@@ -352,15 +317,13 @@ mod tests {
             "data": {"b.toml": "bmFtZSA9ICJiIgp1cmwgPSAiaHR0cDovL3giCg=="},
         }))
         .unwrap();
-        let dir = tempfile::tempdir().unwrap();
-        write_secret(&bad, dir.path()).unwrap();
-        let agents = agents_in("broken", dir.path());
+        let agents = agents_in(&bad);
+        assert_eq!(agents[0].name, "b");
         let err = agents[0].client.as_ref().err().unwrap();
-        assert!(err.starts_with("key b.toml:"), "{err}");
-        assert!(!err.contains(&dir.path().display().to_string()), "{err}");
+        assert!(err.starts_with("Secret broken: key b.toml:"), "{err}");
 
-        let empty = tempfile::tempdir().unwrap();
-        let agents = agents_in("empty", empty.path());
+        let empty: Secret = serde_json::from_value(json!({"metadata": {"name": "empty"}})).unwrap();
+        let agents = agents_in(&empty);
         assert!(agents[0].client.as_ref().is_err());
     }
 }

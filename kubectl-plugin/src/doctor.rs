@@ -111,7 +111,10 @@ fn agent_rules(facts: &Facts<'_>, findings: &mut Vec<Finding>) {
         findings.push(Finding {
             object: format!("namespace/{}", facts.namespace),
             problem: format!("no agent is configured (looked at {})", facts.agent_source),
-            fix: "run `nfsprov-agent init` on the NFS server and apply the Secret it prints; list it in the Deployment's agents volume".into(),
+            fix: format!(
+                "run `nfsprov-agent init` on the NFS server and apply the Secret it prints (kubectl -n {} apply -f controller-secret.yaml)",
+                facts.namespace
+            ),
         });
     }
     for agent in facts.agents {
@@ -317,6 +320,7 @@ mod tests {
             name: name.into(),
             secret: format!("nfsprov-agent-{name}"),
             url: Some(format!("https://{name}:8443")),
+            readable: true,
             ready: ready
                 .map(|status| Health {
                     status: status.into(),

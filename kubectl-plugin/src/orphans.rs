@@ -39,6 +39,10 @@ pub struct OrphansReport {
     /// Agents whose volumes could not be listed, with the reason; nothing is said about
     /// their volumes or the PVs on them.
     pub unchecked_agents: Vec<(String, String)>,
+    /// Agents whose volumes were compared with the PVs.
+    pub checked_agents: Vec<String>,
+    /// Where the agents' Secrets were looked for.
+    pub source: String,
 }
 
 /// Compares one agent's listing with the PVs that name it, as the controller's orphan
@@ -99,12 +103,29 @@ fn pointer(pv: &PersistentVolume) -> Option<PvPointer> {
     })
 }
 
-pub fn report(probes: &[AgentProbe], volumes: &[PersistentVolume]) -> OrphansReport {
+pub fn report(
+    probes: &[AgentProbe],
+    volumes: &[PersistentVolume],
+    agents: &crate::credentials::Agents,
+) -> OrphansReport {
     let mut orphans = Vec::new();
-    let mut unchecked_agents = Vec::new();
+    let mut unchecked_agents: Vec<(String, String)> = agents
+        .missing_secrets
+        .iter()
+        .map(|secret| {
+            (
+                format!("of Secret {secret}"),
+                "the Secret the controller mounts does not exist".to_owned(),
+            )
+        })
+        .collect();
+    let mut checked_agents = Vec::new();
     for probe in probes {
         match &probe.volumes {
-            Some(Ok(listed)) => orphans.extend(compare(&probe.name, listed, volumes)),
+            Some(Ok(listed)) => {
+                checked_agents.push(probe.name.clone());
+                orphans.extend(compare(&probe.name, listed, volumes));
+            }
             Some(Err(e)) => unchecked_agents.push((probe.name.clone(), e.clone())),
             None => unchecked_agents.push((probe.name.clone(), "not asked".to_owned())),
         }
@@ -112,6 +133,8 @@ pub fn report(probes: &[AgentProbe], volumes: &[PersistentVolume]) -> OrphansRep
     OrphansReport {
         orphans,
         unchecked_agents,
+        checked_agents,
+        source: agents.source.clone(),
     }
 }
 
@@ -120,14 +143,26 @@ pub async fn run(target: &Target) -> anyhow::Result<OrphansReport> {
     let volumes = target.volumes().await?;
     let agents = crate::credentials::load(target, deployment.as_ref()).await?;
     let probes = probe_all(&agents, true).await;
-    Ok(report(&probes, &volumes))
+    Ok(report(&probes, &volumes, &agents))
 }
 
 impl crate::report::Report for OrphansReport {
     fn table(&self) -> String {
-        let mut out = if self.orphans.is_empty() {
+        let mut out = if !self.orphans.is_empty() {
+            String::new()
+        } else if self.checked_agents.is_empty() && self.unchecked_agents.is_empty() {
+            format!("No agent to check: none found in {}.\n", self.source)
+        } else if self.unchecked_agents.is_empty() {
             "No orphan found.\n".to_owned()
+        } else if self.checked_agents.is_empty() {
+            "No agent could be checked.\n".to_owned()
         } else {
+            format!(
+                "No orphan found on agent(s) {}; the others were not checked.\n",
+                self.checked_agents.join(", ")
+            )
+        };
+        if !self.orphans.is_empty() {
             let mut table = Table::new(&["kind", "agent", "path", "pv", "claim"]);
             for o in &self.orphans {
                 let kind = match o.kind {
@@ -142,16 +177,23 @@ impl crate::report::Report for OrphansReport {
                     o.claim.clone().unwrap_or_else(|| "-".into()),
                 ]);
             }
-            table.render()
-        };
+            out = table.render();
+        }
         for (agent, reason) in &self.unchecked_agents {
             out.push_str(&format!("agent {agent} not checked: {reason}\n"));
         }
         out
     }
 
+    /// 1 when something was found, and when not everything could be checked (an agent
+    /// unreadable or unreachable, or no agent at all): "nothing found" is said only when
+    /// everything was looked at.
     fn exit_code(&self) -> i32 {
-        i32::from(!self.orphans.is_empty())
+        i32::from(
+            !self.orphans.is_empty()
+                || !self.unchecked_agents.is_empty()
+                || self.checked_agents.is_empty(),
+        )
     }
 }
 
@@ -213,5 +255,39 @@ mod tests {
             ]
         );
         assert!(compare("nfs1", &listed[..1], &volumes[..1]).is_empty());
+    }
+
+    #[test]
+    fn nothing_found_is_said_only_when_every_agent_was_checked() {
+        use crate::report::Report;
+        let report = |checked: &[&str], unchecked: &[(&str, &str)]| OrphansReport {
+            orphans: Vec::new(),
+            unchecked_agents: unchecked
+                .iter()
+                .map(|(a, r)| ((*a).to_owned(), (*r).to_owned()))
+                .collect(),
+            checked_agents: checked.iter().map(|a| (*a).to_owned()).collect(),
+            source: "the Secrets labelled x in namespace nfsprov".into(),
+        };
+        let all = report(&["nfs1"], &[]);
+        assert_eq!(
+            (all.table().as_str(), all.exit_code()),
+            ("No orphan found.\n", 0)
+        );
+        let partial = report(&["nfs1"], &[("nfs2", "agent unreachable: refused")]);
+        let text = partial.table();
+        assert!(!text.contains("No orphan found.\n"), "{text}");
+        assert!(
+            text.contains("agent nfs2 not checked: agent unreachable: refused"),
+            "{text}"
+        );
+        assert_eq!(partial.exit_code(), 1);
+        let none = report(&[], &[]);
+        assert!(
+            none.table().starts_with("No agent to check"),
+            "{}",
+            none.table()
+        );
+        assert_eq!(none.exit_code(), 1);
     }
 }

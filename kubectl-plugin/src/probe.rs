@@ -11,6 +11,8 @@ pub struct AgentProbe {
     pub name: String,
     pub secret: String,
     pub url: Option<String>,
+    /// Its Secret made a client; when not, nothing was asked and `ready` says why.
+    pub readable: bool,
     pub ready: Result<Health, String>,
     pub info: Result<AgentInfo, String>,
     /// Only asked for when the command needs the listing.
@@ -78,6 +80,7 @@ async fn probe_one(
         name: name.to_owned(),
         secret: secret.to_owned(),
         url: url.map(str::to_owned),
+        readable: client.is_ok(),
         ready,
         info,
         volumes,

@@ -3,6 +3,7 @@
 
 use k8s_openapi::api::core::v1::PersistentVolume;
 use nfsprov_api_types::VolumePath;
+use nfsprov_api_types::client::ClientError;
 use nfsprov_controller::objects::{ANN_AGENT, ANN_CLONE_METHOD, ANN_CLONED_FROM, ANN_PATH};
 use serde::Serialize;
 
@@ -28,11 +29,17 @@ pub struct VolumeRow {
     pub clone_method: Option<String>,
     /// Why the agent's figures are missing.
     pub error: Option<String>,
+    /// The error is the agent's: its Secret made no client, or it did not answer.
+    #[serde(skip)]
+    pub agent_unchecked: bool,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct VolumesReport {
     pub volumes: Vec<VolumeRow>,
+    /// Agents whose Secret made no client or that did not answer, with the reason: the
+    /// usage of their volumes is unknown.
+    pub unchecked_agents: Vec<(String, String)>,
 }
 
 /// The claim a PV is bound to, as `namespace/name`.
@@ -65,6 +72,7 @@ pub fn base_row(pv: &PersistentVolume) -> VolumeRow {
         cloned_from: annotation(&pv.metadata, ANN_CLONED_FROM).map(str::to_owned),
         clone_method: annotation(&pv.metadata, ANN_CLONE_METHOD).map(str::to_owned),
         error: None,
+        agent_unchecked: false,
     }
 }
 
@@ -81,6 +89,7 @@ async fn with_usage(mut row: VolumeRow, agents: &Agents) -> VolumeRow {
         Ok(client) => client,
         Err(e) => {
             row.error = Some(e.clone());
+            row.agent_unchecked = true;
             return row;
         }
     };
@@ -98,7 +107,10 @@ async fn with_usage(mut row: VolumeRow, agents: &Agents) -> VolumeRow {
             row.capacity_bytes = row.capacity_bytes.or(Some(volume.capacity_bytes));
         }
         Ok(None) => row.error = Some(format!("agent {agent} has no volume at this path")),
-        Err(e) => row.error = Some(e.to_string()),
+        Err(e) => {
+            row.agent_unchecked = matches!(e, ClientError::Transport(_));
+            row.error = Some(e.to_string());
+        }
     }
     row
 }
@@ -109,7 +121,18 @@ pub async fn run(target: &Target) -> anyhow::Result<VolumesReport> {
     let agents = crate::credentials::load(target, deployment.as_ref()).await?;
     let rows =
         futures::future::join_all(volumes.iter().map(|pv| with_usage(base_row(pv), &agents))).await;
-    Ok(VolumesReport { volumes: rows })
+    let mut unchecked: std::collections::BTreeMap<String, String> = Default::default();
+    for row in rows.iter().filter(|r| r.agent_unchecked) {
+        if let (Some(agent), Some(error)) = (&row.agent, &row.error) {
+            unchecked
+                .entry(agent.clone())
+                .or_insert_with(|| error.clone());
+        }
+    }
+    Ok(VolumesReport {
+        volumes: rows,
+        unchecked_agents: unchecked.into_iter().collect(),
+    })
 }
 
 fn or_dash(value: Option<String>) -> String {
@@ -151,7 +174,15 @@ impl crate::report::Report for VolumesReport {
                 out.push_str(&format!("{}: {error}\n", v.pv));
             }
         }
+        for (agent, reason) in &self.unchecked_agents {
+            out.push_str(&format!("agent {agent} not checked: {reason}\n"));
+        }
         out
+    }
+
+    /// 1 when an agent could not be read or reached: the usage shown is incomplete.
+    fn exit_code(&self) -> i32 {
+        i32::from(!self.unchecked_agents.is_empty())
     }
 }
 
@@ -191,6 +222,7 @@ mod tests {
 
         let table = VolumesReport {
             volumes: vec![clone, plain],
+            unchecked_agents: Vec::new(),
         }
         .table();
         let origins: Vec<&str> = table

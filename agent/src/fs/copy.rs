@@ -44,16 +44,21 @@
 //! behind it is read. Nothing recurses: the walk keeps an explicit stack of two
 //! descriptors per level, bounded by [`MAX_COPY_DEPTH`].
 //!
+//! Bounded whatever the source holds: a copy keeps at most [`COPY_DESCRIPTORS`]
+//! descriptors open, and memory that grows with the depth of the tree but not with the
+//! number of entries. Directories are read as streams, a few entries at a time; files
+//! wait for a worker in a queue of fixed length; and a file with several names is
+//! remembered on disk, not in memory, until its last name is linked (see [`LinkStage`]),
+//! so there is no cap on how many hard-linked files a clone keeps exactly.
+//!
 //! One thread walks the tree and makes every directory, name, link and special file, in
 //! order; it also applies each directory's metadata as it leaves it, since only it
 //! changes directories. Worker threads copy file data and set the files' metadata, from
 //! a bounded queue of open file pairs, so many small files and a few large ones both go
 //! at the disks' speed while the descriptors in flight stay bounded.
 
-use std::collections::HashMap;
 use std::ffi::{CStr, CString};
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
-use std::rc::Rc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::mpsc::{Receiver, SyncSender, sync_channel};
 use std::sync::{Arc, Mutex};
@@ -127,6 +132,13 @@ const FALLBACK_BUFFER: usize = 1 << 20;
 /// Files opened and waiting for a worker, per worker: enough to keep workers busy while
 /// the walker is slow on a directory, few enough to bound the descriptors held (two each).
 const QUEUE_PER_WORKER: usize = 16;
+/// Most threads a copy uses for file data, whatever it is asked for.
+const MAX_WORKERS: usize = 8;
+/// Most descriptors one copy holds at once: two per level of the walk (the source's
+/// stream and the target) with the root, the link stage, and two for each file queued,
+/// in a worker's hands or being queued.
+pub const COPY_DESCRIPTORS: usize =
+    2 * (MAX_COPY_DEPTH + 1) + 1 + 2 * (MAX_WORKERS * (QUEUE_PER_WORKER + 1) + 1);
 /// Tries at reading an attribute or list that keeps growing between size and read.
 const XATTR_TRIES: usize = 8;
 
@@ -140,7 +152,7 @@ pub fn copy_tree(
     progress: &CopyProgress,
 ) -> Result<CopyStats> {
     let shared = Shared::default();
-    let workers = options.workers.max(1);
+    let workers = options.workers.clamp(1, MAX_WORKERS);
     let (queue, jobs) = sync_channel(workers.saturating_mul(QUEUE_PER_WORKER));
     // Each worker owns a handle: when every one has gone (even by a panic) the receiver
     // is dropped, and a walker waiting to queue more is told instead of waiting forever.
@@ -885,12 +897,7 @@ struct Frame {
     target: OwnedFd,
     /// Of the source, taken when it was opened, before it was read.
     stat: Statx,
-    /// Its name in its parent (empty for the root).
-    name: CString,
     rel: String,
-    /// Names from the root to it, made for the first hard-linked file met in it and
-    /// shared by all of them.
-    path: Option<Rc<[CString]>>,
 }
 
 impl Frame {
@@ -902,13 +909,83 @@ impl Frame {
     }
 }
 
-/// Where the first name of a hard-linked file was copied, to link its other names to.
-struct FirstName {
-    /// Directory names from the root.
-    parent: Rc<[CString]>,
+/// Where the copy keeps the first name of each hard-linked file until it has met all
+/// the others: a private directory in the new volume's root, holding one more link to
+/// each such file, named by the source inode. The filesystem itself is the set of files
+/// waiting for more names, so the copy's memory does not grow with them; each waits as
+/// one directory entry, taken out once its last name is linked, and the directory goes
+/// before the copy ends. Being inside the new volume, it shares its quota project (a
+/// link across projects is refused), and its entries take the room of directory entries
+/// from the clone's quota while the copy runs.
+struct LinkStage {
+    dir: OwnedFd,
     name: CString,
-    /// Names not met yet; forgotten at zero.
-    remaining: u32,
+}
+
+/// Names given to link stages; one a source root holds is moved out of the way.
+static STAGES: AtomicU64 = AtomicU64::new(0);
+
+impl LinkStage {
+    fn create(root: BorrowedFd<'_>) -> Result<Self> {
+        let name = Self::make(|name| rustix::fs::mkdirat(root, name, Mode::from_raw_mode(0o700)))?;
+        let dir = rustix::fs::openat(
+            root,
+            &name,
+            OFlags::RDONLY | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+            Mode::empty(),
+        )
+        .map_err(|e| io_error("open the directory of hard links", e))?;
+        Ok(Self { dir, name })
+    }
+
+    /// Tries `make` with fresh names until one is not taken; answers the name.
+    fn make(make: impl Fn(&CStr) -> rustix::io::Result<()>) -> Result<CString> {
+        loop {
+            let n = STAGES.fetch_add(1, Ordering::Relaxed);
+            let name = CString::new(format!(".nfsprov-links-{}-{n}", std::process::id()))
+                .expect("no NUL in a generated name");
+            match make(&name) {
+                Ok(()) => return Ok(name),
+                Err(Errno::EXIST) => continue,
+                Err(e) => return Err(write_error("create", "the directory of hard links", e)),
+            }
+        }
+    }
+
+    /// Moves the stage away from `name` in `root`, which the source's root holds too.
+    fn step_aside(&mut self, root: BorrowedFd<'_>) -> Result<()> {
+        let from = self.name.clone();
+        self.name = Self::make(|to| {
+            rustix::fs::renameat_with(root, &from, root, to, rustix::fs::RenameFlags::NOREPLACE)
+        })?;
+        Ok(())
+    }
+
+    /// The name a file waits under: its source inode, with its birth time where the
+    /// filesystem keeps one, so a file removed during the copy and a new one given its
+    /// inode number are told apart (the device is the same for every entry copied).
+    fn key(listed: &Statx) -> CString {
+        let (_, _, ino, born_sec, born_nsec) = identity(listed);
+        CString::new(format!("{ino:x}-{born_sec:x}-{born_nsec:x}")).expect("no NUL in a number")
+    }
+
+    /// Removes the stage and what is left in it: files some of whose names were not
+    /// reached (removed during the copy, or never inside the volume), which keep the
+    /// names they were copied under.
+    fn remove(self, root: BorrowedFd<'_>) -> Result<()> {
+        let mut stream =
+            Dir::read_from(&self.dir).map_err(|e| io_error("list the hard links", e))?;
+        // Only the agent writes here, so one pass finds everything.
+        while let Some(entry) = stream.read() {
+            let entry = entry.map_err(|e| io_error("list the hard links", e))?;
+            if !is_dot(entry.file_name()) {
+                rustix::fs::unlinkat(&self.dir, entry.file_name(), AtFlags::empty())
+                    .map_err(|e| io_error("remove a hard link", e))?;
+            }
+        }
+        rustix::fs::unlinkat(root, &self.name, AtFlags::REMOVEDIR)
+            .map_err(|e| io_error("remove the directory of hard links", e))
+    }
 }
 
 /// The walking thread: makes every directory and name in the target in order, and hands
@@ -918,7 +995,8 @@ struct Walker<'s, 'p> {
     shared: &'s Shared,
     progress: &'p CopyProgress,
     queue: SyncSender<Job<'p>>,
-    linked: HashMap<Identity, FirstName>,
+    /// Made when the first file with several names is met.
+    links: Option<LinkStage>,
     stack: Vec<Frame>,
     stats: CopyStats,
 }
@@ -946,14 +1024,12 @@ impl<'s, 'p> Walker<'s, 'p> {
             shared,
             progress,
             queue,
-            linked: HashMap::new(),
+            links: None,
             stack: vec![Frame {
                 source,
                 target,
                 stat,
-                name: CString::default(),
                 rel: ".".into(),
-                path: None,
             }],
             stats: CopyStats::default(),
         })
@@ -978,6 +1054,13 @@ impl<'s, 'p> Walker<'s, 'p> {
                 Some(Err(e)) => return Err(io_error(format!("list {}", top.rel), e)),
                 None => {
                     let done = self.stack.pop().expect("the directory just read");
+                    // The root's listing is done, and so is every name: the stage goes
+                    // before the root's times are set.
+                    if self.stack.is_empty()
+                        && let Some(links) = self.links.take()
+                    {
+                        links.remove(done.target.as_fd())?;
+                    }
                     let source = Node::Fd(done.source());
                     set_metadata(
                         &source,
@@ -989,17 +1072,6 @@ impl<'s, 'p> Walker<'s, 'p> {
             }
         }
         Ok(())
-    }
-
-    /// The names from the root to the directory being walked.
-    fn path(&mut self) -> Rc<[CString]> {
-        if let Some(path) = &self.top().path {
-            return Rc::clone(path);
-        }
-        let path: Rc<[CString]> = self.stack[1..].iter().map(|f| f.name.clone()).collect();
-        let top = self.stack.last_mut().expect("a directory is being walked");
-        top.path = Some(Rc::clone(&path));
-        path
     }
 
     fn top(&self) -> &Frame {
@@ -1018,6 +1090,12 @@ impl<'s, 'p> Walker<'s, 'p> {
             };
         if MountId::of(&listed) != self.mount {
             return Err(mount_point(&rel));
+        }
+        if self.stack.len() == 1
+            && let Some(links) = &mut self.links
+            && links.name == name
+        {
+            links.step_aside(self.stack[0].target.as_fd())?;
         }
         let kind = file_type(&listed);
         if kind == FileType::Directory {
@@ -1041,15 +1119,7 @@ impl<'s, 'p> Walker<'s, 'p> {
             }
         };
         if made && linked {
-            let parent = self.path();
-            self.linked.insert(
-                identity(&listed),
-                FirstName {
-                    parent,
-                    name,
-                    remaining: listed.stx_nlink - 1,
-                },
-            );
+            self.stage(&name, &rel, &listed)?;
         }
         Ok(())
     }
@@ -1083,54 +1153,62 @@ impl<'s, 'p> Walker<'s, 'p> {
             source,
             target,
             stat,
-            name,
             rel,
-            path: None,
         });
         Ok(())
     }
 
     /// Links another name of a file already copied; `false` when it is the first met.
     fn link(&mut self, name: &CStr, rel: &str, listed: &Statx) -> Result<bool> {
-        let key = identity(listed);
-        let Some(first) = self.linked.get_mut(&key) else {
+        let Some(links) = &self.links else {
             return Ok(false);
         };
-        // The first name's directory, opened from the deepest directory both names share
-        // (the target is the agent's own: its path is safe to walk).
-        let open = &self.stack[1..];
-        let shared = first
-            .parent
-            .iter()
-            .zip(open)
-            .take_while(|(name, frame)| **name == frame.name)
-            .count();
-        let mut opened: Option<OwnedFd> = None;
-        for component in &first.parent[shared..] {
-            let base = opened
-                .as_ref()
-                .map_or(self.stack[shared].target.as_fd(), |fd| fd.as_fd());
-            let next = rustix::fs::openat(
-                base,
-                component,
-                OFlags::PATH | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
-                Mode::empty(),
-            )
-            .map_err(|e| io_error(format!("open the directory of another name of {rel}"), e))?;
-            opened = Some(next);
-        }
-        let from = opened
-            .as_ref()
-            .map_or(self.stack[shared].target.as_fd(), |fd| fd.as_fd());
+        let key = LinkStage::key(listed);
         let to = self.stack.last().expect("a directory is being walked");
-        rustix::fs::linkat(from, &first.name, &to.target, name, AtFlags::empty())
-            .map_err(|e| write_error("link", rel, e))?;
+        match rustix::fs::linkat(&links.dir, &key, &to.target, name, AtFlags::empty()) {
+            Ok(()) => {}
+            Err(Errno::NOENT) => return Ok(false),
+            Err(e) => return Err(write_error("link", rel, e)),
+        }
         self.stats.hard_links += 1;
-        first.remaining = first.remaining.saturating_sub(1);
-        if first.remaining == 0 {
-            self.linked.remove(&key);
+        // Every name the source had when listed is made (the stage holds one more): the
+        // file stops waiting. Most such files have two names, and this is the second.
+        let done = listed.stx_nlink <= 2 || {
+            let made = rustix::fs::statx(&links.dir, &key, AtFlags::SYMLINK_NOFOLLOW, stat_mask())
+                .map_err(|e| io_error(format!("stat the copy of {rel}"), e))?;
+            made.stx_nlink > listed.stx_nlink
+        };
+        if done {
+            rustix::fs::unlinkat(&links.dir, &key, AtFlags::empty())
+                .map_err(|e| io_error(format!("forget the first name of {rel}"), e))?;
         }
         Ok(true)
+    }
+
+    /// Keeps the copy of a file with several names, just made under `name`, until its
+    /// other names are met.
+    fn stage(&mut self, name: &CStr, rel: &str, listed: &Statx) -> Result<()> {
+        let links = match &mut self.links {
+            Some(links) => links,
+            None => self
+                .links
+                .insert(LinkStage::create(self.stack[0].target.as_fd())?),
+        };
+        let from = self.stack.last().expect("a directory is being walked");
+        let key = LinkStage::key(listed);
+        loop {
+            match rustix::fs::linkat(&from.target, name, &links.dir, &key, AtFlags::empty()) {
+                Ok(()) => return Ok(()),
+                // Left by a file that had that inode before (removed during the copy).
+                Err(Errno::EXIST) => {
+                    match rustix::fs::unlinkat(&links.dir, &key, AtFlags::empty()) {
+                        Ok(()) | Err(Errno::NOENT) => continue,
+                        Err(e) => return Err(io_error(format!("forget a first name of {rel}"), e)),
+                    }
+                }
+                Err(e) => return Err(write_error("link", rel, e)),
+            }
+        }
     }
 
     fn regular(&mut self, name: &CStr, rel: &str, listed: &Statx) -> Result<bool> {
@@ -1959,6 +2037,63 @@ mod tests {
             }
             other => panic!("not refused: {other:?}"),
         }
+    }
+
+    /// Names of one file in several directories are one file in the copy, met in any
+    /// order; a file whose other name lies outside the source is copied once under the
+    /// name inside; the copy's root keeps nothing of the bookkeeping, even when the
+    /// source's root holds an entry named like it.
+    #[test]
+    fn hard_links_are_kept_and_nothing_else_is_left() {
+        let tmp = tempfile::tempdir().unwrap();
+        let source = new_dir(&tmp.path().join("source"));
+        for dir in ["a", "b", "c/d"] {
+            fs::create_dir_all(source.join(dir)).unwrap();
+        }
+        for n in 0..50 {
+            let first = source.join("b").join(format!("f{n}"));
+            write(
+                &source.join("b"),
+                &format!("f{n}"),
+                format!("file {n}").as_bytes(),
+            );
+            fs::hard_link(&first, source.join("a").join(format!("g{n}"))).unwrap();
+            fs::hard_link(&first, source.join("c/d").join(format!("h{n}"))).unwrap();
+        }
+        write(&source, "half", b"one name inside");
+        fs::hard_link(source.join("half"), tmp.path().join("outside")).unwrap();
+        // What the first stage of this process would be called, and then some.
+        let next = STAGES.load(Ordering::Relaxed);
+        for n in next..next + 64 {
+            fs::create_dir(source.join(format!(".nfsprov-links-{}-{n}", std::process::id())))
+                .unwrap();
+        }
+        let copied = new_dir(&tmp.path().join("copy"));
+        let stats = copy(&source, &copied, false, &CopyProgress::default()).unwrap();
+        assert_eq!((stats.files, stats.hard_links), (51, 100));
+        let listing = |dir: &Path| {
+            let mut names: Vec<_> = fs::read_dir(dir)
+                .unwrap()
+                .map(|e| e.unwrap().file_name())
+                .collect();
+            names.sort();
+            names
+        };
+        assert_eq!(listing(&copied), listing(&source));
+        for n in 0..50 {
+            let names = [
+                copied.join("a").join(format!("g{n}")),
+                copied.join("b").join(format!("f{n}")),
+                copied.join("c/d").join(format!("h{n}")),
+            ];
+            let first = fs::metadata(&names[0]).unwrap();
+            assert_eq!(first.nlink(), 3);
+            for name in &names {
+                assert_eq!(fs::metadata(name).unwrap().ino(), first.ino());
+            }
+            assert_eq!(fs::read(&names[0]).unwrap(), format!("file {n}").as_bytes());
+        }
+        assert_eq!(fs::metadata(copied.join("half")).unwrap().nlink(), 1);
     }
 
     #[test]

@@ -1,9 +1,14 @@
 //! The store's errors, in terms the API maps to its error codes. Every part of the store
 //! (confinement, records, backends) reports through these, so one mapping in the API
 //! covers them all.
+//!
+//! Messages are built around names a tenant chose (an entry of a volume being copied or
+//! removed): they are shown escaped and bounded wherever they go, the API's answer, the
+//! log and, through the controller, the claim's events.
 
 use std::io;
 
+use nfsprov_api_types::logsafe::Clean;
 use nfsprov_api_types::{ApiError, ErrorCode, VolumePath};
 use rustix::io::Errno;
 
@@ -13,27 +18,27 @@ use crate::quota::QuotaError;
 #[derive(Debug, thiserror::Error)]
 pub enum StoreError {
     /// A symlink or non-directory where a directory must be.
-    #[error("{0}")]
+    #[error("{}", Clean(.0))]
     Unsafe(String),
-    #[error("{0}")]
+    #[error("{}", Clean(.0))]
     Conflict(String),
-    #[error("{0}")]
+    #[error("{}", Clean(.0))]
     NotFound(String),
-    #[error("{0}")]
+    #[error("{}", Clean(.0))]
     NoSpace(String),
-    #[error("{0}")]
+    #[error("{}", Clean(.0))]
     NotReady(String),
     /// A quota the backend cannot give, or a shrink.
-    #[error("{0}")]
+    #[error("{}", Clean(.0))]
     Unsupported(String),
     /// A quota operation failed.
-    #[error("{context}: {source}")]
+    #[error("{}: {}", Clean(.context), Clean(&.source.to_string()))]
     Quota {
         context: String,
         #[source]
         source: QuotaError,
     },
-    #[error("{context}: {source}")]
+    #[error("{}: {}", Clean(.context), Clean(&.source.to_string()))]
     Io {
         context: String,
         #[source]

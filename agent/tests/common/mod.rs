@@ -5,6 +5,7 @@
 #![allow(dead_code)]
 
 pub mod agent_process;
+pub mod logged_agent;
 pub mod zfs_pool;
 
 use std::collections::BTreeMap;

@@ -118,9 +118,12 @@ async fn a_class_without_agent_and_no_default_fails_clearly_once() {
     let nfs2 = MockAgent::start("nfs2").await;
     let registry = MockAgent::registry_of(&[&nfs1, &nfs2], None);
     let (ctx, api) = context(registry, vec![class("nfs", &[])], vec![]);
-    let server = api.run(vec![failed_event(
-        "has no \"agent\" parameter and several agents are configured (nfs1, nfs2) with no default",
-    )]);
+    let server = api.run(vec![
+        provisioning_event("data"),
+        failed_event(
+            "has no \"agent\" parameter and several agents are configured (nfs1, nfs2) with no default",
+        ),
+    ]);
     let pvc = Arc::new(CachedClaim::from(claim("nfs")));
     for _ in 0..2 {
         let action = reconcile_claim(pvc.clone(), ctx.clone()).await.unwrap();
@@ -193,7 +196,7 @@ async fn assert_class_refused(parameters: &[(&str, &str)], note: &str) {
     let nfs2 = MockAgent::start("nfs2").await;
     let registry = MockAgent::registry_of(&[&nfs1, &nfs2], Some("nfs1"));
     let (ctx, api) = context(registry, vec![class("nfs", parameters)], vec![]);
-    let server = api.run(vec![failed_event(note)]);
+    let server = api.run(vec![provisioning_event("data"), failed_event(note)]);
     let action = reconcile_claim(Arc::new(claim("nfs").into()), ctx.clone())
         .await
         .unwrap();
@@ -213,7 +216,7 @@ async fn assert_class_refused(parameters: &[(&str, &str)], note: &str) {
 async fn unknown_or_repeated_agents_are_refused() {
     assert_class_refused(
         &[("agents", "nfs1,nfs9")],
-        "names agent \"nfs9\", which is not configured; known agents: nfs1, nfs2",
+        "names agent \"nfs9\", which is not configured (no connection file configures it); known agents: nfs1, nfs2",
     )
     .await;
     assert_class_refused(
@@ -264,9 +267,10 @@ async fn no_ready_agent_is_a_retriable_failure() {
         vec![class("nfs", &[("agents", "nfs1,nfs2")])],
         vec![],
     );
-    let server = api.run(vec![failed_event(
-        "none of the StorageClass's agents is ready: agent nfs1: agent unreachable",
-    )]);
+    let server = api.run(vec![
+        provisioning_event("data"),
+        failed_event("none of the StorageClass's agents is ready: agent nfs1: agent unreachable"),
+    ]);
     let pvc = Arc::new(CachedClaim::from(claim("nfs")));
     let error = reconcile_claim(pvc.clone(), ctx.clone()).await.unwrap_err();
     assert!(
@@ -312,9 +316,11 @@ async fn a_permanent_failure_is_reported_again_only_after_a_change() {
     broken.metadata.resource_version = Some("7".into());
     let (ctx, api) = context(agent.registry(), vec![broken], vec![]);
     let server = api.run(vec![
+        provisioning_event("data"),
         failed_event("StorageClass parameter mode=\"0999\" is invalid"),
-        // The claim changed (say, a label) but is still refused: reported again, which
-        // the recorder folds into the first event's series.
+        // The claim changed (say, a label) but is still refused: announced and reported
+        // again, which the recorder folds into the first events' series.
+        Call::event_repeat("team-a", "Provisioning", 2),
         Call::event_repeat("team-a", "ProvisioningFailed", 2),
     ]);
     let mut pvc = claim("nfs");

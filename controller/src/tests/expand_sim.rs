@@ -56,6 +56,7 @@ async fn a_bound_claim_grows_through_the_simulated_api() {
             concurrency: 16,
             usage_interval: None,
             orphan_check: None,
+            agent_secrets: None,
         },
         Arc::new(AtomicBool::new(false)),
         stopped,

@@ -3,6 +3,7 @@
 //! real agent.
 
 mod agent_choice;
+mod agent_secrets;
 mod expand_scenarios;
 mod expand_sim;
 pub(crate) mod fixtures;

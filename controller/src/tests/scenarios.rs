@@ -152,11 +152,14 @@ async fn a_claim_whose_agent_has_no_free_slot_steps_aside_without_failing() {
         .try_slot()
         .expect("a free slot");
     let (ctx, api) = context(registry, vec![class("nfs", &[])], vec![]);
-    // Busy: no agent call, no API call (no event), no failure count; a retry soon.
-    let server = api.run(vec![]);
+    // Busy: the attempt is announced once, however often it steps aside; no agent call,
+    // no failure count; a retry soon.
+    let server = api.run(vec![provisioning_event()]);
     let pvc = Arc::new(objects::CachedClaim::from(claim("nfs")));
-    let action = reconcile_claim(pvc.clone(), ctx.clone()).await.unwrap();
-    assert_eq!(action, Action::requeue(crate::agents::BUSY_RETRY));
+    for _ in 0..2 {
+        let action = reconcile_claim(pvc.clone(), ctx.clone()).await.unwrap();
+        assert_eq!(action, Action::requeue(crate::agents::BUSY_RETRY));
+    }
     assert!(agent.calls().is_empty(), "{:?}", agent.calls());
     assert!(
         !ctx.metrics
@@ -274,7 +277,9 @@ async fn assert_refused(
         .map_or(String::new(), |d| d.kind.clone());
     let agent = MockAgent::start("nfs1").await;
     let (ctx, api) = context(agent.registry(), vec![class("nfs", params)], vec![]);
-    let server = api.run(vec![failed_event(note)]);
+    // Provisioning first, as the library publishes it before calling Provision; the
+    // second attempt on the same claim and class says nothing again.
+    let server = api.run(vec![provisioning_event(), failed_event(note)]);
     let pvc = Arc::new(objects::CachedClaim::from(pvc));
     for _ in 0..2 {
         let result = reconcile_claim(pvc.clone(), ctx.clone()).await;
@@ -841,6 +846,51 @@ async fn the_recorded_archive_retention_goes_with_the_archive_request() {
     assert_eq!(agent.calls(), ["POST archive team-a/data"]);
 }
 
+/// A PV the replaced provisioner made is left to it until adopted: released with Delete,
+/// with or without a finalizer, it gets no finalizer, no deletion and no event; once it
+/// carries this project's agent and path it is handled like any of ours.
+#[tokio::test]
+async fn volumes_of_an_additional_provisioner_wait_for_adoption() {
+    const REPLACED: &str = "k8s-sigs.io/nfs-subdir-external-provisioner";
+    let agent = MockAgent::start("nfs1").await;
+    stored("team-a/data", &agent);
+    let provisioners = || objects::Provisioners::new(PROVISIONER, [REPLACED.to_owned()]);
+    let mut theirs = released_pv(Some("delete"), "team-a/data");
+    let annotations = theirs.metadata.annotations.as_mut().unwrap();
+    annotations.clear();
+    annotations.insert(objects::ANN_PROVISIONED_BY.into(), REPLACED.into());
+    for finalizers in [vec![], vec!["kubernetes.io/pv-protection".to_owned()]] {
+        theirs.metadata.finalizers = Some(finalizers);
+        let (ctx, api, _) =
+            context_with_provisioners(provisioners(), agent.registry(), vec![], vec![]);
+        let server = api.run(vec![]);
+        // As the watch caches it.
+        let mut volume = cached(theirs.clone());
+        crate::cache::slim_volume(&mut volume, &provisioners());
+        reconcile_volume(Arc::new(volume), ctx.clone())
+            .await
+            .unwrap();
+        finish(ctx, server).await;
+    }
+    assert!(agent.calls().is_empty());
+
+    // Adopted under the old name (annotations of this project): ours, so deleted.
+    let mut adopted = released_pv(Some("delete"), "team-a/data");
+    adopted
+        .metadata
+        .annotations
+        .as_mut()
+        .unwrap()
+        .insert(objects::ANN_PROVISIONED_BY.into(), REPLACED.into());
+    let (ctx, api, _) = context_with_provisioners(provisioners(), agent.registry(), vec![], vec![]);
+    let server = api.run(vec![get_pv(&adopted), remove_finalizer(), delete_pv()]);
+    reconcile_volume(Arc::new(cached(adopted)), ctx.clone())
+        .await
+        .unwrap();
+    finish(ctx, server).await;
+    assert_eq!(agent.calls(), ["DELETE team-a/data"]);
+}
+
 #[tokio::test]
 async fn on_delete_retain_keeps_the_directory_and_deletes_the_pv() {
     let agent = MockAgent::start("nfs1").await;
@@ -1231,14 +1281,14 @@ async fn a_clone_is_polled_until_the_agent_made_it_and_its_pv_names_the_source()
     annotations.insert("nfsprov.dev/cloned-from".into(), json!("team-a/source"));
     annotations.insert("nfsprov.dev/clone-method".into(), json!("reflink"));
     let server = api.run(vec![
-        get_source(&source),
         Call::event(
             "team-a",
             "Normal",
             "Provisioning",
             "data",
-            "cloning claim team-a/source on agent nfs1",
+            "cloning claim team-a/source",
         ),
+        get_source(&source),
         // Polled again: no second Provisioning event.
         get_source(&source),
         Call::new(Method::POST, PVS, BodyCheck::Exact(expected)).status(201),
@@ -1307,6 +1357,7 @@ async fn a_clone_that_breaks_a_rule_is_refused_once_without_calling_the_agent() 
             vec![source_pv(source_agent)],
         );
         let server = api.run(vec![
+            provisioning_event(),
             get_source(&source),
             failed_event(note),
             // The second reconcile of the same claim reads the source, reports nothing.
@@ -1334,6 +1385,7 @@ async fn a_clone_waits_with_backoff_for_a_source_that_is_not_bound_yet() {
         vec![],
     );
     let server = api.run(vec![
+        provisioning_event(),
         get_source(&pending),
         failed_event("the source claim team-a/source is Pending, not Bound"),
     ]);

@@ -86,6 +86,27 @@ impl AgentProcess {
         Ok(agent)
     }
 
+    /// Starts the agent `nfsprov-agent init --name NAME --dir ETC` set up, listening on
+    /// `port` (as given to init's `--listen`).
+    pub async fn start_initialised(name: &str, etc: &Path, port: u16) -> anyhow::Result<Self> {
+        let work = tempfile::tempdir()?;
+        std::fs::copy(
+            etc.join("controller-secret.yaml"),
+            work.path().join("secret.yaml"),
+        )?;
+        let mut agent = Self {
+            name: name.to_owned(),
+            bin: binary("nfsprov-agent")?,
+            etc: etc.to_owned(),
+            port,
+            log: work.path().join("agent.log"),
+            child: None,
+            _work: work,
+        };
+        agent.spawn().await?;
+        Ok(agent)
+    }
+
     async fn spawn(&mut self) -> anyhow::Result<()> {
         self.spawn_under(&[], &[]).await
     }

@@ -134,14 +134,25 @@ impl ControllerProcess {
         agents_dir: &Path,
         extra_args: &[&str],
     ) -> anyhow::Result<Self> {
+        Self::start_with(api, Some(agents_dir), extra_args).await
+    }
+
+    /// As [`ControllerProcess::start`]; without `agents_dir` the controller reads its
+    /// agents from the labelled Secrets of its namespace, as the shipped Deployment runs.
+    pub async fn start_with(
+        api: &KubeApi,
+        agents_dir: Option<&Path>,
+        extra_args: &[&str],
+    ) -> anyhow::Result<Self> {
         let work = tempfile::tempdir()?;
         let http: SocketAddr = format!("127.0.0.1:{}", crate::free_port()?).parse()?;
         let log = work.path().join("controller.log");
-        let child = Command::new(binary("nfsprov-controller")?)
-            .arg("--kubeconfig")
-            .arg(api.controller_kubeconfig())
-            .arg("--agents-dir")
-            .arg(agents_dir)
+        let mut command = Command::new(binary("nfsprov-controller")?);
+        command.arg("--kubeconfig").arg(api.controller_kubeconfig());
+        if let Some(dir) = agents_dir {
+            command.arg("--agents-dir").arg(dir);
+        }
+        let child = command
             .arg(format!("--http-addr={http}"))
             .args(extra_args)
             .env("RUST_LOG", "info")

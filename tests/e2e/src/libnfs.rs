@@ -795,7 +795,7 @@ impl NfsClient {
     }
 
     /// `chmod` of a file, following a symlink. Not of a directory: see
-    /// [`NfsClient::settable`].
+    /// `NfsClient::settable`.
     pub fn chmod(&self, path: &str, mode: u32) -> anyhow::Result<()> {
         self.settable(path, true, "chmod")?;
         self.mode_call(path, mode, "chmod", self.api.nfs_chmod)
@@ -899,7 +899,7 @@ impl NfsClient {
     }
 
     /// Sets a file's access and modification times, following a symlink; not a
-    /// directory's (see [`NfsClient::settable`]). libnfs's `utimes` takes microseconds:
+    /// directory's (see `NfsClient::settable`). libnfs's `utimes` takes microseconds:
     /// `nsec` is truncated to them.
     pub fn set_times(&self, path: &str, atime: Timestamp, mtime: Timestamp) -> anyhow::Result<()> {
         self.settable(path, true, "utimes")?;

@@ -37,17 +37,18 @@ fn document<'a>(docs: &'a [String], kind: &str) -> Vec<&'a String> {
 #[test]
 fn the_base_renders_every_piece_in_its_namespace() {
     let docs = rendered();
-    for kind in [
-        "Namespace",
-        "ServiceAccount",
-        "ClusterRole",
-        "ClusterRoleBinding",
-        "Role",
-        "RoleBinding",
-        "Deployment",
-        "PodDisruptionBudget",
+    for (kind, count) in [
+        ("Namespace", 1),
+        ("ServiceAccount", 1),
+        ("ClusterRole", 1),
+        ("ClusterRoleBinding", 1),
+        // The leader Lease, and the agents' Secrets.
+        ("Role", 2),
+        ("RoleBinding", 2),
+        ("Deployment", 1),
+        ("PodDisruptionBudget", 1),
     ] {
-        assert_eq!(document(&docs, kind).len(), 1, "{kind}");
+        assert_eq!(document(&docs, kind).len(), count, "{kind}");
     }
     for doc in &docs {
         let cluster_scoped = [
@@ -78,13 +79,21 @@ fn the_controller_runs_hardened_with_probes() {
         "type: RuntimeDefault",
         "path: /livez",
         "path: /readyz",
-        "mountPath: /etc/nfsprov/agents",
-        "name: nfsprov-agent-default",
     ] {
         assert!(
             deployment.contains(expected),
             "missing {expected:?}:\n{deployment}"
         );
+    }
+    // The agents come from their labelled Secrets, read through the API: nothing in the
+    // Deployment names one, so adding an agent never edits it.
+    for absent in [
+        "volumes:",
+        "volumeMounts:",
+        "nfsprov-agent-",
+        "--agents-dir",
+    ] {
+        assert!(!deployment.contains(absent), "{absent}:\n{deployment}");
     }
     let drops_all = deployment
         .lines()
@@ -133,11 +142,21 @@ fn rbac_is_least_privilege() {
         status_rule.contains("patch") && !status_rule.contains("delete"),
         "{status_rule}"
     );
-    let role = document(&docs, "Role")[0];
+    let roles = document(&docs, "Role");
+    let lease_role = roles.iter().find(|r| r.contains("leases")).unwrap();
+    assert!(lease_role.contains("coordination.k8s.io"), "{lease_role}");
+    // Secrets: read-only, in the controller's namespace only.
+    let secret_role = roles.iter().find(|r| r.contains("secrets")).unwrap();
     assert!(
-        role.contains("leases") && role.contains("coordination.k8s.io"),
-        "{role}"
+        secret_role.contains("  namespace: nfsprov"),
+        "{secret_role}"
     );
+    for verb in ["get", "list", "watch"] {
+        assert!(secret_role.contains(&format!("- {verb}")), "{secret_role}");
+    }
+    for write in ["create", "update", "patch", "delete"] {
+        assert!(!secret_role.contains(write), "{secret_role}");
+    }
 }
 
 #[test]
@@ -145,6 +164,8 @@ fn examples_name_the_default_provisioner() {
     let classes =
         std::fs::read_to_string(deploy_dir().join("examples/storageclasses.yaml")).unwrap();
     assert_eq!(classes.matches("provisioner: nfsprov.dev/nfs").count(), 3);
+    // The agent the install's `nfsprov-agent init --name nfs1` makes.
+    assert_eq!(classes.matches("agent: nfs1").count(), 3);
     for policy in [
         "onDelete: delete",
         "onDelete: archive",

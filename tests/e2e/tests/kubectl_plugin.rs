@@ -192,23 +192,14 @@ fn agent_secret(system: &System, dir: &Path) -> anyhow::Result<Value> {
     Ok(serde_json::to_value(&secret)?)
 }
 
-/// The shipped Deployment, as `kubectl apply -k deploy/` makes it with one replica,
-/// mounting this agent's Secret, and with the status its ready pod would give it.
+/// The shipped Deployment, as `kubectl apply -k deploy/` makes it with one replica, and
+/// with the status its ready pod would give it. It names no agent: the plugin, as the
+/// controller, reads the labelled agent Secrets of the namespace.
 fn shipped_deployment() -> anyhow::Result<Value> {
     let file = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../deploy/deployment.yaml");
     let mut deployment: Value = serde_yaml_ng::from_str(&std::fs::read_to_string(file)?)?;
     deployment["metadata"]["namespace"] = json!(NAMESPACE);
     deployment["spec"]["replicas"] = json!(1);
-    let volumes = deployment["spec"]["template"]["spec"]["volumes"]
-        .as_array_mut()
-        .ok_or_else(|| anyhow::anyhow!("deployment.yaml has no volumes"))?;
-    let agents = volumes
-        .iter_mut()
-        .find(|v| v["name"] == "agents")
-        .ok_or_else(|| anyhow::anyhow!("deployment.yaml has no agents volume"))?;
-    agents["projected"]["sources"] = json!([{"secret": {"name": SECRET}}]);
-    // kubectl reads `0400` as YAML 1.1 octal; this YAML 1.2 reader keeps it a string.
-    agents["projected"]["defaultMode"] = json!(0o400);
     deployment["status"] = json!({"replicas": 1, "readyReplicas": 1});
     Ok(deployment)
 }
@@ -662,21 +653,22 @@ async fn status_agents_volumes_doctor_and_orphans() -> anyhow::Result<()> {
         table.stdout
     );
 
-    // A missing permission names the verb, the resource and the rule to add.
+    // A missing permission names the verb, the resource and the rule to add (the
+    // labelled Secrets are listed, as the controller lists them).
     fixtures.forbid_secrets.store(true, Ordering::SeqCst);
     let refused = plugin.run(&["agents"]).await?;
     assert_eq!(refused.code, 2);
     assert!(
         refused
             .stderr
-            .starts_with("error: forbidden: cannot get secrets in namespace nfsprov"),
+            .starts_with("error: forbidden: cannot list secrets in namespace nfsprov"),
         "{}",
         refused.stderr
     );
     assert!(
         refused
             .stderr
-            .contains(r#"{apiGroups: [""], resources: ["secrets"], verbs: ["get"]}"#),
+            .contains(r#"{apiGroups: [""], resources: ["secrets"], verbs: ["list"]}"#),
         "{}",
         refused.stderr
     );
@@ -836,5 +828,190 @@ async fn on_a_real_api_server_with_the_shipped_deployment() -> anyhow::Result<()
     secrets
         .delete("nfsprov-agent-default", &DeleteParams::default())
         .await?;
+    Ok(())
+}
+
+/// Every command that talks to agents, on a real kube-apiserver, with nothing but the
+/// agent Secrets as the cluster holds them (no `--agents-dir`): `adopt` (dry run,
+/// adoption, rerun), then `orphans` and `agents` with an unreadable Secret and with an
+/// unreachable agent, which must be named, with exit status 1, never "all clear".
+#[tokio::test(flavor = "multi_thread")]
+async fn without_an_agents_directory_and_never_all_clear_unchecked() -> anyhow::Result<()> {
+    use k8s_openapi::api::storage::v1::StorageClass;
+
+    let api = KubeApi::start().await?;
+    if !api.is_shared() {
+        nfsprov_test_skip::skip(
+            "without_an_agents_directory_and_never_all_clear_unchecked",
+            "needs a real API server (E2E_KUBECONFIG): the Secrets are read through the API",
+        );
+        return Ok(());
+    }
+    let mut system = System::start_on(api, &["nfs1"], 0, &[]).await?;
+    let admin = system.client.clone();
+    // The agents' Secrets live in this run's namespace, so nothing another test keeps in
+    // nfsprov is read.
+    let namespace = system.names.namespace.clone();
+    let work = tempfile::tempdir()?;
+    let mut secret: Secret =
+        serde_json::from_value(agent_secret(&system, &work.path().join("secret"))?)?;
+    secret.metadata.namespace = Some(namespace.clone());
+    let secrets: Api<Secret> = Api::namespaced(admin.clone(), &namespace);
+    secrets.create(&PostParams::default(), &secret).await?;
+    let plugin = Plugin {
+        bin: binary("kubectl-nfsprov")?,
+        kubeconfig: system.api.kubeconfig().to_owned(),
+        scope: ["-n", &namespace, "--provisioner", &system.names.provisioner]
+            .map(str::to_owned)
+            .to_vec(),
+    };
+
+    // A volume nfs-subdir-external-provisioner made: its class, claim, directory and PV.
+    let replaced = format!("{}-subdir", system.names.provisioner);
+    let class_name = system.names.class("e2e-subdir");
+    let mut class: StorageClass = serde_json::from_value(json!({
+        "metadata": {"name": class_name},
+        "provisioner": replaced,
+        "reclaimPolicy": "Delete",
+        "parameters": {"archiveOnDelete": "true"},
+    }))?;
+    if let Some(run) = &system.names.run {
+        class.metadata.labels = Some([("nfsprov.dev/e2e-run".to_owned(), run.clone())].into());
+    }
+    Api::<StorageClass>::all(admin.clone())
+        .create(&PostParams::default(), &class)
+        .await?;
+    let claim = system
+        .claim("legacy", "e2e-subdir", json!({}), json!({}))
+        .await?;
+    let uid = claim.metadata.uid.clone().unwrap_or_default();
+    let pv_name = format!("pvc-{uid}");
+    let directory = format!("{namespace}-legacy-{pv_name}");
+    std::fs::create_dir(system.agents[0].root.join(&directory))?;
+    let export = system.agents[0].export.clone();
+    let pv: PersistentVolume = serde_json::from_value(json!({
+        "metadata": {
+            "name": pv_name,
+            "annotations": {"pv.kubernetes.io/provisioned-by": replaced},
+        },
+        "spec": {
+            "capacity": {"storage": "1Gi"},
+            "accessModes": ["ReadWriteMany"],
+            "persistentVolumeReclaimPolicy": "Delete",
+            "storageClassName": class_name,
+            "nfs": {"server": "127.0.0.1", "path": format!("{export}/{directory}")},
+            "claimRef": {"namespace": namespace, "name": "legacy", "uid": uid},
+        },
+    }))?;
+    system.volumes().create(&PostParams::default(), &pv).await?;
+    system.bound_volume("legacy", BIND).await?;
+
+    let adopt = [
+        "adopt", "--from", &replaced, "--agent", "nfs1", "-o", "json",
+    ];
+    let dry = plugin.run(&[&adopt[..], &["--dry-run"]].concat()).await?;
+    assert_eq!(dry.code, 0, "{}", dry.stderr);
+    assert_eq!(
+        dry.json()["volumes"][0]["action"],
+        "adopt",
+        "{}",
+        dry.stdout
+    );
+    let untouched = system.volumes().get(&pv_name).await?;
+    assert!(
+        !untouched
+            .metadata
+            .annotations
+            .unwrap_or_default()
+            .contains_key("nfsprov.dev/agent")
+    );
+    let done = plugin.run(&adopt).await?;
+    assert_eq!(done.code, 0, "{}", done.stderr);
+    assert_eq!(
+        done.json()["volumes"][0]["action"],
+        "adopted",
+        "{}",
+        done.stdout
+    );
+    let adopted = system.volumes().get(&pv_name).await?;
+    let annotations = adopted.metadata.annotations.unwrap_or_default();
+    assert_eq!(
+        annotations.get("nfsprov.dev/path").map(String::as_str),
+        Some(directory.as_str())
+    );
+    let again = plugin.run(&adopt).await?;
+    assert_eq!(again.code, 0, "{}", again.stderr);
+    assert_eq!(again.json()["volumes"], json!([]), "{}", again.stdout);
+
+    // Everything checked, nothing found: the only case that says so.
+    let clear = plugin.run(&["orphans"]).await?;
+    assert_eq!(
+        (clear.code, clear.stdout.as_str()),
+        (0, "No orphan found.\n"),
+        "{}",
+        clear.stderr
+    );
+    let agents = plugin.run(&["agents"]).await?;
+    assert_eq!(agents.code, 0, "{}{}", agents.stdout, agents.stderr);
+
+    // An unreadable Secret: its settings name a key it does not hold.
+    let broken: Secret = serde_json::from_value(json!({
+        "metadata": {"name": "nfsprov-agent-nfs2", "labels": {
+            "app.kubernetes.io/component": "agent-credentials",
+        }},
+        "stringData": {"nfs2.toml": "name = \"nfs2\"\nurl = \"https://localhost:1\"\nca_file = \"nfs2-ca.pem\"\ntoken_file = \"nfs2-token\"\n"},
+    }))?;
+    secrets.create(&PostParams::default(), &broken).await?;
+    let orphans = plugin.run(&["orphans"]).await?;
+    assert_eq!(orphans.code, 1, "{}", orphans.stderr);
+    assert!(
+        !orphans.stdout.contains("No orphan found.\n")
+            && orphans.stdout.contains(
+                "agent nfs2 not checked: Secret nfsprov-agent-nfs2: key nfs2.toml: ca_file names key nfs2-ca.pem, which the Secret does not hold"
+            ),
+        "{}",
+        orphans.stdout
+    );
+    let agents = plugin.run(&["agents", "-o", "json"]).await?;
+    assert_eq!(agents.code, 1, "{}", agents.stderr);
+    let rows = agents.json()["agents"].clone();
+    assert_eq!(rows[0]["name"], "nfs1", "{rows}");
+    assert_eq!(rows[0]["health"], "ok", "{rows}");
+    assert_eq!(rows[1]["name"], "nfs2", "{rows}");
+    assert_eq!(rows[1]["health"], "unreadable", "{rows}");
+    let table = plugin.run(&["agents"]).await?;
+    assert_eq!(table.code, 1);
+    assert!(
+        table
+            .stdout
+            .contains("agent nfs2 (unreadable, Secret nfsprov-agent-nfs2): Secret nfsprov-agent-nfs2: key nfs2.toml"),
+        "{}",
+        table.stdout
+    );
+    secrets
+        .delete("nfsprov-agent-nfs2", &DeleteParams::default())
+        .await?;
+
+    // An unreachable agent.
+    system.agents[0].process.kill();
+    let orphans = plugin.run(&["orphans"]).await?;
+    assert_eq!(orphans.code, 1, "{}", orphans.stderr);
+    assert!(
+        orphans.stdout.starts_with("No agent could be checked.\n")
+            && orphans
+                .stdout
+                .contains("agent nfs1 not checked: agent unreachable: cannot connect to"),
+        "{}",
+        orphans.stdout
+    );
+    let agents = plugin.run(&["agents"]).await?;
+    assert_eq!(agents.code, 1, "{}", agents.stderr);
+    assert!(
+        agents
+            .stdout
+            .contains("agent nfs1 (unreachable, Secret nfsprov-agent-nfs1): agent unreachable"),
+        "{}",
+        agents.stdout
+    );
     Ok(())
 }
