@@ -11,7 +11,7 @@
 //! request that started it still gets its `202 Accepted` meanwhile. There are
 //! `limits.max_clone_jobs` slots, or fewer when the process's descriptor limit cannot
 //! hold that many copies at their deepest (each takes at most
-//! [`COPY_DESCRIPTORS`](crate::fs::COPY_DESCRIPTORS)) beside what connections, requests
+//! [`COPY_DESCRIPTORS`]) beside what connections, requests
 //! and usage walks may hold; never fewer than one.
 
 use std::collections::HashMap;

@@ -14,7 +14,7 @@ fn needs_escape(c: char) -> bool {
     !matches!(c, '"' | '\'') && c.escape_debug().len() > 1
 }
 
-/// `text` with [`needs_escape`] characters written the way Rust writes them (`\n`,
+/// `text` with characters that need escaping written the way Rust writes them (`\n`,
 /// `\u{1b}`, `\\`); printable text is kept as it is.
 pub fn escape(text: &str) -> Cow<'_, str> {
     escape_if(text, needs_escape)
