@@ -5,9 +5,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use clap::{ArgAction, Parser, ValueEnum};
-
-/// The provisioner name StorageClasses use when nothing else is configured.
-pub const DEFAULT_PROVISIONER: &str = "nfsprov.dev/nfs";
+use nfsprov_vocabulary::names::DEFAULT_PROVISIONER;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum LogFormat {

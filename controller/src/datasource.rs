@@ -9,10 +9,10 @@ use kube::ResourceExt;
 use kube::api::Api;
 use kube::runtime::reflector::ObjectRef;
 use nfsprov_api_types::VolumePath;
+use nfsprov_vocabulary::quantity;
 
 use crate::context::Context;
 use crate::objects::{claim_class, is_ours, requested, volume_name};
-use crate::quantity;
 
 const CLAIM_KIND: &str = "PersistentVolumeClaim";
 

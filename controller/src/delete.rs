@@ -8,6 +8,7 @@ use kube::runtime::controller::Action;
 use kube::runtime::events::EventType;
 use kube::{Resource, ResourceExt};
 use nfsprov_api_types::{ErrorCode, VolumePath};
+use nfsprov_vocabulary::params::{ClassParams, OnDelete, parse_retention_days};
 use serde_json::json;
 use tracing::{debug, info, warn};
 
@@ -17,7 +18,6 @@ use crate::objects::{
     ANN_AGENT, ANN_ARCHIVE_RETENTION_DAYS, ANN_ON_DELETE, ANN_PATH, CachedVolume, FINALIZER,
     Provisioners, RECLAIM_DELETE, class_name, has_finalizer, is_ours, phase, reclaim_policy,
 };
-use crate::params::{ClassParams, OnDelete, parse_retention_days};
 
 pub const REASON_FAILED_DELETE: &str = "VolumeFailedDelete";
 const ACTION: &str = "Delete";

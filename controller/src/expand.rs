@@ -25,13 +25,14 @@ use kube::runtime::reflector::ObjectRef;
 use kube::{Resource, ResourceExt};
 use nfsprov_api_types::client::ClientError;
 use nfsprov_api_types::{ErrorCode, QuotaPolicy, Volume, VolumePath};
+use nfsprov_vocabulary::quantity::bytes;
 use serde_json::{Value, json};
 use tracing::{debug, info, warn};
 
 use crate::agents::{Agent, request_id};
 use crate::context::{Context, Error};
 use crate::objects::{
-    ANN_PATH, CachedVolume, STORAGE, allocated, bytes, claim_class, claim_key, is_ours, requested,
+    ANN_PATH, CachedVolume, STORAGE, allocated, claim_class, claim_key, is_ours, requested,
     resize_status, status_capacity, storage_of, volume_name,
 };
 

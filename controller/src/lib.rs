@@ -2,11 +2,13 @@
 //! directories on the NFS server, expands them, measures their usage, and deletes, archives
 //! or keeps them when released.
 //!
-//! Modules depend only downward (the test suite checks that no import cycle exists):
+//! The names, StorageClass parameters and orphan rules it shares with the kubectl plugin
+//! are `nfsprov-vocabulary`'s. Modules depend only downward (the test suite checks that no
+//! import cycle exists):
 //!
-//! 1. leaves: `config`, `quantity`, `pattern`, `params`, `metrics`, `backoff`, `reported`
-//!    (permanent failures already reported), `events`, and `objects` (names, annotations
-//!    and every predicate over claims, classes and the cached form of volumes);
+//! 1. leaves: `config`, `metrics`, `backoff`, `reported` (permanent failures already
+//!    reported), `events`, and `objects` (the vocabulary's names, and every predicate over
+//!    claims, classes and the cached form of volumes);
 //! 2. `pv` (a new PV), `cache` (what the watch caches keep), `agents` (the agent clients);
 //! 3. `context`: what every reconciler shares (`Context`, `Error`, event publishing);
 //! 4. the reconcilers: `provision`, `delete`, `expand`, `usage`, `orphans`, and
@@ -32,11 +34,8 @@ pub mod leader;
 pub mod metrics;
 pub mod objects;
 pub mod orphans;
-pub mod params;
-pub mod pattern;
 pub mod provision;
 pub mod pv;
-pub mod quantity;
 pub mod reconcile;
 pub mod reported;
 pub mod usage;

@@ -16,6 +16,9 @@ use nfsprov_api_types::{
     Capabilities, CloneMethod, CloneProgress, CloneVolumeRequest, CreateVolumeRequest, ErrorCode,
     QuotaBackend, QuotaPolicy, VolumeOwner,
 };
+use nfsprov_vocabulary::params::ClassParams;
+use nfsprov_vocabulary::pattern::RenderInput;
+use nfsprov_vocabulary::quantity;
 use tracing::{debug, error, info};
 
 use crate::agents::{Agent, BUSY_RETRY, request_id};
@@ -25,10 +28,7 @@ use crate::objects::{
     ANN_SELECTED_NODE, claim_class, claim_is_bound, claim_key, claim_provisioner, claim_state_key,
     pv_name_for,
 };
-use crate::params::ClassParams;
-use crate::pattern::RenderInput;
 use crate::pv::{NewVolume, build_pv};
-use crate::quantity;
 
 pub const REASON_PROVISIONING: &str = "Provisioning";
 pub const REASON_SUCCEEDED: &str = "ProvisioningSucceeded";

@@ -9,12 +9,12 @@ use k8s_openapi::api::storage::v1::StorageClass;
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use nfsprov_api_types::{CloneMethod, NfsExport, QuotaPolicy, VolumePath};
+use nfsprov_vocabulary::params::OnDelete;
 
 use crate::objects::{
     ANN_AGENT, ANN_ARCHIVE_RETENTION_DAYS, ANN_CLONE_METHOD, ANN_CLONED_FROM, ANN_ON_DELETE,
     ANN_PATH, ANN_PROVISIONED_BY, ANN_QUOTA, FINALIZER, RECLAIM_DELETE, class_reclaim_policy,
 };
-use crate::params::OnDelete;
 
 /// `spec.nfs.path` for a volume: the export root as clients mount it, then the volume path.
 pub fn nfs_path(export_root: &str, path: &VolumePath) -> String {

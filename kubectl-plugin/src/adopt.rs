@@ -16,10 +16,11 @@ use kube::Api;
 use kube::api::{ListParams, Patch, PatchParams};
 use nfsprov_api_types::client::{AgentClient, AgentConnectionConfig};
 use nfsprov_api_types::{AdoptVolumeRequest, VolumeOwner, VolumePath};
-use nfsprov_controller::objects::{
-    ANN_AGENT, ANN_ON_DELETE, ANN_PATH, ANN_PROVISIONED_BY, ANN_QUOTA, bytes,
+use nfsprov_vocabulary::names::{
+    ANN_AGENT, ANN_ON_DELETE, ANN_PATH, ANN_PROVISIONED_BY, ANN_QUOTA,
 };
-use nfsprov_controller::params::{ClassParams, OnDelete};
+use nfsprov_vocabulary::params::{ClassParams, OnDelete};
+use nfsprov_vocabulary::quantity::bytes;
 use serde::Serialize;
 use serde_json::json;
 

@@ -11,7 +11,7 @@ use k8s_openapi::api::storage::v1::StorageClass;
 use kube::api::ListParams;
 use kube::config::{KubeConfigOptions, Kubeconfig};
 use kube::{Api, Client, Config};
-use nfsprov_controller::objects::ANN_PROVISIONED_BY;
+use nfsprov_vocabulary::names::ANN_PROVISIONED_BY;
 use serde::de::DeserializeOwned;
 
 /// A client from `kubeconfig` (or `$KUBECONFIG`, then `~/.kube/config`), using `context`

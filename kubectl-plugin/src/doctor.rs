@@ -9,7 +9,7 @@ use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{Event, PersistentVolume, PersistentVolumeClaim};
 use k8s_openapi::api::storage::v1::StorageClass;
-use nfsprov_controller::objects::ANN_AGENT;
+use nfsprov_vocabulary::names::ANN_AGENT;
 use serde::Serialize;
 
 use crate::cluster::{Target, annotation};

@@ -22,7 +22,7 @@ pub mod volumes;
 use std::path::PathBuf;
 
 use clap::{Parser, Subcommand};
-use nfsprov_controller::config::DEFAULT_PROVISIONER;
+use nfsprov_vocabulary::names::DEFAULT_PROVISIONER;
 pub use report::Output;
 use report::print;
 

@@ -6,8 +6,8 @@ use std::time::Duration;
 use k8s_openapi::api::core::v1::PersistentVolume;
 use k8s_openapi::jiff::Timestamp;
 use nfsprov_api_types::Volume;
-use nfsprov_controller::objects::{ANN_AGENT, ANN_PATH};
-use nfsprov_controller::orphans::{self, Finding, PvPointer, expects_directory};
+use nfsprov_vocabulary::names::{ANN_AGENT, ANN_PATH};
+use nfsprov_vocabulary::orphans::{self, Finding, PvPointer, expects_directory};
 use serde::Serialize;
 
 use crate::cluster::{Target, annotation};

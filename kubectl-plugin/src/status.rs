@@ -5,7 +5,7 @@ use std::collections::BTreeSet;
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::storage::v1::StorageClass;
-use nfsprov_controller::params::ClassParams;
+use nfsprov_vocabulary::params::ClassParams;
 use serde::Serialize;
 
 use crate::cluster::Target;

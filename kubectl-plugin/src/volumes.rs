@@ -4,7 +4,7 @@
 use k8s_openapi::api::core::v1::PersistentVolume;
 use nfsprov_api_types::VolumePath;
 use nfsprov_api_types::client::ClientError;
-use nfsprov_controller::objects::{ANN_AGENT, ANN_CLONE_METHOD, ANN_CLONED_FROM, ANN_PATH};
+use nfsprov_vocabulary::names::{ANN_AGENT, ANN_CLONE_METHOD, ANN_CLONED_FROM, ANN_PATH};
 use serde::Serialize;
 
 use crate::cluster::{Target, annotation};
@@ -66,7 +66,7 @@ pub fn base_row(pv: &PersistentVolume) -> VolumeRow {
         agent: annotation(&pv.metadata, ANN_AGENT).map(str::to_owned),
         path: annotation(&pv.metadata, ANN_PATH).map(str::to_owned),
         capacity: capacity.map(|q| q.0.clone()),
-        capacity_bytes: capacity.and_then(nfsprov_controller::objects::bytes),
+        capacity_bytes: capacity.and_then(nfsprov_vocabulary::quantity::bytes),
         used_bytes: None,
         quota_enforced: None,
         cloned_from: annotation(&pv.metadata, ANN_CLONED_FROM).map(str::to_owned),

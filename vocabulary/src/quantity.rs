@@ -1,5 +1,7 @@
 //! Kubernetes resource quantities (`10Gi`, `1.5G`, `500M`, `1e9`) as byte counts.
 
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("{0:?} is not a storage quantity such as \"10Gi\" or \"500M\"")]
 pub struct QuantityError(pub String);
@@ -79,6 +81,11 @@ pub fn parse_bytes(raw: &str) -> Result<u64, QuantityError> {
     }
     let bytes = numerator.div_ceil(denominator);
     u64::try_from(bytes).map_err(|_| err())
+}
+
+/// A quantity in bytes, if it is one.
+pub fn bytes(quantity: &Quantity) -> Option<u64> {
+    parse_bytes(&quantity.0).ok()
 }
 
 #[cfg(test)]
