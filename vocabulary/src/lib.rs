@@ -1,18 +1,20 @@
 //! The Kubernetes-side vocabulary of nfsprov, shared by the controller and the kubectl
 //! plugin so that both read and write objects the same way:
 //!
-//! - `names`: the default provisioner name, the annotations and the finalizer nfsprov
+//! - [`names`]: the default provisioner name, the annotations and the finalizer nfsprov
 //!   puts on claims and volumes, and the Kubernetes names it relies on;
-//! - `params`: StorageClass `parameters`, parsed strictly, with `pattern` for
+//! - [`params`]: StorageClass `parameters`, parsed strictly, with [`pattern`] for
 //!   `pathPattern` templates;
-//! - `quantity`: resource quantities as byte counts;
-//! - `orphans`: which PVs expect their directory and how an agent's listing compares with
+//! - [`quantity`]: resource quantities as byte counts;
+//! - [`orphans`]: which PVs expect their directory and how an agent's listing compares with
 //!   the PVs pointing to it.
 //!
-//! What belongs here is pure: names, parsing and predicates over values, no I/O. What does
-//! not: talking to the API server or an agent, caches, metrics, events, anything async or
-//! process-wide (an allocator, an HTTP server), and anything only one side uses. The agent
-//! API is `nfsprov-api-types`' alone; this crate builds on it, never repeats it.
+//! What belongs here is pure: names, parsing and predicates over values, no I/O; a name
+//! belongs with the other names even while only one side reads it. What does not: talking
+//! to the API server or an agent, the controller's caches and the forms they keep objects
+//! in, metrics, events, reports, anything async or process-wide (an allocator, an HTTP
+//! server). The agent API is `nfsprov-api-types`' alone; this crate builds on it, never
+//! repeats it.
 
 #![forbid(unsafe_code)]
 
