@@ -5,6 +5,7 @@
 //! without touching the contract.
 
 mod archive;
+pub mod endpoints;
 pub mod logsafe;
 mod path;
 mod reloading_file;
@@ -16,11 +17,9 @@ pub mod client;
 pub use archive::{
     ARCHIVE_ENTRY_PREFIX, ArchiveEntry, ArchivePath, ArchivePathError, MAX_ARCHIVE_SUFFIX,
 };
+pub use endpoints::{API_PREFIX, Endpoint};
 pub use path::{
     MAX_COMPONENT_BYTES, MAX_COMPONENTS, MAX_PATH_BYTES, PathError, VolumePath, validate_component,
 };
 pub use reloading_file::{MAX_PEM_BYTES, MAX_TOKEN_BYTES, ReloadingFile, read_bounded};
 pub use types::*;
-
-/// The API version prefix every authenticated endpoint lives under.
-pub const API_PREFIX: &str = "/v1";
