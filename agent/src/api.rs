@@ -852,9 +852,8 @@ mod tests {
     /// The concrete path of an endpoint, its parameter filled with a valid sample.
     fn sample_path(endpoint: Endpoint) -> String {
         match endpoint {
-            Endpoint::DeleteArchive => endpoint.path_for(
-                &ArchivePath::parse("table/probe/@20260101T000000.000000000Z").unwrap(),
-            ),
+            Endpoint::DeleteArchive => endpoint
+                .path_for(&ArchivePath::parse("table/probe/@20260101T000000.000000000Z").unwrap()),
             _ if endpoint.takes_path() => {
                 endpoint.path_for(&VolumePath::parse("table/probe").unwrap())
             }

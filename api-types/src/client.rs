@@ -247,6 +247,16 @@ impl ClientError {
     pub fn is_transient(&self) -> bool {
         match self {
             ClientError::Transport(_) | ClientError::UnexpectedResponse { .. } => true,
+            // A code newer than this side: the status tells a passing condition (a
+            // server error, a timeout, too many requests) from a refusal.
+            ClientError::Api {
+                status,
+                error:
+                    ApiError {
+                        code: ErrorCode::Unknown,
+                        ..
+                    },
+            } => *status >= 500 || matches!(status, 408 | 429),
             ClientError::Api { error, .. } => error.code.is_transient(),
             ClientError::Config(_) | ClientError::Io { .. } | ClientError::Tls(_) => false,
         }
