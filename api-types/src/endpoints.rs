@@ -190,22 +190,15 @@ mod tests {
     #[test]
     fn concrete_paths_fill_the_template_unescaped() {
         let volume = VolumePath::parse("team/data-2").unwrap();
-        assert_eq!(
-            Endpoint::CreateVolume.path_for(&volume),
-            "/v1/volumes/team/data-2"
-        );
-        assert_eq!(
-            Endpoint::AdoptVolume.path_for(&volume),
-            "/v1/adoptions/team/data-2"
-        );
-        assert_eq!(
-            Endpoint::CloneVolume.path_for(&volume),
-            "/v1/clones/team/data-2"
-        );
-        assert_eq!(
-            Endpoint::ArchiveVolume.path_for(&volume),
-            "/v1/archives/team/data-2"
-        );
+        for (endpoint, expected) in [
+            (Endpoint::CreateVolume, "/v1/volumes/team/data-2"),
+            (Endpoint::GetVolume, "/v1/volumes/team/data-2"),
+            (Endpoint::AdoptVolume, "/v1/adoptions/team/data-2"),
+            (Endpoint::CloneVolume, "/v1/clones/team/data-2"),
+            (Endpoint::ArchiveVolume, "/v1/archives/team/data-2"),
+        ] {
+            assert_eq!(endpoint.path_for(&volume), expected);
+        }
         let id = ArchivePath::parse("team/data/@20260101T000000.000000000Z").unwrap();
         assert_eq!(
             Endpoint::DeleteArchive.path_for(&id),
