@@ -9,13 +9,13 @@ use axum::extract::{MatchedPath, Path, Request, State};
 use axum::http::{HeaderMap, HeaderValue, Method, StatusCode, header};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
-use axum::routing::{get, post, put};
+use axum::routing::{MethodFilter, MethodRouter, on};
 use axum::{Extension, Json, Router};
 use futures::StreamExt;
 use nfsprov_api_types::logsafe::{self, MAX_MESSAGE_BYTES};
 use nfsprov_api_types::{
     AdoptVolumeRequest, AgentInfo, ApiError, ArchiveList, ArchivePath, ArchiveRequest,
-    Capabilities, CloneVolumeRequest, CreateVolumeRequest, ErrorCode, Health, NfsExport,
+    Capabilities, CloneVolumeRequest, CreateVolumeRequest, Endpoint, ErrorCode, Health, NfsExport,
     REQUEST_ID_HEADER, ResizeVolumeRequest, Volume, VolumeList, VolumePath,
 };
 use tokio::sync::Semaphore;
@@ -168,31 +168,14 @@ type ApiResult<T> = Result<T, Failure>;
 /// client can hold one, and the health endpoints never wait for one.
 pub fn router(state: Arc<AppState>, max_concurrent_requests: usize) -> Router {
     let slots = Arc::new(Semaphore::new(max_concurrent_requests));
-    let authenticated = Router::new()
-        .route("/metrics", get(metrics))
-        .route("/v1/info", get(info))
-        .route("/v1/volumes", get(list_volumes))
-        .route(
-            "/v1/volumes/{*path}",
-            put(create_volume)
-                .get(get_volume)
-                .patch(resize_volume)
-                .delete(delete_volume),
-        )
-        .route("/v1/adoptions/{*path}", post(adopt_volume))
-        .route("/v1/clones/{*path}", post(clone_volume))
-        .route("/v1/archives", get(list_archives))
-        .route(
-            "/v1/archives/{*path}",
-            post(archive_volume).delete(delete_archive),
-        )
-        .route_layer(middleware::from_fn_with_state(
-            (state.clone(), slots),
-            authenticate,
-        ));
-    Router::new()
-        .route("/healthz", get(healthz))
-        .route("/readyz", get(readyz))
+    let (open, authenticated) = Endpoint::ALL
+        .into_iter()
+        .partition::<Vec<_>, _>(|endpoint| !endpoint.authenticated());
+    let authenticated = routes(&authenticated).route_layer(middleware::from_fn_with_state(
+        (state.clone(), slots),
+        authenticate,
+    ));
+    routes(&open)
         .merge(authenticated)
         .fallback(|| async { Failure::new(ErrorCode::NotFound, "no such endpoint") })
         .method_not_allowed_fallback(|| async {
@@ -212,6 +195,37 @@ pub fn router(state: Arc<AppState>, max_concurrent_requests: usize) -> Router {
         // Before an id is made: one that is unfit is dropped, so a fresh one replaces it.
         .layer(middleware::from_fn(drop_unfit_request_id))
         .with_state(state)
+}
+
+/// A router serving `endpoints`, each at its template with its method, and nothing else:
+/// the only place routes are added, so every route served is one of the table's.
+fn routes(endpoints: &[Endpoint]) -> Router<Arc<AppState>> {
+    endpoints.iter().fold(Router::new(), |router, &endpoint| {
+        router.route(endpoint.template(), handler(endpoint))
+    })
+}
+
+/// The handler of each endpoint, with the endpoint's method from the table.
+fn handler(endpoint: Endpoint) -> MethodRouter<Arc<AppState>> {
+    // The table uses standard methods only; its test in this module builds every route.
+    let method = MethodFilter::try_from(endpoint.method())
+        .unwrap_or_else(|_| panic!("{endpoint:?}: no method filter for its method"));
+    match endpoint {
+        Endpoint::Healthz => on(method, healthz),
+        Endpoint::Readyz => on(method, readyz),
+        Endpoint::Metrics => on(method, metrics),
+        Endpoint::Info => on(method, info),
+        Endpoint::ListVolumes => on(method, list_volumes),
+        Endpoint::CreateVolume => on(method, create_volume),
+        Endpoint::GetVolume => on(method, get_volume),
+        Endpoint::ResizeVolume => on(method, resize_volume),
+        Endpoint::DeleteVolume => on(method, delete_volume),
+        Endpoint::AdoptVolume => on(method, adopt_volume),
+        Endpoint::CloneVolume => on(method, clone_volume),
+        Endpoint::ListArchives => on(method, list_archives),
+        Endpoint::ArchiveVolume => on(method, archive_volume),
+        Endpoint::DeleteArchive => on(method, delete_archive),
+    }
 }
 
 /// Accepts the request when it carries a verified client certificate or a valid token,
@@ -384,25 +398,12 @@ fn method_label(method: &Method) -> &'static str {
     }
 }
 
-/// The route templates of [`router`]: a matched path is always one of them.
-const ROUTES: &[&str] = &[
-    "/healthz",
-    "/readyz",
-    "/metrics",
-    "/v1/info",
-    "/v1/volumes",
-    "/v1/volumes/{*path}",
-    "/v1/adoptions/{*path}",
-    "/v1/clones/{*path}",
-    "/v1/archives",
-    "/v1/archives/{*path}",
-];
-
+/// The metric label of a matched route: its template in the endpoint table. Every route
+/// the router has comes from the table, so `unmatched` is only for requests no route
+/// took.
 fn route_label(matched: &str) -> &'static str {
-    ROUTES
-        .iter()
-        .copied()
-        .find(|r| *r == matched)
+    Endpoint::templates()
+        .find(|template| *template == matched)
         .unwrap_or("unmatched")
 }
 
@@ -794,7 +795,174 @@ fn outcome<T>(result: &ApiResult<T>) -> &'static str {
 
 #[cfg(test)]
 mod tests {
+    use std::collections::BTreeSet;
+    use std::path::Path as FsPath;
+
+    use axum::http::Request as HttpRequest;
+    use tower::ServiceExt;
+
     use super::*;
+    use crate::config::{AuthConfig, LogFormat, TokenSection};
+
+    const TOKEN: &str = "table-test-token";
+
+    /// The agent's real state over a temporary export root, with one token.
+    fn state(dir: &FsPath) -> Arc<AppState> {
+        let root = dir.join("export");
+        std::fs::create_dir(&root).unwrap();
+        let token = dir.join("token");
+        std::fs::write(&token, TOKEN).unwrap();
+        let config = AgentConfig {
+            listen: "127.0.0.1:0".parse().unwrap(),
+            export_root: root.clone(),
+            nfs_server: "127.0.0.1".into(),
+            nfs_path: root.display().to_string(),
+            log_format: LogFormat::Text,
+            cert_file: dir.join("unused-cert.pem"),
+            key_file: dir.join("unused-key.pem"),
+            auth: AuthConfig {
+                client_ca_file: None,
+                allowed_client_names: Vec::new(),
+                tokens: vec![TokenSection {
+                    name: "controller".into(),
+                    file: token,
+                }],
+                disabled: false,
+            },
+            max_body_bytes: 64 * 1024,
+            request_timeout: Duration::from_secs(30),
+            max_connections: 16,
+            header_read_timeout: Duration::from_secs(10),
+            idle_timeout: Duration::from_secs(60),
+            body_read_timeout: Duration::from_secs(10),
+            max_concurrent_requests: 4,
+            max_clone_jobs: 1,
+            shutdown_grace: Duration::from_secs(1),
+            min_free_bytes: 0,
+            min_free_inodes: 0,
+            quota: Default::default(),
+            policy: Default::default(),
+            archive: Default::default(),
+        };
+        let store = Arc::new(VolumeStore::open(&root).unwrap());
+        let auth = Authenticator::new(&config.auth).unwrap();
+        Arc::new(AppState::new(store, auth, &config))
+    }
+
+    /// The concrete path of an endpoint, its parameter filled with a valid sample.
+    fn sample_path(endpoint: Endpoint) -> String {
+        match endpoint {
+            Endpoint::DeleteArchive => endpoint
+                .path_for(&ArchivePath::parse("table/probe/@20260101T000000.000000000Z").unwrap()),
+            _ if endpoint.takes_path() => {
+                endpoint.path_for(&VolumePath::parse("table/probe").unwrap())
+            }
+            _ => endpoint.path().to_owned(),
+        }
+    }
+
+    async fn send(router: &Router, method: Method, path: &str) -> (StatusCode, String) {
+        let request = HttpRequest::builder()
+            .method(method)
+            .uri(path)
+            .header(header::AUTHORIZATION, format!("Bearer {TOKEN}"))
+            .header(header::CONTENT_TYPE, "application/json")
+            .body(Body::from("{}"))
+            .unwrap();
+        let response = router.clone().oneshot(request).await.unwrap();
+        let status = response.status();
+        let body = axum::body::to_bytes(response.into_body(), 1 << 20)
+            .await
+            .unwrap();
+        (status, String::from_utf8_lossy(&body).into_owned())
+    }
+
+    /// What the router answers for a path or method none of its routes serves.
+    fn unrouted(status: StatusCode, body: &str) -> bool {
+        status == StatusCode::METHOD_NOT_ALLOWED || body.contains("no such endpoint")
+    }
+
+    #[test]
+    fn every_routed_path_is_in_the_endpoint_table() {
+        let dir = tempfile::tempdir().unwrap();
+        let router = router(state(dir.path()), 4);
+        // axum keeps no public list of its routes; its Debug output names the paths of
+        // the path router (and the fallback router's, which holds only the fallback).
+        let debug = format!("{router:?}");
+        let (paths, _fallbacks) = debug
+            .split_once("fallback_router")
+            .expect("the router's Debug output names its fallback router");
+        let routed: BTreeSet<&str> = paths
+            .split('"')
+            .skip(1)
+            .step_by(2)
+            .filter(|text| text.starts_with('/'))
+            .collect();
+        let table: BTreeSet<&str> = Endpoint::templates().collect();
+        assert_eq!(routed, table, "routes served and the endpoint table differ");
+    }
+
+    #[tokio::test]
+    async fn every_endpoint_is_served_with_its_method_and_labelled_by_its_template() {
+        let dir = tempfile::tempdir().unwrap();
+        let state = state(dir.path());
+        let router = router(state.clone(), 4);
+        for endpoint in Endpoint::ALL {
+            let path = sample_path(endpoint);
+            let (status, body) = send(&router, endpoint.method(), &path).await;
+            assert!(
+                !unrouted(status, &body),
+                "{endpoint:?} ({} {path}) is not served: {status} {body}",
+                endpoint.method()
+            );
+        }
+        let metrics = state.metrics.encode();
+        for endpoint in Endpoint::ALL {
+            let series = format!(
+                "nfsprov_agent_http_requests_total{{method=\"{}\",route=\"{}\",",
+                endpoint.method(),
+                endpoint.template()
+            );
+            assert!(metrics.contains(&series), "{series} missing:\n{metrics}");
+        }
+        assert!(!metrics.contains("unmatched"), "{metrics}");
+
+        // No method the table does not list is served on a template (GET brings HEAD).
+        for template in Endpoint::templates() {
+            let listed: Vec<Method> = Endpoint::ALL
+                .into_iter()
+                .filter(|e| e.template() == template)
+                .map(Endpoint::method)
+                .collect();
+            let endpoint = Endpoint::ALL
+                .into_iter()
+                .find(|e| e.template() == template)
+                .unwrap();
+            let path = sample_path(endpoint);
+            for method in [
+                Method::GET,
+                Method::PUT,
+                Method::POST,
+                Method::PATCH,
+                Method::DELETE,
+                Method::OPTIONS,
+            ] {
+                if listed.contains(&method) {
+                    continue;
+                }
+                let (status, body) = send(&router, method.clone(), &path).await;
+                assert_eq!(
+                    status,
+                    StatusCode::METHOD_NOT_ALLOWED,
+                    "{method} {path} is served but not in the table: {body}"
+                );
+            }
+        }
+        // A path outside the table is answered by the fallback and labelled unmatched.
+        let (status, body) = send(&router, Method::GET, "/v1/snapshots").await;
+        assert!(unrouted(status, &body), "{status} {body}");
+        assert!(state.metrics.encode().contains("route=\"unmatched\""));
+    }
 
     #[test]
     fn request_ids_are_kept_only_short_and_plain() {

@@ -113,6 +113,7 @@ impl ArchiveSection {
 #[serde(deny_unknown_fields, default)]
 pub struct QuotaSection {
     /// `none`, `btrfs`, `zfs` or `xfs`.
+    #[serde(deserialize_with = "known_backend")]
     pub backend: QuotaBackend,
     /// ZFS: the dataset mounted at the export root.
     pub zfs_dataset: Option<String>,
@@ -120,6 +121,18 @@ pub struct QuotaSection {
     pub xfs_first_project_id: u32,
     pub xfs_last_project_id: u32,
     pub command_timeout_seconds: u64,
+}
+
+/// A backend this agent can run: the API's [`QuotaBackend::Unknown`] fallback is for
+/// answers read from a newer agent, never for settings.
+fn known_backend<'de, D: serde::Deserializer<'de>>(
+    deserializer: D,
+) -> Result<QuotaBackend, D::Error> {
+    let raw = String::deserialize(deserializer)?;
+    QuotaBackend::known(&raw).ok_or_else(|| {
+        const NAMES: &[&str] = &["none", "btrfs", "zfs", "xfs"];
+        serde::de::Error::unknown_variant(&raw, NAMES)
+    })
 }
 
 impl Default for QuotaSection {

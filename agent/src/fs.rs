@@ -122,6 +122,7 @@ pub fn backend_for(
             export_root,
             settings.xfs_project_ids.clone(),
         )?))),
+        QuotaBackend::Unknown => return Err("quota.backend is not one this agent knows".into()),
         QuotaBackend::Zfs => {
             let dataset = settings
                 .zfs_dataset
@@ -236,6 +237,9 @@ impl VolumeStore {
             QuotaPolicy::Enforce if can_enforce => Ok(true),
             QuotaPolicy::Enforce => Err(StoreError::Unsupported(format!(
                 "{path}: quota enforcement was required, but this agent's quota backend is none, so capacity cannot be enforced; configure a quota backend on the agent or use quota bestEffort or off"
+            ))),
+            QuotaPolicy::Unknown => Err(StoreError::Unsupported(format!(
+                "{path}: the request asks for a quota policy this agent does not know (the controller is newer); upgrade the agent, or use quota enforce, bestEffort or off"
             ))),
         }
     }

@@ -13,8 +13,9 @@ use crate::fs::CopyProgress;
 pub struct RequestLabels {
     /// A known method or `other`: never what a client sent.
     pub method: &'static str,
-    /// The route template (`/v1/volumes/{*path}`) or `unmatched`, never the concrete
-    /// path, to bound the number of series.
+    /// The endpoint table's template of the route (`/v1/volumes/{*path}`, see
+    /// `nfsprov_api_types::Endpoint::template`) or `unmatched`, never the concrete path,
+    /// to bound the number of series.
     pub route: &'static str,
     pub status: u16,
 }

@@ -361,6 +361,53 @@ async fn malformed_and_oversized_bodies_are_rejected() {
     assert_eq!(snapshot(root.path()), before);
 }
 
+/// A controller newer than the agent may send a quota policy the agent does not know: it
+/// is refused as unsupported (a permanent answer naming the cause), and nothing is made.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_quota_policy_newer_than_the_agent_is_refused_as_unsupported() {
+    let (_root, agent) = agent().await;
+    for (method, path, body) in [
+        (
+            "PUT",
+            "/v1/volumes/v",
+            r#"{"capacity_bytes":1,"quota":"strict"}"#,
+        ),
+        (
+            "POST",
+            "/v1/clones/v",
+            r#"{"source":"src","capacity_bytes":1,"quota":"strict"}"#,
+        ),
+    ] {
+        if method == "POST" {
+            let made = call(
+                &agent,
+                "PUT",
+                "/v1/volumes/src",
+                Some(r#"{"capacity_bytes":1}"#),
+            );
+            assert_eq!(made.status, 201, "{made:?}");
+        }
+        let result = call(&agent, method, path, Some(body));
+        assert_eq!(
+            (result.status, result.code()),
+            (422, "unsupported".to_owned()),
+            "{method} {path}: {result:?}"
+        );
+        assert!(
+            result.json()["message"]
+                .as_str()
+                .unwrap_or("")
+                .contains("quota policy this agent does not know"),
+            "{result:?}"
+        );
+    }
+    let volumes = agent.client().list_volumes(None).await.unwrap();
+    assert_eq!(
+        volumes.iter().map(|v| v.path.as_str()).collect::<Vec<_>>(),
+        ["src"]
+    );
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn create_applies_mode_and_ownership_exactly() {
     if !is_root() {

@@ -6,7 +6,7 @@ use std::path::{Component, Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
-use reqwest::{Method, StatusCode};
+use reqwest::StatusCode;
 use rustls_pki_types::pem::PemObject;
 use rustls_pki_types::{CertificateDer, PrivateKeyDer};
 use serde::Deserialize;
@@ -15,9 +15,9 @@ use serde::de::DeserializeOwned;
 use crate::logsafe::Clean;
 use crate::{
     AdoptVolumeRequest, AgentInfo, ApiError, Archive, ArchiveList, ArchivePath, ArchiveRequest,
-    ArchiveResult, CloneProgress, CloneVolumeRequest, CreateVolumeRequest, ErrorCode, Health,
-    MAX_PEM_BYTES, MAX_TOKEN_BYTES, REQUEST_ID_HEADER, ReloadingFile, ResizeVolumeRequest, Volume,
-    VolumeList, VolumePath, read_bounded,
+    ArchiveResult, CloneProgress, CloneVolumeRequest, CreateVolumeRequest, Endpoint, ErrorCode,
+    Health, MAX_PEM_BYTES, MAX_TOKEN_BYTES, REQUEST_ID_HEADER, ReloadingFile, ResizeVolumeRequest,
+    Volume, VolumeList, VolumePath, read_bounded,
 };
 
 /// How to reach one agent. Relative file names are resolved against the directory of the
@@ -247,6 +247,16 @@ impl ClientError {
     pub fn is_transient(&self) -> bool {
         match self {
             ClientError::Transport(_) | ClientError::UnexpectedResponse { .. } => true,
+            // A code newer than this side: the status tells a passing condition (a
+            // server error, a timeout, too many requests) from a refusal.
+            ClientError::Api {
+                status,
+                error:
+                    ApiError {
+                        code: ErrorCode::Unknown,
+                        ..
+                    },
+            } => *status >= 500 || matches!(status, 408 | 429),
             ClientError::Api { error, .. } => error.code.is_transient(),
             ClientError::Config(_) | ClientError::Io { .. } | ClientError::Tls(_) => false,
         }
@@ -387,21 +397,31 @@ impl AgentClient {
     }
 
     pub async fn healthz(&self) -> Result<Health, ClientError> {
-        self.call(Method::GET, "/healthz", None::<&()>, None)
-            .await
-            .map(|(_, body)| body)
+        self.call(
+            Endpoint::Healthz,
+            Endpoint::Healthz.path(),
+            None::<&()>,
+            None,
+        )
+        .await
+        .map(|(_, body)| body)
     }
 
     pub async fn readyz(&self) -> Result<Health, ClientError> {
-        self.call(Method::GET, "/readyz", None::<&()>, None)
+        self.call(Endpoint::Readyz, Endpoint::Readyz.path(), None::<&()>, None)
             .await
             .map(|(_, body)| body)
     }
 
     pub async fn info(&self, request_id: Option<&str>) -> Result<AgentInfo, ClientError> {
-        self.call(Method::GET, "/v1/info", None::<&()>, request_id)
-            .await
-            .map(|(_, body)| body)
+        self.call(
+            Endpoint::Info,
+            Endpoint::Info.path(),
+            None::<&()>,
+            request_id,
+        )
+        .await
+        .map(|(_, body)| body)
     }
 
     /// Creates the volume or confirms it exists with the same settings.
@@ -412,7 +432,12 @@ impl AgentClient {
         request_id: Option<&str>,
     ) -> Result<CreateOutcome, ClientError> {
         let (status, volume) = self
-            .call(Method::PUT, &volume_url(path), Some(request), request_id)
+            .call(
+                Endpoint::CreateVolume,
+                &Endpoint::CreateVolume.path_for(path),
+                Some(request),
+                request_id,
+            )
             .await?;
         Ok(CreateOutcome {
             volume,
@@ -430,7 +455,12 @@ impl AgentClient {
         request_id: Option<&str>,
     ) -> Result<CreateOutcome, ClientError> {
         let (status, volume) = self
-            .call(Method::POST, &adoption_url(path), Some(request), request_id)
+            .call(
+                Endpoint::AdoptVolume,
+                &Endpoint::AdoptVolume.path_for(path),
+                Some(request),
+                request_id,
+            )
             .await?;
         Ok(CreateOutcome {
             volume,
@@ -447,7 +477,12 @@ impl AgentClient {
         request_id: Option<&str>,
     ) -> Result<CloneOutcome, ClientError> {
         let response = self
-            .send(Method::POST, &clone_url(path), Some(request), request_id)
+            .send(
+                Endpoint::CloneVolume,
+                &Endpoint::CloneVolume.path_for(path),
+                Some(request),
+                request_id,
+            )
             .await?;
         let status = response.status();
         let bytes = response.bytes().await?;
@@ -473,7 +508,12 @@ impl AgentClient {
         request_id: Option<&str>,
     ) -> Result<Option<Volume>, ClientError> {
         match self
-            .call(Method::GET, &volume_url(path), None::<&()>, request_id)
+            .call(
+                Endpoint::GetVolume,
+                &Endpoint::GetVolume.path_for(path),
+                None::<&()>,
+                request_id,
+            )
             .await
         {
             Ok((_, volume)) => Ok(Some(volume)),
@@ -484,7 +524,12 @@ impl AgentClient {
 
     pub async fn list_volumes(&self, request_id: Option<&str>) -> Result<Vec<Volume>, ClientError> {
         let (_, list): (_, VolumeList) = self
-            .call(Method::GET, "/v1/volumes", None::<&()>, request_id)
+            .call(
+                Endpoint::ListVolumes,
+                Endpoint::ListVolumes.path(),
+                None::<&()>,
+                request_id,
+            )
             .await?;
         Ok(list.volumes)
     }
@@ -497,8 +542,8 @@ impl AgentClient {
         request_id: Option<&str>,
     ) -> Result<Volume, ClientError> {
         self.call(
-            Method::PATCH,
-            &volume_url(path),
+            Endpoint::ResizeVolume,
+            &Endpoint::ResizeVolume.path_for(path),
             Some(&ResizeVolumeRequest { capacity_bytes }),
             request_id,
         )
@@ -512,9 +557,14 @@ impl AgentClient {
         path: &VolumePath,
         request_id: Option<&str>,
     ) -> Result<(), ClientError> {
-        self.send(Method::DELETE, &volume_url(path), None::<&()>, request_id)
-            .await
-            .map(|_| ())
+        self.send(
+            Endpoint::DeleteVolume,
+            &Endpoint::DeleteVolume.path_for(path),
+            None::<&()>,
+            request_id,
+        )
+        .await
+        .map(|_| ())
     }
 
     /// Moves the volume into the archive area; a retry after success returns the same
@@ -529,9 +579,14 @@ impl AgentClient {
         let body = retention_days.map(|days| ArchiveRequest {
             retention_days: Some(days),
         });
-        self.call(Method::POST, &archive_url(path), body.as_ref(), request_id)
-            .await
-            .map(|(_, body)| body)
+        self.call(
+            Endpoint::ArchiveVolume,
+            &Endpoint::ArchiveVolume.path_for(path),
+            body.as_ref(),
+            request_id,
+        )
+        .await
+        .map(|(_, body)| body)
     }
 
     /// Every archive the agent holds, sorted by id.
@@ -540,7 +595,12 @@ impl AgentClient {
         request_id: Option<&str>,
     ) -> Result<Vec<Archive>, ClientError> {
         let (_, list): (_, ArchiveList) = self
-            .call(Method::GET, "/v1/archives", None::<&()>, request_id)
+            .call(
+                Endpoint::ListArchives,
+                Endpoint::ListArchives.path(),
+                None::<&()>,
+                request_id,
+            )
             .await?;
         Ok(list.archives)
     }
@@ -551,19 +611,26 @@ impl AgentClient {
         id: &ArchivePath,
         request_id: Option<&str>,
     ) -> Result<(), ClientError> {
-        self.send(Method::DELETE, &archive_url(id), None::<&()>, request_id)
-            .await
-            .map(|_| ())
+        self.send(
+            Endpoint::DeleteArchive,
+            &Endpoint::DeleteArchive.path_for(id),
+            None::<&()>,
+            request_id,
+        )
+        .await
+        .map(|_| ())
     }
 
+    /// Sends a request to `endpoint` at `path` (its template filled in) and reads the
+    /// JSON answer.
     async fn call<B: serde::Serialize, T: DeserializeOwned>(
         &self,
-        method: Method,
+        endpoint: Endpoint,
         path: &str,
         body: Option<&B>,
         request_id: Option<&str>,
     ) -> Result<(StatusCode, T), ClientError> {
-        let response = self.send(method, path, body, request_id).await?;
+        let response = self.send(endpoint, path, body, request_id).await?;
         let status = response.status();
         let bytes = response.bytes().await?;
         let parsed =
@@ -577,14 +644,14 @@ impl AgentClient {
     /// Sends a request and turns any non-2xx answer into [`ClientError::Api`].
     async fn send<B: serde::Serialize>(
         &self,
-        method: Method,
+        endpoint: Endpoint,
         path: &str,
         body: Option<&B>,
         request_id: Option<&str>,
     ) -> Result<reqwest::Response, ClientError> {
         let mut request = self
             .http
-            .request(method, format!("{}{path}", self.base_url));
+            .request(endpoint.method(), format!("{}{path}", self.base_url));
         if let Some(body) = body {
             request = request.json(body);
         }
@@ -611,25 +678,6 @@ impl AgentClient {
             }),
         }
     }
-}
-
-fn volume_url(path: &VolumePath) -> String {
-    // Validated paths hold only URL-safe characters, so no escaping is needed.
-    format!("/v1/volumes/{path}")
-}
-
-fn clone_url(path: &VolumePath) -> String {
-    format!("/v1/clones/{path}")
-}
-
-fn adoption_url(path: &VolumePath) -> String {
-    format!("/v1/adoptions/{path}")
-}
-
-/// Validated volume paths and archive ids hold only URL-safe characters (`@` is allowed
-/// in a path segment), so no escaping is needed.
-fn archive_url(target: &impl std::fmt::Display) -> String {
-    format!("/v1/archives/{target}")
 }
 
 /// A certificate or key: a regular file of bounded size only.

@@ -3,8 +3,32 @@
 //!
 //! This crate depends on neither kube nor axum, so either side can change its framework
 //! without touching the contract.
+//!
+//! Every endpoint's method and path is in [`endpoints`]: the agent routes from that table
+//! and labels its metrics with its templates, the client builds its URLs from it.
+//!
+//! # Version skew
+//!
+//! A controller and an agent one minor version apart work together, whichever is newer.
+//! What each side reads from the other is read leniently where the other may be newer:
+//!
+//! - A newer agent may add fields to its answers (an older controller ignores them), add
+//!   values to the enums it answers with ([`QuotaBackend`], [`CloneMethod`],
+//!   [`ErrorCode`]; an older controller reads them as `Unknown`, shows them as
+//!   `unknown`, never acts on them, and judges an unknown error code by its HTTP
+//!   status), and add endpoints.
+//! - A newer agent may not remove or rename a field, endpoint or enum value, change a
+//!   field's type or meaning, make an answer field optional that was always sent, change
+//!   an endpoint's method, path or success status, or require a request field an older
+//!   controller does not send.
+//! - The agent reads requests strictly: an unknown field is refused (`invalid_body`), and
+//!   an unknown [`QuotaPolicy`] is refused as `unsupported`. So a newer controller sends
+//!   a new request field only when it is set (as `retention_days` of an archive), and an
+//!   older agent then refuses that one request with a permanent, named error instead of
+//!   ignoring what was asked.
 
 mod archive;
+pub mod endpoints;
 pub mod logsafe;
 mod path;
 mod reloading_file;
@@ -16,11 +40,9 @@ pub mod client;
 pub use archive::{
     ARCHIVE_ENTRY_PREFIX, ArchiveEntry, ArchivePath, ArchivePathError, MAX_ARCHIVE_SUFFIX,
 };
+pub use endpoints::{API_PREFIX, Endpoint};
 pub use path::{
     MAX_COMPONENT_BYTES, MAX_COMPONENTS, MAX_PATH_BYTES, PathError, VolumePath, validate_component,
 };
 pub use reloading_file::{MAX_PEM_BYTES, MAX_TOKEN_BYTES, ReloadingFile, read_bounded};
 pub use types::*;
-
-/// The API version prefix every authenticated endpoint lives under.
-pub const API_PREFIX: &str = "/v1";

@@ -109,6 +109,32 @@ pub struct VolumeOwner {
     pub pv_name: Option<String>,
 }
 
+impl VolumeOwner {
+    /// Reads an owner in an answer, where fields a newer agent added are ignored; in a
+    /// request the agent refuses them.
+    fn from_answer<'de, D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        #[derive(Deserialize)]
+        struct Answered {
+            #[serde(default)]
+            pvc_namespace: Option<String>,
+            #[serde(default)]
+            pvc_name: Option<String>,
+            #[serde(default)]
+            pv_name: Option<String>,
+        }
+        let Answered {
+            pvc_namespace,
+            pvc_name,
+            pv_name,
+        } = Answered::deserialize(deserializer)?;
+        Ok(VolumeOwner {
+            pvc_namespace,
+            pvc_name,
+            pv_name,
+        })
+    }
+}
+
 /// Body of `PUT /v1/volumes/{path}`.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -176,6 +202,9 @@ pub enum CloneMethod {
     Reflink,
     /// A local copy, file by file, at disk speed.
     Copy,
+    /// A method newer than this side knows: shown as `unknown`, never acted on.
+    #[serde(other)]
+    Unknown,
 }
 
 impl CloneMethod {
@@ -185,6 +214,7 @@ impl CloneMethod {
             CloneMethod::ZfsClone => "zfs-clone",
             CloneMethod::Reflink => "reflink",
             CloneMethod::Copy => "copy",
+            CloneMethod::Unknown => "unknown",
         }
     }
 }
@@ -224,6 +254,10 @@ pub enum QuotaPolicy {
     BestEffort,
     /// Record the capacity, never enforce it.
     Off,
+    /// A policy newer than the agent knows: refused (`unsupported`), since an agent
+    /// cannot tell what it would promise. Never parsed from a class parameter.
+    #[serde(other)]
+    Unknown,
 }
 
 impl QuotaPolicy {
@@ -233,6 +267,7 @@ impl QuotaPolicy {
             QuotaPolicy::Enforce => "enforce",
             QuotaPolicy::BestEffort => "bestEffort",
             QuotaPolicy::Off => "off",
+            QuotaPolicy::Unknown => "unknown",
         }
     }
 }
@@ -284,7 +319,7 @@ pub struct Volume {
     /// Whether a filesystem quota holds the volume to `capacity_bytes`.
     #[serde(default)]
     pub quota_enforced: bool,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "VolumeOwner::from_answer")]
     pub owner: VolumeOwner,
     /// RFC 3339 UTC time the agent created the directory.
     pub created_at: String,
@@ -351,7 +386,7 @@ pub struct Archive {
     /// The volume path it was archived from.
     pub path: VolumePath,
     /// The claim and PV the volume was made for, as far as the create request named them.
-    #[serde(default)]
+    #[serde(default, deserialize_with = "VolumeOwner::from_answer")]
     pub owner: VolumeOwner,
     /// RFC 3339 UTC time of the archive.
     pub archived_at: String,
@@ -395,9 +430,21 @@ pub enum QuotaBackend {
     Btrfs,
     Zfs,
     Xfs,
+    /// A backend newer than the controller knows: shown as `unknown`; whether it
+    /// enforces is what `quota_enforced` says.
+    #[serde(other)]
+    Unknown,
 }
 
 impl QuotaBackend {
+    /// The backends an agent can be configured with.
+    pub const KNOWN: [QuotaBackend; 4] = [
+        QuotaBackend::None,
+        QuotaBackend::Btrfs,
+        QuotaBackend::Zfs,
+        QuotaBackend::Xfs,
+    ];
+
     /// The settings' and the API's spelling.
     pub fn as_str(self) -> &'static str {
         match self {
@@ -405,7 +452,14 @@ impl QuotaBackend {
             QuotaBackend::Btrfs => "btrfs",
             QuotaBackend::Zfs => "zfs",
             QuotaBackend::Xfs => "xfs",
+            QuotaBackend::Unknown => "unknown",
         }
+    }
+
+    /// One of [`QuotaBackend::KNOWN`] by its spelling (settings are strict: an unknown
+    /// spelling is an error there, not [`QuotaBackend::Unknown`]).
+    pub fn known(raw: &str) -> Option<Self> {
+        Self::KNOWN.into_iter().find(|b| b.as_str() == raw)
     }
 }
 
@@ -478,6 +532,10 @@ pub enum ErrorCode {
     InsufficientStorage,
     NotReady,
     Internal,
+    /// A code newer than the controller knows: the answer's HTTP status says what it is
+    /// (see `client::ClientError::is_transient`).
+    #[serde(other)]
+    Unknown,
 }
 
 impl ErrorCode {
@@ -494,13 +552,15 @@ impl ErrorCode {
             ErrorCode::Unsupported => 422,
             ErrorCode::PayloadTooLarge => 413,
             ErrorCode::UnsupportedMediaType => 415,
-            ErrorCode::Internal => 500,
+            // Never sent: the agent knows its own codes.
+            ErrorCode::Internal | ErrorCode::Unknown => 500,
             ErrorCode::NotReady => 503,
             ErrorCode::InsufficientStorage => 507,
         }
     }
 
-    /// Whether retrying the same request later can succeed without anyone changing it.
+    /// Whether retrying the same request later can succeed without anyone changing it;
+    /// `false` for [`ErrorCode::Unknown`], whose answer's status decides instead.
     pub fn is_transient(self) -> bool {
         matches!(
             self,
@@ -679,6 +739,79 @@ mod tests {
         .unwrap();
         assert_eq!(volume.clone, None);
         assert!(!serde_json::to_string(&volume).unwrap().contains("clone"));
+    }
+
+    /// What an agent one version newer may send: values and fields this side does not
+    /// know. Answers are read, unknown values as `Unknown`, unknown fields ignored.
+    #[test]
+    fn an_older_side_reads_a_newer_agents_answers() {
+        let info: AgentInfo = serde_json::from_str(
+            r#"{"version":"0.2.0","nfs":{"server":"s","path":"/p","port":2049},
+                "capabilities":{"quota":"lvm-thin","quota_enforced":true,"archive":true,"snapshots":true},
+                "filesystem":{"total_bytes":9,"free_bytes":8,"available_bytes":7,"total_inodes":6,"free_inodes":5,"reserved_bytes":1},
+                "uptime_seconds":3}"#,
+        )
+        .unwrap();
+        assert_eq!(info.capabilities.quota, QuotaBackend::Unknown);
+        assert_eq!(info.capabilities.quota.to_string(), "unknown");
+        assert!(info.capabilities.quota_enforced);
+        assert_eq!(info.filesystem.available_bytes, 7);
+
+        let volume: Volume = serde_json::from_str(
+            r#"{"path":"a/b","mode":"0770","uid":1,"gid":2,"capacity_bytes":3,"created_at":"t",
+                "owner":{"pvc_name":"c","workload":"statefulset/db"},
+                "clone":{"source":"a/src","method":"block-clone","took_seconds":4},
+                "labels":{"x":"y"}}"#,
+        )
+        .unwrap();
+        let origin = volume.clone.as_ref().unwrap();
+        assert_eq!(origin.method, CloneMethod::Unknown);
+        assert_eq!(origin.method.to_string(), "unknown");
+        assert_eq!(volume.owner.pvc_name.as_deref(), Some("c"));
+
+        let archives: ArchiveList = serde_json::from_str(
+            r#"{"archives":[{"id":"a/b/@20260101T000000.000000000Z","archive_path":".archive/a/b/@20260101T000000.000000000Z",
+                "path":"a/b","owner":{"pv_name":"pv","workload":"w"},"archived_at":"t","compressed":true}],"next":null}"#,
+        )
+        .unwrap();
+        assert_eq!(archives.archives[0].owner.pv_name.as_deref(), Some("pv"));
+
+        let error: ApiError =
+            serde_json::from_str(r#"{"code":"volume_busy","message":"m","retry_after_seconds":5}"#)
+                .unwrap();
+        assert_eq!(error.code, ErrorCode::Unknown);
+        assert!(!error.code.is_transient());
+        assert_eq!(error.code.to_string(), "unknown");
+
+        let progress: CloneProgress =
+            serde_json::from_str(r#"{"source":"a","running_seconds":1,"copied_bytes":2}"#).unwrap();
+        assert_eq!(progress.running_seconds, 1);
+        let result: ArchiveResult = serde_json::from_str(
+            r#"{"path":"a","archive_path":".archive/x","archived_at":"t","expires_at":"u"}"#,
+        )
+        .unwrap();
+        assert_eq!(result.archive_path, ".archive/x");
+    }
+
+    /// The agent reads requests strictly: a new field is refused, never silently
+    /// dropped; a new quota policy reads as `Unknown`, which the agent refuses.
+    #[test]
+    fn requests_stay_strict_and_an_unknown_policy_is_never_a_class_spelling() {
+        let request: CreateVolumeRequest =
+            serde_json::from_str(r#"{"capacity_bytes":1,"quota":"strict"}"#).unwrap();
+        assert_eq!(request.quota, QuotaPolicy::Unknown);
+        assert!(
+            serde_json::from_str::<CreateVolumeRequest>(
+                r#"{"capacity_bytes":1,"owner":{"workload":"w"}}"#
+            )
+            .is_err()
+        );
+        assert!("unknown".parse::<QuotaPolicy>().is_err());
+        assert_eq!(QuotaBackend::known("unknown"), None);
+        assert_eq!(QuotaBackend::known("xfs"), Some(QuotaBackend::Xfs));
+        for backend in QuotaBackend::KNOWN {
+            assert_eq!(QuotaBackend::known(backend.as_str()), Some(backend));
+        }
     }
 
     #[test]

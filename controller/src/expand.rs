@@ -235,17 +235,20 @@ fn already_marked(pvc: &PersistentVolumeClaim, target_bytes: u64) -> bool {
 
 /// Agent answers that retrying cannot fix: upstream's "infeasible" final errors.
 fn is_infeasible(error: &ClientError) -> bool {
-    matches!(
-        error.code(),
+    match error.code() {
         Some(
             ErrorCode::Unsupported
-                | ErrorCode::Conflict
-                | ErrorCode::NotFound
-                | ErrorCode::InvalidPath
-                | ErrorCode::InvalidBody
-                | ErrorCode::UnsafePath
-        )
-    )
+            | ErrorCode::Conflict
+            | ErrorCode::NotFound
+            | ErrorCode::InvalidPath
+            | ErrorCode::InvalidBody
+            | ErrorCode::UnsafePath,
+        ) => true,
+        // A code newer than this controller: its status tells a refusal from a passing
+        // condition.
+        Some(ErrorCode::Unknown) => !error.is_transient(),
+        _ => false,
+    }
 }
 
 fn failure_message(job: &Job, ctx: &Context, cause: &str) -> String {

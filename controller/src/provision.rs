@@ -545,6 +545,9 @@ fn announced_key(state_key: &str) -> String {
 fn describe_quota(capabilities: &Capabilities) -> String {
     match capabilities.quota {
         QuotaBackend::None => "it has no quota backend".to_owned(),
+        QuotaBackend::Unknown => {
+            "its quota backend, one this controller does not know, is not enforcing".to_owned()
+        }
         backend => format!("its {backend} quota backend is not enforcing"),
     }
 }

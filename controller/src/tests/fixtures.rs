@@ -13,7 +13,7 @@ use axum::Router;
 use axum::extract::{Path, State};
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
-use axum::routing::{get, post, put};
+use axum::routing::{MethodFilter, MethodRouter, on};
 use http::{Method, Request};
 use k8s_openapi::api::core::v1::{
     ObjectReference, PersistentVolume, PersistentVolumeClaim, PersistentVolumeClaimCondition,
@@ -31,8 +31,8 @@ use kube::runtime::watcher;
 use nfsprov_api_types::client::AgentConnectionConfig;
 use nfsprov_api_types::{
     AgentInfo, ApiError, ArchiveResult, Capabilities, CloneMethod, CloneOrigin, CloneProgress,
-    CloneVolumeRequest, CreateVolumeRequest, ErrorCode, FilesystemStats, NfsExport, QuotaBackend,
-    QuotaPolicy, ResizeVolumeRequest, Volume, VolumePath, VolumeUsage,
+    CloneVolumeRequest, CreateVolumeRequest, Endpoint, ErrorCode, FilesystemStats, NfsExport,
+    QuotaBackend, QuotaPolicy, ResizeVolumeRequest, Volume, VolumePath, VolumeUsage,
 };
 use serde_json::{Value, json};
 
@@ -522,6 +522,12 @@ pub struct MockAgentState {
     pub clone_polls: u32,
     /// Clone requests seen so far, by target path.
     pub clone_requests: BTreeMap<String, u32>,
+    /// Answer as an agent a version newer would: enum values and fields the controller
+    /// does not know (see [`newer_answer`]).
+    pub newer: bool,
+    /// When set, the calls whose record starts with the prefix fail with an error code
+    /// the controller does not know, sent with this status.
+    pub fail_newer: Option<(String, u16)>,
 }
 
 #[derive(Clone)]
@@ -586,14 +592,16 @@ impl MockAgent {
         .expect("tls config");
 
         let state = Arc::new(Mutex::new(MockAgentState::default()));
-        let app = Router::new()
-            .route("/v1/info", get(info))
-            .route(
-                "/v1/volumes/{*path}",
-                put(create).delete(remove).get(fetch).patch(resize),
-            )
-            .route("/v1/archives/{*path}", post(archive))
-            .route("/v1/clones/{*path}", post(clone))
+        let app = Endpoint::ALL
+            .into_iter()
+            .filter_map(|endpoint| Some((endpoint.template(), mock_handler(endpoint)?)))
+            .fold(Router::new(), |router, (template, handler)| {
+                router.route(template, handler)
+            })
+            .layer(axum::middleware::from_fn_with_state(
+                state.clone(),
+                newer_answer,
+            ))
             .with_state(MockShared {
                 state: state.clone(),
                 token: "mock-token".to_owned(),
@@ -682,6 +690,17 @@ impl MockAgent {
             failure.map(|(prefix, code)| (prefix.to_owned(), code));
     }
 
+    /// Answers from now on as a newer agent would ([`newer_answer`]).
+    pub fn answer_as_newer(&self) {
+        self.state.lock().expect("lock").newer = true;
+    }
+
+    /// Fails the calls whose record starts with `prefix` with a code newer than the
+    /// controller, sent with `status`.
+    pub fn fail_calls_newer(&self, prefix: &str, status: u16) {
+        self.state.lock().expect("lock").fail_newer = Some((prefix.to_owned(), status));
+    }
+
     pub fn enforce_quotas(&self, enforced: bool) {
         self.state.lock().expect("lock").quota_enforced = enforced;
     }
@@ -727,6 +746,29 @@ impl MockAgent {
     }
 }
 
+/// The mock's handler of each endpoint of the table, at the table's method; `None` for
+/// the endpoints no controller test needs (the real agent's tests cover those).
+fn mock_handler(endpoint: Endpoint) -> Option<MethodRouter<MockShared>> {
+    let method = MethodFilter::try_from(endpoint.method()).expect("a standard method");
+    let handler = match endpoint {
+        Endpoint::Info => on(method, info),
+        Endpoint::CreateVolume => on(method, create),
+        Endpoint::GetVolume => on(method, fetch),
+        Endpoint::ResizeVolume => on(method, resize),
+        Endpoint::DeleteVolume => on(method, remove),
+        Endpoint::ArchiveVolume => on(method, archive),
+        Endpoint::CloneVolume => on(method, clone),
+        Endpoint::Healthz
+        | Endpoint::Readyz
+        | Endpoint::Metrics
+        | Endpoint::ListVolumes
+        | Endpoint::AdoptVolume
+        | Endpoint::ListArchives
+        | Endpoint::DeleteArchive => return None,
+    };
+    Some(handler)
+}
+
 fn api_error(code: ErrorCode, message: &str) -> Response {
     let status =
         StatusCode::from_u16(code.http_status()).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
@@ -745,6 +787,17 @@ fn enter(shared: &MockShared, headers: &HeaderMap, call: String) -> Option<Respo
         return Some(api_error(ErrorCode::Unauthenticated, "bad token"));
     }
     let mut state = shared.state.lock().expect("lock");
+    if let Some((_, status)) = state
+        .fail_newer
+        .as_ref()
+        .filter(|(prefix, _)| call.starts_with(prefix.as_str()))
+    {
+        let status = StatusCode::from_u16(*status).expect("a valid status");
+        state.calls.push(call);
+        let body =
+            json!({"code": "volume_busy", "message": "injected failure", "retry_after_seconds": 5});
+        return Some((status, Json(body)).into_response());
+    }
     let failure = state.fail_with.or_else(|| {
         state
             .fail_calls
@@ -754,6 +807,43 @@ fn enter(shared: &MockShared, headers: &HeaderMap, call: String) -> Option<Respo
     });
     state.calls.push(call);
     failure.map(|code| api_error(code, "injected failure"))
+}
+
+/// Once [`MockAgent::answer_as_newer`] was called, rewrites every JSON answer the way a
+/// newer agent may answer: a quota backend and a clone method the controller does not
+/// know, and new fields at the top, in the capabilities and in the owner.
+async fn newer_answer(
+    State(state): State<Arc<Mutex<MockAgentState>>>,
+    request: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> Response {
+    let response = next.run(request).await;
+    if !state.lock().expect("lock").newer {
+        return response;
+    }
+    let (parts, body) = response.into_parts();
+    let bytes = axum::body::to_bytes(body, 1 << 20)
+        .await
+        .expect("mock body");
+    let Ok(mut value) = serde_json::from_slice::<Value>(&bytes) else {
+        return Response::from_parts(parts, axum::body::Body::from(bytes));
+    };
+    if let Some(object) = value.as_object_mut() {
+        object.insert("added_later".into(), json!({"nested": [1, 2]}));
+        if let Some(capabilities) = object.get_mut("capabilities") {
+            capabilities["quota"] = json!("lvm-thin");
+            capabilities["snapshots"] = json!(true);
+        }
+        if let Some(owner) = object.get_mut("owner") {
+            owner["workload"] = json!("statefulset/db");
+        }
+        if let Some(origin) = object.get_mut("clone").filter(|c| c.is_object()) {
+            origin["method"] = json!("block-clone");
+        }
+    }
+    let mut parts = parts;
+    parts.headers.remove(http::header::CONTENT_LENGTH);
+    Response::from_parts(parts, axum::body::Body::from(value.to_string()))
 }
 
 /// The agent's view of a stored volume.

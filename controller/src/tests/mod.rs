@@ -10,3 +10,4 @@ pub(crate) mod fixtures;
 mod real_agent;
 mod scenarios;
 mod usage_scenarios;
+mod version_skew;

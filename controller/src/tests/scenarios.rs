@@ -1246,6 +1246,25 @@ fn clone_claim() -> k8s_openapi::api::core::v1::PersistentVolumeClaim {
     pvc
 }
 
+/// The PV of the clone of `team-a/source` at [`DEFAULT_PATH`], made by `method`.
+fn expected_clone_pv(method: &str) -> serde_json::Value {
+    let mut expected = expected_pv(DEFAULT_PATH, "archive");
+    let annotations = expected["metadata"]["annotations"].as_object_mut().unwrap();
+    annotations.insert("nfsprov.dev/cloned-from".into(), json!("team-a/source"));
+    annotations.insert("nfsprov.dev/clone-method".into(), json!(method));
+    expected
+}
+
+fn cloning_event() -> Call {
+    Call::event(
+        "team-a",
+        "Normal",
+        "Provisioning",
+        "data",
+        "cloning claim team-a/source",
+    )
+}
+
 fn get_source(source: &k8s_openapi::api::core::v1::PersistentVolumeClaim) -> Call {
     Call::new(
         Method::GET,
@@ -1276,18 +1295,9 @@ async fn a_clone_is_polled_until_the_agent_made_it_and_its_pv_names_the_source()
         vec![class("nfs", &[("agent", "nfs1"), ("mode", "0700")])],
         vec![source_pv("nfs1")],
     );
-    let mut expected = expected_pv(DEFAULT_PATH, "archive");
-    let annotations = expected["metadata"]["annotations"].as_object_mut().unwrap();
-    annotations.insert("nfsprov.dev/cloned-from".into(), json!("team-a/source"));
-    annotations.insert("nfsprov.dev/clone-method".into(), json!("reflink"));
+    let expected = expected_clone_pv("reflink");
     let server = api.run(vec![
-        Call::event(
-            "team-a",
-            "Normal",
-            "Provisioning",
-            "data",
-            "cloning claim team-a/source",
-        ),
+        cloning_event(),
         get_source(&source),
         // Polled again: no second Provisioning event.
         get_source(&source),
@@ -1324,6 +1334,48 @@ async fn a_clone_is_polled_until_the_agent_made_it_and_its_pv_names_the_source()
         (Mode::new(0o750).unwrap(), Some(4242))
     );
     assert_eq!(made.owner, owner());
+}
+
+/// An agent a version newer than the controller answers with a clone method, a quota
+/// backend and fields the controller does not know: the claim is still provisioned, and
+/// its PV shows the method as `unknown`.
+#[tokio::test]
+async fn a_clone_by_a_method_newer_than_the_controller_is_provisioned_and_shown_as_unknown() {
+    let agent = MockAgent::start("nfs1").await;
+    agent.insert_volume(
+        SOURCE_PATH,
+        CreateVolumeRequest {
+            capacity_bytes: 1 << 30,
+            ..CreateVolumeRequest::default()
+        },
+    );
+    agent.answer_as_newer();
+    let source = source_claim("nfs", "1Gi");
+    let (ctx, api) = context(
+        agent.registry(),
+        vec![class("nfs", &[("agent", "nfs1")])],
+        vec![source_pv("nfs1")],
+    );
+    let expected = expected_clone_pv("unknown");
+    let server = api.run(vec![
+        cloning_event(),
+        get_source(&source),
+        Call::new(Method::POST, PVS, BodyCheck::Exact(expected)).status(201),
+        succeeded_event(),
+    ]);
+    let pvc = Arc::new(objects::CachedClaim::from(clone_claim()));
+    assert_eq!(
+        reconcile_claim(pvc, ctx.clone()).await.unwrap(),
+        Action::await_change()
+    );
+    finish(ctx, server).await;
+    assert_eq!(
+        agent.calls(),
+        [
+            "GET info".to_owned(),
+            format!("POST clone {DEFAULT_PATH} from {SOURCE_PATH}")
+        ]
+    );
 }
 
 #[tokio::test]
