@@ -185,6 +185,29 @@ async fn event(
 }
 
 /// Waits until the controller's metrics hold `line` (or, with `present` false, not).
+/// Waits until the agent on `port` answers 401 to `token` (a token it no longer holds).
+async fn refused(port: u16, ca: &Path, token: &str) -> anyhow::Result<()> {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let url = format!("https://localhost:{port}/v1/info");
+    let authorization = format!("Authorization: Bearer {token}");
+    loop {
+        let output = Command::new("curl")
+            .args(["-s", "-o", "/dev/null", "-w", "%{http_code}", "--cacert"])
+            .arg(ca)
+            .args(["-H", &authorization, &url])
+            .output()?;
+        let status = String::from_utf8_lossy(&output.stdout).into_owned();
+        if status == "401" {
+            return Ok(());
+        }
+        anyhow::ensure!(
+            Instant::now() < deadline,
+            "the agent still answers {status} to the replaced token after 30 s"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
 async fn metric(controller: &ControllerProcess, line: &str, present: bool) -> anyhow::Result<()> {
     nfsprov_e2e::eventually(line, BIND, || async {
         controller
@@ -419,6 +442,9 @@ async fn the_install_as_written_then_agents_added_broken_removed_and_rotated() -
             .write_all(format!("{new_token}\n").as_bytes())?;
     }
     std::fs::rename(&staged, etc1.join("token"))?;
+    // The agent takes a changed token file within about a second; until it refuses the
+    // old token, a Secret holding it would still be accepted.
+    refused(port1, &etc1.join("ca.pem"), &old_token).await?;
     // The agent now wants the new token; a Secret with the old one is refused.
     let stale = work.path().join("stale.yaml");
     std::fs::write(&stale, &token_only)?;
