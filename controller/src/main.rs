@@ -12,6 +12,7 @@ static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
 /// jemalloc's settings, read before `main`: one arena (a handful of threads, whose
 /// contention costs less than an arena per thread's share of half-empty pages), and freed
 /// pages returned to the system after a second instead of ten.
+#[allow(unsafe_code)]
 #[unsafe(export_name = "_rjem_malloc_conf")]
 static MALLOC_CONF: &[u8; 47] = b"narenas:1,dirty_decay_ms:1000,muzzy_decay_ms:0\0";
 

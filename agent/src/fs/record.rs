@@ -200,6 +200,7 @@ struct StoredRecord {
 const GET_VERSION: rustix::ioctl::Opcode = rustix::ioctl::opcode::read::<std::ffi::c_long>(b'v', 1);
 
 /// The inode generation of `dir`, where the filesystem has one (ext4, XFS, btrfs).
+#[allow(unsafe_code)]
 fn generation_of(dir: BorrowedFd<'_>) -> Option<u32> {
     // SAFETY: the kernel writes one `int` (4 bytes) into the `u32` the getter holds.
     unsafe { rustix::ioctl::ioctl(dir, rustix::ioctl::Getter::<GET_VERSION, u32>::new()) }.ok()

@@ -142,6 +142,7 @@ pub fn subvolume_id(dir: BorrowedFd<'_>) -> Option<u64> {
     };
     // SAFETY: the opcode's argument is `InoLookupArgs`, laid out as the kernel's struct
     // (4096 bytes), which the kernel reads and fills in place and which outlives the call.
+    #[allow(unsafe_code)]
     let looked_up = unsafe {
         rustix::ioctl::ioctl(
             dir,

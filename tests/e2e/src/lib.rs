@@ -6,6 +6,8 @@
 pub mod agent;
 pub mod binaries;
 pub mod cluster;
+// libnfs is a C library: its bindings are the one place this crate needs `unsafe`.
+#[allow(unsafe_code)]
 pub mod libnfs;
 pub mod nfs;
 pub mod system;

@@ -51,7 +51,10 @@ mod tests {
         std::fs::create_dir_all(&dir).unwrap();
         let report = dir.join("report");
         // SAFETY: this crate's only test; nothing else reads the environment meanwhile.
-        unsafe { std::env::set_var(REPORT_VARIABLE, &report) };
+        #[allow(unsafe_code)]
+        unsafe {
+            std::env::set_var(REPORT_VARIABLE, &report)
+        };
         skip("first", "no root");
         skip("second", "two\nlines");
         skip("third", &"é".repeat(100));
