@@ -1,6 +1,7 @@
 //! An agent run the way users run it: `nfsprov-agent init`, then `nfsprov-agent run` as
 //! a separate process.
 
+use std::os::unix::process::CommandExt as _;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
@@ -128,6 +129,9 @@ impl AgentProcess {
             .arg(self.etc.join("agent.toml"))
             .stdout(Stdio::null())
             .stderr(log)
+            // A group of its own, so that [`AgentProcess::kill`] reaches every process
+            // of it (a wrapper's child too) and nothing else.
+            .process_group(0)
             .spawn()?;
         self.child = Some(child);
         let client = self.client()?;
@@ -143,9 +147,14 @@ impl AgentProcess {
         .map_err(|e| anyhow::anyhow!("{e}; agent log:\n{}", self.log_text()))
     }
 
-    /// Stops the agent with SIGKILL (a crash).
+    /// Stops the agent with SIGKILL (a crash): its whole process group, since a wrapper
+    /// such as `faketime` runs the agent as a child of its own, which a kill of the
+    /// wrapper alone would leave running.
     pub fn kill(&mut self) {
         if let Some(mut child) = self.child.take() {
+            if let Some(group) = rustix::process::Pid::from_raw(child.id() as i32) {
+                let _ = rustix::process::kill_process_group(group, rustix::process::Signal::KILL);
+            }
             let _ = child.kill();
             let _ = child.wait();
         }
