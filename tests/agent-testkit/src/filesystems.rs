@@ -55,7 +55,24 @@ impl LoopMount {
 
 impl Drop for LoopMount {
     fn drop(&mut self) {
-        let _ = Command::new("umount").arg(&self.mount).status();
+        let unmounted = Command::new("umount")
+            .arg(&self.mount)
+            .status()
+            .is_ok_and(|s| s.success());
+        if !unmounted {
+            // Still busy (a server shutting down holds a descriptor a moment longer): a
+            // lazy unmount detaches it now and lets the kernel finish once the last
+            // descriptor closes. Without it the mount outlived the test, and removing the
+            // temp dir emptied the mounted filesystem instead.
+            let lazily = Command::new("umount")
+                .arg("--lazy")
+                .arg(&self.mount)
+                .status()
+                .is_ok_and(|s| s.success());
+            if !lazily {
+                eprintln!("could not unmount {}", self.mount.display());
+            }
+        }
     }
 }
 
