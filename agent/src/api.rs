@@ -25,10 +25,10 @@ use crate::archives::Archives;
 use crate::auth::{Authenticator, Caller};
 use crate::clones::{CloneAnswer, Clones};
 use crate::config::AgentConfig;
-use crate::fs::{Archived, Created, Deleted, StoreError, VolumeStore};
 use crate::metrics::{Metrics, RequestLabels, RouteLabels};
 use crate::policy::Policy;
 use crate::ratelimit::RateLimit;
+use crate::store::{Archived, Created, Deleted, StoreError, VolumeStore};
 use crate::tls::PeerCertificate;
 use crate::usage::UsageCache;
 

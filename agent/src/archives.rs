@@ -10,7 +10,7 @@ use std::time::Duration;
 use nfsprov_api_types::{Archive, ArchivePath, VolumeUsage};
 use time::OffsetDateTime;
 
-use crate::fs::{Deleted, StoreError, StoredArchive, VolumeStore};
+use crate::store::{Deleted, StoreError, StoredArchive, VolumeStore};
 use crate::metrics::ArchiveMetrics;
 use crate::retention::{ArchiveSettings, is_expired};
 use crate::usage::UsageCache;

@@ -24,8 +24,8 @@ use nfsprov_api_types::{
 use tokio::sync::{Semaphore, watch};
 
 use crate::config::AgentConfig;
-use crate::fs::{COPY_DESCRIPTORS, Created, MAX_USAGE_DEPTH, VolumeStore};
 use crate::metrics::{CloneLabels, CloneMetrics};
+use crate::store::{COPY_DESCRIPTORS, Created, MAX_USAGE_DEPTH, VolumeStore};
 
 /// How a clone ended: the volume and whether this job made it, or why it failed.
 pub type CloneOutcome = Result<(Volume, Created), ApiError>;

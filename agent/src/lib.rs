@@ -8,7 +8,6 @@ pub mod cli;
 pub mod clones;
 pub mod config;
 pub mod connections;
-pub mod fs;
 pub mod init;
 pub mod logging;
 pub mod metrics;
@@ -17,6 +16,7 @@ pub mod policy;
 pub mod quota;
 pub mod ratelimit;
 pub mod retention;
+pub mod store;
 pub mod tls;
 pub mod usage;
 
@@ -28,7 +28,7 @@ use crate::api::AppState;
 use crate::auth::Authenticator;
 use crate::config::AgentConfig;
 use crate::connections::ConnectionLimits;
-use crate::fs::VolumeStore;
+use crate::store::VolumeStore;
 pub use crate::logging::init_tracing;
 
 /// Why the agent could not start. Each message is one line naming the problem.
@@ -41,7 +41,7 @@ pub enum StartError {
     #[error(transparent)]
     Auth(#[from] auth::AuthSetupError),
     #[error("export root: {0}")]
-    Store(#[from] fs::StoreError),
+    Store(#[from] store::StoreError),
     #[error("quota backend {backend}: {reason}")]
     Quota {
         backend: nfsprov_api_types::QuotaBackend,
@@ -67,7 +67,7 @@ impl Agent {
     /// Checks everything that can be checked before serving: the export root, the
     /// certificates and keys, the token files, and the listen address.
     pub fn bind(config: AgentConfig) -> Result<Self, StartError> {
-        let backend = fs::backend_for(&config.quota, &config.export_root).map_err(|reason| {
+        let backend = store::backend_for(&config.quota, &config.export_root).map_err(|reason| {
             StartError::Quota {
                 backend: config.quota.backend,
                 reason,

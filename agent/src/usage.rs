@@ -15,21 +15,21 @@ use futures::future::{BoxFuture, Shared};
 use nfsprov_api_types::{ArchivePath, VolumePath, VolumeUsage};
 use tokio::sync::Semaphore;
 
-use crate::fs::{self, VolumeStore};
+use crate::store::{self, VolumeStore};
 
 /// What a cache measures: a volume by its path, or an archive by its id.
 pub trait Measured: Clone + Eq + Hash + Display + Send + Sync + 'static {
-    fn measure(&self, store: &VolumeStore) -> fs::Result<VolumeUsage>;
+    fn measure(&self, store: &VolumeStore) -> store::Result<VolumeUsage>;
 }
 
 impl Measured for VolumePath {
-    fn measure(&self, store: &VolumeStore) -> fs::Result<VolumeUsage> {
+    fn measure(&self, store: &VolumeStore) -> store::Result<VolumeUsage> {
         store.measure(self)
     }
 }
 
 impl Measured for ArchivePath {
-    fn measure(&self, store: &VolumeStore) -> fs::Result<VolumeUsage> {
+    fn measure(&self, store: &VolumeStore) -> store::Result<VolumeUsage> {
         store.measure_archive(self)
     }
 }

@@ -81,7 +81,7 @@ impl Drop for DeepTree<'_> {
             OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC,
             FileMode::empty(),
         ) {
-            let _ = nfsprov_agent::fs::remove_tree(parent.as_fd(), &name.to_string_lossy());
+            let _ = nfsprov_agent::store::remove_tree(parent.as_fd(), &name.to_string_lossy());
         }
     }
 }

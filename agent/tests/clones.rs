@@ -261,7 +261,7 @@ async fn a_directory_volume_is_copied_exactly_and_independently() {
         .expect("the answer says what it was cloned from");
     assert_eq!(origin.source, path("team/source"));
     let probe = std::fs::File::open(root.path().join(".nfsprov/staging")).unwrap();
-    let expected = if nfsprov_agent::fs::reflink_supported(probe.as_fd()) {
+    let expected = if nfsprov_agent::store::reflink_supported(probe.as_fd()) {
         CloneMethod::Reflink
     } else {
         CloneMethod::Copy

@@ -1,6 +1,6 @@
 //! Quota tools: how the filesystem under the export root is asked to enforce a volume's
 //! capacity (btrfs qgroups, XFS project quotas, ZFS datasets), each a thin layer over its
-//! command-line tool. The volume store's backends (`fs`) decide when to call them.
+//! command-line tool. The volume store's backends (`store`) decide when to call them.
 
 pub mod btrfs;
 pub mod command;

@@ -475,7 +475,7 @@ impl Drop for System {
 /// The volumes beneath an export root, read from the agent's own records and checked
 /// against what is on disk at each path: what an operator would count as provisioned data.
 pub fn volume_dirs(root: &std::path::Path) -> Vec<String> {
-    let store = nfsprov_agent::fs::VolumeStore::open(root)
+    let store = nfsprov_agent::store::VolumeStore::open(root)
         .unwrap_or_else(|e| panic!("cannot read the volumes of {}: {e}", root.display()));
     let mut found: Vec<String> = store
         .list()

@@ -1,4 +1,4 @@
-//! What a kind of volume storage must do for the store. The store (`fs.rs`) owns
+//! What a kind of volume storage must do for the store. The store (`store.rs`) owns
 //! confinement, locking, staging, the trash, archive naming and the comparison of
 //! requests with records; a backend only makes, limits, measures, records and removes
 //! volumes of its kind. Two backends exist: directories of the root's filesystem (with a

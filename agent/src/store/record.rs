@@ -514,7 +514,7 @@ mod tests {
     #[test]
     fn a_snapshot_never_reads_or_replaces_its_sources_record() {
         const TEST: &str =
-            "fs::record::tests::a_snapshot_never_reads_or_replaces_its_sources_record";
+            "store::record::tests::a_snapshot_never_reads_or_replaces_its_sources_record";
         if !rustix::process::geteuid().is_root() {
             nfsprov_test_skip::skip(TEST, "a loop-mounted btrfs needs root");
             return;
@@ -596,7 +596,7 @@ mod tests {
     /// not become that directory's.
     #[test]
     fn a_directory_given_a_removed_volumes_inode_number_is_not_that_volume() {
-        const TEST: &str = "fs::record::tests::a_directory_given_a_removed_volumes_inode_number_is_not_that_volume";
+        const TEST: &str = "store::record::tests::a_directory_given_a_removed_volumes_inode_number_is_not_that_volume";
         if !rustix::process::geteuid().is_root() {
             nfsprov_test_skip::skip(TEST, "a loop-mounted ext4 needs root");
             return;

@@ -2,8 +2,8 @@
 //! root, on whichever backend holds the volumes.
 //!
 //! The store does, once for every backend, what keeps volumes safe: it reaches paths only
-//! through `fs::confine` (one component at a time from a descriptor of the root, never
-//! following a symlink), serializes requests per path (`fs::locks`), refuses nested
+//! through `store::confine` (one component at a time from a descriptor of the root, never
+//! following a symlink), serializes requests per path (`store::locks`), refuses nested
 //! volumes, compares a repeated create with the volume's record, and moves volumes
 //! through its work areas. Validated volume paths cannot name hidden entries, which keeps
 //! those areas (`.nfsprov` for staging and trash, `.archive` for archives) out of reach

@@ -1710,7 +1710,7 @@ mod tests {
 
     #[test]
     fn a_copy_is_exact_with_and_without_reflink() {
-        const TEST: &str = "fs::copy::tests::a_copy_is_exact_with_and_without_reflink";
+        const TEST: &str = "store::copy::tests::a_copy_is_exact_with_and_without_reflink";
         if skip_unless_root(TEST) {
             return;
         }
@@ -1741,7 +1741,7 @@ mod tests {
     /// The same on btrfs, where FICLONE works: every file is reflinked.
     #[test]
     fn a_reflinked_copy_is_exact() {
-        const TEST: &str = "fs::copy::tests::a_reflinked_copy_is_exact";
+        const TEST: &str = "store::copy::tests::a_reflinked_copy_is_exact";
         if skip_unless_root(TEST) {
             return;
         }
@@ -1810,7 +1810,7 @@ mod tests {
 
     #[test]
     fn a_mount_point_inside_the_source_is_refused() {
-        const TEST: &str = "fs::copy::tests::a_mount_point_inside_the_source_is_refused";
+        const TEST: &str = "store::copy::tests::a_mount_point_inside_the_source_is_refused";
         if skip_unless_root(TEST) {
             return;
         }
@@ -1861,7 +1861,7 @@ mod tests {
 
     #[test]
     fn a_copy_that_does_not_fit_is_no_space() {
-        const TEST: &str = "fs::copy::tests::a_copy_that_does_not_fit_is_no_space";
+        const TEST: &str = "store::copy::tests::a_copy_that_does_not_fit_is_no_space";
         if skip_unless_root(TEST) {
             return;
         }
