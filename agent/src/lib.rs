@@ -19,6 +19,7 @@ pub mod retention;
 pub mod store;
 pub mod tls;
 pub mod usage;
+pub mod zfs;
 
 use std::future::Future;
 use std::net::SocketAddr;

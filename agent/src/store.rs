@@ -59,7 +59,7 @@ use crate::quota::QuotaSettings;
 use crate::quota::btrfs::Btrfs;
 use crate::quota::command::{SystemRunner, ToolRunner};
 use crate::quota::xfs::Xfs;
-use crate::quota::zfs::Zfs;
+use crate::zfs::Zfs;
 
 pub use self::archive_name::ARCHIVE_DIR;
 pub use self::archives::StoredArchive;

@@ -1,20 +1,17 @@
 //! Quota tools: how the filesystem under the export root is asked to enforce a volume's
-//! capacity (btrfs qgroups, XFS project quotas, ZFS datasets), each a thin layer over its
-//! command-line tool. The volume store's backends (`store`) decide when to call them.
+//! capacity (btrfs qgroups, XFS project quotas), each a thin layer over its command-line
+//! tool, and the settings of every quota backend. `command` runs those tools (and `zfs`,
+//! whose datasets are a backend of their own, not only a quota). The volume store's
+//! backends (`store`) decide when to call them.
 
 pub mod btrfs;
 pub mod command;
 pub mod xfs;
-pub mod zfs;
 
 use std::ops::RangeInclusive;
 use std::time::Duration;
 
 use nfsprov_api_types::QuotaBackend;
-
-use self::command::ToolError;
-use self::xfs::XfsError;
-use self::zfs::ZfsError;
 
 /// The quota settings, checked.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -36,28 +33,5 @@ impl Default for QuotaSettings {
             xfs_project_ids: 100_000..=199_999,
             command_timeout: Duration::from_secs(30),
         }
-    }
-}
-
-/// A quota operation that failed.
-#[derive(Debug, thiserror::Error)]
-pub enum QuotaError {
-    #[error(transparent)]
-    Tool(#[from] ToolError),
-    #[error(transparent)]
-    Xfs(#[from] XfsError),
-    #[error(transparent)]
-    Zfs(#[from] ZfsError),
-}
-
-impl QuotaError {
-    /// Whether a tool was killed for running too long (worth retrying later).
-    pub fn timed_out(&self) -> bool {
-        matches!(
-            self,
-            QuotaError::Tool(ToolError::TimedOut { .. })
-                | QuotaError::Xfs(XfsError::Tool(ToolError::TimedOut { .. }))
-                | QuotaError::Zfs(ZfsError::Tool(ToolError::TimedOut { .. }))
-        )
     }
 }

@@ -19,7 +19,7 @@ use super::copy::CopyProgress;
 use super::error::{Result, StoreError, io_error, quota_error};
 use super::record::{QuotaRecord, VolumeRecord};
 use super::tree::{measure_tree, remove_tree};
-use crate::quota::zfs::{ArchivedDataset, Zfs, ZfsError};
+use crate::zfs::{ArchivedDataset, Zfs, ZfsError};
 
 #[derive(Debug)]
 pub struct DatasetBackend {

@@ -12,7 +12,9 @@ use nfsprov_api_types::logsafe::Clean;
 use nfsprov_api_types::{ApiError, ErrorCode, VolumePath};
 use rustix::io::Errno;
 
-use crate::quota::QuotaError;
+use crate::quota::command::ToolError;
+use crate::quota::xfs::XfsError;
+use crate::zfs::ZfsError;
 
 /// What went wrong, in terms the API maps to its error codes.
 #[derive(Debug, thiserror::Error)]
@@ -64,6 +66,29 @@ impl StoreError {
     /// The API's error answer for it.
     pub fn to_api_error(&self) -> ApiError {
         ApiError::new(self.code(), self.to_string())
+    }
+}
+
+/// A quota operation that failed.
+#[derive(Debug, thiserror::Error)]
+pub enum QuotaError {
+    #[error(transparent)]
+    Tool(#[from] ToolError),
+    #[error(transparent)]
+    Xfs(#[from] XfsError),
+    #[error(transparent)]
+    Zfs(#[from] ZfsError),
+}
+
+impl QuotaError {
+    /// Whether a tool was killed for running too long (worth retrying later).
+    pub fn timed_out(&self) -> bool {
+        matches!(
+            self,
+            QuotaError::Tool(ToolError::TimedOut { .. })
+                | QuotaError::Xfs(XfsError::Tool(ToolError::TimedOut { .. }))
+                | QuotaError::Zfs(ZfsError::Tool(ToolError::TimedOut { .. }))
+        )
     }
 }
 

@@ -1,6 +1,8 @@
-//! ZFS quota backend: every volume is a dataset of its own, a child of one configured
-//! dataset that is mounted at the export root, and its capacity is the dataset's
-//! `refquota` (snapshots and descendants do not count against it).
+//! ZFS datasets, the volumes of quota backend `zfs`: their whole lifecycle (create, clone,
+//! snapshot, promote, archive, destroy, mount) through the `zfs` tool. Every volume is a
+//! dataset of its own, a child of one configured dataset that is mounted at the export
+//! root, and its capacity is the dataset's `refquota` (snapshots and descendants do not
+//! count against it). The store's `DatasetBackend` makes these datasets volumes.
 //!
 //! # Dataset names
 //!
@@ -140,7 +142,7 @@ use self::parse::{
     Child, ChildKind, Properties, is_missing_dataset, parse_children, parse_properties,
     parse_snapshots,
 };
-use super::command::{ToolCommand, ToolError, ToolRunner, one_line};
+use crate::quota::command::{ToolCommand, ToolError, ToolRunner, one_line};
 
 pub use self::names::{ARCHIVE_NAME_PREFIX, CLONE_SNAPSHOT_PREFIX, META_PROPERTY, PATH_PROPERTY};
 use self::names::{MAX_DATASET_NAME_LEN, MAX_GUID_DIGITS, MAX_PROPERTY_VALUE_BYTES};
