@@ -21,7 +21,7 @@ use nfsprov_api_types::{
 use tokio::sync::Semaphore;
 use tower_http::request_id::{MakeRequestUuid, PropagateRequestIdLayer, SetRequestIdLayer};
 
-use crate::archives::Archives;
+use crate::archive::catalog::Archives;
 use crate::auth::{Authenticator, Caller};
 use crate::clones::{CloneAnswer, Clones};
 use crate::config::AgentConfig;

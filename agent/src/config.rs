@@ -9,9 +9,9 @@ use clap::{Args, ValueEnum};
 use nfsprov_api_types::QuotaBackend;
 use serde::Deserialize;
 
+use crate::archive::retention::{self, ArchiveSettings};
 use crate::policy::Policy;
 use crate::quota::QuotaSettings;
-use crate::retention::{self, ArchiveSettings};
 
 /// Default location of the agent's settings.
 pub const DEFAULT_CONFIG_PATH: &str = "/etc/nfsprov/agent.toml";

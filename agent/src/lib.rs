@@ -2,7 +2,7 @@
 //! deletes volume directories beneath one export root for the cluster's controller.
 
 pub mod api;
-pub mod archives;
+pub mod archive;
 pub mod auth;
 pub mod cli;
 pub mod clones;
@@ -15,7 +15,6 @@ pub mod mountinfo;
 pub mod policy;
 pub mod quota;
 pub mod ratelimit;
-pub mod retention;
 pub mod store;
 pub mod tls;
 pub mod usage;

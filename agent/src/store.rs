@@ -17,8 +17,7 @@
 //! the next start. Adoption, asked for explicitly, makes a directory already at its path a
 //! volume by writing its record and nothing else; a create never takes a directory over.
 
-mod archive_name;
-mod archives;
+mod archive;
 mod backend;
 mod confine;
 mod copy;
@@ -48,7 +47,8 @@ use rustix::fs::{AtFlags, FileType, Mode, RenameFlags};
 use rustix::io::Errno;
 use time::OffsetDateTime;
 
-use self::archive_name::{
+use self::archive::area;
+use self::archive::naming::{
     archive_components, archive_entries, archive_path, archive_result, latest_entry,
 };
 use self::confine::{Root, STAGING_DIR, TRASH_DIR, list_dir, open_child, open_or_create_dir};
@@ -61,8 +61,8 @@ use crate::quota::command::{SystemRunner, ToolRunner};
 use crate::quota::xfs::Xfs;
 use crate::zfs::Zfs;
 
-pub use self::archive_name::ARCHIVE_DIR;
-pub use self::archives::StoredArchive;
+pub use self::archive::area::StoredArchive;
+pub use self::archive::naming::ARCHIVE_DIR;
 pub use self::backend::{CloneSource, CloneTarget, KnownQuota, Layout, VolumeBackend};
 pub use self::confine::{STATE_DIR, is_dot};
 pub use self::copy::{
@@ -978,7 +978,7 @@ impl VolumeStore {
             Some(record) => {
                 self.refuse_mount_points(&id, &archive_path(id))?;
                 let trash = self.root.open_internal(&[STATE_DIR, TRASH_DIR], false)?;
-                let record_dirs = match archives::open_entry(parent.as_fd(), id)? {
+                let record_dirs = match area::open_entry(parent.as_fd(), id)? {
                     Some(dir) => self.backend.record_dirs(dir.as_fd())?,
                     None => Vec::new(),
                 };
@@ -1013,7 +1013,7 @@ impl VolumeStore {
         drop(parent);
         let _dirs = self.archive_dirs.write().unwrap_or_else(|e| e.into_inner());
         // What is left is tidiness, not the archive: a failure leaves empty directories.
-        if let Err(error) = archives::prune(&self.root, id.volume()) {
+        if let Err(error) = area::prune(&self.root, id.volume()) {
             tracing::warn!(archive = %id, %error, "could not remove empty archive directories");
         }
         Ok(deleted)
@@ -1030,7 +1030,7 @@ impl VolumeStore {
             .backend
             .find_archive(&self.root, parent.as_fd(), id)?
             .ok_or_else(missing)?;
-        let dir = archives::open_entry(parent.as_fd(), id)?.ok_or_else(missing)?;
+        let dir = area::open_entry(parent.as_fd(), id)?.ok_or_else(missing)?;
         self.backend.measure_archive(dir.as_fd(), id, &record)
     }
 

@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use common::agent_process::setup;
 use common::{call, snapshot, wait_for};
-use nfsprov_agent::retention::ArchiveSettings;
+use nfsprov_agent::archive::retention::ArchiveSettings;
 use nfsprov_agent_testkit::TestAgent;
 use nfsprov_api_types::{Archive, ArchivePath, CreateVolumeRequest, VolumeOwner, VolumePath};
 use serde_json::Value;

@@ -9,7 +9,7 @@ use std::os::fd::{BorrowedFd, OwnedFd};
 
 use nfsprov_api_types::{ArchivePath, CloneMethod, QuotaBackend, VolumePath, VolumeUsage};
 
-use super::archives::StoredArchive;
+use super::archive::area::StoredArchive;
 use super::confine::Root;
 use super::copy::CopyProgress;
 use super::error::{Result, StoreError};

@@ -11,8 +11,8 @@ use std::os::fd::{AsFd, BorrowedFd};
 
 use nfsprov_api_types::{ArchivePath, CloneMethod, QuotaBackend, VolumePath, VolumeUsage};
 
-use super::archive_name::{ARCHIVE_DIR, archive_path};
-use super::archives::StoredArchive;
+use super::archive::area::StoredArchive;
+use super::archive::naming::{ARCHIVE_DIR, archive_path};
 use super::backend::{CloneSource, CloneTarget, KnownQuota, Layout, VolumeBackend};
 use super::confine::{Root, open_child};
 use super::copy::CopyProgress;

@@ -10,8 +10,8 @@ use std::sync::OnceLock;
 use nfsprov_api_types::{ArchivePath, CloneMethod, QuotaBackend, VolumePath, VolumeUsage};
 use rustix::fs::Mode;
 
-use super::archive_name::{ARCHIVE_DIR, archive_components};
-use super::archives::{self, StoredArchive};
+use super::archive::area::{self, StoredArchive};
+use super::archive::naming::{ARCHIVE_DIR, archive_components};
 use super::backend::{CloneSource, CloneTarget, KnownQuota, Layout, VolumeBackend};
 use super::confine::{Root, STAGING_DIR, STATE_DIR, TRASH_DIR, open_child};
 use super::copy::{CopyOptions, CopyProgress, copy_tree, reflink_supported};
@@ -620,7 +620,7 @@ impl VolumeBackend for DirectoryBackend {
     /// a record of its directory made for the path it is archived under.
     fn list_archives(&self, root: &Root) -> Result<Vec<StoredArchive>> {
         let mut found = Vec::new();
-        for id in archives::walk(root)? {
+        for id in area::walk(root)? {
             let parent = match root.open_existing(&archive_components(id.volume())) {
                 Ok(Some(parent)) => parent,
                 Ok(None) | Err(StoreError::Unsafe(_)) => continue,
@@ -646,7 +646,7 @@ impl VolumeBackend for DirectoryBackend {
         parent: BorrowedFd<'_>,
         id: &ArchivePath,
     ) -> Result<Option<VolumeRecord>> {
-        let Some(dir) = archives::open_entry(parent, id)? else {
+        let Some(dir) = area::open_entry(parent, id)? else {
             return Ok(None);
         };
         match self.records()?.read(dir.as_fd())? {

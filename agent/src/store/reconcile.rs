@@ -16,7 +16,7 @@ use std::os::fd::{AsFd, BorrowedFd};
 
 use nfsprov_api_types::VolumePath;
 
-use super::archive_name::archive_components;
+use super::archive::naming::archive_components;
 use super::confine::{Root, STAGING_DIR, STATE_DIR, TRASH_DIR, list_dir, open_child};
 use super::error::{Result, StoreError, io_error};
 use super::record::{Identity, RecordKey, RecordStore, VolumeRecord};

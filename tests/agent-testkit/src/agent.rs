@@ -8,11 +8,11 @@ use std::time::Duration;
 use nfsprov_api_types::client::{AgentClient, AgentConnectionConfig};
 use tokio::sync::oneshot;
 
+use nfsprov_agent::archive::retention::ArchiveSettings;
 use nfsprov_agent::config::{AgentConfig, AuthConfig, LogFormat, TokenSection};
 use nfsprov_agent::init::{self, InitArgs, files};
 use nfsprov_agent::policy::Policy;
 use nfsprov_agent::quota::QuotaSettings;
-use nfsprov_agent::retention::ArchiveSettings;
 
 /// A running agent; dropping it shuts it down.
 pub struct TestAgent {

@@ -10,9 +10,9 @@ use std::time::Duration;
 use nfsprov_api_types::{Archive, ArchivePath, VolumeUsage};
 use time::OffsetDateTime;
 
-use crate::store::{Deleted, StoreError, StoredArchive, VolumeStore};
+use super::retention::{ArchiveSettings, is_expired};
 use crate::metrics::ArchiveMetrics;
-use crate::retention::{ArchiveSettings, is_expired};
+use crate::store::{Deleted, StoreError, StoredArchive, VolumeStore};
 use crate::usage::UsageCache;
 
 /// The archives of one store, with their measured sizes.
@@ -256,7 +256,7 @@ mod tests {
         let archives = Archives::new(
             store.clone(),
             ArchiveSettings {
-                default_retention: Some(crate::retention::days(7)),
+                default_retention: Some(crate::archive::retention::days(7)),
                 ..Default::default()
             },
             metrics.clone(),

@@ -17,10 +17,10 @@ use rustix::fs::AtFlags;
 use rustix::io::Errno;
 use time::OffsetDateTime;
 
-use super::archive_name::{ARCHIVE_DIR, archive_path, archived_at};
-use super::confine::{Root, list_dir, may_be_directory, open_child};
-use super::error::{Result, StoreError, io_error};
-use super::record::{VolumeRecord, parse_rfc3339};
+use super::naming::{ARCHIVE_DIR, archive_path, archived_at};
+use crate::store::confine::{Root, list_dir, may_be_directory, open_child};
+use crate::store::error::{Result, StoreError, io_error};
+use crate::store::record::{VolumeRecord, parse_rfc3339};
 
 /// An archive the agent made, with the record of the volume it was.
 #[derive(Debug, Clone)]

@@ -1,6 +1,6 @@
 //! How long archives are kept: the agent's default retention, which the retention an
 //! archive request asked for (recorded with the archive) overrides, and when an archive
-//! therefore expires. Pure arithmetic; the sweep that acts on it is in `archives`.
+//! therefore expires. Pure arithmetic; the sweep that acts on it is in `catalog`.
 
 use std::time::Duration;
 

@@ -8,7 +8,7 @@ use nfsprov_api_types::{
 };
 use time::OffsetDateTime;
 
-use super::record::rfc3339;
+use crate::store::record::rfc3339;
 
 /// Archive area beneath the root; archives keep the volume's path below it.
 pub const ARCHIVE_DIR: &str = ".archive";
