@@ -162,8 +162,10 @@ pub struct VolumeStore {
 }
 
 impl VolumeStore {
-    /// Opens the export root for directory volumes without quotas.
-    pub fn open(root_path: &Path) -> Result<Self> {
+    /// Opens the export root for directory volumes without quotas (the crate's tests; the
+    /// agent always opens it with the backend its settings name).
+    #[cfg(test)]
+    pub(crate) fn open(root_path: &Path) -> Result<Self> {
         Self::open_with_backend(root_path, Box::new(DirectoryBackend::unlimited()))
     }
 

@@ -472,14 +472,19 @@ impl Drop for System {
     }
 }
 
-/// The volumes beneath an export root, read from the agent's own records and checked
-/// against what is on disk at each path: what an operator would count as provisioned data.
-pub fn volume_dirs(root: &std::path::Path) -> Vec<String> {
-    let store = nfsprov_agent::store::VolumeStore::open(root)
-        .unwrap_or_else(|e| panic!("cannot read the volumes of {}: {e}", root.display()));
-    let mut found: Vec<String> = store
-        .list()
-        .unwrap_or_else(|e| panic!("cannot list the volumes of {}: {e}", root.display()))
+/// The paths of the volumes an agent holds, sorted, as its API lists them: the suite
+/// counts volumes through the agent's answers (or reads files itself), never with the
+/// agent's own code, which would make the code under test its own oracle.
+pub async fn volume_dirs(agent: &AgentUnderTest) -> Vec<String> {
+    let listed = async { anyhow::Ok(agent.process.client()?.list_volumes(None).await?) }
+        .await
+        .unwrap_or_else(|e| {
+            panic!(
+                "cannot list the volumes of agent {}: {e:#}",
+                agent.process.name()
+            )
+        });
+    let mut found: Vec<String> = listed
         .into_iter()
         .map(|volume| volume.path.to_string())
         .collect();

@@ -129,7 +129,7 @@ async fn nested_path_patterns_and_hostile_values() -> anyhow::Result<()> {
 
     // Values that would climb out of the root or name hidden areas fail the claim with an
     // event, and nothing is created.
-    let before = volume_dirs(&agent.root);
+    let before = volume_dirs(agent).await;
     system
         .claim(
             "escape",
@@ -161,7 +161,7 @@ async fn nested_path_patterns_and_hostile_values() -> anyhow::Result<()> {
             .and_then(|s| s.phase);
         assert_eq!(phase.as_deref(), Some("Pending"), "{claim}");
     }
-    assert_eq!(volume_dirs(&agent.root), before);
+    assert_eq!(volume_dirs(agent).await, before);
     assert!(!agent.root.join("alpha/.archive").exists());
     // Label values are checked by the API itself: one that could not be a label never
     // reaches the controller.
@@ -220,7 +220,7 @@ async fn two_classes_on_two_agents() -> anyhow::Result<()> {
             None,
             None,
         )?;
-        let dirs = volume_dirs(&under_test.root);
+        let dirs = volume_dirs(under_test).await;
         assert_eq!(dirs.len(), 1, "{agent}: {dirs:?}");
         assert_eq!(
             std::fs::read(under_test.root.join(&dirs[0]).join("where"))?,
@@ -261,7 +261,7 @@ async fn claims_wait_for_a_stopped_agent_then_bind_once() -> anyhow::Result<()> 
             &system.bound_volume(&format!("early-{i}"), BIND).await?,
         ));
     }
-    let dirs = volume_dirs(&system.agents[0].root);
+    let dirs = volume_dirs(&system.agents[0]).await;
     assert_eq!(dirs.len(), 3, "one directory per claim: {dirs:?}");
     for name in names {
         assert!(
@@ -314,7 +314,7 @@ async fn controller_killed_in_a_burst_converges_without_duplicates() -> anyhow::
     })
     .await?;
     system.controllers[0].kill();
-    let made_before_kill = volume_dirs(&system.agents[0].root).len();
+    let made_before_kill = volume_dirs(&system.agents[0]).await.len();
     assert!(
         made_before_kill < CLAIMS,
         "the kill came too late to test anything"
@@ -330,7 +330,7 @@ async fn controller_killed_in_a_burst_converges_without_duplicates() -> anyhow::
         ));
     }
     assert_eq!(names.len(), CLAIMS);
-    let dirs = volume_dirs(&system.agents[0].root);
+    let dirs = volume_dirs(&system.agents[0]).await;
     assert_eq!(dirs.len(), CLAIMS, "exactly one directory per claim");
     let listed = system.agents[0]
         .process
@@ -405,7 +405,7 @@ async fn only_the_leader_acts_and_a_standby_takes_over() -> anyhow::Result<()> {
     for i in 5..8 {
         system.bound_volume(&format!("ha-{i}"), BIND).await?;
     }
-    assert_eq!(volume_dirs(&system.agents[0].root).len(), 8);
+    assert_eq!(volume_dirs(&system.agents[0]).await.len(), 8);
     Ok(())
 }
 
@@ -455,12 +455,15 @@ async fn api_faults_during_a_burst_converge() -> anyhow::Result<()> {
             .bound_volume(&format!("faulty-{i}"), Duration::from_secs(120))
             .await?;
     }
-    assert_eq!(volume_dirs(&system.agents[0].root).len(), CLAIMS);
+    assert_eq!(volume_dirs(&system.agents[0]).await.len(), CLAIMS);
     Ok(())
 }
 
 /// The agent a PV records and the directory it has on that agent's root.
-fn placed_on(system: &System, volume: &k8s_openapi::api::core::v1::PersistentVolume) -> String {
+async fn placed_on(
+    system: &System,
+    volume: &k8s_openapi::api::core::v1::PersistentVolume,
+) -> String {
     let agent = volume
         .metadata
         .annotations
@@ -481,7 +484,8 @@ fn placed_on(system: &System, volume: &k8s_openapi::api::core::v1::PersistentVol
         .unwrap_or_else(|| panic!("PV {} records unknown agent {agent:?}", name_of(volume)));
     assert!(path.starts_with(&under_test.export), "{agent}: {path}");
     assert!(
-        volume_dirs(&under_test.root)
+        volume_dirs(under_test)
+            .await
             .iter()
             .any(|d| d.ends_with(&name_of(volume))),
         "{agent} has no directory for {}",
@@ -516,7 +520,7 @@ async fn adding_a_second_agent_keeps_classes_without_agent_working() -> anyhow::
         .claim("before", "e2e-implicit", json!({}), json!({}))
         .await?;
     let before = system.bound_volume("before", BIND).await?;
-    assert_eq!(placed_on(&system, &before), "nfs1");
+    assert_eq!(placed_on(&system, &before).await, "nfs1");
 
     // The second agent's Secret is added without a default: claims of that class fail with
     // the reason, and stay Pending.
@@ -540,7 +544,7 @@ async fn adding_a_second_agent_keeps_classes_without_agent_working() -> anyhow::
         .await?;
     for name in ["waiting", "after"] {
         let volume = system.bound_volume(name, BIND).await?;
-        assert_eq!(placed_on(&system, &volume), "nfs1", "{name}");
+        assert_eq!(placed_on(&system, &volume).await, "nfs1", "{name}");
     }
     system
         .class(
@@ -552,7 +556,7 @@ async fn adding_a_second_agent_keeps_classes_without_agent_working() -> anyhow::
         .claim("spread", "e2e-both", json!({}), json!({}))
         .await?;
     let spread = system.bound_volume("spread", BIND).await?;
-    let agent = placed_on(&system, &spread);
+    let agent = placed_on(&system, &spread).await;
     assert!(["nfs1", "nfs2"].contains(&agent.as_str()), "{agent}");
     Ok(())
 }
@@ -627,7 +631,7 @@ async fn an_orphan_made_on_purpose_is_reported_then_archived() -> anyhow::Result
         1,
         "archived, not deleted"
     );
-    let dirs = volume_dirs(root);
+    let dirs = volume_dirs(&system.agents[0]).await;
     assert_eq!(dirs.len(), 5, "{dirs:?}");
     for pv in &kept {
         assert!(dirs.iter().any(|d| d.ends_with(pv)), "{pv} not in {dirs:?}");
@@ -746,7 +750,7 @@ async fn a_volume_laid_out_by_nfs_subdir_is_adopted_then_archived() -> anyhow::R
             .unwrap_or_default()
             .contains_key("nfsprov.dev/agent")
     );
-    assert!(volume_dirs(&system.agents[0].root).is_empty());
+    assert!(volume_dirs(&system.agents[0]).await.is_empty());
 
     let done = adopt(&system, &[]).await?;
     assert_eq!(done["volumes"][0]["action"], "adopted", "{done}");
@@ -768,7 +772,7 @@ async fn a_volume_laid_out_by_nfs_subdir_is_adopted_then_archived() -> anyhow::R
         );
     }
     assert_eq!(
-        volume_dirs(&system.agents[0].root),
+        volume_dirs(&system.agents[0]).await,
         std::slice::from_ref(&directory)
     );
     // A second run finds nothing left to do.
@@ -831,9 +835,9 @@ async fn a_class_naming_two_agents_places_volumes_on_the_one_with_more_space() -
     }
     for i in 0..3 {
         let volume = system.bound_volume(&format!("spread-{i}"), BIND).await?;
-        assert_eq!(placed_on(&system, &volume), "nfs2", "spread-{i}");
+        assert_eq!(placed_on(&system, &volume).await, "nfs2", "spread-{i}");
     }
-    assert!(volume_dirs(&system.agents[0].root).is_empty());
+    assert!(volume_dirs(&system.agents[0]).await.is_empty());
 
     // An unknown or repeated name in the list fails the claim with the reason.
     system
@@ -934,7 +938,7 @@ async fn retention_deletes_an_expired_archive_and_nothing_else() -> anyhow::Resu
         .map(|a| a.owner.pv_name.unwrap_or_default())
         .collect();
     assert_eq!(left, [pvs["long"].clone()]);
-    let volumes = volume_dirs(&system.agents[0].root);
+    let volumes = volume_dirs(&system.agents[0]).await;
     assert_eq!(volumes.len(), 1, "{volumes:?}");
     assert!(volumes[0].ends_with(&pvs["live"]), "{volumes:?}");
     // The sweep counts an expiry just after the archive is gone from the list.
