@@ -1,23 +1,23 @@
 //! The nfsprov agent: an HTTPS service on the NFS server that creates, archives and
 //! deletes volume directories beneath one export root for the cluster's controller.
 
-pub mod api;
+pub(crate) mod api;
 pub mod archive;
-pub mod auth;
+pub(crate) mod auth;
 pub mod cli;
-pub mod clones;
+pub(crate) mod clones;
 pub mod config;
-pub mod connections;
+pub(crate) mod connections;
 pub mod init;
-pub mod logging;
-pub mod metrics;
-pub mod mountinfo;
+pub(crate) mod logging;
+pub(crate) mod metrics;
+pub(crate) mod mountinfo;
 pub mod policy;
 pub mod quota;
-pub mod ratelimit;
+pub(crate) mod ratelimit;
 pub mod store;
-pub mod tls;
-pub mod usage;
+pub(crate) mod tls;
+pub(crate) mod usage;
 pub mod zfs;
 
 use std::future::Future;

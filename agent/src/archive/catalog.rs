@@ -48,10 +48,6 @@ impl Archives {
         }
     }
 
-    pub fn settings(&self) -> &ArchiveSettings {
-        &self.settings
-    }
-
     /// Every archive with its owner, time, expiry and size. An archive not measured yet
     /// is waited for a little, then listed without a size.
     pub async fn list(&self) -> Result<Vec<Archive>, StoreError> {

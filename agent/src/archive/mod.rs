@@ -6,5 +6,5 @@
 //! listing, deletion, the sweep of expired ones). The store names and finds them on disk,
 //! and the API's types are `nfsprov_api_types`'s.
 
-pub mod catalog;
+pub(crate) mod catalog;
 pub mod retention;

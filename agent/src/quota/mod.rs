@@ -4,7 +4,7 @@
 //! whose datasets are a backend of their own, not only a quota). The volume store's
 //! backends (`store`) decide when to call them.
 
-pub mod btrfs;
+pub(crate) mod btrfs;
 pub mod command;
 pub mod xfs;
 
