@@ -1,5 +1,20 @@
 //! The nfsprov agent: an HTTPS service on the NFS server that creates, archives and
 //! deletes volume directories beneath one export root for the cluster's controller.
+//!
+//! Modules depend only downward (the test suite checks that no import cycle exists):
+//!
+//! 1. leaves: `mountinfo` (the kernel's mount table), `policy` (what a create may ask
+//!    for), `connections` (limits on connections), `ratelimit` (of log lines);
+//! 2. `quota` (the quota tools, the runner of every filesystem tool, the quota settings)
+//!    and `tls` (the server's TLS settings and its acceptor);
+//! 3. `zfs`: the ZFS datasets volumes can be;
+//! 4. `store`: the volume store, confined beneath the export root, on its backends;
+//! 5. `metrics`, and `usage` (measured in the background, cached);
+//! 6. `archive`: how long archives are kept, and their catalog for the API and the sweep;
+//! 7. `config`: the settings file, checked into the settings of the layers below;
+//! 8. `auth`, `logging`, `init` (first-run setup), `clones` (clone jobs);
+//! 9. `cli`: the command line;
+//! 10. `api`: the HTTPS API, its routes and handlers.
 
 pub(crate) mod api;
 pub mod archive;
@@ -28,8 +43,8 @@ use crate::api::AppState;
 use crate::auth::Authenticator;
 use crate::config::AgentConfig;
 use crate::connections::ConnectionLimits;
-use crate::store::VolumeStore;
 pub use crate::logging::init_tracing;
+use crate::store::VolumeStore;
 
 /// Why the agent could not start. Each message is one line naming the problem.
 #[derive(Debug, thiserror::Error)]
