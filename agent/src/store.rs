@@ -1347,6 +1347,7 @@ mod tests {
     use std::os::unix::fs::{MetadataExt, PermissionsExt};
 
     use super::*;
+    use crate::quota::xfs::tests::{FakeXfsQuota, xfs_backend_for_tests};
 
     fn store() -> (tempfile::TempDir, VolumeStore) {
         let dir = tempfile::tempdir().unwrap();
@@ -1365,25 +1366,26 @@ mod tests {
         VolumePath::parse(p).unwrap()
     }
 
+    /// The store on `root` with XFS project quotas set through `fake` (a mock of the
+    /// quota tool), as the agent opens it at each start.
+    fn open_with_fake_xfs(root: &Path, fake: &Arc<FakeXfsQuota>) -> VolumeStore {
+        let xfs = xfs_backend_for_tests(fake.clone());
+        VolumeStore::open_with_backend(root, Box::new(DirectoryBackend::new(Box::new(xfs))))
+            .unwrap()
+    }
+
+    /// The XFS project id recorded for the volume at `p`.
+    fn project_of(store: &VolumeStore, p: &str) -> u32 {
+        let (_, record) = store.locate(&path(p)).unwrap().unwrap();
+        record.quota.unwrap().project_id.unwrap()
+    }
+
     #[test]
     fn xfs_project_ids_are_recorded_freed_on_delete_and_kept_across_restarts() {
-        use crate::quota::xfs::tests::{FakeXfsQuota, xfs_backend_for_tests};
         let dir = tempfile::tempdir().unwrap();
-        let fake = std::sync::Arc::new(FakeXfsQuota::default());
-        let open = || {
-            VolumeStore::open_with_backend(
-                dir.path(),
-                Box::new(DirectoryBackend::new(Box::new(xfs_backend_for_tests(
-                    fake.clone(),
-                )))),
-            )
-            .unwrap()
-        };
+        let fake = Arc::new(FakeXfsQuota::default());
+        let open = || open_with_fake_xfs(dir.path(), &fake);
         let store = open();
-        let project_of = |store: &VolumeStore, p: &str| {
-            let (_, record) = store.locate(&path(p)).unwrap().unwrap();
-            record.quota.unwrap().project_id.unwrap()
-        };
         let (kept, _) = store.create(&path("ns/kept"), &request(1 << 20)).unwrap();
         assert!(kept.quota_enforced);
         let kept_id = project_of(&store, "ns/kept");
@@ -1420,23 +1422,10 @@ mod tests {
 
     #[test]
     fn records_of_volumes_a_crash_removed_go_at_start_with_their_project_ids() {
-        use crate::quota::xfs::tests::{FakeXfsQuota, xfs_backend_for_tests};
         let dir = tempfile::tempdir().unwrap();
-        let fake = std::sync::Arc::new(FakeXfsQuota::default());
-        let open = || {
-            VolumeStore::open_with_backend(
-                dir.path(),
-                Box::new(DirectoryBackend::new(Box::new(xfs_backend_for_tests(
-                    fake.clone(),
-                )))),
-            )
-            .unwrap()
-        };
+        let fake = Arc::new(FakeXfsQuota::default());
+        let open = || open_with_fake_xfs(dir.path(), &fake);
         let store = open();
-        let project_of = |store: &VolumeStore, p: &str| {
-            let (_, record) = store.locate(&path(p)).unwrap().unwrap();
-            record.quota.unwrap().project_id.unwrap()
-        };
         for p in ["ns/live", "ns/gone", "ns/archived", "ns/trashed"] {
             store.create(&path(p), &request(1 << 20)).unwrap();
         }
@@ -1886,7 +1875,6 @@ mod tests {
     #[test]
     fn adopted_directories_are_deleted_without_a_quota_command() {
         use crate::quota::command::MockToolRunner;
-        use crate::quota::xfs::tests::xfs_backend_for_tests;
         type Strategy = fn(Arc<MockToolRunner>) -> Box<dyn QuotaStrategy>;
         let strategies: [(&str, Strategy); 2] = [
             ("xfs", |runner| Box::new(xfs_backend_for_tests(runner))),

@@ -10,7 +10,7 @@ use std::collections::BTreeMap;
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 
-use common::{bearer, call, curl, is_root, run, snapshot, url};
+use common::{BindMount, bearer, call, curl, is_root, run, snapshot, url, volume_paths};
 use nfsprov_agent::quota::QuotaSettings;
 use nfsprov_agent_testkit::{LoopBtrfs, TestAgent};
 use nfsprov_api_types::{AdoptVolumeRequest, ErrorCode, QuotaBackend, VolumeOwner, VolumePath};
@@ -395,38 +395,11 @@ async fn refusals_change_nothing_on_disk() {
         outside_before,
         "a link was followed"
     );
-    let listed: Vec<String> = agent
-        .client()
-        .list_volumes(None)
-        .await
-        .unwrap()
-        .into_iter()
-        .map(|v| v.path.to_string())
-        .collect();
+    let listed = volume_paths(&agent.client()).await;
     assert_eq!(listed, ["deeper/a/b/c", "parent/child", "vol"]);
     // What was refused for being a plain directory is adoptable once asked for properly.
     let adopted = call(&agent, "POST", "/v1/adoptions/plain", Some(BODY));
     assert_eq!(adopted.status, 201, "{adopted:?}");
-}
-
-/// `source` bind-mounted on `point` until dropped.
-struct BindMount<'a>(&'a Path);
-
-impl<'a> BindMount<'a> {
-    fn new(source: &Path, point: &'a Path) -> Self {
-        run(
-            "mount",
-            &["--bind", source.to_str().unwrap(), point.to_str().unwrap()],
-        )
-        .unwrap();
-        Self(point)
-    }
-}
-
-impl Drop for BindMount<'_> {
-    fn drop(&mut self) {
-        let _ = run("umount", &[self.0.to_str().unwrap()]);
-    }
 }
 
 #[tokio::test(flavor = "multi_thread")]

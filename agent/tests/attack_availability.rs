@@ -6,7 +6,7 @@
 mod common;
 
 use common::agent_process::setup;
-use common::logged_agent::{LoggedAgent, mtls_client, tls_connection, within_a_minute};
+use common::logged_agent::{LoggedAgent, mtls_client, within_a_minute};
 use nfsprov_agent::init::files;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
@@ -60,7 +60,7 @@ async fn unauthenticated_bodies_that_never_come_stall_nothing_over_http1() {
 
     let mut stalled = Vec::new();
     for _ in 0..STALLED {
-        let mut connection = tls_connection(&setup, b"http/1.1").await;
+        let mut connection = setup.tls_connection(&[b"http/1.1"]).await;
         connection
             .write_all(
                 b"PUT /v1/volumes/x HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\nContent-Length: 100\r\n\r\n",
@@ -91,7 +91,7 @@ async fn unauthenticated_bodies_that_never_come_stall_nothing_over_http2() {
     let mut answers = Vec::new();
     let mut bodies = Vec::new();
     for _ in 0..2 {
-        let tls = tls_connection(&setup, b"h2").await;
+        let tls = setup.tls_connection(&[b"h2"]).await;
         let (mut client, mut connection) = h2::client::handshake(tls).await.unwrap();
         let mut ping_pong = connection.ping_pong().unwrap();
         tokio::spawn(connection);
@@ -144,7 +144,7 @@ async fn an_authenticated_body_that_never_comes_gets_408_at_its_own_deadline() {
     let _agent = LoggedAgent::spawn(&setup);
     setup.wait_healthy(&setup.client()).await;
 
-    let mut connection = tls_connection(&setup, b"http/1.1").await;
+    let mut connection = setup.tls_connection(&[b"http/1.1"]).await;
     connection
         .write_all(
             format!(

@@ -85,15 +85,7 @@ async fn thousands_of_unique_methods_leave_memory_and_metrics_bounded() {
         "RSS grew from {before} KiB to {after} KiB over {REQUESTS} unique methods"
     );
 
-    let metrics = http
-        .get(format!("{base}/metrics"))
-        .bearer_auth(setup.token())
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let metrics = setup.metrics().await;
     assert!(
         metrics.len() < 64 * 1024,
         "{} bytes of metrics",
@@ -236,28 +228,6 @@ fn short_timeouts(setup: &Setup) {
     std::fs::write(&config, text).unwrap();
 }
 
-/// A TLS connection to the agent that has done its handshake and sent nothing yet.
-async fn tls_connection(setup: &Setup) -> tokio_rustls::client::TlsStream<tokio::net::TcpStream> {
-    use rustls_pki_types::CertificateDer;
-    use rustls_pki_types::pem::PemObject;
-    let _ = rustls::crypto::ring::default_provider().install_default();
-    let mut roots = rustls::RootCertStore::empty();
-    for cert in CertificateDer::pem_file_iter(setup.etc.join(files::CA_CERT)).unwrap() {
-        roots.add(cert.unwrap()).unwrap();
-    }
-    let config = rustls::ClientConfig::builder()
-        .with_root_certificates(roots)
-        .with_no_client_auth();
-    let connector = tokio_rustls::TlsConnector::from(std::sync::Arc::new(config));
-    let tcp = tokio::net::TcpStream::connect(("127.0.0.1", setup.port))
-        .await
-        .unwrap();
-    connector
-        .connect("localhost".try_into().unwrap(), tcp)
-        .await
-        .unwrap()
-}
-
 /// Reads until the agent closes the connection; how long that took.
 async fn closed_after(mut stream: impl tokio::io::AsyncRead + Unpin) -> Duration {
     use tokio::io::AsyncReadExt;
@@ -287,8 +257,8 @@ async fn idle_and_slow_connections_are_closed_while_healthz_answers() {
     let _process = Process(setup.spawn());
     setup.wait_healthy(&setup.client()).await;
 
-    let silent = tls_connection(&setup).await;
-    let mut slow = tls_connection(&setup).await;
+    let silent = setup.tls_connection(&[]).await;
+    let mut slow = setup.tls_connection(&[]).await;
     slow.write_all(b"GET /healthz HTTP/1.1\r\nHost: localhost\r\n")
         .await
         .unwrap();
@@ -324,7 +294,7 @@ async fn a_thousand_idle_connections_do_not_stop_healthz() {
     setup.wait_healthy(&setup.client()).await;
     let mut idle = Vec::new();
     for _ in 0..1000 {
-        idle.push(tls_connection(&setup).await);
+        idle.push(setup.tls_connection(&[]).await);
     }
     setup
         .client()
@@ -389,7 +359,7 @@ async fn the_concurrency_limit_holds_across_routes() {
     setup.wait_healthy(&setup.client()).await;
 
     // A create whose body is still on its way holds the only slot.
-    let mut slow = tls_connection(&setup).await;
+    let mut slow = setup.tls_connection(&[]).await;
     let body = br#"{"capacity_bytes":1}"#;
     slow.write_all(
         format!(

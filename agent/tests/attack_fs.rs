@@ -9,7 +9,7 @@ use std::path::Path;
 use std::time::Duration;
 
 use common::agent_process::{Setup, setup};
-use common::{is_root, run, wait_for};
+use common::{BindMount, is_root, wait_for};
 use nfsprov_api_types::client::ClientError;
 use nfsprov_api_types::{CreateVolumeRequest, ErrorCode, Mode, VolumeOwner, VolumePath};
 use rustix::fs::{Mode as FileMode, OFlags, XattrFlags};
@@ -210,42 +210,6 @@ async fn an_agent_restarted_with_a_deep_tree_in_its_trash_starts_and_purges_it()
     agent.client().healthz().await.unwrap();
 }
 
-/// `source` bind-mounted on `point` until dropped.
-struct BindMount<'a>(&'a Path);
-
-impl<'a> BindMount<'a> {
-    fn new(source: &Path, point: &'a Path) -> Self {
-        run(
-            "mount",
-            &["--bind", source.to_str().unwrap(), point.to_str().unwrap()],
-        )
-        .unwrap();
-        Self(point)
-    }
-}
-
-impl Drop for BindMount<'_> {
-    fn drop(&mut self) {
-        let _ = run("umount", &[self.0.to_str().unwrap()]);
-    }
-}
-
-/// The agent's metrics, read with its token.
-async fn metrics(setup: &Setup) -> String {
-    setup
-        .https()
-        .get(format!("https://localhost:{}/metrics", setup.port))
-        .bearer_auth(setup.token())
-        .send()
-        .await
-        .unwrap()
-        .error_for_status()
-        .unwrap()
-        .text()
-        .await
-        .unwrap()
-}
-
 #[tokio::test]
 async fn a_trash_entry_that_cannot_be_removed_is_counted_and_the_agent_serves() {
     assert!(
@@ -264,7 +228,7 @@ async fn a_trash_entry_that_cannot_be_removed_is_counted_and_the_agent_serves() 
 
     let agent = Running::start(setup).await;
     agent.client().healthz().await.unwrap();
-    let scraped = metrics(&agent.setup).await;
+    let scraped = agent.setup.metrics().await;
     assert!(
         scraped.contains("nfsprov_agent_leftover_entries 1\n"),
         "{scraped}"

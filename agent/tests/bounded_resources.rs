@@ -140,24 +140,9 @@ impl Agent {
         self.status_kib("VmHWM:") * 1024
     }
 
-    async fn metrics(&self) -> String {
-        self.setup
-            .https()
-            .get(format!("https://localhost:{}/metrics", self.setup.port))
-            .bearer_auth(self.setup.token())
-            .send()
-            .await
-            .unwrap()
-            .error_for_status()
-            .unwrap()
-            .text()
-            .await
-            .unwrap()
-    }
-
     /// The value of a sample without labels.
     async fn metric(&self, name: &str) -> f64 {
-        sample(&self.metrics().await, name)
+        sample(&self.setup.metrics().await, name)
             .unwrap_or_else(|| panic!("no sample {name} in the agent's metrics"))
     }
 

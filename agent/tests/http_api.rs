@@ -6,7 +6,7 @@ mod common;
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::time::Duration;
 
-use common::{bearer, call, curl, is_root, snapshot, url, wait_for};
+use common::{bearer, call, curl, is_root, snapshot, url, volume_paths, wait_for};
 use nfsprov_agent::init::{self, InitArgs, files};
 use nfsprov_agent_testkit::TestAgent;
 use nfsprov_api_types::client::AgentClient;
@@ -591,13 +591,7 @@ async fn concurrent_mixed_requests_leave_a_consistent_tree() {
             .expect("every request on a valid path succeeds");
     }
     // Each path is either absent or a volume the API reports; nothing is half-made.
-    let listed: Vec<String> = client
-        .list_volumes(None)
-        .await
-        .unwrap()
-        .into_iter()
-        .map(|v| v.path.to_string())
-        .collect();
+    let listed = volume_paths(&client).await;
     for path in &paths {
         let on_disk = root.path().join(path.as_str()).is_dir();
         let via_api = client.get_volume(path, None).await.unwrap().is_some();

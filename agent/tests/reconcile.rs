@@ -5,6 +5,7 @@
 mod common;
 
 use common::agent_process::setup;
+use common::volume_paths;
 use nfsprov_api_types::{CreateVolumeRequest, VolumePath};
 
 #[tokio::test]
@@ -28,29 +29,14 @@ async fn a_record_whose_volume_is_gone_is_removed_at_start_and_counted() {
 
     let mut agent = setup.spawn();
     setup.wait_healthy(&client).await;
-    let metrics = setup
-        .https()
-        .get(format!("https://localhost:{}/metrics", setup.port))
-        .bearer_auth(setup.token())
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let metrics = setup.metrics().await;
     assert!(
         metrics
             .lines()
             .any(|line| line == "nfsprov_agent_stale_records_removed_total 1"),
         "{metrics}"
     );
-    let listed: Vec<String> = client
-        .list_volumes(None)
-        .await
-        .unwrap()
-        .into_iter()
-        .map(|v| v.path.to_string())
-        .collect();
+    let listed = volume_paths(&client).await;
     assert_eq!(listed, ["team/kept"]);
     let again = client.create_volume(&gone, &request, None).await.unwrap();
     assert!(again.created);

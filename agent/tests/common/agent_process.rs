@@ -110,6 +110,48 @@ impl Setup {
         panic!("the agent did not come up");
     }
 
+    /// The agent's metrics, read with the token.
+    pub async fn metrics(&self) -> String {
+        self.https()
+            .get(format!("https://localhost:{}/metrics", self.port))
+            .bearer_auth(self.token())
+            .send()
+            .await
+            .unwrap()
+            .error_for_status()
+            .unwrap()
+            .text()
+            .await
+            .unwrap()
+    }
+
+    /// A TLS connection to the agent offering the ALPN protocols `alpn` (none: the agent
+    /// picks), handshake done, nothing sent yet.
+    pub async fn tls_connection(
+        &self,
+        alpn: &[&[u8]],
+    ) -> tokio_rustls::client::TlsStream<tokio::net::TcpStream> {
+        use rustls_pki_types::CertificateDer;
+        use rustls_pki_types::pem::PemObject;
+        let _ = rustls::crypto::ring::default_provider().install_default();
+        let mut roots = rustls::RootCertStore::empty();
+        for cert in CertificateDer::pem_file_iter(self.etc.join(files::CA_CERT)).unwrap() {
+            roots.add(cert.unwrap()).unwrap();
+        }
+        let mut config = rustls::ClientConfig::builder()
+            .with_root_certificates(roots)
+            .with_no_client_auth();
+        config.alpn_protocols = alpn.iter().map(|p| p.to_vec()).collect();
+        let connector = tokio_rustls::TlsConnector::from(std::sync::Arc::new(config));
+        let tcp = tokio::net::TcpStream::connect(("127.0.0.1", self.port))
+            .await
+            .unwrap();
+        connector
+            .connect("localhost".try_into().unwrap(), tcp)
+            .await
+            .unwrap()
+    }
+
     pub fn trash_entries(&self) -> usize {
         std::fs::read_dir(self.root.join(".nfsprov/trash")).map_or(0, |d| d.count())
     }

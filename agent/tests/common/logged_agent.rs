@@ -104,32 +104,6 @@ pub fn mtls_client(setup: &Setup) -> nfsprov_api_types::client::AgentClient {
     .unwrap()
 }
 
-/// A TLS connection to the agent offering `alpn`, handshake done, nothing sent yet.
-pub async fn tls_connection(
-    setup: &Setup,
-    alpn: &[u8],
-) -> tokio_rustls::client::TlsStream<tokio::net::TcpStream> {
-    use rustls_pki_types::CertificateDer;
-    use rustls_pki_types::pem::PemObject;
-    let _ = rustls::crypto::ring::default_provider().install_default();
-    let mut roots = rustls::RootCertStore::empty();
-    for cert in CertificateDer::pem_file_iter(setup.etc.join(files::CA_CERT)).unwrap() {
-        roots.add(cert.unwrap()).unwrap();
-    }
-    let mut config = rustls::ClientConfig::builder()
-        .with_root_certificates(roots)
-        .with_no_client_auth();
-    config.alpn_protocols = vec![alpn.to_vec()];
-    let connector = tokio_rustls::TlsConnector::from(std::sync::Arc::new(config));
-    let tcp = tokio::net::TcpStream::connect(("127.0.0.1", setup.port))
-        .await
-        .unwrap();
-    connector
-        .connect("localhost".try_into().unwrap(), tcp)
-        .await
-        .unwrap()
-}
-
 /// `work`'s result, or a failure naming `what` when it takes longer than a minute: a
 /// hang detector, not a timing target.
 pub async fn within_a_minute<T>(what: &str, work: impl std::future::Future<Output = T>) -> T {

@@ -16,6 +16,7 @@ use std::time::{Duration, Instant};
 
 use nfsprov_agent::init::files;
 use nfsprov_agent_testkit::TestAgent;
+use nfsprov_api_types::client::AgentClient;
 
 /// What `curl` reported: the HTTP status (0 when no response), body and exit code.
 #[derive(Debug)]
@@ -138,3 +139,34 @@ pub fn is_root() -> bool {
 }
 
 pub use nfsprov_agent_testkit::run;
+
+/// The paths of the volumes the agent lists.
+pub async fn volume_paths(client: &AgentClient) -> Vec<String> {
+    client
+        .list_volumes(None)
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|v| v.path.to_string())
+        .collect()
+}
+
+/// `source` bind-mounted on `point` until dropped.
+pub struct BindMount<'a>(&'a Path);
+
+impl<'a> BindMount<'a> {
+    pub fn new(source: &Path, point: &'a Path) -> Self {
+        run(
+            "mount",
+            &["--bind", source.to_str().unwrap(), point.to_str().unwrap()],
+        )
+        .unwrap();
+        Self(point)
+    }
+}
+
+impl Drop for BindMount<'_> {
+    fn drop(&mut self) {
+        let _ = run("umount", &[self.0.to_str().unwrap()]);
+    }
+}
