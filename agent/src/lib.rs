@@ -1,5 +1,17 @@
 //! The nfsprov agent: an HTTPS service on the NFS server that creates, archives and
 //! deletes volume directories beneath one export root for the cluster's controller.
+//!
+//! Modules depend only downward, in this order (the test suite checks it):
+//!
+//! 1. leaves: `policy` (what a request may ask for), `retention`, `mountinfo`,
+//!    `connections` (connection limits), `ratelimit` (log line budgets);
+//! 2. `quota`: the quota tools of each filesystem;
+//! 3. `config` (the settings), `fs` (the volume store beneath the export root);
+//! 4. `metrics`, `usage`, `auth`, `logging`, `tls`, `init` (writes settings and
+//!    credentials);
+//! 5. `archives` and `clones`: archive listing and sweep, clones in flight;
+//! 6. `api`: the HTTP routes and their middleware;
+//! 7. `cli`: the command line.
 
 pub mod api;
 pub mod archives;
