@@ -144,7 +144,11 @@ async fn check_agent(
     warned: &mut HashSet<String>,
 ) -> Option<()> {
     let expected = pointers(ctx);
-    let listed = match agent.list_volumes(&request_id("orphan-check")).await {
+    let listed = match agent
+        .client()
+        .list_volumes(Some(&request_id("orphan-check")))
+        .await
+    {
         Ok(listed) => listed,
         Err(e) => {
             warn!(agent = %agent.name(), error = %e, "orphan check: cannot list the agent's volumes");
@@ -193,7 +197,8 @@ async fn check_agent(
                     continue;
                 };
                 match agent
-                    .archive_volume(&volume_path, None, &request_id("orphan-archive"))
+                    .client()
+                    .archive_volume(&volume_path, None, Some(&request_id("orphan-archive")))
                     .await
                 {
                     Ok(result) => {
