@@ -30,15 +30,15 @@ const UNREACHABLE_TTL: Duration = Duration::from_secs(10);
 /// Most reconciles that work with one agent at once, unless configured otherwise: half of
 /// the default reconcile slots, so a slow or stuck agent leaves the other half to the
 /// others. One agent's volumes are still made far faster than a control plane binds them.
-pub const DEFAULT_MAX_IN_FLIGHT: usize = 16;
+pub(crate) const DEFAULT_MAX_IN_FLIGHT: usize = 16;
 
 /// When a reconcile finds its agent's slots all taken, it is tried again after this long,
 /// without backoff, event or failure count: waiting is not failing.
-pub const BUSY_RETRY: Duration = Duration::from_millis(500);
+pub(crate) const BUSY_RETRY: Duration = Duration::from_millis(500);
 
 /// An id that ties this controller's log lines to the agent's audit log: the object the
 /// call is about, then a timestamp so each attempt is told apart.
-pub fn request_id(subject: &str) -> String {
+pub(crate) fn request_id(subject: &str) -> String {
     let nanos = SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map(|d| d.as_nanos())

@@ -18,28 +18,28 @@
 //! 7. `controller` (wiring: watches, caches, controllers), `http`, `leader`;
 //! 8. `app`: the whole process.
 
-pub mod agent_secrets;
+pub(crate) mod agent_secrets;
 pub mod agents;
 pub mod app;
-pub mod backoff;
-pub mod cache;
+pub(crate) mod backoff;
+pub(crate) mod cache;
 pub mod config;
-pub mod context;
+pub(crate) mod context;
 pub mod controller;
-pub mod datasource;
-pub mod delete;
-pub mod events;
-pub mod expand;
-pub mod http;
+pub(crate) mod datasource;
+pub(crate) mod delete;
+pub(crate) mod events;
+pub(crate) mod expand;
+pub(crate) mod http;
 pub mod leader;
 pub mod metrics;
-pub mod objects;
+pub(crate) mod objects;
 pub mod orphans;
-pub mod provision;
-pub mod pv;
-pub mod reconcile;
-pub mod reported;
-pub mod usage;
+pub(crate) mod provision;
+pub(crate) mod pv;
+pub(crate) mod reconcile;
+pub(crate) mod reported;
+pub(crate) mod usage;
 
 #[cfg(test)]
 mod tests;
