@@ -74,12 +74,17 @@ impl fmt::Display for LayerProblem {
     }
 }
 
-/// The declared layer of each listed module, by its name under the crate root; `None`
-/// when the crate root declares no order. `modules` are the names that count as modules.
-fn declared(
-    root: &Path,
-    modules: &[&str],
-) -> Result<Option<(BTreeMap<String, usize>, Vec<LayerProblem>)>, Error> {
+/// What a crate root's list says.
+struct Declared {
+    /// The layer of each listed module, by its name under the crate root.
+    layers: BTreeMap<String, usize>,
+    /// The modules listed a second time.
+    twice: Vec<LayerProblem>,
+}
+
+/// The list of the crate root `root`; `None` when it declares no order. `modules` are the
+/// names that count as modules.
+fn declared(root: &Path, modules: &[&str]) -> Result<Option<Declared>, Error> {
     let text = std::fs::read_to_string(root).map_err(|source| Error::Read {
         path: root.to_owned(),
         source,
@@ -93,11 +98,11 @@ fn declared(
         return Ok(None);
     }
     let mut layers = BTreeMap::new();
-    let mut problems = Vec::new();
+    let mut twice = Vec::new();
     for (layer, text) in items {
         for name in backticked(&text).filter(|name| modules.contains(name)) {
             if let Some(&first) = layers.get(name) {
-                problems.push(LayerProblem::Twice {
+                twice.push(LayerProblem::Twice {
                     module: name.to_owned(),
                     first,
                     second: layer,
@@ -107,7 +112,7 @@ fn declared(
             }
         }
     }
-    Ok(Some((layers, problems)))
+    Ok(Some(Declared { layers, twice }))
 }
 
 /// The inner doc comment of a file, one entry per line.
@@ -170,7 +175,11 @@ pub fn layer_problems(graph: &Graph) -> Result<Vec<LayerProblem>, Error> {
         .iter()
         .filter_map(|&child| top_level(child))
         .collect();
-    let Some((layers, mut problems)) = declared(&graph.root, &names)? else {
+    let Some(Declared {
+        layers,
+        twice: mut problems,
+    }) = declared(&graph.root, &names)?
+    else {
         return Ok(vec![LayerProblem::NoList {
             root: graph.root.clone(),
         }]);

@@ -1,20 +1,9 @@
 //! The layer-order check on small crates written for each case.
 
-use std::path::PathBuf;
+mod common;
 
+use common::write_crate;
 use nfsprov_module_graph::{LayerProblem, crate_graph, layer_problems};
-
-/// Writes `files` (relative path, text) into a temporary crate and returns its root file.
-fn write_crate(files: &[(&str, &str)]) -> (tempfile::TempDir, PathBuf) {
-    let dir = tempfile::tempdir().unwrap();
-    for (path, text) in files {
-        let path = dir.path().join(path);
-        std::fs::create_dir_all(path.parent().unwrap()).unwrap();
-        std::fs::write(path, text).unwrap();
-    }
-    let root = dir.path().join("src/lib.rs");
-    (dir, root)
-}
 
 fn problems(files: &[(&str, &str)]) -> Vec<LayerProblem> {
     let (_dir, root) = write_crate(files);
