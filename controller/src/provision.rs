@@ -472,26 +472,26 @@ impl AgentCalls<'_> {
         )
     }
 
-    fn agent_failure(&self, what: &str, source: ClientError) -> Failure {
+    /// A failed call, kept as the error the reconcile returns (so it is retried).
+    fn failure(&self, what: &str, source: &dyn std::fmt::Display, error: Error) -> Failure {
         Failure {
-            message: self.message(what, &source),
-            error: Some(Error::Agent {
-                agent: self.agent.name().to_owned(),
-                source,
-            }),
-            permanent: false,
+            error: Some(error),
+            ..Failure::new(self.message(what, source))
         }
     }
 
+    fn agent_failure(&self, what: &str, source: ClientError) -> Failure {
+        let agent = self.agent.name().to_owned();
+        self.failure(what, &source.to_string(), Error::Agent { agent, source })
+    }
+
     fn info_failure(&self, what: &str, source: InfoError) -> Failure {
-        Failure {
-            message: self.message(what, &source),
-            error: Some(Error::AgentInfo {
-                agent: self.agent.name().to_owned(),
-                source,
-            }),
-            permanent: false,
-        }
+        let agent = self.agent.name().to_owned();
+        self.failure(
+            what,
+            &source.to_string(),
+            Error::AgentInfo { agent, source },
+        )
     }
 
     fn cannot_enforce(&self, backend: &str) -> Failure {
