@@ -4,7 +4,7 @@
 use std::collections::BTreeMap;
 use std::path::{Component, Path, PathBuf};
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use reqwest::StatusCode;
 use rustls_pki_types::pem::PemObject;
@@ -281,6 +281,26 @@ pub enum CloneOutcome {
     InProgress(CloneProgress),
 }
 
+/// One call a client made, once its outcome is known.
+#[derive(Debug)]
+pub struct Call<'a> {
+    /// The agent's name from its settings.
+    pub agent: &'a str,
+    pub endpoint: Endpoint,
+    pub request_id: Option<&'a str>,
+    /// From sending the request to having the answer read and decoded.
+    pub elapsed: Duration,
+    /// What the caller got as an error; `None` for a success (a volume that
+    /// `get_volume` finds missing is one).
+    pub error: Option<&'a ClientError>,
+}
+
+/// Told of every call of the client it observes, after the call: the one place where a
+/// caller hooks timing, metrics and logging in, whatever the endpoint.
+pub trait Observer: Send + Sync + std::fmt::Debug {
+    fn finished(&self, call: &Call<'_>);
+}
+
 /// A client for one agent. Cheap to clone; connections are pooled and kept alive.
 #[derive(Debug, Clone)]
 pub struct AgentClient {
@@ -288,6 +308,26 @@ pub struct AgentClient {
     base_url: String,
     http: reqwest::Client,
     token: Option<Token>,
+    observer: Option<Arc<dyn Observer>>,
+}
+
+/// A 2xx answer, read whole.
+struct Answer {
+    status: StatusCode,
+    body: Vec<u8>,
+}
+
+impl Answer {
+    fn json<T: DeserializeOwned>(&self) -> Result<T, ClientError> {
+        serde_json::from_slice(&self.body).map_err(|_| unexpected(self.status, &self.body))
+    }
+}
+
+fn unexpected(status: StatusCode, body: &[u8]) -> ClientError {
+    ClientError::UnexpectedResponse {
+        status: status.as_u16(),
+        body: String::from_utf8_lossy(body).chars().take(512).collect(),
+    }
 }
 
 /// Where the bearer token comes from: a file re-read when it changes (a mounted Secret
@@ -388,7 +428,14 @@ impl AgentClient {
             base_url: config.url.trim_end_matches('/').to_owned(),
             http,
             token,
+            observer: None,
         })
+    }
+
+    /// The same client, with `observer` told of each of its calls.
+    pub fn observed_by(mut self, observer: Arc<dyn Observer>) -> Self {
+        self.observer = Some(observer);
+        self
     }
 
     /// The agent's name from its settings.
@@ -476,29 +523,23 @@ impl AgentClient {
         request: &CloneVolumeRequest,
         request_id: Option<&str>,
     ) -> Result<CloneOutcome, ClientError> {
-        let response = self
-            .send(
-                Endpoint::CloneVolume,
-                &Endpoint::CloneVolume.path_for(path),
-                Some(request),
-                request_id,
-            )
-            .await?;
-        let status = response.status();
-        let bytes = response.bytes().await?;
-        let unexpected = || ClientError::UnexpectedResponse {
-            status: status.as_u16(),
-            body: String::from_utf8_lossy(&bytes).chars().take(512).collect(),
-        };
-        if status == StatusCode::ACCEPTED {
-            let progress = serde_json::from_slice(&bytes).map_err(|_| unexpected())?;
-            return Ok(CloneOutcome::InProgress(progress));
-        }
-        let volume = serde_json::from_slice(&bytes).map_err(|_| unexpected())?;
-        Ok(CloneOutcome::Ready(CreateOutcome {
-            volume,
-            created: status == StatusCode::CREATED,
-        }))
+        self.exchange(
+            Endpoint::CloneVolume,
+            &Endpoint::CloneVolume.path_for(path),
+            Some(request),
+            request_id,
+            |answer| {
+                let answer = answer?;
+                if answer.status == StatusCode::ACCEPTED {
+                    return Ok(CloneOutcome::InProgress(answer.json()?));
+                }
+                Ok(CloneOutcome::Ready(CreateOutcome {
+                    volume: answer.json()?,
+                    created: answer.status == StatusCode::CREATED,
+                }))
+            },
+        )
+        .await
     }
 
     /// The volume, or `None` when the agent has no volume at that path.
@@ -507,19 +548,18 @@ impl AgentClient {
         path: &VolumePath,
         request_id: Option<&str>,
     ) -> Result<Option<Volume>, ClientError> {
-        match self
-            .call(
-                Endpoint::GetVolume,
-                &Endpoint::GetVolume.path_for(path),
-                None::<&()>,
-                request_id,
-            )
-            .await
-        {
-            Ok((_, volume)) => Ok(Some(volume)),
-            Err(e) if e.code() == Some(ErrorCode::NotFound) => Ok(None),
-            Err(e) => Err(e),
-        }
+        self.exchange(
+            Endpoint::GetVolume,
+            &Endpoint::GetVolume.path_for(path),
+            None::<&()>,
+            request_id,
+            |answer| match answer.and_then(|answer| answer.json()) {
+                Ok(volume) => Ok(Some(volume)),
+                Err(e) if e.code() == Some(ErrorCode::NotFound) => Ok(None),
+                Err(e) => Err(e),
+            },
+        )
+        .await
     }
 
     pub async fn list_volumes(&self, request_id: Option<&str>) -> Result<Vec<Volume>, ClientError> {
@@ -557,14 +597,14 @@ impl AgentClient {
         path: &VolumePath,
         request_id: Option<&str>,
     ) -> Result<(), ClientError> {
-        self.send(
+        self.exchange(
             Endpoint::DeleteVolume,
             &Endpoint::DeleteVolume.path_for(path),
             None::<&()>,
             request_id,
+            |answer| answer.map(drop),
         )
         .await
-        .map(|_| ())
     }
 
     /// Moves the volume into the archive area; a retry after success returns the same
@@ -611,14 +651,14 @@ impl AgentClient {
         id: &ArchivePath,
         request_id: Option<&str>,
     ) -> Result<(), ClientError> {
-        self.send(
+        self.exchange(
             Endpoint::DeleteArchive,
             &Endpoint::DeleteArchive.path_for(id),
             None::<&()>,
             request_id,
+            |answer| answer.map(drop),
         )
         .await
-        .map(|_| ())
     }
 
     /// Sends a request to `endpoint` at `path` (its template filled in) and reads the
@@ -630,25 +670,46 @@ impl AgentClient {
         body: Option<&B>,
         request_id: Option<&str>,
     ) -> Result<(StatusCode, T), ClientError> {
-        let response = self.send(endpoint, path, body, request_id).await?;
-        let status = response.status();
-        let bytes = response.bytes().await?;
-        let parsed =
-            serde_json::from_slice(&bytes).map_err(|_| ClientError::UnexpectedResponse {
-                status: status.as_u16(),
-                body: String::from_utf8_lossy(&bytes).chars().take(512).collect(),
-            })?;
-        Ok((status, parsed))
+        self.exchange(endpoint, path, body, request_id, |answer| {
+            let answer = answer?;
+            Ok((answer.status, answer.json()?))
+        })
+        .await
     }
 
-    /// Sends a request and turns any non-2xx answer into [`ClientError::Api`].
+    /// The one path every call takes: sends the request, lets `read` make the caller's
+    /// outcome of the answer, and tells the observer how it ended.
+    async fn exchange<B: serde::Serialize, T>(
+        &self,
+        endpoint: Endpoint,
+        path: &str,
+        body: Option<&B>,
+        request_id: Option<&str>,
+        read: impl FnOnce(Result<Answer, ClientError>) -> Result<T, ClientError>,
+    ) -> Result<T, ClientError> {
+        let started = Instant::now();
+        let outcome = read(self.send(endpoint, path, body, request_id).await);
+        if let Some(observer) = &self.observer {
+            observer.finished(&Call {
+                agent: &self.name,
+                endpoint,
+                request_id,
+                elapsed: started.elapsed(),
+                error: outcome.as_ref().err(),
+            });
+        }
+        outcome
+    }
+
+    /// Sends a request and reads the answer; any non-2xx answer becomes
+    /// [`ClientError::Api`].
     async fn send<B: serde::Serialize>(
         &self,
         endpoint: Endpoint,
         path: &str,
         body: Option<&B>,
         request_id: Option<&str>,
-    ) -> Result<reqwest::Response, ClientError> {
+    ) -> Result<Answer, ClientError> {
         let mut request = self
             .http
             .request(endpoint.method(), format!("{}{path}", self.base_url));
@@ -663,19 +724,16 @@ impl AgentClient {
         }
         let response = request.send().await?;
         let status = response.status();
+        let body = Vec::from(response.bytes().await?);
         if status.is_success() {
-            return Ok(response);
+            return Ok(Answer { status, body });
         }
-        let bytes = response.bytes().await?;
-        match serde_json::from_slice::<ApiError>(&bytes) {
+        match serde_json::from_slice::<ApiError>(&body) {
             Ok(error) => Err(ClientError::Api {
                 status: status.as_u16(),
                 error,
             }),
-            Err(_) => Err(ClientError::UnexpectedResponse {
-                status: status.as_u16(),
-                body: String::from_utf8_lossy(&bytes).chars().take(512).collect(),
-            }),
+            Err(_) => Err(unexpected(status, &body)),
         }
     }
 }

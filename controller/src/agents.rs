@@ -3,20 +3,16 @@
 //! classes that use it.
 
 use std::collections::BTreeMap;
-use std::future::Future;
 use std::sync::{Arc, Mutex, MutexGuard, RwLock};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use futures::FutureExt;
 use futures::future::{BoxFuture, Shared};
 use nfsprov_api_types::client::{
-    AGENT_SECRET_SELECTOR, AgentClient, AgentConnectionConfig, ClientError, CloneOutcome,
-    CreateOutcome, SecretAgent,
+    AGENT_SECRET_SELECTOR, AgentClient, AgentConnectionConfig, Call, ClientError, Observer,
+    SecretAgent,
 };
-use nfsprov_api_types::{
-    ArchiveResult, Capabilities, CloneVolumeRequest, CreateVolumeRequest, NfsExport, Volume,
-    VolumePath,
-};
+use nfsprov_api_types::{Capabilities, Endpoint, NfsExport};
 use tokio::sync::watch;
 use tracing::{debug, warn};
 
@@ -34,15 +30,15 @@ const UNREACHABLE_TTL: Duration = Duration::from_secs(10);
 /// Most reconciles that work with one agent at once, unless configured otherwise: half of
 /// the default reconcile slots, so a slow or stuck agent leaves the other half to the
 /// others. One agent's volumes are still made far faster than a control plane binds them.
-pub const DEFAULT_MAX_IN_FLIGHT: usize = 16;
+pub(crate) const DEFAULT_MAX_IN_FLIGHT: usize = 16;
 
 /// When a reconcile finds its agent's slots all taken, it is tried again after this long,
 /// without backoff, event or failure count: waiting is not failing.
-pub const BUSY_RETRY: Duration = Duration::from_millis(500);
+pub(crate) const BUSY_RETRY: Duration = Duration::from_millis(500);
 
 /// An id that ties this controller's log lines to the agent's audit log: the object the
 /// call is about, then a timestamp so each attempt is told apart.
-pub fn request_id(subject: &str) -> String {
+pub(crate) fn request_id(subject: &str) -> String {
     let nanos = SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map(|d| d.as_nanos())
@@ -132,7 +128,6 @@ pub struct Agent {
     nfs_server: Option<String>,
     nfs_path: Option<String>,
     info: Arc<Mutex<InfoState>>,
-    metrics: Arc<Metrics>,
     /// Reconciles working with this agent now; see [`Agent::try_slot`].
     slots: Arc<tokio::sync::Semaphore>,
     /// `default = true` in its settings.
@@ -151,11 +146,10 @@ impl Agent {
         Ok(Self {
             slots: Arc::new(tokio::sync::Semaphore::new(max_in_flight.max(1))),
             name: config.name.clone(),
-            client: AgentClient::new(config)?,
+            client: AgentClient::new(config)?.observed_by(Arc::new(Recorder(metrics))),
             nfs_server: config.nfs_server.clone(),
             nfs_path: config.nfs_path.clone(),
             info: Arc::default(),
-            metrics,
             marked_default: config.default,
             secret: None,
         })
@@ -172,11 +166,10 @@ impl Agent {
         let config = &agent.config;
         Ok(Self {
             name: config.name.clone(),
-            client: AgentClient::from_secret(&agent)?,
+            client: AgentClient::from_secret(&agent)?.observed_by(Arc::new(Recorder(metrics))),
             nfs_server: config.nfs_server.clone(),
             nfs_path: config.nfs_path.clone(),
             info: Arc::default(),
-            metrics,
             slots,
             marked_default: config.default,
             secret: Some((secret.to_owned(), agent)),
@@ -197,6 +190,12 @@ impl Agent {
 
     pub fn name(&self) -> &str {
         &self.name
+    }
+
+    /// The agent's API; every call is timed and counted in the metrics under the agent's
+    /// name.
+    pub fn client(&self) -> &AgentClient {
+        &self.client
     }
 
     /// A reconcile slot of this agent, held while the reconcile works with it; `None`
@@ -261,16 +260,12 @@ impl Agent {
     /// when every caller waiting for it gives up.
     fn start_info_fetch(&self, request_id: &str) -> InfoFetch {
         let client = self.client.clone();
-        let metrics = self.metrics.clone();
-        let name = self.name.clone();
         let state = self.info.clone();
         let request_id = request_id.to_owned();
         let task = tokio::spawn(async move {
-            let started = Instant::now();
-            let result = client.info(Some(&request_id)).await;
-            let code = result.as_ref().err().map(error_label);
-            metrics.agent_request(&name, "info", started.elapsed(), code.as_deref());
-            let result = result
+            let result = client
+                .info(Some(&request_id))
+                .await
                 .map(|info| InfoFacts {
                     export: info.nfs,
                     capabilities: info.capabilities,
@@ -296,101 +291,47 @@ impl Agent {
         .boxed()
         .shared()
     }
+}
 
-    pub async fn create_volume(
-        &self,
-        path: &VolumePath,
-        request: &CreateVolumeRequest,
-        request_id: &str,
-    ) -> Result<CreateOutcome, ClientError> {
-        self.timed(
-            "create",
-            self.client.create_volume(path, request, Some(request_id)),
-        )
-        .await
+/// Records each call to an agent in the metrics, and logs it at debug level with its
+/// request id.
+#[derive(Debug)]
+struct Recorder(Arc<Metrics>);
+
+impl Observer for Recorder {
+    fn finished(&self, call: &Call<'_>) {
+        let operation = operation(call.endpoint);
+        let code = call.error.map(error_label);
+        self.0
+            .agent_request(call.agent, operation, call.elapsed, code.as_deref());
+        debug!(
+            agent = call.agent,
+            operation,
+            request_id = call.request_id,
+            elapsed_ms = call.elapsed.as_millis(),
+            error = code,
+            "agent call"
+        );
     }
+}
 
-    /// Starts, follows or confirms the clone of `request.source` at `path`.
-    pub async fn clone_volume(
-        &self,
-        path: &VolumePath,
-        request: &CloneVolumeRequest,
-        request_id: &str,
-    ) -> Result<CloneOutcome, ClientError> {
-        self.timed(
-            "clone",
-            self.client.clone_volume(path, request, Some(request_id)),
-        )
-        .await
-    }
-
-    /// The volume with its usage, or `None` when the agent has no volume at that path.
-    pub async fn get_volume(
-        &self,
-        path: &VolumePath,
-        request_id: &str,
-    ) -> Result<Option<Volume>, ClientError> {
-        self.timed("get", self.client.get_volume(path, Some(request_id)))
-            .await
-    }
-
-    /// Raises the volume's recorded capacity (and its quota where one is enforced); the
-    /// agent answers the same for a repeat, so a retry after a crash is harmless.
-    pub async fn resize_volume(
-        &self,
-        path: &VolumePath,
-        capacity_bytes: u64,
-        request_id: &str,
-    ) -> Result<Volume, ClientError> {
-        self.timed(
-            "resize",
-            self.client
-                .resize_volume(path, capacity_bytes, Some(request_id)),
-        )
-        .await
-    }
-
-    /// Every volume the agent holds, for the orphan check.
-    pub async fn list_volumes(&self, request_id: &str) -> Result<Vec<Volume>, ClientError> {
-        self.timed("list", self.client.list_volumes(Some(request_id)))
-            .await
-    }
-
-    pub async fn delete_volume(
-        &self,
-        path: &VolumePath,
-        request_id: &str,
-    ) -> Result<(), ClientError> {
-        self.timed("delete", self.client.delete_volume(path, Some(request_id)))
-            .await
-    }
-
-    /// `retention_days`: how long the agent keeps the archive; `None` for its own setting.
-    pub async fn archive_volume(
-        &self,
-        path: &VolumePath,
-        retention_days: Option<u32>,
-        request_id: &str,
-    ) -> Result<ArchiveResult, ClientError> {
-        self.timed(
-            "archive",
-            self.client
-                .archive_volume(path, retention_days, Some(request_id)),
-        )
-        .await
-    }
-
-    async fn timed<T>(
-        &self,
-        operation: &str,
-        call: impl Future<Output = Result<T, ClientError>>,
-    ) -> Result<T, ClientError> {
-        let started = Instant::now();
-        let result = call.await;
-        let code = result.as_ref().err().map(error_label);
-        self.metrics
-            .agent_request(&self.name, operation, started.elapsed(), code.as_deref());
-        result
+/// The `operation` label of an endpoint's calls.
+fn operation(endpoint: Endpoint) -> &'static str {
+    match endpoint {
+        Endpoint::Healthz => "healthz",
+        Endpoint::Readyz => "readyz",
+        Endpoint::Metrics => "metrics",
+        Endpoint::Info => "info",
+        Endpoint::ListVolumes => "list",
+        Endpoint::CreateVolume => "create",
+        Endpoint::GetVolume => "get",
+        Endpoint::ResizeVolume => "resize",
+        Endpoint::DeleteVolume => "delete",
+        Endpoint::AdoptVolume => "adopt",
+        Endpoint::CloneVolume => "clone",
+        Endpoint::ListArchives => "list_archives",
+        Endpoint::ArchiveVolume => "archive",
+        Endpoint::DeleteArchive => "delete_archive",
     }
 }
 

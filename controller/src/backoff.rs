@@ -59,6 +59,7 @@ impl Backoff {
     }
 
     /// How many objects currently have failures on record.
+    #[cfg(test)]
     pub fn tracked(&self) -> usize {
         self.lock().failures.len()
     }

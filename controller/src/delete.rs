@@ -223,11 +223,13 @@ async fn dispose_of_data(volume: &CachedVolume, ctx: &Context) -> Result<(), Str
     let rid = request_id(&volume.name_any());
     match policy {
         OnDelete::Delete => agent
-            .delete_volume(&path, &rid)
+            .client()
+            .delete_volume(&path, Some(&rid))
             .await
             .map_err(|e| format!("agent {agent_name} could not delete directory {path}: {e}")),
         OnDelete::Archive => match agent
-            .archive_volume(&path, retention_days(volume)?, &rid)
+            .client()
+            .archive_volume(&path, retention_days(volume)?, Some(&rid))
             .await
         {
             Ok(archived) => {

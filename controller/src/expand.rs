@@ -322,7 +322,8 @@ async fn expand(pvc: &PersistentVolumeClaim, job: &Job, ctx: &Context) -> Result
 
     let rid = request_id(&job.wanted.pv_name);
     let resized = match agent
-        .resize_volume(&path, job.wanted.target_bytes, &rid)
+        .client()
+        .resize_volume(&path, job.wanted.target_bytes, Some(&rid))
         .await
     {
         Ok(resized) => resized,

@@ -3,42 +3,43 @@
 //! or keeps them when released.
 //!
 //! The names, StorageClass parameters and orphan rules it shares with the kubectl plugin
-//! are `nfsprov-vocabulary`'s. Modules depend only downward (the test suite checks that no
-//! import cycle exists):
+//! are `nfsprov-vocabulary`'s. Modules depend only downward, in this order (the test
+//! suite checks it, and that no import cycle exists):
 //!
 //! 1. leaves: `config`, `metrics`, `backoff`, `reported` (permanent failures already
 //!    reported), `events`, and `objects` (the vocabulary's names, and every predicate over
 //!    claims, classes and the cached form of volumes);
 //! 2. `pv` (a new PV), `cache` (what the watch caches keep), `agents` (the agent clients);
-//! 3. `context`: what every reconciler shares (`Context`, `Error`, event publishing);
-//! 4. the reconcilers: `provision`, `delete`, `expand`, `usage`, `orphans`, and
+//! 3. `context`: what every reconciler shares (the context, its errors, event publishing);
+//! 4. `datasource`: the claim a new volume is cloned from, read through the context;
+//! 5. the reconcilers: `provision`, `delete`, `expand`, `usage`, `orphans`, and
 //!    `agent_secrets` (the agents read from their watched Secrets);
-//! 5. `reconcile`: the entry points kube-runtime calls, with per-object backoff;
-//! 6. `controller` (wiring: watches, caches, controllers), `http`, `leader`;
-//! 7. `app`: the whole process.
+//! 6. `reconcile`: the entry points kube-runtime calls, with per-object backoff;
+//! 7. `controller` (wiring: watches, caches, controllers), `http`, `leader`;
+//! 8. `app`: the whole process.
 
-pub mod agent_secrets;
+pub(crate) mod agent_secrets;
 pub mod agents;
 pub mod app;
-pub mod backoff;
-pub mod cache;
+pub(crate) mod backoff;
+pub(crate) mod cache;
 pub mod config;
-pub mod context;
+pub(crate) mod context;
 pub mod controller;
-pub mod datasource;
-pub mod delete;
-pub mod events;
-pub mod expand;
-pub mod http;
+pub(crate) mod datasource;
+pub(crate) mod delete;
+pub(crate) mod events;
+pub(crate) mod expand;
+pub(crate) mod http;
 pub mod leader;
 pub mod metrics;
-pub mod objects;
+pub(crate) mod objects;
 pub mod orphans;
-pub mod provision;
-pub mod pv;
-pub mod reconcile;
-pub mod reported;
-pub mod usage;
+pub(crate) mod provision;
+pub(crate) mod pv;
+pub(crate) mod reconcile;
+pub(crate) mod reported;
+pub(crate) mod usage;
 
 #[cfg(test)]
 mod tests;

@@ -17,38 +17,38 @@ use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct ClassLabels {
+pub(crate) struct ClassLabels {
     pub class: String,
 }
 
 /// The provisioning metrics' labels, as the library has them: the class and the kind of
 /// the claim's data source (empty for a new, empty volume).
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct ProvisionLabels {
+pub(crate) struct ProvisionLabels {
     pub class: String,
     pub source: String,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct AgentLabels {
+pub(crate) struct AgentLabels {
     pub agent: String,
     pub operation: String,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct AgentErrorLabels {
+pub(crate) struct AgentErrorLabels {
     pub agent: String,
     pub operation: String,
     pub code: String,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct SecretLabels {
+pub(crate) struct SecretLabels {
     pub secret: String,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct OrphanLabels {
+pub(crate) struct OrphanLabels {
     pub agent: String,
 }
 

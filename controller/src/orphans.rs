@@ -43,7 +43,7 @@ fn pointer_of(pv: &CachedVolume) -> Option<PvPointer> {
 
 /// Why an unreferenced directory is left alone, when it is.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Keep {
+pub(crate) enum Keep {
     /// The API server has a PV pointing to it (the cache had not seen it yet).
     PvExists(String),
     /// Its claim still exists, unbound: the provisioner may still make its PV.
@@ -55,7 +55,7 @@ pub enum Keep {
 /// the agent recorded as owner exists and points to it. The claim is asked first: a PV is
 /// made before its claim is bound, so a claim seen bound means its PV, if it still
 /// exists, is visible to the second request. Errors keep the directory.
-pub async fn still_wanted(
+pub(crate) async fn still_wanted(
     ctx: &Context,
     agent: &str,
     path: &str,
@@ -144,7 +144,11 @@ async fn check_agent(
     warned: &mut HashSet<String>,
 ) -> Option<()> {
     let expected = pointers(ctx);
-    let listed = match agent.list_volumes(&request_id("orphan-check")).await {
+    let listed = match agent
+        .client()
+        .list_volumes(Some(&request_id("orphan-check")))
+        .await
+    {
         Ok(listed) => listed,
         Err(e) => {
             warn!(agent = %agent.name(), error = %e, "orphan check: cannot list the agent's volumes");
@@ -193,7 +197,8 @@ async fn check_agent(
                     continue;
                 };
                 match agent
-                    .archive_volume(&volume_path, None, &request_id("orphan-archive"))
+                    .client()
+                    .archive_volume(&volume_path, None, Some(&request_id("orphan-archive")))
                     .await
                 {
                     Ok(result) => {
@@ -244,7 +249,11 @@ async fn check_agent(
 }
 
 /// Checks every agent once.
-pub async fn check_once(ctx: &Context, settings: &OrphanSettings, warned: &mut HashSet<String>) {
+pub(crate) async fn check_once(
+    ctx: &Context,
+    settings: &OrphanSettings,
+    warned: &mut HashSet<String>,
+) {
     for agent in ctx.agents.all() {
         check_agent(ctx, &agent, settings, warned).await;
     }
@@ -261,7 +270,11 @@ pub async fn check_once(ctx: &Context, settings: &OrphanSettings, warned: &mut H
 /// Checks every `settings.every` until `shutdown` turns true (or the future is dropped,
 /// as when the Lease is lost). The first check comes one interval after the caches are
 /// synced, so a restart or handover adds nothing to the initial sync.
-pub async fn run(ctx: Arc<Context>, settings: OrphanSettings, shutdown: watch::Receiver<bool>) {
+pub(crate) async fn run(
+    ctx: Arc<Context>,
+    settings: OrphanSettings,
+    shutdown: watch::Receiver<bool>,
+) {
     let work = async {
         if ctx.volumes.wait_until_ready().await.is_err() {
             return;

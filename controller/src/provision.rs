@@ -11,17 +11,17 @@ use kube::runtime::controller::Action;
 use kube::runtime::events::EventType;
 use kube::runtime::reflector::ObjectRef;
 use kube::{Resource, ResourceExt};
-use nfsprov_api_types::client::{ClientError, CloneOutcome};
+use nfsprov_api_types::client::{ClientError, CloneOutcome, CreateOutcome};
 use nfsprov_api_types::{
     Capabilities, CloneMethod, CloneProgress, CloneVolumeRequest, CreateVolumeRequest, ErrorCode,
-    QuotaBackend, QuotaPolicy, VolumeOwner,
+    NfsExport, QuotaBackend, QuotaPolicy, VolumeOwner, VolumePath,
 };
 use nfsprov_vocabulary::params::ClassParams;
 use nfsprov_vocabulary::pattern::RenderInput;
 use nfsprov_vocabulary::quantity;
 use tracing::{debug, error, info};
 
-use crate::agents::{Agent, BUSY_RETRY, request_id};
+use crate::agents::{Agent, BUSY_RETRY, InfoError, request_id};
 use crate::context::{Context, Error};
 use crate::datasource::{SourceProblem, SourceVolume, requested_source, resolve};
 use crate::objects::{
@@ -180,6 +180,7 @@ pub async fn reconcile(pvc: &PersistentVolumeClaim, ctx: &Context) -> Result<Act
 }
 
 /// A failure to report on the claim; `error` keeps the cause when there is one.
+#[derive(Debug)]
 struct Failure {
     message: String,
     error: Option<Error>,
@@ -304,7 +305,10 @@ fn check_claim(pvc: &PersistentVolumeClaim) -> Result<(Quantity, u64), Failure> 
     Ok((request.clone(), bytes))
 }
 
-/// Returns the name of the PV, created now or by an earlier attempt.
+/// Returns the name of the PV, created now or by an earlier attempt. The library's
+/// Provision and provisionClaimOperation, as steps: read what is asked ([`wanted`]), find
+/// the source and the agent (which may ask the API server and the agents), [`plan`] the
+/// volume (pure), [`make`] it on the agent, [`save`] its PV.
 async fn provision(
     pvc: &PersistentVolumeClaim,
     class: &StorageClass,
@@ -312,32 +316,102 @@ async fn provision(
     ctx: &Context,
 ) -> Result<Provisioned, Failure> {
     announce(pvc, class, ctx).await;
-    let (capacity, capacity_bytes) = check_claim(pvc)?;
-    let params = ClassParams::parse(class.parameters.as_ref())
-        .map_err(|e| Failure::permanent(format!("StorageClass {class_name:?}: {e}")))?;
-    let namespace = pvc.namespace().unwrap_or_default();
-    let name = pvc.name_any();
+    let wanted = wanted(pvc, class, class_name)?;
     let uid = pvc.metadata.uid.as_deref().unwrap_or_default();
-    let pv_name = pv_name_for(uid);
-    let rid = request_id(&pv_name);
+    let rid = request_id(&pv_name_for(uid));
     let source = match requested_source(pvc).map_err(Failure::from)? {
-        Some(claim) => Some(resolve(ctx, &claim, class_name, capacity_bytes).await?),
+        Some(claim) => Some(resolve(ctx, &claim, class_name, wanted.capacity_bytes).await?),
         None => None,
     };
     let agent = match &source {
-        Some(source) => source_agent(ctx, &params.agents, class_name, source)?,
-        None => ctx.agents.select(&params.agents, &rid).await.map_err(|e| {
-            let message = format!("StorageClass {class_name:?}: {e}");
-            if e.is_retriable() {
-                Failure::new(message)
-            } else {
-                Failure::permanent(message)
-            }
-        })?,
+        Some(source) => source_agent(ctx, &wanted.params.agents, class_name, source)?,
+        None => ctx
+            .agents
+            .select(&wanted.params.agents, &rid)
+            .await
+            .map_err(|e| {
+                let message = format!("StorageClass {class_name:?}: {e}");
+                if e.is_retriable() {
+                    Failure::new(message)
+                } else {
+                    Failure::permanent(message)
+                }
+            })?,
     };
     let Some(_slot) = agent.try_slot() else {
         return Ok(Provisioned::AgentBusy(agent.name().to_owned()));
     };
+    let plan = plan(pvc, class_name, &wanted, source.as_ref())?;
+    let calls = AgentCalls {
+        agent: &agent,
+        class_name,
+        quota: wanted.params.quota,
+    };
+    match make(&plan, &calls, &rid).await? {
+        Making::Cloning(progress) => Ok(Provisioned::Cloning(progress)),
+        Making::Done(made) => save(ctx, pvc, class, &wanted, &plan, &calls, &made).await,
+    }
+}
+
+/// What the claim and its class ask for, read before anything is looked up.
+#[derive(Debug)]
+struct Wanted {
+    /// The requested capacity as written, and in bytes.
+    capacity: Quantity,
+    capacity_bytes: u64,
+    params: ClassParams,
+}
+
+fn wanted(
+    pvc: &PersistentVolumeClaim,
+    class: &StorageClass,
+    class_name: &str,
+) -> Result<Wanted, Failure> {
+    let (capacity, capacity_bytes) = check_claim(pvc)?;
+    let params = ClassParams::parse(class.parameters.as_ref())
+        .map_err(|e| Failure::permanent(format!("StorageClass {class_name:?}: {e}")))?;
+    Ok(Wanted {
+        capacity,
+        capacity_bytes,
+        params,
+    })
+}
+
+/// Everything an attempt does on the agent, decided before the agent is asked anything.
+#[derive(Debug, PartialEq, Eq)]
+struct Plan {
+    /// The claim, `namespace/name`, for the log.
+    claim: String,
+    pv_name: String,
+    path: VolumePath,
+    request: Request,
+}
+
+/// The request that makes the volume.
+#[derive(Debug, PartialEq, Eq)]
+enum Request {
+    Create(CreateVolumeRequest),
+    /// A clone of the volume of the claim `from` (`namespace/name`).
+    Clone {
+        request: CloneVolumeRequest,
+        from: String,
+    },
+}
+
+/// The volume's name, its path on the agent and the request that makes it, from the
+/// claim, what it and its class ask for, and the source's volume when it is a clone.
+/// Pure: nothing is asked of anyone.
+fn plan(
+    pvc: &PersistentVolumeClaim,
+    class_name: &str,
+    wanted: &Wanted,
+    source: Option<&SourceVolume>,
+) -> Result<Plan, Failure> {
+    let params = &wanted.params;
+    let namespace = pvc.namespace().unwrap_or_default();
+    let name = pvc.name_any();
+    let uid = pvc.metadata.uid.as_deref().unwrap_or_default();
+    let pv_name = pv_name_for(uid);
     let path = params
         .path_pattern
         .render(&RenderInput {
@@ -348,114 +422,181 @@ async fn provision(
             pv_name: &pv_name,
         })
         .map_err(|e| Failure::permanent(format!("StorageClass {class_name:?}: {e}")))?;
-
-    let message = |what: &str, source: &dyn std::fmt::Display| {
-        format!(
-            "failed to provision volume with StorageClass {class_name:?}: agent {} {what}: {source}",
-            agent.name()
-        )
-    };
-    let agent_failure = |what: &str, source| Failure {
-        message: message(what, &source),
-        error: Some(Error::Agent {
-            agent: agent.name().to_owned(),
-            source,
-        }),
-        permanent: false,
-    };
-    let info_failure = |what: &str, source| Failure {
-        message: message(what, &source),
-        error: Some(Error::AgentInfo {
-            agent: agent.name().to_owned(),
-            source,
-        }),
-        permanent: false,
-    };
-    let export = agent
-        .export(&rid)
-        .await
-        .map_err(|e| info_failure("did not report its NFS export", e))?;
-    let cannot_enforce = |backend: &str| {
-        Failure::new(format!(
-            "StorageClass {class_name:?} asks for quota enforce, but agent {} cannot enforce quotas ({backend}); no directory was created. Use quota bestEffort or off in the class, or an agent whose export root has a quota backend",
-            agent.name()
-        ))
-    };
-    if params.quota == QuotaPolicy::Enforce {
-        let capabilities = agent
-            .capabilities(&rid)
-            .await
-            .map_err(|e| info_failure("did not report its capabilities", e))?;
-        if !capabilities.quota_enforced {
-            return Err(cannot_enforce(&describe_quota(&capabilities)));
-        }
-    }
     let owner = VolumeOwner {
-        pvc_namespace: Some(namespace.clone()),
-        pvc_name: Some(name.clone()),
+        pvc_namespace: Some(namespace),
+        pvc_name: Some(name),
         pv_name: Some(pv_name.clone()),
     };
-    let refused = |e: ClientError, what: &str| match e.code() {
-        // The cached capabilities said yes, but the agent (the authority) says no.
-        Some(ErrorCode::Unsupported) if params.quota == QuotaPolicy::Enforce => {
-            cannot_enforce(&format!("it refused: {e}"))
-        }
-        _ => agent_failure(what, e),
-    };
-    let outcome = match &source {
-        None => {
-            let request = CreateVolumeRequest {
-                mode: params.mode,
-                uid: params.uid,
-                gid: params.gid,
-                capacity_bytes,
-                owner,
-                quota: params.quota,
-            };
-            agent
-                .create_volume(&path, &request, &rid)
-                .await
-                .map_err(|e| refused(e, &format!("could not create directory {path}")))?
-        }
-        Some(source) => {
-            // The class's mode, uid and gid are not applied: a clone keeps its source's.
-            let request = CloneVolumeRequest {
+    let request = match source {
+        None => Request::Create(CreateVolumeRequest {
+            mode: params.mode,
+            uid: params.uid,
+            gid: params.gid,
+            capacity_bytes: wanted.capacity_bytes,
+            owner,
+            quota: params.quota,
+        }),
+        // The class's mode, uid and gid are not applied: a clone keeps its source's.
+        Some(source) => Request::Clone {
+            request: CloneVolumeRequest {
                 source: source.path.clone(),
-                capacity_bytes,
+                capacity_bytes: wanted.capacity_bytes,
                 owner,
                 quota: params.quota,
-            };
-            let what = format!("could not clone {} into {path}", source.path);
-            match agent.clone_volume(&path, &request, &rid).await {
+            },
+            from: source.claim.to_string(),
+        },
+    };
+    Ok(Plan {
+        claim: claim_key(pvc),
+        pv_name,
+        path,
+        request,
+    })
+}
+
+/// The agent an attempt works with, and the failures its calls come to, in the words a
+/// claim's events use.
+struct AgentCalls<'a> {
+    agent: &'a Agent,
+    class_name: &'a str,
+    quota: QuotaPolicy,
+}
+
+impl AgentCalls<'_> {
+    fn message(&self, what: &str, source: &dyn std::fmt::Display) -> String {
+        format!(
+            "failed to provision volume with StorageClass {:?}: agent {} {what}: {source}",
+            self.class_name,
+            self.agent.name()
+        )
+    }
+
+    /// A failed call, kept as the error the reconcile returns (so it is retried).
+    fn failure(&self, what: &str, source: &dyn std::fmt::Display, error: Error) -> Failure {
+        Failure {
+            error: Some(error),
+            ..Failure::new(self.message(what, source))
+        }
+    }
+
+    fn agent_failure(&self, what: &str, source: ClientError) -> Failure {
+        let agent = self.agent.name().to_owned();
+        self.failure(what, &source.to_string(), Error::Agent { agent, source })
+    }
+
+    fn info_failure(&self, what: &str, source: InfoError) -> Failure {
+        let agent = self.agent.name().to_owned();
+        self.failure(
+            what,
+            &source.to_string(),
+            Error::AgentInfo { agent, source },
+        )
+    }
+
+    fn cannot_enforce(&self, backend: &str) -> Failure {
+        Failure::new(format!(
+            "StorageClass {:?} asks for quota enforce, but agent {} cannot enforce quotas ({backend}); no directory was created. Use quota bestEffort or off in the class, or an agent whose export root has a quota backend",
+            self.class_name,
+            self.agent.name()
+        ))
+    }
+
+    fn refused(&self, e: ClientError, what: &str) -> Failure {
+        match e.code() {
+            // The cached capabilities said yes, but the agent (the authority) says no.
+            Some(ErrorCode::Unsupported) if self.quota == QuotaPolicy::Enforce => {
+                self.cannot_enforce(&format!("it refused: {e}"))
+            }
+            _ => self.agent_failure(what, e),
+        }
+    }
+}
+
+/// What the agent made: the volume, and the export its PV mounts.
+struct Made {
+    outcome: CreateOutcome,
+    export: NfsExport,
+}
+
+enum Making {
+    Done(Box<Made>),
+    /// The agent is still copying the source into the clone.
+    Cloning(CloneProgress),
+}
+
+/// Asks the agent for its export and, when the class enforces quotas, whether it can;
+/// then sends the plan's request: the directory is there when this returns `Done`.
+async fn make(plan: &Plan, calls: &AgentCalls<'_>, rid: &str) -> Result<Making, Failure> {
+    let agent = calls.agent;
+    let export = agent
+        .export(rid)
+        .await
+        .map_err(|e| calls.info_failure("did not report its NFS export", e))?;
+    if calls.quota == QuotaPolicy::Enforce {
+        let capabilities = agent
+            .capabilities(rid)
+            .await
+            .map_err(|e| calls.info_failure("did not report its capabilities", e))?;
+        if !capabilities.quota_enforced {
+            return Err(calls.cannot_enforce(&describe_quota(&capabilities)));
+        }
+    }
+    let path = &plan.path;
+    let outcome = match &plan.request {
+        Request::Create(request) => agent
+            .client()
+            .create_volume(path, request, Some(rid))
+            .await
+            .map_err(|e| calls.refused(e, &format!("could not create directory {path}")))?,
+        Request::Clone { request, .. } => {
+            let what = format!("could not clone {} into {path}", request.source);
+            match agent.client().clone_volume(path, request, Some(rid)).await {
                 Ok(CloneOutcome::Ready(outcome)) => outcome,
-                Ok(CloneOutcome::InProgress(progress)) => {
-                    return Ok(Provisioned::Cloning(progress));
-                }
+                Ok(CloneOutcome::InProgress(progress)) => return Ok(Making::Cloning(progress)),
                 // The request itself is wrong (the source is too large for the claim, or
                 // gone): only a change of the claim helps.
                 Err(e)
                     if matches!(e.code(), Some(ErrorCode::Unsupported | ErrorCode::NotFound))
-                        && params.quota != QuotaPolicy::Enforce =>
+                        && calls.quota != QuotaPolicy::Enforce =>
                 {
-                    return Err(Failure::permanent(message(&what, &e)));
+                    return Err(Failure::permanent(calls.message(&what, &e)));
                 }
-                Err(e) => return Err(refused(e, &what)),
+                Err(e) => return Err(calls.refused(e, &what)),
             }
         }
     };
     info!(
-        claim = %claim_key(pvc), agent = agent.name(), %path, created = outcome.created,
+        claim = %plan.claim, agent = agent.name(), %path, created = outcome.created,
         request_id = %rid, "volume directory ready"
     );
+    Ok(Making::Done(Box::new(Made { outcome, export })))
+}
 
-    let cloned_from = source.as_ref().map(|source| {
-        let method = outcome
-            .volume
-            .clone
-            .as_ref()
-            .map_or(CloneMethod::Copy, |origin| origin.method);
-        (source.claim.to_string(), method)
-    });
+/// Saves the PV of the volume the agent made.
+async fn save(
+    ctx: &Context,
+    pvc: &PersistentVolumeClaim,
+    class: &StorageClass,
+    wanted: &Wanted,
+    plan: &Plan,
+    calls: &AgentCalls<'_>,
+    made: &Made,
+) -> Result<Provisioned, Failure> {
+    let (agent, class_name) = (calls.agent, calls.class_name);
+    let (pv_name, path) = (&plan.pv_name, &plan.path);
+    let cloned_from = match &plan.request {
+        Request::Create(_) => None,
+        Request::Clone { from, .. } => {
+            let method = made
+                .outcome
+                .volume
+                .clone
+                .as_ref()
+                .map_or(CloneMethod::Copy, |origin| origin.method);
+            Some((from.as_str(), method))
+        }
+    };
     let volume = build_pv(&NewVolume {
         pvc,
         class,
@@ -463,32 +604,30 @@ async fn provision(
         // Always our own name, whichever of ours the class uses: the PV stays ours when
         // the name of a replaced provisioner is dropped after its classes are migrated.
         provisioner: ctx.provisioner.own(),
-        pv_name: &pv_name,
+        pv_name,
         agent: agent.name(),
-        path: &path,
-        on_delete: params.on_delete,
-        quota: params.quota,
-        archive_retention_days: params.archive_retention_days,
-        export: &export,
-        capacity: &capacity,
-        cloned_from: cloned_from
-            .as_ref()
-            .map(|(claim, method)| (claim.as_str(), *method)),
+        path,
+        on_delete: wanted.params.on_delete,
+        quota: wanted.params.quota,
+        archive_retention_days: wanted.params.archive_retention_days,
+        export: &made.export,
+        capacity: &wanted.capacity,
+        cloned_from,
     });
     let api = Api::<PersistentVolume>::all(ctx.client.clone());
     match api.create(&PostParams::default(), &volume).await {
-        Ok(_) => Ok(Provisioned::Volume(pv_name)),
+        Ok(_) => Ok(Provisioned::Volume(pv_name.clone())),
         // A previous attempt (perhaps of a crashed replica) saved it; the directory was just
         // confirmed with the same settings, so this attempt succeeded as well, and is
         // reported as such (as the library does) since the earlier one may not have been.
         Err(kube::Error::Api(status)) if status.code == 409 => {
-            info!(claim = %claim_key(pvc), pv = %pv_name, "PV already exists; reusing it");
-            Ok(Provisioned::Volume(pv_name))
+            info!(claim = %plan.claim, pv = %pv_name, "PV already exists; reusing it");
+            Ok(Provisioned::Volume(pv_name.clone()))
         }
         Err(e) => {
             // The directory exists now: never leave it behind silently.
             error!(
-                claim = %claim_key(pvc), pv = %pv_name, agent = agent.name(), %path, error = %e,
+                claim = %plan.claim, pv = %pv_name, agent = agent.name(), %path, error = %e,
                 "volume directory exists but its PV could not be saved; retrying"
             );
             Err(Failure {
@@ -549,5 +688,101 @@ fn describe_quota(capabilities: &Capabilities) -> String {
             "its quota backend, one this controller does not know, is not enforcing".to_owned()
         }
         backend => format!("its {backend} quota backend is not enforcing"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use nfsprov_api_types::Mode;
+    use nfsprov_vocabulary::params::{PARAM_GID, PARAM_MODE, PARAM_PATH_PATTERN, PARAM_QUOTA};
+
+    use super::*;
+    use crate::datasource::SourceClaim;
+    use crate::objects;
+    use crate::tests::fixtures::{CLAIM_UID, claim, class};
+
+    fn wanted_of(parameters: &[(&str, &str)]) -> Wanted {
+        wanted(&claim("nfs"), &class("nfs", parameters), "nfs").unwrap()
+    }
+
+    #[test]
+    fn a_new_volume_is_created_with_the_class_settings() {
+        let wanted = wanted_of(&[
+            (PARAM_MODE, "0750"),
+            (PARAM_GID, "2000"),
+            (PARAM_QUOTA, "off"),
+        ]);
+        let plan = plan(&claim("nfs"), "nfs", &wanted, None).unwrap();
+        let pv_name = format!("pvc-{CLAIM_UID}");
+        assert_eq!(plan.claim, "team-a/data");
+        assert_eq!(plan.pv_name, pv_name);
+        assert_eq!(plan.path.as_str(), format!("team-a-data-{pv_name}"));
+        let Request::Create(request) = &plan.request else {
+            panic!("a claim without a source is created: {plan:?}");
+        };
+        assert_eq!(request.mode, Mode::parse_octal("0750").unwrap());
+        assert_eq!((request.uid, request.gid), (None, Some(2000)));
+        assert_eq!(request.capacity_bytes, 1 << 30);
+        assert_eq!(request.quota, QuotaPolicy::Off);
+        assert_eq!(
+            request.owner,
+            VolumeOwner {
+                pvc_namespace: Some("team-a".into()),
+                pvc_name: Some("data".into()),
+                pv_name: Some(pv_name),
+            }
+        );
+    }
+
+    #[test]
+    fn a_clone_is_made_from_its_source_without_the_class_mode() {
+        let wanted = wanted_of(&[(PARAM_MODE, "0700"), (PARAM_PATH_PATTERN, "c/${.PVC.name}")]);
+        let source = SourceVolume {
+            claim: SourceClaim {
+                namespace: "team-a".into(),
+                name: "origin".into(),
+            },
+            agent: "nfs1".into(),
+            path: VolumePath::parse("team-a-origin").unwrap(),
+        };
+        let plan = plan(&claim("nfs"), "nfs", &wanted, Some(&source)).unwrap();
+        assert_eq!(plan.path.as_str(), "c/data");
+        let Request::Clone { request, from } = &plan.request else {
+            panic!("a claim with a source is cloned: {plan:?}");
+        };
+        assert_eq!(from, "team-a/origin");
+        assert_eq!(request.source, source.path);
+        assert_eq!(request.capacity_bytes, 1 << 30);
+        assert_eq!(request.owner.pvc_name.as_deref(), Some("data"));
+    }
+
+    #[test]
+    fn a_path_the_pattern_cannot_make_is_refused_for_good() {
+        // The claim's provisioner annotation holds a '/', which no substituted value may.
+        let pattern = format!("${{.PVC.annotations.{}}}", objects::ANN_STORAGE_PROVISIONER);
+        let wanted = wanted_of(&[(PARAM_PATH_PATTERN, pattern.as_str())]);
+        let failure = plan(&claim("nfs"), "nfs", &wanted, None).unwrap_err();
+        assert!(failure.permanent);
+        assert!(
+            failure.message.starts_with("StorageClass \"nfs\": "),
+            "{}",
+            failure.message
+        );
+    }
+
+    #[test]
+    fn what_the_claim_or_class_cannot_ask_for_is_refused_for_good() {
+        let mut block = claim("nfs");
+        block.spec.as_mut().unwrap().volume_mode = Some("Block".into());
+        let bad_class = class("nfs", &[(PARAM_QUOTA, "sometimes")]);
+        for (pvc, class) in [(block, class("nfs", &[])), (claim("nfs"), bad_class)] {
+            let failure = wanted(&pvc, &class, "nfs").unwrap_err();
+            assert!(failure.permanent, "{}", failure.message);
+        }
+        let read = wanted_of(&[]);
+        assert_eq!(
+            (read.capacity.0.as_str(), read.capacity_bytes),
+            ("1Gi", 1 << 30)
+        );
     }
 }

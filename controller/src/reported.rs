@@ -78,6 +78,7 @@ impl ReportedFailures {
     }
 
     /// How many claims have a permanent failure on record.
+    #[cfg(test)]
     pub fn tracked(&self) -> usize {
         self.state
             .lock()

@@ -142,7 +142,8 @@ async fn measure(ctx: &Context, target: &Target) -> Result<Option<Volume>, Measu
     let path =
         VolumePath::parse(target.path()).map_err(|e| MeasureError::InvalidPath(e.to_string()))?;
     agent
-        .get_volume(&path, &request_id(target.pv_name()))
+        .client()
+        .get_volume(&path, Some(&request_id(target.pv_name())))
         .await
         .map_err(|source| MeasureError::Agent {
             agent: target.agent().to_owned(),

@@ -2,6 +2,7 @@
 //! mocked API server (calls asserted in order), against the simulator, and against the
 //! real agent.
 
+mod agent_calls;
 mod agent_choice;
 mod agent_secrets;
 mod expand_scenarios;

@@ -48,7 +48,8 @@ async fn a_newer_agents_answers_are_read_and_its_unknown_values_shown_as_unknown
         quota: QuotaPolicy::BestEffort,
     };
     let outcome = agent
-        .clone_volume(&target, &request, "skew-clone")
+        .client()
+        .clone_volume(&target, &request, Some("skew-clone"))
         .await
         .expect("a clone answered with a newer method is read");
     let CloneOutcome::Ready(made) = outcome else {
@@ -65,7 +66,8 @@ async fn a_newer_agents_answers_are_read_and_its_unknown_values_shown_as_unknown
     // The owner's new field is ignored, the known ones kept.
     assert_eq!(made.volume.owner, owner);
     let fetched = agent
-        .get_volume(&target, "skew-get")
+        .client()
+        .get_volume(&target, Some("skew-get"))
         .await
         .expect("a volume answered with new fields is read")
         .expect("there");
@@ -89,7 +91,8 @@ async fn an_error_code_newer_than_the_controller_is_judged_by_its_status() {
 
     mock.fail_calls_newer("PATCH", 409);
     let refused = agent
-        .resize_volume(&path, 2 * GI, "skew-refused")
+        .client()
+        .resize_volume(&path, 2 * GI, Some("skew-refused"))
         .await
         .unwrap_err();
     assert_eq!(refused.code(), Some(ErrorCode::Unknown), "{refused}");
@@ -102,7 +105,8 @@ async fn an_error_code_newer_than_the_controller_is_judged_by_its_status() {
 
     mock.fail_calls_newer("PATCH", 503);
     let passing = agent
-        .resize_volume(&path, 2 * GI, "skew-passing")
+        .client()
+        .resize_volume(&path, 2 * GI, Some("skew-passing"))
         .await
         .unwrap_err();
     assert_eq!(passing.code(), Some(ErrorCode::Unknown), "{passing}");

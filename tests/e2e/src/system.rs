@@ -272,6 +272,64 @@ impl System {
         Ok(())
     }
 
+    /// Creates the StorageClass of another provisioner, `provisioner`, as
+    /// nfs-subdir-external-provisioner's are written (archiving on delete), named
+    /// `self.names.class(name)`; returns that name.
+    pub async fn legacy_class(&self, name: &str, provisioner: &str) -> anyhow::Result<String> {
+        let class_name = self.names.class(name);
+        let mut class: StorageClass = serde_json::from_value(json!({
+            "metadata": {"name": class_name},
+            "provisioner": provisioner,
+            "reclaimPolicy": "Delete",
+            "parameters": {"archiveOnDelete": "true"},
+        }))?;
+        if let Some(run) = &self.names.run {
+            class.metadata.labels = Some([(RUN_LABEL.to_owned(), run.clone())].into());
+        }
+        Api::<StorageClass>::all(self.client.clone())
+            .create(&PostParams::default(), &class)
+            .await?;
+        Ok(class_name)
+    }
+
+    /// A volume `provisioner` made for the claim `name` of the class the scenario calls
+    /// `class`, laid out as nfs-subdir-external-provisioner lays it out: the claim, its
+    /// directory `<namespace>-<claim>-<pv>` on the first agent's export root, and a PV
+    /// recording that provisioner, bound to the claim within `bind`. Returns the PV's name
+    /// and the directory.
+    pub async fn legacy_volume(
+        &self,
+        provisioner: &str,
+        class: &str,
+        name: &str,
+        bind: Duration,
+    ) -> anyhow::Result<(String, PathBuf)> {
+        let claim = self.claim(name, class, json!({}), json!({})).await?;
+        let uid = claim.metadata.uid.clone().unwrap_or_default();
+        let pv_name = format!("pvc-{uid}");
+        let namespace = &self.names.namespace;
+        let directory = format!("{namespace}-{name}-{pv_name}");
+        std::fs::create_dir(self.agents[0].root.join(&directory))?;
+        let export = &self.agents[0].export;
+        let pv: PersistentVolume = serde_json::from_value(json!({
+            "metadata": {
+                "name": pv_name,
+                "annotations": {PROVISIONED_BY: provisioner},
+            },
+            "spec": {
+                "capacity": {"storage": "1Gi"},
+                "accessModes": ["ReadWriteMany"],
+                "persistentVolumeReclaimPolicy": "Delete",
+                "storageClassName": self.names.class(class),
+                "nfs": {"server": "127.0.0.1", "path": format!("{export}/{directory}")},
+                "claimRef": {"namespace": namespace, "name": name, "uid": uid},
+            },
+        }))?;
+        self.volumes().create(&PostParams::default(), &pv).await?;
+        self.bound_volume(name, bind).await?;
+        Ok((pv_name, self.agents[0].root.join(directory)))
+    }
+
     /// Creates a 1Gi ReadWriteMany claim of the class the scenario calls `class`.
     pub async fn claim(
         &self,

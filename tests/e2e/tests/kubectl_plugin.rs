@@ -837,8 +837,6 @@ async fn on_a_real_api_server_with_the_shipped_deployment() -> anyhow::Result<()
 /// unreachable agent, which must be named, with exit status 1, never "all clear".
 #[tokio::test(flavor = "multi_thread")]
 async fn without_an_agents_directory_and_never_all_clear_unchecked() -> anyhow::Result<()> {
-    use k8s_openapi::api::storage::v1::StorageClass;
-
     let api = KubeApi::start().await?;
     if !api.is_shared() {
         nfsprov_test_skip::skip(
@@ -868,43 +866,11 @@ async fn without_an_agents_directory_and_never_all_clear_unchecked() -> anyhow::
 
     // A volume nfs-subdir-external-provisioner made: its class, claim, directory and PV.
     let replaced = format!("{}-subdir", system.names.provisioner);
-    let class_name = system.names.class("e2e-subdir");
-    let mut class: StorageClass = serde_json::from_value(json!({
-        "metadata": {"name": class_name},
-        "provisioner": replaced,
-        "reclaimPolicy": "Delete",
-        "parameters": {"archiveOnDelete": "true"},
-    }))?;
-    if let Some(run) = &system.names.run {
-        class.metadata.labels = Some([("nfsprov.dev/e2e-run".to_owned(), run.clone())].into());
-    }
-    Api::<StorageClass>::all(admin.clone())
-        .create(&PostParams::default(), &class)
+    system.legacy_class("e2e-subdir", &replaced).await?;
+    let (pv_name, _) = system
+        .legacy_volume(&replaced, "e2e-subdir", "legacy", BIND)
         .await?;
-    let claim = system
-        .claim("legacy", "e2e-subdir", json!({}), json!({}))
-        .await?;
-    let uid = claim.metadata.uid.clone().unwrap_or_default();
-    let pv_name = format!("pvc-{uid}");
     let directory = format!("{namespace}-legacy-{pv_name}");
-    std::fs::create_dir(system.agents[0].root.join(&directory))?;
-    let export = system.agents[0].export.clone();
-    let pv: PersistentVolume = serde_json::from_value(json!({
-        "metadata": {
-            "name": pv_name,
-            "annotations": {"pv.kubernetes.io/provisioned-by": replaced},
-        },
-        "spec": {
-            "capacity": {"storage": "1Gi"},
-            "accessModes": ["ReadWriteMany"],
-            "persistentVolumeReclaimPolicy": "Delete",
-            "storageClassName": class_name,
-            "nfs": {"server": "127.0.0.1", "path": format!("{export}/{directory}")},
-            "claimRef": {"namespace": namespace, "name": "legacy", "uid": uid},
-        },
-    }))?;
-    system.volumes().create(&PostParams::default(), &pv).await?;
-    system.bound_volume("legacy", BIND).await?;
 
     let adopt = [
         "adopt", "--from", &replaced, "--agent", "nfs1", "-o", "json",

@@ -10,8 +10,7 @@
 use std::time::Duration;
 
 use k8s_openapi::api::core::v1::PersistentVolume;
-use k8s_openapi::api::storage::v1::StorageClass;
-use kube::api::{Api, DeleteParams, PostParams};
+use kube::api::DeleteParams;
 use kube::runtime::wait::{await_condition, conditions};
 use nfsprov_e2e::system::System;
 use serde_json::json;
@@ -21,38 +20,6 @@ const OUR_FINALIZER: &str = "external-provisioner.volume.kubernetes.io/finalizer
 
 /// Makes the claim `name` of the old class and the PV the old provisioner made for it,
 /// with its directory on the export; the PV's name and the directory.
-async fn legacy_volume(
-    system: &System,
-    replaced: &str,
-    class_name: &str,
-    name: &str,
-) -> anyhow::Result<(String, std::path::PathBuf)> {
-    let claim = system.claim(name, "e2e-old", json!({}), json!({})).await?;
-    let uid = claim.metadata.uid.clone().unwrap_or_default();
-    let pv_name = format!("pvc-{uid}");
-    let namespace = &system.names.namespace;
-    let directory = format!("{namespace}-{name}-{pv_name}");
-    std::fs::create_dir(system.agents[0].root.join(&directory))?;
-    let export = &system.agents[0].export;
-    let pv: PersistentVolume = serde_json::from_value(json!({
-        "metadata": {
-            "name": pv_name,
-            "annotations": {"pv.kubernetes.io/provisioned-by": replaced},
-        },
-        "spec": {
-            "capacity": {"storage": "1Gi"},
-            "accessModes": ["ReadWriteMany"],
-            "persistentVolumeReclaimPolicy": "Delete",
-            "storageClassName": class_name,
-            "nfs": {"server": "127.0.0.1", "path": format!("{export}/{directory}")},
-            "claimRef": {"namespace": namespace, "name": name, "uid": uid},
-        },
-    }))?;
-    system.volumes().create(&PostParams::default(), &pv).await?;
-    system.bound_volume(name, BIND).await?;
-    Ok((pv_name, system.agents[0].root.join(directory)))
-}
-
 fn has_our_finalizer(pv: &PersistentVolume) -> bool {
     pv.metadata
         .finalizers
@@ -66,23 +33,14 @@ async fn old_volumes_stay_the_old_provisioners_until_adopted_and_a_rollback_leav
 -> anyhow::Result<()> {
     let mut system = System::start(&["nfs1"], 0, &[]).await?;
     let replaced = format!("{}-subdir", system.names.provisioner);
-    let class_name = system.names.class("e2e-old");
-    let mut class: StorageClass = serde_json::from_value(json!({
-        "metadata": {"name": class_name},
-        "provisioner": replaced,
-        "reclaimPolicy": "Delete",
-        "parameters": {"archiveOnDelete": "true"},
-    }))?;
-    if let Some(run) = &system.names.run {
-        class.metadata.labels = Some([("nfsprov.dev/e2e-run".to_owned(), run.clone())].into());
-    }
-    Api::<StorageClass>::all(system.client.clone())
-        .create(&PostParams::default(), &class)
-        .await?;
+    system.legacy_class("e2e-old", &replaced).await?;
     // Step 1: what the old provisioner left: one volume in use, one about to be released.
-    let (kept, kept_dir) = legacy_volume(&system, &replaced, &class_name, "kept").await?;
-    let (released, released_dir) =
-        legacy_volume(&system, &replaced, &class_name, "released").await?;
+    let (kept, kept_dir) = system
+        .legacy_volume(&replaced, "e2e-old", "kept", BIND)
+        .await?;
+    let (released, released_dir) = system
+        .legacy_volume(&replaced, "e2e-old", "released", BIND)
+        .await?;
 
     // Step 2: the old provisioner scaled to zero, this controller deployed with its name.
     system

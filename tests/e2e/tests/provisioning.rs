@@ -683,54 +683,17 @@ async fn adopt(system: &System, extra: &[&str]) -> anyhow::Result<serde_json::Va
 
 #[tokio::test(flavor = "multi_thread")]
 async fn a_volume_laid_out_by_nfs_subdir_is_adopted_then_archived() -> anyhow::Result<()> {
-    use k8s_openapi::api::core::v1::PersistentVolume;
-    use k8s_openapi::api::storage::v1::StorageClass;
-    use kube::api::{Api, PostParams};
-
     let _turn = ONE_AT_A_TIME.lock().await;
     let mut system = System::start(&["nfs1"], 0, &[]).await?;
     let replaced = format!("{}-subdir", system.names.provisioner);
     // nfs-subdir-external-provisioner's class and claim, the claim bound to the PV it made.
-    let class_name = system.names.class("e2e-subdir");
-    let mut class: StorageClass = serde_json::from_value(json!({
-        "metadata": {"name": class_name},
-        "provisioner": replaced,
-        "reclaimPolicy": "Delete",
-        "parameters": {"archiveOnDelete": "true"},
-    }))?;
-    if let Some(run) = &system.names.run {
-        class.metadata.labels = Some([("nfsprov.dev/e2e-run".to_owned(), run.clone())].into());
-    }
-    Api::<StorageClass>::all(system.client.clone())
-        .create(&PostParams::default(), &class)
+    system.legacy_class("e2e-subdir", &replaced).await?;
+    let (pv_name, on_disk) = system
+        .legacy_volume(&replaced, "e2e-subdir", "legacy", BIND)
         .await?;
-    let claim = system
-        .claim("legacy", "e2e-subdir", json!({}), json!({}))
-        .await?;
-    let uid = claim.metadata.uid.clone().unwrap_or_default();
-    let pv_name = format!("pvc-{uid}");
+    std::fs::write(on_disk.join("data.txt"), b"written before the migration")?;
     let namespace = system.names.namespace.clone();
     let directory = format!("{namespace}-legacy-{pv_name}");
-    let on_disk = system.agents[0].root.join(&directory);
-    std::fs::create_dir(&on_disk)?;
-    std::fs::write(on_disk.join("data.txt"), b"written before the migration")?;
-    let export = system.agents[0].export.clone();
-    let pv: PersistentVolume = serde_json::from_value(json!({
-        "metadata": {
-            "name": pv_name,
-            "annotations": {"pv.kubernetes.io/provisioned-by": replaced},
-        },
-        "spec": {
-            "capacity": {"storage": "1Gi"},
-            "accessModes": ["ReadWriteMany"],
-            "persistentVolumeReclaimPolicy": "Delete",
-            "storageClassName": class_name,
-            "nfs": {"server": "127.0.0.1", "path": format!("{export}/{directory}")},
-            "claimRef": {"namespace": namespace, "name": "legacy", "uid": uid},
-        },
-    }))?;
-    system.volumes().create(&PostParams::default(), &pv).await?;
-    system.bound_volume("legacy", BIND).await?;
 
     // The dry run lists it and changes nothing.
     let planned = adopt(&system, &["--dry-run"]).await?;

@@ -4,16 +4,21 @@
 //! `self::child` or a child module's name. A `mod` declaration alone is no dependency;
 //! `#[cfg(test)]` modules and items are left out. Parent and child count like any two
 //! modules, so layers must depend one way only.
+//!
+//! A crate whose root lists its modules as numbered layers is also checked against that
+//! order (see [`layer_problems`]).
 
 mod cycles;
 mod discover;
 mod graph;
+mod layers;
 mod references;
 
 use std::path::{Path, PathBuf};
 
 pub use cycles::{Cycle, cycles};
 pub use graph::{Edge, Error, Graph, Location, Module};
+pub use layers::{LayerProblem, layer_problems};
 
 /// The graph of the crate whose root file (`src/lib.rs`, `src/main.rs`, ...) is `root`.
 pub fn crate_graph(root: &Path) -> Result<Graph, Error> {

@@ -1,6 +1,7 @@
 //! `nfsprov-module-graph [CRATE_ROOT...]`: prints the import cycles between the modules of
-//! each crate root given (default: every crate of the workspace) and fails if there is
-//! any.
+//! each crate root given (default: every crate of the workspace), and the imports that
+//! break the layer order a crate root declares, and fails if there is any. A crate root
+//! that declares no order is named as such.
 
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
@@ -36,6 +37,20 @@ fn main() -> ExitCode {
                     print!("{cycle}");
                 }
                 failed |= !cycles.is_empty();
+                match nfsprov_module_graph::layer_problems(&graph) {
+                    Ok(problems) => {
+                        for problem in &problems {
+                            println!("  {problem}");
+                        }
+                        failed |= problems.iter().any(|p| {
+                            !matches!(p, nfsprov_module_graph::LayerProblem::NoList { .. })
+                        });
+                    }
+                    Err(e) => {
+                        eprintln!("nfsprov-module-graph: {e}");
+                        failed = true;
+                    }
+                }
             }
             Err(e) => {
                 eprintln!("nfsprov-module-graph: {e}");

@@ -1,21 +1,12 @@
 //! The checker on small crates written for each case: what it must find, and what it
 //! must not take for a dependency.
 
-use std::path::{Path, PathBuf};
+mod common;
 
+use std::path::Path;
+
+use common::write_crate;
 use nfsprov_module_graph::{Error, crate_graph, cycles};
-
-/// Writes `files` (relative path, text) into a temporary crate and returns its root file.
-fn write_crate(files: &[(&str, &str)]) -> (tempfile::TempDir, PathBuf) {
-    let dir = tempfile::tempdir().unwrap();
-    for (path, text) in files {
-        let path = dir.path().join(path);
-        std::fs::create_dir_all(path.parent().unwrap()).unwrap();
-        std::fs::write(path, text).unwrap();
-    }
-    let root = dir.path().join("src/lib.rs");
-    (dir, root)
-}
 
 fn cycle_modules(root: &Path) -> Vec<Vec<String>> {
     let graph = crate_graph(root).unwrap();

@@ -19,3 +19,19 @@ fn no_crate_of_the_workspace_has_an_import_cycle() {
     }
     assert!(report.is_empty(), "{report}");
 }
+
+/// The controller and the agent declare their layers in their crate roots; both must
+/// list every module once and keep to the order.
+#[test]
+fn the_controller_and_the_agent_keep_their_declared_layers() {
+    let top = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+    let mut report = String::new();
+    for krate in ["controller", "agent"] {
+        let root = top.join(krate).join("src/lib.rs").canonicalize().unwrap();
+        let graph = nfsprov_module_graph::crate_graph(&root).unwrap();
+        for problem in nfsprov_module_graph::layer_problems(&graph).unwrap() {
+            report.push_str(&format!("{krate}: {problem}\n"));
+        }
+    }
+    assert!(report.is_empty(), "{report}");
+}
