@@ -80,7 +80,11 @@ impl ClaimFilter {
     /// For a PV of ours just seen: the deletion that takes its claim out of the claim
     /// cache, when the cache holds that claim unbound. The claim's own watch events say
     /// nothing until the binder binds it, which can take many minutes in a burst.
-    pub fn parked(&self, pv: &CachedVolume, claims: &Store<CachedClaim>) -> Option<Event<CachedClaim>> {
+    pub fn parked(
+        &self,
+        pv: &CachedVolume,
+        claims: &Store<CachedClaim>,
+    ) -> Option<Event<CachedClaim>> {
         let (namespace, name) = self.claim_of(pv)?;
         let key = ObjectRef::new(name).within(namespace);
         let claim = claims.get(&key)?;
@@ -159,9 +163,7 @@ mod tests {
         ANN_AGENT, ANN_ARCHIVE_RETENTION_DAYS, ANN_ON_DELETE, ANN_PATH, ANN_PROVISIONED_BY,
         ANN_QUOTA,
     };
-    use crate::tests::fixtures::{
-        CLAIM_UID, PROVISIONER, bound_claim, cached, claim, released_pv,
-    };
+    use crate::tests::fixtures::{CLAIM_UID, PROVISIONER, bound_claim, cached, claim, released_pv};
 
     #[test]
     fn unbound_claims_keep_what_provisioning_reads() {
@@ -284,9 +286,9 @@ mod tests {
         let mut unannotated = claim("nfs");
         unannotated.metadata.annotations = None;
         let mut deleting = claim("nfs");
-        deleting.metadata.deletion_timestamp = Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
-            Default::default(),
-        ));
+        deleting.metadata.deletion_timestamp = Some(
+            k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(Default::default()),
+        );
         for pvc in [other, unannotated, deleting] {
             let pvc = CachedClaim::from(pvc);
             assert!(!filter.needs(&pvc), "{pvc:?}");

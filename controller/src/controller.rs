@@ -95,7 +95,8 @@ pub async fn run(
     // Claims the volume watch takes out of the claim cache, or brings back, merged into
     // the claim watch so that the store has one writer. Bounded: a take-out dropped when
     // it is full leaves a claim held, which costs memory, never correctness.
-    let (claim_changes, claim_changes_rx) = tokio::sync::mpsc::channel::<watcher::Event<CachedClaim>>(1024);
+    let (claim_changes, claim_changes_rx) =
+        tokio::sync::mpsc::channel::<watcher::Event<CachedClaim>>(1024);
     let (reread, reread_rx) = tokio::sync::mpsc::unbounded_channel::<(String, String, String)>();
 
     // Small list pages keep the transient cost of the first sync (whole objects decoded
@@ -108,13 +109,17 @@ pub async fn run(
         .applied_objects();
     // The claims are listed once the volumes are: a pending claim whose PV exists is then
     // never stored, which after a restart in a burst is most of them.
+    // Told by the volume watch itself: a store's readiness wakes only one of the futures
+    // waiting for it, and the volume controller and `ready` wait for it already.
+    let (volumes_listed, mut volumes_listed_rx) = watch::channel(false);
     let claim_watch = {
-        let volumes = volumes.clone();
         let client = client.clone();
-        futures::stream::once(async move { volumes.wait_until_ready().await })
-            .flat_map(move |_| {
-                watcher(Api::<CachedClaim>::all(client.clone()), list_config()).default_backoff()
-            })
+        futures::stream::once(async move {
+            let _ = volumes_listed_rx.wait_for(|listed| *listed).await;
+        })
+        .flat_map(move |()| {
+            watcher(Api::<CachedClaim>::all(client.clone()), list_config()).default_backoff()
+        })
     };
     let claim_stream = futures::stream::select(
         claim_watch,
@@ -142,7 +147,10 @@ pub async fn run(
                     let _ = reread.send(claim);
                 }
             }
-            watcher::Event::Init | watcher::Event::InitDone => {}
+            watcher::Event::InitDone => {
+                volumes_listed.send_replace(true);
+            }
+            watcher::Event::Init => {}
         }
     };
     let volume_stream = watcher(Api::<CachedVolume>::all(client.clone()), list_config())

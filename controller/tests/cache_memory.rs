@@ -4,7 +4,7 @@
 //! annotations, finalizers, status) and pass through the caches' own filter and slimming
 //! into kube-runtime stores, as in the controller.
 //!
-//! `cargo test -p nfsprov-controller --release --test cache_memory -- --nocapture` prints
+//! `cargo test -p nfsprov-controller --test cache_memory -- --nocapture` prints
 //! the bytes per object at each stage; the test fails when the cost per object held grows
 //! past its bound or when a claim the cache should not hold costs anything at all. It is
 //! the only test of this binary: the counter is process-wide.
@@ -40,7 +40,10 @@ unsafe impl GlobalAlloc for Counting {
     }
 
     unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
-        LIVE.fetch_add(new_size as isize - layout.size() as isize, Ordering::Relaxed);
+        LIVE.fetch_add(
+            new_size as isize - layout.size() as isize,
+            Ordering::Relaxed,
+        );
         // SAFETY: as for `dealloc`; `new_size` is the caller's.
         unsafe { System.realloc(ptr, layout, new_size) }
     }
@@ -149,7 +152,9 @@ fn per_object<T>(jsons: &[Vec<u8>], fill: impl FnOnce(&[Vec<u8>]) -> T) -> (f64,
 }
 
 /// A volume store holding `volumes`, through the caches' own slimming.
-fn volume_store(volumes: &[Vec<u8>]) -> (Store<CachedVolume>, reflector::store::Writer<CachedVolume>) {
+fn volume_store(
+    volumes: &[Vec<u8>],
+) -> (Store<CachedVolume>, reflector::store::Writer<CachedVolume>) {
     let provisioners = Provisioners::from(PROVISIONER);
     let (store, mut writer) = reflector::store::<CachedVolume>();
     writer.apply_watcher_event(&Event::Init);
@@ -204,15 +209,25 @@ fn what_each_cached_object_costs() {
     let (slimmed, kept) = per_object(&ours, decoded_slimmed);
     drop(kept);
     let (pending, held) = per_object(&ours, |jsons| claim_store(jsons, &filter));
-    assert_eq!(held.0.state().len(), OBJECTS, "every pending claim of ours is held");
+    assert_eq!(
+        held.0.state().len(),
+        OBJECTS,
+        "every pending claim of ours is held"
+    );
     let (other, not_held) = per_object(&others, |jsons| claim_store(jsons, &filter));
-    assert!(not_held.0.state().is_empty(), "claims of others are not held");
+    assert!(
+        not_held.0.state().is_empty(),
+        "claims of others are not held"
+    );
     let (volume, cached_volumes) = per_object(&volumes, volume_store);
     assert_eq!(cached_volumes.0.state().len(), OBJECTS);
     // The same claims once their PVs are cached: waiting for the binder only.
     let parked_filter = ClaimFilter::new(Provisioners::from(PROVISIONER), cached_volumes.0.clone());
     let (parked, parked_store) = per_object(&ours, |jsons| claim_store(jsons, &parked_filter));
-    assert!(parked_store.0.state().is_empty(), "claims whose PV exists are not held");
+    assert!(
+        parked_store.0.state().is_empty(),
+        "claims whose PV exists are not held"
+    );
 
     println!("bytes per object ({OBJECTS} of each), decoded from what the API server sends:");
     println!("  pending claim, decoded (managedFields skipped):  {decoded:>7.0}");
@@ -221,9 +236,18 @@ fn what_each_cached_object_costs() {
     println!("  pending claim of another provisioner, in store:  {other:>7.0}");
     println!("  pending claim whose PV is cached, in store:      {parked:>7.0}");
     println!("  bound PV of ours, in the volume store:           {volume:>7.0}");
-    assert!(other.abs() < 8.0, "a claim of another provisioner costs {other} B");
-    assert!(parked.abs() < 8.0, "a claim waiting for the binder costs {parked} B");
-    assert!(pending < 2_000.0, "a pending claim of ours costs {pending} B");
+    assert!(
+        other.abs() < 8.0,
+        "a claim of another provisioner costs {other} B"
+    );
+    assert!(
+        parked.abs() < 8.0,
+        "a claim waiting for the binder costs {parked} B"
+    );
+    assert!(
+        pending < 2_000.0,
+        "a pending claim of ours costs {pending} B"
+    );
     assert!(volume < 1_200.0, "a cached PV costs {volume} B");
     drop((held, not_held, parked_store));
     // A lookup the reconcilers make, so the stores are used as the controller uses them.

@@ -162,16 +162,22 @@ async fn a_standby_prepares_before_it_leads() {
         let (stop, stopped) = watch::channel(false);
         let mut work_stop = stopped.clone();
         let task = tokio::spawn(async move {
-            run_standing_by(client, &settings(identity), stopped, move |mut leading| {
-                async move {
-                    let _ = events.send(format!("{identity} prepares, leading: {}", *leading.borrow()));
+            run_standing_by(
+                client,
+                &settings(identity),
+                stopped,
+                move |mut leading| async move {
+                    let _ = events.send(format!(
+                        "{identity} prepares, leading: {}",
+                        *leading.borrow()
+                    ));
                     if leading.wait_for(|l| *l).await.is_ok() {
                         let _ = events.send(format!("{identity} leads"));
                         let _ = work_stop.wait_for(|s| *s).await;
                         let _ = events.send(format!("{identity} stops"));
                     }
-                }
-            })
+                },
+            )
             .await
             .map_err(|e| e.to_string())
         });

@@ -82,7 +82,7 @@ async fn main() -> anyhow::Result<()> {
     let _ = rustls::crypto::ring::default_provider().install_default();
     let args = Args::parse();
     let limit = Duration::from_secs(args.timeout_seconds);
-    let system = System::start(&["bench"], 1, &["--leader-elect=false"]).await?;
+    let mut system = System::start(&["bench"], 1, &["--leader-elect=false"]).await?;
     println!(
         "API server: {}",
         if system.api.is_shared() {
