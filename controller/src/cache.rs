@@ -92,14 +92,13 @@ impl ClaimFilter {
         if claim_is_bound(&*claim) || pv.metadata.name.as_deref() != Some(&pv_name_for(uid)) {
             return None;
         }
-        Some(Event::Delete(CachedClaim {
-            metadata: ObjectMeta {
-                name: Some(name.to_owned()),
-                namespace: Some(namespace.to_owned()),
-                ..ObjectMeta::default()
-            },
-            ..CachedClaim::default()
-        }))
+        let mut gone = CachedClaim::default();
+        gone.metadata = ObjectMeta {
+            name: Some(name.to_owned()),
+            namespace: Some(namespace.to_owned()),
+            ..ObjectMeta::default()
+        };
+        Some(Event::Delete(gone))
     }
 
     /// For a PV of ours just deleted before any claim was bound to it: the claim it was
@@ -132,6 +131,9 @@ pub fn slim_claim(claim: &mut CachedClaim) {
         claim.status = None;
         claim.metadata.finalizers = None;
         claim.metadata.owner_references = None;
+        if !claim_is_bound(claim) {
+            claim.pack();
+        }
     }
 }
 
@@ -178,6 +180,15 @@ mod tests {
         assert_eq!(pvc.metadata.labels, before.metadata.labels);
         assert_eq!(pvc.metadata.annotations, before.metadata.annotations);
         assert_eq!(pvc.spec, before.spec);
+        // Held packed, and read through the predicates as before.
+        assert_eq!(cached.metadata.labels, None);
+        assert_eq!(cached.metadata.annotations, None);
+        assert_eq!(
+            crate::objects::claim_provisioner(&cached),
+            Some(PROVISIONER)
+        );
+        assert_eq!(crate::objects::claim_class(&cached), Some("nfs"));
+        assert!(!claim_is_bound(&cached));
     }
 
     /// The name of the event's kind and its claim's resource version, to compare events.
