@@ -197,6 +197,8 @@ async fn main() -> anyhow::Result<()> {
         if let Some(sampler) = sampler {
             sampler.abort();
         }
+        // Not removed one by one (two requests per PV): the control plane is wiped whole.
+        system.names.run = None;
         return Ok(());
     }
 
