@@ -176,11 +176,9 @@ impl ControllerProcess {
             log,
             _work: work,
         };
-        crate::eventually(
-            "the controller to be ready",
-            limit,
-            || async { http_get(http, "/readyz").is_ok_and(|(status, _)| status == 200) },
-        )
+        crate::eventually("the controller to be ready", limit, || async {
+            http_get(http, "/readyz").is_ok_and(|(status, _)| status == 200)
+        })
         .await
         .map_err(|e| anyhow::anyhow!("{e}; controller log:\n{}", controller.log_text()))?;
         Ok(controller)

@@ -298,7 +298,10 @@ async fn progress(system: &System, provisioner: &str) -> anyhow::Result<(usize, 
     Ok((pvs, claims))
 }
 
-async fn count_metadata<K>(api: &Api<K>, keep: impl Fn(&ObjectMeta) -> bool) -> anyhow::Result<usize>
+async fn count_metadata<K>(
+    api: &Api<K>,
+    keep: impl Fn(&ObjectMeta) -> bool,
+) -> anyhow::Result<usize>
 where
     K: kube::Resource + Clone + k8s_openapi::serde::de::DeserializeOwned + std::fmt::Debug,
 {
