@@ -1,7 +1,7 @@
 //! The whole program behind `main`: client, agents, probes, signals, leader election.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::AtomicBool;
 use std::time::Duration;
 
 use kube::Client;
@@ -169,30 +169,43 @@ pub async fn run(args: Args) -> Result<(), AppError> {
         usage_interval: args.usage_interval(),
         orphan_check: args.orphan_check(),
         agent_secrets,
+        leading: None,
     };
     let controllers = {
         let client = client.clone();
         let ready = ready.clone();
         let shutdown = shutdown.clone();
-        move || {
-            ready.store(false, Ordering::SeqCst);
-            controller::run(client, agents, metrics, run_config, ready, shutdown)
+        move |leading| {
+            controller::run(
+                client,
+                agents,
+                metrics,
+                RunConfig {
+                    leading,
+                    ..run_config
+                },
+                ready,
+                shutdown,
+            )
         }
     };
+    // Ready means the caches are synced, for a standby too: it keeps them as the leader
+    // does, so a rolling update that waits for it hands over to a replica that can act
+    // at once instead of one that starts listing tens of thousands of objects.
     let result = if args.leader_elect {
-        // A standby replica is healthy: reporting it unready would stall rolling updates.
-        ready.store(true, Ordering::SeqCst);
         let settings = LeaseSettings {
             name: args.lease_name.clone(),
             namespace,
             identity,
             duration_seconds: args.lease_duration_seconds.max(3),
         };
-        leader::run_as_leader(client, &settings, shutdown.clone(), controllers)
-            .await
-            .map_err(AppError::from)
+        leader::run_standing_by(client, &settings, shutdown.clone(), |leading| {
+            controllers(Some(leading))
+        })
+        .await
+        .map_err(AppError::from)
     } else {
-        controllers().await;
+        controllers(None).await;
         Ok(())
     };
     if result.is_err() {

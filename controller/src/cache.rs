@@ -1,12 +1,14 @@
 //! What the caches keep. Everything the reconcilers never read is dropped before an object
 //! is stored, so that tens of thousands of claims and volumes fit in a small pod.
 
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::Resource;
+use kube::runtime::reflector::{ObjectRef, Store};
 use kube::runtime::watcher::Event;
 
 use crate::objects::{
-    CachedClaim, CachedVolume, Provisioners, RecordedAnnotations, claim_is_bound, is_ours,
-    resize_in_play,
+    CachedClaim, CachedVolume, Provisioners, RecordedAnnotations, claim_is_bound,
+    claim_provisioner, is_ours, phase, pv_name_for, resize_in_play,
 };
 
 /// Drops server-side bookkeeping no reconciler reads.
@@ -25,24 +27,113 @@ fn claim_is_done(claim: &CachedClaim) -> bool {
     claim_is_bound(claim) && !resize_in_play(claim)
 }
 
-/// The claim watch events that reach the claim cache: claims that are done leave it (the
-/// store sees a deletion, the controller no change), so 10,000 bound claims cost nothing
-/// there. A done claim that asks for more is an update like any other and comes back.
-pub fn claim_event(event: Event<CachedClaim>) -> Option<Event<CachedClaim>> {
-    match event {
-        Event::InitApply(claim) if claim_is_done(&claim) => None,
-        Event::Apply(claim) if claim_is_done(&claim) => Some(Event::Delete(claim)),
-        other => Some(other),
+/// Which claims the claim cache holds: those a reconcile can still act on. Every other
+/// claim's watch events reach the cache as deletions (the store forgets it, the controller
+/// sees no change), and its next update that matters brings it back like any other.
+#[derive(Clone)]
+pub struct ClaimFilter {
+    provisioners: Provisioners,
+    volumes: Store<CachedVolume>,
+}
+
+impl ClaimFilter {
+    pub fn new(provisioners: Provisioners, volumes: Store<CachedVolume>) -> Self {
+        Self {
+            provisioners,
+            volumes,
+        }
+    }
+
+    /// Bound claims only while they ask for a resize. Unbound ones only while provisioning
+    /// may act: the PV controller has handed them to one of our names (claims of other
+    /// provisioners, or of none yet, cost nothing beyond decoding; the annotation comes
+    /// as an update), they are not being deleted, and their PV is not made yet. A claim
+    /// whose PV exists waits for the binder only, so it costs no more than a bound one;
+    /// should that PV go before the binder binds it, [`ClaimFilter::unparked`] says to
+    /// read the claim again.
+    pub fn needs(&self, claim: &CachedClaim) -> bool {
+        if claim_is_bound(claim) {
+            return !claim_is_done(claim);
+        }
+        claim.metadata.deletion_timestamp.is_none()
+            && claim_provisioner(claim).is_some_and(|name| self.provisioners.contains(name))
+            && !self.has_volume(claim)
+    }
+
+    fn has_volume(&self, claim: &CachedClaim) -> bool {
+        claim.metadata.uid.as_deref().is_some_and(|uid| {
+            self.volumes
+                .get(&ObjectRef::new(&pv_name_for(uid)))
+                .is_some()
+        })
+    }
+
+    /// The claim watch events that reach the claim cache.
+    pub fn event(&self, event: Event<CachedClaim>) -> Option<Event<CachedClaim>> {
+        match event {
+            Event::InitApply(claim) if !self.needs(&claim) => None,
+            Event::Apply(claim) if !self.needs(&claim) => Some(Event::Delete(claim)),
+            other => Some(other),
+        }
+    }
+
+    /// For a PV of ours just seen: the deletion that takes its claim out of the claim
+    /// cache, when the cache holds that claim unbound. The claim's own watch events say
+    /// nothing until the binder binds it, which can take many minutes in a burst.
+    pub fn parked(
+        &self,
+        pv: &CachedVolume,
+        claims: &Store<CachedClaim>,
+    ) -> Option<Event<CachedClaim>> {
+        let (namespace, name) = self.claim_of(pv)?;
+        let key = ObjectRef::new(name).within(namespace);
+        let claim = claims.get(&key)?;
+        let uid = claim.metadata.uid.as_deref()?;
+        if claim_is_bound(&*claim) || pv.metadata.name.as_deref() != Some(&pv_name_for(uid)) {
+            return None;
+        }
+        let mut gone = CachedClaim::default();
+        gone.metadata = ObjectMeta {
+            name: Some(name.to_owned()),
+            namespace: Some(namespace.to_owned()),
+            ..ObjectMeta::default()
+        };
+        Some(Event::Delete(gone))
+    }
+
+    /// For a PV of ours just deleted before any claim was bound to it: the claim it was
+    /// made for (namespace, name, uid), which must be read again, as it may be waiting
+    /// for a PV once more and no watch event of its own will say so.
+    pub fn unparked(&self, pv: &CachedVolume) -> Option<(String, String, String)> {
+        if !matches!(phase(pv), "" | "Pending" | "Available") {
+            return None;
+        }
+        let (namespace, name) = self.claim_of(pv)?;
+        let uid = pv.spec.as_ref()?.claim_ref.as_ref()?.uid.clone()?;
+        Some((namespace.to_owned(), name.to_owned(), uid))
+    }
+
+    fn claim_of<'a>(&self, pv: &'a CachedVolume) -> Option<(&'a str, &'a str)> {
+        if !is_ours(pv, &self.provisioners) {
+            return None;
+        }
+        let claim = pv.spec.as_ref()?.claim_ref.as_ref()?;
+        Some((claim.namespace.as_deref()?, claim.name.as_deref()?))
     }
 }
 
 /// Claims: an unbound claim keeps what provisioning reads (labels and annotations feed the
-/// pathPattern; the status is not read); a bound one asking for more keeps everything, as
-/// expansion reads the request, the class and the status.
+/// pathPattern; the status, finalizers and owners are not read); a bound one asking for
+/// more keeps everything, as expansion reads the request, the class and the status.
 pub fn slim_claim(claim: &mut CachedClaim) {
     strip_meta(claim);
     if !resize_in_play(claim) {
         claim.status = None;
+        claim.metadata.finalizers = None;
+        claim.metadata.owner_references = None;
+        if !claim_is_bound(claim) {
+            claim.pack();
+        }
     }
 }
 
@@ -74,7 +165,7 @@ mod tests {
         ANN_AGENT, ANN_ARCHIVE_RETENTION_DAYS, ANN_ON_DELETE, ANN_PATH, ANN_PROVISIONED_BY,
         ANN_QUOTA,
     };
-    use crate::tests::fixtures::{PROVISIONER, bound_claim, cached, claim, released_pv};
+    use crate::tests::fixtures::{CLAIM_UID, PROVISIONER, bound_claim, cached, claim, released_pv};
 
     #[test]
     fn unbound_claims_keep_what_provisioning_reads() {
@@ -89,6 +180,15 @@ mod tests {
         assert_eq!(pvc.metadata.labels, before.metadata.labels);
         assert_eq!(pvc.metadata.annotations, before.metadata.annotations);
         assert_eq!(pvc.spec, before.spec);
+        // Held packed, and read through the predicates as before.
+        assert_eq!(cached.metadata.labels, None);
+        assert_eq!(cached.metadata.annotations, None);
+        assert_eq!(
+            crate::objects::claim_provisioner(&cached),
+            Some(PROVISIONER)
+        );
+        assert_eq!(crate::objects::claim_class(&cached), Some("nfs"));
+        assert!(!claim_is_bound(&cached));
     }
 
     /// The name of the event's kind and its claim's resource version, to compare events.
@@ -103,8 +203,31 @@ mod tests {
         Some((kind, claim.metadata.resource_version.unwrap_or_default()))
     }
 
+    fn filter(volumes: &[CachedVolume]) -> ClaimFilter {
+        let (store, mut writer) = kube::runtime::reflector::store::<CachedVolume>();
+        for volume in volumes {
+            writer.apply_watcher_event(&Event::Apply(volume.clone()));
+        }
+        ClaimFilter::new(PROVISIONER.into(), store)
+    }
+
+    /// The PV this controller made for the claim of [`claim`], not bound yet.
+    fn unbound_pv() -> CachedVolume {
+        let mut pv = released_pv(Some("delete"), "team-a/data");
+        pv.spec.as_mut().unwrap().claim_ref = Some(k8s_openapi::api::core::v1::ObjectReference {
+            namespace: Some("team-a".into()),
+            name: Some("data".into()),
+            uid: Some(CLAIM_UID.into()),
+            ..Default::default()
+        });
+        pv.status.as_mut().unwrap().phase = Some("Available".into());
+        cached(pv)
+    }
+
     #[test]
     fn done_claims_leave_the_cache_and_come_back_to_grow() {
+        let filter = filter(&[]);
+        let claim_event = |event| filter.event(event);
         let version = |mut pvc: k8s_openapi::api::core::v1::PersistentVolumeClaim, rv: &str| {
             pvc.metadata.resource_version = Some(rv.into());
             CachedClaim::from(pvc)
@@ -161,6 +284,76 @@ mod tests {
         assert_eq!(pvc.status, before.status);
         assert!(!claim_is_done(&cached));
         assert!(claim_is_done(&CachedClaim::from(bound_claim("2Gi", "2Gi"))));
+    }
+
+    #[test]
+    fn claims_of_other_provisioners_or_of_none_yet_are_not_held() {
+        let filter = filter(&[]);
+        let mut other = claim("nfs");
+        other.metadata.annotations = Some(BTreeMap::from([(
+            crate::objects::ANN_STORAGE_PROVISIONER.into(),
+            "example.com/other".into(),
+        )]));
+        let mut unannotated = claim("nfs");
+        unannotated.metadata.annotations = None;
+        let mut deleting = claim("nfs");
+        deleting.metadata.deletion_timestamp = Some(
+            k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(Default::default()),
+        );
+        for pvc in [other, unannotated, deleting] {
+            let pvc = CachedClaim::from(pvc);
+            assert!(!filter.needs(&pvc), "{pvc:?}");
+            assert_eq!(seen(filter.event(Event::InitApply(pvc.clone()))), None);
+            assert_eq!(
+                seen(filter.event(Event::Apply(pvc))),
+                Some(("Delete", "100".into()))
+            );
+        }
+        // Once the PV controller hands it to us, the same claim is held.
+        let ours = CachedClaim::from(claim("nfs"));
+        assert!(filter.needs(&ours));
+        assert_eq!(
+            seen(filter.event(Event::Apply(ours))),
+            Some(("Apply", "100".into()))
+        );
+    }
+
+    #[test]
+    fn a_claim_whose_pv_exists_waits_outside_the_cache_until_the_pv_goes() {
+        let pending = CachedClaim::from(claim("nfs"));
+        let pv = unbound_pv();
+        // Listed or updated after its PV is cached: never held.
+        let with_pv = filter(std::slice::from_ref(&pv));
+        assert!(!with_pv.needs(&pending));
+        assert_eq!(seen(with_pv.event(Event::InitApply(pending.clone()))), None);
+
+        // Held before its PV came: the PV's arrival takes it out.
+        let (claims, mut writer) = kube::runtime::reflector::store::<CachedClaim>();
+        writer.apply_watcher_event(&Event::Apply(pending.clone()));
+        let Some(Event::Delete(stub)) = with_pv.parked(&pv, &claims) else {
+            panic!("the claim was not taken out");
+        };
+        writer.apply_watcher_event(&Event::Delete(stub));
+        assert!(claims.state().is_empty());
+        // Not for a claim the cache does not hold, nor for a PV made for another uid.
+        assert!(with_pv.parked(&pv, &claims).is_none());
+        writer.apply_watcher_event(&Event::Apply(pending));
+        let mut other_pv = pv.clone();
+        other_pv.metadata.name = Some("pvc-other".into());
+        assert!(with_pv.parked(&other_pv, &claims).is_none());
+
+        // The PV deleted before binding: the claim is to be read again.
+        assert_eq!(
+            with_pv.unparked(&pv),
+            Some(("team-a".into(), "data".into(), CLAIM_UID.into()))
+        );
+        let mut released = pv.clone();
+        released.status.as_mut().unwrap().phase = Some("Released".into());
+        assert_eq!(with_pv.unparked(&released), None);
+        // Not a PV of ours: nothing.
+        let others = ClaimFilter::new("example.com/other".into(), filter(&[]).volumes);
+        assert_eq!(others.unparked(&pv), None);
+        assert!(others.parked(&pv, &claims).is_none());
     }
 
     #[test]

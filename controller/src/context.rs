@@ -54,6 +54,8 @@ pub struct Context {
     pub backoff: Backoff,
     /// Permanent provisioning failures already reported, so resyncs do not repeat them.
     pub reported: ReportedFailures,
+    /// Whether this replica leads (always, without leader election): nothing acts before.
+    pub leading: watch::Receiver<bool>,
 }
 
 impl Context {
@@ -76,6 +78,25 @@ impl Context {
             metrics,
             backoff: Backoff::default(),
             reported: ReportedFailures::default(),
+            leading: watch::channel(true).1,
+        }
+    }
+
+    /// Returns once this replica leads. A standby's reconciles wait here; its controllers
+    /// are dropped, not shut down gracefully, should it stop before leading.
+    pub async fn leading(&self) {
+        let mut leading = self.leading.clone();
+        if leading.wait_for(|leader| *leader).await.is_err() {
+            // The election is over without this replica leading: it never acts.
+            std::future::pending::<()>().await;
+        }
+    }
+
+    /// Returns true once this replica leads, false if `shutdown` comes first.
+    pub async fn leading_or(&self, shutdown: &watch::Receiver<bool>) -> bool {
+        tokio::select! {
+            () = self.leading() => true,
+            () = stopped(shutdown.clone()) => false,
         }
     }
 

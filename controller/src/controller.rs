@@ -15,7 +15,7 @@ use kube::runtime::reflector::{self, ObjectRef};
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Client, ResourceExt};
 use tokio::sync::watch;
-use tracing::{debug, info};
+use tracing::{debug, info, warn};
 
 use crate::agents::AgentRegistry;
 use crate::config::OrphanSettings;
@@ -46,6 +46,11 @@ pub struct RunConfig {
     /// The namespace whose agent Secrets are watched into the agents; `None` when the
     /// agents come from connection files.
     pub agent_secrets: Option<String>,
+    /// Whether this replica leads. Until it turns true the caches fill and follow the
+    /// API like a leader's, but nothing acts (no reconcile, usage poll or orphan check),
+    /// so a standby is ready to take over without listing anything. `None`: no leader
+    /// election, this replica acts from the start.
+    pub leading: Option<watch::Receiver<bool>>,
 }
 
 fn ticks(every: Duration) -> impl futures::Stream<Item = ()> + Send + 'static {
@@ -60,7 +65,8 @@ fn ticks(every: Duration) -> impl futures::Stream<Item = ()> + Send + 'static {
 
 /// Watches classes, claims and volumes and runs both controllers (and the usage poll) until
 /// `shutdown` turns true (then in-flight reconciles finish) or the future is dropped (then
-/// they stop at once). `ready` turns true once all three caches hold a complete list.
+/// they stop at once). `ready` turns true once all three caches hold a complete list, the
+/// volumes' first (a claim whose PV is listed is never held, see [`cache::ClaimFilter`]).
 pub async fn run(
     client: Client,
     agents: AgentRegistry,
@@ -72,7 +78,7 @@ pub async fn run(
     let (classes, class_writer) = reflector::store::<StorageClass>();
     let (claims, claim_writer) = reflector::store::<CachedClaim>();
     let (volumes, volume_writer) = reflector::store::<CachedVolume>();
-    let ctx = Arc::new(Context::new(
+    let mut ctx = Context::new(
         client.clone(),
         config.provisioner.clone(),
         agents,
@@ -80,7 +86,18 @@ pub async fn run(
         volumes.clone(),
         metrics,
         config.reporter.clone(),
-    ));
+    );
+    if let Some(leading) = config.leading.clone() {
+        ctx.leading = leading;
+    }
+    let ctx = Arc::new(ctx);
+    let claim_filter = cache::ClaimFilter::new(config.provisioner.clone(), volumes.clone());
+    // Claims the volume watch takes out of the claim cache, or brings back, merged into
+    // the claim watch so that the store has one writer. Bounded: a take-out dropped when
+    // it is full leaves a claim held, which costs memory, never correctness.
+    let (claim_changes, claim_changes_rx) =
+        tokio::sync::mpsc::channel::<watcher::Event<CachedClaim>>(1024);
+    let (reread, reread_rx) = tokio::sync::mpsc::unbounded_channel::<(String, String, String)>();
 
     // Small list pages keep the transient cost of the first sync (whole objects decoded
     // before they are slimmed) low; the number of requests hardly matters.
@@ -90,18 +107,64 @@ pub async fn run(
         .modify(cache::strip_meta)
         .reflect(class_writer)
         .applied_objects();
-    let claim_stream = watcher(Api::<CachedClaim>::all(client.clone()), list_config())
-        .default_backoff()
-        .try_filter_map(|event| future::ready(Ok(cache::claim_event(event))))
-        .modify(cache::slim_claim)
-        .reflect(claim_writer)
-        .applied_objects();
+    // The claims are listed once the volumes are: a pending claim whose PV exists is then
+    // never stored, which after a restart in a burst is most of them.
+    // Told by the volume watch itself: a store's readiness wakes only one of the futures
+    // waiting for it, and the volume controller and `ready` wait for it already.
+    let (volumes_listed, mut volumes_listed_rx) = watch::channel(false);
+    let claim_watch = {
+        let client = client.clone();
+        futures::stream::once(async move {
+            let _ = volumes_listed_rx.wait_for(|listed| *listed).await;
+        })
+        .flat_map(move |()| {
+            watcher(Api::<CachedClaim>::all(client.clone()), list_config()).default_backoff()
+        })
+    };
+    let claim_stream = futures::stream::select(
+        claim_watch,
+        receiver_stream(claim_changes_rx).map(Ok::<_, watcher::Error>),
+    )
+    .try_filter_map({
+        let filter = claim_filter.clone();
+        move |event| future::ready(Ok(filter.event(event)))
+    })
+    .modify(cache::slim_claim)
+    .reflect(claim_writer)
+    .applied_objects();
     let provisioner = config.provisioner.clone();
+    let claim_changes_for_reread = claim_changes.clone();
+    let parking = {
+        let claims = claims.clone();
+        move |event: &watcher::Event<CachedVolume>| match event {
+            watcher::Event::Apply(pv) | watcher::Event::InitApply(pv) => {
+                if let Some(change) = claim_filter.parked(pv, &claims) {
+                    let _ = claim_changes.try_send(change);
+                }
+            }
+            watcher::Event::Delete(pv) => {
+                if let Some(claim) = claim_filter.unparked(pv) {
+                    let _ = reread.send(claim);
+                }
+            }
+            watcher::Event::InitDone => {
+                volumes_listed.send_replace(true);
+            }
+            watcher::Event::Init => {}
+        }
+    };
     let volume_stream = watcher(Api::<CachedVolume>::all(client.clone()), list_config())
         .default_backoff()
         .modify(move |pv| cache::slim_volume(pv, &provisioner))
         .reflect(volume_writer)
+        .inspect_ok(parking)
         .applied_objects();
+    let rereading = reread_claims(
+        client.clone(),
+        reread_rx,
+        claim_changes_for_reread,
+        shutdown.clone(),
+    );
 
     // A class appearing (or changing) re-checks the claims waiting for it, and so does
     // any change of the agents (a Secret added, mended or removed).
@@ -157,7 +220,9 @@ pub async fn run(
         let ctx = ctx.clone();
         let shutdown = shutdown.clone();
         async move {
-            if let Some(every) = config.usage_interval {
+            if let Some(every) = config.usage_interval
+                && ctx.leading_or(&shutdown).await
+            {
                 usage::run(ctx, every, shutdown).await;
             }
         }
@@ -166,7 +231,9 @@ pub async fn run(
         let ctx = ctx.clone();
         let shutdown = shutdown.clone();
         async move {
-            if let Some(settings) = config.orphan_check {
+            if let Some(settings) = config.orphan_check
+                && ctx.leading_or(&shutdown).await
+            {
                 orphans::run(ctx, settings, shutdown).await;
             }
         }
@@ -201,6 +268,60 @@ pub async fn run(
         readiness,
         usage_poll,
         orphan_check,
-        secret_watch
+        secret_watch,
+        rereading
     );
+}
+
+/// The items of a channel, as a stream.
+fn receiver_stream<T: Send + 'static>(
+    receiver: tokio::sync::mpsc::Receiver<T>,
+) -> impl futures::Stream<Item = T> + Send + 'static {
+    futures::stream::unfold(receiver, |mut receiver| async move {
+        receiver.recv().await.map(|item| (item, receiver))
+    })
+}
+
+/// Reads again each claim whose PV went before the binder bound it, and hands it to the
+/// claim watch when it is still the same claim: the claim cache may have let it go
+/// while its PV existed. A failed read is tried again a few times, then logged.
+async fn reread_claims(
+    client: Client,
+    requests: tokio::sync::mpsc::UnboundedReceiver<(String, String, String)>,
+    changes: tokio::sync::mpsc::Sender<watcher::Event<CachedClaim>>,
+    shutdown: watch::Receiver<bool>,
+) {
+    let requests = futures::stream::unfold(requests, |mut requests| async move {
+        requests.recv().await.map(|item| (item, requests))
+    });
+    requests
+        .take_until(stopped(shutdown))
+        .for_each(|(namespace, name, uid)| {
+            let client = client.clone();
+            let changes = changes.clone();
+            async move {
+                let api: Api<CachedClaim> = Api::namespaced(client, &namespace);
+                let mut wait = Duration::from_secs(1);
+                for attempt in 1..=5 {
+                    match api.get_opt(&name).await {
+                        Ok(Some(claim)) => {
+                            if claim.metadata.uid.as_deref() == Some(uid.as_str()) {
+                                let _ = changes.send(watcher::Event::Apply(claim)).await;
+                            }
+                            return;
+                        }
+                        Ok(None) => return,
+                        Err(e) if attempt == 5 => {
+                            warn!(claim = %format!("{namespace}/{name}"), error = %e,
+                                "cannot read a claim whose volume was deleted before binding; it is provisioned again at the next restart");
+                        }
+                        Err(_) => {
+                            tokio::time::sleep(wait).await;
+                            wait *= 2;
+                        }
+                    }
+                }
+            }
+        })
+        .await;
 }

@@ -34,8 +34,33 @@ pub enum LeaderError {
 pub async fn run_as_leader<Fut>(
     client: Client,
     settings: &LeaseSettings,
-    mut shutdown: watch::Receiver<bool>,
+    shutdown: watch::Receiver<bool>,
     work: impl FnOnce() -> Fut,
+) -> Result<(), LeaderError>
+where
+    Fut: Future<Output = ()>,
+{
+    run_standing_by(client, settings, shutdown, |mut leading| async move {
+        if leading.wait_for(|leader| *leader).await.is_ok() {
+            work().await;
+        }
+    })
+    .await
+}
+
+/// Runs `work` from the start, telling it through the receiver it is given whether this
+/// replica holds the lease (false until it does), so that it can prepare (fill its
+/// caches) while standing by and act only once leading.
+///
+/// Shutdown while standing by drops `work` at once: it has done nothing that needs
+/// finishing. Once leading, as [`run_as_leader`]: `work` finishes by itself on shutdown
+/// and the lease is released, and losing the lease drops it on the spot and returns
+/// [`LeaderError::Lost`].
+pub async fn run_standing_by<Fut>(
+    client: Client,
+    settings: &LeaseSettings,
+    mut shutdown: watch::Receiver<bool>,
+    work: impl FnOnce(watch::Receiver<bool>) -> Fut,
 ) -> Result<(), LeaderError>
 where
     Fut: Future<Output = ()>,
@@ -50,6 +75,10 @@ where
         .build()
         .await?;
     let (mut leading, task) = manager.watch().await;
+    // `work` gets a channel of its own: the manager releases the lease once every
+    // receiver of its channel is dropped, which must not wait on clones inside `work`.
+    let (tell_work, work_leading) = watch::channel(false);
+    let mut work = Box::pin(work(work_leading));
     info!(lease = %settings.name, identity = %settings.identity, "waiting for the lease");
     loop {
         if *leading.borrow_and_update() {
@@ -59,12 +88,19 @@ where
             changed = leading.changed() => {
                 if changed.is_err() {
                     // The manager task ended on its own: report why.
+                    drop(work);
                     task.await??;
                     return Err(LeaderError::Lost);
                 }
             }
             // The guard `wait_for` returns must not live across the awaits below.
             _ = async { drop(shutdown.wait_for(|stop| *stop).await) } => {
+                drop(work);
+                drop(leading);
+                task.await??;
+                return Ok(());
+            }
+            () = &mut work => {
                 drop(leading);
                 task.await??;
                 return Ok(());
@@ -72,7 +108,7 @@ where
         }
     }
     info!(lease = %settings.name, "acquired the lease; starting controllers");
-    let work = work();
+    let _ = tell_work.send(true);
     let result = tokio::select! {
         _ = work => Ok(()),
         _ = async { drop(leading.wait_for(|leader| !*leader).await) } => {

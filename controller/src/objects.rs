@@ -28,11 +28,7 @@ pub use nfsprov_vocabulary::names::{
 /// The claim's class: the beta annotation wins over `spec.storageClassName`, as in
 /// Kubernetes' own helper.
 pub fn claim_class(pvc: &impl ClaimParts) -> Option<&str> {
-    pvc.claim_meta()
-        .annotations
-        .as_ref()
-        .and_then(|a| a.get(ANN_BETA_STORAGE_CLASS))
-        .map(String::as_str)
+    pvc.claim_annotation(ANN_BETA_STORAGE_CLASS)
         .or_else(|| pvc.claim_spec()?.storage_class_name.as_deref())
         .filter(|c| !c.is_empty())
 }
@@ -51,11 +47,8 @@ pub fn claim_key(pvc: &impl ClaimParts) -> String {
 
 /// The provisioner the PV controller asked to act on the claim.
 pub fn claim_provisioner(pvc: &impl ClaimParts) -> Option<&str> {
-    let annotations = pvc.claim_meta().annotations.as_ref()?;
-    annotations
-        .get(ANN_STORAGE_PROVISIONER)
-        .or_else(|| annotations.get(ANN_BETA_STORAGE_PROVISIONER))
-        .map(String::as_str)
+    pvc.claim_annotation(ANN_STORAGE_PROVISIONER)
+        .or_else(|| pvc.claim_annotation(ANN_BETA_STORAGE_PROVISIONER))
 }
 
 /// The class's reclaim policy; Kubernetes defaults it to Delete.
@@ -132,6 +125,14 @@ pub trait ClaimParts {
     fn bound_volume_name(&self) -> Option<&str> {
         self.claim_spec()?.volume_name.as_deref()
     }
+    /// One annotation's value.
+    fn claim_annotation(&self, key: &str) -> Option<&str> {
+        self.claim_meta()
+            .annotations
+            .as_ref()?
+            .get(key)
+            .map(String::as_str)
+    }
 }
 
 impl ClaimParts for PersistentVolumeClaim {
@@ -159,16 +160,84 @@ pub struct CachedClaim {
     pub spec: Option<Box<PersistentVolumeClaimSpec>>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub status: Option<Box<PersistentVolumeClaimStatus>>,
+    /// The labels, annotations and storage requests of a claim [`CachedClaim::pack`]ed
+    /// for the cache; their maps in `metadata` and `spec` are then `None`.
+    #[serde(skip)]
+    packed: PackedMaps,
+}
+
+/// A claim's maps as sorted pairs. Every non-empty `BTreeMap` holds at least one node
+/// with room for eleven entries (540 bytes for string pairs); a pending claim has three
+/// such maps of one or two entries, over half of what it cost the cache whole.
+#[derive(Debug, Clone, Default, PartialEq)]
+struct PackedMaps {
+    labels: Option<Pairs>,
+    annotations: Option<Pairs>,
+    requests: Option<Pairs>,
+}
+
+type Pairs = Box<[(Box<str>, Box<str>)]>;
+
+fn pack(map: Option<BTreeMap<String, String>>) -> Option<Pairs> {
+    map.map(|map| {
+        map.into_iter()
+            .map(|(k, v)| (k.into_boxed_str(), v.into_boxed_str()))
+            .collect()
+    })
+}
+
+fn unpack(pairs: &Option<Pairs>) -> Option<BTreeMap<String, String>> {
+    pairs.as_ref().map(|pairs| {
+        pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect()
+    })
 }
 
 impl CachedClaim {
     /// The claim as the reconcilers read it.
     pub fn to_claim(&self) -> PersistentVolumeClaim {
+        let mut metadata = self.metadata.clone();
+        let mut spec = self.spec.as_deref().cloned();
+        if self.packed != PackedMaps::default() {
+            metadata.labels = unpack(&self.packed.labels);
+            metadata.annotations = unpack(&self.packed.annotations);
+            if let Some(requests) = unpack(&self.packed.requests) {
+                let spec = spec.get_or_insert_with(Default::default);
+                spec.resources.get_or_insert_with(Default::default).requests = Some(
+                    requests
+                        .into_iter()
+                        .map(|(k, v)| (k, Quantity(v)))
+                        .collect(),
+                );
+            }
+        }
         PersistentVolumeClaim {
-            metadata: self.metadata.clone(),
-            spec: self.spec.as_deref().cloned(),
+            metadata,
+            spec,
             status: self.status.as_deref().cloned(),
         }
+    }
+
+    /// Moves the labels, annotations and storage requests out of their maps, for a claim
+    /// that is read whole only through [`CachedClaim::to_claim`] (an unbound one: the
+    /// predicates read its annotations through [`ClaimParts::claim_annotation`], and its
+    /// class, name and volume name, which stay where they are).
+    pub fn pack(&mut self) {
+        self.packed.labels = pack(self.metadata.labels.take());
+        self.packed.annotations = pack(self.metadata.annotations.take());
+        let requests = self
+            .spec
+            .as_mut()
+            .and_then(|spec| spec.resources.as_mut())
+            .and_then(|resources| resources.requests.take());
+        self.packed.requests = pack(requests.map(|requests| {
+            requests
+                .into_iter()
+                .map(|(k, v)| (k, v.0))
+                .collect::<BTreeMap<_, _>>()
+        }));
     }
 }
 
@@ -178,6 +247,7 @@ impl From<PersistentVolumeClaim> for CachedClaim {
             metadata: pvc.metadata,
             spec: pvc.spec.map(Box::new),
             status: pvc.status.map(Box::new),
+            packed: PackedMaps::default(),
         }
     }
 }
@@ -185,6 +255,16 @@ impl From<PersistentVolumeClaim> for CachedClaim {
 impl ClaimParts for CachedClaim {
     fn claim_meta(&self) -> &ObjectMeta {
         &self.metadata
+    }
+
+    fn claim_annotation(&self, key: &str) -> Option<&str> {
+        if let Some(annotations) = &self.metadata.annotations {
+            return annotations.get(key).map(String::as_str);
+        }
+        let pairs = self.packed.annotations.as_ref()?;
+        // Packed from a B-tree: sorted by key.
+        let at = pairs.binary_search_by(|(k, _)| (**k).cmp(key)).ok()?;
+        Some(&pairs[at].1)
     }
 
     fn claim_spec(&self) -> Option<&PersistentVolumeClaimSpec> {

@@ -16,6 +16,7 @@ use crate::{delete, expand, provision};
 /// Reconciles one claim: provisions it when it is ours and unbound, expands its volume when
 /// it is bound to one of ours and asks for more.
 pub async fn reconcile_claim(claim: Arc<CachedClaim>, ctx: Arc<Context>) -> Result<Action, Error> {
+    ctx.leading().await;
     // No claim is refused for an agent whose Secret is simply not read yet.
     ctx.agents.ready().await;
     let pvc = claim.to_claim();
@@ -43,6 +44,7 @@ pub fn claim_error_policy(claim: Arc<CachedClaim>, error: &Error, ctx: Arc<Conte
 
 /// Reconciles one volume: deletes released PVs of ours whose reclaimPolicy is Delete.
 pub async fn reconcile_volume(pv: Arc<CachedVolume>, ctx: Arc<Context>) -> Result<Action, Error> {
+    ctx.leading().await;
     ctx.agents.ready().await;
     let result = delete::reconcile(&pv, &ctx).await;
     if result.is_ok() {

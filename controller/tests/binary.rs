@@ -188,3 +188,164 @@ fn an_unclear_default_agent_stops_the_start() {
         "{stderr}"
     );
 }
+
+/// `GET path` on loopback: the status code, or `None` when nothing answers yet.
+fn http_status(port: u16, path: &str) -> Option<u16> {
+    use std::io::{Read, Write};
+    let mut stream = std::net::TcpStream::connect(("127.0.0.1", port)).ok()?;
+    stream.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
+    write!(stream, "GET {path} HTTP/1.0\r\nHost: x\r\n\r\n").ok()?;
+    let mut response = String::new();
+    stream.read_to_string(&mut response).ok()?;
+    response.split_whitespace().nth(1)?.parse().ok()
+}
+
+/// A replica that does not hold the Lease is ready once its caches are synced, acts on
+/// nothing meanwhile, and provisions what is waiting as soon as it leads.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_standby_is_ready_with_synced_caches_and_acts_once_it_leads() {
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    let sim = Simulator::start(SimOptions::default()).await.unwrap();
+    let client = sim.client().await;
+    let dir = tempfile::tempdir().unwrap();
+    let kubeconfig = dir.path().join("kubeconfig");
+    sim.write_kubeconfig(&kubeconfig).unwrap();
+    let root = tempfile::tempdir().unwrap();
+    let agent = TestAgent::start(root.path()).await.unwrap();
+    let c = agent.connection();
+    let agents = dir.path().join("agents");
+    std::fs::create_dir(&agents).unwrap();
+    std::fs::write(
+        agents.join("test.toml"),
+        format!(
+            "name = \"test\"\nurl = \"{}\"\nca_file = \"{}\"\ntoken_file = \"{}\"\n",
+            c.url,
+            c.ca_file.display(),
+            c.token_file.unwrap().display()
+        ),
+    )
+    .unwrap();
+
+    // Another replica leads: it renews its Lease until told to stop.
+    let leases: Api<Lease> = Api::namespaced(client.clone(), "default");
+    let lease = |renewed: &str| {
+        serde_json::from_value::<Lease>(json!({
+            "apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
+            "metadata": {"name": "nfsprov-controller", "namespace": "default"},
+            "spec": {"holderIdentity": "replica-0", "leaseDurationSeconds": 3,
+                     "acquireTime": renewed, "renewTime": renewed},
+        }))
+        .unwrap()
+    };
+    let now = || k8s_openapi::jiff::Timestamp::now().to_string();
+    leases
+        .create(&PostParams::default(), &lease(&now()))
+        .await
+        .unwrap();
+    let (stop_renewing, mut renewing_stopped) = tokio::sync::watch::channel(false);
+    let renewer = {
+        let leases = leases.clone();
+        tokio::spawn(async move {
+            loop {
+                let patch = json!({"spec": {"renewTime": now()}});
+                let _ = leases
+                    .patch(
+                        "nfsprov-controller",
+                        &kube::api::PatchParams::default(),
+                        &kube::api::Patch::Merge(&patch),
+                    )
+                    .await;
+                // The other replica's renewal period, well inside its 3 s Lease.
+                tokio::select! {
+                    _ = tokio::time::sleep(Duration::from_millis(500)) => {}
+                    _ = renewing_stopped.wait_for(|s| *s) => return,
+                }
+            }
+        })
+    };
+
+    Api::<StorageClass>::all(client.clone())
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(json!({
+                "apiVersion": "storage.k8s.io/v1", "kind": "StorageClass",
+                "metadata": {"name": "nfs"}, "provisioner": "nfsprov.dev/nfs",
+            }))
+            .unwrap(),
+        )
+        .await
+        .unwrap();
+    let claims: Api<PersistentVolumeClaim> = Api::namespaced(client.clone(), "default");
+    claims
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(json!({
+                "apiVersion": "v1", "kind": "PersistentVolumeClaim",
+                "metadata": {"name": "data", "namespace": "default"},
+                "spec": {"accessModes": ["ReadWriteOnce"], "storageClassName": "nfs",
+                         "resources": {"requests": {"storage": "1Mi"}}},
+            }))
+            .unwrap(),
+        )
+        .await
+        .unwrap();
+
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let _running = Running(Some(
+        Command::new(env!("CARGO_BIN_EXE_nfsprov-controller"))
+            .arg(format!("--kubeconfig={}", kubeconfig.display()))
+            .arg(format!("--agents-dir={}", agents.display()))
+            .arg(format!("--http-addr=127.0.0.1:{port}"))
+            .args(["--lease-namespace=default", "--identity=replica-1"])
+            .env("RUST_LOG", "warn")
+            .stdout(Stdio::null())
+            .spawn()
+            .unwrap(),
+    ));
+    let deadline = std::time::Instant::now() + WAIT;
+    while http_status(port, "/readyz") != Some(200) {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the standby never became ready"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    // Ready while the other replica still leads, and nothing was acted on.
+    let held = leases.get("nfsprov-controller").await.unwrap();
+    assert_eq!(
+        held.spec.and_then(|s| s.holder_identity).as_deref(),
+        Some("replica-0")
+    );
+    let claim = claims.get("data").await.unwrap();
+    assert_eq!(claim.spec.and_then(|s| s.volume_name), None);
+    assert!(
+        std::fs::read_dir(root.path())
+            .unwrap()
+            .all(|e| { e.unwrap().file_name().to_string_lossy().starts_with('.') })
+    );
+
+    // The other replica stops renewing: its Lease expires and this one takes over.
+    stop_renewing.send(true).unwrap();
+    renewer.await.unwrap();
+    tokio::time::timeout(
+        WAIT,
+        await_condition(claims, "data", |c: Option<&PersistentVolumeClaim>| {
+            c.and_then(|c| c.status.as_ref())
+                .and_then(|s| s.phase.as_deref())
+                == Some("Bound")
+        }),
+    )
+    .await
+    .expect("claim bound once the standby leads")
+    .unwrap();
+    let lease = leases.get("nfsprov-controller").await.unwrap();
+    assert_eq!(
+        lease.spec.and_then(|s| s.holder_identity).as_deref(),
+        Some("replica-1")
+    );
+    sim.shutdown().await;
+}

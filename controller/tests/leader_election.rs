@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use k8s_openapi::api::coordination::v1::Lease;
 use kube::api::Api;
-use nfsprov_controller::leader::{LeaseSettings, run_as_leader};
+use nfsprov_controller::leader::{LeaseSettings, run_as_leader, run_standing_by};
 use nfsprov_kube_sim::{SimOptions, Simulator};
 use tokio::sync::{mpsc, watch};
 
@@ -141,5 +141,69 @@ async fn losing_the_lease_stops_work_at_once() {
     assert!(result.unwrap_err().contains("lost the lease"));
     // The work was dropped, not wound down: it never reported stopping.
     assert_eq!(events.recv().await, None);
+    sim.shutdown().await;
+}
+
+/// A standby runs its work from the start (its caches fill) but is told it leads only once
+/// it holds the lease; stopped while standing by, its work is dropped and it never leads.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_standby_prepares_before_it_leads() {
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    let sim = Simulator::start(SimOptions {
+        binder: false,
+        ..SimOptions::default()
+    })
+    .await
+    .unwrap();
+    let client = sim.client().await;
+    let (events_tx, mut events) = mpsc::unbounded_channel();
+    let standby = |identity: &'static str, events: mpsc::UnboundedSender<String>| {
+        let client = client.clone();
+        let (stop, stopped) = watch::channel(false);
+        let mut work_stop = stopped.clone();
+        let task = tokio::spawn(async move {
+            run_standing_by(
+                client,
+                &settings(identity),
+                stopped,
+                move |mut leading| async move {
+                    let _ = events.send(format!(
+                        "{identity} prepares, leading: {}",
+                        *leading.borrow()
+                    ));
+                    if leading.wait_for(|l| *l).await.is_ok() {
+                        let _ = events.send(format!("{identity} leads"));
+                        let _ = work_stop.wait_for(|s| *s).await;
+                        let _ = events.send(format!("{identity} stops"));
+                    }
+                },
+            )
+            .await
+            .map_err(|e| e.to_string())
+        });
+        (stop, task)
+    };
+
+    let (stop_a, task_a) = standby("a", events_tx.clone());
+    assert_eq!(next(&mut events).await, "a prepares, leading: false");
+    assert_eq!(next(&mut events).await, "a leads");
+    let (stop_b, task_b) = standby("b", events_tx.clone());
+    assert_eq!(next(&mut events).await, "b prepares, leading: false");
+    // b stands by while a holds the lease, and stops without ever leading.
+    stop_b.send(true).unwrap();
+    tokio::time::timeout(WAIT, task_b)
+        .await
+        .expect("b finished")
+        .unwrap()
+        .unwrap();
+    stop_a.send(true).unwrap();
+    assert_eq!(next(&mut events).await, "a stops");
+    tokio::time::timeout(WAIT, task_a)
+        .await
+        .expect("a finished")
+        .unwrap()
+        .unwrap();
+    drop(events_tx);
+    assert_eq!(events.recv().await, None, "b never led");
     sim.shutdown().await;
 }

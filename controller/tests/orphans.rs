@@ -156,6 +156,7 @@ async fn orphans_are_reported_and_archived_and_wanted_directories_are_kept() {
                 archive: true,
             }),
             agent_secrets: None,
+            leading: None,
         },
         Arc::new(AtomicBool::new(false)),
         stopped,

@@ -53,6 +53,7 @@ async fn claim_to_directory_and_back() {
             usage_interval: None,
             orphan_check: None,
             agent_secrets: None,
+            leading: None,
         },
         ready.clone(),
         stopped,

@@ -57,6 +57,7 @@ async fn a_bound_claim_grows_through_the_simulated_api() {
             usage_interval: None,
             orphan_check: None,
             agent_secrets: None,
+            leading: None,
         },
         Arc::new(AtomicBool::new(false)),
         stopped,

@@ -144,6 +144,17 @@ impl ControllerProcess {
         agents_dir: Option<&Path>,
         extra_args: &[&str],
     ) -> anyhow::Result<Self> {
+        Self::start_within(api, agents_dir, extra_args, Duration::from_secs(60)).await
+    }
+
+    /// As [`ControllerProcess::start_with`], waiting up to `limit` for `/readyz`: a
+    /// controller restarted among tens of thousands of objects lists them all first.
+    pub async fn start_within(
+        api: &KubeApi,
+        agents_dir: Option<&Path>,
+        extra_args: &[&str],
+        limit: Duration,
+    ) -> anyhow::Result<Self> {
         let work = tempfile::tempdir()?;
         let http: SocketAddr = format!("127.0.0.1:{}", crate::free_port()?).parse()?;
         let log = work.path().join("controller.log");
@@ -165,11 +176,9 @@ impl ControllerProcess {
             log,
             _work: work,
         };
-        crate::eventually(
-            "the controller to be ready",
-            Duration::from_secs(60),
-            || async { http_get(http, "/readyz").is_ok_and(|(status, _)| status == 200) },
-        )
+        crate::eventually("the controller to be ready", limit, || async {
+            http_get(http, "/readyz").is_ok_and(|(status, _)| status == 200)
+        })
         .await
         .map_err(|e| anyhow::anyhow!("{e}; controller log:\n{}", controller.log_text()))?;
         Ok(controller)
@@ -181,6 +190,11 @@ impl ControllerProcess {
 
     pub fn metrics(&self) -> anyhow::Result<String> {
         Ok(http_get(self.http, "/metrics")?.1)
+    }
+
+    /// The process id while the process runs.
+    pub fn pid(&self) -> Option<u32> {
+        self.child.as_ref().map(Child::id)
     }
 
     /// Peak resident memory so far (`VmHWM`), in bytes, while the process runs.

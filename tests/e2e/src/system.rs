@@ -224,6 +224,24 @@ impl System {
         Ok(())
     }
 
+    /// Kills controller `index` (SIGKILL, as an out-of-memory kill) and starts it again
+    /// with `args`, waiting up to `limit` for it to be ready.
+    pub async fn restart_controller(
+        &mut self,
+        index: usize,
+        args: &[&str],
+        limit: Duration,
+    ) -> anyhow::Result<()> {
+        self.controllers[index].kill();
+        let mut all_args = self.names.controller_args();
+        all_args.extend(args.iter().map(|a| (*a).to_owned()));
+        let all_args: Vec<&str> = all_args.iter().map(String::as_str).collect();
+        self.controllers[index] =
+            ControllerProcess::start_within(&self.api, Some(&self.agents_dir), &all_args, limit)
+                .await?;
+        Ok(())
+    }
+
     /// Every controller's log, for failure messages.
     pub fn logs(&self) -> String {
         self.controllers

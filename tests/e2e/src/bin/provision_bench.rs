@@ -7,19 +7,30 @@
 //! bound by the PV binder to N pre-made PVs, no provisioner involved. Prints figures;
 //! asserts nothing.
 //!
+//! With `--restart-at-peak` the controller is killed (SIGKILL, as an out-of-memory kill)
+//! once every claim is created, when the most claims are pending, and started again: the
+//! time until it answers `/readyz` and its memory after are printed. `--sample-seconds`
+//! prints the controller's RSS and peak through the whole run; `--wait-for provisioned`
+//! stops waiting once every claim has its PV (the binder may take far longer to bind
+//! tens of thousands), and `--keep` leaves the claims for the control plane's wipe.
+//!
 //! On the real API server (its rate limits raised, release binaries):
 //!   tests/real-api --bench --claims 500 --baseline
+//!   tests/real-api --bench --claims 50000 --restart-at-peak --sample-seconds 10 \
+//!     --wait-for provisioned --keep
 //! On the simulator:
 //!   cargo build --release --locked --workspace --bins &&
 //!     target/release/nfsprov-provision-bench --claims 1000
 
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant};
 
-use clap::Parser;
+use clap::{Parser, ValueEnum};
 use futures::{StreamExt, TryStreamExt};
 use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim};
 use kube::Api;
-use kube::api::{DeleteParams, ListParams, PostParams};
+use kube::api::{DeleteParams, ListParams, ObjectMeta, PostParams};
 use nfsprov_e2e::system::System;
 use serde_json::json;
 
@@ -44,6 +55,24 @@ struct Args {
     /// are Bound before reading its memory again.
     #[arg(long, default_value_t = 0)]
     settle_seconds: u64,
+    /// What "done" is: every claim Bound, or every claim with its PV.
+    #[arg(long, value_enum, default_value_t = WaitFor::Bound)]
+    wait_for: WaitFor,
+    /// Kill and restart the controller once all claims are created.
+    #[arg(long)]
+    restart_at_peak: bool,
+    /// Print the controller's RSS this often (0: never).
+    #[arg(long, default_value_t = 0)]
+    sample_seconds: u64,
+    /// Leave the claims and PVs in place (no deletion phase).
+    #[arg(long)]
+    keep: bool,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+enum WaitFor {
+    Bound,
+    Provisioned,
 }
 
 const MIB: f64 = 1024.0 * 1024.0;
@@ -53,7 +82,7 @@ async fn main() -> anyhow::Result<()> {
     let _ = rustls::crypto::ring::default_provider().install_default();
     let args = Args::parse();
     let limit = Duration::from_secs(args.timeout_seconds);
-    let system = System::start(&["bench"], 1, &["--leader-elect=false"]).await?;
+    let mut system = System::start(&["bench"], 1, &["--leader-elect=false"]).await?;
     println!(
         "API server: {}",
         if system.api.is_shared() {
@@ -78,6 +107,13 @@ async fn main() -> anyhow::Result<()> {
     let claims = system.claims();
     let names: Vec<String> = (0..args.claims).map(|i| format!("bench-{i}")).collect();
     let class = system.names.class("bench");
+    let pid = Arc::new(AtomicU32::new(system.controllers[0].pid().unwrap_or(0)));
+    let sampler = (args.sample_seconds > 0).then(|| {
+        tokio::spawn(sample(
+            pid.clone(),
+            Duration::from_secs(args.sample_seconds),
+        ))
+    });
     let started = Instant::now();
     create_all(
         &args,
@@ -96,19 +132,52 @@ async fn main() -> anyhow::Result<()> {
     )
     .await?;
     let created = started.elapsed();
-    wait_until_bound(&claims, args.claims, limit).await?;
-    let bound = started.elapsed();
-    let controller = &system.controllers[0];
-    let rss_bound = controller.rss_bytes().unwrap_or(0);
     println!("provisioner: created in {:.2}s", created.as_secs_f64());
+    let provisioner = system.names.provisioner.clone();
+    let (pvs, bound) = progress(&system, &provisioner).await?;
     println!(
-        "provisioner: all Bound after {:.2}s, {:.1} claims/s",
-        bound.as_secs_f64(),
-        args.claims as f64 / bound.as_secs_f64()
+        "all claims created: {pvs} PVs, {} claims pending; controller RSS {:.1} MiB, peak {:.1} MiB",
+        args.claims.saturating_sub(bound),
+        system.controllers[0].rss_bytes().unwrap_or(0) as f64 / MIB,
+        system.controllers[0].peak_rss_bytes().unwrap_or(0) as f64 / MIB
+    );
+    if args.restart_at_peak {
+        let restarting = Instant::now();
+        system
+            .restart_controller(0, &["--leader-elect=false"], limit)
+            .await?;
+        let ready = restarting.elapsed();
+        pid.store(system.controllers[0].pid().unwrap_or(0), Ordering::SeqCst);
+        let controller = &system.controllers[0];
+        println!(
+            "restart (SIGKILL) at {pvs} PVs, {} claims pending: /readyz 200 after {:.2}s, RSS then {:.1} MiB, peak {:.1} MiB",
+            args.claims.saturating_sub(bound),
+            ready.as_secs_f64(),
+            controller.rss_bytes().unwrap_or(0) as f64 / MIB,
+            controller.peak_rss_bytes().unwrap_or(0) as f64 / MIB
+        );
+    }
+    match args.wait_for {
+        WaitFor::Bound => wait_until_bound(&claims, args.claims, limit).await?,
+        WaitFor::Provisioned => {
+            wait_until_provisioned(&system, &provisioner, args.claims, limit).await?
+        }
+    }
+    let done = started.elapsed();
+    let controller = &system.controllers[0];
+    let rss_done = controller.rss_bytes().unwrap_or(0);
+    let what = match args.wait_for {
+        WaitFor::Bound => "all Bound",
+        WaitFor::Provisioned => "every claim has its PV",
+    };
+    println!(
+        "provisioner: {what} after {:.2}s, {:.1} claims/s",
+        done.as_secs_f64(),
+        args.claims as f64 / done.as_secs_f64()
     );
     println!(
-        "controller RSS when all are Bound: {:.1} MiB",
-        rss_bound as f64 / MIB
+        "controller RSS when {what}: {:.1} MiB",
+        rss_done as f64 / MIB
     );
     if args.settle_seconds > 0 {
         // A measurement interval, not a synchronisation: the controller keeps working
@@ -124,6 +193,14 @@ async fn main() -> anyhow::Result<()> {
         "controller peak RSS so far: {:.1} MiB",
         controller.peak_rss_bytes().unwrap_or(0) as f64 / MIB
     );
+    if args.keep {
+        if let Some(sampler) = sampler {
+            sampler.abort();
+        }
+        // Not removed one by one (two requests per PV): the control plane is wiped whole.
+        system.names.run = None;
+        return Ok(());
+    }
 
     let deleting = Instant::now();
     futures::stream::iter(names.iter().cloned())
@@ -140,7 +217,6 @@ async fn main() -> anyhow::Result<()> {
         .try_collect::<Vec<()>>()
         .await?;
     let volumes = system.volumes();
-    let provisioner = system.names.provisioner.clone();
     wait_until(
         limit,
         poll_interval(args.claims),
@@ -169,7 +245,95 @@ async fn main() -> anyhow::Result<()> {
         "controller peak RSS: {:.1} MiB",
         controller.peak_rss_bytes().unwrap_or(0) as f64 / MIB
     );
+    if let Some(sampler) = sampler {
+        sampler.abort();
+    }
     Ok(())
+}
+
+/// Prints the RSS and peak of the process `pid` names every `every`, from the start.
+async fn sample(pid: Arc<AtomicU32>, every: Duration) {
+    let started = Instant::now();
+    let mut interval = tokio::time::interval(every);
+    loop {
+        interval.tick().await;
+        let pid = pid.load(Ordering::SeqCst);
+        let Ok(status) = std::fs::read_to_string(format!("/proc/{pid}/status")) else {
+            continue;
+        };
+        let field = |name: &str| {
+            status
+                .lines()
+                .find_map(|l| l.strip_prefix(name))
+                .and_then(|v| v.split_whitespace().next())
+                .and_then(|kib| kib.parse::<f64>().ok())
+                .map_or(0.0, |kib| kib / 1024.0)
+        };
+        println!(
+            "[{:>5}s] controller {pid}: RSS {:.1} MiB, peak {:.1} MiB",
+            started.elapsed().as_secs(),
+            field("VmRSS:"),
+            field("VmHWM:")
+        );
+    }
+}
+
+/// PVs of this run's provisioner and claims whose binding is complete, from metadata
+/// lists in pages (whole lists of 50,000 objects are work for the API server too).
+async fn progress(system: &System, provisioner: &str) -> anyhow::Result<(usize, usize)> {
+    let ours = |meta: &ObjectMeta| {
+        meta.annotations
+            .as_ref()
+            .and_then(|a| a.get("pv.kubernetes.io/provisioned-by"))
+            .is_some_and(|p| p == provisioner)
+    };
+    let bound = |meta: &ObjectMeta| {
+        meta.annotations
+            .as_ref()
+            .and_then(|a| a.get("pv.kubernetes.io/bind-completed"))
+            .is_some()
+    };
+    let pvs = count_metadata(&system.volumes(), ours).await?;
+    let claims = count_metadata(&system.claims(), bound).await?;
+    Ok((pvs, claims))
+}
+
+async fn count_metadata<K>(
+    api: &Api<K>,
+    keep: impl Fn(&ObjectMeta) -> bool,
+) -> anyhow::Result<usize>
+where
+    K: kube::Resource + Clone + k8s_openapi::serde::de::DeserializeOwned + std::fmt::Debug,
+{
+    let mut params = ListParams::default().limit(5000);
+    let mut count = 0;
+    loop {
+        let page = api.list_metadata(&params).await?;
+        count += page.items.iter().filter(|o| keep(&o.metadata)).count();
+        match page.metadata.continue_.filter(|c| !c.is_empty()) {
+            Some(next) => params = params.continue_token(&next),
+            None => return Ok(count),
+        }
+    }
+}
+
+/// Waits until `count` PVs of `provisioner` exist, printing the progress.
+async fn wait_until_provisioned(
+    system: &System,
+    provisioner: &str,
+    count: usize,
+    limit: Duration,
+) -> anyhow::Result<()> {
+    let started = Instant::now();
+    wait_until(limit, poll_interval(count), "every claim's PV", || async {
+        let (pvs, bound) = progress(system, provisioner).await.ok()?;
+        println!(
+            "[{:>5}s] {pvs} PVs, {bound} claims bound",
+            started.elapsed().as_secs()
+        );
+        (pvs >= count).then_some(())
+    })
+    .await
 }
 
 /// The PV binder alone: PVs made for claims by name, then the claims; seconds until all
@@ -287,7 +451,7 @@ async fn wait_until_bound(
 
 /// Listing thousands of claims is work for the API server too: poll larger runs less often.
 fn poll_interval(count: usize) -> Duration {
-    Duration::from_millis((count as u64 / 5).clamp(100, 2000))
+    Duration::from_millis((count as u64 / 5).clamp(100, 10_000))
 }
 
 /// Polls `check` every `every` until it yields a value or `limit` passes.
