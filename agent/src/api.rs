@@ -15,8 +15,9 @@ use futures::StreamExt;
 use nfsprov_api_types::logsafe::{self, MAX_MESSAGE_BYTES};
 use nfsprov_api_types::{
     AdoptVolumeRequest, AgentInfo, ApiError, ArchiveList, ArchivePath, ArchiveRequest,
-    Capabilities, CloneVolumeRequest, CreateVolumeRequest, Endpoint, ErrorCode, Health, NfsExport,
-    REQUEST_ID_HEADER, ResizeVolumeRequest, Volume, VolumeList, VolumePath,
+    Capabilities, CloneVolumeRequest, CreateVolumeRequest, Endpoint, ErrorCode, ExportManager,
+    ExportRequest, Health, NfsExport, REQUEST_ID_HEADER, ResizeVolumeRequest, Volume, VolumeList,
+    VolumePath,
 };
 use tokio::sync::Semaphore;
 use tower_http::request_id::{MakeRequestUuid, PropagateRequestIdLayer, SetRequestIdLayer};
@@ -222,6 +223,7 @@ fn handler(endpoint: Endpoint) -> MethodRouter<Arc<AppState>> {
         Endpoint::DeleteVolume => on(method, delete_volume),
         Endpoint::AdoptVolume => on(method, adopt_volume),
         Endpoint::CloneVolume => on(method, clone_volume),
+        Endpoint::SetVolumeExport => on(method, set_volume_export),
         Endpoint::ListArchives => on(method, list_archives),
         Endpoint::ArchiveVolume => on(method, archive_volume),
         Endpoint::DeleteArchive => on(method, delete_archive),
@@ -489,6 +491,7 @@ async fn info(State(state): State<Arc<AppState>>) -> ApiResult<Json<AgentInfo>> 
             quota: state.store.backend().kind(),
             quota_enforced: state.store.backend().can_enforce(),
             archive: true,
+            exports: ExportManager::None,
         },
         filesystem,
     }))
@@ -619,6 +622,7 @@ async fn create_volume(
 ) -> ApiResult<Response> {
     let (path, request): (VolumePath, CreateVolumeRequest) =
         volume_request(&state, raw_path, &headers, body).await?;
+    refuse_export(&path, request.export.as_ref())?;
     if let Err(refusal) = state.policy.check(&request) {
         state.metrics.count_operation("create", "rejected");
         return Err(Failure::new(
@@ -633,6 +637,33 @@ async fn create_volume(
     state.metrics.count_operation("create", outcome(&result));
     let (volume, created) = result?;
     Ok(made_or_found(volume, created))
+}
+
+/// This agent exports no volume by itself (the operator exports the export root), so a
+/// request asking who may mount a volume is refused rather than silently ignored.
+fn refuse_export(path: &VolumePath, export: Option<&ExportRequest>) -> ApiResult<()> {
+    match export {
+        None => Ok(()),
+        Some(_) => Err(no_export_manager(path)),
+    }
+}
+
+fn no_export_manager(path: &VolumePath) -> Failure {
+    Failure::new(
+        ErrorCode::Unsupported,
+        format!("{path}: this agent exports no volume by itself (no export manager)"),
+    )
+}
+
+async fn set_volume_export(
+    State(state): State<Arc<AppState>>,
+    raw_path: Result<Path<String>, PathRejection>,
+    headers: HeaderMap,
+    body: Body,
+) -> ApiResult<Json<Volume>> {
+    let (path, _request): (VolumePath, ExportRequest) =
+        volume_request(&state, raw_path, &headers, body).await?;
+    Err(no_export_manager(&path))
 }
 
 /// 201 with the volume when the request made it, 200 when it was there already.
@@ -652,6 +683,7 @@ async fn adopt_volume(
 ) -> ApiResult<Response> {
     let (path, request): (VolumePath, AdoptVolumeRequest) =
         volume_request(&state, raw_path, &headers, body).await?;
+    refuse_export(&path, request.export.as_ref())?;
     let result = with_path_lock(&state, &path.clone(), move |store| {
         store.adopt(&path, &request)
     })
@@ -675,6 +707,7 @@ async fn clone_volume(
 ) -> ApiResult<Response> {
     let (path, request): (VolumePath, CloneVolumeRequest) =
         volume_request(&state, raw_path, &headers, body).await?;
+    refuse_export(&path, request.export.as_ref())?;
     let wait = clone_answer_wait(state.request_timeout);
     let result = match state.clones.clone_volume(&path, request, wait).await {
         CloneAnswer::Running(progress) => {

@@ -1730,6 +1730,7 @@ mod tests {
         AdoptVolumeRequest {
             capacity_bytes: capacity,
             owner: owned_request(claim).owner,
+            export: None,
         }
     }
 

@@ -411,6 +411,7 @@ async fn provision(
                 capacity_bytes,
                 owner,
                 quota: params.quota,
+                export: None,
             };
             agent
                 .create_volume(&path, &request, &rid)
@@ -424,6 +425,7 @@ async fn provision(
                 capacity_bytes,
                 owner,
                 quota: params.quota,
+                export: None,
             };
             let what = format!("could not clone {} into {path}", source.path);
             match agent.clone_volume(&path, &request, &rid).await {
