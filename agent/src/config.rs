@@ -6,9 +6,10 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use clap::{Args, ValueEnum};
-use nfsprov_api_types::QuotaBackend;
+use nfsprov_api_types::{ExportManager, QuotaBackend};
 use serde::Deserialize;
 
+use crate::exports::ExportSettings;
 use crate::policy::Policy;
 use crate::quota::QuotaSettings;
 use crate::retention::{self, ArchiveSettings};
@@ -67,6 +68,94 @@ pub struct FileConfig {
     pub policy: Policy,
     #[serde(default)]
     pub archive: ArchiveSection,
+    #[serde(default)]
+    pub exports: ExportsSection,
+}
+
+/// `[exports]`: who exports each volume to its NFS clients.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ExportsSection {
+    /// `none` (the operator exports the export root by hand), `knfsd` or `ganesha`.
+    #[serde(deserialize_with = "known_manager")]
+    pub manager: ExportManager,
+    /// ganesha: the directory the agent owns for its EXPORT blocks; ganesha.conf
+    /// `%include`s its `exports.conf`.
+    pub ganesha_config_dir: PathBuf,
+    /// ganesha: the D-Bus bus ganesha listens on; absent: the system bus.
+    pub ganesha_dbus_address: Option<String>,
+    /// ganesha: the first and last export id the agent may give a volume.
+    pub ganesha_first_export_id: u16,
+    pub ganesha_last_export_id: u16,
+    /// knfsd: the file under /etc/exports.d/ the agent owns.
+    pub knfsd_exports_file: PathBuf,
+    /// knfsd: the `exportfs` command.
+    pub knfsd_exportfs: PathBuf,
+}
+
+/// A manager this agent can run: [`ExportManager::Unknown`] is for answers only.
+fn known_manager<'de, D: serde::Deserializer<'de>>(
+    deserializer: D,
+) -> Result<ExportManager, D::Error> {
+    const NAMES: &[&str] = &["none", "knfsd", "ganesha"];
+    let raw = String::deserialize(deserializer)?;
+    match raw.as_str() {
+        "none" => Ok(ExportManager::None),
+        "knfsd" => Ok(ExportManager::Knfsd),
+        "ganesha" => Ok(ExportManager::Ganesha),
+        _ => Err(serde::de::Error::unknown_variant(&raw, NAMES)),
+    }
+}
+
+impl Default for ExportsSection {
+    fn default() -> Self {
+        let defaults = ExportSettings::default();
+        Self {
+            manager: defaults.manager,
+            ganesha_config_dir: defaults.ganesha_config_dir,
+            ganesha_dbus_address: None,
+            ganesha_first_export_id: *defaults.ganesha_export_ids.start(),
+            ganesha_last_export_id: *defaults.ganesha_export_ids.end(),
+            knfsd_exports_file: defaults.knfsd_exports_file,
+            knfsd_exportfs: defaults.knfsd_exportfs,
+        }
+    }
+}
+
+impl ExportsSection {
+    fn check(self) -> Result<ExportSettings, ConfigError> {
+        let invalid = |message: String| Err(ConfigError::Invalid(message));
+        if self.ganesha_first_export_id < 2
+            || self.ganesha_first_export_id > self.ganesha_last_export_id
+        {
+            // Ids 0 and 1 are ganesha's pseudo root and its customary first export.
+            return invalid(format!(
+                "exports.ganesha_first_export_id {} .. exports.ganesha_last_export_id {} is not a range of export ids from 2 to 65535",
+                self.ganesha_first_export_id, self.ganesha_last_export_id
+            ));
+        }
+        for (name, path) in [
+            ("exports.ganesha_config_dir", &self.ganesha_config_dir),
+            ("exports.knfsd_exports_file", &self.knfsd_exports_file),
+        ] {
+            // Both are written into NFS server configuration, where a quote or a line
+            // break would end the value.
+            let text = path.to_string_lossy();
+            if !path.is_absolute() || text.contains(['"', '\n', '\r', ' ']) {
+                return invalid(format!(
+                    "{name} {text:?} must be an absolute path without quotes, spaces or line breaks"
+                ));
+            }
+        }
+        Ok(ExportSettings {
+            manager: self.manager,
+            ganesha_config_dir: self.ganesha_config_dir,
+            ganesha_dbus_address: self.ganesha_dbus_address,
+            ganesha_export_ids: self.ganesha_first_export_id..=self.ganesha_last_export_id,
+            knfsd_exports_file: self.knfsd_exports_file,
+            knfsd_exportfs: self.knfsd_exportfs,
+        })
+    }
 }
 
 /// `[archive]`: how long archives are kept.
@@ -311,6 +400,7 @@ pub struct AgentConfig {
     pub quota: QuotaSettings,
     pub policy: Policy,
     pub archive: ArchiveSettings,
+    pub exports: ExportSettings,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -495,6 +585,7 @@ impl AgentConfig {
                 file.policy
             },
             archive: file.archive.check()?,
+            exports: file.exports.check()?,
         })
     }
 }

@@ -8,6 +8,7 @@ pub mod cli;
 pub mod clones;
 pub mod config;
 pub mod connections;
+pub mod exports;
 pub mod fs;
 pub mod init;
 pub mod logging;
@@ -42,6 +43,12 @@ pub enum StartError {
     Auth(#[from] auth::AuthSetupError),
     #[error("export root: {0}")]
     Store(#[from] fs::StoreError),
+    #[error("exports ({manager}): {source}")]
+    Exports {
+        manager: nfsprov_api_types::ExportManager,
+        #[source]
+        source: exports::ExportError,
+    },
     #[error("quota backend {backend}: {reason}")]
     Quota {
         backend: nfsprov_api_types::QuotaBackend,
@@ -97,7 +104,28 @@ impl Agent {
                 addr: config.listen,
                 source,
             })?;
-        let state = Arc::new(AppState::new(store, auth, &config));
+        let (exports, restored) = exports::Exports::open(
+            &config.exports,
+            &config.export_root,
+            &config.nfs_path,
+            |volume| store.get(volume).is_ok(),
+        )
+        .map_err(|source| StartError::Exports {
+            manager: config.exports.manager,
+            source,
+        })?;
+        if exports.kind().per_volume() {
+            tracing::info!(
+                manager = %exports.kind(),
+                exports = exports.len(),
+                kept = restored.kept,
+                added = restored.added,
+                repaired = restored.repaired,
+                removed = restored.removed,
+                "export table restored"
+            );
+        }
+        let state = Arc::new(AppState::new(store, auth, &config).with_exports(Arc::new(exports)));
         state
             .metrics
             .stale_records_removed

@@ -97,6 +97,7 @@ impl TestAgent {
             quota,
             policy,
             archive,
+            exports: Default::default(),
         };
         let agent = nfsprov_agent::Agent::bind(config)?;
         let addr = agent.local_addr();
