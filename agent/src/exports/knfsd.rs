@@ -100,6 +100,28 @@ impl Knfsd {
         Err(failed(format!("{status}: {}", stderr.trim())))
     }
 
+    fn change_kernel(
+        &self,
+        previous: Option<&ExportRecord>,
+        next: &ExportRecord,
+    ) -> Result<(), ExportError> {
+        for client in &next.request.clients {
+            self.export(next, client)?;
+        }
+        if let Some(previous) = previous {
+            let kept: BTreeSet<&ExportClient> = next.request.clients.iter().collect();
+            for client in previous
+                .request
+                .clients
+                .iter()
+                .filter(|c| !kept.contains(c))
+            {
+                self.unexport(previous, client)?;
+            }
+        }
+        Ok(())
+    }
+
     fn export(&self, record: &ExportRecord, client: &ExportClient) -> Result<(), ExportError> {
         self.exportfs(&[
             "-o".into(),
@@ -191,21 +213,33 @@ impl NfsServer for Knfsd {
         // The file first: a crash after it is repaired at start by exporting what it
         // says, and a reboot restores it.
         self.write_file(all)?;
-        for client in &next.request.clients {
-            self.export(next, client)?;
-        }
-        if let Some(previous) = previous {
-            let kept: BTreeSet<&ExportClient> = next.request.clients.iter().collect();
-            for client in previous
-                .request
-                .clients
-                .iter()
-                .filter(|c| !kept.contains(c))
-            {
-                self.unexport(previous, client)?;
+        let Err(error) = self.change_kernel(previous, next) else {
+            return Ok(());
+        };
+        // Refused: the file and the kernel go back to what was served, as far as
+        // exportfs lets them.
+        let mut before = all.clone();
+        match previous {
+            Some(previous) => {
+                before.insert(previous.volume.clone(), previous.clone());
+            }
+            None => {
+                before.remove(&next.volume);
             }
         }
-        Ok(())
+        let _ = self.write_file(&before);
+        let old: BTreeSet<&ExportClient> = previous
+            .map(|previous| previous.request.clients.iter().collect())
+            .unwrap_or_default();
+        for client in next.request.clients.iter().filter(|c| !old.contains(c)) {
+            let _ = self.unexport(next, client);
+        }
+        if let Some(previous) = previous {
+            for client in &previous.request.clients {
+                let _ = self.export(previous, client);
+            }
+        }
+        Err(error)
     }
 
     fn remove(&self, record: &ExportRecord, all: &Table) -> Result<(), ExportError> {
