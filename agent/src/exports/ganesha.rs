@@ -250,8 +250,9 @@ impl Ganesha {
 }
 
 fn client_text(client: &ExportClient) -> String {
-    // Quoted: an IPv6 address holds colons, which ganesha's parser would split on.
-    format!("\"{client}\"")
+    // Bare: ganesha's parser reads addresses, networks and `*` as tokens of their own
+    // and refuses a quoted string where it expects a client.
+    client.to_string()
 }
 
 impl NfsServer for Ganesha {

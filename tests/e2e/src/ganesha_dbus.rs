@@ -1,5 +1,6 @@
 //! nfs-ganesha with its D-Bus export manager on a private system bus: a `dbus-daemon`
-//! of the test's own (with a policy like Debian's nfs-ganesha-dbus.conf), and ganesha
+//! of the test's own (open to every local user: it lives in the test's directory and
+//! only ganesha and the agent use it), and ganesha
 //! serving NFSv4 on loopback with no export but those its `%include` brings from the
 //! directory the agent manages.
 
@@ -25,9 +26,8 @@ impl PrivateBus {
                 "<!DOCTYPE busconfig PUBLIC \"-//freedesktop//DTD D-BUS Bus Configuration 1.0//EN\"\n \
                  \"http://www.freedesktop.org/standards/dbus/1.0/busconfig.dtd\">\n\
                  <busconfig>\n  <type>system</type>\n  <listen>unix:path={}</listen>\n  \
-                 <auth>EXTERNAL</auth>\n  <policy user=\"root\">\n    \
-                 <allow own=\"org.ganesha.nfsd\"/>\n    <allow send_destination=\"org.ganesha.nfsd\"/>\n  \
-                 </policy>\n  <policy context=\"default\">\n    <allow send_destination=\"org.freedesktop.DBus\"/>\n    \
+                 <auth>EXTERNAL</auth>\n  <policy context=\"default\">\n    <allow user=\"*\"/>\n    \
+                 <allow own=\"org.ganesha.nfsd\"/>\n    <allow send_destination=\"*\" eavesdrop=\"false\"/>\n    \
                  <allow receive_sender=\"*\"/>\n  </policy>\n</busconfig>\n",
                 socket.display()
             ),
@@ -160,9 +160,11 @@ impl Ganesha {
         }
     }
 
-    /// The export ids ganesha serves, as its D-Bus ShowExports lists them.
+    /// The export ids ganesha serves, as its D-Bus ShowExports lists them, in order.
     pub fn export_ids(&self) -> anyhow::Result<Vec<u16>> {
-        show_exports(&self.bus)
+        let mut ids = show_exports(&self.bus)?;
+        ids.sort_unstable();
+        Ok(ids)
     }
 
     /// Asks ganesha to drop export `id`, behind the agent's back.

@@ -129,7 +129,7 @@ async fn ganesha_exports_admit_only_the_clients_the_request_names() -> anyhow::R
         .create_volume(&path, &CreateVolumeRequest::default(), None)
         .await;
     assert!(
-        matches!(&refused, Err(ClientError::Api(e)) if e.code == ErrorCode::InvalidBody),
+        matches!(&refused, Err(ClientError::Api { error, .. }) if error.code == ErrorCode::InvalidBody),
         "{refused:?}"
     );
 
