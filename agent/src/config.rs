@@ -752,7 +752,49 @@ mod tests {
         );
         assert_eq!(archive.sweep_interval, Duration::from_secs(60));
 
+        assert_eq!(config.exports, ExportSettings::default());
+        assert_eq!(
+            config.exports.manager,
+            ExportManager::None,
+            "today's behaviour"
+        );
+        std::fs::write(
+            &file,
+            format!(
+                "{good}[exports]\nmanager = \"ganesha\"\nganesha_config_dir = \"/etc/g\"\nganesha_dbus_address = \"unix:path=/run/bus\"\nganesha_first_export_id = 2\nganesha_last_export_id = 9\n"
+            ),
+        )
+        .unwrap();
+        let exports = AgentConfig::load(&args(&file)).unwrap().exports;
+        assert_eq!(exports.manager, ExportManager::Ganesha);
+        assert_eq!(exports.ganesha_config_dir, Path::new("/etc/g"));
+        assert_eq!(
+            exports.ganesha_dbus_address.as_deref(),
+            Some("unix:path=/run/bus")
+        );
+        assert_eq!(exports.ganesha_export_ids, 2..=9);
+
         let cases = [
+            (
+                format!("{good}[exports]\nmanager = \"nfsd4\"\n"),
+                "unknown variant `nfsd4`",
+            ),
+            (
+                format!("{good}[exports]\nmanager = \"unknown\"\n"),
+                "unknown variant `unknown`",
+            ),
+            (
+                format!("{good}[exports]\nganesha_first_export_id = 1\n"),
+                "exports.ganesha_first_export_id 1",
+            ),
+            (
+                format!("{good}[exports]\nganesha_config_dir = \"relative\"\n"),
+                "exports.ganesha_config_dir \"relative\" must be an absolute path",
+            ),
+            (
+                format!("{good}[exports]\nknfsd_exports_file = \"/etc/exports.d/a b\"\n"),
+                "exports.knfsd_exports_file",
+            ),
             (
                 good.replace("127.0.0.1:9443", "nowhere"),
                 "listen address \"nowhere\"",
@@ -829,6 +871,7 @@ mod tests {
         assert!(example.tls.client_ca_file.is_some());
         assert_eq!(example.nfs.unwrap().server, "nfs1.example.com");
         assert_eq!(example.archive.retention_days, None, "kept until deleted");
+        assert_eq!(example.exports.manager, ExportManager::None);
         assert_eq!(
             example.archive.check().unwrap().sweep_interval,
             ArchiveSettings::default().sweep_interval
