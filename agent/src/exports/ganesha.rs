@@ -17,6 +17,8 @@ use super::settings::ExportSettings;
 const DESTINATION: &str = "org.ganesha.nfsd";
 const OBJECT: &str = "/org/ganesha/nfsd/ExportMgr";
 const INTERFACE: &str = "org.ganesha.nfsd.exportmgr";
+/// Longest wait for one answer of ganesha's export manager.
+const DBUS_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(30);
 /// The file ganesha.conf includes.
 pub const INCLUDE_FILE: &str = "exports.conf";
 
@@ -67,12 +69,13 @@ impl GaneshaExport {
     }
 
     fn connect(&self) -> zbus::Result<zbus::blocking::Connection> {
-        match &self.address {
-            Some(address) => {
-                zbus::blocking::connection::Builder::address(address.as_str())?.build()
-            }
-            None => zbus::blocking::Connection::system(),
-        }
+        let builder = match &self.address {
+            Some(address) => zbus::blocking::connection::Builder::address(address.as_str())?,
+            None => zbus::blocking::connection::Builder::system()?,
+        };
+        // A ganesha that hangs fails the request instead of holding the volume's lock
+        // and the export table for good.
+        builder.method_timeout(DBUS_TIMEOUT).build()
     }
 
     fn call<B, R>(&self, method: &str, body: &B) -> Result<R, ExportError>
@@ -158,6 +161,18 @@ impl Ganesha {
         export_root: &Path,
         mount_root: &str,
     ) -> Result<Self, ExportError> {
+        // Both are written inside double quotes in ganesha's configuration.
+        let export_root_text = export_root.to_string_lossy();
+        for (what, text) in [
+            ("export_root", &*export_root_text),
+            ("nfs.path", mount_root),
+        ] {
+            if text.contains(['"', '\n', '\r']) {
+                return Err(ExportError::Corrupt(format!(
+                    "{what} {text:?} holds a quote or a line break, which ganesha's configuration cannot hold"
+                )));
+            }
+        }
         let dir = settings.ganesha_config_dir.clone();
         std::fs::create_dir_all(&dir).map_err(ExportError::io(format!(
             "exports.ganesha_config_dir {}",
