@@ -402,3 +402,84 @@ impl NfsServer for Ganesha {
         Ok(restored)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use nfsprov_api_types::{ExportRequest, SecFlavor, VolumePath};
+
+    use super::*;
+
+    fn ganesha(dir: &Path) -> Ganesha {
+        let settings = ExportSettings {
+            manager: ExportManager::Ganesha,
+            ganesha_config_dir: dir.join("ganesha.d"),
+            ..ExportSettings::default()
+        };
+        Ganesha::new(&settings, Path::new("/srv/nfs"), "/exports/").unwrap()
+    }
+
+    #[test]
+    fn a_block_admits_only_the_listed_clients_with_the_requested_options() {
+        let dir = tempfile::tempdir().unwrap();
+        let ganesha = ganesha(dir.path());
+        let record = ExportRecord::new(
+            VolumePath::parse("ns/claim").unwrap(),
+            Some(1234),
+            ExportRequest {
+                clients: vec!["10.0.0.0/8".parse().unwrap(), "127.0.0.2".parse().unwrap()],
+                access: ExportAccess::ReadOnly,
+                squash: Squash::All,
+                anon_uid: Some(2000),
+                anon_gid: Some(3000),
+                sec: vec![SecFlavor::Krb5p, SecFlavor::Sys],
+            },
+        );
+        let block = ganesha.block(&record, 1234);
+        for line in [
+            "  Export_Id = 1234;",
+            "  Path = \"/srv/nfs/ns/claim\";",
+            "  Pseudo = \"/exports/ns/claim\";",
+            "  Access_Type = None;",
+            "  Squash = All_Squash;",
+            "  Anonymous_Uid = 2000;",
+            "  Anonymous_Gid = 3000;",
+            "  SecType = krb5p, sys;",
+            "    Clients = 127.0.0.2, 10.0.0.0/8;",
+            "    Access_Type = RO;",
+        ] {
+            assert!(
+                block.lines().any(|l| l == line),
+                "{line:?} missing:\n{block}"
+            );
+        }
+        let read_back = ExportRecord::from_comments(&block, "test").unwrap();
+        assert_eq!(read_back, vec![record]);
+    }
+
+    #[test]
+    fn a_block_without_clients_admits_nobody() {
+        let dir = tempfile::tempdir().unwrap();
+        let ganesha = ganesha(dir.path());
+        let record = ExportRecord::new(
+            VolumePath::parse("ns/claim").unwrap(),
+            Some(1000),
+            ExportRequest::default(),
+        );
+        let block = ganesha.block(&record, 1000);
+        assert!(!block.contains("CLIENT"), "{block}");
+        assert!(block.contains("  Access_Type = None;\n"), "{block}");
+        assert!(block.contains("  Squash = Root_Squash;\n"), "{block}");
+    }
+
+    #[test]
+    fn a_quote_in_the_export_root_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let settings = ExportSettings {
+            manager: ExportManager::Ganesha,
+            ganesha_config_dir: dir.path().join("ganesha.d"),
+            ..ExportSettings::default()
+        };
+        let refused = Ganesha::new(&settings, Path::new("/srv/\"nfs"), "/srv/nfs");
+        assert!(refused.is_err());
+    }
+}
