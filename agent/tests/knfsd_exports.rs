@@ -207,3 +207,118 @@ fn knfsd_recording_exportfs_stand_in_refusing_leaves_the_export_as_it_was() {
         ]
     );
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn knfsd_recording_exportfs_stand_in_follows_every_volume_change_over_the_api() {
+    use nfsprov_agent_testkit::TestAgent;
+    use nfsprov_api_types::client::{ClientError, CloneOutcome};
+    use nfsprov_api_types::{
+        AdoptVolumeRequest, CloneVolumeRequest, CreateVolumeRequest, ErrorCode,
+    };
+
+    let stand_in = StandIn::new();
+    let agent = TestAgent::start_with_exports(&stand_in.root, stand_in.settings.clone())
+        .await
+        .unwrap();
+    let client = agent.client();
+    let info = client.info(None).await.unwrap();
+    assert_eq!(info.capabilities.exports, ExportManager::Knfsd);
+    let create = |clients: &[&str]| CreateVolumeRequest {
+        capacity_bytes: 1 << 20,
+        export: Some(request(clients)),
+        ..Default::default()
+    };
+
+    let a = VolumePath::parse("ns/a").unwrap();
+    let refused = client
+        .create_volume(&a, &CreateVolumeRequest::default(), None)
+        .await;
+    assert!(
+        matches!(&refused, Err(ClientError::Api { error, .. }) if error.code == ErrorCode::InvalidBody),
+        "{refused:?}"
+    );
+    let made = client
+        .create_volume(&a, &create(&["127.0.0.2"]), None)
+        .await
+        .unwrap();
+    let export = made.volume.export.unwrap();
+    assert_eq!(export.path, format!("{}/ns/a", stand_in.root.display()));
+    let pa = stand_in.path("ns/a");
+    assert_eq!(
+        stand_in.calls(),
+        vec![format!("-o {OPTIONS} 127.0.0.2:{pa}")]
+    );
+
+    // The same request again: the volume is found, the export left alone.
+    let again = client
+        .create_volume(&a, &create(&["127.0.0.2"]), None)
+        .await
+        .unwrap();
+    assert!(!again.created);
+    assert!(stand_in.calls().is_empty());
+    client
+        .set_volume_export(&a, &request(&["127.0.0.2"]), None)
+        .await
+        .unwrap();
+    assert!(stand_in.calls().is_empty());
+
+    // A clone gets its own export once it is made.
+    let b = VolumePath::parse("ns/b").unwrap();
+    let clone = CloneVolumeRequest {
+        source: a.clone(),
+        capacity_bytes: 1 << 20,
+        owner: Default::default(),
+        quota: Default::default(),
+        export: Some(request(&["127.0.0.3"])),
+    };
+    let cloned = loop {
+        match client.clone_volume(&b, &clone, None).await.unwrap() {
+            CloneOutcome::Ready(outcome) => break outcome.volume,
+            CloneOutcome::InProgress(_) => {
+                tokio::time::sleep(std::time::Duration::from_millis(50)).await
+            }
+        }
+    };
+    assert_eq!(
+        cloned.export.unwrap().clients,
+        vec!["127.0.0.3".parse().unwrap()]
+    );
+    let pb = stand_in.path("ns/b");
+    assert_eq!(
+        stand_in.calls(),
+        vec![format!("-o {OPTIONS} 127.0.0.3:{pb}")]
+    );
+
+    // An adopted directory is exported as asked.
+    let c = VolumePath::parse("ns/c").unwrap();
+    std::fs::create_dir_all(stand_in.root.join("ns/c")).unwrap();
+    let adopt = AdoptVolumeRequest {
+        capacity_bytes: 1 << 20,
+        owner: Default::default(),
+        export: Some(request(&["10.0.0.0/8"])),
+    };
+    client.adopt_volume(&c, &adopt, None).await.unwrap();
+    let pc = stand_in.path("ns/c");
+    assert_eq!(
+        stand_in.calls(),
+        vec![format!("-o {OPTIONS} 10.0.0.0/8:{pc}")]
+    );
+
+    // Reported by GET, the list and a resize.
+    let got = client.get_volume(&c, None).await.unwrap().unwrap();
+    assert!(got.export.is_some());
+    let listed = client.list_volumes(None).await.unwrap();
+    assert_eq!(listed.iter().filter(|v| v.export.is_some()).count(), 3);
+    let resized = client.resize_volume(&c, 2 << 20, None).await.unwrap();
+    assert!(resized.export.is_some());
+
+    // Archived and deleted volumes are unexported first, and gone from the file.
+    client.archive_volume(&a, None, None).await.unwrap();
+    assert_eq!(stand_in.calls(), vec![format!("-u 127.0.0.2:{pa}")]);
+    client.delete_volume(&b, None).await.unwrap();
+    assert_eq!(stand_in.calls(), vec![format!("-u 127.0.0.3:{pb}")]);
+    let text = stand_in.file();
+    assert!(!text.contains(&pa) && !text.contains(&pb), "{text}");
+    assert!(text.contains(&pc), "{text}");
+    agent.stop().await.unwrap();
+}
