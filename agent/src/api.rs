@@ -15,8 +15,8 @@ use futures::StreamExt;
 use nfsprov_api_types::logsafe::{self, MAX_MESSAGE_BYTES};
 use nfsprov_api_types::{
     AdoptVolumeRequest, AgentInfo, ApiError, ArchiveList, ArchivePath, ArchiveRequest,
-    Capabilities, CloneVolumeRequest, CreateVolumeRequest, Endpoint, ErrorCode, Health, NfsExport,
-    REQUEST_ID_HEADER, ResizeVolumeRequest, Volume, VolumeList, VolumePath,
+    Capabilities, CloneVolumeRequest, CreateVolumeRequest, Endpoint, ErrorCode, ExportRequest,
+    Health, NfsExport, REQUEST_ID_HEADER, ResizeVolumeRequest, Volume, VolumeList, VolumePath,
 };
 use tokio::sync::Semaphore;
 use tower_http::request_id::{MakeRequestUuid, PropagateRequestIdLayer, SetRequestIdLayer};
@@ -25,6 +25,7 @@ use crate::archive::catalog::Archives;
 use crate::auth::{Authenticator, Caller};
 use crate::clones::{CloneAnswer, Clones};
 use crate::config::AgentConfig;
+use crate::exports::{ExportError, Exports, FaultPoint, crash_if_asked};
 use crate::metrics::{Metrics, RequestLabels, RouteLabels};
 use crate::policy::Policy;
 use crate::ratelimit::RateLimit;
@@ -52,6 +53,8 @@ pub struct AppState {
     pub archives: Arc<Archives>,
     /// The clones being made.
     pub clones: Clones,
+    /// Who each volume is exported to.
+    pub exports: Arc<Exports>,
     usage: UsageCache,
     readiness: Mutex<Option<(Instant, Result<(), String>)>>,
     /// Audit lines of unauthenticated requests allowed per second.
@@ -75,6 +78,7 @@ impl AppState {
                 metrics.archives.clone(),
             )),
             clones: Clones::new(store.clone(), metrics.clones.clone(), config),
+            exports: Arc::new(Exports::none(&config.nfs_path)),
             store,
             auth,
             metrics,
@@ -95,6 +99,12 @@ impl AppState {
             unauthenticated_log: RateLimit::new(20, "unauthenticated requests"),
             refused_drains: Arc::new(Semaphore::new(MAX_REFUSED_DRAINS)),
         }
+    }
+
+    /// The state with `exports` managing the volumes' exports.
+    pub fn with_exports(mut self, exports: Arc<Exports>) -> Self {
+        self.exports = exports;
+        self
     }
 
     /// The readiness verdict, re-checked at most once a second: `/readyz` is
@@ -155,6 +165,12 @@ struct FailureMessage(String);
 
 impl From<StoreError> for Failure {
     fn from(error: StoreError) -> Self {
+        Failure(error.to_api_error())
+    }
+}
+
+impl From<ExportError> for Failure {
+    fn from(error: ExportError) -> Self {
         Failure(error.to_api_error())
     }
 }
@@ -222,6 +238,7 @@ fn handler(endpoint: Endpoint) -> MethodRouter<Arc<AppState>> {
         Endpoint::DeleteVolume => on(method, delete_volume),
         Endpoint::AdoptVolume => on(method, adopt_volume),
         Endpoint::CloneVolume => on(method, clone_volume),
+        Endpoint::SetVolumeExport => on(method, set_volume_export),
         Endpoint::ListArchives => on(method, list_archives),
         Endpoint::ArchiveVolume => on(method, archive_volume),
         Endpoint::DeleteArchive => on(method, delete_archive),
@@ -489,6 +506,7 @@ async fn info(State(state): State<Arc<AppState>>) -> ApiResult<Json<AgentInfo>> 
             quota: state.store.backend().kind(),
             quota_enforced: state.store.backend().can_enforce(),
             archive: true,
+            exports: state.exports.kind(),
         },
         filesystem,
     }))
@@ -587,10 +605,12 @@ async fn volume_request<T: serde::de::DeserializeOwned>(
 /// Runs filesystem work on the blocking pool while holding the path's lock. The lock
 /// guard travels into the blocking task, so a request that times out keeps the path
 /// locked until its work has really finished.
-async fn with_path_lock<T, F>(state: &Arc<AppState>, path: &VolumePath, work: F) -> ApiResult<T>
+async fn with_path_lock<T, E, F>(state: &Arc<AppState>, path: &VolumePath, work: F) -> ApiResult<T>
 where
     T: Send + 'static,
-    F: FnOnce(&VolumeStore) -> Result<T, StoreError> + Send + 'static,
+    E: Send + 'static,
+    Failure: From<E>,
+    F: FnOnce(&VolumeStore) -> Result<T, E> + Send + 'static,
 {
     let guard = state.store.lock(path).await;
     let store = state.store.clone();
@@ -619,6 +639,7 @@ async fn create_volume(
 ) -> ApiResult<Response> {
     let (path, request): (VolumePath, CreateVolumeRequest) =
         volume_request(&state, raw_path, &headers, body).await?;
+    check_export(&state, &path, request.export.as_ref())?;
     if let Err(refusal) = state.policy.check(&request) {
         state.metrics.count_operation("create", "rejected");
         return Err(Failure::new(
@@ -626,13 +647,93 @@ async fn create_volume(
             format!("{path}: {refusal}"),
         ));
     }
+    let exports = state.exports.clone();
     let result = with_path_lock(&state, &path.clone(), move |store| {
-        store.create(&path, &request)
+        let (volume, created) = store.create(&path, &request)?;
+        let volume = exported(&exports, volume, request.export.as_ref())?;
+        Ok::<_, Failure>((volume, created))
     })
     .await;
     state.metrics.count_operation("create", outcome(&result));
     let (volume, created) = result?;
     Ok(made_or_found(volume, created))
+}
+
+/// Checks a request's `export` against this agent's manager before anything is made:
+/// without a manager the operator exports the export root, so asking who may mount a
+/// volume is refused rather than ignored; with one, a volume without an export would be
+/// one nobody can mount, made by mistake.
+fn check_export(
+    state: &AppState,
+    path: &VolumePath,
+    export: Option<&ExportRequest>,
+) -> ApiResult<()> {
+    match (export, state.exports.kind().per_volume()) {
+        (None, false) => Ok(()),
+        (Some(_), false) => Err(no_export_manager(path)),
+        (None, true) => Err(Failure::new(
+            ErrorCode::InvalidBody,
+            format!(
+                "{path}: this agent exports each volume ({}); the request must say who may mount it (`export`)",
+                state.exports.kind()
+            ),
+        )),
+        (Some(request), true) => request
+            .validate()
+            .map_err(|e| Failure::new(ErrorCode::InvalidBody, format!("{path}: export: {e}"))),
+    }
+}
+
+fn no_export_manager(path: &VolumePath) -> Failure {
+    Failure::new(
+        ErrorCode::Unsupported,
+        format!("{path}: this agent exports no volume by itself (no export manager)"),
+    )
+}
+
+/// The export step after the volume step, under the same path lock: `volume` exported
+/// as `request` asks, and reported with its export.
+fn exported(
+    exports: &Exports,
+    mut volume: Volume,
+    request: Option<&ExportRequest>,
+) -> Result<Volume, Failure> {
+    crash_if_asked(FaultPoint::AfterVolume);
+    if let Some(request) = request {
+        volume.export = Some(exports.set(&volume.path, request)?);
+    }
+    Ok(volume)
+}
+
+/// The volume's export removed before the volume itself is deleted or archived: a crash
+/// between the two leaves a volume nobody can mount, never an export of nothing.
+fn unexported(exports: &Exports, path: &VolumePath) -> Result<(), Failure> {
+    exports.remove(path)?;
+    crash_if_asked(FaultPoint::AfterUnexport);
+    Ok(())
+}
+
+async fn set_volume_export(
+    State(state): State<Arc<AppState>>,
+    raw_path: Result<Path<String>, PathRejection>,
+    headers: HeaderMap,
+    body: Body,
+) -> ApiResult<Json<Volume>> {
+    let (path, request): (VolumePath, ExportRequest) =
+        volume_request(&state, raw_path, &headers, body).await?;
+    if !state.exports.kind().per_volume() {
+        return Err(no_export_manager(&path));
+    }
+    check_export(&state, &path, Some(&request))?;
+    let exports = state.exports.clone();
+    let result = with_path_lock(&state, &path.clone(), move |store| {
+        // Under the path lock: a volume deleted meanwhile is not exported again.
+        let volume = store.get(&path)?;
+        exported(&exports, volume, Some(&request))
+    })
+    .await;
+    state.metrics.count_operation("export", outcome(&result));
+    Ok(Json(result?))
 }
 
 /// 201 with the volume when the request made it, 200 when it was there already.
@@ -652,8 +753,12 @@ async fn adopt_volume(
 ) -> ApiResult<Response> {
     let (path, request): (VolumePath, AdoptVolumeRequest) =
         volume_request(&state, raw_path, &headers, body).await?;
+    check_export(&state, &path, request.export.as_ref())?;
+    let exports = state.exports.clone();
     let result = with_path_lock(&state, &path.clone(), move |store| {
-        store.adopt(&path, &request)
+        let (volume, adopted) = store.adopt(&path, &request)?;
+        let volume = exported(&exports, volume, request.export.as_ref())?;
+        Ok::<_, Failure>((volume, adopted))
     })
     .await;
     state.metrics.count_operation("adopt", outcome(&result));
@@ -675,12 +780,27 @@ async fn clone_volume(
 ) -> ApiResult<Response> {
     let (path, request): (VolumePath, CloneVolumeRequest) =
         volume_request(&state, raw_path, &headers, body).await?;
+    check_export(&state, &path, request.export.as_ref())?;
+    let export = request.export.clone();
     let wait = clone_answer_wait(state.request_timeout);
     let result = match state.clones.clone_volume(&path, request, wait).await {
         CloneAnswer::Running(progress) => {
             return Ok((StatusCode::ACCEPTED, Json(progress)).into_response());
         }
         CloneAnswer::Done(outcome) => outcome.map_err(Failure),
+    };
+    // The copy is done; its export follows, as after a create.
+    let result = match result {
+        Ok((volume, created)) => {
+            let exports = state.exports.clone();
+            with_path_lock(&state, &path.clone(), move |store| {
+                // Under the path lock: a clone deleted meanwhile is not exported.
+                store.get(&volume.path)?;
+                Ok::<_, Failure>((exported(&exports, volume, export.as_ref())?, created))
+            })
+            .await
+        }
+        Err(failure) => Err(failure),
     };
     state.usage.forget(&path);
     state.metrics.count_operation("clone", outcome(&result));
@@ -701,7 +821,9 @@ async fn resize_volume(
     })
     .await;
     state.metrics.count_operation("resize", outcome(&result));
-    Ok(Json(result?))
+    let mut volume = result?;
+    state.exports.describe(&mut volume);
+    Ok(Json(volume))
 }
 
 async fn get_volume(
@@ -715,14 +837,18 @@ async fn get_volume(
         .await
         .map_err(|e| Failure::new(ErrorCode::Internal, format!("filesystem task failed: {e}")))??;
     volume.usage = state.usage.get(&state.store, &path).await;
+    state.exports.describe(&mut volume);
     Ok(Json(volume).into_response())
 }
 
 async fn list_volumes(State(state): State<Arc<AppState>>) -> ApiResult<Json<VolumeList>> {
     let store = state.store.clone();
-    let volumes = tokio::task::spawn_blocking(move || store.list())
+    let mut volumes = tokio::task::spawn_blocking(move || store.list())
         .await
         .map_err(|e| Failure::new(ErrorCode::Internal, format!("filesystem task failed: {e}")))??;
+    for volume in &mut volumes {
+        state.exports.describe(volume);
+    }
     Ok(Json(VolumeList { volumes }))
 }
 
@@ -731,7 +857,12 @@ async fn delete_volume(
     raw_path: Result<Path<String>, PathRejection>,
 ) -> ApiResult<StatusCode> {
     let path = volume_path(raw_path)?;
-    let result = with_path_lock(&state, &path.clone(), move |store| store.delete(&path)).await;
+    let exports = state.exports.clone();
+    let result = with_path_lock(&state, &path.clone(), move |store| {
+        unexported(&exports, &path)?;
+        Ok::<_, Failure>(store.delete(&path)?)
+    })
+    .await;
     state.metrics.count_operation("delete", outcome(&result));
     match result? {
         Deleted::Removed | Deleted::WasAbsent => Ok(StatusCode::NO_CONTENT),
@@ -753,8 +884,10 @@ async fn archive_volume(
     } else {
         json_body(&headers, &body)?
     };
+    let exports = state.exports.clone();
     let result = with_path_lock(&state, &path.clone(), move |store| {
-        store.archive(&path, request.retention_days)
+        unexported(&exports, &path)?;
+        Ok::<_, Failure>(store.archive(&path, request.retention_days)?)
     })
     .await;
     state.metrics.count_operation("archive", outcome(&result));
@@ -843,6 +976,7 @@ mod tests {
             quota: Default::default(),
             policy: Default::default(),
             archive: Default::default(),
+            exports: Default::default(),
         };
         let store = Arc::new(VolumeStore::open(&root).unwrap());
         let auth = Authenticator::new(&config.auth).unwrap();

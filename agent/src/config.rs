@@ -6,10 +6,11 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use clap::{Args, ValueEnum};
-use nfsprov_api_types::QuotaBackend;
+use nfsprov_api_types::{ExportManager, QuotaBackend};
 use serde::Deserialize;
 
 use crate::archive::retention::{self, ArchiveSettings};
+use crate::exports::ExportSettings;
 use crate::policy::Policy;
 use crate::quota::QuotaSettings;
 
@@ -67,6 +68,94 @@ pub struct FileConfig {
     pub policy: Policy,
     #[serde(default)]
     pub archive: ArchiveSection,
+    #[serde(default)]
+    pub exports: ExportsSection,
+}
+
+/// `[exports]`: who exports each volume to its NFS clients.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ExportsSection {
+    /// `none` (the operator exports the export root by hand), `knfsd` or `ganesha`.
+    #[serde(deserialize_with = "known_manager")]
+    pub manager: ExportManager,
+    /// ganesha: the directory the agent owns for its EXPORT blocks; ganesha.conf
+    /// `%include`s its `exports.conf`.
+    pub ganesha_config_dir: PathBuf,
+    /// ganesha: the D-Bus bus ganesha listens on; absent: the system bus.
+    pub ganesha_dbus_address: Option<String>,
+    /// ganesha: the first and last export id the agent may give a volume.
+    pub ganesha_first_export_id: u16,
+    pub ganesha_last_export_id: u16,
+    /// knfsd: the file under /etc/exports.d/ the agent owns.
+    pub knfsd_exports_file: PathBuf,
+    /// knfsd: the `exportfs` command.
+    pub knfsd_exportfs: PathBuf,
+}
+
+/// A manager this agent can run: [`ExportManager::Unknown`] is for answers only.
+fn known_manager<'de, D: serde::Deserializer<'de>>(
+    deserializer: D,
+) -> Result<ExportManager, D::Error> {
+    const NAMES: &[&str] = &["none", "knfsd", "ganesha"];
+    let raw = String::deserialize(deserializer)?;
+    match raw.as_str() {
+        "none" => Ok(ExportManager::None),
+        "knfsd" => Ok(ExportManager::Knfsd),
+        "ganesha" => Ok(ExportManager::Ganesha),
+        _ => Err(serde::de::Error::unknown_variant(&raw, NAMES)),
+    }
+}
+
+impl Default for ExportsSection {
+    fn default() -> Self {
+        let defaults = ExportSettings::default();
+        Self {
+            manager: defaults.manager,
+            ganesha_config_dir: defaults.ganesha_config_dir,
+            ganesha_dbus_address: None,
+            ganesha_first_export_id: *defaults.ganesha_export_ids.start(),
+            ganesha_last_export_id: *defaults.ganesha_export_ids.end(),
+            knfsd_exports_file: defaults.knfsd_exports_file,
+            knfsd_exportfs: defaults.knfsd_exportfs,
+        }
+    }
+}
+
+impl ExportsSection {
+    fn check(self) -> Result<ExportSettings, ConfigError> {
+        let invalid = |message: String| Err(ConfigError::Invalid(message));
+        if self.ganesha_first_export_id < 2
+            || self.ganesha_first_export_id > self.ganesha_last_export_id
+        {
+            // Ids 0 and 1 are ganesha's pseudo root and its customary first export.
+            return invalid(format!(
+                "exports.ganesha_first_export_id {} .. exports.ganesha_last_export_id {} is not a range of export ids from 2 to 65535",
+                self.ganesha_first_export_id, self.ganesha_last_export_id
+            ));
+        }
+        for (name, path) in [
+            ("exports.ganesha_config_dir", &self.ganesha_config_dir),
+            ("exports.knfsd_exports_file", &self.knfsd_exports_file),
+        ] {
+            // Both are written into NFS server configuration, where a quote or a line
+            // break would end the value.
+            let text = path.to_string_lossy();
+            if !path.is_absolute() || text.contains(['"', '\n', '\r', ' ']) {
+                return invalid(format!(
+                    "{name} {text:?} must be an absolute path without quotes, spaces or line breaks"
+                ));
+            }
+        }
+        Ok(ExportSettings {
+            manager: self.manager,
+            ganesha_config_dir: self.ganesha_config_dir,
+            ganesha_dbus_address: self.ganesha_dbus_address,
+            ganesha_export_ids: self.ganesha_first_export_id..=self.ganesha_last_export_id,
+            knfsd_exports_file: self.knfsd_exports_file,
+            knfsd_exportfs: self.knfsd_exportfs,
+        })
+    }
 }
 
 /// `[archive]`: how long archives are kept.
@@ -311,6 +400,7 @@ pub struct AgentConfig {
     pub quota: QuotaSettings,
     pub policy: Policy,
     pub archive: ArchiveSettings,
+    pub exports: ExportSettings,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -495,6 +585,7 @@ impl AgentConfig {
                 file.policy
             },
             archive: file.archive.check()?,
+            exports: file.exports.check()?,
         })
     }
 }
@@ -661,7 +752,49 @@ mod tests {
         );
         assert_eq!(archive.sweep_interval, Duration::from_secs(60));
 
+        assert_eq!(config.exports, ExportSettings::default());
+        assert_eq!(
+            config.exports.manager,
+            ExportManager::None,
+            "today's behaviour"
+        );
+        std::fs::write(
+            &file,
+            format!(
+                "{good}[exports]\nmanager = \"ganesha\"\nganesha_config_dir = \"/etc/g\"\nganesha_dbus_address = \"unix:path=/run/bus\"\nganesha_first_export_id = 2\nganesha_last_export_id = 9\n"
+            ),
+        )
+        .unwrap();
+        let exports = AgentConfig::load(&args(&file)).unwrap().exports;
+        assert_eq!(exports.manager, ExportManager::Ganesha);
+        assert_eq!(exports.ganesha_config_dir, Path::new("/etc/g"));
+        assert_eq!(
+            exports.ganesha_dbus_address.as_deref(),
+            Some("unix:path=/run/bus")
+        );
+        assert_eq!(exports.ganesha_export_ids, 2..=9);
+
         let cases = [
+            (
+                format!("{good}[exports]\nmanager = \"nfsd4\"\n"),
+                "unknown variant `nfsd4`",
+            ),
+            (
+                format!("{good}[exports]\nmanager = \"unknown\"\n"),
+                "unknown variant `unknown`",
+            ),
+            (
+                format!("{good}[exports]\nganesha_first_export_id = 1\n"),
+                "exports.ganesha_first_export_id 1",
+            ),
+            (
+                format!("{good}[exports]\nganesha_config_dir = \"relative\"\n"),
+                "exports.ganesha_config_dir \"relative\" must be an absolute path",
+            ),
+            (
+                format!("{good}[exports]\nknfsd_exports_file = \"/etc/exports.d/a b\"\n"),
+                "exports.knfsd_exports_file",
+            ),
             (
                 good.replace("127.0.0.1:9443", "nowhere"),
                 "listen address \"nowhere\"",
@@ -738,6 +871,7 @@ mod tests {
         assert!(example.tls.client_ca_file.is_some());
         assert_eq!(example.nfs.unwrap().server, "nfs1.example.com");
         assert_eq!(example.archive.retention_days, None, "kept until deleted");
+        assert_eq!(example.exports.manager, ExportManager::None);
         assert_eq!(
             example.archive.check().unwrap().sweep_interval,
             ArchiveSettings::default().sweep_interval

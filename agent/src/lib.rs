@@ -4,7 +4,8 @@
 //! Modules depend only downward (the test suite checks that no import cycle exists):
 //!
 //! 1. leaves: `mountinfo` (the kernel's mount table), `policy` (what a create may ask
-//!    for), `connections` (limits on connections), `ratelimit` (of log lines);
+//!    for), `connections` (limits on connections), `ratelimit` (of log lines),
+//!    `exports` (each volume's own NFS export, through knfsd or nfs-ganesha);
 //! 2. `quota` (the quota tools, the runner of every filesystem tool, the quota settings)
 //!    and `tls` (the server's TLS settings and its acceptor);
 //! 3. `zfs`: the ZFS datasets volumes can be;
@@ -23,6 +24,7 @@ pub mod cli;
 pub(crate) mod clones;
 pub mod config;
 pub(crate) mod connections;
+pub mod exports;
 pub mod init;
 pub(crate) mod logging;
 pub(crate) mod metrics;
@@ -57,6 +59,12 @@ pub enum StartError {
     Auth(#[from] auth::AuthSetupError),
     #[error("export root: {0}")]
     Store(#[from] store::StoreError),
+    #[error("exports ({manager}): {source}")]
+    Exports {
+        manager: nfsprov_api_types::ExportManager,
+        #[source]
+        source: exports::ExportError,
+    },
     #[error("quota backend {backend}: {reason}")]
     Quota {
         backend: nfsprov_api_types::QuotaBackend,
@@ -112,7 +120,28 @@ impl Agent {
                 addr: config.listen,
                 source,
             })?;
-        let state = Arc::new(AppState::new(store, auth, &config));
+        let (exports, restored) = exports::Exports::open(
+            &config.exports,
+            &config.export_root,
+            &config.nfs_path,
+            |volume| store.get(volume).is_ok(),
+        )
+        .map_err(|source| StartError::Exports {
+            manager: config.exports.manager,
+            source,
+        })?;
+        if exports.kind().per_volume() {
+            tracing::info!(
+                manager = %exports.kind(),
+                exports = exports.len(),
+                kept = restored.kept,
+                added = restored.added,
+                repaired = restored.repaired,
+                removed = restored.removed,
+                "export table restored"
+            );
+        }
+        let state = Arc::new(AppState::new(store, auth, &config).with_exports(Arc::new(exports)));
         state
             .metrics
             .stale_records_removed

@@ -1721,6 +1721,7 @@ mod tests {
         AdoptVolumeRequest {
             capacity_bytes: capacity,
             owner: owned_request(claim).owner,
+            export: None,
         }
     }
 

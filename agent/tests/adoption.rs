@@ -37,6 +37,7 @@ fn adoption(claim: &str, capacity_bytes: u64) -> AdoptVolumeRequest {
             pvc_name: Some(claim.into()),
             pv_name: Some(format!("pvc-{claim}")),
         },
+        export: None,
     }
 }
 

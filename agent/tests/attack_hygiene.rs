@@ -129,6 +129,7 @@ async fn a_tenant_file_name_reaches_the_log_escaped() {
                 capacity_bytes: 1 << 20,
                 owner: Default::default(),
                 quota: Default::default(),
+                export: None,
             },
             None,
         )

@@ -201,6 +201,7 @@ fn clone_request(source: &str) -> CloneVolumeRequest {
         capacity_bytes: 1 << 40,
         owner: VolumeOwner::default(),
         quota: QuotaPolicy::BestEffort,
+        export: None,
     }
 }
 
@@ -384,6 +385,7 @@ async fn a_create_and_an_adoption_are_answered_while_a_long_clone_runs() {
     let adoption = AdoptVolumeRequest {
         capacity_bytes: 1 << 30,
         owner: VolumeOwner::default(),
+        export: None,
     };
     let adopted = tokio::time::timeout(
         Duration::from_secs(120),

@@ -40,6 +40,7 @@ fn clone_request(source: &str, capacity_bytes: u64, quota: QuotaPolicy) -> Clone
         capacity_bytes,
         owner: owner("copy"),
         quota,
+        export: None,
     }
 }
 

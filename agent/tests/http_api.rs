@@ -409,6 +409,75 @@ async fn a_quota_policy_newer_than_the_agent_is_refused_as_unsupported() {
 }
 
 #[tokio::test(flavor = "multi_thread")]
+async fn an_agent_without_an_export_manager_refuses_to_export_and_makes_nothing() {
+    let (root, agent) = agent().await;
+    let info = agent.client().info(None).await.unwrap();
+    assert_eq!(info.capabilities.exports.as_str(), "none");
+    let export = r#""export":{"clients":["127.0.0.2"],"squash":"all"}"#;
+    let made = call(
+        &agent,
+        "PUT",
+        "/v1/volumes/src",
+        Some(r#"{"capacity_bytes":1}"#),
+    );
+    assert_eq!(made.status, 201, "{made:?}");
+    for (method, path, body) in [
+        (
+            "PUT",
+            "/v1/volumes/v",
+            format!(r#"{{"capacity_bytes":1,{export}}}"#),
+        ),
+        (
+            "POST",
+            "/v1/adoptions/src",
+            format!(r#"{{"capacity_bytes":1,{export}}}"#),
+        ),
+        (
+            "POST",
+            "/v1/clones/c",
+            format!(r#"{{"source":"src","capacity_bytes":1,{export}}}"#),
+        ),
+        ("PUT", "/v1/exports/src", r#"{"clients":["*"]}"#.to_owned()),
+    ] {
+        let result = call(&agent, method, path, Some(&body));
+        assert_eq!(
+            (result.status, result.code()),
+            (422, "unsupported".to_owned()),
+            "{method} {path}: {result:?}"
+        );
+        assert!(
+            result.json()["message"]
+                .as_str()
+                .unwrap_or("")
+                .contains("no export manager"),
+            "{result:?}"
+        );
+    }
+    // A client spelling no NFS server takes is refused before anything else.
+    let bad = call(
+        &agent,
+        "PUT",
+        "/v1/exports/src",
+        Some(r#"{"clients":["10.1.2.3/24"]}"#),
+    );
+    assert_eq!(
+        (bad.status, bad.code()),
+        (400, "invalid_body".to_owned()),
+        "{bad:?}"
+    );
+    assert!(!root.path().join("v").exists());
+    assert!(!root.path().join("c").exists());
+    let volumes = agent.client().list_volumes(None).await.unwrap();
+    assert_eq!(
+        volumes
+            .iter()
+            .map(|v| (v.path.as_str(), v.export.is_some()))
+            .collect::<Vec<_>>(),
+        [("src", false)]
+    );
+}
+
+#[tokio::test(flavor = "multi_thread")]
 async fn create_applies_mode_and_ownership_exactly() {
     if !is_root() {
         nfsprov_test_skip::skip(

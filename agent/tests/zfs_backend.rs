@@ -783,6 +783,7 @@ async fn the_agent_clones_datasets_and_deletes_them_in_any_order() {
             pv_name: Some("pv-copy".into()),
         },
         quota: nfsprov_api_types::QuotaPolicy::BestEffort,
+        export: None,
     };
     let nfsprov_api_types::client::CloneOutcome::Ready(made) = client
         .clone_volume(&copy, &clone_request, None)

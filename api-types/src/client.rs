@@ -16,8 +16,8 @@ use crate::logsafe::Clean;
 use crate::{
     AdoptVolumeRequest, AgentInfo, ApiError, Archive, ArchiveList, ArchivePath, ArchiveRequest,
     ArchiveResult, CloneProgress, CloneVolumeRequest, CreateVolumeRequest, Endpoint, ErrorCode,
-    Health, MAX_PEM_BYTES, MAX_TOKEN_BYTES, REQUEST_ID_HEADER, ReloadingFile, ResizeVolumeRequest,
-    Volume, VolumeList, VolumePath, read_bounded,
+    ExportRequest, Health, MAX_PEM_BYTES, MAX_TOKEN_BYTES, REQUEST_ID_HEADER, ReloadingFile,
+    ResizeVolumeRequest, Volume, VolumeList, VolumePath, read_bounded,
 };
 
 /// How to reach one agent. Relative file names are resolved against the directory of the
@@ -273,6 +273,8 @@ pub struct CreateOutcome {
 }
 
 /// The outcome of `POST /v1/clones/{path}`.
+// Returned once per call and never held in bulk, so the larger variant costs nothing.
+#[allow(clippy::large_enum_variant)]
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum CloneOutcome {
     /// The clone is at its path: made by this call, by an earlier one, or found again.
@@ -540,6 +542,24 @@ impl AgentClient {
             },
         )
         .await
+    }
+
+    /// Replaces the volume's export with `request` (who may mount it, and how); answers
+    /// the volume with the export the NFS server now serves.
+    pub async fn set_volume_export(
+        &self,
+        path: &VolumePath,
+        request: &ExportRequest,
+        request_id: Option<&str>,
+    ) -> Result<Volume, ClientError> {
+        self.call(
+            Endpoint::SetVolumeExport,
+            &Endpoint::SetVolumeExport.path_for(path),
+            Some(request),
+            request_id,
+        )
+        .await
+        .map(|(_, body)| body)
     }
 
     /// The volume, or `None` when the agent has no volume at that path.

@@ -52,6 +52,7 @@ endpoints![
     DeleteVolume,
     AdoptVolume,
     CloneVolume,
+    SetVolumeExport,
     ListArchives,
     ArchiveVolume,
     DeleteArchive,
@@ -68,7 +69,7 @@ impl Endpoint {
             | Endpoint::ListVolumes
             | Endpoint::GetVolume
             | Endpoint::ListArchives => Method::GET,
-            Endpoint::CreateVolume => Method::PUT,
+            Endpoint::CreateVolume | Endpoint::SetVolumeExport => Method::PUT,
             Endpoint::ResizeVolume => Method::PATCH,
             Endpoint::DeleteVolume | Endpoint::DeleteArchive => Method::DELETE,
             Endpoint::AdoptVolume | Endpoint::CloneVolume | Endpoint::ArchiveVolume => Method::POST,
@@ -90,6 +91,7 @@ impl Endpoint {
             | Endpoint::DeleteVolume => v1!("/volumes/{*path}"),
             Endpoint::AdoptVolume => v1!("/adoptions/{*path}"),
             Endpoint::CloneVolume => v1!("/clones/{*path}"),
+            Endpoint::SetVolumeExport => v1!("/exports/{*path}"),
             Endpoint::ListArchives => v1!("/archives"),
             Endpoint::ArchiveVolume | Endpoint::DeleteArchive => v1!("/archives/{*path}"),
         }
@@ -222,6 +224,7 @@ mod tests {
                 "/v1/volumes/{*path}",
                 "/v1/adoptions/{*path}",
                 "/v1/clones/{*path}",
+                "/v1/exports/{*path}",
                 "/v1/archives",
                 "/v1/archives/{*path}",
             ]

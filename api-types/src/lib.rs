@@ -14,7 +14,7 @@
 //!
 //! - A newer agent may add fields to its answers (an older controller ignores them), add
 //!   values to the enums it answers with ([`QuotaBackend`], [`CloneMethod`],
-//!   [`ErrorCode`]; an older controller reads them as `Unknown`, shows them as
+//!   [`ErrorCode`], [`ExportManager`]; an older controller reads them as `Unknown`, shows them as
 //!   `unknown`, never acts on them, and judges an unknown error code by its HTTP
 //!   status), and add endpoints.
 //! - A newer agent may not remove or rename a field, endpoint or enum value, change a
@@ -29,6 +29,7 @@
 
 mod archive;
 pub mod endpoints;
+mod export;
 pub mod logsafe;
 mod path;
 mod reloading_file;
@@ -41,6 +42,10 @@ pub use archive::{
     ARCHIVE_ENTRY_PREFIX, ArchiveEntry, ArchivePath, ArchivePathError, MAX_ARCHIVE_SUFFIX,
 };
 pub use endpoints::{API_PREFIX, Endpoint};
+pub use export::{
+    ExportAccess, ExportClient, ExportClientError, ExportManager, ExportRequest,
+    ExportRequestError, MAX_EXPORT_CLIENTS, SecFlavor, Squash, VolumeExport,
+};
 pub use path::{
     MAX_COMPONENT_BYTES, MAX_COMPONENTS, MAX_PATH_BYTES, PathError, VolumePath, validate_component,
 };

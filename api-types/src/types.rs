@@ -5,6 +5,7 @@ use std::fmt;
 use serde::{Deserialize, Serialize};
 
 use crate::archive::ArchivePath;
+use crate::export::{ExportManager, ExportRequest, VolumeExport};
 use crate::path::VolumePath;
 
 /// Header carrying the request id from the controller to the agent's audit log.
@@ -155,6 +156,12 @@ pub struct CreateVolumeRequest {
     /// Whether the capacity must, may or must not be enforced by a quota.
     #[serde(default)]
     pub quota: QuotaPolicy,
+    /// Who may mount the volume. An agent with a per-volume export manager
+    /// ([`Capabilities::exports`]) refuses a request without one (`invalid_body`), so no
+    /// volume is left that nobody can mount by mistake; an agent without refuses a
+    /// request with one (`unsupported`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub export: Option<ExportRequest>,
 }
 
 /// Body of `POST /v1/adoptions/{path}`: makes the directory already at `path` (say, one
@@ -167,6 +174,12 @@ pub struct AdoptVolumeRequest {
     pub capacity_bytes: u64,
     #[serde(default)]
     pub owner: VolumeOwner,
+    /// Who may mount the volume. An agent with a per-volume export manager
+    /// ([`Capabilities::exports`]) refuses a request without one (`invalid_body`), so no
+    /// volume is left that nobody can mount by mistake; an agent without refuses a
+    /// request with one (`unsupported`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub export: Option<ExportRequest>,
 }
 
 /// Body of `POST /v1/clones/{path}`: makes a new volume at `path` holding a copy of the
@@ -188,6 +201,12 @@ pub struct CloneVolumeRequest {
     pub owner: VolumeOwner,
     #[serde(default)]
     pub quota: QuotaPolicy,
+    /// Who may mount the volume. An agent with a per-volume export manager
+    /// ([`Capabilities::exports`]) refuses a request without one (`invalid_body`), so no
+    /// volume is left that nobody can mount by mistake; an agent without refuses a
+    /// request with one (`unsupported`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub export: Option<ExportRequest>,
 }
 
 /// How the agent made a clone: the fastest exact method the export root allows.
@@ -329,6 +348,9 @@ pub struct Volume {
     /// Present when the volume was made as a clone of another.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub clone: Option<CloneOrigin>,
+    /// The volume's own NFS export, on an agent with an export manager.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub export: Option<VolumeExport>,
 }
 
 /// Answer to `GET /v1/volumes`.
@@ -476,6 +498,11 @@ pub struct Capabilities {
     pub quota_enforced: bool,
     /// The agent can archive volumes (`POST /v1/archives`).
     pub archive: bool,
+    /// Who exports volumes: with a per-volume manager, every create, clone and adoption
+    /// carries an `export`, and `PUT /v1/exports/{path}` changes one. Absent from older
+    /// agents, which have none.
+    #[serde(default)]
+    pub exports: ExportManager,
 }
 
 /// Size and inode figures of the filesystem holding the export root.

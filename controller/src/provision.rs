@@ -435,6 +435,7 @@ fn plan(
             capacity_bytes: wanted.capacity_bytes,
             owner,
             quota: params.quota,
+            export: None,
         }),
         // The class's mode, uid and gid are not applied: a clone keeps its source's.
         Some(source) => Request::Clone {
@@ -443,6 +444,7 @@ fn plan(
                 capacity_bytes: wanted.capacity_bytes,
                 owner,
                 quota: params.quota,
+                export: None,
             },
             from: source.claim.to_string(),
         },

@@ -291,6 +291,7 @@ async fn adopt_one(
             &AdoptVolumeRequest {
                 capacity_bytes: candidate.capacity_bytes,
                 owner: candidate.owner.clone(),
+                export: None,
             },
             None,
         )

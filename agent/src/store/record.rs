@@ -94,6 +94,7 @@ impl VolumeRecord {
             created_at: self.created_at.clone(),
             usage: None,
             clone: self.clone.clone(),
+            export: None,
         }
     }
 

@@ -762,6 +762,7 @@ fn mock_handler(endpoint: Endpoint) -> Option<MethodRouter<MockShared>> {
         | Endpoint::Readyz
         | Endpoint::Metrics
         | Endpoint::ListVolumes
+        | Endpoint::SetVolumeExport
         | Endpoint::AdoptVolume
         | Endpoint::ListArchives
         | Endpoint::DeleteArchive => return None,
@@ -859,6 +860,7 @@ fn volume_of(state: &MockAgentState, path: VolumePath, request: &CreateVolumeReq
         owner: request.owner.clone(),
         created_at: "2026-01-01T00:00:00Z".to_owned(),
         clone: None,
+        export: None,
     }
 }
 
@@ -887,6 +889,7 @@ async fn info(State(shared): State<MockShared>, headers: HeaderMap) -> Response 
             },
             quota_enforced,
             archive: true,
+            exports: nfsprov_api_types::ExportManager::None,
         },
         filesystem: FilesystemStats {
             total_bytes: 1 << 40,

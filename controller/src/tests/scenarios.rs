@@ -221,6 +221,7 @@ async fn happy_path_creates_directory_then_the_exact_pv() {
             capacity_bytes: 1 << 30,
             owner: owner(),
             quota: QuotaPolicy::BestEffort,
+            export: None,
         })
     );
     assert!(
@@ -480,6 +481,7 @@ async fn pv_already_exists() {
             capacity_bytes: 1 << 30,
             owner: owner(),
             quota: QuotaPolicy::BestEffort,
+            export: None,
         },
     );
     let (ctx, api) = context(agent.registry(), vec![class("nfs", &[])], vec![]);

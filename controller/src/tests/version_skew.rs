@@ -46,6 +46,7 @@ async fn a_newer_agents_answers_are_read_and_its_unknown_values_shown_as_unknown
         capacity_bytes: GI,
         owner: owner.clone(),
         quota: QuotaPolicy::BestEffort,
+        export: None,
     };
     let outcome = agent
         .client()

@@ -10,6 +10,7 @@ use tokio::sync::oneshot;
 
 use nfsprov_agent::archive::retention::ArchiveSettings;
 use nfsprov_agent::config::{AgentConfig, AuthConfig, LogFormat, TokenSection};
+use nfsprov_agent::exports::ExportSettings;
 use nfsprov_agent::init::{self, InitArgs, files};
 use nfsprov_agent::policy::Policy;
 use nfsprov_agent::quota::QuotaSettings;
@@ -50,6 +51,32 @@ impl TestAgent {
         quota: QuotaSettings,
         policy: Policy,
         archive: ArchiveSettings,
+    ) -> anyhow::Result<TestAgent> {
+        Self::start_with_settings(root, quota, policy, archive, ExportSettings::default()).await
+    }
+
+    /// An agent whose volumes are exported by the manager `exports` names.
+    pub async fn start_with_exports(
+        root: &Path,
+        exports: ExportSettings,
+    ) -> anyhow::Result<TestAgent> {
+        let defaults = (QuotaSettings::default(), Policy::default());
+        Self::start_with_settings(
+            root,
+            defaults.0,
+            defaults.1,
+            ArchiveSettings::default(),
+            exports,
+        )
+        .await
+    }
+
+    async fn start_with_settings(
+        root: &Path,
+        quota: QuotaSettings,
+        policy: Policy,
+        archive: ArchiveSettings,
+        exports: ExportSettings,
     ) -> anyhow::Result<TestAgent> {
         let credentials = tempfile::tempdir()?;
         init::run(&InitArgs {
@@ -97,6 +124,7 @@ impl TestAgent {
             quota,
             policy,
             archive,
+            exports,
         };
         let agent = nfsprov_agent::Agent::bind(config)?;
         let addr = agent.local_addr();

@@ -360,6 +360,7 @@ async fn act(server: &Server, op: Op, name: &str) -> anyhow::Result<Done> {
             let request = AdoptVolumeRequest {
                 capacity_bytes: GIB,
                 owner: owner(name),
+                export: None,
             };
             client.adopt_volume(&path, &request, None).await?;
             Done::Volume {
@@ -375,6 +376,7 @@ async fn act(server: &Server, op: Op, name: &str) -> anyhow::Result<Done> {
                 capacity_bytes: GIB,
                 owner: owner(name),
                 quota: Default::default(),
+                export: None,
             };
             // A clone not done within the request's wait is acknowledged by a repeat.
             let deadline = Instant::now() + Duration::from_secs(120);

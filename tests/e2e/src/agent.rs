@@ -166,6 +166,13 @@ impl AgentProcess {
         self.spawn().await
     }
 
+    /// Starts the agent again with `env` added to its environment (e.g. a fault the
+    /// test builds of the agent act on).
+    pub async fn restart_with_env(&mut self, env: &[(&str, &str)]) -> anyhow::Result<()> {
+        self.kill();
+        self.spawn_under(&[], env).await
+    }
+
     /// Starts the agent again with its wall clock `offset` ahead (libfaketime's syntax,
     /// e.g. `+2d`), its monotonic clock left alone so its timers run as usual: what the
     /// agent does once days have passed, without waiting for them.

@@ -5,7 +5,9 @@
 
 pub mod agent;
 pub mod binaries;
+pub mod bind_shim;
 pub mod cluster;
+pub mod ganesha_dbus;
 // libnfs is a C library: its bindings are the one place this crate needs `unsafe`.
 #[allow(unsafe_code)]
 pub mod libnfs;

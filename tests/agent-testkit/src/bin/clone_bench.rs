@@ -433,6 +433,7 @@ async fn run_case(
         capacity_bytes: case.capacity(),
         owner: owner(&format!("{}-clone", case.slug())),
         quota: env.policy,
+        export: None,
     };
     let t = Instant::now();
     let made = clone_until_ready(client, &target, &request)

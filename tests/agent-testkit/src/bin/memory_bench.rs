@@ -253,6 +253,7 @@ async fn clone(agent: &Agent, names: usize) -> anyhow::Result<()> {
         capacity_bytes: 1 << 40,
         owner: VolumeOwner::default(),
         quota: QuotaPolicy::BestEffort,
+        export: None,
     };
     let before = agent.reset_peak()?;
     let started = Instant::now();

@@ -1,0 +1,485 @@
+//! nfs-ganesha: one EXPORT block per volume, in a file of its own in a directory the
+//! agent owns, applied through ganesha's D-Bus export manager. `exports.conf` in that
+//! directory `%include`s every block, so ganesha restarted serves them all again.
+
+use std::collections::BTreeSet;
+use std::fmt::Write as _;
+use std::path::{Path, PathBuf};
+use std::sync::Mutex;
+
+use nfsprov_api_types::{ExportAccess, ExportClient, ExportManager, Squash};
+
+use super::files;
+use super::record::ExportRecord;
+use super::server::{ExportError, NfsServer, Restored, Table};
+use super::settings::ExportSettings;
+
+const DESTINATION: &str = "org.ganesha.nfsd";
+const OBJECT: &str = "/org/ganesha/nfsd/ExportMgr";
+const INTERFACE: &str = "org.ganesha.nfsd.exportmgr";
+/// Longest wait for one answer of ganesha's export manager.
+const DBUS_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(30);
+/// The file ganesha.conf includes.
+pub const INCLUDE_FILE: &str = "exports.conf";
+
+/// One export as ganesha's `ShowExports` lists it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ShownExport {
+    pub id: u16,
+    pub path: String,
+}
+
+/// ganesha's answer to ShowExports: a timestamp, then per export its id, path, the
+/// protocols it served so far and the time of its last use.
+type Served = (String, bool);
+type ShowExportsReply = (
+    (u64, u64),
+    Vec<(
+        u16,
+        String,
+        (
+            Served,
+            Served,
+            Served,
+            Served,
+            Served,
+            Served,
+            Served,
+            Served,
+        ),
+        (u64, u64),
+    )>,
+);
+
+/// A D-Bus connection to ganesha's export manager.
+#[derive(Debug)]
+pub struct GaneshaExport {
+    address: Option<String>,
+    connection: Mutex<Option<zbus::blocking::Connection>>,
+}
+
+impl GaneshaExport {
+    /// The export manager on the bus at `address` (the system bus when `None`); the
+    /// connection is made at the first call and made again after a failed one.
+    pub fn new(address: Option<String>) -> Self {
+        Self {
+            address,
+            connection: Mutex::new(None),
+        }
+    }
+
+    fn connect(&self) -> zbus::Result<zbus::blocking::Connection> {
+        let builder = match &self.address {
+            Some(address) => zbus::blocking::connection::Builder::address(address.as_str())?,
+            None => zbus::blocking::connection::Builder::system()?,
+        };
+        // A ganesha that hangs fails the request instead of holding the volume's lock
+        // and the export table for good.
+        builder.method_timeout(DBUS_TIMEOUT).build()
+    }
+
+    fn call<B, R>(&self, method: &str, body: &B) -> Result<R, ExportError>
+    where
+        B: serde::Serialize + zbus::zvariant::DynamicType,
+        R: for<'d> zbus::zvariant::DynamicDeserialize<'d>,
+    {
+        let mut slot = self.connection.lock().unwrap_or_else(|e| e.into_inner());
+        let connection = match slot.as_ref() {
+            Some(connection) => connection.clone(),
+            None => {
+                let connection = self.connect().map_err(|e| {
+                    ExportError::Server(format!("cannot reach ganesha's D-Bus: {e}"))
+                })?;
+                *slot = Some(connection.clone());
+                connection
+            }
+        };
+        let reply =
+            connection.call_method(Some(DESTINATION), OBJECT, Some(INTERFACE), method, body);
+        let reply = match reply {
+            Ok(reply) => reply,
+            Err(error) => {
+                // A broken bus connection is made again by the next call; an error
+                // ganesha answered leaves it as it is.
+                if !matches!(error, zbus::Error::MethodError(..)) {
+                    *slot = None;
+                }
+                return Err(ExportError::Server(format!("{method}: {error}")));
+            }
+        };
+        reply
+            .body()
+            .deserialize::<R>()
+            .map_err(|e| ExportError::Server(format!("{method}: unexpected answer: {e}")))
+    }
+
+    pub fn add(&self, file: &Path, id: u16) -> Result<(), ExportError> {
+        let _: String = self.call("AddExport", &(file_text(file), block_selector(id)))?;
+        Ok(())
+    }
+
+    pub fn update(&self, file: &Path, id: u16) -> Result<(), ExportError> {
+        let _: String = self.call("UpdateExport", &(file_text(file), block_selector(id)))?;
+        Ok(())
+    }
+
+    pub fn remove(&self, id: u16) -> Result<(), ExportError> {
+        self.call::<_, ()>("RemoveExport", &(id,))
+    }
+
+    pub fn show(&self) -> Result<Vec<ShownExport>, ExportError> {
+        let (_, exports): ShowExportsReply = self.call("ShowExports", &())?;
+        Ok(exports
+            .into_iter()
+            .map(|(id, path, _, _)| ShownExport { id, path })
+            .collect())
+    }
+}
+
+fn file_text(file: &Path) -> String {
+    file.to_string_lossy().into_owned()
+}
+
+/// The expression that picks the export's block out of its file.
+fn block_selector(id: u16) -> String {
+    format!("EXPORT(Export_Id={id})")
+}
+
+/// The ganesha export manager.
+#[derive(Debug)]
+pub struct Ganesha {
+    dir: PathBuf,
+    export_root: PathBuf,
+    mount_root: String,
+    ids: std::ops::RangeInclusive<u16>,
+    bus: GaneshaExport,
+}
+
+impl Ganesha {
+    pub fn new(
+        settings: &ExportSettings,
+        export_root: &Path,
+        mount_root: &str,
+    ) -> Result<Self, ExportError> {
+        // Both are written inside double quotes in ganesha's configuration.
+        let export_root_text = export_root.to_string_lossy();
+        for (what, text) in [
+            ("export_root", &*export_root_text),
+            ("nfs.path", mount_root),
+        ] {
+            if text.contains(['"', '\n', '\r']) {
+                return Err(ExportError::Corrupt(format!(
+                    "{what} {text:?} holds a quote or a line break, which ganesha's configuration cannot hold"
+                )));
+            }
+        }
+        let dir = settings.ganesha_config_dir.clone();
+        std::fs::create_dir_all(&dir).map_err(ExportError::io(format!(
+            "exports.ganesha_config_dir {}",
+            dir.display()
+        )))?;
+        Ok(Self {
+            dir,
+            export_root: export_root.to_owned(),
+            mount_root: mount_root.trim_end_matches('/').to_owned(),
+            ids: settings.ganesha_export_ids.clone(),
+            bus: GaneshaExport::new(settings.ganesha_dbus_address.clone()),
+        })
+    }
+
+    fn file(&self, id: u16) -> PathBuf {
+        self.dir.join(format!("export-{id}.conf"))
+    }
+
+    fn id_of(record: &ExportRecord) -> Result<u16, ExportError> {
+        record.id.ok_or_else(|| {
+            ExportError::Corrupt(format!("the export of {} has no export id", record.volume))
+        })
+    }
+
+    /// The EXPORT block of `record`, after its record comment.
+    pub fn block(&self, record: &ExportRecord, id: u16) -> String {
+        let request = &record.request;
+        let path = self.export_root.join(record.volume.as_str());
+        let mut text = record.to_comment();
+        let _ = writeln!(text, "EXPORT {{");
+        let _ = writeln!(text, "  Export_Id = {id};");
+        let _ = writeln!(text, "  Path = \"{}\";", path.display());
+        let _ = writeln!(
+            text,
+            "  Pseudo = \"{}/{}\";",
+            self.mount_root, record.volume
+        );
+        let _ = writeln!(text, "  Protocols = 4;");
+        let _ = writeln!(text, "  Transports = TCP;");
+        // Nobody but the clients listed below.
+        let _ = writeln!(text, "  Access_Type = None;");
+        let squash = match request.squash {
+            Squash::None => "No_Root_Squash",
+            Squash::All => "All_Squash",
+            // Validation refuses an unknown value before it gets here; squashing is
+            // the safe reading of one anyway.
+            Squash::Root | Squash::Unknown => "Root_Squash",
+        };
+        let _ = writeln!(text, "  Squash = {squash};");
+        if let Some(uid) = request.anon_uid {
+            let _ = writeln!(text, "  Anonymous_Uid = {uid};");
+        }
+        if let Some(gid) = request.anon_gid {
+            let _ = writeln!(text, "  Anonymous_Gid = {gid};");
+        }
+        let sec: Vec<&str> = request.sec.iter().map(|flavor| flavor.as_str()).collect();
+        let _ = writeln!(text, "  SecType = {};", sec.join(", "));
+        let _ = writeln!(text, "  FSAL {{ Name = VFS; }}");
+        if !request.clients.is_empty() {
+            let access = match request.access {
+                ExportAccess::ReadWrite => "RW",
+                ExportAccess::ReadOnly | ExportAccess::Unknown => "RO",
+            };
+            let clients: Vec<String> = request.clients.iter().map(client_text).collect();
+            let _ = writeln!(text, "  CLIENT {{");
+            let _ = writeln!(text, "    Clients = {};", clients.join(", "));
+            let _ = writeln!(text, "    Access_Type = {access};");
+            let _ = writeln!(text, "  }}");
+        }
+        let _ = writeln!(text, "}}");
+        text
+    }
+
+    /// Rewrites the include list from `all`.
+    fn write_includes(&self, all: &Table) -> Result<(), ExportError> {
+        let mut ids: Vec<u16> = all.values().filter_map(|record| record.id).collect();
+        ids.sort_unstable();
+        let mut text = String::from("# Written by nfsprov-agent: one file per exported volume.\n");
+        for id in ids {
+            let _ = writeln!(text, "%include \"{}\"", self.file(id).display());
+        }
+        let path = self.dir.join(INCLUDE_FILE);
+        files::replace(&path, text.as_bytes())
+            .map_err(ExportError::io(format!("writing {}", path.display())))
+    }
+
+    fn ours(&self, id: u16) -> bool {
+        self.ids.contains(&id)
+    }
+}
+
+fn client_text(client: &ExportClient) -> String {
+    // Bare: ganesha's parser reads addresses, networks and `*` as tokens of their own
+    // and refuses a quoted string where it expects a client.
+    client.to_string()
+}
+
+impl NfsServer for Ganesha {
+    fn kind(&self) -> ExportManager {
+        ExportManager::Ganesha
+    }
+
+    fn needs_id(&self) -> bool {
+        true
+    }
+
+    fn load(&self) -> Result<Vec<ExportRecord>, ExportError> {
+        let entries = std::fs::read_dir(&self.dir)
+            .map_err(ExportError::io(format!("reading {}", self.dir.display())))?;
+        let mut records = Vec::new();
+        for entry in entries {
+            let entry =
+                entry.map_err(ExportError::io(format!("reading {}", self.dir.display())))?;
+            let name = entry.file_name();
+            let name = name.to_string_lossy();
+            let Some(id) = name
+                .strip_prefix("export-")
+                .and_then(|rest| rest.strip_suffix(".conf"))
+                .and_then(|id| id.parse::<u16>().ok())
+            else {
+                continue;
+            };
+            let path = entry.path();
+            let text = std::fs::read_to_string(&path)
+                .map_err(ExportError::io(format!("reading {}", path.display())))?;
+            let found = ExportRecord::from_comments(&text, &path.display().to_string())
+                .map_err(ExportError::Corrupt)?;
+            match found.as_slice() {
+                [record] if record.id == Some(id) => records.push(record.clone()),
+                _ => {
+                    return Err(ExportError::Corrupt(format!(
+                        "{} does not hold exactly one export record with id {id}",
+                        path.display()
+                    )));
+                }
+            }
+        }
+        Ok(records)
+    }
+
+    fn apply(
+        &self,
+        previous: Option<&ExportRecord>,
+        next: &ExportRecord,
+        all: &Table,
+    ) -> Result<(), ExportError> {
+        let id = Self::id_of(next)?;
+        let file = self.file(id);
+        let text = self.block(next, id);
+        let what = || format!("writing {}", file.display());
+        match previous {
+            None => {
+                // Recorded first: a crash before ganesha heard of it is repaired at
+                // start by adding what the record says.
+                files::replace(&file, text.as_bytes()).map_err(ExportError::io(what()))?;
+                if let Err(error) = self.bus.add(&file, id) {
+                    let _ = files::remove(&file);
+                    return Err(error);
+                }
+                self.write_includes(all)
+            }
+            Some(_) => {
+                // ganesha reads the new block from beside the record, which stays the
+                // old one until ganesha has it: a leftover staged file at start means
+                // ganesha may serve either, and it is set back to the record.
+                let staged =
+                    files::stage(&file, text.as_bytes()).map_err(ExportError::io(what()))?;
+                if let Err(error) = self.bus.update(&staged, id) {
+                    let _ = files::remove(&staged);
+                    return Err(error);
+                }
+                files::commit(&staged, &file).map_err(ExportError::io(what()))
+            }
+        }
+    }
+
+    fn remove(&self, record: &ExportRecord, all: &Table) -> Result<(), ExportError> {
+        let id = Self::id_of(record)?;
+        if let Err(error) = self.bus.remove(id) {
+            // Refused because ganesha does not serve it (restarted without it, say)
+            // is what was wanted; listing the exports tells that from a real failure
+            // without paying for the list on every removal.
+            if self.bus.show()?.iter().any(|shown| shown.id == id) {
+                return Err(error);
+            }
+        }
+        let file = self.file(id);
+        files::remove(&file).map_err(ExportError::io(format!("removing {}", file.display())))?;
+        if let Ok(staged) = files::staged_name(&file) {
+            let _ = files::remove(&staged);
+        }
+        self.write_includes(all)
+    }
+
+    fn restore(&self, all: &Table) -> Result<Restored, ExportError> {
+        self.write_includes(all)?;
+        let served: BTreeSet<u16> = self.bus.show()?.iter().map(|shown| shown.id).collect();
+        let by_id: BTreeSet<u16> = all.values().filter_map(|record| record.id).collect();
+        let mut restored = Restored::default();
+        for &id in served.iter().filter(|id| self.ours(**id)) {
+            if !by_id.contains(&id) {
+                // In the agent's range but recorded nowhere: a change that crashed
+                // after ganesha took it and before its record was written.
+                self.bus.remove(id)?;
+                restored.removed += 1;
+            }
+        }
+        for &id in &by_id {
+            let file = self.file(id);
+            let staged = files::staged_name(&file)
+                .map_err(ExportError::io(format!("naming beside {}", file.display())))?;
+            let interrupted = staged.exists();
+            if !served.contains(&id) {
+                self.bus.add(&file, id)?;
+                restored.added += 1;
+            } else if interrupted {
+                self.bus.update(&file, id)?;
+                restored.repaired += 1;
+            } else {
+                restored.kept += 1;
+            }
+            if interrupted {
+                files::remove(&staged)
+                    .map_err(ExportError::io(format!("removing {}", staged.display())))?;
+            }
+        }
+        Ok(restored)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use nfsprov_api_types::{ExportRequest, SecFlavor, VolumePath};
+
+    use super::*;
+
+    fn ganesha(dir: &Path) -> Ganesha {
+        let settings = ExportSettings {
+            manager: ExportManager::Ganesha,
+            ganesha_config_dir: dir.join("ganesha.d"),
+            ..ExportSettings::default()
+        };
+        Ganesha::new(&settings, Path::new("/srv/nfs"), "/exports/").unwrap()
+    }
+
+    #[test]
+    fn a_block_admits_only_the_listed_clients_with_the_requested_options() {
+        let dir = tempfile::tempdir().unwrap();
+        let ganesha = ganesha(dir.path());
+        let record = ExportRecord::new(
+            VolumePath::parse("ns/claim").unwrap(),
+            Some(1234),
+            ExportRequest {
+                clients: vec!["10.0.0.0/8".parse().unwrap(), "127.0.0.2".parse().unwrap()],
+                access: ExportAccess::ReadOnly,
+                squash: Squash::All,
+                anon_uid: Some(2000),
+                anon_gid: Some(3000),
+                sec: vec![SecFlavor::Krb5p, SecFlavor::Sys],
+            },
+        );
+        let block = ganesha.block(&record, 1234);
+        for line in [
+            "  Export_Id = 1234;",
+            "  Path = \"/srv/nfs/ns/claim\";",
+            "  Pseudo = \"/exports/ns/claim\";",
+            "  Access_Type = None;",
+            "  Squash = All_Squash;",
+            "  Anonymous_Uid = 2000;",
+            "  Anonymous_Gid = 3000;",
+            "  SecType = krb5p, sys;",
+            "    Clients = 127.0.0.2, 10.0.0.0/8;",
+            "    Access_Type = RO;",
+        ] {
+            assert!(
+                block.lines().any(|l| l == line),
+                "{line:?} missing:\n{block}"
+            );
+        }
+        let read_back = ExportRecord::from_comments(&block, "test").unwrap();
+        assert_eq!(read_back, vec![record]);
+    }
+
+    #[test]
+    fn a_block_without_clients_admits_nobody() {
+        let dir = tempfile::tempdir().unwrap();
+        let ganesha = ganesha(dir.path());
+        let record = ExportRecord::new(
+            VolumePath::parse("ns/claim").unwrap(),
+            Some(1000),
+            ExportRequest::default(),
+        );
+        let block = ganesha.block(&record, 1000);
+        assert!(!block.contains("CLIENT"), "{block}");
+        assert!(block.contains("  Access_Type = None;\n"), "{block}");
+        assert!(block.contains("  Squash = Root_Squash;\n"), "{block}");
+    }
+
+    #[test]
+    fn a_quote_in_the_export_root_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let settings = ExportSettings {
+            manager: ExportManager::Ganesha,
+            ganesha_config_dir: dir.path().join("ganesha.d"),
+            ..ExportSettings::default()
+        };
+        let refused = Ganesha::new(&settings, Path::new("/srv/\"nfs"), "/srv/nfs");
+        assert!(refused.is_err());
+    }
+}

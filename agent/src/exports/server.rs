@@ -1,0 +1,79 @@
+use std::collections::BTreeMap;
+use std::fmt;
+
+use nfsprov_api_types::{ApiError, ErrorCode, ExportManager, VolumePath};
+
+use super::record::ExportRecord;
+
+/// The whole export table, by volume.
+pub type Table = BTreeMap<VolumePath, ExportRecord>;
+
+/// What a start-up found and repaired.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Restored {
+    /// Exports the NFS server already served as recorded.
+    pub kept: usize,
+    /// Recorded exports the NFS server had lost (its restart, or a crash before the
+    /// agent told it) and serves again.
+    pub added: usize,
+    /// Exports changed or removed half-way by an interrupted run, set back to the record.
+    pub repaired: usize,
+    /// Exports of the agent's whose volume is gone, or that no record names.
+    pub removed: usize,
+}
+
+/// An NFS server whose export table the agent manages.
+pub trait NfsServer: Send + Sync + fmt::Debug {
+    fn kind(&self) -> ExportManager;
+    /// Whether each export needs an id of its own (ganesha's `Export_Id`).
+    fn needs_id(&self) -> bool;
+    /// The exports an earlier run recorded.
+    fn load(&self) -> Result<Vec<ExportRecord>, ExportError>;
+    /// Serves `next` in place of `previous`, persisting it; `all` is the table with
+    /// `next` in it.
+    fn apply(
+        &self,
+        previous: Option<&ExportRecord>,
+        next: &ExportRecord,
+        all: &Table,
+    ) -> Result<(), ExportError>;
+    /// Stops serving `record` and forgets it; `all` is the table without it.
+    fn remove(&self, record: &ExportRecord, all: &Table) -> Result<(), ExportError>;
+    /// At start: makes the server serve exactly `all`.
+    fn restore(&self, all: &Table) -> Result<Restored, ExportError>;
+}
+
+/// Why an export could not be changed.
+#[derive(Debug, thiserror::Error)]
+pub enum ExportError {
+    #[error("this agent exports no volume by itself (no export manager)")]
+    NoManager,
+    #[error("no free export id left in exports.ganesha_first_export_id .. ganesha_last_export_id")]
+    NoFreeId,
+    #[error("the NFS server refused: {0}")]
+    Server(String),
+    #[error("{what}: {source}")]
+    Io {
+        what: String,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("{0}")]
+    Corrupt(String),
+}
+
+impl ExportError {
+    pub(crate) fn io(what: impl Into<String>) -> impl FnOnce(std::io::Error) -> Self {
+        let what = what.into();
+        move |source| ExportError::Io { what, source }
+    }
+
+    pub fn to_api_error(&self) -> ApiError {
+        let code = match self {
+            ExportError::NoManager => ErrorCode::Unsupported,
+            ExportError::NoFreeId => ErrorCode::Conflict,
+            _ => ErrorCode::Internal,
+        };
+        ApiError::new(code, self.to_string())
+    }
+}

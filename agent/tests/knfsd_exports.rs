@@ -1,0 +1,324 @@
+//! The knfsd export manager. This machine has no kernel NFS server and no `exportfs`, so
+//! these tests run it against a recording `exportfs` stand-in (a shell script that logs
+//! its command line), checking the command lines and the persisted exports file.
+
+use std::path::PathBuf;
+
+use nfsprov_agent::exports::{ExportSettings, Exports};
+use nfsprov_api_types::{ExportManager, ExportRequest, Squash, VolumePath};
+
+struct StandIn {
+    dir: tempfile::TempDir,
+    root: PathBuf,
+    log: PathBuf,
+    settings: ExportSettings,
+}
+
+impl StandIn {
+    fn new() -> Self {
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path().join("export");
+        std::fs::create_dir(&root).unwrap();
+        let log = dir.path().join("exportfs.log");
+        let script = dir.path().join("recording-exportfs");
+        // Logs its arguments one call a line; refuses a client named 192.0.2.99, as
+        // exportfs refuses what it cannot export.
+        std::fs::write(
+            &script,
+            format!(
+                "#!/bin/sh\nprintf '%s\\n' \"$*\" >> '{}'\ncase \"$*\" in *192.0.2.99:*) echo refused >&2; exit 1;; esac\n",
+                log.display()
+            ),
+        )
+        .unwrap();
+        std::fs::set_permissions(&script, std::os::unix::fs::PermissionsExt::from_mode(0o755))
+            .unwrap();
+        let settings = ExportSettings {
+            manager: ExportManager::Knfsd,
+            knfsd_exports_file: dir.path().join("nfsprov.exports"),
+            knfsd_exportfs: script,
+            ..ExportSettings::default()
+        };
+        Self {
+            dir,
+            root,
+            log,
+            settings,
+        }
+    }
+
+    fn open(&self) -> Exports {
+        let root = self.root.display().to_string();
+        Exports::open(&self.settings, &self.root, &root, |_| true)
+            .unwrap()
+            .0
+    }
+
+    /// The calls logged since the last look.
+    fn calls(&self) -> Vec<String> {
+        let text = std::fs::read_to_string(&self.log).unwrap_or_default();
+        let _ = std::fs::remove_file(&self.log);
+        text.lines().map(str::to_owned).collect()
+    }
+
+    fn file(&self) -> String {
+        std::fs::read_to_string(&self.settings.knfsd_exports_file).unwrap()
+    }
+
+    fn path(&self, volume: &str) -> String {
+        self.root.join(volume).display().to_string()
+    }
+}
+
+fn request(clients: &[&str]) -> ExportRequest {
+    ExportRequest {
+        clients: clients.iter().map(|c| c.parse().unwrap()).collect(),
+        squash: Squash::Root,
+        anon_uid: Some(4321),
+        anon_gid: Some(4321),
+        ..ExportRequest::default()
+    }
+}
+
+const OPTIONS: &str =
+    "rw,root_squash,anonuid=4321,anongid=4321,sec=sys,sync,no_subtree_check,secure";
+
+#[test]
+fn knfsd_recording_exportfs_stand_in_sees_one_call_per_client_change_and_the_file_the_set() {
+    let stand_in = StandIn::new();
+    let exports = stand_in.open();
+    assert_eq!(exports.kind(), ExportManager::Knfsd);
+    assert!(stand_in.calls().is_empty(), "nothing to restore");
+    let volume = VolumePath::parse("ns/a").unwrap();
+    let path = stand_in.path("ns/a");
+
+    let export = exports
+        .set(&volume, &request(&["10.0.0.0/8", "127.0.0.2"]))
+        .unwrap();
+    assert_eq!(export.path, format!("{}/ns/a", stand_in.root.display()));
+    assert_eq!(
+        stand_in.calls(),
+        vec![
+            format!("-o {OPTIONS} 127.0.0.2:{path}"),
+            format!("-o {OPTIONS} 10.0.0.0/8:{path}"),
+        ]
+    );
+    let line = format!("\"{path}\" 127.0.0.2({OPTIONS}) 10.0.0.0/8({OPTIONS})");
+    assert!(
+        stand_in.file().lines().any(|l| l == line),
+        "{}",
+        stand_in.file()
+    );
+
+    // The same set in another order: nothing to do.
+    exports
+        .set(&volume, &request(&["127.0.0.2", "10.0.0.0/8"]))
+        .unwrap();
+    assert!(stand_in.calls().is_empty());
+
+    // Moved to another client: the new one exported, the old ones unexported.
+    exports.set(&volume, &request(&["127.0.0.3"])).unwrap();
+    assert_eq!(
+        stand_in.calls(),
+        vec![
+            format!("-o {OPTIONS} 127.0.0.3:{path}"),
+            format!("-u 127.0.0.2:{path}"),
+            format!("-u 10.0.0.0/8:{path}"),
+        ]
+    );
+    let text = stand_in.file();
+    assert!(
+        text.contains(&format!("\"{path}\" 127.0.0.3({OPTIONS})\n")),
+        "{text}"
+    );
+    assert!(!text.contains("127.0.0.2("), "{text}");
+
+    // A second volume, everyone, read-only, nobody squashed.
+    let other = VolumePath::parse("ns/b").unwrap();
+    let everyone = ExportRequest {
+        clients: vec!["*".parse().unwrap()],
+        access: nfsprov_api_types::ExportAccess::ReadOnly,
+        squash: Squash::None,
+        ..ExportRequest::default()
+    };
+    exports.set(&other, &everyone).unwrap();
+    let b = stand_in.path("ns/b");
+    let ro = "ro,no_root_squash,sec=sys,sync,no_subtree_check,secure";
+    assert_eq!(stand_in.calls(), vec![format!("-o {ro} *:{b}")]);
+
+    // A restart restores exactly the recorded set from the file, with the same calls.
+    drop(exports);
+    let exports = stand_in.open();
+    let mut restored = stand_in.calls();
+    restored.sort();
+    let mut expected = vec![
+        format!("-o {OPTIONS} 127.0.0.3:{path}"),
+        format!("-o {ro} *:{b}"),
+    ];
+    expected.sort();
+    assert_eq!(restored, expected);
+    assert_eq!(
+        exports.get(&volume).unwrap().clients,
+        vec!["127.0.0.3".parse().unwrap()]
+    );
+
+    // Removed: unexported, and gone from the file.
+    exports.remove(&volume).unwrap();
+    assert_eq!(stand_in.calls(), vec![format!("-u 127.0.0.3:{path}")]);
+    assert!(!stand_in.file().contains(&path), "{}", stand_in.file());
+    assert!(stand_in.file().contains(&b));
+    assert_eq!(exports.get(&volume), None);
+
+    // Never the whole table reread.
+    let log = std::fs::read_to_string(stand_in.dir.path().join("exportfs.log")).unwrap_or_default();
+    assert!(!log.contains("-r") && !log.contains("-a"), "{log}");
+}
+
+#[test]
+fn knfsd_recording_exportfs_stand_in_refusing_leaves_the_export_as_it_was() {
+    let stand_in = StandIn::new();
+    let exports = stand_in.open();
+    let volume = VolumePath::parse("ns/a").unwrap();
+    exports.set(&volume, &request(&["127.0.0.2"])).unwrap();
+    stand_in.calls();
+    let error = exports
+        .set(&volume, &request(&["192.0.2.99"]))
+        .unwrap_err()
+        .to_string();
+    assert!(error.contains("refused"), "{error}");
+    assert_eq!(
+        exports.get(&volume).unwrap().clients,
+        vec!["127.0.0.2".parse().unwrap()],
+        "the table keeps what is served"
+    );
+    let path = stand_in.path("ns/a");
+    let text = stand_in.file();
+    assert!(
+        text.contains(&format!("\"{path}\" 127.0.0.2({OPTIONS})\n")),
+        "{text}"
+    );
+    assert!(!text.contains("192.0.2.99("), "{text}");
+    assert_eq!(
+        stand_in.calls(),
+        vec![
+            format!("-o {OPTIONS} 192.0.2.99:{path}"),
+            format!("-u 192.0.2.99:{path}"),
+            format!("-o {OPTIONS} 127.0.0.2:{path}"),
+        ]
+    );
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn knfsd_recording_exportfs_stand_in_follows_every_volume_change_over_the_api() {
+    use nfsprov_agent_testkit::TestAgent;
+    use nfsprov_api_types::client::{ClientError, CloneOutcome};
+    use nfsprov_api_types::{
+        AdoptVolumeRequest, CloneVolumeRequest, CreateVolumeRequest, ErrorCode,
+    };
+
+    let stand_in = StandIn::new();
+    let agent = TestAgent::start_with_exports(&stand_in.root, stand_in.settings.clone())
+        .await
+        .unwrap();
+    let client = agent.client();
+    let info = client.info(None).await.unwrap();
+    assert_eq!(info.capabilities.exports, ExportManager::Knfsd);
+    let create = |clients: &[&str]| CreateVolumeRequest {
+        capacity_bytes: 1 << 20,
+        export: Some(request(clients)),
+        ..Default::default()
+    };
+
+    let a = VolumePath::parse("ns/a").unwrap();
+    let refused = client
+        .create_volume(&a, &CreateVolumeRequest::default(), None)
+        .await;
+    assert!(
+        matches!(&refused, Err(ClientError::Api { error, .. }) if error.code == ErrorCode::InvalidBody),
+        "{refused:?}"
+    );
+    let made = client
+        .create_volume(&a, &create(&["127.0.0.2"]), None)
+        .await
+        .unwrap();
+    let export = made.volume.export.unwrap();
+    assert_eq!(export.path, format!("{}/ns/a", stand_in.root.display()));
+    let pa = stand_in.path("ns/a");
+    assert_eq!(
+        stand_in.calls(),
+        vec![format!("-o {OPTIONS} 127.0.0.2:{pa}")]
+    );
+
+    // The same request again: the volume is found, the export left alone.
+    let again = client
+        .create_volume(&a, &create(&["127.0.0.2"]), None)
+        .await
+        .unwrap();
+    assert!(!again.created);
+    assert!(stand_in.calls().is_empty());
+    client
+        .set_volume_export(&a, &request(&["127.0.0.2"]), None)
+        .await
+        .unwrap();
+    assert!(stand_in.calls().is_empty());
+
+    // A clone gets its own export once it is made.
+    let b = VolumePath::parse("ns/b").unwrap();
+    let clone = CloneVolumeRequest {
+        source: a.clone(),
+        capacity_bytes: 1 << 20,
+        owner: Default::default(),
+        quota: Default::default(),
+        export: Some(request(&["127.0.0.3"])),
+    };
+    let cloned = loop {
+        match client.clone_volume(&b, &clone, None).await.unwrap() {
+            CloneOutcome::Ready(outcome) => break outcome.volume,
+            CloneOutcome::InProgress(_) => {
+                tokio::time::sleep(std::time::Duration::from_millis(50)).await
+            }
+        }
+    };
+    assert_eq!(
+        cloned.export.unwrap().clients,
+        vec!["127.0.0.3".parse().unwrap()]
+    );
+    let pb = stand_in.path("ns/b");
+    assert_eq!(
+        stand_in.calls(),
+        vec![format!("-o {OPTIONS} 127.0.0.3:{pb}")]
+    );
+
+    // An adopted directory is exported as asked.
+    let c = VolumePath::parse("ns/c").unwrap();
+    std::fs::create_dir_all(stand_in.root.join("ns/c")).unwrap();
+    let adopt = AdoptVolumeRequest {
+        capacity_bytes: 1 << 20,
+        owner: Default::default(),
+        export: Some(request(&["10.0.0.0/8"])),
+    };
+    client.adopt_volume(&c, &adopt, None).await.unwrap();
+    let pc = stand_in.path("ns/c");
+    assert_eq!(
+        stand_in.calls(),
+        vec![format!("-o {OPTIONS} 10.0.0.0/8:{pc}")]
+    );
+
+    // Reported by GET, the list and a resize.
+    let got = client.get_volume(&c, None).await.unwrap().unwrap();
+    assert!(got.export.is_some());
+    let listed = client.list_volumes(None).await.unwrap();
+    assert_eq!(listed.iter().filter(|v| v.export.is_some()).count(), 3);
+    let resized = client.resize_volume(&c, 2 << 20, None).await.unwrap();
+    assert!(resized.export.is_some());
+
+    // Archived and deleted volumes are unexported first, and gone from the file.
+    client.archive_volume(&a, None, None).await.unwrap();
+    assert_eq!(stand_in.calls(), vec![format!("-u 127.0.0.2:{pa}")]);
+    client.delete_volume(&b, None).await.unwrap();
+    assert_eq!(stand_in.calls(), vec![format!("-u 127.0.0.3:{pb}")]);
+    let text = stand_in.file();
+    assert!(!text.contains(&pa) && !text.contains(&pb), "{text}");
+    assert!(text.contains(&pc), "{text}");
+    agent.stop().await.unwrap();
+}

@@ -1,0 +1,219 @@
+//! nfs-ganesha with its D-Bus export manager on a private system bus: a `dbus-daemon`
+//! of the test's own (open to every local user: it lives in the test's directory and
+//! only ganesha and the agent use it), and ganesha
+//! serving NFSv4 on loopback with no export but those its `%include` brings from the
+//! directory the agent manages.
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+/// A private system bus; stopped when dropped.
+pub struct PrivateBus {
+    address: String,
+    child: Option<Child>,
+    _dir: tempfile::TempDir,
+}
+
+impl PrivateBus {
+    pub async fn start() -> anyhow::Result<Self> {
+        let dir = tempfile::tempdir()?;
+        let socket = dir.path().join("bus");
+        let config = dir.path().join("bus.conf");
+        std::fs::write(
+            &config,
+            format!(
+                "<!DOCTYPE busconfig PUBLIC \"-//freedesktop//DTD D-BUS Bus Configuration 1.0//EN\"\n \
+                 \"http://www.freedesktop.org/standards/dbus/1.0/busconfig.dtd\">\n\
+                 <busconfig>\n  <type>system</type>\n  <listen>unix:path={}</listen>\n  \
+                 <auth>EXTERNAL</auth>\n  <policy context=\"default\">\n    <allow user=\"*\"/>\n    \
+                 <allow own=\"org.ganesha.nfsd\"/>\n    <allow send_destination=\"*\" eavesdrop=\"false\"/>\n    \
+                 <allow receive_sender=\"*\"/>\n  </policy>\n</busconfig>\n",
+                socket.display()
+            ),
+        )?;
+        let child = Command::new("dbus-daemon")
+            .arg(format!("--config-file={}", config.display()))
+            .arg("--nofork")
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .map_err(|e| anyhow::anyhow!("cannot start dbus-daemon (Debian: dbus-daemon): {e}"))?;
+        let bus = Self {
+            address: format!("unix:path={}", socket.display()),
+            child: Some(child),
+            _dir: dir,
+        };
+        crate::eventually("the private bus to listen", Duration::from_secs(20), || {
+            let ready = socket.exists();
+            async move { ready }
+        })
+        .await?;
+        Ok(bus)
+    }
+
+    pub fn address(&self) -> &str {
+        &self.address
+    }
+}
+
+impl Drop for PrivateBus {
+    fn drop(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
+
+/// ganesha on a private bus, including the agent's exports; stopped when dropped.
+pub struct Ganesha {
+    port: u16,
+    bus: String,
+    config_dir: PathBuf,
+    work: tempfile::TempDir,
+    child: Option<Child>,
+}
+
+impl Ganesha {
+    /// Starts ganesha on `bus`, its exports those `config_dir/exports.conf` includes.
+    pub async fn start(bus: &PrivateBus, config_dir: &Path) -> anyhow::Result<Self> {
+        std::fs::create_dir_all(config_dir)?;
+        let include = config_dir.join("exports.conf");
+        if !include.exists() {
+            std::fs::write(&include, "")?;
+        }
+        let mut ganesha = Self {
+            port: crate::free_port()?,
+            bus: bus.address().to_owned(),
+            config_dir: config_dir.to_owned(),
+            work: tempfile::tempdir()?,
+            child: None,
+        };
+        ganesha.spawn().await?;
+        Ok(ganesha)
+    }
+
+    async fn spawn(&mut self) -> anyhow::Result<()> {
+        let config = self.work.path().join("ganesha.conf");
+        std::fs::write(
+            &config,
+            format!(
+                "NFS_CORE_PARAM {{\n  Protocols = 4;\n  NFS_Port = {};\n  Enable_NLM = false;\n  \
+                 Enable_RQUOTA = false;\n  Enable_UDP = false;\n  Mount_Path_Pseudo = true;\n}}\n\
+                 NFSV4 {{\n  Graceless = true;\n  Lease_Lifetime = 10;\n  RecoveryRoot = \"{}\";\n  \
+                 Allow_Numeric_Owners = true;\n  Only_Numeric_Owners = true;\n}}\n\
+                 NFS_KRB5 {{ Active_krb5 = false; }}\n\
+                 CACHEINODE {{ Attr_Expiration_Time = 0; }}\n\
+                 %include \"{}\"\n",
+                self.port,
+                self.work.path().join("recovery").display(),
+                self.config_dir.join("exports.conf").display()
+            ),
+        )?;
+        let child = Command::new("ganesha.nfsd")
+            .arg("-F")
+            .arg("-f")
+            .arg(&config)
+            .arg("-L")
+            .arg(self.work.path().join("ganesha.log"))
+            .arg("-p")
+            .arg(self.work.path().join("ganesha.pid"))
+            .args(["-N", "NIV_EVENT"])
+            .env("DBUS_SYSTEM_BUS_ADDRESS", &self.bus)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .map_err(|e| {
+                anyhow::anyhow!(
+                    "cannot start ganesha.nfsd (Debian: nfs-ganesha, nfs-ganesha-vfs): {e}"
+                )
+            })?;
+        self.child = Some(child);
+        let bus = self.bus.clone();
+        crate::eventually(
+            "ganesha's export manager on the bus",
+            Duration::from_secs(60),
+            || {
+                let bus = bus.clone();
+                async move {
+                    tokio::task::spawn_blocking(move || show_exports(&bus).is_ok())
+                        .await
+                        .unwrap_or(false)
+                }
+            },
+        )
+        .await
+        .map_err(|e| anyhow::anyhow!("{e}; ganesha log:\n{}", self.log_text()))
+    }
+
+    /// Stops ganesha (SIGKILL) and starts it again with the same configuration.
+    pub async fn restart(&mut self) -> anyhow::Result<()> {
+        self.stop();
+        self.spawn().await
+    }
+
+    fn stop(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+
+    /// The export ids ganesha serves, as its D-Bus ShowExports lists them, in order.
+    pub fn export_ids(&self) -> anyhow::Result<Vec<u16>> {
+        let mut ids = show_exports(&self.bus)?;
+        ids.sort_unstable();
+        Ok(ids)
+    }
+
+    /// Asks ganesha to drop export `id`, behind the agent's back.
+    pub fn remove_export(&self, id: u16) -> anyhow::Result<()> {
+        dbus_send(&self.bus, "RemoveExport", &[&format!("uint16:{id}")]).map(drop)
+    }
+
+    /// An NFSv4 URL of `path` on this server, for a client on any loopback address.
+    pub fn url(&self, path: &str) -> String {
+        crate::nfs::nfs_url("127.0.0.1", self.port, path)
+    }
+
+    pub fn log_text(&self) -> String {
+        std::fs::read_to_string(self.work.path().join("ganesha.log")).unwrap_or_default()
+    }
+}
+
+impl Drop for Ganesha {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+fn dbus_send(bus: &str, method: &str, args: &[&str]) -> anyhow::Result<String> {
+    let output = Command::new("dbus-send")
+        .arg(format!("--bus={bus}"))
+        .args([
+            "--print-reply",
+            "--dest=org.ganesha.nfsd",
+            "/org/ganesha/nfsd/ExportMgr",
+        ])
+        .arg(format!("org.ganesha.nfsd.exportmgr.{method}"))
+        .args(args)
+        .stdin(Stdio::null())
+        .output()?;
+    anyhow::ensure!(
+        output.status.success(),
+        "dbus-send {method}: {}",
+        String::from_utf8_lossy(&output.stderr).trim()
+    );
+    Ok(String::from_utf8_lossy(&output.stdout).into_owned())
+}
+
+/// The ids of ShowExports' answer: the `uint16` fields, one per export.
+fn show_exports(bus: &str) -> anyhow::Result<Vec<u16>> {
+    let reply = dbus_send(bus, "ShowExports", &[])?;
+    reply
+        .lines()
+        .filter_map(|line| line.trim().strip_prefix("uint16 "))
+        .map(|id| Ok(id.trim().parse()?))
+        .collect()
+}
