@@ -329,6 +329,7 @@ fn operation(endpoint: Endpoint) -> &'static str {
         Endpoint::DeleteVolume => "delete",
         Endpoint::AdoptVolume => "adopt",
         Endpoint::CloneVolume => "clone",
+        Endpoint::SetVolumeExport => "export",
         Endpoint::ListArchives => "list_archives",
         Endpoint::ArchiveVolume => "archive",
         Endpoint::DeleteArchive => "delete_archive",
