@@ -14,8 +14,8 @@ use nfsprov_api_types::client::{
     CreateOutcome, SecretAgent,
 };
 use nfsprov_api_types::{
-    ArchiveResult, Capabilities, CloneVolumeRequest, CreateVolumeRequest, NfsExport, Volume,
-    VolumePath,
+    ArchiveResult, Capabilities, CloneVolumeRequest, CreateVolumeRequest, ExportRequest, NfsExport,
+    Volume, VolumePath,
 };
 use tokio::sync::watch;
 use tracing::{debug, warn};
@@ -332,6 +332,21 @@ impl Agent {
     ) -> Result<Option<Volume>, ClientError> {
         self.timed("get", self.client.get_volume(path, Some(request_id)))
             .await
+    }
+
+    /// Replaces who may mount the volume; answers the volume with the export now served.
+    pub async fn set_volume_export(
+        &self,
+        path: &VolumePath,
+        request: &ExportRequest,
+        request_id: &str,
+    ) -> Result<Volume, ClientError> {
+        self.timed(
+            "export",
+            self.client
+                .set_volume_export(path, request, Some(request_id)),
+        )
+        .await
     }
 
     /// Raises the volume's recorded capacity (and its quota where one is enforced); the

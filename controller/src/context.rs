@@ -16,6 +16,7 @@ use crate::agents::{AgentRegistry, InfoError};
 use crate::backoff::Backoff;
 use crate::events::{EventRecorder, note_text};
 use crate::metrics::Metrics;
+use crate::mounters::Mounters;
 use crate::objects::{CachedVolume, Provisioners};
 use crate::reported::ReportedFailures;
 
@@ -54,6 +55,8 @@ pub struct Context {
     pub backoff: Backoff,
     /// Permanent provisioning failures already reported, so resyncs do not repeat them.
     pub reported: ReportedFailures,
+    /// Nodes and scheduled Pods, for the exports that follow them.
+    pub mounters: Mounters,
 }
 
 impl Context {
@@ -76,6 +79,7 @@ impl Context {
             metrics,
             backoff: Backoff::default(),
             reported: ReportedFailures::default(),
+            mounters: Mounters::default(),
         }
     }
 

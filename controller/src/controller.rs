@@ -171,6 +171,7 @@ pub async fn run(
             }
         }
     };
+    let export_sync = crate::exports::run(ctx.clone(), config.resync, shutdown.clone());
     let agents = ctx.agents.clone();
     let volume_controller = Controller::for_stream(volume_stream, volumes.clone())
         .with_config(controller_config)
@@ -201,6 +202,7 @@ pub async fn run(
         readiness,
         usage_poll,
         orphan_check,
-        secret_watch
+        secret_watch,
+        export_sync
     );
 }

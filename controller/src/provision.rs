@@ -390,6 +390,13 @@ async fn provision(
             return Err(cannot_enforce(&describe_quota(&capabilities)));
         }
     }
+    let volume_export = crate::exports::for_new_volume(ctx, &agent, pvc, &params, class_name, &rid)
+        .await
+        .map_err(|refusal| Failure {
+            message: refusal.message,
+            error: refusal.error,
+            permanent: false,
+        })?;
     let owner = VolumeOwner {
         pvc_namespace: Some(namespace.clone()),
         pvc_name: Some(name.clone()),
@@ -411,7 +418,7 @@ async fn provision(
                 capacity_bytes,
                 owner,
                 quota: params.quota,
-                export: None,
+                export: volume_export,
             };
             agent
                 .create_volume(&path, &request, &rid)
@@ -425,7 +432,7 @@ async fn provision(
                 capacity_bytes,
                 owner,
                 quota: params.quota,
-                export: None,
+                export: volume_export,
             };
             let what = format!("could not clone {} into {path}", source.path);
             match agent.clone_volume(&path, &request, &rid).await {
