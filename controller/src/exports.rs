@@ -1,7 +1,8 @@
 //! Who may mount each volume, from the controller's side: the export a new volume is made
-//! with ([`for_new_volume`]), and keeping the exports of `nodes` and `pods` classes in step
-//! with the cluster as Nodes and Pods come and go ([`run`]). Fixed client lists never
-//! change after provisioning, so only the classes that follow the cluster are reconciled.
+//! with ([`for_new_volume`]), and keeping every export in step with its class ([`run`]):
+//! those of `nodes` and `pods` classes as Nodes and Pods come and go, and any export
+//! found missing or changed behind the controller's back (a volume made before its agent
+//! had an export manager, an edit on the NFS server).
 //!
 //! A `pods` export gains a node as soon as a pod using the claim is bound to it (before
 //! its kubelet can mount) and loses it only once the pod object is gone, so a node that
@@ -187,15 +188,15 @@ impl<'a> Reconciler<'a> {
         self.known.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// The volumes of `nodes` and `pods` classes on agents with an export manager, with
-    /// the clients each should admit. Volumes on their way out (released, failed) are left
-    /// to deletion.
+    /// The volumes on agents with an export manager, with the clients each should admit.
+    /// Volumes on their way out (released, failed) are left to deletion.
     async fn targets(&self) -> Vec<Target> {
         let ctx = self.ctx;
         let snapshot = ctx.mounters.snapshot();
         let mut classes: HashMap<String, Option<Arc<ClassParams>>> = HashMap::new();
         let mut agents: HashMap<String, Option<Arc<Agent>>> = HashMap::new();
         let mut everyone: Option<Arc<[ExportClient]>> = None;
+        let mut fixed: HashMap<String, Arc<[ExportClient]>> = HashMap::new();
         let mut found = Vec::new();
         for volume in ctx.volumes.state() {
             if !is_ours(&volume, &ctx.provisioner)
@@ -217,11 +218,6 @@ impl<'a> Reconciler<'a> {
                     let params = ctx
                         .class(&class)
                         .and_then(|c| ClassParams::parse(c.parameters.as_ref()).ok())
-                        .filter(|p| {
-                            p.export_clients
-                                .as_ref()
-                                .is_some_and(ExportClients::follows_cluster)
-                        })
                         .map(Arc::new);
                     classes.insert(class, params.clone());
                     params
@@ -245,13 +241,18 @@ impl<'a> Reconciler<'a> {
                 }
             };
             let Some(agent) = agent else { continue };
-            let which = params.export_clients.as_ref().expect("filtered above");
+            let which = params.export_clients.clone().unwrap_or_default();
+            let which = &which;
             let clients = match which {
-                // The same list for every volume: made once per look.
+                // The same list for every volume of a class: made once per look.
+                ExportClients::All | ExportClients::List(_) => fixed
+                    .entry(class_name(&volume).to_owned())
+                    .or_insert_with(|| fixed_clients(Some(which)).unwrap_or_default().into())
+                    .clone(),
                 ExportClients::Nodes => everyone
                     .get_or_insert_with(|| snapshot.clients(which, "", "").into())
                     .clone(),
-                _ => snapshot
+                ExportClients::Pods => snapshot
                     .clients(
                         which,
                         claim.namespace.as_deref().unwrap_or_default(),
