@@ -280,11 +280,14 @@ impl Mounters {
     }
 }
 
+/// A claim by namespace and name.
+type ClaimKey = (Box<str>, Box<str>);
+
 /// Node addresses by node name, and the nodes where each claim's pods are scheduled.
 #[derive(Debug, Default)]
 pub struct Snapshot {
     addresses: HashMap<Box<str>, Vec<IpAddr>>,
-    claim_nodes: HashMap<(Box<str>, Box<str>), BTreeSet<Box<str>>>,
+    claim_nodes: HashMap<ClaimKey, BTreeSet<Box<str>>>,
 }
 
 impl Snapshot {
@@ -296,7 +299,7 @@ impl Snapshot {
                 Some((name.into(), node.addresses.clone()))
             })
             .collect();
-        let mut claim_nodes: HashMap<(Box<str>, Box<str>), BTreeSet<Box<str>>> = HashMap::new();
+        let mut claim_nodes: HashMap<ClaimKey, BTreeSet<Box<str>>> = HashMap::new();
         for pod in pods {
             let (Some(node), Some(namespace)) = (&pod.node, pod.metadata.namespace.as_deref())
             else {

@@ -183,8 +183,8 @@ impl Cluster {
                 .map(|e| e.clients.clone())
                 .unwrap_or_default();
             served.sort_unstable();
-            if export.is_some() && served == wanted {
-                return export.unwrap();
+            if let Some(export) = export.as_ref().filter(|_| served == wanted) {
+                return export.clone();
             }
             assert!(
                 tokio::time::Instant::now() < deadline,
