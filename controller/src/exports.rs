@@ -19,6 +19,7 @@ use k8s_openapi::api::core::v1::PersistentVolumeClaim;
 use kube::ResourceExt;
 use kube::api::Api;
 use kube::runtime::events::EventType;
+use kube::runtime::reflector::ObjectRef;
 use kube::runtime::watcher::{self, Event};
 use kube::runtime::{WatchStreamExt, watcher as watch_of};
 use nfsprov_api_types::{ExportAccess, ExportClient, ExportRequest, VolumePath};
@@ -46,6 +47,9 @@ const CONCURRENT_REQUESTS: usize = 16;
 /// PV appeared just after its pod was bound is caught up within this time. A look with
 /// nothing to change costs a hash lookup per volume.
 const RECHECK: Duration = Duration::from_secs(5);
+
+/// The shortest pause between two looks, so that a burst of changes is taken in one.
+const MIN_WAIT: Duration = Duration::from_millis(50);
 
 /// Longer client lists are counted in events, not listed (a `nodes` export of a large
 /// cluster would not fit a note).
@@ -172,6 +176,13 @@ impl Target {
         bound_claim_of(&self.volume).expect("a target names its claim")
     }
 
+    /// Whether changes are told on the claim. Not for `nodes` classes: a node joining
+    /// changes every such export at once, and an event per claim would flood the API
+    /// server for what one metric says.
+    fn announced(&self) -> bool {
+        !matches!(self.params.export_clients, Some(ExportClients::Nodes))
+    }
+
     fn request(&self, read_only: bool) -> ExportRequest {
         export_request(&self.params, read_only, self.clients.to_vec())
     }
@@ -190,9 +201,13 @@ impl<'a> Reconciler<'a> {
 
     /// The volumes on agents with an export manager, with the clients each should admit.
     /// Volumes on their way out (released, failed) are left to deletion.
-    async fn targets(&self) -> Vec<Target> {
+    ///
+    /// Unless the cluster changed, volumes whose export was seen right and that are not
+    /// waiting for a retry are left out: a look with nothing new costs a lookup per volume,
+    /// not an index of every pod.
+    async fn targets(&self, cluster_changed: bool) -> Vec<Target> {
         let ctx = self.ctx;
-        let snapshot = ctx.mounters.snapshot();
+        let mut snapshot = None;
         let mut classes: HashMap<String, Option<Arc<ClassParams>>> = HashMap::new();
         let mut agents: HashMap<String, Option<Arc<Agent>>> = HashMap::new();
         let mut everyone: Option<Arc<[ExportClient]>> = None;
@@ -211,6 +226,14 @@ impl<'a> Reconciler<'a> {
             ) else {
                 continue;
             };
+            let settled = {
+                let known = self.known();
+                let pv = volume.metadata.name.as_deref().unwrap_or_default();
+                known.served.contains_key(pv) && !known.failing.contains_key(pv)
+            };
+            if settled && !cluster_changed {
+                continue;
+            }
             let class = class_name(&volume).to_owned();
             let params = match classes.get(&class) {
                 Some(params) => params.clone(),
@@ -250,9 +273,13 @@ impl<'a> Reconciler<'a> {
                     .or_insert_with(|| fixed_clients(Some(which)).unwrap_or_default().into())
                     .clone(),
                 ExportClients::Nodes => everyone
-                    .get_or_insert_with(|| snapshot.clients(which, "", "").into())
+                    .get_or_insert_with(|| {
+                        let snapshot = snapshot.get_or_insert_with(|| ctx.mounters.snapshot());
+                        snapshot.clients(which, "", "").into()
+                    })
                     .clone(),
                 ExportClients::Pods => snapshot
+                    .get_or_insert_with(|| ctx.mounters.snapshot())
                     .clients(
                         which,
                         claim.namespace.as_deref().unwrap_or_default(),
@@ -271,14 +298,19 @@ impl<'a> Reconciler<'a> {
     }
 
     /// One look at every volume; returns when the earliest failed one may be retried.
-    async fn sync(&self) -> Option<Instant> {
-        let targets = self.targets().await;
+    async fn sync(&self, cluster_changed: bool) -> Option<Instant> {
+        let targets = self.targets(cluster_changed).await;
         let now = Instant::now();
         let due: Vec<Target> = {
             let mut known = self.known();
+            // Every volume waiting for a retry is among the targets while it still needs
+            // one; the others are gone, or no longer exported by a manager.
             let present: HashSet<&str> = targets.iter().map(Target::pv_name).collect();
-            known.served.retain(|pv, _| present.contains(&**pv));
             known.failing.retain(|pv, _| present.contains(&**pv));
+            let volumes = &self.ctx.volumes;
+            known
+                .served
+                .retain(|pv, _| volumes.get(&ObjectRef::new(pv)).is_some());
             let mut memo: HashMap<(usize, bool), u64> = HashMap::new();
             targets
                 .into_iter()
@@ -369,6 +401,9 @@ impl<'a> Reconciler<'a> {
                 self.ctx.metrics.export_updated(target.agent.name());
                 let clients = describe(&wanted.clients);
                 info!(pv, agent = target.agent.name(), %clients, "export updated");
+                if !target.announced() {
+                    return;
+                }
                 self.ctx
                     .event(
                         &target.claim().object_reference(),
@@ -417,7 +452,7 @@ impl<'a> Reconciler<'a> {
             reason = why,
             "could not update the volume's export; retrying"
         );
-        if first {
+        if first && target.announced() {
             self.ctx
                 .event(
                     &target.claim().object_reference(),
@@ -511,19 +546,22 @@ pub async fn run(ctx: Arc<Context>, resync: Duration, shutdown: watch::Receiver<
             backoff: Backoff::default(),
         };
         let mut fresh_since = Instant::now();
+        let mut cluster_changed = true;
         loop {
             if fresh_since.elapsed() >= resync {
                 reconciler.known().served.clear();
                 fresh_since = Instant::now();
             }
-            let retry = reconciler.sync().await;
-            let wait = retry.map_or(RECHECK, |at| {
-                at.saturating_duration_since(Instant::now()).min(RECHECK)
-            });
-            tokio::select! {
-                () = ctx.mounters.changed.notified() => {}
-                () = tokio::time::sleep(wait) => {}
-            }
+            let retry = reconciler.sync(cluster_changed).await;
+            let wait = retry
+                .map_or(RECHECK, |at| {
+                    at.saturating_duration_since(Instant::now()).min(RECHECK)
+                })
+                .max(MIN_WAIT);
+            cluster_changed = tokio::select! {
+                () = ctx.mounters.changed.notified() => true,
+                () = tokio::time::sleep(wait) => false,
+            };
         }
     };
     tokio::select! {
