@@ -188,13 +188,21 @@ impl Target {
     }
 }
 
-struct Reconciler<'a> {
+pub(crate) struct Reconciler<'a> {
     ctx: &'a Context,
     known: Mutex<Known>,
     backoff: Backoff,
 }
 
 impl<'a> Reconciler<'a> {
+    pub(crate) fn new(ctx: &'a Context) -> Self {
+        Self {
+            ctx,
+            known: Mutex::default(),
+            backoff: Backoff::default(),
+        }
+    }
+
     fn known(&self) -> MutexGuard<'_, Known> {
         self.known.lock().unwrap_or_else(|e| e.into_inner())
     }
@@ -298,7 +306,7 @@ impl<'a> Reconciler<'a> {
     }
 
     /// One look at every volume; returns when the earliest failed one may be retried.
-    async fn sync(&self, cluster_changed: bool) -> Option<Instant> {
+    pub(crate) async fn sync(&self, cluster_changed: bool) -> Option<Instant> {
         let targets = self.targets(cluster_changed).await;
         let now = Instant::now();
         let due: Vec<Target> = {
@@ -540,11 +548,7 @@ pub async fn run(ctx: Arc<Context>, resync: Duration, shutdown: watch::Receiver<
         if ctx.volumes.wait_until_ready().await.is_err() {
             return;
         }
-        let reconciler = Reconciler {
-            ctx: &ctx,
-            known: Mutex::default(),
-            backoff: Backoff::default(),
-        };
+        let reconciler = Reconciler::new(&ctx);
         let mut fresh_since = Instant::now();
         let mut cluster_changed = true;
         loop {

@@ -6,6 +6,7 @@ mod agent_choice;
 mod agent_secrets;
 mod expand_scenarios;
 mod expand_sim;
+mod export_bench;
 mod export_sim;
 pub(crate) mod fixtures;
 mod real_agent;
