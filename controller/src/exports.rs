@@ -375,11 +375,15 @@ impl<'a> Reconciler<'a> {
                         .await;
                 }
                 Ok(None) => {
+                    // The orphan check reports a missing directory; asking again at every
+                    // look would only repeat the question.
                     debug!(
                         pv,
                         agent = target.agent.name(),
                         "the agent has no such volume"
                     );
+                    let retry = Instant::now() + self.backoff.failed(pv);
+                    self.known().failing.insert(pv.into(), retry);
                     return;
                 }
                 Ok(Some(volume)) => match volume.export {
