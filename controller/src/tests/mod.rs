@@ -7,6 +7,7 @@ mod agent_secrets;
 mod expand_scenarios;
 mod expand_sim;
 mod export_bench;
+mod export_scenarios;
 mod export_sim;
 pub(crate) mod fixtures;
 mod real_agent;
