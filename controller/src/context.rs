@@ -16,6 +16,7 @@ use crate::agents::{AgentRegistry, InfoError};
 use crate::backoff::Backoff;
 use crate::events::{EventRecorder, note_text};
 use crate::metrics::Metrics;
+use crate::mounters::Mounters;
 use crate::objects::{CachedVolume, Provisioners};
 use crate::reported::ReportedFailures;
 
@@ -56,6 +57,8 @@ pub struct Context {
     pub reported: ReportedFailures,
     /// Whether this replica leads (always, without leader election): nothing acts before.
     pub leading: watch::Receiver<bool>,
+    /// Nodes and scheduled Pods, for the exports that follow them.
+    pub mounters: Mounters,
 }
 
 impl Context {
@@ -79,6 +82,7 @@ impl Context {
             backoff: Backoff::default(),
             reported: ReportedFailures::default(),
             leading: watch::channel(true).1,
+            mounters: Mounters::default(),
         }
     }
 

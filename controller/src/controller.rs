@@ -238,6 +238,7 @@ pub async fn run(
             }
         }
     };
+    let export_sync = crate::exports::run(ctx.clone(), config.resync, shutdown.clone());
     let agents = ctx.agents.clone();
     let volume_controller = Controller::for_stream(volume_stream, volumes.clone())
         .with_config(controller_config)
@@ -269,7 +270,8 @@ pub async fn run(
         usage_poll,
         orphan_check,
         secret_watch,
-        rereading
+        rereading,
+        export_sync
     );
 }
 

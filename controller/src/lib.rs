@@ -9,10 +9,11 @@
 //! 1. leaves: `config`, `metrics`, `backoff`, `reported` (permanent failures already
 //!    reported), `events`, and `objects` (the vocabulary's names, and every predicate over
 //!    claims, classes and the cached form of volumes);
-//! 2. `pv` (a new PV), `cache` (what the watch caches keep), `agents` (the agent clients);
+//! 2. `pv` (a new PV), `cache` (what the watch caches keep), `agents` (the agent clients),
+//!    `mounters` (the Nodes and Pods that exports follow);
 //! 3. `context`: what every reconciler shares (the context, its errors, event publishing);
 //! 4. `datasource`: the claim a new volume is cloned from, read through the context;
-//! 5. the reconcilers: `provision`, `delete`, `expand`, `usage`, `orphans`, and
+//! 5. the reconcilers: `provision`, `delete`, `expand`, `usage`, `orphans`, `exports`, and
 //!    `agent_secrets` (the agents read from their watched Secrets);
 //! 6. `reconcile`: the entry points kube-runtime calls, with per-object backoff;
 //! 7. `controller` (wiring: watches, caches, controllers), `http`, `leader`;
@@ -30,9 +31,11 @@ pub(crate) mod datasource;
 pub(crate) mod delete;
 pub(crate) mod events;
 pub(crate) mod expand;
+pub(crate) mod exports;
 pub(crate) mod http;
 pub mod leader;
 pub mod metrics;
+pub(crate) mod mounters;
 pub mod objects;
 pub mod orphans;
 pub(crate) mod provision;

@@ -151,6 +151,8 @@ pub struct Metrics {
     invalid_agent_secrets: Family<SecretLabels, Gauge>,
     configured_agents: Family<OrphanLabels, Gauge>,
     agents_loaded: Family<OrphanLabels, Counter>,
+    exports_updated: Family<OrphanLabels, Counter>,
+    export_update_failures: Family<OrphanLabels, Counter>,
 }
 
 impl std::fmt::Debug for Metrics {
@@ -185,6 +187,8 @@ impl Metrics {
         let invalid_agent_secrets = Family::<SecretLabels, Gauge>::default();
         let configured_agents = Family::<OrphanLabels, Gauge>::default();
         let agents_loaded = Family::<OrphanLabels, Counter>::default();
+        let exports_updated = Family::<OrphanLabels, Counter>::default();
+        let export_update_failures = Family::<OrphanLabels, Counter>::default();
         // prometheus-client appends `_total` to counters itself.
         registry.register(
             "controller_persistentvolumeclaim_provision",
@@ -257,6 +261,16 @@ impl Metrics {
             "Times an agent's client was made from its Secret: once, then once per change (a rotated token)",
             agents_loaded.clone(),
         );
+        registry.register(
+            "nfsprov_exports_updated",
+            "Volume exports changed to admit the clients their class asks for now (a node joined or left, a pod moved)",
+            exports_updated.clone(),
+        );
+        registry.register(
+            "nfsprov_export_update_failures",
+            "Failed attempts to change a volume's export, retried with backoff",
+            export_update_failures.clone(),
+        );
         Self {
             registry,
             provision_total,
@@ -274,7 +288,27 @@ impl Metrics {
             invalid_agent_secrets,
             configured_agents,
             agents_loaded,
+            exports_updated,
+            export_update_failures,
         }
+    }
+
+    /// A volume's export was changed on `agent`.
+    pub fn export_updated(&self, agent: &str) {
+        self.exports_updated
+            .get_or_create(&OrphanLabels {
+                agent: agent.to_owned(),
+            })
+            .inc();
+    }
+
+    /// An attempt to change a volume's export on `agent` failed.
+    pub fn export_update_failed(&self, agent: &str) {
+        self.export_update_failures
+            .get_or_create(&OrphanLabels {
+                agent: agent.to_owned(),
+            })
+            .inc();
     }
 
     /// An agent's client was made anew from its Secret.

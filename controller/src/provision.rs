@@ -14,7 +14,7 @@ use kube::{Resource, ResourceExt};
 use nfsprov_api_types::client::{ClientError, CloneOutcome, CreateOutcome};
 use nfsprov_api_types::{
     Capabilities, CloneMethod, CloneProgress, CloneVolumeRequest, CreateVolumeRequest, ErrorCode,
-    NfsExport, QuotaBackend, QuotaPolicy, VolumeOwner, VolumePath,
+    ExportRequest, NfsExport, QuotaBackend, QuotaPolicy, VolumeOwner, VolumePath,
 };
 use nfsprov_vocabulary::params::ClassParams;
 use nfsprov_vocabulary::pattern::RenderInput;
@@ -341,7 +341,15 @@ async fn provision(
     let Some(_slot) = agent.try_slot() else {
         return Ok(Provisioned::AgentBusy(agent.name().to_owned()));
     };
-    let plan = plan(pvc, class_name, &wanted, source.as_ref())?;
+    // Who may mount it: from the class, the claim's pods and the agent's export manager.
+    let export = crate::exports::for_new_volume(ctx, &agent, pvc, &wanted.params, class_name, &rid)
+        .await
+        .map_err(|refusal| Failure {
+            message: refusal.message,
+            error: refusal.error,
+            permanent: false,
+        })?;
+    let plan = plan(pvc, class_name, &wanted, source.as_ref(), export)?;
     let calls = AgentCalls {
         agent: &agent,
         class_name,
@@ -406,6 +414,7 @@ fn plan(
     class_name: &str,
     wanted: &Wanted,
     source: Option<&SourceVolume>,
+    export: Option<ExportRequest>,
 ) -> Result<Plan, Failure> {
     let params = &wanted.params;
     let namespace = pvc.namespace().unwrap_or_default();
@@ -435,7 +444,7 @@ fn plan(
             capacity_bytes: wanted.capacity_bytes,
             owner,
             quota: params.quota,
-            export: None,
+            export,
         }),
         // The class's mode, uid and gid are not applied: a clone keeps its source's.
         Some(source) => Request::Clone {
@@ -444,7 +453,7 @@ fn plan(
                 capacity_bytes: wanted.capacity_bytes,
                 owner,
                 quota: params.quota,
-                export: None,
+                export,
             },
             from: source.claim.to_string(),
         },
@@ -714,7 +723,7 @@ mod tests {
             (PARAM_GID, "2000"),
             (PARAM_QUOTA, "off"),
         ]);
-        let plan = plan(&claim("nfs"), "nfs", &wanted, None).unwrap();
+        let plan = plan(&claim("nfs"), "nfs", &wanted, None, None).unwrap();
         let pv_name = format!("pvc-{CLAIM_UID}");
         assert_eq!(plan.claim, "team-a/data");
         assert_eq!(plan.pv_name, pv_name);
@@ -747,7 +756,7 @@ mod tests {
             agent: "nfs1".into(),
             path: VolumePath::parse("team-a-origin").unwrap(),
         };
-        let plan = plan(&claim("nfs"), "nfs", &wanted, Some(&source)).unwrap();
+        let plan = plan(&claim("nfs"), "nfs", &wanted, Some(&source), None).unwrap();
         assert_eq!(plan.path.as_str(), "c/data");
         let Request::Clone { request, from } = &plan.request else {
             panic!("a claim with a source is cloned: {plan:?}");
@@ -763,7 +772,7 @@ mod tests {
         // The claim's provisioner annotation holds a '/', which no substituted value may.
         let pattern = format!("${{.PVC.annotations.{}}}", objects::ANN_STORAGE_PROVISIONER);
         let wanted = wanted_of(&[(PARAM_PATH_PATTERN, pattern.as_str())]);
-        let failure = plan(&claim("nfs"), "nfs", &wanted, None).unwrap_err();
+        let failure = plan(&claim("nfs"), "nfs", &wanted, None, None).unwrap_err();
         assert!(failure.permanent);
         assert!(
             failure.message.starts_with("StorageClass \"nfs\": "),

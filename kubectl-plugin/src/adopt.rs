@@ -75,6 +75,9 @@ pub struct Candidate {
     pub capacity_bytes: u64,
     pub owner: VolumeOwner,
     pub resource_version: Option<String>,
+    /// The PV's access modes are all `ReadOnlyMany`: on an agent with an export manager,
+    /// the volume's own export is read-only.
+    pub read_only: bool,
 }
 
 /// Decides, for every PV of the `from` provisioners on `server:export`, whether it can be
@@ -185,6 +188,12 @@ fn plan_one(
             pv_name: Some(row.pv.clone()),
         },
         resource_version: pv.metadata.resource_version.clone(),
+        read_only: nfsprov_vocabulary::exports::read_only(
+            pv.spec
+                .as_ref()
+                .and_then(|s| s.access_modes.as_deref())
+                .unwrap_or_default(),
+        ),
     };
     (row, Some(candidate))
 }
@@ -226,6 +235,7 @@ pub async fn run(target: &Target, options: &AdoptOptions) -> anyhow::Result<Adop
         .info(None)
         .await
         .with_context(|| format!("cannot ask agent {} where its export is", options.agent))?;
+    let per_volume = info.capabilities.exports.per_volume();
     let server = options.nfs_server.clone().unwrap_or(info.nfs.server);
     let export = options.nfs_path.clone().unwrap_or(info.nfs.path);
 
@@ -256,7 +266,12 @@ pub async fn run(target: &Target, options: &AdoptOptions) -> anyhow::Result<Adop
     let mut rows = Vec::new();
     for (mut row, candidate) in plan(&volumes, &classes, &options.from, &server, &export) {
         if let (Some(candidate), false) = (candidate, options.dry_run) {
-            match adopt_one(target, &pv_api, &client, &options.agent, &candidate).await {
+            let adopting = Adopting {
+                agent: &options.agent,
+                client: &client,
+                per_volume,
+            };
+            match adopt_one(target, &pv_api, &adopting, &candidate).await {
                 Ok(()) => row.action = "adopted".to_owned(),
                 Err(e) => {
                     row.action = "failed".to_owned();
@@ -275,23 +290,45 @@ pub async fn run(target: &Target, options: &AdoptOptions) -> anyhow::Result<Adop
     })
 }
 
+/// The agent adopting, and whether it exports each volume by itself.
+struct Adopting<'a> {
+    agent: &'a str,
+    client: &'a AgentClient,
+    per_volume: bool,
+}
+
 /// The agent first: until it records the directory, the PV must not claim to be ours (a
 /// deletion would find no volume). A PV patch that fails leaves an adopted directory that
 /// a second run adopts again (the agent answers the same) and then marks the PV.
+///
+/// On an agent with an export manager the volume gets an export of its own admitting
+/// every host, as the share it came from did: its old class's parameters are another
+/// provisioner's, so nothing narrower can be read from them.
 async fn adopt_one(
     target: &Target,
     api: &Api<PersistentVolume>,
-    client: &AgentClient,
-    agent: &str,
+    adopting: &Adopting<'_>,
     candidate: &Candidate,
 ) -> anyhow::Result<()> {
+    let Adopting {
+        agent,
+        client,
+        per_volume,
+    } = *adopting;
+    let export = per_volume.then(|| {
+        nfsprov_vocabulary::exports::export_request(
+            &nfsprov_vocabulary::params::ClassParams::default(),
+            candidate.read_only,
+            vec![nfsprov_api_types::ExportClient::Everyone],
+        )
+    });
     client
         .adopt_volume(
             &candidate.path,
             &AdoptVolumeRequest {
                 capacity_bytes: candidate.capacity_bytes,
                 owner: candidate.owner.clone(),
-                export: None,
+                export,
             },
             None,
         )
@@ -417,8 +454,10 @@ mod tests {
             .as_mut()
             .unwrap()
             .insert(ANN_PROVISIONED_BY.into(), "example.com/else".into());
+        let mut read_only = pv("pvc-a", "nfs1", "/srv/nfs/team-a-a-pvc-a", "kept");
+        read_only.spec.as_mut().unwrap().access_modes = Some(vec!["ReadOnlyMany".into()]);
         let volumes = [
-            pv("pvc-a", "nfs1", "/srv/nfs/team-a-a-pvc-a", "kept"),
+            read_only,
             pv("pvc-b", "nfs1", "/srv/nfs/team-a/b/", "gone"),
             pv("pvc-c", "nfs2", "/srv/nfs/team-a-c-pvc-c", "kept"),
             pv("pvc-d", "nfs1", "/srv/nfsother/d", "kept"),
@@ -482,5 +521,10 @@ mod tests {
         assert_eq!(candidate.owner.pvc_name.as_deref(), Some("b"));
         assert_eq!(candidate.owner.pv_name.as_deref(), Some("pvc-b"));
         assert_eq!(candidate.resource_version.as_deref(), Some("7"));
+        assert!(!candidate.read_only);
+        assert!(
+            planned[0].1.as_ref().unwrap().read_only,
+            "a ReadOnlyMany volume"
+        );
     }
 }

@@ -9,7 +9,8 @@ use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{Event, PersistentVolume, PersistentVolumeClaim};
 use k8s_openapi::api::storage::v1::StorageClass;
-use nfsprov_vocabulary::names::ANN_AGENT;
+use nfsprov_vocabulary::names::{ANN_AGENT, ANN_PATH};
+use nfsprov_vocabulary::params::ClassParams;
 use serde::Serialize;
 
 use crate::cluster::{Target, annotation};
@@ -48,6 +49,8 @@ pub struct Facts<'a> {
     pub volumes: &'a [PersistentVolume],
     pub claims: &'a [PersistentVolumeClaim],
     pub events: &'a [Event],
+    /// Nodes and scheduled Pods, listed when a class's exports follow them.
+    pub cluster: &'a crate::exports::Cluster,
 }
 
 pub fn diagnose(facts: &Facts<'_>) -> Vec<Finding> {
@@ -57,7 +60,91 @@ pub fn diagnose(facts: &Facts<'_>) -> Vec<Finding> {
     class_rules(facts, &mut findings);
     released_volume_rules(facts, &mut findings);
     pending_claim_rules(facts, &mut findings);
+    export_rules(facts, &mut findings);
     findings
+}
+
+/// Volumes on agents with an export manager whose export is missing or is not what their
+/// class asks for now. Needs the agents' listings; agents without a manager, or that did
+/// not answer, are left to the agent rules.
+fn export_rules(facts: &Facts<'_>, findings: &mut Vec<Finding>) {
+    for pv in facts.volumes {
+        let phase = pv.status.as_ref().and_then(|s| s.phase.as_deref());
+        if matches!(phase, Some("Released" | "Failed")) {
+            continue;
+        }
+        let (Some(agent), Some(path)) = (
+            annotation(&pv.metadata, ANN_AGENT),
+            annotation(&pv.metadata, ANN_PATH),
+        ) else {
+            continue;
+        };
+        let Some(probe) = facts.agents.iter().find(|a| a.name == agent) else {
+            continue;
+        };
+        let manager = match &probe.info {
+            Ok(info) if info.capabilities.exports.per_volume() => info.capabilities.exports,
+            _ => continue,
+        };
+        let Some(Ok(listing)) = &probe.volumes else {
+            continue;
+        };
+        let Some(volume) = listing.iter().find(|v| v.path.as_str() == path) else {
+            continue;
+        };
+        let class_name = pv
+            .spec
+            .as_ref()
+            .and_then(|s| s.storage_class_name.as_deref())
+            .unwrap_or_default();
+        let Some(params) = facts
+            .classes
+            .iter()
+            .find(|c| c.metadata.name.as_deref() == Some(class_name))
+            .and_then(|c| ClassParams::parse(c.parameters.as_ref()).ok())
+        else {
+            continue;
+        };
+        let wanted = crate::exports::wanted(&params, pv, facts.cluster);
+        let name = pv.metadata.name.clone().unwrap_or_default();
+        let claim = crate::volumes::claim_of(pv).unwrap_or_default();
+        let fix = format!(
+            "the controller puts exports right by itself (at once for a change of Nodes or Pods, at its resync otherwise); if this stays, read the ExportUpdateFailed events of claim {claim} and agent {agent}'s log"
+        );
+        let problem = match &volume.export {
+            None => {
+                format!("agent {agent} ({manager}) serves no export for it: every mount is refused")
+            }
+            Some(served) if !served.matches(&wanted) => format!(
+                "agent {agent} exports it to {} ({:?}, squash {:?}), but class {class_name} asks for {} ({:?}, squash {:?})",
+                list_clients(&served.clients),
+                served.access,
+                served.squash,
+                list_clients(&wanted.clients),
+                wanted.access,
+                wanted.squash,
+            ),
+            Some(_) => continue,
+        };
+        findings.push(Finding {
+            object: format!("pv/{name}"),
+            problem,
+            fix,
+        });
+    }
+}
+
+/// Clients in a finding: a long list is counted, not printed.
+fn list_clients(clients: &[nfsprov_api_types::ExportClient]) -> String {
+    match clients.len() {
+        0 => "nobody".to_owned(),
+        n if n > 6 => format!("{n} clients"),
+        _ => clients
+            .iter()
+            .map(ToString::to_string)
+            .collect::<Vec<_>>()
+            .join(","),
+    }
 }
 
 fn controller_rules(facts: &Facts<'_>, findings: &mut Vec<Finding>) {
@@ -269,7 +356,28 @@ pub async fn run(target: &Target) -> anyhow::Result<DoctorReport> {
         .events(&[VOLUME_FAILED_DELETE, PROVISIONING_FAILED])
         .await?;
     let agents = crate::credentials::load(target, deployment.as_ref()).await?;
-    let probes = probe_all(&agents, false).await;
+    // The agents' listings show their exports: asked for only where volumes have exports
+    // of their own, and Nodes and Pods only where a class follows them.
+    let mut probes = probe_all(&agents, false).await;
+    if probes.iter().any(|p| {
+        p.info
+            .as_ref()
+            .is_ok_and(|i| i.capabilities.exports.per_volume())
+    }) {
+        probes = probe_all(&agents, true).await;
+    }
+    let follows_cluster = classes.iter().any(|c| {
+        ClassParams::parse(c.parameters.as_ref()).is_ok_and(|p| {
+            p.export_clients
+                .as_ref()
+                .is_some_and(nfsprov_vocabulary::params::ExportClients::follows_cluster)
+        })
+    });
+    let cluster = if follows_cluster {
+        crate::exports::Cluster::list(&target.client).await?
+    } else {
+        crate::exports::Cluster::default()
+    };
     let facts = Facts {
         namespace: &target.namespace,
         deployment_name: &target.deployment,
@@ -282,6 +390,7 @@ pub async fn run(target: &Target) -> anyhow::Result<DoctorReport> {
         volumes: &volumes,
         claims: &claims,
         events: &events,
+        cluster: &cluster,
     };
     Ok(DoctorReport {
         findings: diagnose(&facts),
@@ -394,6 +503,7 @@ mod tests {
         volumes: Vec<PersistentVolume>,
         claims: Vec<PersistentVolumeClaim>,
         events: Vec<Event>,
+        cluster: crate::exports::Cluster,
     }
 
     impl Fixture {
@@ -407,6 +517,7 @@ mod tests {
                 volumes: vec![pv("pvc-1", "Bound")],
                 claims: vec![claim("data", "nfs", "Bound")],
                 events: Vec::new(),
+                cluster: crate::exports::Cluster::default(),
             }
         }
 
@@ -423,12 +534,101 @@ mod tests {
                 volumes: &self.volumes,
                 claims: &self.claims,
                 events: &self.events,
+                cluster: &self.cluster,
             })
         }
     }
 
     fn objects(findings: &[Finding]) -> Vec<&str> {
         findings.iter().map(|f| f.object.as_str()).collect()
+    }
+
+    #[test]
+    fn a_missing_export_or_one_other_than_the_class_asks_is_reported() {
+        let mut fixture = Fixture::healthy();
+        fixture.classes = vec![class(
+            "nfs",
+            json!({"agent": "nfs1", "exportClients": "pods"}),
+        )];
+        let mut bound = pv("pvc-1", "Bound");
+        bound.spec.as_mut().unwrap().storage_class_name = Some("nfs".into());
+        let mut other = pv("pvc-2", "Bound");
+        other.spec.as_mut().unwrap().storage_class_name = Some("nfs".into());
+        other
+            .metadata
+            .annotations
+            .as_mut()
+            .unwrap()
+            .insert("nfsprov.dev/path".into(), "ns-logs".into());
+        other
+            .spec
+            .as_mut()
+            .unwrap()
+            .claim_ref
+            .as_mut()
+            .unwrap()
+            .name = Some("logs".into());
+        fixture.volumes = vec![bound, other];
+        fixture.cluster = crate::exports::Cluster {
+            nodes: vec![object(json!({
+                "metadata": {"name": "node-a"},
+                "status": {"addresses": [{"type": "InternalIP", "address": "10.0.0.2"}]},
+            }))],
+            pods: vec![object(json!({
+                "metadata": {"name": "app", "namespace": "ns"},
+                "spec": {"nodeName": "node-a", "containers": [], "volumes": [
+                    {"name": "d", "persistentVolumeClaim": {"claimName": "data"}},
+                ]},
+            }))],
+        };
+        let volume = |path: &str, clients: Option<serde_json::Value>| {
+            let mut volume = json!({
+                "path": path, "mode": "0777", "uid": 0, "gid": 0, "capacity_bytes": 1,
+                "created_at": "2026-01-01T00:00:00Z",
+            });
+            if let Some(clients) = clients {
+                volume["export"] = json!({
+                    "path": format!("/srv/{path}"), "clients": clients, "access": "readWrite",
+                    "squash": "root", "sec": ["sys"],
+                });
+            }
+            object::<nfsprov_api_types::Volume>(volume)
+        };
+        let agent = |volumes| {
+            let mut agent = probe("nfs1", Ok("ok"));
+            agent.info = Ok(object(json!({
+                "version": "1", "nfs": {"server": "nfs1", "path": "/srv"},
+                "capabilities": {"quota": "none", "quota_enforced": false, "archive": true, "exports": "ganesha"},
+                "filesystem": {"total_bytes": 1, "free_bytes": 1, "available_bytes": 1, "total_inodes": 1, "free_inodes": 1},
+            })));
+            agent.volumes = Some(Ok(volumes));
+            agent
+        };
+        // The pod of `data` runs on node-a: its export is right; `logs` has none.
+        fixture.agents = vec![agent(vec![
+            volume("ns-data", Some(json!(["10.0.0.2"]))),
+            volume("ns-logs", None),
+        ])];
+        let findings = fixture.diagnose();
+        assert_eq!(objects(&findings), ["pv/pvc-2"], "{findings:?}");
+        assert!(
+            findings[0].problem.contains("serves no export"),
+            "{findings:?}"
+        );
+
+        // The pod moved to a node the export does not admit.
+        fixture.agents = vec![agent(vec![
+            volume("ns-data", Some(json!(["10.0.0.9"]))),
+            volume("ns-logs", Some(json!([]))),
+        ])];
+        let findings = fixture.diagnose();
+        assert_eq!(objects(&findings), ["pv/pvc-1"], "{findings:?}");
+        assert!(
+            findings[0].problem.contains(
+                "exports it to 10.0.0.9 (ReadWrite, squash Root), but class nfs asks for 10.0.0.2"
+            ),
+            "{findings:?}"
+        );
     }
 
     #[test]

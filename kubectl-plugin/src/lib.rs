@@ -3,7 +3,8 @@
 //!
 //! Modules: `table` (output), `cluster` (API access with RBAC-aware errors),
 //! `credentials` (the agents' Secrets, loaded with api-types' own settings type),
-//! `probe` (asking the agents), `report` (printing), then one module per command;
+//! `probe` (asking the agents), `report` (printing), `exports` (the export a class asks
+//! for), then one module per command;
 //! the crate root only parses the command line and dispatches.
 
 pub mod adopt;
@@ -12,6 +13,7 @@ pub mod archives;
 pub mod cluster;
 pub mod credentials;
 pub mod doctor;
+pub mod exports;
 pub mod orphans;
 pub mod probe;
 pub mod report;

@@ -27,6 +27,9 @@ pub struct VolumeRow {
     /// `namespace/name` of the claim this volume was cloned from, and how.
     pub cloned_from: Option<String>,
     pub clone_method: Option<String>,
+    /// The clients the volume's own export admits; `None` where the agent has no export
+    /// manager (its share decides) or was not read.
+    pub clients: Option<Vec<String>>,
     /// Why the agent's figures are missing.
     pub error: Option<String>,
     /// The error is the agent's: its Secret made no client, or it did not answer.
@@ -71,6 +74,7 @@ pub fn base_row(pv: &PersistentVolume) -> VolumeRow {
         quota_enforced: None,
         cloned_from: annotation(&pv.metadata, ANN_CLONED_FROM).map(str::to_owned),
         clone_method: annotation(&pv.metadata, ANN_CLONE_METHOD).map(str::to_owned),
+        clients: None,
         error: None,
         agent_unchecked: false,
     }
@@ -105,6 +109,9 @@ async fn with_usage(mut row: VolumeRow, agents: &Agents) -> VolumeRow {
             row.used_bytes = volume.usage.map(|u| u.used_bytes);
             row.quota_enforced = Some(volume.quota_enforced);
             row.capacity_bytes = row.capacity_bytes.or(Some(volume.capacity_bytes));
+            row.clients = volume
+                .export
+                .map(|e| e.clients.iter().map(ToString::to_string).collect());
         }
         Ok(None) => row.error = Some(format!("agent {agent} has no volume at this path")),
         Err(e) => {
@@ -135,6 +142,15 @@ pub async fn run(target: &Target) -> anyhow::Result<VolumesReport> {
     })
 }
 
+/// An export's clients in one cell: a `nodes` export of a large cluster is counted.
+fn clients_cell(clients: &[String]) -> String {
+    match clients.len() {
+        0 => "none".to_owned(),
+        n if n > 3 => format!("{n} clients"),
+        _ => clients.join(","),
+    }
+}
+
 fn or_dash(value: Option<String>) -> String {
     value.unwrap_or_else(|| "-".to_owned())
 }
@@ -145,7 +161,8 @@ impl crate::report::Report for VolumesReport {
             return "No PV of this provisioner.\n".to_owned();
         }
         let mut table = Table::new(&[
-            "claim", "pv", "status", "agent", "path", "capacity", "used", "enforced", "origin",
+            "claim", "pv", "status", "agent", "path", "capacity", "used", "enforced", "clients",
+            "origin",
         ]);
         for v in &self.volumes {
             let used = match (v.used_bytes, &v.error) {
@@ -165,6 +182,7 @@ impl crate::report::Report for VolumesReport {
                     v.quota_enforced
                         .map(|e| if e { "yes" } else { "no" }.to_owned()),
                 ),
+                or_dash(v.clients.as_deref().map(clients_cell)),
                 or_dash(v.cloned_from.clone()),
             ]);
         }
@@ -220,8 +238,17 @@ mod tests {
             (None, None)
         );
 
+        let mut exported = plain.clone();
+        exported.pv = "pvc-3".into();
+        exported.clients = Some(vec!["10.0.0.2".into(), "10.0.0.3".into()]);
+        let mut nobody = plain.clone();
+        nobody.pv = "pvc-4".into();
+        nobody.clients = Some(Vec::new());
+        let mut many = plain.clone();
+        many.pv = "pvc-5".into();
+        many.clients = Some((1..=40).map(|i| format!("10.0.1.{i}")).collect());
         let table = VolumesReport {
-            volumes: vec![clone, plain],
+            volumes: vec![clone, plain, exported, nobody, many],
             unchecked_agents: Vec::new(),
         }
         .table();
@@ -229,6 +256,27 @@ mod tests {
             .lines()
             .map(|l| l.split_whitespace().last().unwrap_or_default())
             .collect();
-        assert_eq!(origins, ["ORIGIN", "ns/data", "-"], "{table}");
+        assert_eq!(
+            origins,
+            ["ORIGIN", "ns/data", "-", "-", "-", "-"],
+            "{table}"
+        );
+        let clients: Vec<&str> = table
+            .lines()
+            .filter_map(|l| l.split("  ").filter(|c| !c.is_empty()).nth(8))
+            .map(str::trim)
+            .collect();
+        assert_eq!(
+            clients,
+            [
+                "CLIENTS",
+                "-",
+                "-",
+                "10.0.0.2,10.0.0.3",
+                "none",
+                "40 clients"
+            ],
+            "{table}"
+        );
     }
 }

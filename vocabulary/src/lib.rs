@@ -3,6 +3,7 @@
 //!
 //! - [`names`]: the default provisioner name, the annotations and the finalizer nfsprov
 //!   puts on claims and volumes, and the Kubernetes names it relies on;
+//! - [`exports`]: the export a class asks for (who may mount, squashing, read-only);
 //! - [`params`]: StorageClass `parameters`, parsed strictly, with [`pattern`] for
 //!   `pathPattern` templates;
 //! - [`quantity`]: resource quantities as byte counts;
@@ -18,6 +19,7 @@
 
 #![forbid(unsafe_code)]
 
+pub mod exports;
 pub mod names;
 pub mod orphans;
 pub mod params;

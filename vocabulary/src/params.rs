@@ -5,7 +5,10 @@ use std::collections::BTreeMap;
 use std::fmt;
 use std::str::FromStr;
 
-use nfsprov_api_types::{Mode, QuotaPolicy, validate_component};
+use nfsprov_api_types::{
+    ExportClient, ExportClientError, MAX_EXPORT_CLIENTS, Mode, QuotaPolicy, Squash,
+    validate_component,
+};
 
 use crate::pattern::{PathPattern, PatternError};
 
@@ -19,8 +22,10 @@ pub const PARAM_UID: &str = "uid";
 pub const PARAM_GID: &str = "gid";
 pub const PARAM_QUOTA: &str = "quota";
 pub const PARAM_ARCHIVE_RETENTION_DAYS: &str = "archiveRetentionDays";
+pub const PARAM_EXPORT_CLIENTS: &str = "exportClients";
+pub const PARAM_SQUASH: &str = "squash";
 
-const KNOWN: [&str; 10] = [
+const KNOWN: [&str; 12] = [
     PARAM_AGENT,
     PARAM_AGENTS,
     PARAM_PATH_PATTERN,
@@ -31,6 +36,8 @@ const KNOWN: [&str; 10] = [
     PARAM_GID,
     PARAM_QUOTA,
     PARAM_ARCHIVE_RETENTION_DAYS,
+    PARAM_EXPORT_CLIENTS,
+    PARAM_SQUASH,
 ];
 
 /// What happens to the data when a PV with reclaimPolicy Delete is released.
@@ -75,6 +82,36 @@ impl FromStr for OnDelete {
     }
 }
 
+/// Who may mount the volumes of a class (`exportClients`).
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub enum ExportClients {
+    /// Every host (`*`): the default, and what an export root shared by hand gives.
+    #[default]
+    All,
+    /// The InternalIP addresses of every Node of the cluster.
+    Nodes,
+    /// The InternalIP addresses of the Nodes where a pod using the claim is scheduled.
+    Pods,
+    /// A fixed list of addresses and networks.
+    List(Vec<ExportClient>),
+}
+
+impl ExportClients {
+    pub fn as_str(&self) -> &'static str {
+        match self {
+            ExportClients::All => "all",
+            ExportClients::Nodes => "nodes",
+            ExportClients::Pods => "pods",
+            ExportClients::List(_) => "list",
+        }
+    }
+
+    /// Whether the clients follow the cluster (Nodes and Pods come and go).
+    pub fn follows_cluster(&self) -> bool {
+        matches!(self, ExportClients::Nodes | ExportClients::Pods)
+    }
+}
+
 /// The parsed parameters of one StorageClass.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ClassParams {
@@ -91,6 +128,10 @@ pub struct ClassParams {
     /// Days the agent keeps an archive of this class's volumes; `None`: the agent's own
     /// retention (or forever).
     pub archive_retention_days: Option<u32>,
+    /// `exportClients`; `None` when the class does not say (every host).
+    pub export_clients: Option<ExportClients>,
+    /// `squash`; `None` when the class does not say (root is squashed).
+    pub squash: Option<Squash>,
 }
 
 impl Default for ClassParams {
@@ -104,6 +145,8 @@ impl Default for ClassParams {
             gid: None,
             quota: QuotaPolicy::default(),
             archive_retention_days: None,
+            export_clients: None,
+            squash: None,
         }
     }
 }
@@ -126,6 +169,18 @@ pub enum ParamError {
     DuplicateAgent { value: String, name: String },
     #[error("StorageClass parameter pathPattern is invalid: {0}")]
     Pattern(#[from] PatternError),
+    #[error(
+        "StorageClass parameter exportClients={value:?} is invalid: {source}; expected all, nodes, pods or a comma-separated list of addresses and networks"
+    )]
+    ExportClient {
+        value: String,
+        #[source]
+        source: ExportClientError,
+    },
+    #[error(
+        "StorageClass parameter exportClients lists {0} clients; at most {MAX_EXPORT_CLIENTS} are allowed"
+    )]
+    TooManyExportClients(usize),
 }
 
 impl ClassParams {
@@ -162,6 +217,8 @@ impl ClassParams {
                 PARAM_ARCHIVE_RETENTION_DAYS => {
                     params.archive_retention_days = Some(parse_retention_days(value)?)
                 }
+                PARAM_EXPORT_CLIENTS => params.export_clients = Some(parse_export_clients(value)?),
+                PARAM_SQUASH => params.squash = Some(parse_squash(value)?),
                 _ => return Err(ParamError::Unknown { key: key.clone() }),
             }
         }
@@ -192,6 +249,52 @@ impl ClassParams {
             .map(|v| parse_archive_on_delete(v))
             .transpose()?;
         Ok(on_delete.or(archive_on_delete).unwrap_or_default())
+    }
+}
+
+/// `all`, `nodes` and `pods` in any case; anything else is a list, each entry read by
+/// [`ExportClient`]'s own parser so the agent and the class agree on every spelling.
+/// Repeats are dropped: they change nothing about who may mount.
+fn parse_export_clients(value: &str) -> Result<ExportClients, ParamError> {
+    let trimmed = value.trim();
+    for keyword in [
+        ExportClients::All,
+        ExportClients::Nodes,
+        ExportClients::Pods,
+    ] {
+        if trimmed.eq_ignore_ascii_case(keyword.as_str()) {
+            return Ok(keyword);
+        }
+    }
+    let mut clients = Vec::new();
+    for part in trimmed.split(',') {
+        let client =
+            part.trim()
+                .parse::<ExportClient>()
+                .map_err(|source| ParamError::ExportClient {
+                    value: value.to_owned(),
+                    source,
+                })?;
+        if !clients.contains(&client) {
+            clients.push(client);
+        }
+        if clients.len() > MAX_EXPORT_CLIENTS {
+            return Err(ParamError::TooManyExportClients(clients.len()));
+        }
+    }
+    Ok(ExportClients::List(clients))
+}
+
+fn parse_squash(value: &str) -> Result<Squash, ParamError> {
+    match value.trim().to_ascii_lowercase().as_str() {
+        "none" => Ok(Squash::None),
+        "root" => Ok(Squash::Root),
+        "all" => Ok(Squash::All),
+        _ => Err(ParamError::Invalid {
+            key: PARAM_SQUASH,
+            value: value.to_owned(),
+            expected: "one of none, root, all",
+        }),
     }
 }
 
@@ -394,6 +497,72 @@ mod tests {
         assert_eq!(params.mode.bits(), 0o2770);
         assert_eq!((params.uid, params.gid), (Some(1000), Some(0)));
         assert_eq!(params.quota, QuotaPolicy::Off);
+    }
+
+    #[test]
+    fn export_clients_keywords_and_lists() {
+        let clients = |raw: &str| parse(&[("exportClients", raw)]).map(|p| p.export_clients);
+        assert_eq!(parse(&[]).unwrap().export_clients, None);
+        assert_eq!(clients("all").unwrap(), Some(ExportClients::All));
+        assert_eq!(clients(" Nodes ").unwrap(), Some(ExportClients::Nodes));
+        assert_eq!(clients("pods").unwrap(), Some(ExportClients::Pods));
+        assert_eq!(
+            clients("10.0.0.0/8, 192.0.2.7,fd00::/8,192.0.2.7").unwrap(),
+            Some(ExportClients::List(vec![
+                "10.0.0.0/8".parse().unwrap(),
+                "192.0.2.7".parse().unwrap(),
+                "fd00::/8".parse().unwrap(),
+            ]))
+        );
+        assert_eq!(
+            clients("*").unwrap(),
+            Some(ExportClients::List(vec![ExportClient::Everyone]))
+        );
+    }
+
+    #[test]
+    fn bad_export_clients_say_which_entry_and_why() {
+        for (raw, expected) in [
+            ("", "is not `*`, an IP address"),
+            ("10.0.0.0/8,,10.1.0.0/16", "is not `*`, an IP address"),
+            ("node-a", "\"node-a\" is not `*`"),
+            ("10.1.2.3/24", "host bits set; the network is 10.1.2.0/24"),
+            ("10.0.0.0/33", "longer than the address"),
+            ("everyone", "\"everyone\" is not"),
+        ] {
+            let err = parse(&[("exportClients", raw)]).unwrap_err().to_string();
+            assert!(
+                err.contains("exportClients") && err.contains(expected),
+                "{raw:?}: {err}"
+            );
+        }
+        let many = (0..=MAX_EXPORT_CLIENTS)
+            .map(|i| format!("10.{}.{}.{}", i >> 16, (i >> 8) & 255, i & 255))
+            .collect::<Vec<_>>()
+            .join(",");
+        assert_eq!(
+            parse(&[("exportClients", &many)]),
+            Err(ParamError::TooManyExportClients(MAX_EXPORT_CLIENTS + 1))
+        );
+    }
+
+    #[test]
+    fn squash_values() {
+        for (raw, expected) in [
+            ("none", Squash::None),
+            ("Root", Squash::Root),
+            (" all ", Squash::All),
+        ] {
+            assert_eq!(parse(&[("squash", raw)]).unwrap().squash, Some(expected));
+        }
+        assert_eq!(parse(&[]).unwrap().squash, None);
+        for bad in ["", "root_squash", "no", "anon"] {
+            let err = parse(&[("squash", bad)]).unwrap_err().to_string();
+            assert!(
+                err.contains("squash") && err.contains("none, root, all"),
+                "{err}"
+            );
+        }
     }
 
     #[test]

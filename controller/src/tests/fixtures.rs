@@ -31,8 +31,9 @@ use kube::runtime::watcher;
 use nfsprov_api_types::client::AgentConnectionConfig;
 use nfsprov_api_types::{
     AgentInfo, ApiError, ArchiveResult, Capabilities, CloneMethod, CloneOrigin, CloneProgress,
-    CloneVolumeRequest, CreateVolumeRequest, Endpoint, ErrorCode, FilesystemStats, NfsExport,
-    QuotaBackend, QuotaPolicy, ResizeVolumeRequest, Volume, VolumePath, VolumeUsage,
+    CloneVolumeRequest, CreateVolumeRequest, Endpoint, ErrorCode, ExportRequest, FilesystemStats,
+    NfsExport, QuotaBackend, QuotaPolicy, ResizeVolumeRequest, Volume, VolumeExport, VolumePath,
+    VolumeUsage,
 };
 use serde_json::{Value, json};
 
@@ -528,6 +529,10 @@ pub struct MockAgentState {
     /// When set, the calls whose record starts with the prefix fail with an error code
     /// the controller does not know, sent with this status.
     pub fail_newer: Option<(String, u16)>,
+    /// The export manager `/v1/info` reports. With a per-volume one, every create and
+    /// clone must carry an export and `PUT /v1/exports/{path}` replaces it (the export
+    /// store is each volume's `export`); without, a request with one is refused.
+    pub exports: nfsprov_api_types::ExportManager,
 }
 
 #[derive(Clone)]
@@ -701,6 +706,16 @@ impl MockAgent {
         self.state.lock().expect("lock").fail_newer = Some((prefix.to_owned(), status));
     }
 
+    /// Reports `manager` as the agent's export manager from now on.
+    pub fn manage_exports(&self, manager: nfsprov_api_types::ExportManager) {
+        self.state.lock().expect("lock").exports = manager;
+    }
+
+    /// The export the agent serves for `path`, as the export store holds it.
+    pub fn export(&self, path: &str) -> Option<nfsprov_api_types::ExportRequest> {
+        self.volume(path)?.export
+    }
+
     pub fn enforce_quotas(&self, enforced: bool) {
         self.state.lock().expect("lock").quota_enforced = enforced;
     }
@@ -758,11 +773,11 @@ fn mock_handler(endpoint: Endpoint) -> Option<MethodRouter<MockShared>> {
         Endpoint::DeleteVolume => on(method, remove),
         Endpoint::ArchiveVolume => on(method, archive),
         Endpoint::CloneVolume => on(method, clone),
+        Endpoint::SetVolumeExport => on(method, set_export),
         Endpoint::Healthz
         | Endpoint::Readyz
         | Endpoint::Metrics
         | Endpoint::ListVolumes
-        | Endpoint::SetVolumeExport
         | Endpoint::AdoptVolume
         | Endpoint::ListArchives
         | Endpoint::DeleteArchive => return None,
@@ -851,7 +866,6 @@ async fn newer_answer(
 fn volume_of(state: &MockAgentState, path: VolumePath, request: &CreateVolumeRequest) -> Volume {
     Volume {
         usage: state.usage.get(path.as_str()).copied(),
-        path,
         mode: request.mode,
         uid: request.uid.unwrap_or(1000),
         gid: request.gid.unwrap_or(1000),
@@ -860,19 +874,74 @@ fn volume_of(state: &MockAgentState, path: VolumePath, request: &CreateVolumeReq
         owner: request.owner.clone(),
         created_at: "2026-01-01T00:00:00Z".to_owned(),
         clone: None,
-        export: None,
+        export: request.export.as_ref().map(|export| VolumeExport {
+            path: format!("/srv/nfs/{}", path.as_str()),
+            clients: export.clients.clone(),
+            access: export.access,
+            squash: export.squash,
+            anon_uid: export.anon_uid,
+            anon_gid: export.anon_gid,
+            sec: export.sec.clone(),
+        }),
+        path,
     }
+}
+
+/// What the contract says of a request's export, by the agent's manager.
+fn check_export(state: &MockAgentState, export: Option<&ExportRequest>) -> Option<Response> {
+    match export {
+        None if state.exports.per_volume() => Some(api_error(
+            ErrorCode::InvalidBody,
+            "this agent exports each volume: the request needs an export",
+        )),
+        Some(_) if !state.exports.per_volume() => Some(api_error(
+            ErrorCode::Unsupported,
+            "this agent has no export manager",
+        )),
+        Some(export) => export
+            .validate()
+            .err()
+            .map(|e| api_error(ErrorCode::InvalidBody, &e.to_string())),
+        None => None,
+    }
+}
+
+async fn set_export(
+    State(shared): State<MockShared>,
+    headers: HeaderMap,
+    Path(path): Path<String>,
+    Json(request): Json<ExportRequest>,
+) -> Response {
+    let clients: Vec<String> = request.clients.iter().map(ToString::to_string).collect();
+    let call = format!("PUT export {path} [{}]", clients.join(","));
+    if let Some(response) = enter(&shared, &headers, call) {
+        return response;
+    }
+    let Ok(volume_path) = VolumePath::parse(&path) else {
+        return api_error(ErrorCode::InvalidPath, "invalid path");
+    };
+    let mut state = shared.state.lock().expect("lock");
+    if let Some(refused) = check_export(&state, Some(&request)) {
+        return refused;
+    }
+    let Some(stored) = state.volumes.get_mut(&path) else {
+        return api_error(ErrorCode::NotFound, "no such volume");
+    };
+    stored.export = Some(request);
+    let stored = stored.clone();
+    Json(volume_of(&state, volume_path, &stored)).into_response()
 }
 
 async fn info(State(shared): State<MockShared>, headers: HeaderMap) -> Response {
     if let Some(response) = enter(&shared, &headers, "GET info".to_owned()) {
         return response;
     }
-    let (quota_enforced, available) = {
+    let (quota_enforced, available, exports) = {
         let state = shared.state.lock().expect("lock");
         (
             state.quota_enforced,
             state.available_bytes.unwrap_or(1 << 39),
+            state.exports,
         )
     };
     Json(AgentInfo {
@@ -889,7 +958,7 @@ async fn info(State(shared): State<MockShared>, headers: HeaderMap) -> Response 
             },
             quota_enforced,
             archive: true,
-            exports: nfsprov_api_types::ExportManager::None,
+            exports,
         },
         filesystem: FilesystemStats {
             total_bytes: 1 << 40,
@@ -918,8 +987,19 @@ async fn create(
     if request.quota == QuotaPolicy::Enforce && !state.quota_enforced {
         return api_error(ErrorCode::Unsupported, "this agent cannot enforce quotas");
     }
+    if let Some(refused) = check_export(&state, request.export.as_ref()) {
+        return refused;
+    }
+    // A repeat keeps the export the volume has: who may mount changes through
+    // `PUT /v1/exports` alone.
+    let same = |existing: &CreateVolumeRequest| {
+        CreateVolumeRequest {
+            export: existing.export.clone(),
+            ..request.clone()
+        } == *existing
+    };
     let status = match state.volumes.get(&path) {
-        Some(existing) if *existing == request => StatusCode::OK,
+        Some(existing) if same(existing) => StatusCode::OK,
         Some(_) => return api_error(ErrorCode::Conflict, "exists with other settings"),
         None => {
             state.volumes.insert(path.clone(), request.clone());
@@ -945,6 +1025,9 @@ async fn clone(
         return api_error(ErrorCode::InvalidPath, "invalid path");
     };
     let mut state = shared.state.lock().expect("lock");
+    if let Some(refused) = check_export(&state, request.export.as_ref()) {
+        return refused;
+    }
     let Some(source) = state.volumes.get(request.source.as_str()).cloned() else {
         return api_error(ErrorCode::NotFound, "no source volume");
     };
@@ -964,6 +1047,7 @@ async fn clone(
         capacity_bytes: request.capacity_bytes,
         owner: request.owner.clone(),
         quota: request.quota,
+        export: request.export.clone(),
         ..source
     };
     let status = if state.volumes.contains_key(&path) {

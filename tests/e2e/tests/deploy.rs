@@ -120,8 +120,8 @@ fn rbac_is_least_privilege() {
         "{cluster_role}"
     );
     assert!(!cluster_role.contains("secrets"), "{cluster_role}");
-    for verb_free in ["persistentvolumeclaims", "storageclasses"] {
-        // Claims and classes are only read.
+    for verb_free in ["persistentvolumeclaims", "storageclasses", "nodes"] {
+        // Claims, classes, nodes and pods are only read.
         let rule = cluster_role
             .split("- apiGroups")
             .find(|r| r.contains(verb_free))
@@ -132,6 +132,14 @@ fn rbac_is_least_privilege() {
                 "{verb_free} must be read-only: {rule}"
             );
         }
+    }
+    let cluster_rule = cluster_role
+        .split("- apiGroups")
+        .find(|r| r.contains("nodes"))
+        .expect("a rule for nodes and pods");
+    assert!(cluster_rule.contains("pods"), "{cluster_rule}");
+    for verb in ["get", "list", "watch"] {
+        assert!(cluster_rule.contains(verb), "{cluster_rule}");
     }
     // Expansion writes only the claims' status subresource.
     let status_rule = cluster_role

@@ -13,6 +13,8 @@ pub enum Kind {
     StorageClass,
     Lease,
     EventsV1Event,
+    Node,
+    Pod,
 }
 
 pub struct KindInfo {
@@ -28,7 +30,7 @@ pub struct KindInfo {
 }
 
 impl Kind {
-    pub const ALL: [Kind; 7] = [
+    pub const ALL: [Kind; 9] = [
         Kind::Namespace,
         Kind::PersistentVolumeClaim,
         Kind::PersistentVolume,
@@ -36,6 +38,8 @@ impl Kind {
         Kind::StorageClass,
         Kind::Lease,
         Kind::EventsV1Event,
+        Kind::Node,
+        Kind::Pod,
     ];
 
     pub fn info(self) -> &'static KindInfo {
@@ -109,6 +113,28 @@ impl Kind {
                 namespaced: true,
                 has_status: false,
                 short_names: &["ev"],
+            },
+            // Nodes and Pods are stored as written: no scheduler or kubelet runs here, so a
+            // test binds a pod by writing its `spec.nodeName` itself.
+            Kind::Node => &KindInfo {
+                group: "",
+                version: "v1",
+                plural: "nodes",
+                singular: "node",
+                kind: "Node",
+                namespaced: false,
+                has_status: true,
+                short_names: &["no"],
+            },
+            Kind::Pod => &KindInfo {
+                group: "",
+                version: "v1",
+                plural: "pods",
+                singular: "pod",
+                kind: "Pod",
+                namespaced: true,
+                has_status: true,
+                short_names: &["po"],
             },
         }
     }

@@ -8,7 +8,9 @@ use serde::de::DeserializeOwned;
 use serde_json::Value;
 
 use k8s_openapi::api::coordination::v1::Lease;
-use k8s_openapi::api::core::v1::{Event, Namespace, PersistentVolume, PersistentVolumeClaim};
+use k8s_openapi::api::core::v1::{
+    Event, Namespace, Node, PersistentVolume, PersistentVolumeClaim, Pod,
+};
 use k8s_openapi::api::events::v1::Event as EventV1;
 use k8s_openapi::api::storage::v1::StorageClass;
 
@@ -75,5 +77,7 @@ fn decode(kind: Kind, obj: Value) -> Result<Value, ApiError> {
         Kind::StorageClass => roundtrip::<StorageClass>(kind, obj),
         Kind::Lease => roundtrip::<Lease>(kind, obj),
         Kind::EventsV1Event => roundtrip::<EventV1>(kind, obj),
+        Kind::Node => roundtrip::<Node>(kind, obj),
+        Kind::Pod => roundtrip::<Pod>(kind, obj),
     }
 }

@@ -153,6 +153,18 @@ fn supported_fields(kind: Kind) -> &'static [&'static str] {
         ],
         Kind::StorageClass => &["metadata.name"],
         Kind::Lease => &["metadata.name", "metadata.namespace"],
+        Kind::Node => &["metadata.name", "spec.unschedulable"],
+        Kind::Pod => &[
+            "metadata.name",
+            "metadata.namespace",
+            "spec.nodeName",
+            "spec.restartPolicy",
+            "spec.schedulerName",
+            "spec.serviceAccountName",
+            "status.phase",
+            "status.podIP",
+            "status.nominatedNodeName",
+        ],
     }
 }
 

@@ -445,6 +445,7 @@ pub fn validate(kind: Kind, obj: &Value) -> Result<(), ApiError> {
         Kind::CoreEvent => validate_core_event(obj, &mut causes),
         Kind::EventsV1Event => validate_events_v1(obj, &mut causes),
         Kind::Namespace => validate_namespace(obj, &mut causes),
+        Kind::Node | Kind::Pod => {}
     }
     if causes.is_empty() {
         Ok(())

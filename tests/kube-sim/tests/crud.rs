@@ -511,3 +511,64 @@ async fn bodies_are_decoded_like_the_real_api() {
         e.message
     );
 }
+
+#[tokio::test]
+async fn nodes_and_pods_are_stored_listed_and_deleted_as_written() {
+    use k8s_openapi::api::core::v1::{Node, Pod};
+    let (_sim, client) = start_with(no_binder()).await;
+    let nodes: Api<Node> = Api::all(client.clone());
+    let node: Node = serde_json::from_value(json!({
+        "metadata": {"name": "node-a"},
+        "status": {"addresses": [{"type": "InternalIP", "address": "127.0.0.2"}]},
+    }))
+    .unwrap();
+    create(&nodes, &node).await;
+    let listed = nodes.list(&ListParams::default()).await.unwrap().items;
+    assert_eq!(listed.len(), 1);
+    let addresses = listed[0]
+        .status
+        .as_ref()
+        .unwrap()
+        .addresses
+        .clone()
+        .unwrap();
+    assert_eq!(addresses[0].address, "127.0.0.2");
+
+    let pods: Api<Pod> = Api::namespaced(client.clone(), "default");
+    let pod: Pod = serde_json::from_value(json!({
+        "metadata": {"name": "app"},
+        "spec": {
+            "nodeName": "node-a",
+            "containers": [{"name": "app", "image": "busybox"}],
+            "volumes": [{"name": "data", "persistentVolumeClaim": {"claimName": "data"}}],
+        },
+    }))
+    .unwrap();
+    create(&pods, &pod).await;
+    let on_node = pods
+        .list(&ListParams::default().fields("spec.nodeName=node-a"))
+        .await
+        .unwrap()
+        .items;
+    assert_eq!(on_node.len(), 1);
+    let elsewhere = pods
+        .list(&ListParams::default().fields("spec.nodeName=node-b"))
+        .await
+        .unwrap()
+        .items;
+    assert!(elsewhere.is_empty());
+    pods.delete("app", &DeleteParams::default()).await.unwrap();
+    assert_eq!(status(pods.get("app").await).code, 404);
+    nodes
+        .delete("node-a", &DeleteParams::default())
+        .await
+        .unwrap();
+    assert!(
+        nodes
+            .list(&ListParams::default())
+            .await
+            .unwrap()
+            .items
+            .is_empty()
+    );
+}

@@ -1,0 +1,457 @@
+//! Per-volume exports through the whole controller (`controller::run`) against the
+//! in-repo API simulator: Nodes and Pods are created, bound and deleted by the test as a
+//! scheduler and kubelet would, and the agent is `MockAgent` (a mock, not the real
+//! agent) reporting an export manager, whose export store shows what the NFS server
+//! would serve.
+
+use std::sync::Arc;
+use std::sync::atomic::AtomicBool;
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::{Node, PersistentVolumeClaim, Pod};
+use k8s_openapi::api::events::v1::Event;
+use k8s_openapi::api::storage::v1::StorageClass;
+use kube::Client;
+use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
+use kube::runtime::events::Reporter;
+use kube::runtime::wait::await_condition;
+use nfsprov_api_types::{
+    ErrorCode, ExportAccess, ExportClient, ExportManager, ExportRequest, SecFlavor, Squash,
+};
+use nfsprov_kube_sim::{SimOptions, Simulator};
+use serde_json::json;
+
+use crate::controller::{self, RunConfig};
+use crate::metrics::Metrics;
+use crate::tests::fixtures::{MockAgent, PROVISIONER};
+
+const WAIT: Duration = Duration::from_secs(30);
+/// How often a condition on the agent's in-memory state is looked at while awaited.
+const POLL: Duration = Duration::from_millis(20);
+
+/// A running controller and simulator, with one mock agent.
+struct Cluster {
+    sim: Simulator,
+    client: Client,
+    agent: MockAgent,
+    metrics: Arc<Metrics>,
+    stop: tokio::sync::watch::Sender<bool>,
+    running: tokio::task::JoinHandle<()>,
+}
+
+impl Cluster {
+    async fn start(manager: ExportManager) -> Self {
+        let _ = rustls::crypto::ring::default_provider().install_default();
+        let sim = Simulator::start(SimOptions::default()).await.unwrap();
+        let client = sim.client().await;
+        let agent = MockAgent::start("nfs1").await;
+        agent.manage_exports(manager);
+        let metrics = Arc::new(Metrics::new());
+        let (stop, stopped) = tokio::sync::watch::channel(false);
+        let running = tokio::spawn(controller::run(
+            client.clone(),
+            agent.registry(),
+            metrics.clone(),
+            RunConfig {
+                provisioner: PROVISIONER.into(),
+                resync: Duration::from_secs(600),
+                reporter: Reporter {
+                    controller: "nfsprov-controller".into(),
+                    instance: Some("test".into()),
+                },
+                concurrency: 16,
+                usage_interval: None,
+                orphan_check: None,
+                agent_secrets: None,
+                leading: None,
+            },
+            Arc::new(AtomicBool::new(false)),
+            stopped,
+        ));
+        Self {
+            sim,
+            client,
+            agent,
+            metrics,
+            stop,
+            running,
+        }
+    }
+
+    async fn finish(self) {
+        self.stop.send(true).unwrap();
+        tokio::time::timeout(WAIT, self.running)
+            .await
+            .expect("controller stopped")
+            .unwrap();
+        self.sim.shutdown().await;
+    }
+
+    async fn class(&self, parameters: serde_json::Value) {
+        let mut parameters = parameters;
+        parameters["pathPattern"] = json!("${.PVC.namespace}/${.PVC.name}");
+        let class: StorageClass = serde_json::from_value(json!({
+            "metadata": {"name": "nfs"},
+            "provisioner": PROVISIONER,
+            "parameters": parameters,
+        }))
+        .unwrap();
+        Api::<StorageClass>::all(self.client.clone())
+            .create(&PostParams::default(), &class)
+            .await
+            .unwrap();
+    }
+
+    async fn claim(&self, name: &str, mode: &str) {
+        let claim: PersistentVolumeClaim = serde_json::from_value(json!({
+            "metadata": {"name": name, "namespace": "default"},
+            "spec": {
+                "accessModes": [mode],
+                "storageClassName": "nfs",
+                "resources": {"requests": {"storage": "1Gi"}},
+            },
+        }))
+        .unwrap();
+        self.claims()
+            .create(&PostParams::default(), &claim)
+            .await
+            .unwrap();
+    }
+
+    fn claims(&self) -> Api<PersistentVolumeClaim> {
+        Api::namespaced(self.client.clone(), "default")
+    }
+
+    async fn bound(&self, name: &str) {
+        tokio::time::timeout(
+            WAIT,
+            await_condition(self.claims(), name, |c: Option<&PersistentVolumeClaim>| {
+                c.and_then(|c| c.status.as_ref())
+                    .and_then(|s| s.phase.as_deref())
+                    == Some("Bound")
+            }),
+        )
+        .await
+        .expect("claim bound in time")
+        .unwrap();
+    }
+
+    async fn node(&self, name: &str, address: &str) {
+        let node: Node = serde_json::from_value(json!({
+            "metadata": {"name": name},
+            "status": {"addresses": [
+                {"type": "InternalIP", "address": address},
+                {"type": "Hostname", "address": name},
+            ]},
+        }))
+        .unwrap();
+        Api::<Node>::all(self.client.clone())
+            .create(&PostParams::default(), &node)
+            .await
+            .unwrap();
+    }
+
+    /// A pod using `claim`, bound to `node` when given (as the scheduler binds it).
+    async fn pod(&self, name: &str, claim: &str, node: Option<&str>) {
+        let pod: Pod = serde_json::from_value(json!({
+            "metadata": {"name": name, "namespace": "default"},
+            "spec": {
+                "nodeName": node,
+                "containers": [{"name": "app", "image": "busybox"}],
+                "volumes": [{"name": "data", "persistentVolumeClaim": {"claimName": claim}}],
+            },
+        }))
+        .unwrap();
+        self.pods()
+            .create(&PostParams::default(), &pod)
+            .await
+            .unwrap();
+    }
+
+    fn pods(&self) -> Api<Pod> {
+        Api::namespaced(self.client.clone(), "default")
+    }
+
+    /// Awaits the agent's export of `path` admitting exactly `clients` (in any order).
+    async fn admits(&self, path: &str, clients: &[&str]) -> ExportRequest {
+        let mut wanted: Vec<ExportClient> = clients.iter().map(|c| c.parse().unwrap()).collect();
+        wanted.sort_unstable();
+        let deadline = tokio::time::Instant::now() + WAIT;
+        loop {
+            let export = self.agent.export(path);
+            let mut served = export
+                .as_ref()
+                .map(|e| e.clients.clone())
+                .unwrap_or_default();
+            served.sort_unstable();
+            if let Some(export) = export.as_ref().filter(|_| served == wanted) {
+                return export.clone();
+            }
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "{path}: the agent serves {export:?}, not {clients:?}"
+            );
+            tokio::time::sleep(POLL).await;
+        }
+    }
+
+    /// Awaits a line of the metrics starting with `prefix`.
+    async fn metric(&self, prefix: &str) {
+        let deadline = tokio::time::Instant::now() + WAIT;
+        loop {
+            let metrics = self.metrics.encode().unwrap();
+            if metrics.lines().any(|l| l.starts_with(prefix)) {
+                return;
+            }
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "no {prefix} in {metrics}"
+            );
+            tokio::time::sleep(POLL).await;
+        }
+    }
+
+    /// The reasons and notes of the events about claims in `default`.
+    async fn events(&self) -> Vec<(String, String)> {
+        Api::<Event>::namespaced(self.client.clone(), "default")
+            .list(&ListParams::default())
+            .await
+            .unwrap()
+            .items
+            .into_iter()
+            .map(|e| (e.reason.unwrap_or_default(), e.note.unwrap_or_default()))
+            .collect()
+    }
+
+    /// Awaits an event of `reason` whose note contains `text`.
+    async fn event(&self, reason: &str, text: &str) -> String {
+        let deadline = tokio::time::Instant::now() + WAIT;
+        loop {
+            let events = self.events().await;
+            if let Some((_, note)) = events.iter().find(|(r, n)| r == reason && n.contains(text)) {
+                return note.clone();
+            }
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "no {reason} event with {text:?} in {events:?}"
+            );
+            tokio::time::sleep(POLL).await;
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pods_claim_admits_the_nodes_of_its_pods_and_follows_a_moved_pod() {
+    let cluster = Cluster::start(ExportManager::Ganesha).await;
+    cluster.node("node-a", "127.0.0.2").await;
+    cluster.node("node-b", "127.0.0.3").await;
+    cluster.class(json!({"exportClients": "pods"})).await;
+    cluster.claim("data", "ReadWriteMany").await;
+    cluster.bound("data").await;
+    // No pod yet: an export nobody may mount.
+    cluster.admits("default/data", &[]).await;
+
+    // Pending, then bound to node-a: the node is admitted once the pod names it.
+    cluster.pod("app-1", "data", None).await;
+    cluster
+        .pods()
+        .patch(
+            "app-1",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"nodeName": "node-a"}})),
+        )
+        .await
+        .unwrap();
+    cluster.admits("default/data", &["127.0.0.2"]).await;
+    cluster.event("ExportUpdated", "now admits 127.0.0.2").await;
+
+    // The pod moves: its replacement on node-b is admitted while the old pod object
+    // still exists, and node-a stays until that object is gone.
+    cluster.pod("app-2", "data", Some("node-b")).await;
+    cluster
+        .admits("default/data", &["127.0.0.2", "127.0.0.3"])
+        .await;
+    cluster
+        .pods()
+        .delete("app-1", &DeleteParams::default())
+        .await
+        .unwrap();
+    let export = cluster.admits("default/data", &["127.0.0.3"]).await;
+    assert_eq!(export.access, ExportAccess::ReadWrite);
+    assert_eq!(export.squash, Squash::Root);
+
+    // A pod of another claim changes nothing here.
+    cluster.pod("other", "logs", Some("node-a")).await;
+    cluster
+        .pods()
+        .delete("app-2", &DeleteParams::default())
+        .await
+        .unwrap();
+    cluster.admits("default/data", &[]).await;
+    let puts: Vec<String> = cluster
+        .agent
+        .calls()
+        .into_iter()
+        .filter(|c| c.starts_with("PUT export"))
+        .collect();
+    assert_eq!(
+        puts,
+        [
+            "PUT export default/data [127.0.0.2]",
+            "PUT export default/data [127.0.0.2,127.0.0.3]",
+            "PUT export default/data [127.0.0.3]",
+            "PUT export default/data []",
+        ],
+        "one change per change of the pods, none repeated"
+    );
+    // The agent's answer reaches the controller a moment after the store changed.
+    cluster
+        .metric("nfsprov_exports_updated_total{agent=\"nfs1\"} 4")
+        .await;
+    cluster.finish().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_nodes_claim_follows_nodes_added_and_removed() {
+    let cluster = Cluster::start(ExportManager::Knfsd).await;
+    cluster.node("node-a", "127.0.0.2").await;
+    cluster.class(json!({"exportClients": "nodes"})).await;
+    cluster.claim("data", "ReadWriteMany").await;
+    cluster.bound("data").await;
+    cluster.admits("default/data", &["127.0.0.2"]).await;
+
+    // The agent refuses for a while: counted, and retried until it goes through.
+    cluster
+        .agent
+        .fail_calls(Some(("PUT export", ErrorCode::Internal)));
+    cluster.node("node-b", "127.0.0.3").await;
+    cluster
+        .metric("nfsprov_export_update_failures_total{agent=\"nfs1\"} ")
+        .await;
+    cluster.agent.fail_calls(None);
+    cluster
+        .admits("default/data", &["127.0.0.2", "127.0.0.3"])
+        .await;
+    Api::<Node>::all(cluster.client.clone())
+        .delete("node-a", &DeleteParams::default())
+        .await
+        .unwrap();
+    cluster.admits("default/data", &["127.0.0.3"]).await;
+    // A node change reaches every export of such classes at once: told by the metrics,
+    // not by an event per claim.
+    let reasons: Vec<String> = cluster.events().await.into_iter().map(|(r, _)| r).collect();
+    assert!(
+        !reasons.iter().any(|r| r.starts_with("Export")),
+        "{reasons:?}"
+    );
+    cluster.finish().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refused_change_is_told_on_the_claim_once_and_retried() {
+    let cluster = Cluster::start(ExportManager::Ganesha).await;
+    cluster.node("node-a", "127.0.0.2").await;
+    cluster.class(json!({"exportClients": "pods"})).await;
+    cluster.claim("data", "ReadWriteMany").await;
+    cluster.bound("data").await;
+    cluster.admits("default/data", &[]).await;
+    cluster
+        .agent
+        .fail_calls(Some(("PUT export", ErrorCode::Internal)));
+    cluster.pod("app", "data", Some("node-a")).await;
+    cluster
+        .event(
+            "ExportUpdateFailed",
+            "Could not update the export of volume",
+        )
+        .await;
+    cluster.agent.fail_calls(None);
+    cluster.admits("default/data", &["127.0.0.2"]).await;
+    cluster.event("ExportUpdated", "now admits 127.0.0.2").await;
+    let failures = cluster
+        .events()
+        .await
+        .into_iter()
+        .filter(|(reason, _)| reason == "ExportUpdateFailed")
+        .count();
+    assert_eq!(failures, 1, "one event for the whole run of failures");
+    cluster.finish().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn squash_and_read_only_many_make_the_request() {
+    let cluster = Cluster::start(ExportManager::Ganesha).await;
+    cluster
+        .class(json!({
+            "exportClients": "10.0.0.0/8, 192.0.2.7",
+            "squash": "all",
+            "uid": "1000",
+            "gid": "2000",
+        }))
+        .await;
+    cluster.claim("shared", "ReadOnlyMany").await;
+    cluster.bound("shared").await;
+    assert_eq!(
+        cluster.agent.export("default/shared"),
+        Some(ExportRequest {
+            clients: vec!["10.0.0.0/8".parse().unwrap(), "192.0.2.7".parse().unwrap()],
+            access: ExportAccess::ReadOnly,
+            squash: Squash::All,
+            anon_uid: Some(1000),
+            anon_gid: Some(2000),
+            sec: vec![SecFlavor::Sys],
+        })
+    );
+    cluster.claim("data", "ReadWriteOnce").await;
+    cluster.bound("data").await;
+    let export = cluster.agent.export("default/data").unwrap();
+    assert_eq!(export.access, ExportAccess::ReadWrite);
+    cluster.finish().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_class_asking_for_exports_fails_on_an_agent_without_a_manager() {
+    let cluster = Cluster::start(ExportManager::None).await;
+    cluster
+        .class(json!({"exportClients": "pods", "squash": "root"}))
+        .await;
+    cluster.claim("data", "ReadWriteMany").await;
+    let note = cluster
+        .event(
+            "ProvisioningFailed",
+            "asks for exportClients=pods, squash=root",
+        )
+        .await;
+    assert!(note.contains("agent nfs1"), "{note}");
+    assert!(note.contains("export manager: none"), "{note}");
+    assert!(!cluster.agent.has_volume("default/data"));
+    cluster.finish().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_host_on_an_agent_without_a_manager_is_todays_share() {
+    let cluster = Cluster::start(ExportManager::None).await;
+    cluster.class(json!({"exportClients": "all"})).await;
+    cluster.claim("data", "ReadOnlyMany").await;
+    cluster.bound("data").await;
+    let volume = cluster.agent.volume("default/data").unwrap();
+    assert_eq!(volume.export, None);
+    cluster.finish().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_bad_client_list_fails_the_claim_saying_why() {
+    let cluster = Cluster::start(ExportManager::Ganesha).await;
+    cluster
+        .class(json!({"exportClients": "10.0.0.0/8,10.1.2.3/24"}))
+        .await;
+    cluster.claim("data", "ReadWriteMany").await;
+    cluster
+        .event(
+            "ProvisioningFailed",
+            "host bits set; the network is 10.1.2.0/24",
+        )
+        .await;
+    assert!(!cluster.agent.has_volume("default/data"));
+    cluster.finish().await;
+}
