@@ -200,7 +200,7 @@ impl Agent {
 
     /// A reconcile slot of this agent, held while the reconcile works with it; `None`
     /// when all are taken, and the reconcile should step aside (retry after
-    /// [`BUSY_RETRY`]) rather than wait and hold one of the controller's own slots.
+    /// `BUSY_RETRY`) rather than wait and hold one of the controller's own slots.
     pub fn try_slot(&self) -> Option<tokio::sync::OwnedSemaphorePermit> {
         self.slots.clone().try_acquire_owned().ok()
     }

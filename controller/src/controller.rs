@@ -1,5 +1,5 @@
 //! Wiring only: the watches and their caches, the two kube-runtime controllers handed
-//! the entry points of [`crate::reconcile`], the periodic resync, the usage poll and the
+//! the entry points of `crate::reconcile`, the periodic resync, the usage poll and the
 //! orphan check.
 
 use std::sync::Arc;

@@ -77,7 +77,8 @@ pub struct NfsStat {
     /// Bytes the file occupies on the server: NFSv4's `space_used` attribute.
     pub used_bytes: u64,
     /// libnfs's derived block count: over NFSv4, `used_bytes` in 4096-byte units, rounded
-    /// up (not `st_blocks`' 512-byte units). [`local_stat`] fills in `st_blocks`.
+    /// up (not `st_blocks`' 512-byte units).
+    /// [`local_stat`](super::manifest::local_stat) fills in `st_blocks`.
     pub blocks: u64,
     pub blksize: u64,
     pub atime: Timestamp,
