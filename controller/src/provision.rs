@@ -341,6 +341,13 @@ async fn provision(
     let Some(_slot) = agent.try_slot() else {
         return Ok(Provisioned::AgentBusy(agent.name().to_owned()));
     };
+    let mut plan = plan(pvc, class_name, &wanted, source.as_ref())?;
+    let calls = AgentCalls {
+        agent: &agent,
+        class_name,
+        quota: wanted.params.quota,
+    };
+    let nfs = checked_agent(&calls, &rid).await?;
     // Who may mount it: from the class, the claim's pods and the agent's export manager.
     let export = crate::exports::for_new_volume(ctx, &agent, pvc, &wanted.params, class_name, &rid)
         .await
@@ -349,13 +356,8 @@ async fn provision(
             error: refusal.error,
             permanent: false,
         })?;
-    let plan = plan(pvc, class_name, &wanted, source.as_ref(), export)?;
-    let calls = AgentCalls {
-        agent: &agent,
-        class_name,
-        quota: wanted.params.quota,
-    };
-    match make(&plan, &calls, &rid).await? {
+    plan.request.set_export(export);
+    match make(&plan, &calls, nfs, &rid).await? {
         Making::Cloning(progress) => Ok(Provisioned::Cloning(progress)),
         Making::Done(made) => save(ctx, pvc, class, &wanted, &plan, &calls, &made).await,
     }
@@ -406,6 +408,17 @@ enum Request {
     },
 }
 
+impl Request {
+    /// Who may mount the volume: decided once the agent is chosen and checked, since it
+    /// depends on the agent's export manager.
+    fn set_export(&mut self, export: Option<ExportRequest>) {
+        match self {
+            Request::Create(request) => request.export = export,
+            Request::Clone { request, .. } => request.export = export,
+        }
+    }
+}
+
 /// The volume's name, its path on the agent and the request that makes it, from the
 /// claim, what it and its class ask for, and the source's volume when it is a clone.
 /// Pure: nothing is asked of anyone.
@@ -414,7 +427,6 @@ fn plan(
     class_name: &str,
     wanted: &Wanted,
     source: Option<&SourceVolume>,
-    export: Option<ExportRequest>,
 ) -> Result<Plan, Failure> {
     let params = &wanted.params;
     let namespace = pvc.namespace().unwrap_or_default();
@@ -444,7 +456,7 @@ fn plan(
             capacity_bytes: wanted.capacity_bytes,
             owner,
             quota: params.quota,
-            export,
+            export: None,
         }),
         // The class's mode, uid and gid are not applied: a clone keeps its source's.
         Some(source) => Request::Clone {
@@ -453,7 +465,7 @@ fn plan(
                 capacity_bytes: wanted.capacity_bytes,
                 owner,
                 quota: params.quota,
-                export,
+                export: None,
             },
             from: source.claim.to_string(),
         },
@@ -538,7 +550,9 @@ enum Making {
 
 /// Asks the agent for its export and, when the class enforces quotas, whether it can;
 /// then sends the plan's request: the directory is there when this returns `Done`.
-async fn make(plan: &Plan, calls: &AgentCalls<'_>, rid: &str) -> Result<Making, Failure> {
+/// The agent's NFS export, once the agent has shown it can make what the class asks
+/// (a quota it can enforce, when the class says `enforce`).
+async fn checked_agent(calls: &AgentCalls<'_>, rid: &str) -> Result<NfsExport, Failure> {
     let agent = calls.agent;
     let export = agent
         .export(rid)
@@ -553,6 +567,16 @@ async fn make(plan: &Plan, calls: &AgentCalls<'_>, rid: &str) -> Result<Making, 
             return Err(calls.cannot_enforce(&describe_quota(&capabilities)));
         }
     }
+    Ok(export)
+}
+
+async fn make(
+    plan: &Plan,
+    calls: &AgentCalls<'_>,
+    export: NfsExport,
+    rid: &str,
+) -> Result<Making, Failure> {
+    let agent = calls.agent;
     let path = &plan.path;
     let outcome = match &plan.request {
         Request::Create(request) => agent
@@ -723,7 +747,7 @@ mod tests {
             (PARAM_GID, "2000"),
             (PARAM_QUOTA, "off"),
         ]);
-        let plan = plan(&claim("nfs"), "nfs", &wanted, None, None).unwrap();
+        let plan = plan(&claim("nfs"), "nfs", &wanted, None).unwrap();
         let pv_name = format!("pvc-{CLAIM_UID}");
         assert_eq!(plan.claim, "team-a/data");
         assert_eq!(plan.pv_name, pv_name);
@@ -756,7 +780,7 @@ mod tests {
             agent: "nfs1".into(),
             path: VolumePath::parse("team-a-origin").unwrap(),
         };
-        let plan = plan(&claim("nfs"), "nfs", &wanted, Some(&source), None).unwrap();
+        let plan = plan(&claim("nfs"), "nfs", &wanted, Some(&source)).unwrap();
         assert_eq!(plan.path.as_str(), "c/data");
         let Request::Clone { request, from } = &plan.request else {
             panic!("a claim with a source is cloned: {plan:?}");
@@ -772,7 +796,7 @@ mod tests {
         // The claim's provisioner annotation holds a '/', which no substituted value may.
         let pattern = format!("${{.PVC.annotations.{}}}", objects::ANN_STORAGE_PROVISIONER);
         let wanted = wanted_of(&[(PARAM_PATH_PATTERN, pattern.as_str())]);
-        let failure = plan(&claim("nfs"), "nfs", &wanted, None, None).unwrap_err();
+        let failure = plan(&claim("nfs"), "nfs", &wanted, None).unwrap_err();
         assert!(failure.permanent);
         assert!(
             failure.message.starts_with("StorageClass \"nfs\": "),
