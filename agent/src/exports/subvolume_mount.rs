@@ -47,12 +47,16 @@ impl SubvolumeMounts {
     /// else needs them: knfsd crosses into subvolumes itself, ZFS datasets are mounted).
     pub fn probe(export_root: &Path) -> Result<Option<Self>, ExportError> {
         let what = || format!("export root {}", export_root.display());
-        let root_fd = rustix::fs::open(
+        let root_fd = match rustix::fs::open(
             export_root,
             OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC,
             Mode::empty(),
-        )
-        .map_err(|e| ExportError::io(what())(e.into()))?;
+        ) {
+            Ok(fd) => fd,
+            // No root, no volume beneath it to mount: the store refuses to serve it anyway.
+            Err(Errno::NOENT) => return Ok(None),
+            Err(e) => return Err(ExportError::io(what())(e.into())),
+        };
         let on_btrfs = rustix::fs::fstatfs(&root_fd).is_ok_and(|s| btrfs::is_btrfs_magic(s.f_type));
         if !on_btrfs {
             return Ok(None);
