@@ -349,7 +349,10 @@ impl NfsServer for Ganesha {
                 files::replace(&file, text.as_bytes()).map_err(ExportError::io(what()))?;
                 // Mounted after the record is written and before ganesha is asked: a
                 // crash in between leaves a record the start-up mounts and exports.
-                let added = self.mount(next).and_then(|_| self.bus.add(&file, id));
+                let added = self.mount(next).and_then(|_| {
+                    super::fault::crash_if_asked(super::fault::FaultPoint::AfterMount);
+                    self.bus.add(&file, id)
+                });
                 if let Err(error) = added {
                     let _ = self.unmount(next);
                     let _ = files::remove(&file);

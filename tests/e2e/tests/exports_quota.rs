@@ -192,6 +192,44 @@ async fn a_write_through_ganesha_stops_at_the_btrfs_volumes_capacity() -> anyhow
     drop(nfs);
     assert_eq!(std::fs::read(dir.join("again"))?, b"after restart");
 
+    // Killed between the mount of a new volume and its export: the start finds the
+    // record and the mount, and serves the export.
+    if cfg!(debug_assertions) {
+        let crashed = VolumePath::parse("ns/crashed")?;
+        let crashed_dir = root.join("ns/crashed");
+        agent
+            .restart_with_env(&[("NFSPROV_AGENT_CRASH_AT", "after-mount")])
+            .await?;
+        let killed = agent
+            .client()?
+            .create_volume(&crashed, &create_request(10 * MIB), None)
+            .await;
+        assert!(killed.is_err(), "the agent died before answering");
+        assert!(is_mount_point(&crashed_dir)?, "killed after the mount");
+        assert_eq!(ours(&ganesha)?, ids, "and before ganesha heard of it");
+        agent.restart().await?;
+        assert_eq!(ours(&ganesha)?.len(), 2, "the start exported it");
+        let client = agent.client()?;
+        let got = client
+            .get_volume(&crashed, None)
+            .await?
+            .expect("the volume");
+        assert!(got.export.is_some());
+        let nfs = NfsClient::connect(
+            "127.0.0.1",
+            ganesha.port(),
+            &crashed_dir.display().to_string(),
+        )?;
+        nfs.write_file("served", b"served", 0o644)?;
+        drop(nfs);
+        client.delete_volume(&crashed, None).await?;
+        assert!(!is_mount_point(&crashed_dir)?);
+        assert_eq!(ours(&ganesha)?, ids);
+    } else {
+        println!("the crash between mount and export is checked in debug builds only");
+    }
+    let client = agent.client()?;
+
     // Archived: unexported and unmounted, so the subvolume could move to the archive.
     client.archive_volume(&path, None, None).await?;
     assert!(!is_mount_point(&dir)?, "no mount left at the archived path");
