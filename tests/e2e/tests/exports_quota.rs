@@ -186,7 +186,6 @@ async fn a_write_through_ganesha_stops_at_the_btrfs_volumes_capacity() -> anyhow
     agent.restart().await?;
     assert!(is_mount_point(&dir)?, "the start made the mount again");
     assert_eq!(ours(&ganesha)?, ids, "and serves the export again");
-    let client = agent.client()?;
     let nfs = NfsClient::connect("127.0.0.1", ganesha.port(), &export.path)?;
     nfs.write_file("again", b"after restart", 0o644)?;
     drop(nfs);
