@@ -412,9 +412,9 @@ impl NfsServer for Ganesha {
         // After a reboot (or a crash between mount and export) a record's mount may be
         // missing: made before ganesha is asked to serve it.
         let mut remounted = BTreeSet::new();
-        for record in all.values() {
-            if self.mount(record)? {
-                remounted.extend(record.id);
+        if let Some(mounts) = &self.mounts {
+            for volume in mounts.mount_all(all.keys())? {
+                remounted.extend(all.get(volume).and_then(|record| record.id));
             }
         }
         for &id in &by_id {

@@ -96,6 +96,29 @@ impl SubvolumeMounts {
         if self.is_mounted(volume)? {
             return Ok(false);
         }
+        self.mount_here(volume)
+    }
+
+    /// As [`Self::mount`] for many volumes, the mount table read once (a start with
+    /// thousands of volumes would otherwise read it once per volume). Answers the
+    /// volumes whose mount it made.
+    pub fn mount_all<'a>(
+        &self,
+        volumes: impl IntoIterator<Item = &'a VolumePath>,
+    ) -> Result<Vec<&'a VolumePath>, ExportError> {
+        let table = read_table()?;
+        let mounted: std::collections::HashSet<PathBuf> =
+            parse_table(&table).map(|entry| entry.point).collect();
+        let mut made = Vec::new();
+        for volume in volumes {
+            if !mounted.contains(&self.path_of(volume)) && self.mount_here(volume)? {
+                made.push(volume);
+            }
+        }
+        Ok(made)
+    }
+
+    fn mount_here(&self, volume: &VolumePath) -> Result<bool, ExportError> {
         let Some(dir) = self.open_volume(volume)? else {
             return Err(ExportError::Corrupt(format!(
                 "{volume}: no directory to mount its subvolume on"
