@@ -10,6 +10,9 @@ pub enum FaultPoint {
     /// The export was removed from the NFS server and the volume not yet deleted or
     /// archived.
     AfterUnexport,
+    /// ganesha on btrfs: the volume's own mount was made and ganesha not yet asked to
+    /// export it.
+    AfterMount,
 }
 
 impl FaultPoint {
@@ -18,6 +21,7 @@ impl FaultPoint {
         match self {
             FaultPoint::AfterVolume => "after-volume",
             FaultPoint::AfterUnexport => "after-unexport",
+            FaultPoint::AfterMount => "after-mount",
         }
     }
 }

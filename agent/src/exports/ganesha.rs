@@ -13,6 +13,7 @@ use super::files;
 use super::record::ExportRecord;
 use super::server::{ExportError, NfsServer, Restored, Table};
 use super::settings::ExportSettings;
+use super::subvolume_mount::SubvolumeMounts;
 
 const DESTINATION: &str = "org.ganesha.nfsd";
 const OBJECT: &str = "/org/ganesha/nfsd/ExportMgr";
@@ -153,6 +154,8 @@ pub struct Ganesha {
     mount_root: String,
     ids: std::ops::RangeInclusive<u16>,
     bus: GaneshaExport,
+    /// On btrfs: each subvolume volume mounted by itself, which ganesha needs to export it.
+    mounts: Option<SubvolumeMounts>,
 }
 
 impl Ganesha {
@@ -184,6 +187,7 @@ impl Ganesha {
             mount_root: mount_root.trim_end_matches('/').to_owned(),
             ids: settings.ganesha_export_ids.clone(),
             bus: GaneshaExport::new(settings.ganesha_dbus_address.clone()),
+            mounts: SubvolumeMounts::probe(export_root)?,
         })
     }
 
@@ -262,6 +266,21 @@ impl Ganesha {
     fn ours(&self, id: u16) -> bool {
         self.ids.contains(&id)
     }
+
+    /// Whether a mount was made (`false` when none is needed or it is there already).
+    fn mount(&self, record: &ExportRecord) -> Result<bool, ExportError> {
+        match &self.mounts {
+            Some(mounts) => mounts.mount(&record.volume),
+            None => Ok(false),
+        }
+    }
+
+    fn unmount(&self, record: &ExportRecord) -> Result<(), ExportError> {
+        match &self.mounts {
+            Some(mounts) => mounts.unmount(&record.volume),
+            None => Ok(()),
+        }
+    }
 }
 
 fn client_text(client: &ExportClient) -> String {
@@ -328,7 +347,14 @@ impl NfsServer for Ganesha {
                 // Recorded first: a crash before ganesha heard of it is repaired at
                 // start by adding what the record says.
                 files::replace(&file, text.as_bytes()).map_err(ExportError::io(what()))?;
-                if let Err(error) = self.bus.add(&file, id) {
+                // Mounted after the record is written and before ganesha is asked: a
+                // crash in between leaves a record the start-up mounts and exports.
+                let added = self.mount(next).and_then(|_| {
+                    super::fault::crash_if_asked(super::fault::FaultPoint::AfterMount);
+                    self.bus.add(&file, id)
+                });
+                if let Err(error) = added {
+                    let _ = self.unmount(next);
                     let _ = files::remove(&file);
                     return Err(error);
                 }
@@ -359,6 +385,9 @@ impl NfsServer for Ganesha {
                 return Err(error);
             }
         }
+        // Unmounted before the record goes: a crash in between leaves a record, and the
+        // start-up mounts and exports the volume again (or removes both if it is gone).
+        self.unmount(record)?;
         let file = self.file(id);
         files::remove(&file).map_err(ExportError::io(format!("removing {}", file.display())))?;
         if let Ok(staged) = files::staged_name(&file) {
@@ -380,6 +409,14 @@ impl NfsServer for Ganesha {
                 restored.removed += 1;
             }
         }
+        // After a reboot (or a crash between mount and export) a record's mount may be
+        // missing: made before ganesha is asked to serve it.
+        let mut remounted = BTreeSet::new();
+        if let Some(mounts) = &self.mounts {
+            for volume in mounts.mount_all(all.keys())? {
+                remounted.extend(all.get(volume).and_then(|record| record.id));
+            }
+        }
         for &id in &by_id {
             let file = self.file(id);
             let staged = files::staged_name(&file)
@@ -388,7 +425,9 @@ impl NfsServer for Ganesha {
             if !served.contains(&id) {
                 self.bus.add(&file, id)?;
                 restored.added += 1;
-            } else if interrupted {
+            } else if interrupted || remounted.contains(&id) {
+                // A served export whose mount was missing serves the parent's view of the
+                // path; updated, ganesha resolves it to the new mount.
                 self.bus.update(&file, id)?;
                 restored.repaired += 1;
             } else {

@@ -13,6 +13,7 @@ mod knfsd;
 mod record;
 mod server;
 mod settings;
+mod subvolume_mount;
 mod table;
 
 pub use fault::{FaultPoint, crash_if_asked};

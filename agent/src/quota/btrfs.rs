@@ -154,7 +154,7 @@ pub fn subvolume_id(dir: BorrowedFd<'_>) -> Option<u64> {
 
 /// `f_type`'s width differs between architectures, hence the cast.
 #[allow(clippy::unnecessary_cast)]
-fn is_btrfs_magic(f_type: rustix::fs::FsWord) -> bool {
+pub(crate) fn is_btrfs_magic(f_type: rustix::fs::FsWord) -> bool {
     f_type as i64 == BTRFS_SUPER_MAGIC
 }
 

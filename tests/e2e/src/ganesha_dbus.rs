@@ -172,6 +172,11 @@ impl Ganesha {
         dbus_send(&self.bus, "RemoveExport", &[&format!("uint16:{id}")]).map(drop)
     }
 
+    /// The port ganesha serves NFS on.
+    pub fn port(&self) -> u16 {
+        self.port
+    }
+
     /// An NFSv4 URL of `path` on this server, for a client on any loopback address.
     pub fn url(&self, path: &str) -> String {
         crate::nfs::nfs_url("127.0.0.1", self.port, path)
