@@ -428,12 +428,25 @@ impl RecordStore {
                 let Ok(PathOnly { path }) = serde_json::from_slice(target.as_bytes()) else {
                     continue;
                 };
+                // Paths order as their text does: most records are ruled out before the
+                // path is validated or kept.
+                if after.is_some_and(|after| path.as_str() <= after.as_str()) {
+                    continue;
+                }
+                if kept.len() == keep
+                    && kept
+                        .last()
+                        .is_some_and(|last: &VolumePath| path.as_str() >= last.as_str())
+                {
+                    more = more
+                        || kept
+                            .last()
+                            .is_some_and(|last| path.as_str() > last.as_str());
+                    continue;
+                }
                 let Ok(path) = VolumePath::parse(&path) else {
                     continue;
                 };
-                if after.is_some_and(|after| &path <= after) {
-                    continue;
-                }
                 kept.insert(path);
                 if kept.len() > keep {
                     kept.pop_last();

@@ -378,19 +378,7 @@ async fn lists(agent: &Agent, count: usize, page: u32) -> anyhow::Result<()> {
         started.elapsed().as_secs_f64()
     );
     let pointers = pointers(count);
-
-    let before = agent.reset_peak()?;
-    let started = Instant::now();
-    let whole = client.list_volumes(None).await?;
-    let took = started.elapsed();
-    ensure!(whole.len() == count, "the whole list held {}", whole.len());
-    report(
-        &format!("agent: whole list, {count} volumes"),
-        before,
-        agent.peak()?,
-        took,
-    );
-    drop(whole);
+    // Pages first: memory the whole list took is not all given back to the system.
 
     let before = agent.reset_peak()?;
     let started = Instant::now();
@@ -407,26 +395,26 @@ async fn lists(agent: &Agent, count: usize, page: u32) -> anyhow::Result<()> {
         took,
     );
 
+    let before = agent.reset_peak()?;
+    let started = Instant::now();
+    let whole = client.list_volumes(None).await?;
+    let took = started.elapsed();
+    ensure!(whole.len() == count, "the whole list held {}", whole.len());
+    report(
+        &format!("agent: whole list, {count} volumes"),
+        before,
+        agent.peak()?,
+        took,
+    );
+    drop(whole);
+
     // The caller's side: this process, running the comparison the controller's check
-    // and `kubectl nfsprov orphans` run, on the whole list and then page by page.
+    // and `kubectl nfsprov orphans` run, page by page and then on the whole list.
     let seconds = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)?
         .as_secs();
     let now = k8s_openapi::jiff::Timestamp::from_second(i64::try_from(seconds)?)
         .map_err(|e| anyhow::anyhow!("the time now: {e}"))?;
-    let before = reset_peak("self")?;
-    let started = Instant::now();
-    let whole = client.list_volumes(None).await?;
-    let findings = compare("bench", &whole, &pointers, &pointers, Duration::ZERO, now);
-    drop(whole);
-    let took = started.elapsed();
-    check_findings(&findings)?;
-    report(
-        &format!("orphan check: whole list, {count} volumes"),
-        before,
-        peak("self")?,
-        took,
-    );
 
     let before = reset_peak("self")?;
     let started = Instant::now();
@@ -439,6 +427,20 @@ async fn lists(agent: &Agent, count: usize, page: u32) -> anyhow::Result<()> {
     check_findings(&findings)?;
     report(
         &format!("orphan check: pages of {page}, {count} volumes"),
+        before,
+        peak("self")?,
+        took,
+    );
+
+    let before = reset_peak("self")?;
+    let started = Instant::now();
+    let whole = client.list_volumes(None).await?;
+    let findings = compare("bench", &whole, &pointers, &pointers, Duration::ZERO, now);
+    drop(whole);
+    let took = started.elapsed();
+    check_findings(&findings)?;
+    report(
+        &format!("orphan check: whole list, {count} volumes"),
         before,
         peak("self")?,
         took,
