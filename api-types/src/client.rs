@@ -815,12 +815,10 @@ impl AgentClient {
 /// on would page for ever: it is an error, not a loop.
 fn next_page(query: &ListQuery, next: Option<String>) -> Result<Option<String>, ClientError> {
     match next {
-        Some(next) if query.after.as_ref() == Some(&next) => {
-            Err(ClientError::UnexpectedResponse {
-                status: 200,
-                body: format!("the same next page again ({next:?})"),
-            })
-        }
+        Some(next) if query.after.as_ref() == Some(&next) => Err(ClientError::UnexpectedResponse {
+            status: 200,
+            body: format!("the same next page again ({next:?})"),
+        }),
         next => Ok(next),
     }
 }
