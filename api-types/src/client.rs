@@ -1023,6 +1023,22 @@ mod tests {
     use super::*;
 
     #[test]
+    fn a_next_page_that_does_not_move_on_is_an_error() {
+        let mut query = ListQuery::first(10);
+        assert_eq!(next_page(&query, None).unwrap(), None);
+        assert_eq!(
+            next_page(&query, Some("a".into())).unwrap(),
+            Some("a".into())
+        );
+        query.after = Some("a".into());
+        assert_eq!(
+            next_page(&query, Some("b".into())).unwrap(),
+            Some("b".into())
+        );
+        assert!(next_page(&query, Some("a".into())).is_err());
+    }
+
+    #[test]
     fn settings_resolve_relative_files_and_reject_mistakes() {
         let dir = tempfile::tempdir().unwrap();
         std::fs::write(
