@@ -5,7 +5,7 @@ use std::time::{Duration, Instant};
 
 use axum::body::{Body, Bytes};
 use axum::extract::rejection::PathRejection;
-use axum::extract::{MatchedPath, Path, Request, State};
+use axum::extract::{MatchedPath, Path, RawQuery, Request, State};
 use axum::http::{HeaderMap, HeaderValue, Method, StatusCode, header};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
@@ -16,7 +16,8 @@ use nfsprov_api_types::logsafe::{self, MAX_MESSAGE_BYTES};
 use nfsprov_api_types::{
     AdoptVolumeRequest, AgentInfo, ApiError, ArchiveList, ArchivePath, ArchiveRequest,
     Capabilities, CloneVolumeRequest, CreateVolumeRequest, Endpoint, ErrorCode, ExportRequest,
-    Health, NfsExport, REQUEST_ID_HEADER, ResizeVolumeRequest, Volume, VolumeList, VolumePath,
+    Health, ListQuery, NfsExport, REQUEST_ID_HEADER, ResizeVolumeRequest, Volume, VolumeList,
+    VolumePath,
 };
 use tokio::sync::Semaphore;
 use tower_http::request_id::{MakeRequestUuid, PropagateRequestIdLayer, SetRequestIdLayer};
@@ -841,15 +842,27 @@ async fn get_volume(
     Ok(Json(volume).into_response())
 }
 
-async fn list_volumes(State(state): State<Arc<AppState>>) -> ApiResult<Json<VolumeList>> {
+async fn list_volumes(
+    State(state): State<Arc<AppState>>,
+    RawQuery(query): RawQuery,
+) -> ApiResult<Json<VolumeList>> {
+    let page = ListQuery::parse(query.as_deref(), VolumePath::parse).map_err(invalid_query)?;
     let store = state.store.clone();
-    let mut volumes = tokio::task::spawn_blocking(move || store.list())
-        .await
-        .map_err(|e| Failure::new(ErrorCode::Internal, format!("filesystem task failed: {e}")))??;
+    let (mut volumes, next) = tokio::task::spawn_blocking(move || match page {
+        Some(page) => store.list_page(page.after.as_ref(), page.limit),
+        None => store.list().map(|all| (all, None)),
+    })
+    .await
+    .map_err(|e| Failure::new(ErrorCode::Internal, format!("filesystem task failed: {e}")))??;
     for volume in &mut volumes {
         state.exports.describe(volume);
     }
-    Ok(Json(VolumeList { volumes }))
+    Ok(Json(VolumeList { volumes, next }))
+}
+
+/// A list query refused; what was wrong is in the message.
+fn invalid_query(message: String) -> Failure {
+    Failure::new(ErrorCode::InvalidQuery, message)
 }
 
 async fn delete_volume(
@@ -899,9 +912,16 @@ async fn archive_volume(
     Ok((status, Json(archived)).into_response())
 }
 
-async fn list_archives(State(state): State<Arc<AppState>>) -> ApiResult<Json<ArchiveList>> {
-    let archives = state.archives.list().await?;
-    Ok(Json(ArchiveList { archives }))
+async fn list_archives(
+    State(state): State<Arc<AppState>>,
+    RawQuery(query): RawQuery,
+) -> ApiResult<Json<ArchiveList>> {
+    let page = ListQuery::parse(query.as_deref(), ArchivePath::parse).map_err(invalid_query)?;
+    let (archives, next) = match page {
+        Some(page) => state.archives.page(page.after, page.limit).await?,
+        None => (state.archives.list().await?, None),
+    };
+    Ok(Json(ArchiveList { archives, next }))
 }
 
 async fn delete_archive(

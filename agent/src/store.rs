@@ -963,6 +963,20 @@ impl VolumeStore {
         Ok(found)
     }
 
+    /// At most `limit` archives whose ids follow `after`, in id order, and the cursor of
+    /// the next page (the page's last id) when more may follow.
+    pub fn list_archives_page(
+        &self,
+        after: Option<&ArchivePath>,
+        limit: usize,
+    ) -> Result<(Vec<StoredArchive>, Option<String>)> {
+        let (found, more) = self.backend.list_archives_page(&self.root, after, limit)?;
+        let next = more
+            .then(|| found.last().map(|archive| archive.id.to_string()))
+            .flatten();
+        Ok((found, next))
+    }
+
     /// Removes the archive `id` with its quota and record, the way a volume is deleted
     /// (through the trash for directories). Only the archive area is reached: an id
     /// cannot name a live volume, and its directories are walked without following links.
@@ -1046,6 +1060,24 @@ impl VolumeStore {
             .collect();
         found.sort_by(|a, b| a.path.cmp(&b.path));
         Ok(found)
+    }
+
+    /// At most `limit` volumes whose paths follow `after`, in path order, and the cursor
+    /// of the next page (the page's last path) when more may follow.
+    pub fn list_page(
+        &self,
+        after: Option<&VolumePath>,
+        limit: usize,
+    ) -> Result<(Vec<Volume>, Option<String>)> {
+        let (found, more) = self.backend.list_page(&self.root, after, limit)?;
+        let next = more
+            .then(|| found.last().map(|(path, _)| path.to_string()))
+            .flatten();
+        let page = found
+            .into_iter()
+            .map(|(path, record)| record.to_volume(&path))
+            .collect();
+        Ok((page, next))
     }
 
     /// Removes whatever a crash left in the staging and trash areas, and volumes made in

@@ -16,8 +16,8 @@ use crate::logsafe::Clean;
 use crate::{
     AdoptVolumeRequest, AgentInfo, ApiError, Archive, ArchiveList, ArchivePath, ArchiveRequest,
     ArchiveResult, CloneProgress, CloneVolumeRequest, CreateVolumeRequest, Endpoint, ErrorCode,
-    ExportRequest, Health, MAX_PEM_BYTES, MAX_TOKEN_BYTES, REQUEST_ID_HEADER, ReloadingFile,
-    ResizeVolumeRequest, Volume, VolumeList, VolumePath, read_bounded,
+    ExportRequest, Health, ListQuery, MAX_PEM_BYTES, MAX_TOKEN_BYTES, REQUEST_ID_HEADER,
+    ReloadingFile, ResizeVolumeRequest, Volume, VolumeList, VolumePath, read_bounded,
 };
 
 /// How to reach one agent. Relative file names are resolved against the directory of the
@@ -594,6 +594,33 @@ impl AgentClient {
         Ok(list.volumes)
     }
 
+    /// Every volume, `limit` at a time in path order: `each` gets one page and returns
+    /// before the next is asked for, so no more than a page is ever held here. An agent
+    /// that predates paging answers everything as one page.
+    pub async fn for_each_volume_page(
+        &self,
+        limit: u32,
+        request_id: Option<&str>,
+        mut each: impl FnMut(Vec<Volume>),
+    ) -> Result<(), ClientError> {
+        let mut query = ListQuery::first(limit);
+        loop {
+            let path = format!(
+                "{}?{}",
+                Endpoint::ListVolumes.path(),
+                query.to_query_string()
+            );
+            let (_, list): (_, VolumeList) = self
+                .call(Endpoint::ListVolumes, &path, None::<&()>, request_id)
+                .await?;
+            each(list.volumes);
+            match next_page(&query, list.next)? {
+                Some(next) => query.after = Some(next),
+                None => return Ok(()),
+            }
+        }
+    }
+
     /// Raises the volume's capacity (and its quota, where the agent enforces one).
     pub async fn resize_volume(
         &self,
@@ -663,6 +690,32 @@ impl AgentClient {
             )
             .await?;
         Ok(list.archives)
+    }
+
+    /// Every archive, `limit` at a time in id order, as
+    /// [`for_each_volume_page`](Self::for_each_volume_page) pages volumes.
+    pub async fn for_each_archive_page(
+        &self,
+        limit: u32,
+        request_id: Option<&str>,
+        mut each: impl FnMut(Vec<Archive>),
+    ) -> Result<(), ClientError> {
+        let mut query = ListQuery::first(limit);
+        loop {
+            let path = format!(
+                "{}?{}",
+                Endpoint::ListArchives.path(),
+                query.to_query_string()
+            );
+            let (_, list): (_, ArchiveList) = self
+                .call(Endpoint::ListArchives, &path, None::<&()>, request_id)
+                .await?;
+            each(list.archives);
+            match next_page(&query, list.next)? {
+                Some(next) => query.after = Some(next),
+                None => return Ok(()),
+            }
+        }
     }
 
     /// Removes one archive with its quota; succeeds also when it is already gone.
@@ -755,6 +808,18 @@ impl AgentClient {
             }),
             Err(_) => Err(unexpected(status, &body)),
         }
+    }
+}
+
+/// The cursor of the page after the one `query` asked for. A cursor that does not move
+/// on would page for ever: it is an error, not a loop.
+fn next_page(query: &ListQuery, next: Option<String>) -> Result<Option<String>, ClientError> {
+    match next {
+        Some(next) if query.after.as_ref() == Some(&next) => Err(ClientError::UnexpectedResponse {
+            status: 200,
+            body: format!("the same next page again ({next:?})"),
+        }),
+        next => Ok(next),
     }
 }
 
@@ -956,6 +1021,22 @@ fn lookup<'a>(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_next_page_that_does_not_move_on_is_an_error() {
+        let mut query = ListQuery::first(10);
+        assert_eq!(next_page(&query, None).unwrap(), None);
+        assert_eq!(
+            next_page(&query, Some("a".into())).unwrap(),
+            Some("a".into())
+        );
+        query.after = Some("a".into());
+        assert_eq!(
+            next_page(&query, Some("b".into())).unwrap(),
+            Some("b".into())
+        );
+        assert!(next_page(&query, Some("a".into())).is_err());
+    }
 
     #[test]
     fn settings_resolve_relative_files_and_reject_mistakes() {

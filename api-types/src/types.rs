@@ -357,6 +357,9 @@ pub struct Volume {
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct VolumeList {
     pub volumes: Vec<Volume>,
+    /// The `after` of the next page; absent on the last page and on an unpaged answer.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub next: Option<String>,
 }
 
 /// Body of `POST /v1/archives/{path}`, optional: no body at all is the same as `{}`
@@ -432,6 +435,82 @@ pub struct Archive {
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ArchiveList {
     pub archives: Vec<Archive>,
+    /// The `after` of the next page; absent on the last page and on an unpaged answer.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub next: Option<String>,
+}
+
+/// The most entries one page of `GET /v1/volumes` or `GET /v1/archives` holds; a larger
+/// `limit` is refused (`invalid_query`).
+pub const MAX_PAGE_LIMIT: u32 = 1000;
+
+/// The query of `GET /v1/volumes` and `GET /v1/archives`: `?limit=N&after=CURSOR`. Without
+/// `limit` the whole list is answered (what controllers that predate paging ask for).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ListQuery {
+    /// Entries in the page, 1 to [`MAX_PAGE_LIMIT`].
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub limit: Option<u32>,
+    /// The `next` of the previous page: the page starts after this volume path or
+    /// archive id, in the list's order (by path, by id).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub after: Option<String>,
+}
+
+/// A page asked for, its cursor validated.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PageRequest<C> {
+    pub limit: usize,
+    pub after: Option<C>,
+}
+
+impl ListQuery {
+    /// The first page of `limit` entries.
+    pub fn first(limit: u32) -> Self {
+        Self {
+            limit: Some(limit),
+            after: None,
+        }
+    }
+
+    /// The query string, without the `?`; empty for the whole list.
+    pub fn to_query_string(&self) -> String {
+        serde_urlencoded::to_string(self).unwrap_or_default()
+    }
+
+    /// Reads a request's query string (`None`: there was none). `Ok(None)` asks for the
+    /// whole list; `cursor` validates `after`.
+    pub fn parse<C, E: fmt::Display>(
+        raw: Option<&str>,
+        cursor: impl FnOnce(&str) -> Result<C, E>,
+    ) -> Result<Option<PageRequest<C>>, String> {
+        let query: ListQuery = match raw {
+            None | Some("") => ListQuery::default(),
+            Some(raw) => serde_urlencoded::from_str(raw).map_err(|e| {
+                format!("invalid query: {e} (expected limit=1..{MAX_PAGE_LIMIT} and optionally after=<the previous page's next>)")
+            })?,
+        };
+        let Some(limit) = query.limit else {
+            if query.after.is_some() {
+                return Err("invalid query: after needs a limit".into());
+            }
+            return Ok(None);
+        };
+        if limit == 0 || limit > MAX_PAGE_LIMIT {
+            return Err(format!(
+                "invalid query: limit must be 1 to {MAX_PAGE_LIMIT}, not {limit}"
+            ));
+        }
+        let after = query
+            .after
+            .map(|raw| cursor(&raw).map_err(|e| format!("invalid query: after: {e}")))
+            .transpose()?;
+        Ok(Some(PageRequest {
+            limit: limit as usize,
+            after,
+        }))
+    }
 }
 
 /// The export NFS clients mount to reach the volumes.
@@ -543,6 +622,8 @@ pub enum ErrorCode {
     InvalidPath,
     /// The body is not valid JSON for this endpoint, or a field is out of range.
     InvalidBody,
+    /// The query string is malformed or out of range (a list's `limit` or `after`).
+    InvalidQuery,
     /// A symlink or a non-directory was found where a volume or one of its parents should be.
     UnsafePath,
     Unauthenticated,
@@ -569,7 +650,10 @@ impl ErrorCode {
     /// The HTTP status this code is sent with.
     pub fn http_status(self) -> u16 {
         match self {
-            ErrorCode::InvalidPath | ErrorCode::InvalidBody | ErrorCode::UnsafePath => 400,
+            ErrorCode::InvalidPath
+            | ErrorCode::InvalidBody
+            | ErrorCode::InvalidQuery
+            | ErrorCode::UnsafePath => 400,
             ErrorCode::Unauthenticated => 401,
             ErrorCode::Forbidden => 403,
             ErrorCode::NotFound => 404,
@@ -857,5 +941,74 @@ mod tests {
             "insufficient_storage"
         );
         assert_eq!(ErrorCode::InsufficientStorage.http_status(), 507);
+    }
+
+    fn volume_page(raw: Option<&str>) -> Result<Option<PageRequest<VolumePath>>, String> {
+        ListQuery::parse(raw, VolumePath::parse)
+    }
+
+    #[test]
+    fn no_limit_asks_for_the_whole_list() {
+        assert_eq!(volume_page(None), Ok(None));
+        assert_eq!(volume_page(Some("")), Ok(None));
+    }
+
+    #[test]
+    fn a_page_query_reads_its_limit_and_cursor() {
+        assert_eq!(
+            volume_page(Some("limit=50")),
+            Ok(Some(PageRequest {
+                limit: 50,
+                after: None
+            }))
+        );
+        assert_eq!(
+            volume_page(Some("after=team%2Fdata-2&limit=1000")),
+            Ok(Some(PageRequest {
+                limit: 1000,
+                after: Some(VolumePath::parse("team/data-2").unwrap())
+            }))
+        );
+        let id = "team/data/@20260101T000000.000000000Z";
+        let query = ListQuery {
+            limit: Some(7),
+            after: Some(id.into()),
+        };
+        let page = ListQuery::parse(Some(&query.to_query_string()), ArchivePath::parse).unwrap();
+        assert_eq!(page.unwrap().after.unwrap().to_string(), id);
+        assert_eq!(ListQuery::default().to_query_string(), "");
+    }
+
+    #[test]
+    fn bad_page_queries_are_refused_saying_why() {
+        for (raw, says) in [
+            ("limit=0", "limit must be 1 to 1000, not 0"),
+            ("limit=1001", "limit must be 1 to 1000, not 1001"),
+            ("limit=-1", "invalid query"),
+            ("limit=ten", "invalid query"),
+            ("limit=99999999999", "invalid query"),
+            ("after=a", "after needs a limit"),
+            ("limit=5&after=..%2Fetc", "after:"),
+            ("limit=5&after=", "after:"),
+            ("limit=5&offset=3", "unknown field"),
+        ] {
+            let error = volume_page(Some(raw)).unwrap_err();
+            assert!(error.contains(says), "{raw}: {error}");
+        }
+        assert!(
+            ListQuery::parse(Some("limit=5&after=team%2Fdata"), ArchivePath::parse)
+                .unwrap_err()
+                .contains("after:")
+        );
+    }
+
+    #[test]
+    fn lists_from_older_agents_read_without_next() {
+        let list: VolumeList = serde_json::from_str(r#"{"volumes":[]}"#).unwrap();
+        assert_eq!(list.next, None);
+        assert_eq!(
+            serde_json::to_string(&ArchiveList::default()).unwrap(),
+            r#"{"archives":[]}"#
+        );
     }
 }

@@ -22,6 +22,8 @@ pub struct OrphanSettings {
     pub grace: Duration,
     /// Archive orphaned directories (never delete them).
     pub archive: bool,
+    /// Volumes asked of an agent at a time: the check holds one page, never the whole list.
+    pub page_size: u32,
 }
 
 #[derive(Debug, Clone, Parser)]
@@ -144,6 +146,7 @@ impl Args {
             every: Duration::from_secs(self.orphan_check_interval_seconds),
             grace: Duration::from_secs(self.orphan_grace_seconds),
             archive: self.archive_orphans,
+            page_size: nfsprov_api_types::MAX_PAGE_LIMIT,
         })
     }
 }
@@ -169,6 +172,7 @@ mod tests {
                 every: Duration::from_secs(600),
                 grace: Duration::from_secs(600),
                 archive: false,
+                page_size: 1000,
             })
         );
         let args = Args::try_parse_from([

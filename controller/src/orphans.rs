@@ -16,7 +16,7 @@ use k8s_openapi::jiff::Timestamp;
 use kube::Api;
 use kube::runtime::events::EventType;
 use nfsprov_api_types::VolumeOwner;
-use nfsprov_vocabulary::orphans::{Finding, PvPointer, compare, expects_directory};
+use nfsprov_vocabulary::orphans::{Finding, Listing, PvPointer, expects_directory};
 use tokio::sync::watch;
 use tokio::time::{Instant, MissedTickBehavior};
 use tracing::{info, warn};
@@ -144,27 +144,20 @@ async fn check_agent(
     warned: &mut HashSet<String>,
 ) -> Option<()> {
     let expected = pointers(ctx);
-    let listed = match agent
+    let mut listing = Listing::new(agent.name(), &expected, settings.grace, Timestamp::now());
+    if let Err(e) = agent
         .client()
-        .list_volumes(Some(&request_id("orphan-check")))
+        .for_each_volume_page(
+            settings.page_size,
+            Some(&request_id("orphan-check")),
+            |page| listing.add(&page),
+        )
         .await
     {
-        Ok(listed) => listed,
-        Err(e) => {
-            warn!(agent = %agent.name(), error = %e, "orphan check: cannot list the agent's volumes");
-            return None;
-        }
-    };
-    let later = pointers(ctx);
-    let findings = compare(
-        agent.name(),
-        &listed,
-        &later,
-        &expected,
-        settings.grace,
-        Timestamp::now(),
-    );
-    drop(listed);
+        warn!(agent = %agent.name(), error = %e, "orphan check: cannot list the agent's volumes");
+        return None;
+    }
+    let findings = listing.finish(&pointers(ctx));
     let (mut unreferenced, mut missing, mut archived) = (0u64, 0u64, 0u64);
     for finding in findings {
         match finding {

@@ -154,6 +154,9 @@ async fn orphans_are_reported_and_archived_and_wanted_directories_are_kept() {
                 every: Duration::from_millis(200),
                 grace: Duration::ZERO,
                 archive: true,
+                // Smaller than the three volumes listed: the check pages through, and a
+                // directory missing is only known once every page was seen.
+                page_size: 2,
             }),
             agent_secrets: None,
             leading: None,

@@ -3,7 +3,7 @@
 
 use anyhow::Context as _;
 use k8s_openapi::jiff::Timestamp;
-use nfsprov_api_types::{Archive, ArchivePath};
+use nfsprov_api_types::{Archive, ArchivePath, MAX_PAGE_LIMIT};
 use serde::Serialize;
 
 use crate::cluster::Target;
@@ -41,7 +41,14 @@ pub async fn list(target: &Target, only: Option<&str>) -> anyhow::Result<Archive
         .filter(|a| only.is_none_or(|name| a.name == name));
     let answers = futures::future::join_all(asked.map(|agent| async move {
         let listed = match &agent.client {
-            Ok(client) => client.list_archives(None).await.map_err(|e| e.to_string()),
+            Ok(client) => {
+                let mut archives = Vec::new();
+                client
+                    .for_each_archive_page(MAX_PAGE_LIMIT, None, |page| archives.extend(page))
+                    .await
+                    .map(|()| archives)
+                    .map_err(|e| e.to_string())
+            }
             Err(e) => Err(e.clone()),
         };
         (agent.name.clone(), listed)

@@ -5,13 +5,13 @@ use std::time::Duration;
 
 use k8s_openapi::api::core::v1::PersistentVolume;
 use k8s_openapi::jiff::Timestamp;
-use nfsprov_api_types::Volume;
+use nfsprov_api_types::client::AgentClient;
+use nfsprov_api_types::{MAX_PAGE_LIMIT, Volume};
 use nfsprov_vocabulary::names::{ANN_AGENT, ANN_PATH};
-use nfsprov_vocabulary::orphans::{self, Finding, PvPointer, expects_directory};
+use nfsprov_vocabulary::orphans::{Finding, Listing, PvPointer, expects_directory};
 use serde::Serialize;
 
 use crate::cluster::{Target, annotation};
-use crate::probe::{AgentProbe, probe_all};
 use crate::table::Table;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -49,43 +49,68 @@ pub struct OrphansReport {
 /// check does, but reporting directories of any age: an operator asking wants to see a
 /// provisioning in flight too.
 pub fn compare(agent: &str, listed: &[Volume], volumes: &[PersistentVolume]) -> Vec<Orphan> {
-    let pointers: Vec<PvPointer> = volumes.iter().filter_map(pointer).collect();
-    orphans::compare(
-        agent,
-        listed,
-        &pointers,
-        &pointers,
-        Duration::ZERO,
-        Timestamp::now(),
-    )
-    .into_iter()
-    .map(|finding| match finding {
-        Finding::Unreferenced {
-            agent, path, owner, ..
-        } => Orphan {
-            kind: OrphanKind::NoPv,
-            agent,
-            path,
-            pv: owner.pv_name,
-            claim: match (owner.pvc_namespace, owner.pvc_name) {
-                (Some(ns), Some(name)) => Some(format!("{ns}/{name}")),
-                _ => None,
+    let pointers = pointers(volumes);
+    let mut listing = listing(agent, &pointers);
+    listing.add(listed);
+    findings(listing, &pointers)
+}
+
+/// Pages through one agent's volumes, `page_size` at a time, holding only what may turn
+/// out orphaned, never the whole listing.
+pub async fn check_agent(
+    client: &AgentClient,
+    agent: &str,
+    pointers: &[PvPointer],
+    page_size: u32,
+) -> Result<Vec<Orphan>, String> {
+    let mut listing = listing(agent, pointers);
+    client
+        .for_each_volume_page(page_size, None, |page| listing.add(&page))
+        .await
+        .map_err(|e| e.to_string())?;
+    Ok(findings(listing, pointers))
+}
+
+fn listing<'a>(agent: &'a str, pointers: &'a [PvPointer]) -> Listing<'a> {
+    Listing::new(agent, pointers, Duration::ZERO, Timestamp::now())
+}
+
+fn findings(listing: Listing<'_>, pointers: &[PvPointer]) -> Vec<Orphan> {
+    listing
+        .finish(pointers)
+        .into_iter()
+        .map(|finding| match finding {
+            Finding::Unreferenced {
+                agent, path, owner, ..
+            } => Orphan {
+                kind: OrphanKind::NoPv,
+                agent,
+                path,
+                pv: owner.pv_name,
+                claim: match (owner.pvc_namespace, owner.pvc_name) {
+                    (Some(ns), Some(name)) => Some(format!("{ns}/{name}")),
+                    _ => None,
+                },
             },
-        },
-        Finding::Missing {
-            agent,
-            path,
-            pv,
-            claim,
-        } => Orphan {
-            kind: OrphanKind::NoDirectory,
-            agent,
-            path,
-            pv: Some(pv),
-            claim,
-        },
-    })
-    .collect()
+            Finding::Missing {
+                agent,
+                path,
+                pv,
+                claim,
+            } => Orphan {
+                kind: OrphanKind::NoDirectory,
+                agent,
+                path,
+                pv: Some(pv),
+                claim,
+            },
+        })
+        .collect()
+}
+
+/// The pointers of the PVs that name an agent and a path.
+pub fn pointers(volumes: &[PersistentVolume]) -> Vec<PvPointer> {
+    volumes.iter().filter_map(pointer).collect()
 }
 
 fn pointer(pv: &PersistentVolume) -> Option<PvPointer> {
@@ -103,9 +128,10 @@ fn pointer(pv: &PersistentVolume) -> Option<PvPointer> {
     })
 }
 
+/// The report of each agent's check (its name, and its orphans or why it could not be
+/// checked).
 pub fn report(
-    probes: &[AgentProbe],
-    volumes: &[PersistentVolume],
+    checks: Vec<(String, Result<Vec<Orphan>, String>)>,
     agents: &crate::credentials::Agents,
 ) -> OrphansReport {
     let mut orphans = Vec::new();
@@ -120,14 +146,13 @@ pub fn report(
         })
         .collect();
     let mut checked_agents = Vec::new();
-    for probe in probes {
-        match &probe.volumes {
-            Some(Ok(listed)) => {
-                checked_agents.push(probe.name.clone());
-                orphans.extend(compare(&probe.name, listed, volumes));
+    for (agent, checked) in checks {
+        match checked {
+            Ok(found) => {
+                checked_agents.push(agent);
+                orphans.extend(found);
             }
-            Some(Err(e)) => unchecked_agents.push((probe.name.clone(), e.clone())),
-            None => unchecked_agents.push((probe.name.clone(), "not asked".to_owned())),
+            Err(e) => unchecked_agents.push((agent, e)),
         }
     }
     OrphansReport {
@@ -140,10 +165,20 @@ pub fn report(
 
 pub async fn run(target: &Target) -> anyhow::Result<OrphansReport> {
     let deployment = target.deployment().await?;
-    let volumes = target.volumes().await?;
+    let pointers = pointers(&target.volumes().await?);
     let agents = crate::credentials::load(target, deployment.as_ref()).await?;
-    let probes = probe_all(&agents, true).await;
-    Ok(report(&probes, &volumes, &agents))
+    let checks = futures::future::join_all(agents.agents.iter().map(|agent| {
+        let pointers = &pointers;
+        async move {
+            let checked = match &agent.client {
+                Ok(client) => check_agent(client, &agent.name, pointers, MAX_PAGE_LIMIT).await,
+                Err(e) => Err(e.clone()),
+            };
+            (agent.name.clone(), checked)
+        }
+    }))
+    .await;
+    Ok(report(checks, &agents))
 }
 
 impl crate::report::Report for OrphansReport {

@@ -58,37 +58,90 @@ pub fn compare(
     grace: Duration,
     now: Timestamp,
 ) -> Vec<Finding> {
-    let pointed: HashSet<&str> = later
-        .iter()
-        .chain(expected)
-        .filter(|p| p.agent == agent)
-        .map(|p| p.path.as_str())
-        .collect();
-    let held: HashSet<&str> = listed.iter().map(|v| v.path.as_str()).collect();
-    let mut found: Vec<Finding> = listed
-        .iter()
-        .filter(|v| !pointed.contains(v.path.as_str()))
-        .filter(|v| older_than(&v.created_at, grace, now))
-        .map(|v| Finding::Unreferenced {
-            agent: agent.to_owned(),
-            path: v.path.to_string(),
-            owner: v.owner.clone(),
-            created_at: v.created_at.clone(),
-        })
-        .collect();
-    found.extend(
-        expected
+    let mut listing = Listing::new(agent, expected, grace, now);
+    listing.add(listed);
+    listing.finish(later)
+}
+
+/// [`compare`] fed one page of the listing at a time: what is held is what may become a
+/// finding (volumes no expected PV points to, expected PVs whose volume was not listed
+/// yet), never the listing itself.
+#[derive(Debug)]
+pub struct Listing<'a> {
+    agent: &'a str,
+    expected: &'a [PvPointer],
+    pointed: HashSet<&'a str>,
+    /// Paths of `expected` PVs that expect a directory, not listed so far.
+    unseen: HashSet<&'a str>,
+    /// Listed volumes no expected PV points to; `later` PVs may still.
+    unreferenced: Vec<Finding>,
+    grace: Duration,
+    now: Timestamp,
+}
+
+impl<'a> Listing<'a> {
+    pub fn new(agent: &'a str, expected: &'a [PvPointer], grace: Duration, now: Timestamp) -> Self {
+        let ours = || expected.iter().filter(move |p| p.agent == agent);
+        Self {
+            agent,
+            expected,
+            pointed: ours().map(|p| p.path.as_str()).collect(),
+            unseen: ours()
+                .filter(|p| p.expects_directory)
+                .map(|p| p.path.as_str())
+                .collect(),
+            unreferenced: Vec::new(),
+            grace,
+            now,
+        }
+    }
+
+    /// One page of the agent's listing.
+    pub fn add(&mut self, page: &[Volume]) {
+        for volume in page {
+            self.unseen.remove(volume.path.as_str());
+            if !self.pointed.contains(volume.path.as_str())
+                && older_than(&volume.created_at, self.grace, self.now)
+            {
+                self.unreferenced.push(Finding::Unreferenced {
+                    agent: self.agent.to_owned(),
+                    path: volume.path.to_string(),
+                    owner: volume.owner.clone(),
+                    created_at: volume.created_at.clone(),
+                });
+            }
+        }
+    }
+
+    /// The findings once the whole listing was added, `later` being the PVs known after it.
+    pub fn finish(self, later: &[PvPointer]) -> Vec<Finding> {
+        let pointed_later: HashSet<&str> = later
             .iter()
-            .filter(|p| p.agent == agent && p.expects_directory)
-            .filter(|p| !held.contains(p.path.as_str()))
-            .map(|p| Finding::Missing {
-                agent: agent.to_owned(),
-                path: p.path.clone(),
-                pv: p.pv.clone(),
-                claim: p.claim.clone(),
-            }),
-    );
-    found
+            .filter(|p| p.agent == self.agent)
+            .map(|p| p.path.as_str())
+            .collect();
+        let mut found: Vec<Finding> = self
+            .unreferenced
+            .into_iter()
+            .filter(|finding| match finding {
+                Finding::Unreferenced { path, .. } => !pointed_later.contains(path.as_str()),
+                Finding::Missing { .. } => true,
+            })
+            .collect();
+        found.extend(
+            self.expected
+                .iter()
+                .filter(|p| p.agent == self.agent && p.expects_directory)
+                .filter(|p| self.unseen.contains(p.path.as_str()))
+                .map(|p| Finding::Missing {
+                    agent: self.agent.to_owned(),
+                    path: p.path.clone(),
+                    pv: p.pv.clone(),
+                    claim: p.claim.clone(),
+                }),
+        );
+        found
+    }
 }
 
 fn older_than(created_at: &str, grace: Duration, now: Timestamp) -> bool {
@@ -210,5 +263,38 @@ mod tests {
             now(),
         );
         assert!(found.is_empty(), "{found:?}");
+    }
+
+    #[test]
+    fn a_listing_fed_in_pages_finds_what_the_whole_one_does() {
+        let listed: Vec<Volume> = (0..40)
+            .map(|i| volume(&format!("ns/v{i:02}"), if i % 3 == 0 { NOW } else { OLD }))
+            .collect();
+        let expected: Vec<PvPointer> = (0..50)
+            .filter(|i| i % 4 != 1)
+            .map(|i| {
+                pointer(
+                    &format!("pv{i}"),
+                    "nfs1",
+                    &format!("ns/v{i:02}"),
+                    i % 7 != 0,
+                )
+            })
+            .collect();
+        let later = [pointer("late", "nfs1", "ns/v05", true)];
+        let whole = compare("nfs1", &listed, &later, &expected, GRACE, now());
+        assert!(whole.iter().any(|f| matches!(f, Finding::Missing { .. })));
+        assert!(
+            whole
+                .iter()
+                .any(|f| matches!(f, Finding::Unreferenced { .. }))
+        );
+        for size in [1, 3, 39, 40] {
+            let mut listing = Listing::new("nfs1", &expected, GRACE, now());
+            for page in listed.chunks(size) {
+                listing.add(page);
+            }
+            assert_eq!(listing.finish(&later), whole, "pages of {size}");
+        }
     }
 }

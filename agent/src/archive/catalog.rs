@@ -52,19 +52,45 @@ impl Archives {
     /// is waited for a little, then listed without a size.
     pub async fn list(&self) -> Result<Vec<Archive>, StoreError> {
         let stored = self.stored().await?;
-        let sizes = futures::future::join_all(stored.iter().map(|archive| async {
-            match archive.usage {
-                Some(usage) => Some(usage),
-                None => self.sizes.get(&self.store, &archive.id).await,
-            }
-        }))
-        .await;
+        let sizes = self.sizes_of(&stored).await;
         self.observe(&stored, &sizes);
         Ok(stored
             .iter()
             .zip(sizes)
             .map(|(archive, usage)| self.describe(archive, usage))
             .collect())
+    }
+
+    /// At most `limit` archives after `after` in id order, described as [`Self::list`]
+    /// describes them, and the next page's cursor. Only the page is measured; the
+    /// metrics of all archives are left to the whole list and the sweep.
+    pub async fn page(
+        &self,
+        after: Option<ArchivePath>,
+        limit: usize,
+    ) -> Result<(Vec<Archive>, Option<String>), StoreError> {
+        let store = self.store.clone();
+        let (stored, next) =
+            tokio::task::spawn_blocking(move || store.list_archives_page(after.as_ref(), limit))
+                .await
+                .unwrap_or_else(|e| Err(task_failed(e)))?;
+        let sizes = self.sizes_of(&stored).await;
+        let page = stored
+            .iter()
+            .zip(sizes)
+            .map(|(archive, usage)| self.describe(archive, usage))
+            .collect();
+        Ok((page, next))
+    }
+
+    async fn sizes_of(&self, stored: &[StoredArchive]) -> Vec<Option<VolumeUsage>> {
+        futures::future::join_all(stored.iter().map(|archive| async {
+            match archive.usage {
+                Some(usage) => Some(usage),
+                None => self.sizes.get(&self.store, &archive.id).await,
+            }
+        }))
+        .await
     }
 
     /// Deletes one archive with its quota and record; absent already is success.

@@ -162,6 +162,27 @@ pub trait VolumeBackend: Debug + Send + Sync {
     /// Every finished volume beneath the root, in any order.
     fn list(&self, root: &Root) -> Result<Vec<(VolumePath, VolumeRecord)>>;
 
+    /// At most `limit` finished volumes whose paths follow `after`, in path order, and
+    /// whether more may follow. This default cuts the page from the whole list, for
+    /// backends that learn every volume in one call anyway.
+    fn list_page(
+        &self,
+        root: &Root,
+        after: Option<&VolumePath>,
+        limit: usize,
+    ) -> Result<(Vec<(VolumePath, VolumeRecord)>, bool)> {
+        let mut found: Vec<_> = self
+            .list(root)?
+            .into_iter()
+            .filter(|(path, _)| after.is_none_or(|after| path > after))
+            .collect();
+        found.sort_by(|a, b| a.0.cmp(&b.0));
+        found.dedup_by(|a, b| a.0 == b.0);
+        let more = found.len() > limit;
+        found.truncate(limit);
+        Ok((found, more))
+    }
+
     /// [`Layout::Mounts`] only: moves the volume at `path` to `archive_path` below the root.
     fn archive_in_place(&self, path: &VolumePath, archive_path: &str) -> Result<()> {
         let _ = archive_path;
@@ -173,6 +194,25 @@ pub trait VolumeBackend: Debug + Send + Sync {
 
     /// Every archive the agent made beneath the archive area, in any order.
     fn list_archives(&self, root: &Root) -> Result<Vec<StoredArchive>>;
+
+    /// At most `limit` archives whose ids follow `after`, in id order, and whether more
+    /// may follow; cut from the whole list unless the backend can do better.
+    fn list_archives_page(
+        &self,
+        root: &Root,
+        after: Option<&ArchivePath>,
+        limit: usize,
+    ) -> Result<(Vec<StoredArchive>, bool)> {
+        let mut found: Vec<_> = self
+            .list_archives(root)?
+            .into_iter()
+            .filter(|archive| after.is_none_or(|after| &archive.id > after))
+            .collect();
+        found.sort_by(|a, b| a.id.cmp(&b.id));
+        let more = found.len() > limit;
+        found.truncate(limit);
+        Ok((found, more))
+    }
 
     /// The record of the archive `id`, whose entry would be in `parent` (its archive
     /// directory): `None` when nothing is there, a conflict when what is there is not an

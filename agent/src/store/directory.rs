@@ -335,6 +335,27 @@ fn copy_workers() -> usize {
     std::thread::available_parallelism().map_or(2, |n| n.get().clamp(2, 8))
 }
 
+/// The record of the volume at `path`, read through its directory's identity: `None`
+/// when nothing is there or the directory there holds another path's record (what is at
+/// a path decides, never a record's say-so).
+fn confirmed(
+    root: &Root,
+    records: &RecordStore,
+    path: &VolumePath,
+) -> Result<Option<VolumeRecord>> {
+    let components: Vec<&str> = path.components().collect();
+    let Some(parent) = root.open_existing(&components[..components.len() - 1])? else {
+        return Ok(None);
+    };
+    let Ok(dir) = open_child(parent.as_fd(), path.file_name(), false) else {
+        return Ok(None);
+    };
+    Ok(match records.read(dir.as_fd())? {
+        Some((at, record)) if at == path.as_str() => Some(record),
+        _ => None,
+    })
+}
+
 /// Directory volumes with one quota strategy.
 #[derive(Debug)]
 pub struct DirectoryBackend {
@@ -602,18 +623,39 @@ impl VolumeBackend for DirectoryBackend {
             let Ok(path) = VolumePath::parse(&recorded) else {
                 continue;
             };
-            let components: Vec<&str> = path.components().collect();
-            let Some(parent) = root.open_existing(&components[..components.len() - 1])? else {
-                continue;
-            };
-            let Ok(dir) = open_child(parent.as_fd(), path.file_name(), false) else {
-                continue;
-            };
-            if matches!(self.records()?.read(dir.as_fd())?, Some((at, _)) if at == recorded) {
+            if confirmed(root, self.records()?, &path)?.is_some() {
                 found.push((path, record));
             }
         }
         Ok(found)
+    }
+
+    /// Only the records' paths are gathered (the page's first ones, a bounded set), then
+    /// only the page's volumes are checked and read: a page costs a scan of the record
+    /// links, never every volume's record in memory. Records of volumes that are not at
+    /// their path (archived, or gone meanwhile) are passed over, so another bounded scan
+    /// fills a page they thinned.
+    fn list_page(
+        &self,
+        root: &Root,
+        after: Option<&VolumePath>,
+        limit: usize,
+    ) -> Result<(Vec<(VolumePath, VolumeRecord)>, bool)> {
+        let records = self.records()?;
+        let mut page = Vec::new();
+        let mut from = after.cloned();
+        loop {
+            let (candidates, more) = records.paths_after(from.as_ref(), limit - page.len())?;
+            for path in candidates {
+                if let Some(record) = confirmed(root, records, &path)? {
+                    page.push((path.clone(), record));
+                }
+                from = Some(path);
+            }
+            if page.len() == limit || !more {
+                return Ok((page, more));
+            }
+        }
     }
 
     /// The archive area walked by name, each entry kept only when the record store holds
@@ -638,6 +680,43 @@ impl VolumeBackend for DirectoryBackend {
             }
         }
         Ok(found)
+    }
+
+    /// The archive area walked by name (ids only), then only the page's entries checked
+    /// against the record store, as [`Self::list_archives`] checks each.
+    fn list_archives_page(
+        &self,
+        root: &Root,
+        after: Option<&ArchivePath>,
+        limit: usize,
+    ) -> Result<(Vec<StoredArchive>, bool)> {
+        let mut ids: Vec<ArchivePath> = area::walk(root)?
+            .into_iter()
+            .filter(|id| after.is_none_or(|after| id > after))
+            .collect();
+        ids.sort();
+        let mut page = Vec::new();
+        let mut ids = ids.into_iter();
+        for id in ids.by_ref() {
+            let parent = match root.open_existing(&archive_components(id.volume())) {
+                Ok(Some(parent)) => parent,
+                Ok(None) | Err(StoreError::Unsafe(_)) => continue,
+                Err(e) => return Err(e),
+            };
+            match self.find_archive(root, parent.as_fd(), &id) {
+                Ok(Some(record)) => page.push(StoredArchive {
+                    id,
+                    record,
+                    usage: None,
+                }),
+                Ok(None) | Err(StoreError::Conflict(_) | StoreError::Unsafe(_)) => {}
+                Err(e) => return Err(e),
+            }
+            if page.len() == limit {
+                break;
+            }
+        }
+        Ok((page, ids.len() > 0))
     }
 
     fn find_archive(

@@ -399,6 +399,64 @@ impl RecordStore {
         Ok(records)
     }
 
+    /// The first `keep` distinct volume paths the records name after `after`, sorted,
+    /// and whether more follow. Only each record's path is read, and only `keep` are
+    /// held at once, whatever the number of records.
+    pub fn paths_after(
+        &self,
+        after: Option<&VolumePath>,
+        keep: usize,
+    ) -> Result<(Vec<VolumePath>, bool)> {
+        #[derive(Deserialize)]
+        struct PathOnly {
+            path: String,
+        }
+        let mut kept = std::collections::BTreeSet::new();
+        let mut more = false;
+        for shard in &self.shards {
+            for (name, _) in list_dir(shard.as_fd()).map_err(|e| io_error("list records", e))? {
+                if name.starts_with('.') {
+                    continue;
+                }
+                let target = match rustix::fs::readlinkat(shard, name.as_str(), Vec::new()) {
+                    Ok(target) => target,
+                    // Removed since the shard was listed.
+                    Err(Errno::NOENT) => continue,
+                    Err(e) => return Err(io_error(format!("read record {name}"), e)),
+                };
+                // A record unreadable here is unreadable to the whole list too: passed over.
+                let Ok(PathOnly { path }) = serde_json::from_slice(target.as_bytes()) else {
+                    continue;
+                };
+                // Paths order as their text does: most records are ruled out before the
+                // path is validated or kept.
+                if after.is_some_and(|after| path.as_str() <= after.as_str()) {
+                    continue;
+                }
+                if kept.len() == keep
+                    && kept
+                        .last()
+                        .is_some_and(|last: &VolumePath| path.as_str() >= last.as_str())
+                {
+                    more = more
+                        || kept
+                            .last()
+                            .is_some_and(|last| path.as_str() > last.as_str());
+                    continue;
+                }
+                let Ok(path) = VolumePath::parse(&path) else {
+                    continue;
+                };
+                kept.insert(path);
+                if kept.len() > keep {
+                    kept.pop_last();
+                    more = true;
+                }
+            }
+        }
+        Ok((kept.into_iter().collect(), more))
+    }
+
     /// The shard directories where the record of the volume whose directory is `dir`
     /// is, or would be, kept: what to sync once it is written or removed.
     pub fn dirs_of(&self, dir: BorrowedFd<'_>) -> Result<Vec<OwnedFd>> {

@@ -1,9 +1,11 @@
 //! Peak resident memory of the agent, as a process of its own over HTTPS, on what a
 //! tenant may store: a usage walk of a volume of many subdirectories with 250-byte names
 //! (and two such walks at once), the deletion of a volume of many files with such names,
-//! and a clone of a volume of many hard-linked files. Each figure is the agent's `VmHWM`
-//! from `/proc` after the operation, reset (`clear_refs`) just before it. Prints figures;
-//! fails (exit status 1) only when an operation fails.
+//! and a clone of a volume of many hard-linked files; and the list of many volumes, whole
+//! and in pages, on the agent's side and on the side of an orphan check paging through it.
+//! Each figure is the agent's (or this process's) `VmHWM` from `/proc` after the
+//! operation, reset (`clear_refs`) just before it. Prints figures; fails (exit status 1)
+//! only when an operation fails or a listing is incomplete.
 
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
@@ -15,8 +17,9 @@ use clap::Parser;
 use nfsprov_agent::init::{self, InitArgs, files};
 use nfsprov_api_types::client::{AgentClient, AgentConnectionConfig, CloneOutcome};
 use nfsprov_api_types::{
-    CloneVolumeRequest, CreateVolumeRequest, QuotaPolicy, VolumeOwner, VolumePath,
+    CloneVolumeRequest, CreateVolumeRequest, MAX_PAGE_LIMIT, QuotaPolicy, VolumeOwner, VolumePath,
 };
+use nfsprov_vocabulary::orphans::{Finding, Listing, PvPointer, compare};
 
 const MIB: u64 = 1 << 20;
 /// Names as long as a tenant may make them, nearly.
@@ -38,6 +41,12 @@ struct Args {
     /// directory and every second in another; 0 skips the case.
     #[arg(long, default_value_t = 3_000_000)]
     hard_links: usize,
+    /// Volumes made for the list case; 0 skips it.
+    #[arg(long, default_value_t = 0)]
+    volumes: usize,
+    /// Volumes per page in the list case.
+    #[arg(long, default_value_t = MAX_PAGE_LIMIT)]
+    page: u32,
     /// The agent binary; by default the one built beside this benchmark.
     #[arg(long)]
     agent: Option<PathBuf>,
@@ -118,23 +127,13 @@ impl Agent {
         Ok(agent)
     }
 
-    fn status_kib(&self, field: &str) -> anyhow::Result<u64> {
-        let status = std::fs::read_to_string(format!("/proc/{}/status", self.child.id()))?;
-        status
-            .lines()
-            .find_map(|line| line.strip_prefix(field))
-            .and_then(|rest| rest.trim().trim_end_matches("kB").trim().parse().ok())
-            .with_context(|| format!("no {field} in the agent's status"))
-    }
-
     /// Resets the peak to what the agent holds now; answers that, in bytes.
     fn reset_peak(&self) -> anyhow::Result<u64> {
-        std::fs::write(format!("/proc/{}/clear_refs", self.child.id()), "5")?;
-        Ok(self.status_kib("VmRSS:")? * 1024)
+        reset_peak(&self.child.id().to_string())
     }
 
     fn peak(&self) -> anyhow::Result<u64> {
-        Ok(self.status_kib("VmHWM:")? * 1024)
+        peak(&self.child.id().to_string())
     }
 
     async fn create(&self, volume: &str) -> anyhow::Result<PathBuf> {
@@ -160,6 +159,26 @@ impl Agent {
             }
         }
     }
+}
+
+fn status_kib(pid: &str, field: &str) -> anyhow::Result<u64> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status"))?;
+    status
+        .lines()
+        .find_map(|line| line.strip_prefix(field))
+        .and_then(|rest| rest.trim().trim_end_matches("kB").trim().parse().ok())
+        .with_context(|| format!("no {field} in the status of process {pid}"))
+}
+
+/// Resets the peak of process `pid` (`self` for this one) to what it holds now; answers
+/// that, in bytes.
+fn reset_peak(pid: &str) -> anyhow::Result<u64> {
+    std::fs::write(format!("/proc/{pid}/clear_refs"), "5")?;
+    Ok(status_kib(pid, "VmRSS:")? * 1024)
+}
+
+fn peak(pid: &str) -> anyhow::Result<u64> {
+    Ok(status_kib(pid, "VmHWM:")? * 1024)
 }
 
 impl Drop for Agent {
@@ -286,6 +305,149 @@ async fn clone(agent: &Agent, names: usize) -> anyhow::Result<()> {
     Ok(())
 }
 
+fn volume_name(i: usize) -> String {
+    format!("ns-{:03}/pvc-{i:08x}-claim-{i}", i % 500)
+}
+
+/// The volumes' PVs as the orphan check sees them: all but the first have one, and one
+/// more PV points to a volume that does not exist. A complete listing finds exactly
+/// those two.
+fn pointers(count: usize) -> Vec<PvPointer> {
+    (1..=count)
+        .map(|i| {
+            let path = if i == count {
+                "ns-missing/none".to_owned()
+            } else {
+                volume_name(i)
+            };
+            PvPointer {
+                pv: format!("pvc-{i:08x}"),
+                agent: "bench".into(),
+                path,
+                claim: Some(format!("ns/claim-{i}")),
+                expects_directory: true,
+            }
+        })
+        .collect()
+}
+
+fn check_findings(findings: &[Finding]) -> anyhow::Result<()> {
+    let unreferenced: Vec<&str> = findings
+        .iter()
+        .filter_map(|f| match f {
+            Finding::Unreferenced { path, .. } => Some(path.as_str()),
+            Finding::Missing { .. } => None,
+        })
+        .collect();
+    ensure!(
+        unreferenced == [volume_name(0).as_str()] && findings.len() == 2,
+        "the orphan check found {findings:?}"
+    );
+    Ok(())
+}
+
+async fn lists(agent: &Agent, count: usize, page: u32) -> anyhow::Result<()> {
+    let started = Instant::now();
+    let request = CreateVolumeRequest {
+        capacity_bytes: 1 << 30,
+        owner: VolumeOwner {
+            pvc_namespace: Some("ns".into()),
+            pvc_name: Some("claim".into()),
+            pv_name: Some("pvc-00000000-0000-0000-0000-000000000000".into()),
+        },
+        ..Default::default()
+    };
+    let client = &agent.client;
+    let made = std::sync::atomic::AtomicUsize::new(0);
+    let workers = (0..64).map(|_| async {
+        loop {
+            let i = made.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            if i >= count {
+                return Ok::<_, anyhow::Error>(());
+            }
+            client
+                .create_volume(&path(&volume_name(i)), &request, None)
+                .await?;
+        }
+    });
+    for made in futures::future::join_all(workers).await {
+        made?;
+    }
+    println!(
+        "made {count} volumes in {:.1} s",
+        started.elapsed().as_secs_f64()
+    );
+    let pointers = pointers(count);
+    // Pages first: memory the whole list took is not all given back to the system.
+
+    let before = agent.reset_peak()?;
+    let started = Instant::now();
+    let mut listed = 0;
+    client
+        .for_each_volume_page(page, None, |volumes| listed += volumes.len())
+        .await?;
+    let took = started.elapsed();
+    ensure!(listed == count, "the pages held {listed}");
+    report(
+        &format!("agent: pages of {page}, {count} volumes"),
+        before,
+        agent.peak()?,
+        took,
+    );
+
+    let before = agent.reset_peak()?;
+    let started = Instant::now();
+    let whole = client.list_volumes(None).await?;
+    let took = started.elapsed();
+    ensure!(whole.len() == count, "the whole list held {}", whole.len());
+    report(
+        &format!("agent: whole list, {count} volumes"),
+        before,
+        agent.peak()?,
+        took,
+    );
+    drop(whole);
+
+    // The caller's side: this process, running the comparison the controller's check
+    // and `kubectl nfsprov orphans` run, page by page and then on the whole list.
+    let seconds = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)?
+        .as_secs();
+    let now = k8s_openapi::jiff::Timestamp::from_second(i64::try_from(seconds)?)
+        .map_err(|e| anyhow::anyhow!("the time now: {e}"))?;
+
+    let before = reset_peak("self")?;
+    let started = Instant::now();
+    let mut listing = Listing::new("bench", &pointers, Duration::ZERO, now);
+    client
+        .for_each_volume_page(page, None, |volumes| listing.add(&volumes))
+        .await?;
+    let findings = listing.finish(&pointers);
+    let took = started.elapsed();
+    check_findings(&findings)?;
+    report(
+        &format!("orphan check: pages of {page}, {count} volumes"),
+        before,
+        peak("self")?,
+        took,
+    );
+
+    let before = reset_peak("self")?;
+    let started = Instant::now();
+    let whole = client.list_volumes(None).await?;
+    let findings = compare("bench", &whole, &pointers, &pointers, Duration::ZERO, now);
+    drop(whole);
+    let took = started.elapsed();
+    check_findings(&findings)?;
+    report(
+        &format!("orphan check: whole list, {count} volumes"),
+        before,
+        peak("self")?,
+        took,
+    );
+    Ok(())
+}
+
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let args = Args::parse();
@@ -307,6 +469,14 @@ async fn main() -> anyhow::Result<()> {
     }
     if args.hard_links > 0 {
         clone(&Agent::start(&binary, &args.dir).await?, args.hard_links).await?;
+    }
+    if args.volumes > 0 {
+        lists(
+            &Agent::start(&binary, &args.dir).await?,
+            args.volumes,
+            args.page,
+        )
+        .await?;
     }
     Ok(())
 }
