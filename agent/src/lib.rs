@@ -1,14 +1,14 @@
 //! The nfsprov agent: an HTTPS service on the NFS server that creates, archives and
 //! deletes volume directories beneath one export root for the cluster's controller.
 //!
-//! Modules depend only downward (the test suite checks that no import cycle exists):
+//! Modules depend only downward, in this order (the test suite checks it):
 //!
 //! 1. leaves: `mountinfo` (the kernel's mount table), `policy` (what a create may ask
-//!    for), `connections` (limits on connections), `ratelimit` (of log lines),
-//!    `exports` (each volume's own NFS export, through knfsd or nfs-ganesha);
+//!    for), `connections` (limits on connections), `ratelimit` (of log lines);
 //! 2. `quota` (the quota tools, the runner of every filesystem tool, the quota settings)
 //!    and `tls` (the server's TLS settings and its acceptor);
-//! 3. `zfs`: the ZFS datasets volumes can be;
+//! 3. `zfs`: the ZFS datasets volumes can be; `exports`: each volume's own NFS export,
+//!    through knfsd or nfs-ganesha (a btrfs volume mounted on its own for ganesha);
 //! 4. `store`: the volume store, confined beneath the export root, on its backends;
 //! 5. `metrics`, and `usage` (measured in the background, cached);
 //! 6. `archive`: how long archives are kept, and their catalog for the API and the sweep;
