@@ -68,31 +68,7 @@ async fn binary_leads_provisions_and_hands_back_the_lease_on_sigterm() {
             .unwrap(),
     ));
 
-    Api::<StorageClass>::all(client.clone())
-        .create(
-            &PostParams::default(),
-            &serde_json::from_value(json!({
-                "apiVersion": "storage.k8s.io/v1", "kind": "StorageClass",
-                "metadata": {"name": "nfs"}, "provisioner": "nfsprov.dev/nfs",
-            }))
-            .unwrap(),
-        )
-        .await
-        .unwrap();
-    let claims: Api<PersistentVolumeClaim> = Api::namespaced(client.clone(), "default");
-    claims
-        .create(
-            &PostParams::default(),
-            &serde_json::from_value(json!({
-                "apiVersion": "v1", "kind": "PersistentVolumeClaim",
-                "metadata": {"name": "data", "namespace": "default"},
-                "spec": {"accessModes": ["ReadWriteOnce"], "storageClassName": "nfs",
-                         "resources": {"requests": {"storage": "1Mi"}}},
-            }))
-            .unwrap(),
-        )
-        .await
-        .unwrap();
+    let claims = class_and_claim(&client).await;
     let bound = tokio::time::timeout(
         WAIT,
         await_condition(claims, "data", |c: Option<&PersistentVolumeClaim>| {
@@ -264,31 +240,7 @@ async fn a_standby_is_ready_with_synced_caches_and_acts_once_it_leads() {
         })
     };
 
-    Api::<StorageClass>::all(client.clone())
-        .create(
-            &PostParams::default(),
-            &serde_json::from_value(json!({
-                "apiVersion": "storage.k8s.io/v1", "kind": "StorageClass",
-                "metadata": {"name": "nfs"}, "provisioner": "nfsprov.dev/nfs",
-            }))
-            .unwrap(),
-        )
-        .await
-        .unwrap();
-    let claims: Api<PersistentVolumeClaim> = Api::namespaced(client.clone(), "default");
-    claims
-        .create(
-            &PostParams::default(),
-            &serde_json::from_value(json!({
-                "apiVersion": "v1", "kind": "PersistentVolumeClaim",
-                "metadata": {"name": "data", "namespace": "default"},
-                "spec": {"accessModes": ["ReadWriteOnce"], "storageClassName": "nfs",
-                         "resources": {"requests": {"storage": "1Mi"}}},
-            }))
-            .unwrap(),
-        )
-        .await
-        .unwrap();
+    let claims = class_and_claim(&client).await;
 
     let port = std::net::TcpListener::bind("127.0.0.1:0")
         .unwrap()
@@ -348,4 +300,35 @@ async fn a_standby_is_ready_with_synced_caches_and_acts_once_it_leads() {
         Some("replica-1")
     );
     sim.shutdown().await;
+}
+
+/// The class `nfs` of this provisioner and the claim `default/data` of 1Mi in it; the
+/// claims of `default`, to wait on.
+async fn class_and_claim(client: &kube::Client) -> Api<PersistentVolumeClaim> {
+    Api::<StorageClass>::all(client.clone())
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(json!({
+                "apiVersion": "storage.k8s.io/v1", "kind": "StorageClass",
+                "metadata": {"name": "nfs"}, "provisioner": "nfsprov.dev/nfs",
+            }))
+            .unwrap(),
+        )
+        .await
+        .unwrap();
+    let claims: Api<PersistentVolumeClaim> = Api::namespaced(client.clone(), "default");
+    claims
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(json!({
+                "apiVersion": "v1", "kind": "PersistentVolumeClaim",
+                "metadata": {"name": "data", "namespace": "default"},
+                "spec": {"accessModes": ["ReadWriteOnce"], "storageClassName": "nfs",
+                         "resources": {"requests": {"storage": "1Mi"}}},
+            }))
+            .unwrap(),
+        )
+        .await
+        .unwrap();
+    claims
 }
