@@ -189,7 +189,11 @@ impl Clones {
                 let path = path.clone();
                 let request = request.clone();
                 let progress = metrics.copy.clone();
-                tokio::task::spawn_blocking(move || store.clone_volume(&path, &request, &progress))
+                tokio::task::spawn_blocking(move || {
+                    let made = store.clone_volume(&path, &request, &progress);
+                    hold_if_asked();
+                    made
+                })
             };
             let outcome = match work.await {
                 Ok(Ok((volume, created))) => {
@@ -222,6 +226,20 @@ impl Clones {
             end.finish(outcome);
         });
         done
+    }
+}
+
+/// Keeps a finished copy from ending its job until the test that asked lets it go, so a
+/// test can watch a clone in progress without depending on how long a copy takes. Only
+/// debug builds read `NFSPROV_AGENT_HOLD_CLONES`, the path of a file: while the test
+/// holds an exclusive lock on it, the clone waits for a shared one. A release agent never
+/// waits.
+fn hold_if_asked() {
+    #[cfg(debug_assertions)]
+    if let Some(held) = std::env::var_os("NFSPROV_AGENT_HOLD_CLONES")
+        && let Ok(file) = std::fs::File::open(held)
+    {
+        let _ = file.lock_shared();
     }
 }
 

@@ -49,6 +49,24 @@ struct Agent {
     tmpfs: bool,
 }
 
+/// The file, in the agent's settings directory, whose exclusive lock a test holds to
+/// keep a debug agent's finished clones from ending (see [`CloneHold`]).
+const HOLD_CLONES: &str = "hold-clones";
+
+/// Clones held open at their end, so that a test sees one in progress however fast the
+/// copy was; dropped, it closes the file and so releases its lock and the clones.
+struct CloneHold {
+    _locked: std::fs::File,
+}
+
+impl CloneHold {
+    fn new(agent: &Agent) -> CloneHold {
+        let file = std::fs::File::create(agent.setup.etc.join(HOLD_CLONES)).unwrap();
+        file.lock().unwrap();
+        CloneHold { _locked: file }
+    }
+}
+
 /// Where the agent serves from.
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum Root {
@@ -105,6 +123,8 @@ impl Agent {
         let child = command
             .args(["run", "--config"])
             .arg(&config)
+            // Clones wait at their end only while a test has made this FIFO.
+            .env("NFSPROV_AGENT_HOLD_CLONES", setup.etc.join(HOLD_CLONES))
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .spawn()
@@ -346,7 +366,7 @@ async fn cloning_many_hard_linked_files_stays_small_and_keeps_the_links() {
     assert_bounded("clone", before, peak, FILES);
 }
 
-/// A clone long enough to outlast a create and an adoption many times over.
+/// `files` files of `bytes_each` bytes of data in `dir`.
 fn write_big_source(dir: &Path, files: usize, bytes_each: usize) {
     let block: Vec<u8> = (0..1 << 20).map(|i: u32| (i % 251) as u8).collect();
     for n in 0..files {
@@ -360,13 +380,14 @@ fn write_big_source(dir: &Path, files: usize, bytes_each: usize) {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn a_create_and_an_adoption_are_answered_while_a_long_clone_runs() {
-    // On disk: the copy of its data takes seconds there, and a tmpfs would hold it twice.
     let agent = Agent::start("", Root::Disk, None, |text| text)
         .await
         .expect("no tmpfs needed");
     let source = agent.create("team/big").await;
-    write_big_source(&source, 32, 64 << 20);
+    write_big_source(&source, 4, 1 << 20);
     std::fs::create_dir_all(agent.setup.root.join("legacy/data")).unwrap();
+    // However fast the copy, the clone holds its slot and locks until this is dropped.
+    let hold = CloneHold::new(&agent);
 
     let cloning = tokio::spawn({
         let client = agent.client.clone();
@@ -424,6 +445,7 @@ async fn a_create_and_an_adoption_are_answered_while_a_long_clone_runs() {
         "the create was answered only after the clone ended ({created_after:?})"
     );
     eprintln!("during the clone: adoption {adopted_after:?}, create {created_after:?}");
+    drop(hold);
     cloning.await.unwrap().unwrap();
 }
 
