@@ -243,6 +243,11 @@ fn handler(endpoint: Endpoint) -> MethodRouter<Arc<AppState>> {
         Endpoint::ListArchives => on(method, list_archives),
         Endpoint::ArchiveVolume => on(method, archive_volume),
         Endpoint::DeleteArchive => on(method, delete_archive),
+        Endpoint::ListSnapshots
+        | Endpoint::CreateSnapshot
+        | Endpoint::GetSnapshot
+        | Endpoint::DeleteSnapshot
+        | Endpoint::RestoreVolume => on(method, no_snapshots),
     }
 }
 
@@ -508,6 +513,7 @@ async fn info(State(state): State<Arc<AppState>>) -> ApiResult<Json<AgentInfo>> 
             quota_enforced: state.store.backend().can_enforce(),
             archive: true,
             exports: state.exports.kind(),
+            snapshots: false,
         },
         filesystem,
     }))
@@ -938,6 +944,14 @@ async fn delete_archive(
     }
 }
 
+/// This agent takes no snapshots (its `capabilities.snapshots` is `false`).
+async fn no_snapshots() -> ApiResult<StatusCode> {
+    Err(Failure(ApiError::new(
+        ErrorCode::Unsupported,
+        "this agent takes no snapshots",
+    )))
+}
+
 fn outcome<T>(result: &ApiResult<T>) -> &'static str {
     match result {
         Ok(_) => "success",
@@ -1113,7 +1127,7 @@ mod tests {
             }
         }
         // A path outside the table is answered by the fallback and labelled unmatched.
-        let (status, body) = send(&router, Method::GET, "/v1/snapshots").await;
+        let (status, body) = send(&router, Method::GET, "/v1/no-such-collection").await;
         assert!(unrouted(status, &body), "{status} {body}");
         assert!(state.metrics.encode().contains("route=\"unmatched\""));
     }

@@ -15,9 +15,10 @@ use serde::de::DeserializeOwned;
 use crate::logsafe::Clean;
 use crate::{
     AdoptVolumeRequest, AgentInfo, ApiError, Archive, ArchiveList, ArchivePath, ArchiveRequest,
-    ArchiveResult, CloneProgress, CloneVolumeRequest, CreateVolumeRequest, Endpoint, ErrorCode,
-    ExportRequest, Health, ListQuery, MAX_PEM_BYTES, MAX_TOKEN_BYTES, REQUEST_ID_HEADER,
-    ReloadingFile, ResizeVolumeRequest, Volume, VolumeList, VolumePath, read_bounded,
+    ArchiveResult, CloneProgress, CloneVolumeRequest, CreateSnapshotRequest, CreateVolumeRequest,
+    Endpoint, ErrorCode, ExportRequest, Health, ListQuery, MAX_PEM_BYTES, MAX_TOKEN_BYTES,
+    REQUEST_ID_HEADER, ReloadingFile, ResizeVolumeRequest, RestoreProgress, RestoreVolumeRequest,
+    Snapshot, SnapshotList, SnapshotName, Volume, VolumeList, VolumePath, read_bounded,
 };
 
 /// How to reach one agent. Relative file names are resolved against the directory of the
@@ -281,6 +282,17 @@ pub enum CloneOutcome {
     Ready(CreateOutcome),
     /// The agent is still making it; repeat the same request later.
     InProgress(CloneProgress),
+}
+
+/// The outcome of `POST /v1/restores/{path}`.
+#[allow(clippy::large_enum_variant)]
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum RestoreOutcome {
+    /// The restored volume is at its path: made by this call, by an earlier one, or found
+    /// again.
+    Ready(CreateOutcome),
+    /// The agent is still making it; repeat the same request later.
+    InProgress(RestoreProgress),
 }
 
 /// One call a client made, once its outcome is known.
@@ -730,6 +742,111 @@ impl AgentClient {
             None::<&()>,
             request_id,
             |answer| answer.map(drop),
+        )
+        .await
+    }
+
+    /// Takes a snapshot of `request.source` named `name`, or learns how far the agent is
+    /// with it (`ready` is `false` while a reflink or copy runs: repeat the same call), or
+    /// finds it again.
+    pub async fn create_snapshot(
+        &self,
+        name: &SnapshotName,
+        request: &CreateSnapshotRequest,
+        request_id: Option<&str>,
+    ) -> Result<Snapshot, ClientError> {
+        self.call(
+            Endpoint::CreateSnapshot,
+            &Endpoint::CreateSnapshot.path_for(name),
+            Some(request),
+            request_id,
+        )
+        .await
+        .map(|(_, snapshot)| snapshot)
+    }
+
+    /// One snapshot; a [`ErrorCode::NotFound`] error when the agent has none by that name.
+    pub async fn get_snapshot(
+        &self,
+        name: &SnapshotName,
+        request_id: Option<&str>,
+    ) -> Result<Snapshot, ClientError> {
+        self.call(
+            Endpoint::GetSnapshot,
+            &Endpoint::GetSnapshot.path_for(name),
+            None::<&()>,
+            request_id,
+        )
+        .await
+        .map(|(_, snapshot)| snapshot)
+    }
+
+    /// Every snapshot, `limit` at a time in name order, as
+    /// [`for_each_volume_page`](Self::for_each_volume_page) pages volumes.
+    pub async fn for_each_snapshot_page(
+        &self,
+        limit: u32,
+        request_id: Option<&str>,
+        mut each: impl FnMut(Vec<Snapshot>),
+    ) -> Result<(), ClientError> {
+        let mut query = ListQuery::first(limit);
+        loop {
+            let path = format!(
+                "{}?{}",
+                Endpoint::ListSnapshots.path(),
+                query.to_query_string()
+            );
+            let (_, list): (_, SnapshotList) = self
+                .call(Endpoint::ListSnapshots, &path, None::<&()>, request_id)
+                .await?;
+            each(list.snapshots);
+            match next_page(&query, list.next)? {
+                Some(next) => query.after = Some(next),
+                None => return Ok(()),
+            }
+        }
+    }
+
+    /// Deletes a snapshot, freeing what only it holds; succeeds also when it is already
+    /// gone. A snapshot still being made is stopped and removed.
+    pub async fn delete_snapshot(
+        &self,
+        name: &SnapshotName,
+        request_id: Option<&str>,
+    ) -> Result<(), ClientError> {
+        self.exchange(
+            Endpoint::DeleteSnapshot,
+            &Endpoint::DeleteSnapshot.path_for(name),
+            None::<&()>,
+            request_id,
+            |answer| answer.map(drop),
+        )
+        .await
+    }
+
+    /// Makes the volume at `path` from `request.snapshot`, or learns how far the agent is
+    /// with it, or confirms it is there.
+    pub async fn restore_volume(
+        &self,
+        path: &VolumePath,
+        request: &RestoreVolumeRequest,
+        request_id: Option<&str>,
+    ) -> Result<RestoreOutcome, ClientError> {
+        self.exchange(
+            Endpoint::RestoreVolume,
+            &Endpoint::RestoreVolume.path_for(path),
+            Some(request),
+            request_id,
+            |answer| {
+                let answer = answer?;
+                if answer.status == StatusCode::ACCEPTED {
+                    return Ok(RestoreOutcome::InProgress(answer.json()?));
+                }
+                Ok(RestoreOutcome::Ready(CreateOutcome {
+                    volume: answer.json()?,
+                    created: answer.status == StatusCode::CREATED,
+                }))
+            },
         )
         .await
     }

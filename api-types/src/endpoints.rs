@@ -7,6 +7,7 @@ use http::Method;
 
 use crate::archive::ArchivePath;
 use crate::path::VolumePath;
+use crate::snapshot::SnapshotName;
 
 /// Prepends the API version prefix to a literal path, so the prefix is spelled once.
 macro_rules! v1 {
@@ -19,7 +20,7 @@ macro_rules! v1 {
 pub const API_PREFIX: &str = v1!("");
 
 /// The parameter of a template, in the router's syntax: the rest of the path, slashes
-/// included (a volume path or an archive id).
+/// included (a volume path, an archive id or a snapshot name).
 pub const PATH_PARAM: &str = "{*path}";
 
 /// Declares [`Endpoint`] and its [`Endpoint::ALL`] from one list, so no endpoint can be
@@ -56,6 +57,11 @@ endpoints![
     ListArchives,
     ArchiveVolume,
     DeleteArchive,
+    ListSnapshots,
+    CreateSnapshot,
+    GetSnapshot,
+    DeleteSnapshot,
+    RestoreVolume,
 ];
 
 impl Endpoint {
@@ -68,11 +74,20 @@ impl Endpoint {
             | Endpoint::Info
             | Endpoint::ListVolumes
             | Endpoint::GetVolume
-            | Endpoint::ListArchives => Method::GET,
-            Endpoint::CreateVolume | Endpoint::SetVolumeExport => Method::PUT,
+            | Endpoint::ListArchives
+            | Endpoint::ListSnapshots
+            | Endpoint::GetSnapshot => Method::GET,
+            Endpoint::CreateVolume | Endpoint::SetVolumeExport | Endpoint::CreateSnapshot => {
+                Method::PUT
+            }
             Endpoint::ResizeVolume => Method::PATCH,
-            Endpoint::DeleteVolume | Endpoint::DeleteArchive => Method::DELETE,
-            Endpoint::AdoptVolume | Endpoint::CloneVolume | Endpoint::ArchiveVolume => Method::POST,
+            Endpoint::DeleteVolume | Endpoint::DeleteArchive | Endpoint::DeleteSnapshot => {
+                Method::DELETE
+            }
+            Endpoint::AdoptVolume
+            | Endpoint::CloneVolume
+            | Endpoint::ArchiveVolume
+            | Endpoint::RestoreVolume => Method::POST,
         }
     }
 
@@ -94,6 +109,11 @@ impl Endpoint {
             Endpoint::SetVolumeExport => v1!("/exports/{*path}"),
             Endpoint::ListArchives => v1!("/archives"),
             Endpoint::ArchiveVolume | Endpoint::DeleteArchive => v1!("/archives/{*path}"),
+            Endpoint::ListSnapshots => v1!("/snapshots"),
+            Endpoint::CreateSnapshot | Endpoint::GetSnapshot | Endpoint::DeleteSnapshot => {
+                v1!("/snapshots/{*path}")
+            }
+            Endpoint::RestoreVolume => v1!("/restores/{*path}"),
         }
     }
 
@@ -146,11 +166,13 @@ pub trait PathParam: std::fmt::Display + sealed::Sealed {}
 
 impl PathParam for VolumePath {}
 impl PathParam for ArchivePath {}
+impl PathParam for SnapshotName {}
 
 mod sealed {
     pub trait Sealed {}
     impl Sealed for crate::path::VolumePath {}
     impl Sealed for crate::archive::ArchivePath {}
+    impl Sealed for crate::snapshot::SnapshotName {}
 }
 
 #[cfg(test)]
@@ -198,6 +220,7 @@ mod tests {
             (Endpoint::AdoptVolume, "/v1/adoptions/team/data-2"),
             (Endpoint::CloneVolume, "/v1/clones/team/data-2"),
             (Endpoint::ArchiveVolume, "/v1/archives/team/data-2"),
+            (Endpoint::RestoreVolume, "/v1/restores/team/data-2"),
         ] {
             assert_eq!(endpoint.path_for(&volume), expected);
         }
@@ -206,6 +229,14 @@ mod tests {
             Endpoint::DeleteArchive.path_for(&id),
             "/v1/archives/team/data/@20260101T000000.000000000Z"
         );
+        let snapshot = SnapshotName::parse("snap-1").unwrap();
+        for endpoint in [
+            Endpoint::CreateSnapshot,
+            Endpoint::GetSnapshot,
+            Endpoint::DeleteSnapshot,
+        ] {
+            assert_eq!(endpoint.path_for(&snapshot), "/v1/snapshots/snap-1");
+        }
         assert_eq!(Endpoint::Info.path(), "/v1/info");
         assert_eq!(Endpoint::Healthz.path(), "/healthz");
     }
@@ -227,6 +258,9 @@ mod tests {
                 "/v1/exports/{*path}",
                 "/v1/archives",
                 "/v1/archives/{*path}",
+                "/v1/snapshots",
+                "/v1/snapshots/{*path}",
+                "/v1/restores/{*path}",
             ]
         );
     }

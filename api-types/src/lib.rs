@@ -14,7 +14,7 @@
 //!
 //! - A newer agent may add fields to its answers (an older controller ignores them), add
 //!   values to the enums it answers with ([`QuotaBackend`], [`CloneMethod`],
-//!   [`ErrorCode`], [`ExportManager`]; an older controller reads them as `Unknown`, shows them as
+//!   [`ErrorCode`], [`ExportManager`], [`SnapshotMethod`]; an older controller reads them as `Unknown`, shows them as
 //!   `unknown`, never acts on them, and judges an unknown error code by its HTTP
 //!   status), and add endpoints.
 //! - A newer agent may not remove or rename a field, endpoint or enum value, change a
@@ -33,6 +33,7 @@ mod export;
 pub mod logsafe;
 mod path;
 mod reloading_file;
+mod snapshot;
 mod types;
 
 #[cfg(feature = "client")]
@@ -50,4 +51,8 @@ pub use path::{
     MAX_COMPONENT_BYTES, MAX_COMPONENTS, MAX_PATH_BYTES, PathError, VolumePath, validate_component,
 };
 pub use reloading_file::{MAX_PEM_BYTES, MAX_TOKEN_BYTES, ReloadingFile, read_bounded};
+pub use snapshot::{
+    CreateSnapshotRequest, MAX_SNAPSHOT_NAME, RestoreOrigin, RestoreProgress, RestoreVolumeRequest,
+    Snapshot, SnapshotList, SnapshotMethod, SnapshotName, SnapshotNameError,
+};
 pub use types::*;

@@ -7,6 +7,7 @@ use serde::{Deserialize, Serialize};
 use crate::archive::ArchivePath;
 use crate::export::{ExportManager, ExportRequest, VolumeExport};
 use crate::path::VolumePath;
+use crate::snapshot::RestoreOrigin;
 
 /// Header carrying the request id from the controller to the agent's audit log.
 pub const REQUEST_ID_HEADER: &str = "x-request-id";
@@ -351,6 +352,9 @@ pub struct Volume {
     /// The volume's own NFS export, on an agent with an export manager.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub export: Option<VolumeExport>,
+    /// Present when the volume was restored from a snapshot.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub restore: Option<RestoreOrigin>,
 }
 
 /// Answer to `GET /v1/volumes`.
@@ -582,6 +586,10 @@ pub struct Capabilities {
     /// agents, which have none.
     #[serde(default)]
     pub exports: ExportManager,
+    /// The agent takes snapshots and restores volumes from them (`/v1/snapshots`,
+    /// `/v1/restores`). Absent from older agents, which cannot.
+    #[serde(default)]
+    pub snapshots: bool,
 }
 
 /// Size and inode figures of the filesystem holding the export root.

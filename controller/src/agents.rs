@@ -333,6 +333,11 @@ fn operation(endpoint: Endpoint) -> &'static str {
         Endpoint::ListArchives => "list_archives",
         Endpoint::ArchiveVolume => "archive",
         Endpoint::DeleteArchive => "delete_archive",
+        Endpoint::ListSnapshots => "list_snapshots",
+        Endpoint::CreateSnapshot => "snapshot",
+        Endpoint::GetSnapshot => "get_snapshot",
+        Endpoint::DeleteSnapshot => "delete_snapshot",
+        Endpoint::RestoreVolume => "restore",
     }
 }
 

@@ -95,6 +95,7 @@ impl VolumeRecord {
             usage: None,
             clone: self.clone.clone(),
             export: None,
+            restore: None,
         }
     }
 

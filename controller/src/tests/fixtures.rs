@@ -780,7 +780,12 @@ fn mock_handler(endpoint: Endpoint) -> Option<MethodRouter<MockShared>> {
         | Endpoint::ListVolumes
         | Endpoint::AdoptVolume
         | Endpoint::ListArchives
-        | Endpoint::DeleteArchive => return None,
+        | Endpoint::DeleteArchive
+        | Endpoint::ListSnapshots
+        | Endpoint::CreateSnapshot
+        | Endpoint::GetSnapshot
+        | Endpoint::DeleteSnapshot
+        | Endpoint::RestoreVolume => return None,
     };
     Some(handler)
 }
@@ -874,6 +879,7 @@ fn volume_of(state: &MockAgentState, path: VolumePath, request: &CreateVolumeReq
         owner: request.owner.clone(),
         created_at: "2026-01-01T00:00:00Z".to_owned(),
         clone: None,
+        restore: None,
         export: request.export.as_ref().map(|export| VolumeExport {
             path: format!("/srv/nfs/{}", path.as_str()),
             clients: export.clients.clone(),
@@ -959,6 +965,7 @@ async fn info(State(shared): State<MockShared>, headers: HeaderMap) -> Response 
             quota_enforced,
             archive: true,
             exports,
+            snapshots: false,
         },
         filesystem: FilesystemStats {
             total_bytes: 1 << 40,
