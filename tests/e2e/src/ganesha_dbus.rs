@@ -172,6 +172,16 @@ impl Ganesha {
         dbus_send(&self.bus, "RemoveExport", &[&format!("uint16:{id}")]).map(drop)
     }
 
+    /// The `[exports]` section of an agent's settings that hands this ganesha's exports
+    /// to the agent's `ganesha` manager.
+    pub fn agent_settings(&self) -> String {
+        format!(
+            "[exports]\nmanager = \"ganesha\"\nganesha_config_dir = {:?}\nganesha_dbus_address = {:?}\n",
+            self.config_dir.display().to_string(),
+            self.bus
+        )
+    }
+
     /// The port ganesha serves NFS on.
     pub fn port(&self) -> u16 {
         self.port

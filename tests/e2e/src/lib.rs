@@ -12,6 +12,9 @@ pub mod ganesha_dbus;
 #[allow(unsafe_code)]
 pub mod libnfs;
 pub mod nfs;
+pub mod placement;
+pub mod quota;
+pub mod requirements;
 pub mod system;
 
 use std::time::{Duration, Instant};

@@ -6,13 +6,14 @@ use std::time::Duration;
 
 use k8s_openapi::api::core::v1::{Event, Namespace, PersistentVolume, PersistentVolumeClaim};
 use k8s_openapi::api::storage::v1::StorageClass;
-use kube::api::{DeleteParams, ListParams, PostParams};
+use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use kube::runtime::wait::{await_condition, conditions};
 use kube::{Api, Client};
 use serde_json::json;
 
 use crate::agent::AgentProcess;
 use crate::cluster::{ControllerProcess, KubeApi};
+use crate::ganesha_dbus::{Ganesha, PrivateBus};
 use crate::nfs::{NfsServer, nfs_url};
 
 /// Namespace the scenarios create their claims in, on a simulator of their own.
@@ -63,9 +64,23 @@ impl Names {
 
     /// The name a scenario's class `name` has in this run.
     pub fn class(&self, name: &str) -> String {
+        self.cluster_scoped(name)
+    }
+
+    /// The name a scenario's cluster-scoped object `name` (a class, a Node) has in this
+    /// run.
+    pub fn cluster_scoped(&self, name: &str) -> String {
         match &self.run {
             Some(run) => format!("{name}-{run}"),
             None => name.to_owned(),
+        }
+    }
+
+    /// The labels that mark a cluster-scoped object as this run's, for its cleanup.
+    pub fn run_labels(&self) -> serde_json::Value {
+        match &self.run {
+            Some(run) => json!({ RUN_LABEL: run }),
+            None => json!({}),
         }
     }
 
@@ -99,6 +114,35 @@ impl AgentSpec {
     }
 }
 
+/// The NFS server of a [`System`].
+pub enum NfsService {
+    /// ganesha exporting each export root whole, as an operator exports a share by hand.
+    Whole(NfsServer),
+    /// ganesha on a private bus, whose exports the agent manages one per volume.
+    PerVolume { ganesha: Ganesha, _bus: PrivateBus },
+}
+
+impl NfsService {
+    pub fn port(&self) -> u16 {
+        match self {
+            Self::Whole(server) => server.port(),
+            Self::PerVolume { ganesha, .. } => ganesha.port(),
+        }
+    }
+
+    /// URL of `path` (absolute, as clients mount it) on this server.
+    pub fn url(&self, path: &str) -> String {
+        nfs_url("127.0.0.1", self.port(), path)
+    }
+
+    pub fn log_text(&self) -> String {
+        match self {
+            Self::Whole(server) => server.log_text(),
+            Self::PerVolume { ganesha, .. } => ganesha.log_text(),
+        }
+    }
+}
+
 /// One agent with its own export root.
 pub struct AgentUnderTest {
     pub process: AgentProcess,
@@ -107,13 +151,15 @@ pub struct AgentUnderTest {
 }
 
 pub struct System {
-    pub nfs: NfsServer,
+    pub nfs: NfsService,
     pub agents: Vec<AgentUnderTest>,
     pub api: KubeApi,
     pub controllers: Vec<ControllerProcess>,
     pub client: Client,
     pub agents_dir: PathBuf,
     pub names: Names,
+    /// Whether this run made Nodes or Pods, which its cleanup must then remove.
+    pub(crate) placed: std::sync::atomic::AtomicBool,
     _base: tempfile::TempDir,
 }
 
@@ -153,30 +199,67 @@ impl System {
         controller_args: &[&str],
     ) -> anyhow::Result<Self> {
         let base = tempfile::tempdir()?;
-        let mut roots = Vec::new();
-        for spec in specs {
-            let root = match &spec.root {
-                Some(root) => root.clone(),
-                None => {
-                    let root = base.path().join(format!("export-{}", spec.name));
-                    std::fs::create_dir(&root)?;
-                    root
-                }
-            };
-            roots.push(root);
-        }
+        let roots = export_roots(&base, specs)?;
         let exports: Vec<&std::path::Path> = roots.iter().map(|r| r.as_path()).collect();
-        let nfs = NfsServer::start(&exports).await?;
+        let nfs = NfsService::Whole(NfsServer::start(&exports).await?);
+        Self::assemble(
+            base,
+            nfs,
+            api,
+            specs,
+            roots,
+            "",
+            controllers,
+            controller_args,
+        )
+        .await
+    }
+
+    /// One agent with the `ganesha` export manager: ganesha serves each volume by itself,
+    /// to the clients its class admits, and nothing else (not the export root).
+    pub async fn start_with_exports(
+        api: KubeApi,
+        spec: AgentSpec,
+        controller_args: &[&str],
+    ) -> anyhow::Result<Self> {
+        let base = tempfile::tempdir()?;
+        let specs = [spec];
+        let roots = export_roots(&base, &specs)?;
+        let bus = PrivateBus::start().await?;
+        let ganesha = Ganesha::start(&bus, &base.path().join("ganesha.d")).await?;
+        let settings = ganesha.agent_settings();
+        let nfs = NfsService::PerVolume { ganesha, _bus: bus };
+        Self::assemble(base, nfs, api, &specs, roots, &settings, 1, controller_args).await
+    }
+
+    /// Starts the agents (with `more_settings` after each one's own) once their NFS
+    /// server is up, makes the namespace and starts the controllers.
+    #[allow(clippy::too_many_arguments)]
+    async fn assemble(
+        base: tempfile::TempDir,
+        nfs: NfsService,
+        api: KubeApi,
+        specs: &[AgentSpec],
+        roots: Vec<PathBuf>,
+        more_settings: &str,
+        controllers: usize,
+        controller_args: &[&str],
+    ) -> anyhow::Result<Self> {
         let agents_dir = base.path().join("agents");
         let mut agents = Vec::new();
         for (spec, root) in specs.iter().zip(roots) {
             let export = root.display().to_string();
+            let settings = [spec.settings.as_str(), more_settings]
+                .into_iter()
+                .filter(|s| !s.is_empty())
+                .collect::<Vec<_>>()
+                .join("\n");
             let process = AgentProcess::start_with_settings(
                 &spec.name,
                 &root,
                 "127.0.0.1",
                 &export,
-                &spec.settings,
+                &settings,
             )
             .await?;
             process.write_secret_files(&agents_dir)?;
@@ -206,6 +289,7 @@ impl System {
             client,
             agents_dir,
             names,
+            placed: std::sync::atomic::AtomicBool::new(false),
             _base: base,
         };
         for _ in 0..controllers {
@@ -272,10 +356,7 @@ impl System {
         parameters: serde_json::Value,
         allow_expansion: bool,
     ) -> anyhow::Result<()> {
-        let labels = match &self.names.run {
-            Some(run) => json!({ RUN_LABEL: run }),
-            None => json!({}),
-        };
+        let labels = self.names.run_labels();
         let class: StorageClass = serde_json::from_value(json!({
             "metadata": {"name": self.names.class(name), "labels": labels},
             "provisioner": self.names.provisioner,
@@ -356,12 +437,38 @@ impl System {
         labels: serde_json::Value,
         annotations: serde_json::Value,
     ) -> anyhow::Result<PersistentVolumeClaim> {
+        let metadata = json!({"name": name, "namespace": self.names.namespace, "labels": labels, "annotations": annotations});
+        self.create_claim(metadata, class, &["ReadWriteMany"], "1Gi")
+            .await
+    }
+
+    /// Creates a claim of the class the scenario calls `class` with the given access
+    /// modes and storage request.
+    pub async fn claim_of(
+        &self,
+        name: &str,
+        class: &str,
+        access_modes: &[&str],
+        storage: &str,
+    ) -> anyhow::Result<PersistentVolumeClaim> {
+        let metadata = json!({"name": name, "namespace": self.names.namespace});
+        self.create_claim(metadata, class, access_modes, storage)
+            .await
+    }
+
+    async fn create_claim(
+        &self,
+        metadata: serde_json::Value,
+        class: &str,
+        access_modes: &[&str],
+        storage: &str,
+    ) -> anyhow::Result<PersistentVolumeClaim> {
         let claim: PersistentVolumeClaim = serde_json::from_value(json!({
-            "metadata": {"name": name, "namespace": self.names.namespace, "labels": labels, "annotations": annotations},
+            "metadata": metadata,
             "spec": {
                 "storageClassName": self.names.class(class),
-                "accessModes": ["ReadWriteMany"],
-                "resources": {"requests": {"storage": "1Gi"}},
+                "accessModes": access_modes,
+                "resources": {"requests": {"storage": storage}},
             },
         }))?;
         Ok(self.claims().create(&PostParams::default(), &claim).await?)
@@ -394,6 +501,47 @@ impl System {
             .and_then(|s| s.volume_name)
             .ok_or_else(|| anyhow::anyhow!("bound claim {name} without volumeName"))?;
         Ok(self.volumes().get(&volume_name).await?)
+    }
+
+    /// Asks for `size` in the claim's storage request, as a user expands a claim.
+    pub async fn request_storage(&self, claim: &str, size: &str) -> kube::Result<()> {
+        self.claims()
+            .patch(
+                claim,
+                &PatchParams::default(),
+                &Patch::Merge(json!({"spec": {"resources": {"requests": {"storage": size}}}})),
+            )
+            .await
+            .map(drop)
+    }
+
+    /// Waits until both the PV and the claim report `size`.
+    pub async fn wait_for_size(
+        &self,
+        claim: &str,
+        volume: &str,
+        size: &str,
+        limit: Duration,
+    ) -> anyhow::Result<()> {
+        let deadline = std::time::Instant::now() + limit;
+        loop {
+            let pv = self.volumes().get(volume).await?;
+            let pvc = self.claims().get(claim).await?;
+            if pv_capacity(&pv).as_deref() == Some(size)
+                && claim_capacity(&pvc).as_deref() == Some(size)
+            {
+                return Ok(());
+            }
+            if std::time::Instant::now() > deadline {
+                anyhow::bail!(
+                    "PV {volume} / claim {claim} not at {size}: PV {:?}, claim status {:?}\n{}",
+                    pv_capacity(&pv),
+                    pvc.status,
+                    self.logs()
+                );
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
     }
 
     /// Deletes the claim and waits until its PV is gone.
@@ -506,6 +654,21 @@ impl Drop for System {
         };
         let selector = format!("{RUN_LABEL}={run}");
         kubectl(&["delete", "storageclass", "-l", &selector, "--wait=false"]);
+        if self.placed.load(std::sync::atomic::Ordering::Relaxed) {
+            // No kubelet confirms a bound pod's graceful deletion here: without a forced
+            // one, the namespace would stay Terminating.
+            kubectl(&[
+                "delete",
+                "pods",
+                "--all",
+                "-n",
+                &self.names.namespace,
+                "--grace-period=0",
+                "--force",
+                "--wait=false",
+            ]);
+            kubectl(&["delete", "nodes", "-l", &selector, "--wait=false"]);
+        }
         kubectl(&[
             "delete",
             "namespace",
@@ -546,6 +709,45 @@ impl Drop for System {
             ]);
         }
     }
+}
+
+/// The PV's `spec.capacity.storage`.
+pub fn pv_capacity(volume: &PersistentVolume) -> Option<String> {
+    volume
+        .spec
+        .as_ref()?
+        .capacity
+        .as_ref()?
+        .get("storage")
+        .map(|q| q.0.clone())
+}
+
+/// The claim's `status.capacity.storage`.
+pub fn claim_capacity(claim: &PersistentVolumeClaim) -> Option<String> {
+    claim
+        .status
+        .as_ref()?
+        .capacity
+        .as_ref()?
+        .get("storage")
+        .map(|q| q.0.clone())
+}
+
+/// A new directory per agent without a root of its own, in `base`.
+fn export_roots(base: &tempfile::TempDir, specs: &[AgentSpec]) -> anyhow::Result<Vec<PathBuf>> {
+    let mut roots = Vec::new();
+    for spec in specs {
+        let root = match &spec.root {
+            Some(root) => root.clone(),
+            None => {
+                let root = base.path().join(format!("export-{}", spec.name));
+                std::fs::create_dir(&root)?;
+                root
+            }
+        };
+        roots.push(root);
+    }
+    Ok(roots)
 }
 
 /// The paths of the volumes an agent holds, sorted, as its API lists them: the suite

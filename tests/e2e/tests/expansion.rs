@@ -5,8 +5,6 @@
 
 use std::time::Duration;
 
-use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim};
-use kube::api::{Patch, PatchParams};
 use nfsprov_agent_testkit::LoopBtrfs;
 use nfsprov_api_types::VolumePath;
 use nfsprov_e2e::cluster::KubeApi;
@@ -18,66 +16,6 @@ static ONE_AT_A_TIME: Mutex<()> = Mutex::const_new(());
 
 const GIB: u64 = 1 << 30;
 const WAIT: Duration = Duration::from_secs(60);
-
-fn pv_capacity(volume: &PersistentVolume) -> Option<String> {
-    volume
-        .spec
-        .as_ref()?
-        .capacity
-        .as_ref()?
-        .get("storage")
-        .map(|q| q.0.clone())
-}
-
-fn claim_capacity(claim: &PersistentVolumeClaim) -> Option<String> {
-    claim
-        .status
-        .as_ref()?
-        .capacity
-        .as_ref()?
-        .get("storage")
-        .map(|q| q.0.clone())
-}
-
-async fn request_storage(system: &System, claim: &str, size: &str) -> kube::Result<()> {
-    system
-        .claims()
-        .patch(
-            claim,
-            &PatchParams::default(),
-            &Patch::Merge(json!({"spec": {"resources": {"requests": {"storage": size}}}})),
-        )
-        .await
-        .map(drop)
-}
-
-/// Waits until both the PV and the claim report `size`.
-async fn wait_for_size(
-    system: &System,
-    claim: &str,
-    volume: &str,
-    size: &str,
-) -> anyhow::Result<()> {
-    let deadline = std::time::Instant::now() + WAIT;
-    loop {
-        let pv = system.volumes().get(volume).await?;
-        let pvc = system.claims().get(claim).await?;
-        if pv_capacity(&pv).as_deref() == Some(size)
-            && claim_capacity(&pvc).as_deref() == Some(size)
-        {
-            return Ok(());
-        }
-        if std::time::Instant::now() > deadline {
-            anyhow::bail!(
-                "PV {volume} / claim {claim} not at {size}: PV {:?}, claim status {:?}\n{}",
-                pv_capacity(&pv),
-                pvc.status,
-                system.logs()
-            );
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-}
 
 #[tokio::test(flavor = "multi_thread")]
 async fn a_claim_grows_from_1gi_to_2gi_with_its_btrfs_quota() -> anyhow::Result<()> {
@@ -111,8 +49,10 @@ async fn a_claim_grows_from_1gi_to_2gi_with_its_btrfs_quota() -> anyhow::Result<
     let directory = agent.root.join("grow");
     assert_eq!(btrfs.qgroup_limit(&directory)?, Some(GIB));
 
-    request_storage(&system, "grow", "2Gi").await?;
-    wait_for_size(&system, "grow", &volume_name, "2Gi").await?;
+    system.request_storage("grow", "2Gi").await?;
+    system
+        .wait_for_size("grow", &volume_name, "2Gi", WAIT)
+        .await?;
     assert_eq!(
         btrfs.qgroup_limit(&directory)?,
         Some(2 * GIB),
@@ -148,7 +88,7 @@ async fn a_claim_grows_from_1gi_to_2gi_with_its_btrfs_quota() -> anyhow::Result<
     );
 
     // Back below the new capacity: the API itself refuses.
-    let shrink = request_storage(&system, "grow", "1Gi").await;
+    let shrink = system.request_storage("grow", "1Gi").await;
     assert!(
         matches!(&shrink, Err(kube::Error::Api(e)) if e.code == 422),
         "{shrink:?}"
@@ -180,8 +120,10 @@ async fn without_a_quota_backend_expansion_says_nothing_is_enforced_and_enforce_
         .await?;
     let volume = system.bound_volume("loose", WAIT).await?;
     let volume_name = volume.metadata.name.clone().unwrap_or_default();
-    request_storage(&system, "loose", "2Gi").await?;
-    wait_for_size(&system, "loose", &volume_name, "2Gi").await?;
+    system.request_storage("loose", "2Gi").await?;
+    system
+        .wait_for_size("loose", &volume_name, "2Gi", WAIT)
+        .await?;
     system
         .wait_for_event("loose", "VolumeResizeSuccessful", "not enforced")
         .await?;

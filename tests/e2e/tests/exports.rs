@@ -18,28 +18,6 @@ const NODE_A: Ipv4Addr = Ipv4Addr::new(127, 0, 0, 2);
 const NODE_B: Ipv4Addr = Ipv4Addr::new(127, 0, 0, 3);
 const ANON: u32 = 4321;
 
-/// Why the test cannot run here, if it cannot.
-fn missing_parts() -> Option<String> {
-    if !rustix::process::geteuid().is_root() {
-        return Some("needs root (ganesha serves as root)".into());
-    }
-    for tool in [
-        "ganesha.nfsd",
-        "dbus-daemon",
-        "dbus-send",
-        "nfs-ls",
-        "nfs-cp",
-        "cc",
-    ] {
-        let found = std::env::var_os("PATH")
-            .is_some_and(|path| std::env::split_paths(&path).any(|dir| dir.join(tool).exists()));
-        if !found {
-            return Some(format!("{tool} is not installed"));
-        }
-    }
-    None
-}
-
 /// A bus, ganesha on it and an agent with the ganesha manager over one export root.
 struct Setup {
     root: std::path::PathBuf,
@@ -59,14 +37,15 @@ impl Setup {
         let config_dir = base.path().join("ganesha.d");
         let bus = PrivateBus::start().await?;
         let ganesha = Ganesha::start(&bus, &config_dir).await?;
-        let settings = format!(
-            "[exports]\nmanager = \"ganesha\"\nganesha_config_dir = {:?}\nganesha_dbus_address = {:?}\n",
-            config_dir.display().to_string(),
-            bus.address()
-        );
         let export = root.display().to_string();
-        let agent =
-            AgentProcess::start_with_settings(name, &root, "127.0.0.1", &export, &settings).await?;
+        let agent = AgentProcess::start_with_settings(
+            name,
+            &root,
+            "127.0.0.1",
+            &export,
+            &ganesha.agent_settings(),
+        )
+        .await?;
         Ok(Self {
             root,
             config_dir,
@@ -113,8 +92,7 @@ fn modified(path: &Path) -> anyhow::Result<(i64, i64, u64)> {
 #[tokio::test(flavor = "multi_thread")]
 async fn ganesha_exports_admit_only_the_clients_the_request_names() -> anyhow::Result<()> {
     const TEST: &str = "ganesha_exports_admit_only_the_clients_the_request_names";
-    if let Some(reason) = missing_parts() {
-        nfsprov_test_skip::skip(TEST, &reason);
+    if !nfsprov_e2e::requirements::ganesha_exports(TEST) {
         return Ok(());
     }
     let setup = Setup::start("exports1").await?;
@@ -225,8 +203,7 @@ async fn ganesha_exports_admit_only_the_clients_the_request_names() -> anyhow::R
 #[tokio::test(flavor = "multi_thread")]
 async fn ganesha_exports_and_volumes_agree_after_a_crash_at_each_step() -> anyhow::Result<()> {
     const TEST: &str = "ganesha_exports_and_volumes_agree_after_a_crash_at_each_step";
-    if let Some(reason) = missing_parts() {
-        nfsprov_test_skip::skip(TEST, &reason);
+    if !nfsprov_e2e::requirements::ganesha_exports(TEST) {
         return Ok(());
     }
     if !cfg!(debug_assertions) {

@@ -5,35 +5,15 @@
 
 use std::path::Path;
 
-use nfsprov_agent_testkit::LoopBtrfs;
 use nfsprov_api_types::{CreateVolumeRequest, ExportRequest, Squash, VolumePath};
 use nfsprov_e2e::agent::AgentProcess;
 use nfsprov_e2e::ganesha_dbus::{Ganesha, PrivateBus};
-use nfsprov_e2e::libnfs::{NfsClient, NfsError};
+use nfsprov_e2e::libnfs::NfsClient;
+use nfsprov_e2e::quota::assert_write_stops_at_capacity;
 
 const MIB: u64 = 1 << 20;
 /// What the write tries: twice the first capacity, within the second.
 const WRITE_BYTES: usize = 20_000_000;
-
-fn missing_parts() -> Option<String> {
-    if !rustix::process::geteuid().is_root() {
-        return Some("needs root (ganesha serves as root, the test mounts btrfs)".into());
-    }
-    for tool in [
-        "ganesha.nfsd",
-        "dbus-daemon",
-        "dbus-send",
-        "mkfs.btrfs",
-        "btrfs",
-    ] {
-        let found = std::env::var_os("PATH")
-            .is_some_and(|path| std::env::split_paths(&path).any(|dir| dir.join(tool).exists()));
-        if !found {
-            return Some(format!("{tool} is not installed"));
-        }
-    }
-    None
-}
 
 /// Whether the kernel's mount table has a mount exactly at `path`.
 fn is_mount_point(path: &Path) -> anyhow::Result<bool> {
@@ -74,23 +54,8 @@ fn ours(ganesha: &Ganesha) -> anyhow::Result<Vec<u16>> {
 #[tokio::test(flavor = "multi_thread")]
 async fn a_write_through_ganesha_stops_at_the_btrfs_volumes_capacity() -> anyhow::Result<()> {
     const TEST: &str = "a_write_through_ganesha_stops_at_the_btrfs_volumes_capacity";
-    if let Some(reason) = missing_parts() {
-        nfsprov_test_skip::skip(TEST, &reason);
+    let Some(fs) = nfsprov_e2e::requirements::btrfs_over_nfs(TEST, 512) else {
         return Ok(());
-    }
-    if let Err(reason) = nfsprov_e2e::libnfs::available() {
-        nfsprov_test_skip::skip(TEST, &reason);
-        return Ok(());
-    }
-    let fs = match LoopBtrfs::new(512, true) {
-        Ok(fs) => fs,
-        Err(error) => {
-            nfsprov_test_skip::skip(
-                TEST,
-                &format!("the kernel gives no loop-mounted btrfs with quotas here: {error}"),
-            );
-            return Ok(());
-        }
     };
     let root = fs.root();
     let base = tempfile::tempdir()?;
@@ -98,9 +63,8 @@ async fn a_write_through_ganesha_stops_at_the_btrfs_volumes_capacity() -> anyhow
     let bus = PrivateBus::start().await?;
     let mut ganesha = Ganesha::start(&bus, &config_dir).await?;
     let settings = format!(
-        "[quota]\nbackend = \"btrfs\"\n\n[exports]\nmanager = \"ganesha\"\nganesha_config_dir = {:?}\nganesha_dbus_address = {:?}\n",
-        config_dir.display().to_string(),
-        bus.address()
+        "[quota]\nbackend = \"btrfs\"\n\n{}",
+        ganesha.agent_settings()
     );
     let export_path = root.display().to_string();
     let mut agent =
@@ -136,31 +100,9 @@ async fn a_write_through_ganesha_stops_at_the_btrfs_volumes_capacity() -> anyhow
     nfs.unlink("within")?;
     fs.sync()?;
 
-    let refused = nfs.write_file("big", &payload, 0o644);
-    let error = refused.expect_err("a write of twice the capacity must fail");
-    let written = std::fs::metadata(dir.join("big"))?.len();
-    println!(
-        "capacity {} bytes: the {WRITE_BYTES}-byte write through NFS stopped at {written} bytes ({error})",
-        10 * MIB
-    );
-    // libnfs 4.0 turns NFS4ERR_DQUOT into ERANGE, not EDQUOT; its message names the
-    // server's status, which is what the quota answered.
-    let status = error
-        .downcast_ref::<NfsError>()
-        .map(|e| e.message.clone())
-        .unwrap_or_default();
-    assert!(
-        status.contains("NFS4ERR_DQUOT"),
-        "the quota refused it: {error}"
-    );
-    // The qgroup counts metadata too and lets the transaction in flight finish.
-    assert!(
-        (5 * MIB..=12 * MIB).contains(&written),
-        "{written} bytes landed under a 10 MiB quota"
-    );
+    assert_write_stops_at_capacity(&nfs, &dir, "big", &payload, 10 * MIB)?;
 
     // Grown to 30 MiB through the API: the same write goes through.
-    nfs.unlink("big")?;
     fs.sync()?;
     let resized = client.resize_volume(&path, 30 * MIB, None).await?;
     assert_eq!(resized.capacity_bytes, 30 * MIB);

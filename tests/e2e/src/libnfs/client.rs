@@ -34,6 +34,17 @@ impl fmt::Display for NfsError {
 
 impl std::error::Error for NfsError {}
 
+impl NfsError {
+    /// Whether `error` is a call the server refused because a quota is exhausted.
+    /// libnfs 4.0 turns NFS4ERR_DQUOT into ERANGE, not EDQUOT: its message names the
+    /// server's status, which is what the quota answered.
+    pub fn is_quota_exceeded(error: &anyhow::Error) -> bool {
+        error
+            .downcast_ref::<Self>()
+            .is_some_and(|e| e.message.contains("NFS4ERR_DQUOT"))
+    }
+}
+
 /// What a file is, from the `S_IFMT` bits of its mode.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub enum FileKind {
