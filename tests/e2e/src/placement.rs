@@ -8,7 +8,7 @@ use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use k8s_openapi::api::core::v1::{Node, Pod, ServiceAccount};
-use kube::api::{DeleteParams, Patch, PatchParams, PostParams};
+use kube::api::{DeleteParams, PostParams};
 use kube::runtime::wait::{await_condition, conditions};
 use kube::{Api, Resource};
 use serde_json::json;
@@ -22,28 +22,19 @@ impl System {
     /// name it has in this run (Nodes are cluster-scoped).
     pub async fn node(&self, name: &str, address: Ipv4Addr) -> anyhow::Result<String> {
         let name = self.names.cluster_scoped(name);
-        let status = json!({"addresses": [
-            {"type": "InternalIP", "address": address.to_string()},
-            {"type": "Hostname", "address": name},
-        ]});
+        // The API server keeps the status a Node is created with (kubelets register
+        // their addresses that way), so no status write follows.
         let node: Node = serde_json::from_value(json!({
             "metadata": {"name": name, "labels": self.names.run_labels()},
-            "status": status,
+            "status": {"addresses": [
+                {"type": "InternalIP", "address": address.to_string()},
+                {"type": "Hostname", "address": name},
+            ]},
         }))?;
         self.placed.store(true, Ordering::Relaxed);
-        let nodes = Api::<Node>::all(self.client.clone());
-        let created = nodes.create(&PostParams::default(), &node).await?;
-        // A kubelet registers its Node with the status in the create; should an API
-        // server drop it there, the status subresource takes it.
-        if created.status.and_then(|s| s.addresses).is_none() {
-            nodes
-                .patch_status(
-                    &name,
-                    &PatchParams::default(),
-                    &Patch::Merge(json!({ "status": status })),
-                )
-                .await?;
-        }
+        Api::<Node>::all(self.client.clone())
+            .create(&PostParams::default(), &node)
+            .await?;
         Ok(name)
     }
 
