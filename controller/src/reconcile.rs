@@ -11,7 +11,8 @@ use crate::context::{Context, Error};
 use crate::objects::{
     CachedClaim, CachedVolume, claim_is_bound, claim_key, claim_state_key, volume_state_key,
 };
-use crate::{delete, expand, provision};
+use crate::{delete, expand, provision, snapshots};
+use nfsprov_vocabulary::snapshots::Snapshot;
 
 /// Reconciles one claim: provisions it when it is ours and unbound, expands its volume when
 /// it is bound to one of ours and asks for more.
@@ -56,5 +57,25 @@ pub async fn reconcile_volume(pv: Arc<CachedVolume>, ctx: Arc<Context>) -> Resul
 pub fn volume_error_policy(pv: Arc<CachedVolume>, error: &Error, ctx: Arc<Context>) -> Action {
     let delay = ctx.backoff.failed(&volume_state_key(&pv));
     warn!(volume = %pv.name_any(), %error, retry_in = ?delay, "deletion failed");
+    Action::requeue(delay)
+}
+
+/// Reconciles one Snapshot: takes it on its claim's agent, or deletes it there.
+pub async fn reconcile_snapshot(
+    snapshot: Arc<Snapshot>,
+    ctx: Arc<Context>,
+) -> Result<Action, Error> {
+    ctx.leading().await;
+    ctx.agents.ready().await;
+    let result = snapshots::reconcile(&snapshot, &ctx).await;
+    if result.is_ok() {
+        ctx.backoff.succeeded(&snapshots::state_key(&snapshot));
+    }
+    result
+}
+
+pub fn snapshot_error_policy(snapshot: Arc<Snapshot>, error: &Error, ctx: Arc<Context>) -> Action {
+    let delay = ctx.backoff.failed(&snapshots::state_key(&snapshot));
+    warn!(snapshot = %snapshots::state_key(&snapshot), %error, retry_in = ?delay, "snapshot failed");
     Action::requeue(delay)
 }

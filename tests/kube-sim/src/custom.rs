@@ -135,11 +135,7 @@ fn join(at: &str, key: &str) -> String {
 fn check(schema: &Value, value: &Value, at: &str, causes: &mut Vec<Cause>) {
     if schema.get("x-kubernetes-int-or-string") == Some(&Value::Bool(true)) {
         if !(value.is_i64() || value.is_u64() || value.is_string()) {
-            causes.push(Cause::invalid(
-                at,
-                value,
-                "must be an integer or a string",
-            ));
+            causes.push(Cause::invalid(at, value, "must be an integer or a string"));
         }
         return;
     }

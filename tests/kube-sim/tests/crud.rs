@@ -591,7 +591,10 @@ async fn custom_resources_follow_their_crd_manifests() {
         "status": {"readyToUse": true},
     }))
     .unwrap();
-    let made = snapshots.create(&PostParams::default(), &body).await.unwrap();
+    let made = snapshots
+        .create(&PostParams::default(), &body)
+        .await
+        .unwrap();
     // Pruned and defaulted by the manifest's schema; the status of a create is ignored.
     assert!(made.data.get("status").is_none(), "{:?}", made.data);
     assert_eq!(
@@ -626,7 +629,9 @@ async fn custom_resources_follow_their_crd_manifests() {
         .patch_status(
             "s1",
             &PatchParams::default(),
-            &Patch::Merge(json!({"status": {"readyToUse": false, "snapshotName": "snap-1", "bogus": 1}})),
+            &Patch::Merge(
+                json!({"status": {"readyToUse": false, "snapshotName": "snap-1", "bogus": 1}}),
+            ),
         )
         .await
         .unwrap();
@@ -635,7 +640,10 @@ async fn custom_resources_follow_their_crd_manifests() {
         json!({"readyToUse": false, "snapshotName": "snap-1"})
     );
     // The finalizer holds a deleted object until it is removed.
-    snapshots.delete("s1", &DeleteParams::default()).await.unwrap();
+    snapshots
+        .delete("s1", &DeleteParams::default())
+        .await
+        .unwrap();
     let held = snapshots.get("s1").await.unwrap();
     assert!(held.metadata.deletion_timestamp.is_some());
     snapshots
