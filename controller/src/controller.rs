@@ -23,11 +23,11 @@ use crate::context::{Context, stopped};
 use crate::metrics::Metrics;
 use crate::objects::{CachedClaim, CachedVolume, Provisioners, claim_class, claim_is_bound};
 use crate::reconcile::{
-    claim_error_policy, reconcile_claim, reconcile_snapshot, reconcile_volume,
-    snapshot_error_policy, volume_error_policy,
+    claim_error_policy, reconcile_claim, reconcile_schedule, reconcile_snapshot, reconcile_volume,
+    schedule_error_policy, snapshot_error_policy, volume_error_policy,
 };
 use crate::{agent_secrets, cache, orphans, usage};
-use nfsprov_vocabulary::snapshots::Snapshot;
+use nfsprov_vocabulary::snapshots::{Snapshot, SnapshotSchedule};
 
 /// Settings of [`run`].
 #[derive(Debug, Clone)]
@@ -277,6 +277,20 @@ pub async fn run(
                 debug!(error = %e, "snapshot controller");
             }
         });
+    let (schedules, schedule_writer) = reflector::store::<SnapshotSchedule>();
+    let schedule_stream = watcher(Api::<SnapshotSchedule>::all(client.clone()), list_config())
+        .default_backoff()
+        .reflect(schedule_writer)
+        .applied_objects();
+    let schedule_controller = Controller::for_stream(schedule_stream, schedules)
+        .with_config(controller_config.clone())
+        .graceful_shutdown_on(stopped(shutdown.clone()))
+        .run(reconcile_schedule, schedule_error_policy, ctx.clone())
+        .for_each(|result| async move {
+            if let Err(e) = result {
+                debug!(error = %e, "snapshot schedule controller");
+            }
+        });
     let agents = ctx.agents.clone();
     let volume_controller = Controller::for_stream(volume_stream, volumes.clone())
         .with_config(controller_config)
@@ -305,6 +319,7 @@ pub async fn run(
         claim_controller,
         volume_controller,
         snapshot_controller,
+        schedule_controller,
         readiness,
         usage_poll,
         orphan_check,

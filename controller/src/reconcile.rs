@@ -11,8 +11,8 @@ use crate::context::{Context, Error};
 use crate::objects::{
     CachedClaim, CachedVolume, claim_is_bound, claim_key, claim_state_key, volume_state_key,
 };
-use crate::{delete, expand, provision, snapshots};
-use nfsprov_vocabulary::snapshots::Snapshot;
+use crate::{delete, expand, provision, schedules, snapshots};
+use nfsprov_vocabulary::snapshots::{Snapshot, SnapshotSchedule};
 
 /// Reconciles one claim: provisions it when it is ours and unbound, expands its volume when
 /// it is bound to one of ours and asks for more.
@@ -77,5 +77,28 @@ pub async fn reconcile_snapshot(
 pub fn snapshot_error_policy(snapshot: Arc<Snapshot>, error: &Error, ctx: Arc<Context>) -> Action {
     let delay = ctx.backoff.failed(&snapshots::state_key(&snapshot));
     warn!(snapshot = %snapshots::state_key(&snapshot), %error, retry_in = ?delay, "snapshot failed");
+    Action::requeue(delay)
+}
+
+/// Reconciles one SnapshotSchedule: runs it when due, prunes what it made.
+pub async fn reconcile_schedule(
+    schedule: Arc<SnapshotSchedule>,
+    ctx: Arc<Context>,
+) -> Result<Action, Error> {
+    ctx.leading().await;
+    let result = schedules::reconcile(&schedule, &ctx).await;
+    if result.is_ok() {
+        ctx.backoff.succeeded(&schedules::state_key(&schedule));
+    }
+    result
+}
+
+pub fn schedule_error_policy(
+    schedule: Arc<SnapshotSchedule>,
+    error: &Error,
+    ctx: Arc<Context>,
+) -> Action {
+    let delay = ctx.backoff.failed(&schedules::state_key(&schedule));
+    warn!(schedule = %schedules::state_key(&schedule), %error, retry_in = ?delay, "snapshot schedule failed");
     Action::requeue(delay)
 }

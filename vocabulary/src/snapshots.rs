@@ -175,6 +175,11 @@ pub struct ScheduleStatus {
     pub last_run: Option<Time>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub next_run: Option<Time>,
+    /// The run under way: the time its Snapshots are named after, written before the
+    /// first is made and cleared with `lastRun`, so a run repeated after a crash makes
+    /// the same names.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub current_run: Option<Time>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub error: Option<String>,
 }

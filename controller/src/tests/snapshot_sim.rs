@@ -10,13 +10,17 @@ use std::time::Duration;
 use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim};
 use k8s_openapi::api::events::v1::Event;
 use k8s_openapi::api::storage::v1::StorageClass;
-use kube::api::{Api, DeleteParams, ListParams, PostParams};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use k8s_openapi::jiff::{SignedDuration, Timestamp};
+use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use kube::runtime::events::Reporter;
 use kube::runtime::wait::await_condition;
 use kube::{Client, ResourceExt};
 use nfsprov_api_types::client::AgentConnectionConfig;
 use nfsprov_kube_sim::{SimOptions, Simulator};
-use nfsprov_vocabulary::snapshots::{ANN_RESTORED_FROM, SNAPSHOT_FINALIZER, Snapshot};
+use nfsprov_vocabulary::snapshots::{
+    ANN_RESTORED_FROM, SNAPSHOT_FINALIZER, Snapshot, SnapshotSchedule,
+};
 use serde_json::{Value, json};
 
 use crate::agents::AgentRegistry;
@@ -563,5 +567,234 @@ async fn restores_that_cannot_be_made_are_refused_and_retried_when_they_may_come
         let claim = cluster.claims().get(name).await.unwrap();
         assert_eq!(claim.status.unwrap().phase.as_deref(), Some("Pending"));
     }
+    cluster.finish().await;
+}
+
+impl Cluster {
+    fn schedules(&self) -> Api<SnapshotSchedule> {
+        Api::namespaced(self.client.clone(), "default")
+    }
+
+    /// The schedule's Snapshots that are not being deleted, by name.
+    async fn scheduled(&self, schedule: &str) -> Vec<String> {
+        let mut names: Vec<String> = self
+            .snapshots()
+            .list(
+                &ListParams::default().labels(&format!("nfsprov.dev/snapshot-schedule={schedule}")),
+            )
+            .await
+            .unwrap()
+            .items
+            .into_iter()
+            .filter(|s| s.metadata.deletion_timestamp.is_none())
+            .map(|s| s.name_any())
+            .collect();
+        names.sort();
+        names
+    }
+
+    /// Awaits the schedule's living Snapshots meeting `condition`.
+    async fn scheduled_until(
+        &self,
+        schedule: &str,
+        what: &str,
+        condition: impl Fn(&[String]) -> bool,
+    ) -> Vec<String> {
+        let deadline = tokio::time::Instant::now() + WAIT;
+        loop {
+            let names = self.scheduled(schedule).await;
+            if condition(&names) {
+                return names;
+            }
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "{what}: the schedule's snapshots are {names:?}"
+            );
+            tokio::time::sleep(POLL).await;
+        }
+    }
+
+    /// Awaits the schedule's `lastRun` differing from `before`, and returns it.
+    async fn ran_after(&self, schedule: &str, before: Option<&Time>) -> SnapshotSchedule {
+        let before = before.cloned();
+        tokio::time::timeout(
+            WAIT,
+            await_condition(
+                self.schedules(),
+                schedule,
+                move |s: Option<&SnapshotSchedule>| {
+                    let last = s
+                        .and_then(|s| s.status.as_ref())
+                        .and_then(|s| s.last_run.clone());
+                    last.is_some() && last != before
+                },
+            ),
+        )
+        .await
+        .expect("the schedule ran in time")
+        .unwrap()
+        .unwrap()
+    }
+
+    /// Writes the schedule's `lastRun`, as if its last run had been then.
+    async fn set_last_run(&self, schedule: &str, last: Timestamp) {
+        self.schedules()
+            .patch_status(
+                schedule,
+                &PatchParams::default(),
+                &Patch::Merge(json!({"status": {"lastRun": Time(last)}})),
+            )
+            .await
+            .unwrap();
+    }
+}
+
+fn last_run(schedule: &SnapshotSchedule) -> Timestamp {
+    schedule
+        .status
+        .as_ref()
+        .unwrap()
+        .last_run
+        .as_ref()
+        .unwrap()
+        .0
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_schedule_keeps_the_newest_three_across_a_restart_and_takes_a_missed_run_once() {
+    let mut cluster = Cluster::start().await;
+    cluster.claim("data", "nfs", "1Gi", None).await;
+    cluster.bound("data").await;
+    // Not selected: no backup label.
+    let scratch: PersistentVolumeClaim = serde_json::from_value(json!({
+        "metadata": {"name": "scratch", "namespace": "default"},
+        "spec": {
+            "accessModes": ["ReadWriteMany"],
+            "storageClassName": "nfs",
+            "resources": {"requests": {"storage": "1Gi"}},
+        },
+    }))
+    .unwrap();
+    cluster
+        .claims()
+        .create(&PostParams::default(), &scratch)
+        .await
+        .unwrap();
+    cluster.bound("scratch").await;
+    let schedule: SnapshotSchedule = serde_json::from_value(json!({
+        "apiVersion": "nfsprov.dev/v1alpha1",
+        "kind": "SnapshotSchedule",
+        "metadata": {"name": "hourly", "namespace": "default"},
+        "spec": {
+            "claimSelector": {"matchLabels": {"backup": "yes"}},
+            "interval": "1h",
+            "keep": 3,
+        },
+    }))
+    .unwrap();
+    cluster
+        .schedules()
+        .create(&PostParams::default(), &schedule)
+        .await
+        .unwrap();
+
+    // A new schedule runs at once; each later run is brought on by moving lastRun an
+    // interval back, so the next is due a second after the last (not an hour).
+    let mut ran = cluster.ran_after("hourly", None).await;
+    let first = cluster
+        .scheduled_until("hourly", "the first run", |n| n.len() == 1)
+        .await;
+    assert!(first[0].starts_with("hourly-data-"), "{first:?}");
+    let mut taken = first;
+    for run in 2..=4 {
+        let last = last_run(&ran);
+        cluster
+            .set_last_run(
+                "hourly",
+                last - SignedDuration::from_hours(1) + SignedDuration::from_secs(1),
+            )
+            .await;
+        ran = cluster
+            .ran_after(
+                "hourly",
+                Some(&Time(
+                    last - SignedDuration::from_hours(1) + SignedDuration::from_secs(1),
+                )),
+            )
+            .await;
+        let names = cluster
+            .scheduled_until("hourly", "a run of the same claim", |n| {
+                n.iter().any(|name| !taken.contains(name))
+            })
+            .await;
+        let new: Vec<&String> = names.iter().filter(|n| !taken.contains(n)).collect();
+        assert_eq!(
+            new.len(),
+            1,
+            "run {run} took one snapshot of data: {names:?}"
+        );
+        taken.push(new[0].clone());
+    }
+    // Four runs, the oldest pruned; its agent snapshot with it (deletionPolicy Delete).
+    let kept = cluster
+        .scheduled_until("hourly", "pruned to 3", |n| n.len() == 3)
+        .await;
+    assert_eq!(kept, taken[1..].to_vec());
+    cluster
+        .agent_until("the pruned snapshot is deleted on the agent", |a| {
+            a.snapshot_names().len() == 3
+        })
+        .await;
+    let next = ran.status.as_ref().unwrap().next_run.as_ref().unwrap().0;
+    assert_eq!(next, last_run(&ran) + SignedDuration::from_hours(1));
+
+    // Down for ten intervals: one run on return, the next an interval after it. A run's
+    // Snapshots are named by the second it starts, and the test has made runs a second
+    // apart: the run on return must start in a later second than the last one.
+    cluster.stop_controller().await;
+    let later = last_run(&ran) + SignedDuration::from_secs(1);
+    let wait = Timestamp::now().duration_until(later);
+    if wait.is_positive() {
+        tokio::time::sleep(wait.unsigned_abs()).await;
+    }
+    let long_ago = last_run(&ran) - SignedDuration::from_hours(10);
+    cluster.set_last_run("hourly", long_ago).await;
+    cluster.start_controller();
+    let back = cluster.ran_after("hourly", Some(&Time(long_ago))).await;
+    let after = cluster
+        .scheduled_until("hourly", "one run on return, pruned to 3", |n| {
+            n.len() == 3 && n.iter().any(|name| !taken.contains(name))
+        })
+        .await;
+    let new: Vec<&String> = after.iter().filter(|n| !taken.contains(n)).collect();
+    assert_eq!(new.len(), 1, "exactly one missed run taken: {after:?}");
+    assert_eq!(after[..2], taken[2..]);
+    // Taken now, not at the first missed time (as catching up run by run would).
+    assert!(last_run(&back) >= later, "{:?}", back.status);
+    let status = back.status.unwrap();
+    assert_eq!(
+        status.next_run.unwrap().0,
+        status.last_run.unwrap().0 + SignedDuration::from_hours(1)
+    );
+    // The run was nine hours late, and the metric says so.
+    let lag = cluster
+        .metrics
+        .encode()
+        .unwrap()
+        .lines()
+        .find_map(|l| {
+            l.strip_prefix(
+                "nfsprov_snapshot_schedule_lag_seconds{namespace=\"default\",schedule=\"hourly\"} ",
+            )
+            .map(|v| v.parse::<f64>().unwrap())
+        })
+        .expect("a lag figure");
+    assert!((9.0 * 3600.0..9.0 * 3600.0 + 60.0).contains(&lag), "{lag}");
+    assert!(
+        calls_starting(cluster.agent(), "PUT snapshot")
+            .iter()
+            .all(|c| c.ends_with("of default/data")),
+        "the unselected claim is never snapshotted"
+    );
     cluster.finish().await;
 }
