@@ -798,3 +798,83 @@ async fn a_schedule_keeps_the_newest_three_across_a_restart_and_takes_a_missed_r
     );
     cluster.finish().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn agent_errors_are_reported_and_retried_and_a_failed_delete_keeps_the_snapshot() {
+    use nfsprov_api_types::ErrorCode;
+    let cluster = Cluster::start().await;
+    cluster.claim("data", "nfs", "1Gi", None).await;
+    cluster.bound("data").await;
+    cluster
+        .agent()
+        .fail_calls(Some(("PUT snapshot", ErrorCode::InsufficientStorage)));
+    cluster.snapshot("nightly", "data", "Delete").await;
+    let failed = cluster
+        .snapshot_where("nightly", |s| {
+            s.status.as_ref().and_then(|s| s.error.as_ref()).is_some()
+        })
+        .await;
+    let status = failed.status.unwrap();
+    assert!(
+        status
+            .error
+            .as_deref()
+            .unwrap()
+            .starts_with("agent nfs1 could not snapshot volume default/data: "),
+        "{status:?}"
+    );
+    // Where it is made is recorded before the agent is asked, failure or not.
+    let name = status.snapshot_name.unwrap();
+    assert_eq!(status.agent.as_deref(), Some("nfs1"));
+    cluster
+        .event(
+            "nightly",
+            "SnapshotFailed",
+            "could not snapshot volume default/data",
+        )
+        .await;
+    cluster.agent().fail_calls(None);
+    let ready = cluster.ready("nightly").await;
+    assert_eq!(
+        ready.status.unwrap().error,
+        None,
+        "a success clears the error"
+    );
+
+    cluster
+        .agent()
+        .fail_calls(Some(("DELETE snapshot", ErrorCode::InsufficientStorage)));
+    cluster
+        .snapshots()
+        .delete("nightly", &DeleteParams::default())
+        .await
+        .unwrap();
+    cluster
+        .event(
+            "nightly",
+            "SnapshotFailed",
+            &format!("could not delete snapshot {name}"),
+        )
+        .await;
+    let held = cluster.snapshots().get("nightly").await.unwrap();
+    assert!(held.metadata.deletion_timestamp.is_some());
+    assert_eq!(held.finalizers(), [SNAPSHOT_FINALIZER]);
+    assert!(cluster.agent().snapshot(&name).is_some());
+    cluster.agent().fail_calls(None);
+    cluster.gone("nightly").await;
+    assert!(cluster.agent().snapshot(&name).is_none());
+    // At least one failed attempt each (more when a retry came before the failure ended).
+    let metrics = cluster.metrics.encode().unwrap();
+    for operation in ["create", "delete"] {
+        let count = metrics
+            .lines()
+            .find_map(|l| {
+                l.strip_prefix(&format!(
+                    "nfsprov_snapshot_failures_total{{operation=\"{operation}\"}} "
+                ))
+            })
+            .map(|v| v.parse::<u64>().unwrap());
+        assert!(count.is_some_and(|c| c >= 1), "{operation}: {metrics}");
+    }
+    cluster.finish().await;
+}
