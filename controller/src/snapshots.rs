@@ -9,14 +9,15 @@
 use std::time::Duration;
 
 use k8s_openapi::api::core::v1::PersistentVolumeClaim;
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
+use k8s_openapi::jiff::Timestamp;
 use kube::api::{Api, Patch, PatchParams};
 use kube::runtime::controller::Action;
 use kube::runtime::events::EventType;
 use kube::{Resource, ResourceExt};
 use nfsprov_api_types::{CreateSnapshotRequest, SnapshotName, VolumePath};
 use nfsprov_vocabulary::snapshots::{
-    DeletionPolicy, SNAPSHOT_FINALIZER, Snapshot, agent_snapshot_name,
+    CONDITION_READY, DeletionPolicy, SNAPSHOT_FINALIZER, Snapshot, agent_snapshot_name,
 };
 use serde_json::{Value, json};
 use tracing::{debug, info};
@@ -108,7 +109,11 @@ pub async fn reconcile(snapshot: &Snapshot, ctx: &Context) -> Result<Action, Err
             ctx.metrics.snapshot_failed("create");
             ctx.metrics
                 .set_snapshot_state(&state_key(snapshot), Some(SnapshotState::Failed));
-            let status = json!({"status": {"readyToUse": false, "error": message}});
+            let status = json!({"status": {
+                "readyToUse": false,
+                "error": message,
+                "conditions": [ready_condition(snapshot, false, "Failed", &message)],
+            }});
             patch_status(snapshot, ctx, &status).await?;
             ctx.event(
                 &snapshot.object_ref(&()),
@@ -175,8 +180,17 @@ async fn take(snapshot: &Snapshot, ctx: &Context) -> Result<Option<Taken>, Strin
         })?;
     if !made.ready {
         debug!(snapshot = %state_key(snapshot), "the agent is still making the snapshot");
-        let status =
-            json!({"status": {"readyToUse": false, "error": null, "method": made.method.as_str()}});
+        let status = json!({"status": {
+            "readyToUse": false,
+            "error": null,
+            "method": made.method.as_str(),
+            "conditions": [ready_condition(
+                snapshot,
+                false,
+                "InProgress",
+                &format!("agent {} is making the snapshot ({})", placement.agent, made.method),
+            )],
+        }});
         patch_status(snapshot, ctx, &status)
             .await
             .map_err(|e| e.to_string())?;
@@ -196,6 +210,12 @@ async fn take(snapshot: &Snapshot, ctx: &Context) -> Result<Option<Taken>, Strin
         "restoreSize": restore_size,
         "method": made.method.as_str(),
         "error": null,
+        "conditions": [ready_condition(
+            snapshot,
+            true,
+            REASON_READY,
+            &format!("snapshot {} on agent {}", placement.name, placement.agent),
+        )],
     }});
     patch_status(snapshot, ctx, &status)
         .await
@@ -206,6 +226,29 @@ async fn take(snapshot: &Snapshot, ctx: &Context) -> Result<Option<Taken>, Strin
         method: made.method.to_string(),
         restore_size,
     }))
+}
+
+/// The `Ready` condition; its transition time moves only when its status changes.
+fn ready_condition(snapshot: &Snapshot, ready: bool, reason: &str, message: &str) -> Condition {
+    let status = if ready { "True" } else { "False" };
+    let since = snapshot
+        .status
+        .as_ref()
+        .and_then(|s| s.conditions.as_ref())
+        .and_then(|c| c.iter().find(|c| c.type_ == CONDITION_READY))
+        .filter(|c| c.status == status)
+        .map_or_else(
+            || Time(Timestamp::now()),
+            |c| c.last_transition_time.clone(),
+        );
+    Condition {
+        type_: CONDITION_READY.to_owned(),
+        status: status.to_owned(),
+        observed_generation: snapshot.metadata.generation,
+        last_transition_time: since,
+        reason: reason.to_owned(),
+        message: message.to_owned(),
+    }
 }
 
 /// The placement a previous reconcile recorded, if any.

@@ -10,7 +10,7 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta, Time};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, LabelSelector, ObjectMeta, Time};
 use k8s_openapi::{ListableResource, Metadata, NamespaceResourceScope, Resource};
 use serde::{Deserialize, Serialize};
 
@@ -27,6 +27,9 @@ pub const SCHEDULE_KIND: &str = "SnapshotSchedule";
 pub const SNAPSHOT_FINALIZER: &str = "nfsprov.dev/snapshot";
 /// Set on each Snapshot a schedule makes: the schedule's name.
 pub const LABEL_SCHEDULE: &str = "nfsprov.dev/snapshot-schedule";
+/// The condition a Snapshot reports its readiness in.
+pub const CONDITION_READY: &str = "Ready";
+
 /// Set on a PV restored from a snapshot: the Snapshot (`namespace/name`) it was made from.
 pub const ANN_RESTORED_FROM: &str = "nfsprov.dev/restored-from";
 
@@ -98,6 +101,10 @@ pub struct SnapshotStatus {
     /// The volume it was taken of, relative to the agent's export root.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub source_path: Option<String>,
+    /// One condition, `Ready` (what `kubectl wait --for=condition=Ready` waits for), with
+    /// the reason it is not: `InProgress` or `Failed`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub conditions: Option<Vec<Condition>>,
 }
 
 impl Snapshot {

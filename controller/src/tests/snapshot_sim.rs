@@ -323,7 +323,17 @@ async fn a_snapshot_of_a_bound_claim_becomes_ready_and_its_deletion_deletes_it()
 
     let uid = snapshot.uid().unwrap();
     let name = format!("snap-{uid}");
-    let status = serde_json::to_value(snapshot.status.as_ref().unwrap()).unwrap();
+    let mut status = serde_json::to_value(snapshot.status.as_ref().unwrap()).unwrap();
+    let conditions = status["conditions"].take();
+    assert_eq!(conditions.as_array().map(Vec::len), Some(1), "{conditions}");
+    let ready = &conditions[0];
+    assert_eq!(
+        (&ready["type"], &ready["status"], &ready["reason"]),
+        (&json!("Ready"), &json!("True"), &json!("SnapshotReady")),
+        "{ready}"
+    );
+    assert!(ready["lastTransitionTime"].is_string(), "{ready}");
+    status.as_object_mut().unwrap().remove("conditions");
     assert_eq!(
         status,
         json!({
@@ -424,10 +434,17 @@ async fn what_keeps_a_snapshot_from_being_taken_is_in_its_status_and_events() {
             s.status.as_ref().and_then(|s| s.error.as_ref()).is_some()
         })
         .await;
+    let status = failed.status.unwrap();
     assert_eq!(
-        failed.status.unwrap().error.unwrap(),
-        "claim default/missing does not exist"
+        status.error.as_deref(),
+        Some("claim default/missing does not exist")
     );
+    let condition = &status.conditions.unwrap()[0];
+    assert_eq!(
+        (condition.status.as_str(), condition.reason.as_str()),
+        ("False", "Failed")
+    );
+    assert_eq!(condition.message, "claim default/missing does not exist");
     cluster
         .event(
             "orphan",
