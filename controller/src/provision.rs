@@ -903,6 +903,33 @@ mod tests {
     }
 
     #[test]
+    fn a_restore_is_made_from_its_snapshot_at_the_claims_size() {
+        let wanted = wanted_of(&[(PARAM_MODE, "0700")]);
+        let snapshot = ReadySnapshot {
+            snapshot: crate::datasource::SourceSnapshot {
+                namespace: "team-a".into(),
+                name: "nightly".into(),
+            },
+            agent: "nfs1".into(),
+            name: nfsprov_api_types::SnapshotName::parse("snap-1").unwrap(),
+        };
+        let plan = plan(
+            &claim("nfs"),
+            "nfs",
+            &wanted,
+            Some(&Origin::Restore(snapshot)),
+        )
+        .unwrap();
+        let Request::Restore { request, from } = &plan.request else {
+            panic!("a claim with a snapshot source is restored: {plan:?}");
+        };
+        assert_eq!(from, "team-a/nightly");
+        assert_eq!(request.snapshot.as_str(), "snap-1");
+        assert_eq!(request.capacity_bytes, 1 << 30);
+        assert_eq!(request.owner.pvc_name.as_deref(), Some("data"));
+    }
+
+    #[test]
     fn a_path_the_pattern_cannot_make_is_refused_for_good() {
         // The claim's provisioner annotation holds a '/', which no substituted value may.
         let pattern = format!("${{.PVC.annotations.{}}}", objects::ANN_STORAGE_PROVISIONER);
