@@ -195,7 +195,14 @@ pub async fn run(
             let namespace = snapshot.namespace().unwrap_or_default();
             let name = snapshot.name_any();
             for pvc in claims.state() {
-                if !claim_is_bound(&*pvc)
+                // Most claims name no source: looked at without unpacking them.
+                let names_it = pvc.spec.as_ref().is_some_and(|spec| {
+                    let by_ref = spec.data_source_ref.as_ref().map(|r| &r.name);
+                    let by_source = spec.data_source.as_ref().map(|s| &s.name);
+                    by_ref.or(by_source) == Some(&name)
+                });
+                if names_it
+                    && !claim_is_bound(&*pvc)
                     && pvc.metadata.namespace.as_deref() == Some(namespace.as_str())
                     && crate::datasource::restores_from(&pvc.to_claim(), &name)
                 {
