@@ -1,4 +1,4 @@
-//! Wiring only: the watches and their caches, the two kube-runtime controllers handed
+//! Wiring only: the watches and their caches, the kube-runtime controllers handed
 //! the entry points of `crate::reconcile`, the periodic resync, the usage poll and the
 //! orphan check.
 
@@ -23,9 +23,11 @@ use crate::context::{Context, stopped};
 use crate::metrics::Metrics;
 use crate::objects::{CachedClaim, CachedVolume, Provisioners, claim_class, claim_is_bound};
 use crate::reconcile::{
-    claim_error_policy, reconcile_claim, reconcile_volume, volume_error_policy,
+    claim_error_policy, reconcile_claim, reconcile_schedule, reconcile_snapshot, reconcile_volume,
+    schedule_error_policy, snapshot_error_policy, volume_error_policy,
 };
 use crate::{agent_secrets, cache, orphans, usage};
+use nfsprov_vocabulary::snapshots::{Snapshot, SnapshotSchedule};
 
 /// Settings of [`run`].
 #[derive(Debug, Clone)]
@@ -184,6 +186,31 @@ pub async fn run(
         .agents
         .changes()
         .flat_map(move |()| futures::stream::iter(waiting()));
+    // A Snapshot appearing or becoming ready re-checks the claims restored from it.
+    let (snapshot_changes, snapshot_changes_rx) =
+        tokio::sync::mpsc::unbounded_channel::<ObjectRef<CachedClaim>>();
+    let restoring = {
+        let claims = claims.clone();
+        move |snapshot: &Snapshot| {
+            let namespace = snapshot.namespace().unwrap_or_default();
+            let name = snapshot.name_any();
+            for pvc in claims.state() {
+                // Most claims name no source: looked at without unpacking them.
+                let names_it = pvc.spec.as_ref().is_some_and(|spec| {
+                    let by_ref = spec.data_source_ref.as_ref().map(|r| &r.name);
+                    let by_source = spec.data_source.as_ref().map(|s| &s.name);
+                    by_ref.or(by_source) == Some(&name)
+                });
+                if names_it
+                    && !claim_is_bound(&*pvc)
+                    && pvc.metadata.namespace.as_deref() == Some(namespace.as_str())
+                    && crate::datasource::restores_from(&pvc.to_claim(), &name)
+                {
+                    let _ = snapshot_changes.send(ObjectRef::from_obj(&*pvc));
+                }
+            }
+        }
+    };
     let secret_watch = {
         let ctx = ctx.clone();
         let shutdown = shutdown.clone();
@@ -208,6 +235,7 @@ pub async fn run(
                 .collect::<Vec<_>>()
         })
         .reconcile_on(agent_changes)
+        .reconcile_on(unbounded_receiver_stream(snapshot_changes_rx))
         .reconcile_all_on(ticks(config.resync))
         .graceful_shutdown_on(stopped(shutdown.clone()))
         .run(reconcile_claim, claim_error_policy, ctx.clone())
@@ -239,6 +267,37 @@ pub async fn run(
         }
     };
     let export_sync = crate::exports::run(ctx.clone(), config.resync, shutdown.clone());
+    // Without the CRDs installed the watch fails and backs off; nothing else waits for it.
+    let (snapshots, snapshot_writer) = reflector::store::<Snapshot>();
+    let snapshot_stream = watcher(Api::<Snapshot>::all(client.clone()), list_config())
+        .default_backoff()
+        .reflect(snapshot_writer)
+        .applied_objects()
+        .inspect_ok(move |snapshot| restoring(snapshot));
+    let snapshot_controller = Controller::for_stream(snapshot_stream, snapshots)
+        .with_config(controller_config.clone())
+        .reconcile_all_on(ticks(config.resync))
+        .graceful_shutdown_on(stopped(shutdown.clone()))
+        .run(reconcile_snapshot, snapshot_error_policy, ctx.clone())
+        .for_each(|result| async move {
+            if let Err(e) = result {
+                debug!(error = %e, "snapshot controller");
+            }
+        });
+    let (schedules, schedule_writer) = reflector::store::<SnapshotSchedule>();
+    let schedule_stream = watcher(Api::<SnapshotSchedule>::all(client.clone()), list_config())
+        .default_backoff()
+        .reflect(schedule_writer)
+        .applied_objects();
+    let schedule_controller = Controller::for_stream(schedule_stream, schedules)
+        .with_config(controller_config.clone())
+        .graceful_shutdown_on(stopped(shutdown.clone()))
+        .run(reconcile_schedule, schedule_error_policy, ctx.clone())
+        .for_each(|result| async move {
+            if let Err(e) = result {
+                debug!(error = %e, "snapshot schedule controller");
+            }
+        });
     let agents = ctx.agents.clone();
     let volume_controller = Controller::for_stream(volume_stream, volumes.clone())
         .with_config(controller_config)
@@ -266,6 +325,8 @@ pub async fn run(
     tokio::join!(
         claim_controller,
         volume_controller,
+        snapshot_controller,
+        schedule_controller,
         readiness,
         usage_poll,
         orphan_check,
@@ -278,6 +339,14 @@ pub async fn run(
 /// The items of a channel, as a stream.
 fn receiver_stream<T: Send + 'static>(
     receiver: tokio::sync::mpsc::Receiver<T>,
+) -> impl futures::Stream<Item = T> + Send + 'static {
+    futures::stream::unfold(receiver, |mut receiver| async move {
+        receiver.recv().await.map(|item| (item, receiver))
+    })
+}
+
+fn unbounded_receiver_stream<T: Send + 'static>(
+    receiver: tokio::sync::mpsc::UnboundedReceiver<T>,
 ) -> impl futures::Stream<Item = T> + Send + 'static {
     futures::stream::unfold(receiver, |mut receiver| async move {
         receiver.recv().await.map(|item| (item, receiver))

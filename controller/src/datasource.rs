@@ -1,15 +1,18 @@
 //! Claims with a data source: which other claim a new volume is cloned from, checked by
-//! the rules the external-provisioner applies to PVC clones. The source must be a claim
-//! in the same namespace and class, Bound to a volume this provisioner made, on an agent
-//! the class allows, and the new claim at least as large. The agent does the copy next
-//! to the data, so no byte crosses the network.
+//! the rules the external-provisioner applies to PVC clones, or which `nfsprov.dev`
+//! Snapshot it is restored from. A source claim must be in the same namespace and class,
+//! Bound to a volume this provisioner made, on an agent the class allows, and the new
+//! claim at least as large; a snapshot must be of the same namespace, ready, on an agent
+//! the class allows, and no larger than the claim. The agent does the copy next to the
+//! data, so no byte crosses the network.
 
 use k8s_openapi::api::core::v1::PersistentVolumeClaim;
 use kube::ResourceExt;
 use kube::api::Api;
 use kube::runtime::reflector::ObjectRef;
-use nfsprov_api_types::VolumePath;
+use nfsprov_api_types::{SnapshotName, VolumePath};
 use nfsprov_vocabulary::quantity;
+use nfsprov_vocabulary::snapshots::{self, Snapshot};
 
 use crate::context::Context;
 use crate::objects::{claim_class, is_ours, requested, volume_name};
@@ -27,6 +30,44 @@ impl std::fmt::Display for SourceClaim {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(f, "{}/{}", self.namespace, self.name)
     }
+}
+
+/// The Snapshot a new claim asks to be restored from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SourceSnapshot {
+    pub namespace: String,
+    pub name: String,
+}
+
+impl std::fmt::Display for SourceSnapshot {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}/{}", self.namespace, self.name)
+    }
+}
+
+/// What a claim's data source names.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Requested {
+    Claim(SourceClaim),
+    Snapshot(SourceSnapshot),
+}
+
+impl std::fmt::Display for Requested {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Requested::Claim(claim) => write!(f, "claim {claim}"),
+            Requested::Snapshot(snapshot) => write!(f, "snapshot {snapshot}"),
+        }
+    }
+}
+
+/// A ready snapshot, where the restore is made.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ReadySnapshot {
+    pub snapshot: SourceSnapshot,
+    pub agent: String,
+    /// The snapshot's name on its agent.
+    pub name: SnapshotName,
 }
 
 /// The source's volume, where the clone is made.
@@ -63,9 +104,9 @@ impl SourceProblem {
 }
 
 /// The claim's data source, when it has one: `dataSourceRef` where set (it is the
-/// newer field and may name a namespace), else `dataSource`. Only claims of the same
-/// namespace can be cloned; snapshots and other kinds are refused.
-pub fn requested_source(pvc: &PersistentVolumeClaim) -> Result<Option<SourceClaim>, SourceProblem> {
+/// newer field and may name a namespace), else `dataSource`. Only claims and `nfsprov.dev`
+/// Snapshots of the same namespace can be sources; other kinds are refused.
+pub fn requested_source(pvc: &PersistentVolumeClaim) -> Result<Option<Requested>, SourceProblem> {
     let Some(spec) = pvc.spec.as_ref() else {
         return Ok(None);
     };
@@ -80,21 +121,91 @@ pub fn requested_source(pvc: &PersistentVolumeClaim) -> Result<Option<SourceClai
         (None, Some(s)) => (&s.kind, s.api_group.as_deref(), &s.name, None),
         (None, None) => return Ok(None),
     };
-    if kind != CLAIM_KIND || group.is_some_and(|g| !g.is_empty()) {
+    let is_snapshot = kind == snapshots::SNAPSHOT_KIND && group == Some(snapshots::GROUP);
+    if !is_snapshot && (kind != CLAIM_KIND || group.is_some_and(|g| !g.is_empty())) {
         let group = group.filter(|g| !g.is_empty()).unwrap_or("core");
         return Err(SourceProblem::permanent(format!(
-            "dataSource of kind {kind} (API group {group}) is not supported: this provisioner clones PersistentVolumeClaims only; use a PersistentVolumeClaim of the same namespace as the data source, or remove spec.dataSource/dataSourceRef"
+            "dataSource of kind {kind} (API group {group}) is not supported: this provisioner clones PersistentVolumeClaims and restores {} Snapshots only; use one of the same namespace as the data source, or remove spec.dataSource/dataSourceRef",
+            snapshots::GROUP
         )));
     }
     if let Some(other) = other_namespace.filter(|ns| *ns != namespace) {
+        let what = if is_snapshot { "snapshot" } else { "claim" };
         return Err(SourceProblem::permanent(format!(
-            "dataSourceRef names claim {other}/{name} in another namespace: cloning across namespaces is not supported; clone a claim of namespace {namespace}"
+            "dataSourceRef names {what} {other}/{name} in another namespace: a volume is made only from a source of its own namespace; use a {what} of namespace {namespace}"
         )));
     }
-    Ok(Some(SourceClaim {
-        namespace,
-        name: name.clone(),
+    let name = name.clone();
+    Ok(Some(if is_snapshot {
+        Requested::Snapshot(SourceSnapshot { namespace, name })
+    } else {
+        Requested::Claim(SourceClaim { namespace, name })
     }))
+}
+
+/// Whether the claim asks to be restored from the Snapshot `name` of its namespace.
+pub fn restores_from(pvc: &PersistentVolumeClaim, name: &str) -> bool {
+    matches!(requested_source(pvc), Ok(Some(Requested::Snapshot(s))) if s.name == name)
+}
+
+/// Checks the snapshot a claim is restored from: it must exist, be ready (both may come
+/// right by themselves) and be no larger than the claim (which only the claim can cure).
+pub async fn resolve_snapshot(
+    ctx: &Context,
+    source: &SourceSnapshot,
+    requested_bytes: u64,
+) -> Result<ReadySnapshot, SourceProblem> {
+    let api = Api::<Snapshot>::namespaced(ctx.client.clone(), &source.namespace);
+    let snapshot = api
+        .get_opt(&source.name)
+        .await
+        .map_err(|e| SourceProblem::waiting(format!("cannot read the snapshot {source}: {e}")))?;
+    let Some(snapshot) = snapshot else {
+        return Err(SourceProblem::waiting(format!(
+            "the snapshot {source} does not exist (yet); the volume is restored once it exists and is ready"
+        )));
+    };
+    check_snapshot(&snapshot, source, requested_bytes)
+}
+
+fn check_snapshot(
+    snapshot: &Snapshot,
+    source: &SourceSnapshot,
+    requested_bytes: u64,
+) -> Result<ReadySnapshot, SourceProblem> {
+    if snapshot.metadata.deletion_timestamp.is_some() {
+        return Err(SourceProblem::permanent(format!(
+            "the snapshot {source} is being deleted"
+        )));
+    }
+    let status = snapshot.status.clone().unwrap_or_default();
+    let (Some(agent), Some(name), true) = (status.agent, status.snapshot_name, snapshot.ready())
+    else {
+        let why = status.error.map(|e| format!(": {e}")).unwrap_or_default();
+        return Err(SourceProblem::waiting(format!(
+            "the snapshot {source} is not ready yet{why}; the volume is restored once it is"
+        )));
+    };
+    let name = SnapshotName::parse(&name).map_err(|e| {
+        SourceProblem::permanent(format!(
+            "the snapshot {source} records an invalid agent snapshot name: {e}"
+        ))
+    })?;
+    let restore_bytes = status
+        .restore_size
+        .as_ref()
+        .and_then(quantity::bytes)
+        .unwrap_or(0);
+    if requested_bytes < restore_bytes {
+        return Err(SourceProblem::permanent(format!(
+            "this claim requests {requested_bytes} bytes, less than the {restore_bytes} bytes of its snapshot {source}: a restored volume must be at least as large as its snapshot"
+        )));
+    }
+    Ok(ReadySnapshot {
+        snapshot: source.clone(),
+        agent,
+        name,
+    })
 }
 
 /// Checks the source claim and finds its volume. `class_name` and `requested_bytes` are
@@ -115,7 +226,16 @@ pub async fn resolve(
         )));
     };
     check_source_claim(&claim, source, class_name, requested_bytes)?;
-    let volume_name = volume_name(&claim).unwrap_or_default().to_owned();
+    claim_volume(ctx, &claim, source)
+}
+
+/// The volume of this provisioner a Bound claim is bound to, with its agent and path.
+pub fn claim_volume(
+    ctx: &Context,
+    claim: &PersistentVolumeClaim,
+    source: &SourceClaim,
+) -> Result<SourceVolume, SourceProblem> {
+    let volume_name = volume_name(claim).unwrap_or_default().to_owned();
     let Some(volume) = ctx.volumes.get(&ObjectRef::new(&volume_name)) else {
         return Err(SourceProblem::waiting(format!(
             "the source claim {source} is bound to PersistentVolume {volume_name}, which this controller has not seen (yet)"
@@ -123,7 +243,7 @@ pub async fn resolve(
     };
     if !is_ours(&volume, &ctx.provisioner) {
         return Err(SourceProblem::permanent(format!(
-            "the source claim {source} is bound to PersistentVolume {volume_name}, which was not provisioned by {}; only volumes of this provisioner can be cloned",
+            "the source claim {source} is bound to PersistentVolume {volume_name}, which was not provisioned by {}; only volumes of this provisioner can be cloned or snapshotted",
             ctx.provisioner.own()
         )));
     }
@@ -132,7 +252,7 @@ pub async fn resolve(
         volume.recorded.path.as_deref(),
     ) else {
         return Err(SourceProblem::permanent(format!(
-            "PersistentVolume {volume_name} of the source claim {source} does not record its agent and path (made by an old version, or edited); it cannot be cloned"
+            "PersistentVolume {volume_name} of the source claim {source} does not record its agent and path (made by an old version, or edited); it cannot be cloned or snapshotted"
         )));
     };
     let path = VolumePath::parse(path).map_err(|e| {
@@ -244,8 +364,8 @@ mod tests {
             namespace: Some("team".into()),
         });
         assert_eq!(
-            requested_source(&pvc).unwrap().unwrap().name,
-            "new",
+            requested_source(&pvc).unwrap().unwrap().to_string(),
+            "claim team/new",
             "dataSourceRef is the newer field"
         );
         pvc.spec
@@ -303,5 +423,58 @@ mod tests {
         deleting.metadata.deletion_timestamp = Some(Time(Default::default()));
         let deleting = check_source_claim(&deleting, &source(), "nfs", 1 << 30).unwrap_err();
         assert!(deleting.message.contains("being deleted"), "{deleting:?}");
+    }
+    #[test]
+    fn a_snapshot_of_the_namespace_is_a_source_and_must_be_ready_and_fit() {
+        let mut pvc = claim("nfs", "1Gi", "Pending");
+        pvc.spec.as_mut().unwrap().data_source_ref = Some(TypedObjectReference {
+            kind: "Snapshot".into(),
+            name: "nightly".into(),
+            api_group: Some("nfsprov.dev".into()),
+            namespace: None,
+        });
+        let source = SourceSnapshot {
+            namespace: "team".into(),
+            name: "nightly".into(),
+        };
+        assert_eq!(
+            requested_source(&pvc),
+            Ok(Some(Requested::Snapshot(source.clone())))
+        );
+        let mut snapshot: Snapshot = serde_json::from_value(serde_json::json!({
+            "metadata": {"name": "nightly", "namespace": "team"},
+            "spec": {"source": {"persistentVolumeClaimName": "data"}},
+            "status": {"readyToUse": false, "agent": "nfs1", "snapshotName": "snap-1"},
+        }))
+        .unwrap();
+        let waiting = check_snapshot(&snapshot, &source, 1 << 30).unwrap_err();
+        assert!(waiting.may_resolve, "{waiting:?}");
+        assert!(waiting.message.contains("not ready yet"), "{waiting:?}");
+        let status = snapshot.status.as_mut().unwrap();
+        status.ready_to_use = Some(true);
+        status.restore_size = Some(Quantity("2Gi".into()));
+        let large = check_snapshot(&snapshot, &source, 1 << 30).unwrap_err();
+        assert!(!large.may_resolve);
+        assert!(
+            large.message.contains("at least as large as its snapshot"),
+            "{large:?}"
+        );
+        let ready = check_snapshot(&snapshot, &source, 2 << 30).unwrap();
+        assert_eq!(
+            (ready.agent.as_str(), ready.name.as_str()),
+            ("nfs1", "snap-1")
+        );
+        let elsewhere = TypedObjectReference {
+            namespace: Some("other".into()),
+            ..pvc.spec.as_ref().unwrap().data_source_ref.clone().unwrap()
+        };
+        pvc.spec.as_mut().unwrap().data_source_ref = Some(elsewhere);
+        let problem = requested_source(&pvc).unwrap_err();
+        assert!(
+            problem
+                .message
+                .contains("snapshot other/nightly in another namespace"),
+            "{problem:?}"
+        );
     }
 }

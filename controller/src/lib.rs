@@ -13,8 +13,10 @@
 //!    `mounters` (the Nodes and Pods that exports follow);
 //! 3. `context`: what every reconciler shares (the context, its errors, event publishing);
 //! 4. `datasource`: the claim a new volume is cloned from, read through the context;
-//! 5. the reconcilers: `provision`, `delete`, `expand`, `usage`, `orphans`, `exports`, and
-//!    `agent_secrets` (the agents read from their watched Secrets);
+//! 5. the reconcilers: `provision`, `delete`, `expand`, `usage`, `orphans`, `exports`,
+//!    `snapshots` (the `nfsprov.dev` Snapshots), `schedules` (their SnapshotSchedules),
+//!    and `agent_secrets` (the agents read
+//!    from their watched Secrets);
 //! 6. `reconcile`: the entry points kube-runtime calls, with per-object backoff;
 //! 7. `controller` (wiring: watches, caches, controllers), `http`, `leader`;
 //! 8. `app`: the whole process.
@@ -42,6 +44,8 @@ pub(crate) mod provision;
 pub(crate) mod pv;
 pub(crate) mod reconcile;
 pub(crate) mod reported;
+pub(crate) mod schedules;
+pub(crate) mod snapshots;
 pub(crate) mod usage;
 
 #[cfg(test)]

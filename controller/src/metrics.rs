@@ -4,7 +4,7 @@
 //! `kubelet_volume_stats_*`, so the same queries and alerts work for NFS volumes.
 
 use std::collections::HashMap;
-use std::sync::{Arc, RwLock};
+use std::sync::{Arc, Mutex, RwLock};
 use std::time::Duration;
 
 use prometheus_client::collector::Collector;
@@ -15,6 +15,40 @@ use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::{ConstGauge, Gauge};
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
+
+/// Where a Snapshot stands, as the `state` label of `nfsprov_snapshots`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SnapshotState {
+    Pending,
+    Ready,
+    Failed,
+}
+
+impl SnapshotState {
+    fn label(self) -> &'static str {
+        match self {
+            SnapshotState::Pending => "pending",
+            SnapshotState::Ready => "ready",
+            SnapshotState::Failed => "failed",
+        }
+    }
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub(crate) struct StateLabels {
+    pub state: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub(crate) struct OperationLabels {
+    pub operation: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub(crate) struct ScheduleLabels {
+    pub namespace: String,
+    pub schedule: String,
+}
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub(crate) struct ClassLabels {
@@ -153,6 +187,12 @@ pub struct Metrics {
     agents_loaded: Family<OrphanLabels, Counter>,
     exports_updated: Family<OrphanLabels, Counter>,
     export_update_failures: Family<OrphanLabels, Counter>,
+    snapshots: Family<StateLabels, Gauge>,
+    /// The state each Snapshot was last counted in, by its key, so a change moves it
+    /// from one count to the other and a deleted one leaves its count.
+    snapshot_states: Mutex<HashMap<String, SnapshotState>>,
+    snapshot_failures: Family<OperationLabels, Counter>,
+    schedule_lag: Family<ScheduleLabels, Gauge<f64, std::sync::atomic::AtomicU64>>,
 }
 
 impl std::fmt::Debug for Metrics {
@@ -189,6 +229,10 @@ impl Metrics {
         let agents_loaded = Family::<OrphanLabels, Counter>::default();
         let exports_updated = Family::<OrphanLabels, Counter>::default();
         let export_update_failures = Family::<OrphanLabels, Counter>::default();
+        let snapshots = Family::<StateLabels, Gauge>::default();
+        let snapshot_failures = Family::<OperationLabels, Counter>::default();
+        let schedule_lag =
+            Family::<ScheduleLabels, Gauge<f64, std::sync::atomic::AtomicU64>>::default();
         // prometheus-client appends `_total` to counters itself.
         registry.register(
             "controller_persistentvolumeclaim_provision",
@@ -271,6 +315,21 @@ impl Metrics {
             "Failed attempts to change a volume's export, retried with backoff",
             export_update_failures.clone(),
         );
+        registry.register(
+            "nfsprov_snapshots",
+            "Snapshot objects this controller has seen, by state: pending, ready or failed",
+            snapshots.clone(),
+        );
+        registry.register(
+            "nfsprov_snapshot_failures",
+            "Failed attempts to take (create) or delete (delete) an agent's snapshot, retried with backoff",
+            snapshot_failures.clone(),
+        );
+        registry.register(
+            "nfsprov_snapshot_schedule_lag_seconds",
+            "How late a SnapshotSchedule's last run was taken after it was due (a controller down, or busy)",
+            schedule_lag.clone(),
+        );
         Self {
             registry,
             provision_total,
@@ -290,7 +349,62 @@ impl Metrics {
             agents_loaded,
             exports_updated,
             export_update_failures,
+            snapshots,
+            snapshot_states: Mutex::new(HashMap::new()),
+            snapshot_failures,
+            schedule_lag,
         }
+    }
+
+    /// Counts the Snapshot `key` in `state` (`None`: it is gone).
+    pub fn set_snapshot_state(&self, key: &str, state: Option<SnapshotState>) {
+        let mut states = self
+            .snapshot_states
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        let before = match state {
+            Some(state) => states.insert(key.to_owned(), state),
+            None => states.remove(key),
+        };
+        if before == state {
+            return;
+        }
+        let gauge = |state: SnapshotState| {
+            self.snapshots.get_or_create(&StateLabels {
+                state: state.label().to_owned(),
+            })
+        };
+        if let Some(before) = before {
+            gauge(before).dec();
+        }
+        if let Some(state) = state {
+            gauge(state).inc();
+        }
+    }
+
+    /// `operation` is `create` or `delete`.
+    pub fn snapshot_failed(&self, operation: &str) {
+        self.snapshot_failures
+            .get_or_create(&OperationLabels {
+                operation: operation.to_owned(),
+            })
+            .inc();
+    }
+
+    pub fn schedule_ran(&self, namespace: &str, schedule: &str, lag: Duration) {
+        self.schedule_lag
+            .get_or_create(&ScheduleLabels {
+                namespace: namespace.to_owned(),
+                schedule: schedule.to_owned(),
+            })
+            .set(lag.as_secs_f64());
+    }
+
+    pub fn schedule_gone(&self, namespace: &str, schedule: &str) {
+        self.schedule_lag.remove(&ScheduleLabels {
+            namespace: namespace.to_owned(),
+            schedule: schedule.to_owned(),
+        });
     }
 
     /// A volume's export was changed on `agent`.

@@ -11,22 +11,27 @@ use kube::runtime::controller::Action;
 use kube::runtime::events::EventType;
 use kube::runtime::reflector::ObjectRef;
 use kube::{Resource, ResourceExt};
-use nfsprov_api_types::client::{ClientError, CloneOutcome, CreateOutcome};
+use nfsprov_api_types::client::{ClientError, CloneOutcome, CreateOutcome, RestoreOutcome};
 use nfsprov_api_types::{
     Capabilities, CloneMethod, CloneProgress, CloneVolumeRequest, CreateVolumeRequest, ErrorCode,
-    ExportRequest, NfsExport, QuotaBackend, QuotaPolicy, VolumeOwner, VolumePath,
+    ExportRequest, NfsExport, QuotaBackend, QuotaPolicy, RestoreProgress, RestoreVolumeRequest,
+    VolumeOwner, VolumePath,
 };
 use nfsprov_vocabulary::params::ClassParams;
 use nfsprov_vocabulary::pattern::RenderInput;
 use nfsprov_vocabulary::quantity;
+use nfsprov_vocabulary::snapshots::ANN_RESTORED_FROM;
 use tracing::{debug, error, info};
 
 use crate::agents::{Agent, BUSY_RETRY, InfoError, request_id};
 use crate::context::{Context, Error};
-use crate::datasource::{SourceProblem, SourceVolume, requested_source, resolve};
+use crate::datasource::{
+    ReadySnapshot, Requested, SourceProblem, SourceVolume, requested_source, resolve,
+    resolve_snapshot,
+};
 use crate::objects::{
-    ANN_SELECTED_NODE, claim_class, claim_is_bound, claim_key, claim_provisioner, claim_state_key,
-    pv_name_for,
+    ANN_CLONE_METHOD, ANN_SELECTED_NODE, claim_class, claim_is_bound, claim_key, claim_provisioner,
+    claim_state_key, pv_name_for,
 };
 use crate::pv::{NewVolume, build_pv};
 
@@ -126,6 +131,13 @@ pub async fn reconcile(pvc: &PersistentVolumeClaim, ctx: &Context) -> Result<Act
             );
             Ok(Action::requeue(CLONE_POLL))
         }
+        Ok(Provisioned::Restoring(progress)) => {
+            debug!(
+                claim = %claim_key(pvc), snapshot = %progress.snapshot,
+                running_seconds = progress.running_seconds, "the agent is still restoring"
+            );
+            Ok(Action::requeue(CLONE_POLL))
+        }
         Ok(Provisioned::Volume(pv_name)) => {
             ctx.reported.forget(&state_key);
             ctx.reported.forget(&announced_key(&state_key));
@@ -197,6 +209,35 @@ enum Provisioned {
     AgentBusy(String),
     /// The agent is still copying the source into the clone.
     Cloning(CloneProgress),
+    /// The agent is still copying the snapshot into the restored volume.
+    Restoring(RestoreProgress),
+}
+
+/// Where a new volume's data comes from, once checked.
+#[derive(Debug)]
+enum Origin {
+    Clone(SourceVolume),
+    Restore(ReadySnapshot),
+}
+
+impl Origin {
+    fn agent(&self) -> &str {
+        match self {
+            Origin::Clone(source) => &source.agent,
+            Origin::Restore(snapshot) => &snapshot.agent,
+        }
+    }
+
+    /// The source in words, and what is made from it, for refusals.
+    fn words(&self) -> (String, &'static str) {
+        match self {
+            Origin::Clone(source) => (format!("the source claim {}", source.claim), "a clone"),
+            Origin::Restore(snapshot) => (
+                format!("the snapshot {}", snapshot.snapshot),
+                "a restored volume",
+            ),
+        }
+    }
 }
 
 impl From<SourceProblem> for Failure {
@@ -250,7 +291,10 @@ async fn announce(pvc: &PersistentVolumeClaim, class: &StorageClass, ctx: &Conte
     let namespace = pvc.namespace().unwrap_or_default();
     let name = pvc.name_any();
     let cloning = source
-        .map(|s| format!(", cloning claim {s}"))
+        .map(|s| match s {
+            Requested::Claim(claim) => format!(", cloning claim {claim}"),
+            Requested::Snapshot(snapshot) => format!(", restoring snapshot {snapshot}"),
+        })
         .unwrap_or_default();
     ctx.event(
         &pvc.object_ref(&()),
@@ -320,7 +364,12 @@ async fn provision(
     let uid = pvc.metadata.uid.as_deref().unwrap_or_default();
     let rid = request_id(&pv_name_for(uid));
     let source = match requested_source(pvc).map_err(Failure::from)? {
-        Some(claim) => Some(resolve(ctx, &claim, class_name, wanted.capacity_bytes).await?),
+        Some(Requested::Claim(claim)) => Some(Origin::Clone(
+            resolve(ctx, &claim, class_name, wanted.capacity_bytes).await?,
+        )),
+        Some(Requested::Snapshot(snapshot)) => Some(Origin::Restore(
+            resolve_snapshot(ctx, &snapshot, wanted.capacity_bytes).await?,
+        )),
         None => None,
     };
     let agent = match &source {
@@ -359,6 +408,7 @@ async fn provision(
     plan.request.set_export(export);
     match make(&plan, &calls, nfs, &rid).await? {
         Making::Cloning(progress) => Ok(Provisioned::Cloning(progress)),
+        Making::Restoring(progress) => Ok(Provisioned::Restoring(progress)),
         Making::Done(made) => save(ctx, pvc, class, &wanted, &plan, &calls, &made).await,
     }
 }
@@ -406,6 +456,11 @@ enum Request {
         request: CloneVolumeRequest,
         from: String,
     },
+    /// A restore of the Snapshot `from` (`namespace/name`).
+    Restore {
+        request: RestoreVolumeRequest,
+        from: String,
+    },
 }
 
 impl Request {
@@ -415,6 +470,7 @@ impl Request {
         match self {
             Request::Create(request) => request.export = export,
             Request::Clone { request, .. } => request.export = export,
+            Request::Restore { request, .. } => request.export = export,
         }
     }
 }
@@ -426,7 +482,7 @@ fn plan(
     pvc: &PersistentVolumeClaim,
     class_name: &str,
     wanted: &Wanted,
-    source: Option<&SourceVolume>,
+    source: Option<&Origin>,
 ) -> Result<Plan, Failure> {
     let params = &wanted.params;
     let namespace = pvc.namespace().unwrap_or_default();
@@ -459,7 +515,7 @@ fn plan(
             export: None,
         }),
         // The class's mode, uid and gid are not applied: a clone keeps its source's.
-        Some(source) => Request::Clone {
+        Some(Origin::Clone(source)) => Request::Clone {
             request: CloneVolumeRequest {
                 source: source.path.clone(),
                 capacity_bytes: wanted.capacity_bytes,
@@ -468,6 +524,17 @@ fn plan(
                 export: None,
             },
             from: source.claim.to_string(),
+        },
+        // As a clone, a restored volume keeps the mode and owner its files had.
+        Some(Origin::Restore(snapshot)) => Request::Restore {
+            request: RestoreVolumeRequest {
+                snapshot: snapshot.name.clone(),
+                capacity_bytes: wanted.capacity_bytes,
+                owner,
+                quota: params.quota,
+                export: None,
+            },
+            from: snapshot.snapshot.to_string(),
         },
     };
     Ok(Plan {
@@ -546,6 +613,7 @@ enum Making {
     Done(Box<Made>),
     /// The agent is still copying the source into the clone.
     Cloning(CloneProgress),
+    Restoring(RestoreProgress),
 }
 
 /// Asks the agent for its export and, when the class enforces quotas, whether it can;
@@ -600,6 +668,28 @@ async fn make(
                 Err(e) => return Err(calls.refused(e, &what)),
             }
         }
+        Request::Restore { request, from } => {
+            let what = format!("could not restore snapshot {from} into {path}");
+            match agent
+                .client()
+                .restore_volume(path, request, Some(rid))
+                .await
+            {
+                Ok(RestoreOutcome::Ready(outcome)) => outcome,
+                Ok(RestoreOutcome::InProgress(progress)) => {
+                    return Ok(Making::Restoring(progress));
+                }
+                // The snapshot is gone from the agent, or the agent cannot restore: only a
+                // change of the claim (or of the Snapshot, which triggers one) helps.
+                Err(e)
+                    if matches!(e.code(), Some(ErrorCode::Unsupported | ErrorCode::NotFound))
+                        && calls.quota != QuotaPolicy::Enforce =>
+                {
+                    return Err(Failure::permanent(calls.message(&what, &e)));
+                }
+                Err(e) => return Err(calls.refused(e, &what)),
+            }
+        }
     };
     info!(
         claim = %plan.claim, agent = agent.name(), %path, created = outcome.created,
@@ -621,7 +711,7 @@ async fn save(
     let (agent, class_name) = (calls.agent, calls.class_name);
     let (pv_name, path) = (&plan.pv_name, &plan.path);
     let cloned_from = match &plan.request {
-        Request::Create(_) => None,
+        Request::Create(_) | Request::Restore { .. } => None,
         Request::Clone { from, .. } => {
             let method = made
                 .outcome
@@ -649,6 +739,21 @@ async fn save(
         capacity: &wanted.capacity,
         cloned_from,
     });
+    let mut volume = volume;
+    if let Request::Restore { from, .. } = &plan.request {
+        let method = made
+            .outcome
+            .volume
+            .restore
+            .as_ref()
+            .map_or(CloneMethod::Copy, |origin| origin.method);
+        let annotations = volume
+            .metadata
+            .annotations
+            .get_or_insert_with(Default::default);
+        annotations.insert(ANN_RESTORED_FROM.to_owned(), from.clone());
+        annotations.insert(ANN_CLONE_METHOD.to_owned(), method.to_string());
+    }
     let api = Api::<PersistentVolume>::all(ctx.client.clone());
     match api.create(&PostParams::default(), &volume).await {
         Ok(_) => Ok(Provisioned::Volume(pv_name.clone())),
@@ -677,17 +782,19 @@ async fn save(
     }
 }
 
-/// The agent holding the source's volume, which must be one the class places volumes
-/// on: a clone is made next to its source, never copied between agents.
+/// The agent holding the source's volume or snapshot, which must be one the class places
+/// volumes on: a clone or restore is made next to its source, never copied between agents.
 fn source_agent(
     ctx: &Context,
     class_agents: &[String],
     class_name: &str,
-    source: &SourceVolume,
+    source: &Origin,
 ) -> Result<Arc<Agent>, Failure> {
+    let agent = source.agent();
+    let (source_words, made) = source.words();
     let allowed = match class_agents {
-        [] => ctx.agents.default_name().as_deref() == Some(source.agent.as_str()),
-        named => named.contains(&source.agent),
+        [] => ctx.agents.default_name().as_deref() == Some(agent),
+        named => named.iter().any(|a| a == agent),
     };
     if !allowed {
         let placed = match class_agents {
@@ -698,14 +805,12 @@ fn source_agent(
             named => format!("agents {}", named.join(", ")),
         };
         return Err(Failure::permanent(format!(
-            "the source claim {} is on agent {}, but StorageClass {class_name:?} places volumes on {placed}: a clone is made on its source's agent",
-            source.claim, source.agent
+            "{source_words} is on agent {agent}, but StorageClass {class_name:?} places volumes on {placed}: {made} is made on its source's agent"
         )));
     }
-    ctx.agents.get(&source.agent).ok_or_else(|| {
+    ctx.agents.get(agent).ok_or_else(|| {
         Failure::permanent(format!(
-            "the source claim {} is on agent {}, which is not in this controller's agent list",
-            source.claim, source.agent
+            "{source_words} is on agent {agent}, which is not in this controller's agent list"
         ))
     })
 }
@@ -780,13 +885,46 @@ mod tests {
             agent: "nfs1".into(),
             path: VolumePath::parse("team-a-origin").unwrap(),
         };
-        let plan = plan(&claim("nfs"), "nfs", &wanted, Some(&source)).unwrap();
+        let plan = plan(
+            &claim("nfs"),
+            "nfs",
+            &wanted,
+            Some(&Origin::Clone(source.clone())),
+        )
+        .unwrap();
         assert_eq!(plan.path.as_str(), "c/data");
         let Request::Clone { request, from } = &plan.request else {
             panic!("a claim with a source is cloned: {plan:?}");
         };
         assert_eq!(from, "team-a/origin");
         assert_eq!(request.source, source.path);
+        assert_eq!(request.capacity_bytes, 1 << 30);
+        assert_eq!(request.owner.pvc_name.as_deref(), Some("data"));
+    }
+
+    #[test]
+    fn a_restore_is_made_from_its_snapshot_at_the_claims_size() {
+        let wanted = wanted_of(&[(PARAM_MODE, "0700")]);
+        let snapshot = ReadySnapshot {
+            snapshot: crate::datasource::SourceSnapshot {
+                namespace: "team-a".into(),
+                name: "nightly".into(),
+            },
+            agent: "nfs1".into(),
+            name: nfsprov_api_types::SnapshotName::parse("snap-1").unwrap(),
+        };
+        let plan = plan(
+            &claim("nfs"),
+            "nfs",
+            &wanted,
+            Some(&Origin::Restore(snapshot)),
+        )
+        .unwrap();
+        let Request::Restore { request, from } = &plan.request else {
+            panic!("a claim with a snapshot source is restored: {plan:?}");
+        };
+        assert_eq!(from, "team-a/nightly");
+        assert_eq!(request.snapshot.as_str(), "snap-1");
         assert_eq!(request.capacity_bytes, 1 << 30);
         assert_eq!(request.owner.pvc_name.as_deref(), Some("data"));
     }

@@ -11,7 +11,8 @@ use crate::context::{Context, Error};
 use crate::objects::{
     CachedClaim, CachedVolume, claim_is_bound, claim_key, claim_state_key, volume_state_key,
 };
-use crate::{delete, expand, provision};
+use crate::{delete, expand, provision, schedules, snapshots};
+use nfsprov_vocabulary::snapshots::{Snapshot, SnapshotSchedule};
 
 /// Reconciles one claim: provisions it when it is ours and unbound, expands its volume when
 /// it is bound to one of ours and asks for more.
@@ -56,5 +57,48 @@ pub async fn reconcile_volume(pv: Arc<CachedVolume>, ctx: Arc<Context>) -> Resul
 pub fn volume_error_policy(pv: Arc<CachedVolume>, error: &Error, ctx: Arc<Context>) -> Action {
     let delay = ctx.backoff.failed(&volume_state_key(&pv));
     warn!(volume = %pv.name_any(), %error, retry_in = ?delay, "deletion failed");
+    Action::requeue(delay)
+}
+
+/// Reconciles one Snapshot: takes it on its claim's agent, or deletes it there.
+pub async fn reconcile_snapshot(
+    snapshot: Arc<Snapshot>,
+    ctx: Arc<Context>,
+) -> Result<Action, Error> {
+    ctx.leading().await;
+    ctx.agents.ready().await;
+    let result = snapshots::reconcile(&snapshot, &ctx).await;
+    if result.is_ok() {
+        ctx.backoff.succeeded(&snapshots::state_key(&snapshot));
+    }
+    result
+}
+
+pub fn snapshot_error_policy(snapshot: Arc<Snapshot>, error: &Error, ctx: Arc<Context>) -> Action {
+    let delay = ctx.backoff.failed(&snapshots::state_key(&snapshot));
+    warn!(snapshot = %snapshots::state_key(&snapshot), %error, retry_in = ?delay, "snapshot failed");
+    Action::requeue(delay)
+}
+
+/// Reconciles one SnapshotSchedule: runs it when due, prunes what it made.
+pub async fn reconcile_schedule(
+    schedule: Arc<SnapshotSchedule>,
+    ctx: Arc<Context>,
+) -> Result<Action, Error> {
+    ctx.leading().await;
+    let result = schedules::reconcile(&schedule, &ctx).await;
+    if result.is_ok() {
+        ctx.backoff.succeeded(&schedules::state_key(&schedule));
+    }
+    result
+}
+
+pub fn schedule_error_policy(
+    schedule: Arc<SnapshotSchedule>,
+    error: &Error,
+    ctx: Arc<Context>,
+) -> Action {
+    let delay = ctx.backoff.failed(&schedules::state_key(&schedule));
+    warn!(schedule = %schedules::state_key(&schedule), %error, retry_in = ?delay, "snapshot schedule failed");
     Action::requeue(delay)
 }

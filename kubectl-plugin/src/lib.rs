@@ -17,6 +17,7 @@ pub mod exports;
 pub mod orphans;
 pub mod probe;
 pub mod report;
+pub mod snapshots;
 pub mod status;
 pub mod table;
 pub mod volumes;
@@ -96,6 +97,9 @@ pub enum Command {
         #[arg(long)]
         dry_run: bool,
     },
+    /// Snapshots (claim, ready, size, method, agent, schedule) and SnapshotSchedules
+    /// (interval, retention, last and next run) of every namespace.
+    Snapshots,
     /// Archives the agents keep: origin, claim, age, size and expiry; `delete` removes one.
     Archives {
         /// Only this agent's archives.
@@ -142,6 +146,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<i32> {
         Command::Volumes => print(&volumes::run(&target).await?, cli.output),
         Command::Doctor => print(&doctor::run(&target).await?, cli.output),
         Command::Orphans => print(&orphans::run(&target).await?, cli.output),
+        Command::Snapshots => print(&snapshots::run(&target.client).await?, cli.output),
         Command::Adopt {
             from,
             agent,

@@ -19,7 +19,13 @@ fn help_names_every_command() {
     assert!(out.status.success(), "{out:?}");
     let help = String::from_utf8_lossy(&out.stdout);
     for command in [
-        "status", "agents", "volumes", "doctor", "orphans", "archives",
+        "status",
+        "agents",
+        "volumes",
+        "doctor",
+        "orphans",
+        "archives",
+        "snapshots",
     ] {
         assert!(help.contains(command), "{command} missing from:\n{help}");
     }

@@ -7,6 +7,7 @@
 //! - [`params`]: StorageClass `parameters`, parsed strictly, with [`pattern`] for
 //!   `pathPattern` templates;
 //! - [`quantity`]: resource quantities as byte counts;
+//! - [`snapshots`]: the `Snapshot` and `SnapshotSchedule` resources and their names;
 //! - [`orphans`]: which PVs expect their directory and how an agent's listing compares with
 //!   the PVs pointing to it.
 //!
@@ -25,3 +26,4 @@ pub mod orphans;
 pub mod params;
 pub mod pattern;
 pub mod quantity;
+pub mod snapshots;

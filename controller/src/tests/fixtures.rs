@@ -32,7 +32,8 @@ use nfsprov_api_types::client::AgentConnectionConfig;
 use nfsprov_api_types::{
     AgentInfo, ApiError, ArchiveResult, Capabilities, CloneMethod, CloneOrigin, CloneProgress,
     CloneVolumeRequest, CreateVolumeRequest, Endpoint, ErrorCode, ExportRequest, FilesystemStats,
-    NfsExport, QuotaBackend, QuotaPolicy, ResizeVolumeRequest, Volume, VolumeExport, VolumePath,
+    NfsExport, QuotaBackend, QuotaPolicy, ResizeVolumeRequest, RestoreOrigin, RestoreProgress,
+    RestoreVolumeRequest, Snapshot, SnapshotMethod, SnapshotName, Volume, VolumeExport, VolumePath,
     VolumeUsage,
 };
 use serde_json::{Value, json};
@@ -533,6 +534,19 @@ pub struct MockAgentState {
     /// clone must carry an export and `PUT /v1/exports/{path}` replaces it (the export
     /// store is each volume's `export`); without, a request with one is refused.
     pub exports: nfsprov_api_types::ExportManager,
+    /// Whether `/v1/info` reports `snapshots`; without, the snapshot endpoints answer
+    /// `unsupported`, as an agent of an older version or with snapshots off does.
+    pub snapshots_supported: bool,
+    /// The snapshots taken, by name, each with the source volume as it was then.
+    pub snapshots: BTreeMap<String, (Snapshot, CreateVolumeRequest)>,
+    /// Create requests of a snapshot answered `ready: false` before it is ready.
+    pub snapshot_polls: u32,
+    /// Create requests seen so far, by snapshot name.
+    pub snapshot_requests: BTreeMap<String, u32>,
+    /// Restore requests answered `202` before the volume is made, per request.
+    pub restore_polls: u32,
+    /// Every restore request, by target path, in order.
+    pub restores: Vec<(String, RestoreVolumeRequest)>,
 }
 
 #[derive(Clone)]
@@ -759,6 +773,38 @@ impl MockAgent {
     pub fn archived(&self, path: &str) -> Option<ArchiveResult> {
         self.state.lock().expect("lock").archived.get(path).cloned()
     }
+
+    /// Reports `capabilities.snapshots` and serves the snapshot endpoints.
+    pub fn take_snapshots(&self, supported: bool) {
+        self.state.lock().expect("lock").snapshots_supported = supported;
+    }
+
+    /// Snapshot creates are answered `ready: false` this many times per snapshot.
+    pub fn set_snapshot_polls(&self, polls: u32) {
+        self.state.lock().expect("lock").snapshot_polls = polls;
+    }
+
+    /// Restore requests for a path are answered `202` this many times first.
+    pub fn set_restore_polls(&self, polls: u32) {
+        self.state.lock().expect("lock").restore_polls = polls;
+    }
+
+    pub fn snapshot(&self, name: &str) -> Option<Snapshot> {
+        let state = self.state.lock().expect("lock");
+        state
+            .snapshots
+            .get(name)
+            .map(|(snapshot, _)| snapshot.clone())
+    }
+
+    pub fn snapshot_names(&self) -> Vec<String> {
+        let state = self.state.lock().expect("lock");
+        state.snapshots.keys().cloned().collect()
+    }
+
+    pub fn restores(&self) -> Vec<(String, RestoreVolumeRequest)> {
+        self.state.lock().expect("lock").restores.clone()
+    }
 }
 
 /// The mock's handler of each endpoint of the table, at the table's method; `None` for
@@ -774,6 +820,10 @@ fn mock_handler(endpoint: Endpoint) -> Option<MethodRouter<MockShared>> {
         Endpoint::ArchiveVolume => on(method, archive),
         Endpoint::CloneVolume => on(method, clone),
         Endpoint::SetVolumeExport => on(method, set_export),
+        Endpoint::CreateSnapshot => on(method, create_snapshot),
+        Endpoint::GetSnapshot => on(method, get_snapshot),
+        Endpoint::DeleteSnapshot => on(method, delete_snapshot),
+        Endpoint::RestoreVolume => on(method, restore),
         Endpoint::Healthz
         | Endpoint::Readyz
         | Endpoint::Metrics
@@ -781,11 +831,7 @@ fn mock_handler(endpoint: Endpoint) -> Option<MethodRouter<MockShared>> {
         | Endpoint::AdoptVolume
         | Endpoint::ListArchives
         | Endpoint::DeleteArchive
-        | Endpoint::ListSnapshots
-        | Endpoint::CreateSnapshot
-        | Endpoint::GetSnapshot
-        | Endpoint::DeleteSnapshot
-        | Endpoint::RestoreVolume => return None,
+        | Endpoint::ListSnapshots => return None,
     };
     Some(handler)
 }
@@ -942,12 +988,13 @@ async fn info(State(shared): State<MockShared>, headers: HeaderMap) -> Response 
     if let Some(response) = enter(&shared, &headers, "GET info".to_owned()) {
         return response;
     }
-    let (quota_enforced, available, exports) = {
+    let (quota_enforced, available, exports, snapshots) = {
         let state = shared.state.lock().expect("lock");
         (
             state.quota_enforced,
             state.available_bytes.unwrap_or(1 << 39),
             state.exports,
+            state.snapshots_supported,
         )
     };
     Json(AgentInfo {
@@ -965,7 +1012,7 @@ async fn info(State(shared): State<MockShared>, headers: HeaderMap) -> Response 
             quota_enforced,
             archive: true,
             exports,
-            snapshots: false,
+            snapshots,
         },
         filesystem: FilesystemStats {
             total_bytes: 1 << 40,
@@ -1162,4 +1209,158 @@ async fn archive(
         Some(result) => Json(result.clone()).into_response(),
         None => api_error(ErrorCode::NotFound, "nothing to archive"),
     }
+}
+
+/// The time every snapshot of the mock holds.
+pub const SNAPSHOT_CREATED_AT: &str = "2026-01-02T03:04:05Z";
+
+/// Takes a snapshot of an existing volume; the first [`MockAgentState::snapshot_polls`]
+/// creates of a name answer it still being made (reflink, as a walk would be).
+async fn create_snapshot(
+    State(shared): State<MockShared>,
+    headers: HeaderMap,
+    Path(name): Path<String>,
+    Json(request): Json<nfsprov_api_types::CreateSnapshotRequest>,
+) -> Response {
+    let call = format!("PUT snapshot {name} of {}", request.source);
+    if let Some(response) = enter(&shared, &headers, call) {
+        return response;
+    }
+    let Ok(snapshot_name) = SnapshotName::parse(&name) else {
+        return api_error(ErrorCode::InvalidPath, "invalid snapshot name");
+    };
+    let mut state = shared.state.lock().expect("lock");
+    if !state.snapshots_supported {
+        return api_error(ErrorCode::Unsupported, "this agent takes no snapshots");
+    }
+    if let Some((existing, _)) = state.snapshots.get(&name)
+        && existing.source != request.source
+    {
+        return api_error(ErrorCode::Conflict, "a snapshot of another volume");
+    }
+    let Some(volume) = state.volumes.get(request.source.as_str()).cloned() else {
+        return api_error(ErrorCode::NotFound, "no source volume");
+    };
+    let seen = {
+        let seen = state.snapshot_requests.entry(name.clone()).or_default();
+        *seen += 1;
+        *seen
+    };
+    let ready = seen > state.snapshot_polls;
+    let (snapshot, kept) = match state.snapshots.get(&name) {
+        Some((existing, kept)) => (
+            Snapshot {
+                ready,
+                ..existing.clone()
+            },
+            kept.clone(),
+        ),
+        None => (
+            Snapshot {
+                name: snapshot_name,
+                source: request.source,
+                method: SnapshotMethod::Reflink,
+                ready,
+                created_at: SNAPSHOT_CREATED_AT.to_owned(),
+                restore_size_bytes: volume.capacity_bytes,
+                size_bytes: None,
+                exclusive_bytes: None,
+            },
+            volume,
+        ),
+    };
+    state.snapshots.insert(name, (snapshot.clone(), kept));
+    Json(snapshot).into_response()
+}
+
+async fn get_snapshot(
+    State(shared): State<MockShared>,
+    headers: HeaderMap,
+    Path(name): Path<String>,
+) -> Response {
+    if let Some(response) = enter(&shared, &headers, format!("GET snapshot {name}")) {
+        return response;
+    }
+    let state = shared.state.lock().expect("lock");
+    match state.snapshots.get(&name) {
+        Some((snapshot, _)) => Json(snapshot.clone()).into_response(),
+        None => api_error(ErrorCode::NotFound, "no such snapshot"),
+    }
+}
+
+async fn delete_snapshot(
+    State(shared): State<MockShared>,
+    headers: HeaderMap,
+    Path(name): Path<String>,
+) -> Response {
+    if let Some(response) = enter(&shared, &headers, format!("DELETE snapshot {name}")) {
+        return response;
+    }
+    shared.state.lock().expect("lock").snapshots.remove(&name);
+    StatusCode::NO_CONTENT.into_response()
+}
+
+/// Makes a volume from a ready snapshot (its source's mode and owner as they were, the
+/// request's capacity and owner); the first [`MockAgentState::restore_polls`] requests
+/// for a path answer `202`.
+async fn restore(
+    State(shared): State<MockShared>,
+    headers: HeaderMap,
+    Path(path): Path<String>,
+    Json(request): Json<RestoreVolumeRequest>,
+) -> Response {
+    let call = format!("POST restore {path} from {}", request.snapshot);
+    if let Some(response) = enter(&shared, &headers, call) {
+        return response;
+    }
+    let Ok(volume_path) = VolumePath::parse(&path) else {
+        return api_error(ErrorCode::InvalidPath, "invalid path");
+    };
+    let mut state = shared.state.lock().expect("lock");
+    state.restores.push((path.clone(), request.clone()));
+    if let Some(refused) = check_export(&state, request.export.as_ref()) {
+        return refused;
+    }
+    let Some((snapshot, kept)) = state
+        .snapshots
+        .get(request.snapshot.as_str())
+        .filter(|(snapshot, _)| snapshot.ready)
+        .cloned()
+    else {
+        return api_error(ErrorCode::NotFound, "no such ready snapshot");
+    };
+    if request.capacity_bytes < snapshot.restore_size_bytes {
+        return api_error(ErrorCode::InvalidBody, "smaller than the snapshot");
+    }
+    let seen = state
+        .restores
+        .iter()
+        .filter(|(restored, _)| *restored == path)
+        .count() as u32;
+    if seen <= state.restore_polls {
+        let progress = RestoreProgress {
+            snapshot: request.snapshot.clone(),
+            running_seconds: u64::from(seen),
+        };
+        return (StatusCode::ACCEPTED, Json(progress)).into_response();
+    }
+    let made = CreateVolumeRequest {
+        capacity_bytes: request.capacity_bytes,
+        owner: request.owner.clone(),
+        quota: request.quota,
+        export: request.export.clone(),
+        ..kept
+    };
+    let status = if state.volumes.contains_key(&path) {
+        StatusCode::OK
+    } else {
+        state.volumes.insert(path.clone(), made.clone());
+        StatusCode::CREATED
+    };
+    let mut volume = volume_of(&state, volume_path, &made);
+    volume.restore = Some(RestoreOrigin {
+        snapshot: request.snapshot,
+        method: CloneMethod::Reflink,
+    });
+    (status, Json(volume)).into_response()
 }

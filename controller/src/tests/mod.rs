@@ -13,5 +13,6 @@ mod export_sim;
 pub(crate) mod fixtures;
 mod real_agent;
 mod scenarios;
+mod snapshot_sim;
 mod usage_scenarios;
 mod version_skew;

@@ -47,6 +47,8 @@ fn the_base_renders_every_piece_in_its_namespace() {
         ("RoleBinding", 2),
         ("Deployment", 1),
         ("PodDisruptionBudget", 1),
+        // Snapshot and SnapshotSchedule.
+        ("CustomResourceDefinition", 2),
     ] {
         assert_eq!(document(&docs, kind).len(), count, "{kind}");
     }
@@ -55,6 +57,7 @@ fn the_base_renders_every_piece_in_its_namespace() {
             "kind: Namespace",
             "kind: ClusterRole",
             "kind: ClusterRoleBinding",
+            "kind: CustomResourceDefinition",
         ]
         .iter()
         .any(|k| doc.lines().any(|l| l == *k));

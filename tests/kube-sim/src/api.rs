@@ -212,6 +212,12 @@ impl Api {
             Kind::Namespace => {
                 obj["status"] = json!({ "phase": "Active" });
             }
+            // A CRD with a status subresource ignores the status of a create.
+            Kind::Snapshot | Kind::SnapshotSchedule => {
+                if let Some(o) = obj.as_object_mut() {
+                    o.remove("status");
+                }
+            }
             _ => {}
         }
         validate::apply_defaults(kind, &mut obj);
@@ -589,6 +595,12 @@ impl Api {
             match patch_type {
                 PatchType::Merge => patch::merge_patch(&mut work, &patch_body),
                 PatchType::Json => patch::json_patch(&mut work, &patch_body)?,
+                // Custom resources have no patch strategy: the real server refuses it.
+                PatchType::Strategic if crate::custom::schema(kind).is_some() => {
+                    return Err(ApiError::unsupported_media_type(
+                        "application/strategic-merge-patch+json",
+                    ));
+                }
                 PatchType::Strategic | PatchType::Apply => {
                     if !patch_body.is_object() {
                         return Err(ApiError::bad_request("the patch must be a JSON object"));

@@ -5,7 +5,17 @@ use serde_json::{Value, json};
 
 use crate::resources::Kind;
 
-const GROUPS: &[&str] = &["storage.k8s.io", "coordination.k8s.io", "events.k8s.io"];
+/// Each group served, with its one version.
+const GROUPS: &[(&str, &str)] = &[
+    ("storage.k8s.io", "v1"),
+    ("coordination.k8s.io", "v1"),
+    ("events.k8s.io", "v1"),
+    ("nfsprov.dev", "v1alpha1"),
+];
+
+fn group_version(name: &str) -> Option<&'static str> {
+    GROUPS.iter().find(|(g, _)| *g == name).map(|(_, v)| *v)
+}
 
 pub fn version() -> Value {
     json!({
@@ -36,12 +46,12 @@ pub fn core_versions() -> Value {
 pub fn groups() -> Value {
     let groups: Vec<Value> = GROUPS
         .iter()
-        .map(|g| {
-            let gv = format!("{g}/v1");
+        .map(|(g, v)| {
+            let gv = format!("{g}/{v}");
             json!({
                 "name": g,
-                "versions": [{"groupVersion": gv, "version": "v1"}],
-                "preferredVersion": {"groupVersion": gv, "version": "v1"}
+                "versions": [{"groupVersion": gv, "version": v}],
+                "preferredVersion": {"groupVersion": gv, "version": v}
             })
         })
         .collect();
@@ -49,20 +59,25 @@ pub fn groups() -> Value {
 }
 
 pub fn group(name: &str) -> Option<Value> {
-    GROUPS.contains(&name).then(|| {
-        let gv = format!("{name}/v1");
+    group_version(name).map(|v| {
+        let gv = format!("{name}/{v}");
         json!({
             "kind": "APIGroup",
             "apiVersion": "v1",
             "name": name,
-            "versions": [{"groupVersion": gv, "version": "v1"}],
-            "preferredVersion": {"groupVersion": gv, "version": "v1"}
+            "versions": [{"groupVersion": gv, "version": v}],
+            "preferredVersion": {"groupVersion": gv, "version": v}
         })
     })
 }
 
 pub fn resource_list(group: &str, version: &str) -> Option<Value> {
-    if version != "v1" || !(group.is_empty() || GROUPS.contains(&group)) {
+    let served = if group.is_empty() {
+        Some("v1")
+    } else {
+        group_version(group)
+    };
+    if served != Some(version) {
         return None;
     }
     let mut resources = Vec::new();

@@ -5,6 +5,7 @@
 pub mod api;
 pub mod binder;
 pub mod claim_validation;
+pub mod custom;
 pub mod discovery;
 pub mod errors;
 pub mod events;

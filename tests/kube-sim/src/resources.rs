@@ -15,6 +15,9 @@ pub enum Kind {
     EventsV1Event,
     Node,
     Pod,
+    /// nfsprov's custom resources, as their CRD manifests describe them.
+    Snapshot,
+    SnapshotSchedule,
 }
 
 pub struct KindInfo {
@@ -30,7 +33,7 @@ pub struct KindInfo {
 }
 
 impl Kind {
-    pub const ALL: [Kind; 9] = [
+    pub const ALL: [Kind; 11] = [
         Kind::Namespace,
         Kind::PersistentVolumeClaim,
         Kind::PersistentVolume,
@@ -40,6 +43,8 @@ impl Kind {
         Kind::EventsV1Event,
         Kind::Node,
         Kind::Pod,
+        Kind::Snapshot,
+        Kind::SnapshotSchedule,
     ];
 
     pub fn info(self) -> &'static KindInfo {
@@ -135,6 +140,26 @@ impl Kind {
                 namespaced: true,
                 has_status: true,
                 short_names: &["po"],
+            },
+            Kind::Snapshot => &KindInfo {
+                group: "nfsprov.dev",
+                version: "v1alpha1",
+                plural: "snapshots",
+                singular: "snapshot",
+                kind: "Snapshot",
+                namespaced: true,
+                has_status: true,
+                short_names: &["nfssnap"],
+            },
+            Kind::SnapshotSchedule => &KindInfo {
+                group: "nfsprov.dev",
+                version: "v1alpha1",
+                plural: "snapshotschedules",
+                singular: "snapshotschedule",
+                kind: "SnapshotSchedule",
+                namespaced: true,
+                has_status: true,
+                short_names: &["nfssnapsched"],
             },
         }
     }

@@ -14,6 +14,7 @@ use k8s_openapi::api::core::v1::{
 use k8s_openapi::api::events::v1::Event as EventV1;
 use k8s_openapi::api::storage::v1::StorageClass;
 
+use crate::custom;
 use crate::errors::ApiError;
 use crate::meta::path;
 use crate::quantity::Quantity;
@@ -79,5 +80,12 @@ fn decode(kind: Kind, obj: Value) -> Result<Value, ApiError> {
         Kind::EventsV1Event => roundtrip::<EventV1>(kind, obj),
         Kind::Node => roundtrip::<Node>(kind, obj),
         Kind::Pod => roundtrip::<Pod>(kind, obj),
+        Kind::Snapshot | Kind::SnapshotSchedule => {
+            let mut obj = obj;
+            if let Some(schema) = custom::schema(kind) {
+                custom::prune_and_default(schema, &mut obj);
+            }
+            Ok(obj)
+        }
     }
 }

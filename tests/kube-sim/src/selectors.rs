@@ -154,6 +154,7 @@ fn supported_fields(kind: Kind) -> &'static [&'static str] {
         Kind::StorageClass => &["metadata.name"],
         Kind::Lease => &["metadata.name", "metadata.namespace"],
         Kind::Node => &["metadata.name", "spec.unschedulable"],
+        Kind::Snapshot | Kind::SnapshotSchedule => &["metadata.name", "metadata.namespace"],
         Kind::Pod => &[
             "metadata.name",
             "metadata.namespace",

@@ -446,6 +446,11 @@ pub fn validate(kind: Kind, obj: &Value) -> Result<(), ApiError> {
         Kind::EventsV1Event => validate_events_v1(obj, &mut causes),
         Kind::Namespace => validate_namespace(obj, &mut causes),
         Kind::Node | Kind::Pod => {}
+        Kind::Snapshot | Kind::SnapshotSchedule => {
+            if let Some(schema) = crate::custom::schema(kind) {
+                crate::custom::validate(schema, obj, &mut causes);
+            }
+        }
     }
     if causes.is_empty() {
         Ok(())

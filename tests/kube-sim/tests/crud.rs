@@ -572,3 +572,102 @@ async fn nodes_and_pods_are_stored_listed_and_deleted_as_written() {
             .is_empty()
     );
 }
+
+#[tokio::test]
+async fn custom_resources_follow_their_crd_manifests() {
+    use kube::api::{ApiResource, DynamicObject, GroupVersionKind};
+    use kube::discovery::Discovery;
+    let (_sim, client) = start_with(no_binder()).await;
+    let resource = ApiResource::from_gvk_with_plural(
+        &GroupVersionKind::gvk("nfsprov.dev", "v1alpha1", "Snapshot"),
+        "snapshots",
+    );
+    let snapshots: Api<DynamicObject> = Api::namespaced_with(client.clone(), "default", &resource);
+    let body: DynamicObject = serde_json::from_value(json!({
+        "apiVersion": "nfsprov.dev/v1alpha1",
+        "kind": "Snapshot",
+        "metadata": {"name": "s1", "finalizers": ["nfsprov.dev/snapshot"]},
+        "spec": {"source": {"persistentVolumeClaimName": "data", "misspelt": true}},
+        "status": {"readyToUse": true},
+    }))
+    .unwrap();
+    let made = snapshots
+        .create(&PostParams::default(), &body)
+        .await
+        .unwrap();
+    // Pruned and defaulted by the manifest's schema; the status of a create is ignored.
+    assert!(made.data.get("status").is_none(), "{:?}", made.data);
+    assert_eq!(
+        made.data["spec"],
+        json!({"source": {"persistentVolumeClaimName": "data"}, "deletionPolicy": "Delete"})
+    );
+    let invalid = snapshots
+        .patch(
+            "s1",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"deletionPolicy": "Keep"}})),
+        )
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(&invalid, kube::Error::Api(s) if s.code == 422),
+        "{invalid:?}"
+    );
+    let strategic = snapshots
+        .patch(
+            "s1",
+            &PatchParams::default(),
+            &Patch::Strategic(json!({"metadata": {"labels": {"a": "b"}}})),
+        )
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(&strategic, kube::Error::Api(s) if s.code == 415),
+        "{strategic:?}"
+    );
+    let status = snapshots
+        .patch_status(
+            "s1",
+            &PatchParams::default(),
+            &Patch::Merge(
+                json!({"status": {"readyToUse": false, "snapshotName": "snap-1", "bogus": 1}}),
+            ),
+        )
+        .await
+        .unwrap();
+    assert_eq!(
+        status.data["status"],
+        json!({"readyToUse": false, "snapshotName": "snap-1"})
+    );
+    // The finalizer holds a deleted object until it is removed.
+    snapshots
+        .delete("s1", &DeleteParams::default())
+        .await
+        .unwrap();
+    let held = snapshots.get("s1").await.unwrap();
+    assert!(held.metadata.deletion_timestamp.is_some());
+    snapshots
+        .patch(
+            "s1",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"metadata": {"finalizers": null}})),
+        )
+        .await
+        .unwrap();
+    assert!(snapshots.get_opt("s1").await.unwrap().is_none());
+
+    let discovery = Discovery::new(client).run().await.unwrap();
+    let kinds: Vec<String> = discovery
+        .groups()
+        .filter(|g| g.name() == "nfsprov.dev")
+        .flat_map(|g| g.recommended_resources())
+        .map(|(r, _)| format!("{}/{}", r.api_version, r.plural))
+        .collect();
+    assert_eq!(
+        kinds,
+        [
+            "nfsprov.dev/v1alpha1/snapshots",
+            "nfsprov.dev/v1alpha1/snapshotschedules"
+        ]
+    );
+}
