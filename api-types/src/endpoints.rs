@@ -7,7 +7,7 @@ use http::Method;
 
 use crate::archive::ArchivePath;
 use crate::path::VolumePath;
-use crate::snapshot::SnapshotName;
+use crate::snapshot_name::SnapshotName;
 
 /// Prepends the API version prefix to a literal path, so the prefix is spelled once.
 macro_rules! v1 {
@@ -172,7 +172,7 @@ mod sealed {
     pub trait Sealed {}
     impl Sealed for crate::path::VolumePath {}
     impl Sealed for crate::archive::ArchivePath {}
-    impl Sealed for crate::snapshot::SnapshotName {}
+    impl Sealed for crate::snapshot_name::SnapshotName {}
 }
 
 #[cfg(test)]

@@ -34,6 +34,7 @@ pub mod logsafe;
 mod path;
 mod reloading_file;
 mod snapshot;
+mod snapshot_name;
 mod types;
 
 #[cfg(feature = "client")]
@@ -52,7 +53,8 @@ pub use path::{
 };
 pub use reloading_file::{MAX_PEM_BYTES, MAX_TOKEN_BYTES, ReloadingFile, read_bounded};
 pub use snapshot::{
-    CreateSnapshotRequest, MAX_SNAPSHOT_NAME, RestoreOrigin, RestoreProgress, RestoreVolumeRequest,
-    Snapshot, SnapshotList, SnapshotMethod, SnapshotName, SnapshotNameError,
+    CreateSnapshotRequest, RestoreProgress, RestoreVolumeRequest, Snapshot, SnapshotList,
+    SnapshotMethod,
 };
+pub use snapshot_name::{MAX_SNAPSHOT_NAME, SnapshotName, SnapshotNameError};
 pub use types::*;

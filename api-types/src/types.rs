@@ -7,7 +7,7 @@ use serde::{Deserialize, Serialize};
 use crate::archive::ArchivePath;
 use crate::export::{ExportManager, ExportRequest, VolumeExport};
 use crate::path::VolumePath;
-use crate::snapshot::RestoreOrigin;
+use crate::snapshot_name::SnapshotName;
 
 /// Header carrying the request id from the controller to the agent's audit log.
 pub const REQUEST_ID_HEADER: &str = "x-request-id";
@@ -249,6 +249,15 @@ impl fmt::Display for CloneMethod {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct CloneOrigin {
     pub source: VolumePath,
+    pub method: CloneMethod,
+}
+
+/// Where a restored volume's data came from, and how it was made (`Volume::restore`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RestoreOrigin {
+    pub snapshot: SnapshotName,
+    /// A btrfs snapshot of a btrfs snapshot, a ZFS clone of a ZFS snapshot, a reflink or
+    /// a copy.
     pub method: CloneMethod,
 }
 
