@@ -59,6 +59,10 @@ struct Args {
     /// Only fill the agent and time the pages (no API, controller or plugin).
     #[arg(long)]
     pages_only: bool,
+    /// The controller's orphan check interval: its first check comes this long after its
+    /// caches are synced, which must leave it time to settle first.
+    #[arg(long, default_value_t = 90)]
+    check_after_seconds: u64,
 }
 
 fn volume_name(i: usize) -> String {
@@ -92,6 +96,34 @@ fn reset_peak(pid: u32) -> anyhow::Result<u64> {
 
 fn peak(pid: u32) -> anyhow::Result<u64> {
     status_bytes(pid, "VmHWM:").context("no VmHWM")
+}
+
+/// CPU time process `pid` has used, in clock ticks.
+fn cpu_ticks(pid: u32) -> Option<u64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // After the command name (in parentheses, which may hold spaces): utime and stime
+    // are the 12th and 13th fields.
+    let fields: Vec<&str> = stat.rsplit_once(')')?.1.split_whitespace().collect();
+    Some(fields.get(11)?.parse::<u64>().ok()? + fields.get(12)?.parse::<u64>().ok()?)
+}
+
+/// Waits until process `pid` used less than 2 ticks of CPU over a second: what it did
+/// on its own after start (reconciles of the synced objects) is over.
+async fn settled(pid: u32, limit: Duration) -> anyhow::Result<Duration> {
+    let started = Instant::now();
+    let mut last = cpu_ticks(pid).context("no CPU time")?;
+    loop {
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        let now = cpu_ticks(pid).context("no CPU time")?;
+        if now - last < 2 {
+            return Ok(started.elapsed());
+        }
+        last = now;
+        ensure!(
+            started.elapsed() < limit,
+            "process {pid} still busy after {limit:?}"
+        );
+    }
 }
 
 fn mib(bytes: u64) -> String {
@@ -233,12 +265,12 @@ async fn controller_check(
     agent: &AgentProcess,
     agent_pid: u32,
     work: &Path,
+    interval: u64,
 ) -> anyhow::Result<()> {
     let agents_dir = work.join("agents");
     agent.write_secret_files(&agents_dir)?;
-    // The first check runs one interval after the caches are synced: long enough to
-    // reset the peaks in between, short enough not to wait.
-    let interval = 20;
+    // The first check runs one interval after the caches are synced: long enough for
+    // the controller to settle and the peaks to be reset in between.
     let started = Instant::now();
     let mut controller = ControllerProcess::start_within(
         kube,
@@ -255,6 +287,13 @@ async fn controller_check(
     .await?;
     let pid = controller.pid().context("the controller is not running")?;
     let ready = started.elapsed();
+    let synced = reset_peak(pid)?;
+    let quiet = settled(pid, Duration::from_secs(interval)).await?;
+    let settling_peak = peak(pid)?;
+    ensure!(
+        metric(&controller.metrics()?, "nfsprov_orphaned_directories").is_none(),
+        "the orphan check ran before the controller settled: raise --check-after-seconds"
+    );
     let holding = reset_peak(pid)?;
     let agent_before = reset_peak(agent_pid)?;
     let checked = Instant::now();
@@ -278,8 +317,14 @@ async fn controller_check(
     let log = controller.log_text();
     controller.kill();
     println!(
-        "controller: ready {:.1} s after start; RSS then {} (its caches synced); peak during its orphan check {} (grew {}); agent answering it: RSS before {}, peak {}",
+        "controller: ready {:.1} s after start, RSS {}; settled {:.1} s later, peak meanwhile {}",
         ready.as_secs_f64(),
+        mib(synced),
+        quiet.as_secs_f64(),
+        mib(settling_peak)
+    );
+    println!(
+        "controller: RSS before its orphan check {}, peak during it {} (grew {}); agent answering it: RSS before {}, peak {}",
         mib(holding),
         mib(controller_peak),
         mib(controller_peak.saturating_sub(holding)),
@@ -527,7 +572,14 @@ async fn main() -> anyhow::Result<()> {
         args.volumes,
         started.elapsed().as_secs_f64()
     );
-    controller_check(&kube, &agent, agent_pid, work.path()).await?;
+    controller_check(
+        &kube,
+        &agent,
+        agent_pid,
+        work.path(),
+        args.check_after_seconds,
+    )
+    .await?;
     plugin_check(&kube, &agent, agent_pid, work.path()).await?;
     Ok(())
 }
