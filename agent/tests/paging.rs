@@ -196,6 +196,70 @@ async fn volumes_made_and_deleted_between_pages_skip_nothing_else() {
     assert_eq!(seen.len(), before.len());
 }
 
+/// Volumes made, archived and deleted all the while pages are read, their paths among
+/// and beside the others: every volume there for the whole walk is listed exactly once,
+/// in order, in every walk.
+#[tokio::test(flavor = "multi_thread")]
+async fn volumes_made_and_deleted_while_pages_are_read_skip_nothing_else() {
+    let (_root, agent) = agent().await;
+    let client = agent.client();
+    let stable = paths(240);
+    create_all(&client, &stable).await;
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let churn = {
+        let client = client.clone();
+        let stop = stop.clone();
+        tokio::spawn(async move {
+            let request = CreateVolumeRequest {
+                capacity_bytes: 1 << 20,
+                ..Default::default()
+            };
+            let mut round = 0;
+            while !stop.load(std::sync::atomic::Ordering::SeqCst) {
+                // Beside stable paths of each shape, and before and after them all.
+                let passing: Vec<VolumePath> = [
+                    format!("team/claim-{:04}-x{round}", round % 240),
+                    format!("team-{}/claim-{:04}x", round % 5, round % 240),
+                    format!("a-{round}"),
+                    format!("zz-{round}/claim"),
+                ]
+                .iter()
+                .map(|p| path(p))
+                .collect();
+                for made in &passing {
+                    client.create_volume(made, &request, None).await.unwrap();
+                }
+                client
+                    .archive_volume(&passing[0], None, None)
+                    .await
+                    .unwrap();
+                for gone in &passing[1..] {
+                    client.delete_volume(gone, None).await.unwrap();
+                }
+                round += 1;
+            }
+            round
+        })
+    };
+    let expected: BTreeSet<String> = stable.iter().map(ToString::to_string).collect();
+    for limit in [1, 7, 50] {
+        let mut seen = Vec::new();
+        client
+            .for_each_volume_page(limit, None, |page| {
+                seen.extend(page.into_iter().map(|v| v.path.to_string()));
+            })
+            .await
+            .unwrap();
+        assert_strictly_ascending(&seen);
+        let listed: BTreeSet<String> = seen.into_iter().collect();
+        let missing: Vec<&String> = expected.difference(&listed).collect();
+        assert!(missing.is_empty(), "pages of {limit} skipped {missing:?}");
+    }
+    stop.store(true, std::sync::atomic::Ordering::SeqCst);
+    let rounds = churn.await.unwrap();
+    assert!(rounds > 0, "nothing changed while the pages were read");
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn archive_pages_join_into_exactly_the_whole_list() {
     let (_root, agent) = agent().await;

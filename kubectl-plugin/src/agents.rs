@@ -4,7 +4,7 @@
 use serde::Serialize;
 
 use crate::cluster::Target;
-use crate::probe::{AgentProbe, probe_all};
+use crate::probe::{AgentProbe, Volumes, probe_all};
 use crate::table::{Table, human_bytes};
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
@@ -55,14 +55,14 @@ pub fn row(probe: &AgentProbe) -> AgentRow {
             .volumes
             .as_ref()
             .and_then(|v| v.as_ref().ok())
-            .map(Vec::len),
+            .map(|listing| listing.count),
     }
 }
 
 pub async fn run(target: &Target) -> anyhow::Result<AgentsReport> {
     let deployment = target.deployment().await?;
     let agents = crate::credentials::load(target, deployment.as_ref()).await?;
-    let probes = probe_all(&agents, true).await;
+    let probes = probe_all(&agents, Volumes::COUNTED).await;
     Ok(AgentsReport {
         source: agents.source.clone(),
         agents: probes.iter().map(row).collect(),

@@ -95,6 +95,9 @@ impl Access<'_> {
     }
 }
 
+/// PVs per page where only a little of each is kept.
+pub const PV_PAGE: u32 = 500;
+
 /// Lists everything of a kind, refusals explained.
 pub async fn list<K>(
     api: &Api<K>,
@@ -199,6 +202,36 @@ impl Target {
             .collect();
         volumes.sort_by(|a, b| a.metadata.name.cmp(&b.metadata.name));
         Ok(volumes)
+    }
+
+    /// The PVs this provisioner made, handed to `each` a page of [`PV_PAGE`] at a time
+    /// in the API's order, so a caller keeping little of each holds one page, not every
+    /// PV of the cluster.
+    pub async fn for_each_volume_page(
+        &self,
+        mut each: impl FnMut(Vec<PersistentVolume>),
+    ) -> anyhow::Result<()> {
+        let api = Api::<PersistentVolume>::all(self.client.clone());
+        let access = Access {
+            verb: "list",
+            group: "",
+            resource: "persistentvolumes",
+            namespace: None,
+        };
+        let mut params = ListParams::default().limit(PV_PAGE);
+        loop {
+            let page = api.list(&params).await.map_err(|e| access.error(e))?;
+            each(
+                page.items
+                    .into_iter()
+                    .filter(|pv| provisioned_by(pv) == Some(self.provisioner.as_str()))
+                    .collect(),
+            );
+            match page.metadata.continue_.filter(|c| !c.is_empty()) {
+                Some(next) => params = params.continue_token(&next),
+                None => return Ok(()),
+            }
+        }
     }
 
     /// Claims in every namespace.

@@ -3,18 +3,19 @@
 //! The rules are pure functions of what was read ([`Facts`]), so each is tested on fixture
 //! objects without a cluster.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{Event, PersistentVolume, PersistentVolumeClaim};
 use k8s_openapi::api::storage::v1::StorageClass;
+use nfsprov_api_types::Volume;
 use nfsprov_vocabulary::names::{ANN_AGENT, ANN_PATH};
 use nfsprov_vocabulary::params::ClassParams;
 use serde::Serialize;
 
 use crate::cluster::{Target, annotation};
-use crate::probe::{AgentProbe, probe_all};
+use crate::probe::{AgentProbe, Volumes, probe_all};
 use crate::table::Table;
 
 pub const VOLUME_FAILED_DELETE: &str = "VolumeFailedDelete";
@@ -68,15 +69,20 @@ pub fn diagnose(facts: &Facts<'_>) -> Vec<Finding> {
 /// class asks for now. Needs the agents' listings; agents without a manager, or that did
 /// not answer, are left to the agent rules.
 fn export_rules(facts: &Facts<'_>, findings: &mut Vec<Finding>) {
+    // By agent and path: one lookup per PV, not a search of the listing.
+    let listed: HashMap<(&str, &str), &Volume> = facts
+        .agents
+        .iter()
+        .filter_map(|probe| Some((probe.name.as_str(), probe.volumes.as_ref()?.as_ref().ok()?)))
+        .flat_map(|(agent, listing)| {
+            listing
+                .kept
+                .iter()
+                .map(move |volume| ((agent, volume.path.as_str()), volume))
+        })
+        .collect();
     for pv in facts.volumes {
-        let phase = pv.status.as_ref().and_then(|s| s.phase.as_deref());
-        if matches!(phase, Some("Released" | "Failed")) {
-            continue;
-        }
-        let (Some(agent), Some(path)) = (
-            annotation(&pv.metadata, ANN_AGENT),
-            annotation(&pv.metadata, ANN_PATH),
-        ) else {
+        let Some((agent, path)) = served_by(pv) else {
             continue;
         };
         let Some(probe) = facts.agents.iter().find(|a| a.name == agent) else {
@@ -86,10 +92,7 @@ fn export_rules(facts: &Facts<'_>, findings: &mut Vec<Finding>) {
             Ok(info) if info.capabilities.exports.per_volume() => info.capabilities.exports,
             _ => continue,
         };
-        let Some(Ok(listing)) = &probe.volumes else {
-            continue;
-        };
-        let Some(volume) = listing.iter().find(|v| v.path.as_str() == path) else {
+        let Some(volume) = listed.get(&(agent, path)) else {
             continue;
         };
         let class_name = pv
@@ -132,6 +135,18 @@ fn export_rules(facts: &Facts<'_>, findings: &mut Vec<Finding>) {
             fix,
         });
     }
+}
+
+/// The agent and path of a PV whose export is checked: one not released or failed.
+fn served_by(pv: &PersistentVolume) -> Option<(&str, &str)> {
+    let phase = pv.status.as_ref().and_then(|s| s.phase.as_deref());
+    if matches!(phase, Some("Released" | "Failed")) {
+        return None;
+    }
+    Some((
+        annotation(&pv.metadata, ANN_AGENT)?,
+        annotation(&pv.metadata, ANN_PATH)?,
+    ))
 }
 
 /// Clients in a finding: a long list is counted, not printed.
@@ -358,13 +373,16 @@ pub async fn run(target: &Target) -> anyhow::Result<DoctorReport> {
     let agents = crate::credentials::load(target, deployment.as_ref()).await?;
     // The agents' listings show their exports: asked for only where volumes have exports
     // of their own, and Nodes and Pods only where a class follows them.
-    let mut probes = probe_all(&agents, false).await;
+    // Only the volumes a PV's export rule looks at are kept of each listing.
+    let mut probes = probe_all(&agents, Volumes::NotListed).await;
     if probes.iter().any(|p| {
         p.info
             .as_ref()
             .is_ok_and(|i| i.capabilities.exports.per_volume())
     }) {
-        probes = probe_all(&agents, true).await;
+        let served: HashSet<(&str, &str)> = volumes.iter().filter_map(served_by).collect();
+        let keep = |agent: &str, volume: &Volume| served.contains(&(agent, volume.path.as_str()));
+        probes = probe_all(&agents, Volumes::Listed(&keep)).await;
     }
     let follows_cluster = classes.iter().any(|c| {
         ClassParams::parse(c.parameters.as_ref()).is_ok_and(|p| {
@@ -594,14 +612,17 @@ mod tests {
             }
             object::<nfsprov_api_types::Volume>(volume)
         };
-        let agent = |volumes| {
+        let agent = |volumes: Vec<Volume>| {
             let mut agent = probe("nfs1", Ok("ok"));
             agent.info = Ok(object(json!({
                 "version": "1", "nfs": {"server": "nfs1", "path": "/srv"},
                 "capabilities": {"quota": "none", "quota_enforced": false, "archive": true, "exports": "ganesha"},
                 "filesystem": {"total_bytes": 1, "free_bytes": 1, "available_bytes": 1, "total_inodes": 1, "free_inodes": 1},
             })));
-            agent.volumes = Some(Ok(volumes));
+            agent.volumes = Some(Ok(crate::probe::VolumeListing {
+                count: volumes.len(),
+                kept: volumes,
+            }));
             agent
         };
         // The pod of `data` runs on node-a: its export is right; `logs` has none.

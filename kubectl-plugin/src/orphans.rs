@@ -165,7 +165,13 @@ pub fn report(
 
 pub async fn run(target: &Target) -> anyhow::Result<OrphansReport> {
     let deployment = target.deployment().await?;
-    let pointers = pointers(&target.volumes().await?);
+    // Only each PV's pointer is kept, a page of PVs at a time.
+    let mut pointers = Vec::new();
+    target
+        .for_each_volume_page(|page| pointers.extend(page.iter().filter_map(pointer)))
+        .await?;
+    // Findings follow the PVs' order, by name as before.
+    pointers.sort_by(|a, b| a.pv.cmp(&b.pv));
     let agents = crate::credentials::load(target, deployment.as_ref()).await?;
     let checks = futures::future::join_all(agents.agents.iter().map(|agent| {
         let pointers = &pointers;

@@ -1,7 +1,7 @@
 //! What each configured agent says about itself, asked concurrently.
 
 use nfsprov_api_types::client::{AgentClient, ClientError};
-use nfsprov_api_types::{AgentInfo, Health, Volume};
+use nfsprov_api_types::{AgentInfo, Health, MAX_PAGE_LIMIT, Volume};
 
 use crate::credentials::Agents;
 
@@ -16,7 +16,52 @@ pub struct AgentProbe {
     pub ready: Result<Health, String>,
     pub info: Result<AgentInfo, String>,
     /// Only asked for when the command needs the listing.
-    pub volumes: Option<Result<Vec<Volume>, String>>,
+    pub volumes: Option<Result<VolumeListing, String>>,
+}
+
+/// What a command keeps of one agent's volumes, read a page at a time: how many there
+/// are, and only the volumes it needs, so an agent of 100,000 volumes is never held whole.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct VolumeListing {
+    pub count: usize,
+    pub kept: Vec<Volume>,
+}
+
+/// Which of an agent's volumes (the agent's name, then the volume) a command keeps.
+pub type Keep<'a> = &'a (dyn Fn(&str, &Volume) -> bool + Sync);
+
+/// Whether the agents' volumes are listed, and which are kept of them.
+#[derive(Clone, Copy)]
+pub enum Volumes<'a> {
+    NotListed,
+    /// Listed page by page; those `Keep` says yes to are kept.
+    Listed(Keep<'a>),
+}
+
+impl Volumes<'_> {
+    /// Only counted.
+    pub const COUNTED: Volumes<'static> = Volumes::Listed(&|_, _| false);
+}
+
+/// Pages through the volumes of agent `agent`, `page_size` at a time, keeping those
+/// `keep` says yes to.
+pub async fn list_volumes(
+    client: &AgentClient,
+    agent: &str,
+    page_size: u32,
+    keep: Keep<'_>,
+) -> Result<VolumeListing, String> {
+    let mut listing = VolumeListing::default();
+    client
+        .for_each_volume_page(page_size, None, |page| {
+            listing.count += page.len();
+            listing
+                .kept
+                .extend(page.into_iter().filter(|volume| keep(agent, volume)));
+        })
+        .await
+        .map_err(|e| e.to_string())?;
+    Ok(listing)
 }
 
 impl AgentProbe {
@@ -43,7 +88,7 @@ async fn probe_one(
     secret: &str,
     url: Option<&str>,
     client: Result<&AgentClient, &String>,
-    with_volumes: bool,
+    volumes: Volumes<'_>,
 ) -> AgentProbe {
     let (ready, info, volumes) = match client {
         Ok(client) => {
@@ -62,10 +107,11 @@ async fn probe_one(
             };
             let info = async { client.info(None).await.map_err(|e| e.to_string()) };
             let volumes = async {
-                if with_volumes {
-                    Some(client.list_volumes(None).await.map_err(|e| e.to_string()))
-                } else {
-                    None
+                match volumes {
+                    Volumes::NotListed => None,
+                    Volumes::Listed(keep) => {
+                        Some(list_volumes(client, name, MAX_PAGE_LIMIT, keep).await)
+                    }
                 }
             };
             tokio::join!(ready, info, volumes)
@@ -73,7 +119,10 @@ async fn probe_one(
         Err(e) => (
             Err(e.clone()),
             Err(e.clone()),
-            with_volumes.then(|| Err(e.clone())),
+            match volumes {
+                Volumes::NotListed => None,
+                Volumes::Listed(_) => Some(Err(e.clone())),
+            },
         ),
     };
     AgentProbe {
@@ -88,14 +137,14 @@ async fn probe_one(
 }
 
 /// Asks every agent at once.
-pub async fn probe_all(agents: &Agents, with_volumes: bool) -> Vec<AgentProbe> {
+pub async fn probe_all(agents: &Agents, volumes: Volumes<'_>) -> Vec<AgentProbe> {
     futures::future::join_all(agents.agents.iter().map(|a| {
         probe_one(
             &a.name,
             &a.secret,
             a.url.as_deref(),
             a.client.as_ref(),
-            with_volumes,
+            volumes,
         )
     }))
     .await

@@ -630,11 +630,10 @@ impl VolumeBackend for DirectoryBackend {
         Ok(found)
     }
 
-    /// Only the records' paths are gathered (the page's first ones, a bounded set), then
-    /// only the page's volumes are checked and read: a page costs a scan of the record
-    /// links, never every volume's record in memory. Records of volumes that are not at
-    /// their path (archived, or gone meanwhile) are passed over, so another bounded scan
-    /// fills a page they thinned.
+    /// The page's first paths come from the record store's index of paths, then only the
+    /// page's volumes are checked and read: a page costs its own volumes, whatever the
+    /// number of records. Records of volumes that are not at their path (archived, or
+    /// gone meanwhile) are passed over, and the next paths fill a page they thinned.
     fn list_page(
         &self,
         root: &Root,

@@ -13,9 +13,17 @@
 //! old one in single metadata operations, so a crash leaves either the old record or the
 //! new one, never a torn one. The shard directory holding it is synced with the rest of
 //! the request's changes before the request answers (see `durable`).
+//!
+//! The store also keeps, in memory, the paths its records name in path order ([`PathIndex`]),
+//! so a page of the volume list starts at its cursor instead of reading every record. It
+//! is built from the records each time the store opens, so nothing about it has to
+//! survive a crash, and changed with each record under the lock of the record's shard.
 
+use std::collections::BTreeMap;
+use std::ops::Bound;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Mutex, MutexGuard, PoisonError};
 
 use nfsprov_api_types::{CloneOrigin, Mode, QuotaBackend, Volume, VolumeOwner, VolumePath};
 use rustix::fs::{AtFlags, StatxFlags};
@@ -208,11 +216,75 @@ fn generation_of(dir: BorrowedFd<'_>) -> Option<u32> {
     unsafe { rustix::ioctl::ioctl(dir, rustix::ioctl::Getter::<GET_VERSION, u32>::new()) }.ok()
 }
 
+/// The volume paths the records name, in path order, each with the number of records
+/// naming it (an archive's record keeps the path its volume had, so several can). It
+/// never lacks a path a record names: a path is counted before its record is linked and
+/// uncounted after it is unlinked or replaced, under the shard's lock. A path counted
+/// while nothing is at it (archived, or being removed) is passed over by the listing,
+/// which checks every volume at its path.
+#[derive(Debug, Default)]
+struct PathIndex {
+    paths: Mutex<BTreeMap<Box<str>, u32>>,
+}
+
+impl PathIndex {
+    fn lock(&self) -> MutexGuard<'_, BTreeMap<Box<str>, u32>> {
+        // The map is changed by whole inserts and removes, never left half-done.
+        self.paths.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Only valid volume paths are counted, the one kind the listing could return.
+    fn add(&self, path: &str) {
+        if VolumePath::parse(path).is_ok() {
+            *self.lock().entry(path.into()).or_insert(0) += 1;
+        }
+    }
+
+    fn remove(&self, path: &str) {
+        let mut paths = self.lock();
+        if let Some(count) = paths.get_mut(path) {
+            *count -= 1;
+            if *count == 0 {
+                paths.remove(path);
+            }
+        }
+    }
+
+    /// The first `keep` paths after `after`, and whether more follow.
+    fn after(&self, after: Option<&VolumePath>, keep: usize) -> (Vec<VolumePath>, bool) {
+        let paths = self.lock();
+        let start = after.map_or(Bound::Unbounded, |after| Bound::Excluded(after.as_str()));
+        let mut found = paths
+            .range::<str, _>((start, Bound::Unbounded))
+            .map(|(path, _)| path);
+        let kept = found
+            .by_ref()
+            .take(keep)
+            .filter_map(|path| VolumePath::parse(path).ok())
+            .collect();
+        (kept, found.next().is_some())
+    }
+}
+
+/// The path a stored record names, read without the rest of it.
+fn path_in(target: &[u8]) -> Option<String> {
+    #[derive(Deserialize)]
+    struct PathOnly {
+        path: String,
+    }
+    serde_json::from_slice::<PathOnly>(target)
+        .ok()
+        .map(|p| p.path)
+}
+
 /// The agent's own store of directory volumes' records.
 #[derive(Debug)]
 pub struct RecordStore {
     /// The shards, by the two hex digits of their name.
     shards: Vec<OwnedFd>,
+    /// Held while a shard's links change, so `paths` changes with them.
+    shard_locks: Vec<Mutex<()>>,
+    paths: PathIndex,
     unique: AtomicU64,
 }
 
@@ -236,13 +308,46 @@ impl RecordStore {
     /// Opens (making it when missing) the store in `state`, the agent's own directory.
     pub fn open(state: BorrowedFd<'_>) -> Result<Self> {
         let top = private_dir(state, RECORDS_DIR)?;
-        let shards = (0..SHARDS)
+        let shards: Vec<OwnedFd> = (0..SHARDS)
             .map(|n| private_dir(top.as_fd(), &format!("{n:02x}")))
             .collect::<Result<_>>()?;
+        let paths = PathIndex::default();
+        for shard in &shards {
+            for (name, _) in list_dir(shard.as_fd()).map_err(|e| io_error("list records", e))? {
+                // A replacement a crash interrupted, never counted.
+                if name.starts_with('.') {
+                    continue;
+                }
+                if let Some(path) = read_path(shard.as_fd(), &name)? {
+                    paths.add(&path);
+                }
+            }
+        }
         Ok(Self {
             shards,
+            shard_locks: (0..SHARDS).map(|_| Mutex::new(())).collect(),
+            paths,
             unique: AtomicU64::new(0),
         })
+    }
+
+    fn lock_shard(&self, shard: usize) -> MutexGuard<'_, ()> {
+        self.shard_locks[shard]
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Unlinks the record `name` of shard `shard` (absent already is fine) and uncounts
+    /// its path.
+    fn unlink_counted(&self, shard: usize, name: &str) -> Result<()> {
+        let _locked = self.lock_shard(shard);
+        let fd = self.shards[shard].as_fd();
+        let path = read_path(fd, name)?;
+        unlink_record(fd, name)?;
+        if let Some(path) = path {
+            self.paths.remove(&path);
+        }
+        Ok(())
     }
 
     fn shard(&self, identity: &Identity) -> (BorrowedFd<'_>, String) {
@@ -332,31 +437,55 @@ impl RecordStore {
     /// Records (or replaces) the record, under the identity's own key; a record under
     /// its legacy key for the same path is then dropped, having moved.
     fn write_identity(&self, identity: &Identity, path: &str, stored: &str) -> Result<()> {
-        let (shard, name) = self.shard(identity);
+        let (number, name) = identity.key();
+        let shard = self.shards[number].as_fd();
         let failed = |e| io_error(format!("write the record of {path}"), e);
-        match rustix::fs::symlinkat(stored, shard, name.as_str()) {
-            Ok(()) => {}
-            Err(Errno::EXIST) => {
-                let temporary = format!(
-                    ".new-{}-{}",
-                    std::process::id(),
-                    self.unique.fetch_add(1, Ordering::Relaxed)
-                );
-                rustix::fs::symlinkat(stored, shard, temporary.as_str()).map_err(failed)?;
-                rustix::fs::renameat(shard, temporary.as_str(), shard, name.as_str()).map_err(
-                    |e| {
-                        let _ = rustix::fs::unlinkat(shard, temporary.as_str(), AtFlags::empty());
-                        failed(e)
-                    },
-                )?;
+        {
+            let _locked = self.lock_shard(number);
+            // Counted first: a page asked for meanwhile may list a path with no record
+            // yet (and pass over it), never miss one that has a record.
+            self.paths.add(path);
+            let replaced = match rustix::fs::symlinkat(stored, shard, name.as_str()) {
+                Ok(()) => Ok(None),
+                Err(Errno::EXIST) => {
+                    let old = read_path(shard, &name);
+                    let temporary = format!(
+                        ".new-{}-{}",
+                        std::process::id(),
+                        self.unique.fetch_add(1, Ordering::Relaxed)
+                    );
+                    old.and_then(|old| {
+                        rustix::fs::symlinkat(stored, shard, temporary.as_str()).map_err(failed)?;
+                        rustix::fs::renameat(shard, temporary.as_str(), shard, name.as_str())
+                            .map_err(|e| {
+                                let _ = rustix::fs::unlinkat(
+                                    shard,
+                                    temporary.as_str(),
+                                    AtFlags::empty(),
+                                );
+                                failed(e)
+                            })?;
+                        Ok(old)
+                    })
+                }
+                Err(e) => Err(failed(e)),
+            };
+            match replaced {
+                Ok(old) => {
+                    if let Some(old) = old {
+                        self.paths.remove(&old);
+                    }
+                }
+                Err(e) => {
+                    self.paths.remove(path);
+                    return Err(e);
+                }
             }
-            Err(e) => return Err(failed(e)),
         }
-        if let Some((legacy_shard, legacy)) = identity.legacy_key() {
-            let legacy_shard = self.shards[legacy_shard].as_fd();
-            if matches!(read_link(legacy_shard, &legacy)?, Some((at, _)) if at == path) {
-                unlink_record(legacy_shard, &legacy)?;
-            }
+        if let Some((legacy_shard, legacy)) = identity.legacy_key()
+            && matches!(read_link(self.shards[legacy_shard].as_fd(), &legacy)?, Some((at, _)) if at == path)
+        {
+            self.unlink_counted(legacy_shard, &legacy)?;
         }
         Ok(())
     }
@@ -364,18 +493,17 @@ impl RecordStore {
     /// Forgets the record of `identity` (absent already is fine), under either key. A
     /// record under the legacy key for another path is a snapshot source's, and stays.
     pub fn remove(&self, identity: &Identity) -> Result<()> {
-        let (shard, name) = self.shard(identity);
-        let own = read_link(shard, &name)?;
-        unlink_record(shard, &name)?;
+        let (number, name) = identity.key();
+        let own = read_link(self.shards[number].as_fd(), &name)?;
+        self.unlink_counted(number, &name)?;
         if let Some((legacy_shard, legacy)) = identity.legacy_key() {
-            let legacy_shard = self.shards[legacy_shard].as_fd();
-            let ours = match (&own, read_link(legacy_shard, &legacy)?) {
+            let ours = match (&own, read_link(self.shards[legacy_shard].as_fd(), &legacy)?) {
                 (_, None) => false,
                 (None, Some(_)) => true,
                 (Some((path, _)), Some((at, _))) => *path == at,
             };
             if ours {
-                unlink_record(legacy_shard, &legacy)?;
+                self.unlink_counted(legacy_shard, &legacy)?;
             }
         }
         Ok(())
@@ -401,61 +529,14 @@ impl RecordStore {
     }
 
     /// The first `keep` distinct volume paths the records name after `after`, sorted,
-    /// and whether more follow. Only each record's path is read, and only `keep` are
-    /// held at once, whatever the number of records.
+    /// and whether more follow: read from the index, so the cost is the page's, whatever
+    /// the number of records.
     pub fn paths_after(
         &self,
         after: Option<&VolumePath>,
         keep: usize,
     ) -> Result<(Vec<VolumePath>, bool)> {
-        #[derive(Deserialize)]
-        struct PathOnly {
-            path: String,
-        }
-        let mut kept = std::collections::BTreeSet::new();
-        let mut more = false;
-        for shard in &self.shards {
-            for (name, _) in list_dir(shard.as_fd()).map_err(|e| io_error("list records", e))? {
-                if name.starts_with('.') {
-                    continue;
-                }
-                let target = match rustix::fs::readlinkat(shard, name.as_str(), Vec::new()) {
-                    Ok(target) => target,
-                    // Removed since the shard was listed.
-                    Err(Errno::NOENT) => continue,
-                    Err(e) => return Err(io_error(format!("read record {name}"), e)),
-                };
-                // A record unreadable here is unreadable to the whole list too: passed over.
-                let Ok(PathOnly { path }) = serde_json::from_slice(target.as_bytes()) else {
-                    continue;
-                };
-                // Paths order as their text does: most records are ruled out before the
-                // path is validated or kept.
-                if after.is_some_and(|after| path.as_str() <= after.as_str()) {
-                    continue;
-                }
-                if kept.len() == keep
-                    && kept
-                        .last()
-                        .is_some_and(|last: &VolumePath| path.as_str() >= last.as_str())
-                {
-                    more = more
-                        || kept
-                            .last()
-                            .is_some_and(|last| path.as_str() > last.as_str());
-                    continue;
-                }
-                let Ok(path) = VolumePath::parse(&path) else {
-                    continue;
-                };
-                kept.insert(path);
-                if kept.len() > keep {
-                    kept.pop_last();
-                    more = true;
-                }
-            }
-        }
-        Ok((kept.into_iter().collect(), more))
+        Ok(self.paths.after(after, keep))
     }
 
     /// The shard directories where the record of the volume whose directory is `dir`
@@ -496,7 +577,7 @@ impl RecordStore {
 
     /// Forgets the record kept at `key` (as [`Self::entries`] named it).
     pub fn remove_entry(&self, key: &RecordKey) -> Result<()> {
-        unlink_record(self.shards[key.0].as_fd(), &key.1)
+        self.unlink_counted(key.0, &key.1)
     }
 
     /// Whether the store holds a record of the volume whose directory is `dir`.
@@ -509,6 +590,16 @@ fn unlink_record(shard: BorrowedFd<'_>, name: &str) -> Result<()> {
     match rustix::fs::unlinkat(shard, name, AtFlags::empty()) {
         Ok(()) | Err(Errno::NOENT) => Ok(()),
         Err(e) => Err(io_error("remove a record", e)),
+    }
+}
+
+/// The path the record `name` names; `None` when there is no such record, or it names
+/// none (it is then not counted either).
+fn read_path(shard: BorrowedFd<'_>, name: &str) -> Result<Option<String>> {
+    match rustix::fs::readlinkat(shard, name, Vec::new()) {
+        Ok(target) => Ok(path_in(target.as_bytes())),
+        Err(Errno::NOENT) => Ok(None),
+        Err(e) => Err(io_error(format!("read record {name}"), e)),
     }
 }
 
@@ -649,6 +740,91 @@ mod tests {
         drop((source_dir, snapshot_dir));
         btrfs(&["subvolume", "delete", snapshot.to_str().unwrap()]);
         btrfs(&["subvolume", "delete", source.to_str().unwrap()]);
+    }
+
+    fn listed(store: &RecordStore, after: Option<&str>, keep: usize) -> (Vec<String>, bool) {
+        let after = after.map(|a| VolumePath::parse(a).unwrap());
+        let (paths, more) = store.paths_after(after.as_ref(), keep).unwrap();
+        (paths.iter().map(ToString::to_string).collect(), more)
+    }
+
+    /// The index of paths answers what the links say at every step: a record made,
+    /// rewritten for another path, two records of one path (a volume and its archive)
+    /// and one of them removed, a record removed by its key, and, after a crash (the store
+    /// opened again, a replacement left half-done), the same from the links alone.
+    #[test]
+    fn the_paths_in_order_follow_the_records_and_survive_a_reopening() {
+        let base = tempfile::tempdir().unwrap();
+        let state = base.path().join("state");
+        std::fs::create_dir(&state).unwrap();
+        let store = RecordStore::open(open(&state).as_fd()).unwrap();
+        let dir = |name: &str| {
+            let path = base.path().join(name);
+            std::fs::create_dir(&path).unwrap();
+            open(&path)
+        };
+        let (a, b, c, archived) = (dir("a"), dir("b"), dir("c"), dir("archived"));
+        store.write(b.as_fd(), "team/b", &record(1)).unwrap();
+        store.write(a.as_fd(), "team-x/a", &record(1)).unwrap();
+        store.write(c.as_fd(), "team/c", &record(1)).unwrap();
+        assert_eq!(
+            listed(&store, None, 10),
+            (
+                vec!["team-x/a".into(), "team/b".into(), "team/c".into()],
+                false
+            ),
+            "in the paths' text order"
+        );
+        assert!(listed(&store, None, 2).1, "more follow the first two");
+        assert_eq!(
+            listed(&store, Some("team-x/a"), 1),
+            (vec!["team/b".into()], true)
+        );
+        assert_eq!(listed(&store, Some("team/c"), 5), (vec![], false));
+
+        // Rewritten (replaced by a rename) under another path: the old one is gone.
+        store.write(c.as_fd(), "team/d", &record(2)).unwrap();
+        assert_eq!(
+            listed(&store, Some("team/b"), 5),
+            (vec!["team/d".into()], false)
+        );
+        // The same path twice: removing one record keeps it.
+        store.write(archived.as_fd(), "team/b", &record(1)).unwrap();
+        store.remove(&Identity::of(b.as_fd()).unwrap()).unwrap();
+        assert_eq!(listed(&store, None, 5).0, ["team-x/a", "team/b", "team/d"]);
+        store
+            .remove(&Identity::of(archived.as_fd()).unwrap())
+            .unwrap();
+        // Removed again: nothing to uncount twice.
+        store
+            .remove(&Identity::of(archived.as_fd()).unwrap())
+            .unwrap();
+        assert_eq!(listed(&store, None, 5).0, ["team-x/a", "team/d"]);
+        let (key, _, _) = store
+            .entries()
+            .unwrap()
+            .into_iter()
+            .find(|(_, path, _)| path == "team-x/a")
+            .unwrap();
+        store.remove_entry(&key).unwrap();
+        assert_eq!(listed(&store, None, 5).0, ["team/d"]);
+
+        // A crash between a replacement's link and its rename leaves the temporary link.
+        let (shard, _) = Identity::of(c.as_fd()).unwrap().key();
+        let half_done = serde_json::to_string(&StoredRecord {
+            path: "team/half-done".into(),
+            record: record(1),
+            generation: None,
+        })
+        .unwrap();
+        rustix::fs::symlinkat(half_done.as_str(), store.shards[shard].as_fd(), ".new-1-1").unwrap();
+        store.write(a.as_fd(), "team/a", &record(1)).unwrap();
+        drop(store);
+        let reopened = RecordStore::open(open(&state).as_fd()).unwrap();
+        assert_eq!(
+            listed(&reopened, None, 5),
+            (vec!["team/a".into(), "team/d".into()], false)
+        );
     }
 
     /// Without birth times a directory is known by its inode number alone, which the

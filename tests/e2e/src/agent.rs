@@ -189,6 +189,12 @@ impl AgentProcess {
         &self.name
     }
 
+    /// The agent's process id while it runs (for its memory in `/proc`); started
+    /// without a wrapper, the shell that starts it has become the agent.
+    pub fn pid(&self) -> Option<u32> {
+        self.child.as_ref().map(Child::id)
+    }
+
     pub fn url(&self) -> String {
         format!("https://localhost:{}", self.port)
     }
