@@ -7,7 +7,9 @@
 use std::fmt::Debug;
 use std::os::fd::{BorrowedFd, OwnedFd};
 
-use nfsprov_api_types::{ArchivePath, CloneMethod, QuotaBackend, VolumePath, VolumeUsage};
+use nfsprov_api_types::{
+    ArchivePath, CloneMethod, QuotaBackend, SnapshotMethod, VolumePath, VolumeUsage,
+};
 
 use super::archive::area::StoredArchive;
 use super::confine::Root;
@@ -107,6 +109,32 @@ pub trait VolumeBackend: Debug + Send + Sync {
         target: &CloneTarget<'_>,
         progress: &CopyProgress,
     ) -> Result<(Option<QuotaRecord>, CloneMethod)>;
+
+    /// Makes `name` in `parent` (the agent's snapshot area, where it stays) a snapshot of
+    /// the source: its content at one point in time where the storage can snapshot,
+    /// otherwise an exact copy. Answers the method used; on failure what was made is left
+    /// for the caller to remove.
+    fn snapshot(
+        &self,
+        source: &CloneSource<'_>,
+        parent: BorrowedFd<'_>,
+        name: &str,
+        progress: &CopyProgress,
+    ) -> Result<SnapshotMethod> {
+        let _ = (parent, name, progress);
+        Err(StoreError::Unsupported(format!(
+            "{}: this agent's {} volumes cannot be snapshotted",
+            source.path,
+            self.kind()
+        )))
+    }
+
+    /// Bytes only the snapshot whose directory is `dir` holds, where the storage counts
+    /// them.
+    fn snapshot_exclusive_bytes(&self, dir: BorrowedFd<'_>) -> Option<u64> {
+        let _ = dir;
+        None
+    }
 
     /// Refuses, saying why, when a plain directory already at `path` cannot become a
     /// volume of this kind just by recording it.
