@@ -186,7 +186,7 @@ impl VolumeStore {
             std::process::id(),
             OffsetDateTime::now_utc().unix_timestamp_nanos()
         );
-        Self::set_aside_snapshot_leftovers(&root, &unique)?;
+        Self::set_aside_snapshot_leftovers(&root, backend.as_ref(), &unique)?;
         let durable = Durability::new(root.fd())?;
         Ok(Self {
             durable,
@@ -705,9 +705,12 @@ impl VolumeStore {
                     path,
                     limit,
                 };
-                let (quota, method) = self
-                    .backend
-                    .clone_volume(&self.root, source, &target, progress)?;
+                let (quota, method) = match &wanted.origin {
+                    Origin::Restore(name) => self.backend.clone_kept_snapshot(name, &target)?,
+                    Origin::Clone(_) => self
+                        .backend
+                        .clone_volume(&self.root, source, &target, progress)?,
+                };
                 let finished = open_child(parent, leaf, false)
                     .and_then(|dir| made_record(dir.as_fd(), quota.clone(), method));
                 match finished {

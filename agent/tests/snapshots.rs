@@ -16,7 +16,8 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use common::agent_process::{agent_binary, setup};
-use common::tree::{manifest, write_fixture};
+use common::tree::{manifest, write_fixture, write_tree};
+use common::zfs_pool::ZfsPool;
 use nfsprov_agent::init::files;
 use nfsprov_agent::quota::QuotaSettings;
 use nfsprov_agent_testkit::{LoopBtrfs, LoopXfs, TestAgent};
@@ -149,6 +150,8 @@ async fn snapshot_life(
     method: SnapshotMethod,
     restore_method: CloneMethod,
 ) {
+    let kept_by_zfs = method == SnapshotMethod::ZfsSnapshot;
+    let trees: &[&str] = if kept_by_zfs { &[] } else { &["snap-1"] };
     let client = agent.client();
     let source = path("team/source");
     let create = CreateVolumeRequest {
@@ -158,7 +161,7 @@ async fn snapshot_life(
         ..CreateVolumeRequest::default()
     };
     client.create_volume(&source, &create, None).await.unwrap();
-    write_fixture(&root.join("team/source"));
+    write_tree(&root.join("team/source"), !kept_by_zfs);
     let before = state_of(&root.join("team/source"));
 
     let snap = name("snap-1");
@@ -174,12 +177,12 @@ async fn snapshot_life(
     );
     assert_eq!(
         taken.exclusive_bytes.is_some(),
-        method == SnapshotMethod::BtrfsSnapshot,
+        method == SnapshotMethod::BtrfsSnapshot || kept_by_zfs,
         "exclusive bytes only where the filesystem counts them: {taken:?}"
     );
     let area = std::fs::metadata(root.join(".nfsprov/snapshots")).unwrap();
     assert_eq!(area.mode() & 0o777, 0o700, "only the agent enters the area");
-    assert_eq!(entries(&snapshot_data(root)), ["snap-1"]);
+    assert_eq!(entries(&snapshot_data(root)), trees);
 
     // The same request again finds it; the name of another source's is refused.
     let again = snapshot_until_ready(&client, &snap, &source).await.unwrap();
@@ -434,6 +437,118 @@ async fn a_btrfs_volume_is_snapshotted_read_only() {
         "the deleted snapshot's subvolume is gone: {subvolumes}"
     );
     drop(client);
+    agent.stop().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_zfs_volume_is_snapshotted_by_zfs_and_its_dataset_held_for_its_snapshots() {
+    let test = "a_zfs_volume_is_snapshotted_by_zfs_and_its_dataset_held_for_its_snapshots";
+    let Some(pool) = ZfsPool::create(test) else {
+        return;
+    };
+    let root = pool.export_root().to_owned();
+    let agent = TestAgent::start_with_quota(&root, pool.quota_settings())
+        .await
+        .unwrap();
+    snapshot_life(
+        &agent,
+        &root,
+        QuotaPolicy::Enforce,
+        SnapshotMethod::ZfsSnapshot,
+        CloneMethod::ZfsClone,
+    )
+    .await;
+    let client = agent.client();
+    let held = || {
+        pool.child_datasets()
+            .into_iter()
+            .filter(|d| d.starts_with(":held:"))
+            .count()
+    };
+    assert_eq!(held(), 0, "{:?}", pool.child_datasets());
+
+    // The source of a snapshot nothing was restored from is deleted: its dataset is held
+    // for the snapshot, out of the volumes' way, and the snapshot restores as it was.
+    std::fs::write(root.join("team/other/kept.txt"), b"kept by the snapshot").unwrap();
+    let other = path("team/other");
+    let snap = name("snap-2");
+    snapshot_until_ready(&client, &snap, &other).await.unwrap();
+    std::fs::write(root.join("team/other/kept.txt"), b"changed").unwrap();
+    client.delete_volume(&other, None).await.unwrap();
+    assert!(!root.join("team/other").exists());
+    assert_eq!(held(), 1, "{:?}", pool.child_datasets());
+    assert!(client.get_snapshot(&snap, None).await.unwrap().ready);
+    let from_held = restore_until_ready(
+        &client,
+        &path("team/from-held"),
+        &restore_request("snap-2", 2 * GIB, QuotaPolicy::Enforce),
+    )
+    .await
+    .unwrap();
+    assert!(from_held.created);
+    assert_eq!(
+        std::fs::read(root.join("team/from-held/kept.txt")).unwrap(),
+        b"kept by the snapshot"
+    );
+    // Its snapshot deleted, the held dataset goes too; the restore stays.
+    client.delete_snapshot(&snap, None).await.unwrap();
+    assert_eq!(held(), 0, "{:?}", pool.child_datasets());
+    assert_eq!(
+        std::fs::read(root.join("team/from-held/kept.txt")).unwrap(),
+        b"kept by the snapshot"
+    );
+
+    // An archived source takes its snapshots along; they still restore.
+    let snap = name("snap-3");
+    snapshot_until_ready(&client, &snap, &path("team/from-held"))
+        .await
+        .unwrap();
+    let archived = client
+        .archive_volume(&path("team/from-held"), None, None)
+        .await
+        .unwrap();
+    assert!(client.get_snapshot(&snap, None).await.unwrap().ready);
+    let from_archive = restore_until_ready(
+        &client,
+        &path("team/from-archive"),
+        &restore_request("snap-3", 2 * GIB, QuotaPolicy::Enforce),
+    )
+    .await
+    .unwrap();
+    assert!(from_archive.created);
+    assert_eq!(
+        std::fs::read(root.join("team/from-archive/kept.txt")).unwrap(),
+        b"kept by the snapshot"
+    );
+    assert_eq!(
+        std::fs::read(root.join(&archived.archive_path).join("kept.txt")).unwrap(),
+        b"kept by the snapshot"
+    );
+
+    // Everything deleted, in an order that makes every rule work: nothing is left.
+    client.delete_snapshot(&snap, None).await.unwrap();
+    for archive in client.list_archives(None).await.unwrap() {
+        client.delete_archive(&archive.id, None).await.unwrap();
+    }
+    for volume in client.list_volumes(None).await.unwrap() {
+        client.delete_volume(&volume.path, None).await.unwrap();
+    }
+    assert!(
+        pool.child_datasets().is_empty(),
+        "{:?}",
+        pool.child_datasets()
+    );
+    let snapshots = pool.zfs(&[
+        "list",
+        "-H",
+        "-o",
+        "name",
+        "-t",
+        "snapshot",
+        "-r",
+        pool.dataset(),
+    ]);
+    assert!(snapshots.trim().is_empty(), "{snapshots}");
     agent.stop().await.unwrap();
 }
 

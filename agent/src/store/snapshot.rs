@@ -12,6 +12,8 @@
 //! opens and removed in the background.
 //!
 //! How each is made, the fastest exact way the source allows:
+//! - a ZFS snapshot of a dataset volume, kept by ZFS (its record only is in the area;
+//!   what becomes of it when its source is deleted or archived is in `zfs::kept`);
 //! - a read-only btrfs snapshot of a subvolume volume (every volume a btrfs quota limits).
 //!   Such a snapshot cannot be renamed into another directory, so it is made in `data`
 //!   under a name no snapshot can have (a leading `.`) and renamed to its own name there;
@@ -21,7 +23,9 @@
 //! How snapshots count against quota: a btrfs snapshot is a subvolume with a qgroup of
 //! its own and no limit, so what only it holds is charged to it, never to its source's
 //! limit (its exclusive bytes are reported); a reflink or copy lies in the agent's area,
-//! outside every volume's subvolume or project, so no volume's quota is charged for it.
+//! outside every volume's subvolume or project, so no volume's quota is charged for it;
+//! a ZFS snapshot's space is charged to its dataset's `used`, never to the volume's
+//! `refquota` (its exclusive bytes are its `used`).
 //! Either way a snapshot takes space of the filesystem, which the agent's readiness
 //! checks watch like any other.
 //!
@@ -39,7 +43,7 @@ use rustix::fs::{AtFlags, Mode, OFlags, RenameFlags};
 use rustix::io::Errno;
 use serde::{Deserialize, Serialize};
 
-use super::backend::{CloneSource, KnownQuota, Layout};
+use super::backend::{CloneSource, KnownQuota, Layout, VolumeBackend};
 use super::confine::{Root, STATE_DIR, list_dir, open_child};
 use super::durable::Changes;
 use super::error::{Result, StoreError, io_error, not_found};
@@ -232,15 +236,17 @@ impl VolumeStore {
         self.locks.lock(&format!(".{SNAPSHOTS_DIR}/{name}")).await
     }
 
-    /// Whether this store can take snapshots: its backend keeps volumes as directories
-    /// of the root's filesystem.
+    /// Whether this store can take snapshots: every backend can.
     pub fn takes_snapshots(&self) -> bool {
-        self.backend.layout() == Layout::Directories
+        true
     }
 
-    /// The method a snapshot of `source` that is still being made will most likely end
-    /// with (an instant btrfs snapshot is never seen being made).
+    /// The method a snapshot that is still being made will most likely end with (an
+    /// instant btrfs snapshot is never seen being made).
     pub fn copy_snapshot_method(&self) -> SnapshotMethod {
+        if self.backend.layout() == Layout::Mounts {
+            return SnapshotMethod::ZfsSnapshot;
+        }
         let reflink = Area::open(&self.root)
             .is_ok_and(|area| super::copy::reflink_supported(area.data.as_fd()));
         if reflink {
@@ -267,6 +273,7 @@ impl VolumeStore {
             )));
         }
         let area = Area::open(&self.root)?;
+        let mounts = self.backend.layout() == Layout::Mounts;
         if let Some(record) = area.read(name)? {
             if record.source != *source {
                 return Err(StoreError::Conflict(format!(
@@ -287,11 +294,18 @@ impl VolumeStore {
             self.backend
                 .remove(area.data.as_fd(), name.as_str(), None, KnownQuota::Unknown)?;
         }
+        if mounts && self.backend.kept_snapshots()?.contains_key(name.as_str()) {
+            // Likewise for a kept snapshot taken but never recorded.
+            self.backend.drop_kept_snapshot(name)?;
+        }
         let Some((source_parent, source_record)) = self.locate(source)? else {
             return Err(StoreError::NotFound(format!(
                 "snapshot {name}: the source volume {source} does not exist; nothing was taken"
             )));
         };
+        if mounts {
+            return self.take_kept_snapshot(&area, name, source, &source_record);
+        }
         let points = self.mount_points(source.as_str(), mounts::MountTable::mount_points_below)?;
         if !points.is_empty() {
             return Err(StoreError::Conflict(format!(
@@ -350,6 +364,47 @@ impl VolumeStore {
         Ok((record.to_snapshot(name, exclusive), Created::New))
     }
 
+    /// A snapshot the storage keeps itself, recorded once it is taken.
+    fn take_kept_snapshot(
+        &self,
+        area: &Area,
+        name: &SnapshotName,
+        source: &VolumePath,
+        source_record: &VolumeRecord,
+    ) -> Result<(Snapshot, Created)> {
+        let created_at = now_rfc3339();
+        self.backend.take_kept_snapshot(source, name)?;
+        let recorded = self
+            .backend
+            .kept_snapshots()?
+            .remove(name.as_str())
+            .ok_or_else(|| {
+                StoreError::Conflict(format!(
+                    "snapshot {name} of {source} was taken but is not listed; retry"
+                ))
+            })
+            .and_then(|kept| {
+                let record = SnapshotRecord {
+                    source: source.clone(),
+                    method: SnapshotMethod::ZfsSnapshot,
+                    created_at,
+                    restore_size_bytes: source_record.capacity_bytes,
+                    size_bytes: kept.referenced.unwrap_or(0),
+                };
+                area.write(name, &record)?;
+                Ok(record.to_snapshot(name, kept.used))
+            });
+        match recorded {
+            Ok(snapshot) => Ok((snapshot, Created::New)),
+            Err(e) => {
+                if let Err(error) = self.backend.drop_kept_snapshot(name) {
+                    tracing::warn!(snapshot = %name, %error, "could not remove a snapshot that was not recorded; it goes when the name is taken again or at the next start");
+                }
+                Err(e)
+            }
+        }
+    }
+
     /// Removes a tree that did not become a snapshot; what cannot be removed now goes
     /// at the next start.
     fn discard(&self, area: &Area, entry: &str, name: &SnapshotName) {
@@ -362,6 +417,15 @@ impl VolumeStore {
     }
 
     fn exclusive_bytes(&self, area: &Area, name: &SnapshotName) -> Option<u64> {
+        if self.backend.layout() == Layout::Mounts {
+            return match self.backend.kept_snapshots() {
+                Ok(mut kept) => kept.remove(name.as_str()).and_then(|k| k.used),
+                Err(error) => {
+                    tracing::warn!(snapshot = %name, %error, "could not read a snapshot's exclusive bytes");
+                    None
+                }
+            };
+        }
         let dir = open_child(area.data.as_fd(), name.as_str(), false).ok()?;
         self.backend.snapshot_exclusive_bytes(dir.as_fd())
     }
@@ -392,12 +456,21 @@ impl VolumeStore {
         if let Some(limit) = limit {
             names.truncate(limit);
         }
+        // Kept snapshots' figures in one listing, not one per snapshot.
+        let mut kept = match self.backend.layout() {
+            Layout::Mounts if !names.is_empty() => Some(self.backend.kept_snapshots()?),
+            _ => None,
+        };
         let mut page = Vec::with_capacity(names.len());
         for name in &names {
             // Deleted since the listing, or unreadable: not a snapshot to show.
             match area.read(name) {
                 Ok(Some(record)) => {
-                    page.push(record.to_snapshot(name, self.exclusive_bytes(&area, name)));
+                    let exclusive = match kept.as_mut() {
+                        Some(kept) => kept.remove(name.as_str()).and_then(|k| k.used),
+                        None => self.exclusive_bytes(&area, name),
+                    };
+                    page.push(record.to_snapshot(name, exclusive));
                 }
                 Ok(None) => {}
                 Err(error) => {
@@ -418,6 +491,14 @@ impl VolumeStore {
         self.root.ensure_present()?;
         let area = Area::open(&self.root)?;
         let had_record = area.remove_record(name)?;
+        if self.backend.layout() == Layout::Mounts {
+            let had_snapshot = self.backend.drop_kept_snapshot(name)?;
+            return Ok(if had_record || had_snapshot {
+                Deleted::Removed
+            } else {
+                Deleted::WasAbsent
+            });
+        }
         if !area.has_tree(name.as_str()) {
             return Ok(if had_record {
                 Deleted::Removed
@@ -469,7 +550,15 @@ impl VolumeStore {
             )));
         };
         check_restore_size(path, &record, request)?;
-        let dir = open_child(area.data.as_fd(), name.as_str(), false)?;
+        // A kept snapshot has no tree of its own here; its backend reads no source
+        // directory, and the area's stands in.
+        let dir = match self.backend.layout() {
+            Layout::Directories => open_child(area.data.as_fd(), name.as_str(), false)?,
+            Layout::Mounts => area.data.try_clone().map_err(|e| StoreError::Io {
+                context: "open the snapshot area".into(),
+                source: e,
+            })?,
+        };
         let found = record_as_found(dir.as_fd(), path, record.restore_size_bytes, &request.owner)?;
         let source = CloneSource {
             path: &record.source,
@@ -501,8 +590,20 @@ impl VolumeStore {
     /// trees without a record, records being written. Runs when the store opens, before
     /// any request, so nothing it renames is in use; the renamed trees are removed by
     /// [`Self::purge_snapshot_leftovers`] in the background. Answers how many it set aside.
-    pub(super) fn set_aside_snapshot_leftovers(root: &Root, unique: &str) -> Result<usize> {
+    pub(super) fn set_aside_snapshot_leftovers(
+        root: &Root,
+        backend: &dyn VolumeBackend,
+        unique: &str,
+    ) -> Result<usize> {
         let area = Area::open(root)?;
+        for kept in backend.kept_snapshots()?.into_keys() {
+            // Taken, but a crash came before it was recorded: no snapshot.
+            if let Ok(name) = SnapshotName::parse(&kept)
+                && area.read(&name)?.is_none()
+            {
+                backend.drop_kept_snapshot(&name)?;
+            }
+        }
         for (entry, _) in
             list_dir(area.records.as_fd()).map_err(|e| io_error("list the snapshot records", e))?
         {

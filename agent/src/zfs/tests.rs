@@ -87,7 +87,7 @@ const GET_VOLUME: &str =
     "zfs get -H -p -o property,value,source nfsprov:path,nfsprov:volume tank/export/ns:claim";
 /// What every destroy looks at first: which children are clones of what.
 const LIST_ORIGINS: &str =
-    "zfs get -H -p -r -d 1 -o name,property,value,source origin,nfsprov:path tank/export";
+    "zfs get -H -p -r -d 2 -o name,property,value,source origin,nfsprov:path tank/export";
 
 #[test]
 fn create_makes_one_dataset_with_mountpoint_owner_mark_and_quota() {
@@ -961,7 +961,7 @@ fn a_failed_clone_destroys_the_snapshot_it_was_to_be_made_from() {
     );
 }
 
-/// `zfs get -r -d 1 origin,nfsprov:path` output: the configured dataset, then each
+/// `zfs get -r -d 2 origin,nfsprov:path` output: the configured dataset, then each
 /// `(child, origin, path mark)`.
 fn origins(children: &[(&str, Option<&str>, Option<&str>)]) -> String {
     let mut out = "tank/export\torigin\t-\t-\ntank/export\tnfsprov:path\t-\t-\n".to_owned();

@@ -10,6 +10,11 @@ const MIB: u64 = 1 << 20;
 
 /// Writes a tree with every kind of entry a clone must keep exactly.
 pub fn write_fixture(volume: &Path) {
+    write_tree(volume, true);
+}
+
+/// [`write_fixture`], with an extended attribute only when `xattrs` (zfs-fuse has none).
+pub fn write_tree(volume: &Path, xattrs: bool) {
     let sub = volume.join("sub/deeper/deepest");
     std::fs::create_dir_all(&sub).unwrap();
     std::fs::write(sub.join("leaf.txt"), b"three levels down").unwrap();
@@ -38,13 +43,15 @@ pub fn write_fixture(volume: &Path) {
     sparse.write_all_at(&[0xab; 65536], 4096 * 16).unwrap();
     sparse.write_all_at(&[0xcd; 65536], 512 * MIB).unwrap();
     drop(sparse);
-    rustix::fs::setxattr(
-        volume.join("data.bin"),
-        "user.origin",
-        b"source",
-        rustix::fs::XattrFlags::empty(),
-    )
-    .unwrap();
+    if xattrs {
+        rustix::fs::setxattr(
+            volume.join("data.bin"),
+            "user.origin",
+            b"source",
+            rustix::fs::XattrFlags::empty(),
+        )
+        .unwrap();
+    }
     rustix::fs::mkfifoat(
         rustix::fs::CWD,
         volume.join("pipe"),
