@@ -160,6 +160,7 @@ impl Snapshots {
                 let name = name.clone();
                 let source = request.source.clone();
                 let progress = metrics.copy.clone();
+                let cancelled = cancelled.clone();
                 tokio::task::spawn_blocking(move || {
                     let taken = store.take_snapshot(&name, &source, &progress);
                     if cancelled.load(Ordering::SeqCst) && taken.is_ok() {
@@ -188,6 +189,8 @@ impl Snapshots {
                     }
                     Ok((snapshot, created))
                 }
+                // Not a failure: deleted while it was being taken.
+                Ok(Err(e)) if cancelled.load(Ordering::SeqCst) => Err(e.to_api_error()),
                 Ok(Err(e)) => {
                     metrics.failed.inc();
                     tracing::warn!(snapshot = %name, source = %request.source, error = %e, "snapshot failed");

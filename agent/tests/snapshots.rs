@@ -593,34 +593,28 @@ async fn hostile_snapshot_names_are_refused() {
     agent.stop().await.unwrap();
 }
 
-/// The file, in the agent's settings directory, whose exclusive lock the crash test
-/// holds to keep a debug agent's finished snapshot copy from being placed.
+/// The file, in the agent's settings directory, whose exclusive lock a test holds to
+/// keep a debug agent's finished snapshot copy from being placed.
 const HOLD_SNAPSHOTS: &str = "hold-snapshots";
 
-#[tokio::test(flavor = "multi_thread")]
-async fn a_crash_during_a_copy_snapshot_leaves_no_snapshot() {
-    if skip_unless_root("a_crash_during_a_copy_snapshot_leaves_no_snapshot") {
-        return;
-    }
-    let setup = setup();
-    let spawn = || {
-        Command::new(agent_binary())
-            .args(["run", "--config"])
-            .arg(setup.etc.join(files::CONFIG))
-            .env(
-                "NFSPROV_AGENT_HOLD_SNAPSHOTS",
-                setup.etc.join(HOLD_SNAPSHOTS),
-            )
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap()
-    };
-    let hold = std::fs::File::create(setup.etc.join(HOLD_SNAPSHOTS)).unwrap();
-    hold.lock().unwrap();
-    let mut agent = spawn();
-    let client = setup.client();
-    setup.wait_healthy(&client).await;
+/// The agent as a process of its own whose snapshot copies wait, once done, while the
+/// test holds the lock of [`HOLD_SNAPSHOTS`].
+fn spawn_held(setup: &common::agent_process::Setup) -> std::process::Child {
+    Command::new(agent_binary())
+        .args(["run", "--config"])
+        .arg(setup.etc.join(files::CONFIG))
+        .env(
+            "NFSPROV_AGENT_HOLD_SNAPSHOTS",
+            setup.etc.join(HOLD_SNAPSHOTS),
+        )
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap()
+}
+
+/// A volume `team/source` holding the fixture, on the agent of `setup`.
+async fn source_volume(setup: &common::agent_process::Setup, client: &AgentClient) -> VolumePath {
     let source = path("team/source");
     let create = CreateVolumeRequest {
         capacity_bytes: GIB,
@@ -628,6 +622,76 @@ async fn a_crash_during_a_copy_snapshot_leaves_no_snapshot() {
     };
     client.create_volume(&source, &create, None).await.unwrap();
     write_fixture(&setup.root.join("team/source"));
+    source
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_snapshot_deleted_while_being_made_is_never_ready() {
+    if skip_unless_root("a_snapshot_deleted_while_being_made_is_never_ready") {
+        return;
+    }
+    let setup = setup();
+    let hold = std::fs::File::create(setup.etc.join(HOLD_SNAPSHOTS)).unwrap();
+    hold.lock().unwrap();
+    let mut agent = spawn_held(&setup);
+    let client = setup.client();
+    setup.wait_healthy(&client).await;
+    let source = source_volume(&setup, &client).await;
+    let snap = name("snap-gone");
+    let request = CreateSnapshotRequest {
+        source: source.clone(),
+    };
+    let running = client.create_snapshot(&snap, &request, None).await.unwrap();
+    assert!(!running.ready);
+    assert_eq!(running.method, SnapshotMethod::Copy);
+    client.delete_snapshot(&snap, None).await.unwrap();
+    let gone = client.get_snapshot(&snap, None).await.unwrap_err();
+    assert_eq!(gone.code(), Some(ErrorCode::NotFound), "{gone}");
+
+    // Let go: the job finds itself deleted and removes what it made.
+    drop(hold);
+    let data = snapshot_data(&setup.root);
+    common::wait_for(
+        "the deleted snapshot's copy to go",
+        Duration::from_secs(60),
+        || entries(&data).is_empty(),
+    )
+    .await;
+    let gone = client.get_snapshot(&snap, None).await.unwrap_err();
+    assert_eq!(gone.code(), Some(ErrorCode::NotFound), "{gone}");
+    let metrics = setup.metrics().await;
+    assert!(
+        metrics.contains("nfsprov_agent_snapshots_failed_total 0"),
+        "a deleted snapshot is no failure:\n{metrics}"
+    );
+    // Taken again under the same name, it is made afresh.
+    let taken = snapshot_until_ready(&client, &snap, &source).await.unwrap();
+    assert!(taken.ready);
+    let metrics = setup.metrics().await;
+    assert!(
+        metrics.contains("nfsprov_agent_snapshots_total{method=\"copy\"} 1"),
+        "{metrics}"
+    );
+    assert!(
+        !metrics.contains("nfsprov_agent_snapshot_bytes_total 0\n"),
+        "{metrics}"
+    );
+    agent.kill().unwrap();
+    agent.wait().unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_crash_during_a_copy_snapshot_leaves_no_snapshot() {
+    if skip_unless_root("a_crash_during_a_copy_snapshot_leaves_no_snapshot") {
+        return;
+    }
+    let setup = setup();
+    let hold = std::fs::File::create(setup.etc.join(HOLD_SNAPSHOTS)).unwrap();
+    hold.lock().unwrap();
+    let mut agent = spawn_held(&setup);
+    let client = setup.client();
+    setup.wait_healthy(&client).await;
+    let source = source_volume(&setup, &client).await;
 
     let snap = name("snap-crash");
     let request = CreateSnapshotRequest {
@@ -649,7 +713,7 @@ async fn a_crash_during_a_copy_snapshot_leaves_no_snapshot() {
 
     // Without the hold: a restart finds no snapshot and clears what the copy left.
     drop(hold);
-    let mut agent = spawn();
+    let mut agent = spawn_held(&setup);
     setup.wait_healthy(&client).await;
     let gone = client.get_snapshot(&snap, None).await.unwrap_err();
     assert_eq!(gone.code(), Some(ErrorCode::NotFound), "{gone}");
