@@ -1336,9 +1336,9 @@ impl Origin<'_> {
                     method,
                 });
             }
-            Origin::Restore(snapshot) => {
+            Origin::Restore(name) => {
                 record.restore = Some(RestoreOrigin {
-                    snapshot: (*snapshot).clone(),
+                    snapshot: (*name).clone(),
                     method,
                 });
             }

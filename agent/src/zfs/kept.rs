@@ -29,23 +29,12 @@ use nfsprov_api_types::VolumePath;
 use super::names::{
     ARCHIVE_NAME_PREFIX, HELD_NAME_PREFIX, MAX_DATASET_NAME_LEN, MAX_GUID_DIGITS, SNAPSHOT_PREFIX,
 };
-use super::parse::{is_missing_dataset, parse_kept_snapshots, parse_snapshots};
+use super::parse::{KeptSnapshot, is_missing_dataset, parse_kept_snapshots, parse_snapshots};
 use super::{
     VolumeDataset, Zfs, ZfsError, clone_snapshot_name, commands, foreign, quota_value, snapshot_of,
 };
 
 type Result<T> = std::result::Result<T, ZfsError>;
-
-/// A kept snapshot as ZFS lists it.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct KeptSnapshot {
-    /// `<dataset>@nfsprov-snapshot-<name>`.
-    pub full_name: String,
-    /// Bytes only it holds.
-    pub used: Option<u64>,
-    /// Bytes it references: the data it holds.
-    pub referenced: Option<u64>,
-}
 
 impl Zfs {
     /// Takes the kept snapshot `name` of the finished volume at `source`.

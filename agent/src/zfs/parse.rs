@@ -57,6 +57,17 @@ impl Child {
     }
 }
 
+/// A kept snapshot as ZFS lists it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct KeptSnapshot {
+    /// `<dataset>@nfsprov-snapshot-<name>`.
+    pub full_name: String,
+    /// Bytes only it holds.
+    pub used: Option<u64>,
+    /// Bytes it references: the data it holds.
+    pub referenced: Option<u64>,
+}
+
 /// The agent's snapshots of the children of `dataset` (those named with
 /// `SNAPSHOT_PREFIX`), each with the properties listed for it, in `zfs get -H -p -r -d 2
 /// -o name,property,value,source` output.
