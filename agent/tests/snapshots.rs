@@ -294,6 +294,7 @@ async fn snapshot_life(
     .unwrap();
     assert!(second.created);
     assert_eq!(state_of(&root.join("team/second")), before);
+    std::fs::write(root.join("team/second/written"), b"a restore is writable").unwrap();
 
     // The snapshot goes: its data with it, its restores stay; gone again is fine.
     client.delete_snapshot(&snap, None).await.unwrap();

@@ -351,7 +351,11 @@ impl VolumeStore {
             self.discard(&area, &making, name);
             return Err(io_error(format!("place snapshot {name}"), e));
         }
-        rustix::fs::fsync(&area.data).map_err(|e| io_error(format!("place snapshot {name}"), e))?;
+        // Durable before the record is: on btrfs a subvolume's rename is committed only
+        // with the filesystem's transaction, which the store's commit forces there.
+        let mut placed = Changes::new();
+        placed.dir(area.data.as_fd())?;
+        self.durable.commit(placed)?;
         let record = SnapshotRecord {
             source: source.clone(),
             method,
@@ -515,8 +519,9 @@ impl VolumeStore {
             RenameFlags::NOREPLACE,
         )
         .map_err(|e| io_error(format!("remove snapshot {name}"), e))?;
-        rustix::fs::fsync(&area.data)
-            .map_err(|e| io_error(format!("remove snapshot {name}"), e))?;
+        let mut moved = Changes::new();
+        moved.dir(area.data.as_fd())?;
+        self.durable.commit(moved)?;
         self.backend
             .remove(area.data.as_fd(), &doomed, None, KnownQuota::Unknown)?;
         Ok(Deleted::Removed)
@@ -636,7 +641,9 @@ impl VolumeStore {
             set_aside += 1;
         }
         if set_aside > 0 {
-            rustix::fs::fsync(&area.data)
+            // The whole filesystem: on btrfs a subvolume's rename is committed only with
+            // its transaction.
+            rustix::fs::syncfs(&area.data)
                 .map_err(|e| io_error("set aside snapshot leftovers", e))?;
         }
         Ok(set_aside)
