@@ -15,9 +15,9 @@ use futures::StreamExt;
 use nfsprov_api_types::logsafe::{self, MAX_MESSAGE_BYTES};
 use nfsprov_api_types::{
     AdoptVolumeRequest, AgentInfo, ApiError, ArchiveList, ArchivePath, ArchiveRequest,
-    Capabilities, CloneVolumeRequest, CreateVolumeRequest, Endpoint, ErrorCode, ExportRequest,
-    Health, ListQuery, NfsExport, REQUEST_ID_HEADER, ResizeVolumeRequest, Volume, VolumeList,
-    VolumePath,
+    Capabilities, CloneVolumeRequest, CreateSnapshotRequest, CreateVolumeRequest, Endpoint,
+    ErrorCode, ExportRequest, Health, ListQuery, NfsExport, REQUEST_ID_HEADER, ResizeVolumeRequest,
+    RestoreVolumeRequest, SnapshotList, SnapshotName, Volume, VolumeList, VolumePath,
 };
 use tokio::sync::Semaphore;
 use tower_http::request_id::{MakeRequestUuid, PropagateRequestIdLayer, SetRequestIdLayer};
@@ -30,6 +30,7 @@ use crate::exports::{ExportError, Exports, FaultPoint, crash_if_asked};
 use crate::metrics::{Metrics, RequestLabels, RouteLabels};
 use crate::policy::Policy;
 use crate::ratelimit::RateLimit;
+use crate::snapshots::{RestoreAnswer, SnapshotAnswer, Snapshots};
 use crate::store::{Archived, Created, Deleted, StoreError, VolumeStore};
 use crate::tls::PeerCertificate;
 use crate::usage::UsageCache;
@@ -54,6 +55,8 @@ pub struct AppState {
     pub archives: Arc<Archives>,
     /// The clones being made.
     pub clones: Clones,
+    /// The snapshots and restores being made.
+    pub snapshots: Snapshots,
     /// Who each volume is exported to.
     pub exports: Arc<Exports>,
     usage: UsageCache,
@@ -72,13 +75,15 @@ impl AppState {
     /// The state for `config`'s agent, serving `store` and checking callers with `auth`.
     pub fn new(store: Arc<VolumeStore>, auth: Authenticator, config: &AgentConfig) -> Self {
         let metrics = Metrics::new();
+        let clones = Clones::new(store.clone(), metrics.clones.clone(), config);
         Self {
             archives: Arc::new(Archives::new(
                 store.clone(),
                 config.archive.clone(),
                 metrics.archives.clone(),
             )),
-            clones: Clones::new(store.clone(), metrics.clones.clone(), config),
+            snapshots: Snapshots::new(store.clone(), metrics.snapshots.clone(), clones.slots()),
+            clones,
             exports: Arc::new(Exports::none(&config.nfs_path)),
             store,
             auth,
@@ -243,11 +248,11 @@ fn handler(endpoint: Endpoint) -> MethodRouter<Arc<AppState>> {
         Endpoint::ListArchives => on(method, list_archives),
         Endpoint::ArchiveVolume => on(method, archive_volume),
         Endpoint::DeleteArchive => on(method, delete_archive),
-        Endpoint::ListSnapshots
-        | Endpoint::CreateSnapshot
-        | Endpoint::GetSnapshot
-        | Endpoint::DeleteSnapshot
-        | Endpoint::RestoreVolume => on(method, no_snapshots),
+        Endpoint::ListSnapshots => on(method, list_snapshots),
+        Endpoint::CreateSnapshot => on(method, create_snapshot),
+        Endpoint::GetSnapshot => on(method, get_snapshot),
+        Endpoint::DeleteSnapshot => on(method, delete_snapshot),
+        Endpoint::RestoreVolume => on(method, restore_volume),
     }
 }
 
@@ -513,7 +518,7 @@ async fn info(State(state): State<Arc<AppState>>) -> ApiResult<Json<AgentInfo>> 
             quota_enforced: state.store.backend().can_enforce(),
             archive: true,
             exports: state.exports.kind(),
-            snapshots: false,
+            snapshots: state.store.takes_snapshots(),
         },
         filesystem,
     }))
@@ -944,12 +949,160 @@ async fn delete_archive(
     }
 }
 
-/// This agent takes no snapshots (its `capabilities.snapshots` is `false`).
-async fn no_snapshots() -> ApiResult<StatusCode> {
-    Err(Failure(ApiError::new(
+/// The snapshot name of a snapshot endpoint: validated before anything is touched, so
+/// traversal or a hidden name never reaches the store.
+fn snapshot_name(raw: Result<Path<String>, PathRejection>) -> ApiResult<SnapshotName> {
+    let Path(raw) =
+        raw.map_err(|e| Failure::new(ErrorCode::InvalidPath, format!("invalid path: {e}")))?;
+    SnapshotName::parse(&raw).map_err(|e| {
+        Failure::new(
+            ErrorCode::InvalidPath,
+            format!("invalid snapshot name: {e}"),
+        )
+    })
+}
+
+/// Refuses snapshot work on an agent whose volumes cannot be snapshotted.
+fn check_snapshots(state: &AppState) -> ApiResult<()> {
+    if state.store.takes_snapshots() {
+        return Ok(());
+    }
+    Err(Failure::new(
         ErrorCode::Unsupported,
-        "this agent takes no snapshots",
-    )))
+        format!(
+            "this agent's {} volumes cannot be snapshotted",
+            state.store.backend().kind()
+        ),
+    ))
+}
+
+async fn create_snapshot(
+    State(state): State<Arc<AppState>>,
+    raw_name: Result<Path<String>, PathRejection>,
+    headers: HeaderMap,
+    body: Body,
+) -> ApiResult<Response> {
+    let body = read_body_in_time(&state, body, state.max_body_bytes).await;
+    let name = snapshot_name(raw_name)?;
+    let request: CreateSnapshotRequest = json_body(&headers, &body?)?;
+    check_snapshots(&state)?;
+    let wait = clone_answer_wait(state.request_timeout);
+    let result = match state.snapshots.create(&name, request, wait).await {
+        SnapshotAnswer::Running(snapshot) => {
+            return Ok((StatusCode::ACCEPTED, Json(snapshot)).into_response());
+        }
+        SnapshotAnswer::Done(outcome) => outcome.map_err(Failure),
+    };
+    state.metrics.count_operation("snapshot", outcome(&result));
+    let (snapshot, created) = result?;
+    let status = match created {
+        Created::New => StatusCode::CREATED,
+        Created::Existing => StatusCode::OK,
+    };
+    Ok((status, Json(snapshot)).into_response())
+}
+
+async fn get_snapshot(
+    State(state): State<Arc<AppState>>,
+    raw_name: Result<Path<String>, PathRejection>,
+) -> ApiResult<Response> {
+    let name = snapshot_name(raw_name)?;
+    let store = state.store.clone();
+    let lookup = name.clone();
+    let found = tokio::task::spawn_blocking(move || store.snapshot(&lookup))
+        .await
+        .map_err(|e| Failure::new(ErrorCode::Internal, format!("filesystem task failed: {e}")))??;
+    match found.or_else(|| state.snapshots.pending(&name)) {
+        Some(snapshot) => Ok(Json(snapshot).into_response()),
+        None => Err(Failure::new(
+            ErrorCode::NotFound,
+            format!("no snapshot {name}"),
+        )),
+    }
+}
+
+/// The ready snapshots; one being made is found by its name only.
+async fn list_snapshots(
+    State(state): State<Arc<AppState>>,
+    RawQuery(query): RawQuery,
+) -> ApiResult<Json<SnapshotList>> {
+    let page = ListQuery::parse(query.as_deref(), |raw| {
+        SnapshotName::parse(raw).map_err(|e| e.to_string())
+    })
+    .map_err(invalid_query)?;
+    let store = state.store.clone();
+    let (snapshots, next) = tokio::task::spawn_blocking(move || match page {
+        Some(page) => store.list_snapshots(page.after.as_ref(), Some(page.limit)),
+        None => store.list_snapshots(None, None),
+    })
+    .await
+    .map_err(|e| Failure::new(ErrorCode::Internal, format!("filesystem task failed: {e}")))??;
+    Ok(Json(SnapshotList { snapshots, next }))
+}
+
+async fn delete_snapshot(
+    State(state): State<Arc<AppState>>,
+    raw_name: Result<Path<String>, PathRejection>,
+) -> ApiResult<StatusCode> {
+    let name = snapshot_name(raw_name)?;
+    if state.snapshots.cancel(&name) {
+        // Its job removes what it made once its copy ends; nothing of it is ready.
+        state.metrics.count_operation("delete_snapshot", "success");
+        return Ok(StatusCode::NO_CONTENT);
+    }
+    let guard = state.store.lock_snapshot(&name).await;
+    let store = state.store.clone();
+    let result = tokio::task::spawn_blocking(move || {
+        let deleted = store.delete_snapshot(&name);
+        drop(guard);
+        deleted
+    })
+    .await
+    .map_err(|e| Failure::new(ErrorCode::Internal, format!("filesystem task failed: {e}")))
+    .and_then(|deleted| deleted.map_err(Failure::from));
+    state
+        .metrics
+        .count_operation("delete_snapshot", outcome(&result));
+    match result? {
+        Deleted::Removed | Deleted::WasAbsent => Ok(StatusCode::NO_CONTENT),
+    }
+}
+
+async fn restore_volume(
+    State(state): State<Arc<AppState>>,
+    raw_path: Result<Path<String>, PathRejection>,
+    headers: HeaderMap,
+    body: Body,
+) -> ApiResult<Response> {
+    let (path, request): (VolumePath, RestoreVolumeRequest) =
+        volume_request(&state, raw_path, &headers, body).await?;
+    check_export(&state, &path, request.export.as_ref())?;
+    check_snapshots(&state)?;
+    let export = request.export.clone();
+    let wait = clone_answer_wait(state.request_timeout);
+    let result = match state.snapshots.restore(&path, request, wait).await {
+        RestoreAnswer::Running(progress) => {
+            return Ok((StatusCode::ACCEPTED, Json(progress)).into_response());
+        }
+        RestoreAnswer::Done(outcome) => outcome.map_err(Failure),
+    };
+    // The data is there; its export follows, as after a create or a clone.
+    let result = match result {
+        Ok((volume, created)) => {
+            let exports = state.exports.clone();
+            with_path_lock(&state, &path.clone(), move |store| {
+                // Under the path lock: a volume deleted meanwhile is not exported.
+                store.get(&volume.path)?;
+                Ok::<_, Failure>((exported(&exports, volume, export.as_ref())?, created))
+            })
+            .await
+        }
+        Err(failure) => Err(failure),
+    };
+    state.usage.forget(&path);
+    state.metrics.count_operation("restore", outcome(&result));
+    let (volume, created) = result?;
+    Ok(made_or_found(volume, created))
 }
 
 fn outcome<T>(result: &ApiResult<T>) -> &'static str {
@@ -1022,6 +1175,9 @@ mod tests {
         match endpoint {
             Endpoint::DeleteArchive => endpoint
                 .path_for(&ArchivePath::parse("table/probe/@20260101T000000.000000000Z").unwrap()),
+            Endpoint::CreateSnapshot | Endpoint::GetSnapshot | Endpoint::DeleteSnapshot => {
+                endpoint.path_for(&SnapshotName::parse("table-probe").unwrap())
+            }
             _ if endpoint.takes_path() => {
                 endpoint.path_for(&VolumePath::parse("table/probe").unwrap())
             }

@@ -82,6 +82,11 @@ impl Clones {
         }
     }
 
+    /// The slots jobs that copy trees run in: clones', snapshots' and restores'.
+    pub fn slots(&self) -> Arc<Semaphore> {
+        self.slots.clone()
+    }
+
     /// Starts the clone of `request` at `path`, or joins the job already making it, and
     /// waits at most `wait` for it to end. A job making something else at `path` is a
     /// conflict.

@@ -13,7 +13,8 @@
 //! 5. `metrics`, and `usage` (measured in the background, cached);
 //! 6. `archive`: how long archives are kept, and their catalog for the API and the sweep;
 //! 7. `config`: the settings file, checked into the settings of the layers below;
-//! 8. `auth`, `logging`, `init` (first-run setup), `clones` (clone jobs);
+//! 8. `auth`, `logging`, `init` (first-run setup), `clones` (clone jobs), `snapshots`
+//!    (snapshot and restore jobs);
 //! 9. `cli`: the command line;
 //! 10. `api`: the HTTPS API, its routes and handlers.
 
@@ -32,6 +33,7 @@ pub(crate) mod mountinfo;
 pub mod policy;
 pub mod quota;
 pub(crate) mod ratelimit;
+pub(crate) mod snapshots;
 pub mod store;
 pub(crate) mod tls;
 pub(crate) mod usage;

@@ -67,6 +67,31 @@ pub struct CloneMetrics {
     pub copy: CopyProgress,
 }
 
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct SnapshotLabels {
+    pub method: &'static str,
+}
+
+/// What snapshots and restores report: how many, by which method, and how far the
+/// copies in flight are.
+#[derive(Debug, Clone, Default)]
+pub struct SnapshotMetrics {
+    /// Snapshots made, by method.
+    pub made: Family<SnapshotLabels, Counter>,
+    /// Snapshots that failed to be made.
+    pub failed: Counter,
+    /// Snapshot and restore jobs running now.
+    pub in_progress: Gauge,
+    /// Bytes of file data the snapshots made held when made.
+    pub bytes: Counter,
+    /// Volumes restored from snapshots, by method.
+    pub restored: Family<CloneLabels, Counter>,
+    /// Restores that failed.
+    pub restores_failed: Counter,
+    /// Updated by the copies themselves.
+    pub copy: CopyProgress,
+}
+
 #[derive(Debug)]
 pub struct Metrics {
     registry: Registry,
@@ -80,6 +105,7 @@ pub struct Metrics {
     pub stale_records_removed: Counter,
     pub archives: ArchiveMetrics,
     pub clones: CloneMetrics,
+    pub snapshots: SnapshotMetrics,
 }
 
 impl Default for Metrics {
@@ -196,8 +222,55 @@ impl Metrics {
             "Bytes of file data that the copies in flight have found but not copied yet",
             clones.copy.pending_bytes.clone(),
         );
+        let snapshots = SnapshotMetrics::default();
+        registry.register(
+            "snapshots",
+            "Snapshots made, by method (btrfs-snapshot, reflink, copy)",
+            snapshots.made.clone(),
+        );
+        registry.register(
+            "snapshots_failed",
+            "Snapshots that could not be made (the log says why)",
+            snapshots.failed.clone(),
+        );
+        registry.register(
+            "snapshot_jobs_in_progress",
+            "Snapshots and restores being made now",
+            snapshots.in_progress.clone(),
+        );
+        registry.register(
+            "snapshot_bytes",
+            "Bytes of file data the snapshots made held when they were made",
+            snapshots.bytes.clone(),
+        );
+        registry.register(
+            "restores",
+            "Volumes restored from snapshots, by method (btrfs-snapshot, reflink, copy)",
+            snapshots.restored.clone(),
+        );
+        registry.register(
+            "restores_failed",
+            "Restores from snapshots that could not be made (the log says why)",
+            snapshots.restores_failed.clone(),
+        );
+        registry.register(
+            "snapshot_copied_bytes",
+            "Bytes of file data copied or reflinked by snapshots and restores that copy their tree",
+            snapshots.copy.copied_bytes.clone(),
+        );
+        registry.register(
+            "snapshot_copied_files",
+            "Regular files copied or reflinked by snapshots and restores that copy their tree",
+            snapshots.copy.copied_files.clone(),
+        );
+        registry.register(
+            "snapshot_pending_bytes",
+            "Bytes of file data that the snapshot and restore copies in flight have found but not copied yet",
+            snapshots.copy.pending_bytes.clone(),
+        );
         Self {
             clones,
+            snapshots,
             registry,
             requests,
             request_duration,

@@ -64,11 +64,33 @@ impl Btrfs {
         dir: BorrowedFd<'_>,
         name: &str,
     ) -> Result<(), ToolError> {
-        let mut args = vec![
-            "subvolume".to_owned(),
-            "snapshot".to_owned(),
-            path_through_fd(source, None).display().to_string(),
-        ];
+        self.snapshot(source, dir, name, false)
+    }
+
+    /// Makes `name` in `dir` a read-only snapshot of the subvolume `source`. Nothing can
+    /// change it afterwards, not even a rename into another directory (its root's `..`
+    /// would change), so it is made in the directory it stays in.
+    pub fn snapshot_subvolume_read_only(
+        &self,
+        source: BorrowedFd<'_>,
+        dir: BorrowedFd<'_>,
+        name: &str,
+    ) -> Result<(), ToolError> {
+        self.snapshot(source, dir, name, true)
+    }
+
+    fn snapshot(
+        &self,
+        source: BorrowedFd<'_>,
+        dir: BorrowedFd<'_>,
+        name: &str,
+        read_only: bool,
+    ) -> Result<(), ToolError> {
+        let mut args = vec!["subvolume".to_owned(), "snapshot".to_owned()];
+        if read_only {
+            args.push("-r".to_owned());
+        }
+        args.push(path_through_fd(source, None).display().to_string());
         args.push(path_through_fd(dir, Some(name)).display().to_string());
         self.runner.run(&ToolCommand::new("btrfs", args)).map(drop)
     }
@@ -88,6 +110,18 @@ impl Btrfs {
         let command = ["qgroup", "show", "--raw", "-r", "-f"];
         let report = self.btrfs(&command, &path_through_fd(volume, None))?;
         parse_referenced(&report).ok_or_else(|| ToolError::Failed {
+            command: format!("btrfs {}", command.join(" ")),
+            status: "unexpected output".to_owned(),
+            stderr: report.chars().take(500).collect(),
+        })
+    }
+
+    /// Bytes only the subvolume references (its qgroup's exclusive count): what deleting
+    /// it would free.
+    pub fn exclusive_bytes(&self, volume: BorrowedFd<'_>) -> Result<u64, ToolError> {
+        let command = ["qgroup", "show", "--raw", "-f"];
+        let report = self.btrfs(&command, &path_through_fd(volume, None))?;
+        parse_level_zero(&report, 1).ok_or_else(|| ToolError::Failed {
             command: format!("btrfs {}", command.join(" ")),
             status: "unexpected output".to_owned(),
             stderr: report.chars().take(500).collect(),
@@ -160,13 +194,19 @@ pub(crate) fn is_btrfs_magic(f_type: rustix::fs::FsWord) -> bool {
 
 /// The referenced bytes of the level-0 qgroup in `btrfs qgroup show --raw -f` output.
 fn parse_referenced(report: &str) -> Option<u64> {
+    parse_level_zero(report, 0)
+}
+
+/// The figure in column `column` after the id (0: referenced, 1: exclusive) of the
+/// level-0 qgroup in `btrfs qgroup show --raw -f` output.
+fn parse_level_zero(report: &str, column: usize) -> Option<u64> {
     report.lines().find_map(|line| {
         let mut fields = line.split_whitespace();
         let id = fields.next()?;
         if !id.starts_with("0/") {
             return None;
         }
-        fields.next()?.parse().ok()
+        fields.nth(column)?.parse().ok()
     })
 }
 
@@ -191,6 +231,12 @@ mod tests {
              -------- ---------- --------- -------------- ----\n\
              0/257 4096 4096 1073741824 exp/ns/claim\n"));
         assert_eq!(backend.used_bytes(dir.as_fd()).unwrap(), 4096);
+        backend
+            .snapshot_subvolume_read_only(dir.as_fd(), dir.as_fd(), "snap-1")
+            .unwrap();
+        runner.reply(Ok("Qgroupid Referenced Exclusive Max referenced Path\n\
+             0/258 8192 1024 none .nfsprov/snapshots/snap-1\n"));
+        assert_eq!(backend.exclusive_bytes(dir.as_fd()).unwrap(), 1024);
         backend.delete_subvolume(dir.as_fd(), "del-1").unwrap();
         assert_eq!(
             runner.calls(),
@@ -198,6 +244,8 @@ mod tests {
                 format!("btrfs subvolume create {fd}/new-1"),
                 format!("btrfs qgroup limit 1073741824 {fd}"),
                 format!("btrfs qgroup show --raw -r -f {fd}"),
+                format!("btrfs subvolume snapshot -r {fd} {fd}/snap-1"),
+                format!("btrfs qgroup show --raw -f {fd}"),
                 format!("btrfs subvolume delete {fd}/del-1"),
             ]
         );

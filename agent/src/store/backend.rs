@@ -4,16 +4,20 @@
 //! volumes of its kind. Two backends exist: directories of the root's filesystem (with a
 //! quota strategy: none, btrfs or xfs) and ZFS datasets.
 
+use std::collections::BTreeMap;
 use std::fmt::Debug;
 use std::os::fd::{BorrowedFd, OwnedFd};
 
-use nfsprov_api_types::{ArchivePath, CloneMethod, QuotaBackend, VolumePath, VolumeUsage};
+use nfsprov_api_types::{
+    ArchivePath, CloneMethod, QuotaBackend, SnapshotMethod, SnapshotName, VolumePath, VolumeUsage,
+};
 
 use super::archive::area::StoredArchive;
 use super::confine::Root;
 use super::copy::CopyProgress;
 use super::error::{Result, StoreError};
 use super::record::{QuotaRecord, VolumeRecord};
+use crate::zfs::KeptSnapshot;
 
 /// How a backend's volumes sit beneath the root, which decides how the store moves them.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -107,6 +111,68 @@ pub trait VolumeBackend: Debug + Send + Sync {
         target: &CloneTarget<'_>,
         progress: &CopyProgress,
     ) -> Result<(Option<QuotaRecord>, CloneMethod)>;
+
+    /// Makes `name` in `parent` (the agent's snapshot area, where it stays) a snapshot of
+    /// the source: its content at one point in time where the storage can snapshot,
+    /// otherwise an exact copy. Answers the method used; on failure what was made is left
+    /// for the caller to remove.
+    fn snapshot(
+        &self,
+        source: &CloneSource<'_>,
+        parent: BorrowedFd<'_>,
+        name: &str,
+        progress: &CopyProgress,
+    ) -> Result<SnapshotMethod> {
+        let _ = (parent, name, progress);
+        Err(StoreError::Unsupported(format!(
+            "{}: this agent's {} volumes cannot be snapshotted",
+            source.path,
+            self.kind()
+        )))
+    }
+
+    /// Bytes only the snapshot whose directory is `dir` holds, where the storage counts
+    /// them.
+    fn snapshot_exclusive_bytes(&self, dir: BorrowedFd<'_>) -> Option<u64> {
+        let _ = dir;
+        None
+    }
+
+    /// [`Layout::Mounts`] only: takes the snapshot `name` of the volume at `source` as a
+    /// snapshot of the storage's own, kept by it (not a tree in the snapshot area).
+    fn take_kept_snapshot(&self, source: &VolumePath, name: &SnapshotName) -> Result<()> {
+        let _ = name;
+        Err(StoreError::Unsupported(format!(
+            "{source}: {} volumes are snapshotted into the snapshot area",
+            self.kind()
+        )))
+    }
+
+    /// The snapshots the storage keeps itself, by name.
+    fn kept_snapshots(&self) -> Result<BTreeMap<String, KeptSnapshot>> {
+        Ok(BTreeMap::new())
+    }
+
+    /// Deletes the kept snapshot `name`, as far as nothing depends on it; whether there
+    /// was one.
+    fn drop_kept_snapshot(&self, name: &SnapshotName) -> Result<bool> {
+        let _ = name;
+        Ok(false)
+    }
+
+    /// [`Layout::Mounts`] only: makes the target a volume holding what the kept snapshot
+    /// `name` holds, limited like [`Self::make`]. Answers as [`Self::clone_volume`].
+    fn clone_kept_snapshot(
+        &self,
+        name: &SnapshotName,
+        target: &CloneTarget<'_>,
+    ) -> Result<(Option<QuotaRecord>, CloneMethod)> {
+        let _ = target;
+        Err(StoreError::Unsupported(format!(
+            "snapshot {name}: {} volumes are restored from the snapshot area",
+            self.kind()
+        )))
+    }
 
     /// Refuses, saying why, when a plain directory already at `path` cannot become a
     /// volume of this kind just by recording it.

@@ -7,9 +7,12 @@
 //! extended attributes): until then the dataset is an unfinished leftover that the next
 //! create at that path, or the next start, destroys.
 
+use std::collections::BTreeMap;
 use std::os::fd::{AsFd, BorrowedFd};
 
-use nfsprov_api_types::{ArchivePath, CloneMethod, QuotaBackend, VolumePath, VolumeUsage};
+use nfsprov_api_types::{
+    ArchivePath, CloneMethod, QuotaBackend, SnapshotName, VolumePath, VolumeUsage,
+};
 
 use super::archive::area::StoredArchive;
 use super::archive::naming::{ARCHIVE_DIR, archive_path};
@@ -19,7 +22,7 @@ use super::copy::CopyProgress;
 use super::error::{Result, StoreError, io_error, quota_error};
 use super::record::{QuotaRecord, VolumeRecord};
 use super::tree::{measure_tree, remove_tree};
-use crate::zfs::{ArchivedDataset, Zfs, ZfsError};
+use crate::zfs::{ArchivedDataset, KeptSnapshot, Zfs, ZfsError};
 
 #[derive(Debug)]
 pub struct DatasetBackend {
@@ -106,6 +109,42 @@ impl VolumeBackend for DatasetBackend {
                     e,
                 )
             })?;
+        Ok((
+            target.limit.map(|_| QuotaRecord::of(QuotaBackend::Zfs)),
+            CloneMethod::ZfsClone,
+        ))
+    }
+
+    /// A ZFS snapshot of the source's dataset: instant, point in time. What becomes of it
+    /// when the source is deleted or archived is written down in `zfs::kept`.
+    fn take_kept_snapshot(&self, source: &VolumePath, name: &SnapshotName) -> Result<()> {
+        self.zfs
+            .take_snapshot(source, name.as_str())
+            .map_err(|e| zfs_error(format!("snapshot {source} as {name}"), e))
+    }
+
+    fn kept_snapshots(&self) -> Result<BTreeMap<String, KeptSnapshot>> {
+        self.zfs
+            .kept_snapshots()
+            .map_err(|e| zfs_error("list the snapshots", e))
+    }
+
+    fn drop_kept_snapshot(&self, name: &SnapshotName) -> Result<bool> {
+        self.zfs
+            .drop_snapshot(name.as_str())
+            .map_err(|e| zfs_error(format!("delete snapshot {name}"), e))
+    }
+
+    /// A ZFS clone of the snapshot: instant, and it depends on the snapshot (see
+    /// `zfs::kept` for what deleting the snapshot then does).
+    fn clone_kept_snapshot(
+        &self,
+        name: &SnapshotName,
+        target: &CloneTarget<'_>,
+    ) -> Result<(Option<QuotaRecord>, CloneMethod)> {
+        self.zfs
+            .clone_snapshot(name.as_str(), target.path, target.limit)
+            .map_err(|e| zfs_error(format!("restore {} from snapshot {name}", target.path), e))?;
         Ok((
             target.limit.map(|_| QuotaRecord::of(QuotaBackend::Zfs)),
             CloneMethod::ZfsClone,

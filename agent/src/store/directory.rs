@@ -7,7 +7,9 @@ use std::fmt::Debug;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::sync::OnceLock;
 
-use nfsprov_api_types::{ArchivePath, CloneMethod, QuotaBackend, VolumePath, VolumeUsage};
+use nfsprov_api_types::{
+    ArchivePath, CloneMethod, QuotaBackend, SnapshotMethod, VolumePath, VolumeUsage,
+};
 use rustix::fs::Mode;
 
 use super::archive::area::{self, StoredArchive};
@@ -91,6 +93,26 @@ pub trait QuotaStrategy: Debug + Send + Sync {
     ) -> Result<bool> {
         let _ = (source, parent, name, path);
         Ok(false)
+    }
+
+    /// Makes `name` in `parent` a read-only snapshot of the volume `source`, when this
+    /// strategy can snapshot that volume; `Ok(false)` when it cannot (the tree is then
+    /// copied instead).
+    fn snapshot_read_only(
+        &self,
+        source: BorrowedFd<'_>,
+        parent: BorrowedFd<'_>,
+        name: &str,
+        path: &VolumePath,
+    ) -> Result<bool> {
+        let _ = (source, parent, name, path);
+        Ok(false)
+    }
+
+    /// Bytes only the snapshot `dir` holds, where this strategy's quota counts them.
+    fn exclusive_bytes(&self, dir: BorrowedFd<'_>) -> Option<u64> {
+        let _ = dir;
+        None
     }
 
     /// Releases the quota of a volume that is gone (whose tree was removed by a delete a
@@ -196,6 +218,36 @@ impl QuotaStrategy for Btrfs {
         self.snapshot_subvolume(source, parent, name)
             .map_err(|e| quota_error(format!("snapshot the source of {path}"), e))?;
         Ok(true)
+    }
+
+    /// A snapshot of a subvolume volume is a read-only subvolume: it shares every
+    /// extent with its source, and its qgroup counts what only it still holds.
+    fn snapshot_read_only(
+        &self,
+        source: BorrowedFd<'_>,
+        parent: BorrowedFd<'_>,
+        name: &str,
+        path: &VolumePath,
+    ) -> Result<bool> {
+        if !btrfs::is_subvolume(source) {
+            return Ok(false);
+        }
+        self.snapshot_subvolume_read_only(source, parent, name)
+            .map_err(|e| quota_error(format!("snapshot {path}"), e))?;
+        Ok(true)
+    }
+
+    fn exclusive_bytes(&self, dir: BorrowedFd<'_>) -> Option<u64> {
+        if !btrfs::is_subvolume(dir) {
+            return None;
+        }
+        match Btrfs::exclusive_bytes(self, dir) {
+            Ok(bytes) => Some(bytes),
+            Err(error) => {
+                tracing::warn!(%error, "could not read a snapshot's exclusive bytes");
+                None
+            }
+        }
     }
 
     /// The qgroup's count is what enforcement compares with the capacity; inodes come
@@ -380,6 +432,13 @@ impl DirectoryBackend {
         Self::new(Box::new(NoQuota))
     }
 
+    fn copy_options(&self, parent: BorrowedFd<'_>) -> CopyOptions {
+        CopyOptions {
+            workers: copy_workers(),
+            reflink: *self.reflink.get_or_init(|| reflink_supported(parent)),
+        }
+    }
+
     fn records(&self) -> Result<&RecordStore> {
         self.records
             .get()
@@ -530,12 +589,7 @@ impl VolumeBackend for DirectoryBackend {
         }
         let quota = self.make(root, target.parent, target.name, target.path, target.limit)?;
         let dir = open_child(target.parent, target.name, false)?;
-        let options = CopyOptions {
-            workers: copy_workers(),
-            reflink: *self
-                .reflink
-                .get_or_init(|| reflink_supported(target.parent)),
-        };
+        let options = self.copy_options(target.parent);
         let stats = copy_tree(source.dir, dir.as_fd(), &options, progress)?;
         let method = if options.reflink && stats.copied_files == 0 {
             CloneMethod::Reflink
@@ -543,6 +597,40 @@ impl VolumeBackend for DirectoryBackend {
             CloneMethod::Copy
         };
         Ok((quota, method))
+    }
+
+    /// A read-only btrfs snapshot where the source is a subvolume; otherwise the tree
+    /// copied (reflinked where the filesystem shares extents) into a directory of the
+    /// snapshot area, which no volume's quota covers.
+    fn snapshot(
+        &self,
+        source: &CloneSource<'_>,
+        parent: BorrowedFd<'_>,
+        name: &str,
+        progress: &CopyProgress,
+    ) -> Result<SnapshotMethod> {
+        // As for a clone: the snapshot's root would share its source's old record key.
+        self.records()?.settle(source.dir)?;
+        if self
+            .quota
+            .snapshot_read_only(source.dir, parent, name, source.path)?
+        {
+            return Ok(SnapshotMethod::BtrfsSnapshot);
+        }
+        rustix::fs::mkdirat(parent, name, Mode::from_raw_mode(0o700))
+            .map_err(|e| io_error(format!("make the snapshot of {}", source.path), e))?;
+        let dir = open_child(parent, name, false)?;
+        let options = self.copy_options(parent);
+        let stats = copy_tree(source.dir, dir.as_fd(), &options, progress)?;
+        Ok(if options.reflink && stats.copied_files == 0 {
+            SnapshotMethod::Reflink
+        } else {
+            SnapshotMethod::Copy
+        })
+    }
+
+    fn snapshot_exclusive_bytes(&self, dir: BorrowedFd<'_>) -> Option<u64> {
+        self.quota.exclusive_bytes(dir)
     }
 
     fn write_record(

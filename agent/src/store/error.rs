@@ -33,6 +33,9 @@ pub enum StoreError {
     /// A quota the backend cannot give, or a shrink.
     #[error("{}", Clean(.0))]
     Unsupported(String),
+    /// A request that can never succeed as it is (a restore smaller than its snapshot).
+    #[error("{}", Clean(.0))]
+    Invalid(String),
     /// A quota operation failed.
     #[error("{}: {}", Clean(.context), Clean(&.source.to_string()))]
     Quota {
@@ -58,6 +61,7 @@ impl StoreError {
             StoreError::NoSpace(_) => ErrorCode::InsufficientStorage,
             StoreError::NotReady(_) => ErrorCode::NotReady,
             StoreError::Unsupported(_) => ErrorCode::Unsupported,
+            StoreError::Invalid(_) => ErrorCode::InvalidBody,
             StoreError::Quota { source, .. } if source.timed_out() => ErrorCode::Timeout,
             StoreError::Quota { .. } | StoreError::Io { .. } => ErrorCode::Internal,
         }

@@ -25,7 +25,9 @@ use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Mutex, MutexGuard, PoisonError};
 
-use nfsprov_api_types::{CloneOrigin, Mode, QuotaBackend, Volume, VolumeOwner, VolumePath};
+use nfsprov_api_types::{
+    CloneOrigin, Mode, QuotaBackend, RestoreOrigin, Volume, VolumeOwner, VolumePath,
+};
 use rustix::fs::{AtFlags, StatxFlags};
 use rustix::io::Errno;
 use serde::{Deserialize, Serialize};
@@ -58,6 +60,9 @@ pub struct VolumeRecord {
     /// The volume this one was cloned from, and how.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub clone: Option<CloneOrigin>,
+    /// The snapshot this volume was restored from, and how.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub restore: Option<RestoreOrigin>,
 }
 
 /// When a volume was archived and how long its archive is kept.
@@ -103,7 +108,7 @@ impl VolumeRecord {
             usage: None,
             clone: self.clone.clone(),
             export: None,
-            restore: None,
+            restore: self.restore.clone(),
         }
     }
 
@@ -640,6 +645,7 @@ mod tests {
             quota: Some(QuotaRecord::of(QuotaBackend::Btrfs)),
             archive: None,
             clone: None,
+            restore: None,
         }
     }
 

@@ -37,15 +37,50 @@ pub fn get_archives(dataset: &str) -> ToolCommand {
 }
 
 /// The children of `dataset` with the snapshot each was cloned from (`-` for none) and
-/// the agent's mark.
+/// the agent's mark; `-d 2` lists the children's snapshots too, whose names say which
+/// children hold kept snapshots.
 pub fn get_origins(dataset: &str) -> ToolCommand {
-    get_child_properties(dataset, &format!("origin,{PATH_PROPERTY}"))
+    ToolCommand::new(
+        ZFS,
+        [
+            "get",
+            "-H",
+            "-p",
+            "-r",
+            "-d",
+            "2",
+            "-o",
+            "name,property,value,source",
+            &format!("origin,{PATH_PROPERTY}"),
+            dataset,
+        ],
+    )
 }
 
 /// The transaction group each snapshot of `name` was taken in (`-r -d 1` reaches a
 /// dataset's snapshots; zfs-fuse's `zfs get` has no `-t`).
 pub fn get_snapshot_txgs(name: &str) -> ToolCommand {
     get_child_properties(name, "createtxg")
+}
+
+/// The size of every snapshot of `dataset`'s children: what only it holds (`used`) and
+/// what it references; `-d 2` reaches the children's snapshots.
+pub fn get_child_snapshots(dataset: &str) -> ToolCommand {
+    ToolCommand::new(
+        ZFS,
+        [
+            "get",
+            "-H",
+            "-p",
+            "-r",
+            "-d",
+            "2",
+            "-o",
+            "name,property,value,source",
+            "used,referenced",
+            dataset,
+        ],
+    )
 }
 
 /// `properties` (comma-separated) of `dataset`'s direct children, one line each.

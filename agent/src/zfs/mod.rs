@@ -79,6 +79,12 @@
 //! between destroying a dataset and its origin snapshot leaves the snapshot, which goes
 //! with the dataset it is a snapshot of.
 //!
+//! # Kept snapshots
+//!
+//! Snapshots the API names are ZFS snapshots `nfsprov-snapshot-<name>` of the volumes'
+//! datasets; a dataset that has them is held, unmounted, instead of destroyed, until its
+//! last one goes. See `kept`.
+//!
 //! # Running zfs
 //!
 //! Every call goes through the [`ToolRunner`] (a time limit, stderr in the error), with
@@ -124,6 +130,7 @@
 //! the properties and limits both use; this module orchestrates.
 
 mod commands;
+mod kept;
 mod names;
 mod parse;
 
@@ -144,8 +151,12 @@ use self::parse::{
 };
 use crate::quota::command::{ToolCommand, ToolError, ToolRunner, one_line};
 
-pub use self::names::{ARCHIVE_NAME_PREFIX, CLONE_SNAPSHOT_PREFIX, META_PROPERTY, PATH_PROPERTY};
+pub use self::names::{
+    ARCHIVE_NAME_PREFIX, CLONE_SNAPSHOT_PREFIX, HELD_NAME_PREFIX, META_PROPERTY, PATH_PROPERTY,
+    SNAPSHOT_PREFIX,
+};
 use self::names::{MAX_DATASET_NAME_LEN, MAX_GUID_DIGITS, MAX_PROPERTY_VALUE_BYTES};
+pub use self::parse::KeptSnapshot;
 
 /// How long destroy and rename keep retrying while zfs calls a dataset busy.
 const DEFAULT_BUSY_WAIT: Duration = Duration::from_secs(3);
@@ -208,6 +219,8 @@ struct Freed {
     origin: Option<String>,
     /// Whether another child of the configured dataset is a clone of that snapshot too.
     shared: bool,
+    /// Whether it has kept snapshots, and so is held rather than destroyed.
+    holds_kept: bool,
 }
 
 /// What is found under a volume's dataset name.
@@ -722,8 +735,13 @@ impl Zfs {
     /// among the agent's datasets survive (see [`Zfs::free_from_clones`]), and the agent's
     /// snapshot it was cloned from goes after it once no other dataset depends on that.
     /// See "Clones" above.
+    ///
+    /// A dataset that still has kept snapshots is held instead (see `kept`).
     fn destroy_dataset(&self, name: &str) -> Result<()> {
         let freed = self.free_from_clones(name)?;
+        if freed.holds_kept {
+            return self.hold(name);
+        }
         match self.run_retrying_busy(&commands::destroy(name)) {
             Ok(_) => {}
             Err(ZfsError::Tool(e)) if is_missing_dataset(&e) => {}
@@ -752,7 +770,7 @@ impl Zfs {
     /// of the configured dataset), so that it can be destroyed or renamed: if any does,
     /// the one of the newest snapshot is promoted. Answers what `name` depends on then.
     fn free_from_clones(&self, name: &str) -> Result<Freed> {
-        let children = self.origins()?;
+        let (children, snapshots) = self.origins()?;
         let own_origin = children
             .iter()
             .find(|c| c.name == name)
@@ -763,30 +781,37 @@ impl Zfs {
             .collect();
         // The snapshot `name` depends on once the clones are taken care of: as listed now,
         // and by its name afterwards.
-        let (listed, origin, promoted) = if dependents.is_empty() {
-            (own_origin, own_origin.map(str::to_owned), None)
+        let kept_prefix = format!("{name}@{SNAPSHOT_PREFIX}");
+        let (listed, origin, promoted, holds_kept) = if dependents.is_empty() {
+            let holds_kept = snapshots.iter().any(|s| s.starts_with(&kept_prefix));
+            (own_origin, own_origin.map(str::to_owned), None, holds_kept)
         } else {
-            let (promoted, listed) = self.promote_newest_clone(name, &dependents)?;
+            let (promoted, listed, holds_kept) = self.promote_newest_clone(name, &dependents)?;
             // The snapshot moved onto the promoted clone, and `name` is its clone now.
             let moved = format!("{promoted}{}", &listed[name.len()..]);
-            (Some(listed), Some(moved), Some(promoted))
+            (Some(listed), Some(moved), Some(promoted), holds_kept)
         };
         let shared = listed.is_some()
             && children.iter().any(|c| {
                 c.name != name && Some(c.name.as_str()) != promoted && c.origin() == listed
             });
-        Ok(Freed { origin, shared })
+        Ok(Freed {
+            origin,
+            shared,
+            holds_kept,
+        })
     }
 
     /// Promotes the clone in `dependents` (clones of snapshots of `name`) whose snapshot
     /// is the newest, so that `name` has no dependents left: the snapshots up to that one
-    /// move onto it, and the other clones follow theirs. Answers the promoted clone and
-    /// the snapshot it was cloned from, as named before.
+    /// move onto it, and the other clones follow theirs. Answers the promoted clone, the
+    /// snapshot it was cloned from, as named before, and whether `name` still holds kept
+    /// snapshots (newer ones, which stay).
     fn promote_newest_clone<'c>(
         &self,
         name: &str,
         dependents: &[&'c Child],
-    ) -> Result<(&'c str, &'c str)> {
+    ) -> Result<(&'c str, &'c str, bool)> {
         let output = self.run(&commands::get_snapshot_txgs(name))?;
         let snapshots = parse_snapshots(&output, name).map_err(ZfsError::UnexpectedOutput)?;
         let txg = |snapshot: &str| {
@@ -815,13 +840,31 @@ impl Zfs {
         }
         self.run_retrying_busy(&commands::promote(&newest.name))?;
         tracing::info!(dataset = %name, clone = %newest.name, "promoted a clone so that the dataset it was cloned from can go");
-        Ok((newest.name.as_str(), newest.origin().unwrap_or_default()))
+        let kept_prefix = format!("{name}@{SNAPSHOT_PREFIX}");
+        let holds_kept = snapshots
+            .iter()
+            .any(|s| s.createtxg > newest_txg && s.name.starts_with(&kept_prefix));
+        Ok((
+            newest.name.as_str(),
+            newest.origin().unwrap_or_default(),
+            holds_kept,
+        ))
     }
 
-    /// The direct children of the configured dataset with their origins and marks.
-    fn origins(&self) -> Result<Vec<Child>> {
+    /// The direct children of the configured dataset with their origins and marks, and
+    /// the names of their snapshots.
+    fn origins(&self) -> Result<(Vec<Child>, Vec<String>)> {
         let output = self.run(&commands::get_origins(&self.dataset))?;
-        parse_children(&output, &self.dataset).map_err(ZfsError::UnexpectedOutput)
+        let children =
+            parse_children(&output, &self.dataset).map_err(ZfsError::UnexpectedOutput)?;
+        let mut snapshots: Vec<String> = output
+            .lines()
+            .filter_map(|line| line.split_once('\t').map(|(name, _)| name))
+            .filter(|name| name.contains('@'))
+            .map(str::to_owned)
+            .collect();
+        snapshots.dedup();
+        Ok((children, snapshots))
     }
 
     fn unmount(&self, name: &str) -> Result<()> {

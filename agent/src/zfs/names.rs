@@ -10,6 +10,14 @@ pub const ARCHIVE_NAME_PREFIX: &str = ":archive:";
 /// Start of the snapshots the agent takes of a volume to clone it. A dataset whose origin
 /// is such a snapshot was cloned by the agent, and the snapshot goes when it does.
 pub const CLONE_SNAPSHOT_PREFIX: &str = "nfsprov-clone-";
+/// Start of the snapshots the agent keeps as snapshots the API names
+/// (`nfsprov-snapshot-<snapshot name>`); names are unique per agent, so one is found
+/// by its name wherever promotions and archives moved it.
+pub const SNAPSHOT_PREFIX: &str = "nfsprov-snapshot-";
+/// Start of a deleted or expired volume's dataset name below the configured dataset while
+/// snapshots of it remain (`:held:<guid>`): unmounted, never listed, destroyed with its
+/// last snapshot.
+pub const HELD_NAME_PREFIX: &str = ":held:";
 /// ZFS's limit on a whole dataset name (a snapshot's `<dataset>@<snapshot>` included).
 pub const MAX_DATASET_NAME_LEN: usize = 255;
 /// Longest user property value zfs accepts (zfs-fuse aborts on 8192 bytes).

@@ -5,7 +5,7 @@ use std::collections::{BTreeMap, HashMap};
 
 use nfsprov_api_types::VolumePath;
 
-use super::names::{ARCHIVE_NAME_PREFIX, META_PROPERTY, PATH_PROPERTY};
+use super::names::{ARCHIVE_NAME_PREFIX, HELD_NAME_PREFIX, META_PROPERTY, PATH_PROPERTY};
 use crate::quota::command::ToolError;
 
 /// Property values of one dataset; user properties only when set on it (not inherited).
@@ -23,6 +23,8 @@ pub struct Child {
 pub enum ChildKind {
     Active(VolumePath),
     Archived,
+    /// A deleted volume's dataset kept, unmounted, for its snapshots.
+    Held,
     /// A name neither this module's volume nor archive naming produces.
     Other,
 }
@@ -33,7 +35,7 @@ impl Child {
             ChildKind::Active(path) => {
                 self.properties.get(PATH_PROPERTY).map(String::as_str) == Some(path.as_str())
             }
-            ChildKind::Archived => self.properties.contains_key(PATH_PROPERTY),
+            ChildKind::Archived | ChildKind::Held => self.properties.contains_key(PATH_PROPERTY),
             ChildKind::Other => false,
         }
     }
@@ -55,6 +57,44 @@ impl Child {
     }
 }
 
+/// A kept snapshot as ZFS lists it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct KeptSnapshot {
+    /// `<dataset>@nfsprov-snapshot-<name>`.
+    pub full_name: String,
+    /// Bytes only it holds.
+    pub used: Option<u64>,
+    /// Bytes it references: the data it holds.
+    pub referenced: Option<u64>,
+}
+
+/// The agent's snapshots of the children of `dataset` (those named with
+/// `SNAPSHOT_PREFIX`), each with the properties listed for it, in `zfs get -H -p -r -d 2
+/// -o name,property,value,source` output.
+pub fn parse_kept_snapshots(output: &str, dataset: &str) -> BTreeMap<String, Properties> {
+    let prefix = format!("{dataset}/");
+    let mut found: BTreeMap<String, Properties> = BTreeMap::new();
+    for line in output.lines() {
+        let Some((name, rest)) = line.split_once('\t') else {
+            continue;
+        };
+        let Some((child, snapshot)) = name
+            .strip_prefix(&prefix)
+            .and_then(|below| below.split_once('@'))
+        else {
+            continue;
+        };
+        if child.contains('/') || !snapshot.starts_with(super::names::SNAPSHOT_PREFIX) {
+            continue;
+        }
+        let properties = found.entry(name.to_owned()).or_default();
+        if let Some((property, value)) = parse_property_line(rest) {
+            properties.insert(property, value);
+        }
+    }
+    found
+}
+
 /// A snapshot of a dataset, by the whole name (`<dataset>@<snapshot>`).
 #[derive(Debug, PartialEq, Eq)]
 pub struct Snapshot {
@@ -66,6 +106,9 @@ pub struct Snapshot {
 pub fn classify(child: &str) -> ChildKind {
     if child.starts_with(ARCHIVE_NAME_PREFIX) {
         return ChildKind::Archived;
+    }
+    if child.starts_with(HELD_NAME_PREFIX) {
+        return ChildKind::Held;
     }
     match VolumePath::parse(&child.replace(':', "/")) {
         Ok(path) => ChildKind::Active(path),

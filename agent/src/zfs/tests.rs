@@ -87,7 +87,7 @@ const GET_VOLUME: &str =
     "zfs get -H -p -o property,value,source nfsprov:path,nfsprov:volume tank/export/ns:claim";
 /// What every destroy looks at first: which children are clones of what.
 const LIST_ORIGINS: &str =
-    "zfs get -H -p -r -d 1 -o name,property,value,source origin,nfsprov:path tank/export";
+    "zfs get -H -p -r -d 2 -o name,property,value,source origin,nfsprov:path tank/export";
 
 #[test]
 fn create_makes_one_dataset_with_mountpoint_owner_mark_and_quota() {
@@ -961,7 +961,7 @@ fn a_failed_clone_destroys_the_snapshot_it_was_to_be_made_from() {
     );
 }
 
-/// `zfs get -r -d 1 origin,nfsprov:path` output: the configured dataset, then each
+/// `zfs get -r -d 2 origin,nfsprov:path` output: the configured dataset, then each
 /// `(child, origin, path mark)`.
 fn origins(children: &[(&str, Option<&str>, Option<&str>)]) -> String {
     let mut out = "tank/export\torigin\t-\t-\ntank/export\tnfsprov:path\t-\t-\n".to_owned();
@@ -1322,4 +1322,84 @@ fn archiving_a_source_promotes_its_clone_first() {
             "zfs mount tank/export/:archive:42",
         ]
     );
+}
+
+#[test]
+fn a_volume_with_kept_snapshots_is_held_not_destroyed() {
+    let f = fixture();
+    let dir = f.root.path().join("ns/claim");
+    std::fs::create_dir_all(&dir).unwrap();
+    let mut listing = origins(&[("ns:claim", None, Some("ns/claim"))]);
+    listing += "tank/export/ns:claim@nfsprov-snapshot-snap-1\torigin\t-\t-\n";
+    f.runner
+        .reply(Ok(&volume_properties(Some("ns/claim"), Some("{}"), "")))
+        .reply(Ok(&listing))
+        .reply(Ok("mounted\tyes\t-\nguid\t42\t-\n"));
+    f.zfs.destroy(&path("ns/claim")).unwrap();
+    assert_eq!(
+        f.calls(),
+        [
+            GET_VOLUME,
+            LIST_ORIGINS,
+            "zfs get -H -p -o property,value,source mounted,guid tank/export/ns:claim",
+            "zfs umount tank/export/ns:claim",
+            "zfs set mountpoint=none tank/export/ns:claim",
+            "zfs rename tank/export/ns:claim tank/export/:held:42",
+        ]
+    );
+    assert!(!dir.exists(), "the path is free for a new volume");
+    assert_eq!(classify(":held:42"), ChildKind::Held);
+}
+
+/// `zfs get -r -d 2 used,referenced` output listing the kept snapshot `snap-1` of `child`.
+fn kept_listing(child: &str) -> String {
+    let name = format!("tank/export/{child}@nfsprov-snapshot-snap-1");
+    format!(
+        "tank/export\tused\t1\t-\ntank/export/{child}\tused\t9\t-\n{name}\tused\t4096\t-\n{name}\treferenced\t8192\t-\n"
+    )
+}
+
+#[test]
+fn a_kept_snapshot_clones_depend_on_is_deferred_and_a_held_dataset_goes_with_its_last() {
+    // Restores depend on it: renamed to a clone snapshot, which goes with them.
+    let f = fixture();
+    f.runner
+        .reply(Ok(&kept_listing("ns:claim")))
+        .reply(Err(failed(
+            "cannot destroy 'tank/export/ns:claim@nfsprov-snapshot-snap-1': snapshot has dependent clones",
+        )));
+    assert!(f.zfs.drop_snapshot("snap-1").unwrap());
+    assert_eq!(
+        f.calls(),
+        [
+            "zfs get -H -p -r -d 2 -o name,property,value,source used,referenced tank/export",
+            "zfs destroy tank/export/ns:claim@nfsprov-snapshot-snap-1",
+            "zfs rename tank/export/ns:claim@nfsprov-snapshot-snap-1 tank/export/ns:claim@nfsprov-clone-<n>",
+        ]
+    );
+
+    // The last kept snapshot of a held dataset: the dataset goes after it.
+    let f = fixture();
+    f.runner
+        .reply(Ok(&kept_listing(":held:42")))
+        .reply(Ok(""))
+        .reply(Ok(""))
+        .reply(Ok(&origins(&[(":held:42", None, Some("ns/claim"))])));
+    assert!(f.zfs.drop_snapshot("snap-1").unwrap());
+    assert_eq!(
+        f.calls(),
+        [
+            "zfs get -H -p -r -d 2 -o name,property,value,source used,referenced tank/export",
+            "zfs destroy tank/export/:held:42@nfsprov-snapshot-snap-1",
+            "zfs get -H -p -r -d 1 -o name,property,value,source createtxg tank/export/:held:42",
+            LIST_ORIGINS,
+            "zfs destroy -r tank/export/:held:42",
+        ]
+    );
+
+    // No such snapshot: nothing is touched.
+    let f = fixture();
+    f.runner.reply(Ok(&kept_listing("ns:claim")));
+    assert!(!f.zfs.drop_snapshot("snap-2").unwrap());
+    assert_eq!(f.calls().len(), 1);
 }

@@ -6,6 +6,7 @@
 
 pub mod agent_process;
 pub mod logged_agent;
+pub mod tree;
 pub mod zfs_pool;
 
 use std::collections::BTreeMap;

@@ -6,6 +6,10 @@
 //! request until the agent answers that it is ready, and times `cp -a` of the same source.
 //! Prints figures; fails (exit status 1) when a clone is made by another method than the
 //! one expected or differs from its source.
+//!
+//! With `--mode snapshot` it times, per method, a snapshot of the same sources and a
+//! restore from it (each from the first request until the agent answers it is ready),
+//! beside `cp -a` and `tar czf` of the same source, and checks the restore like a clone.
 
 use std::os::unix::fs::{FileExt, MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
@@ -16,10 +20,10 @@ use anyhow::{Context, bail, ensure};
 use clap::{Parser, ValueEnum};
 use nfsprov_agent::quota::QuotaSettings;
 use nfsprov_agent_testkit::{LoopBtrfs, LoopXfs, PoolError, TestAgent, ZfsPool};
-use nfsprov_api_types::client::{AgentClient, CloneOutcome, CreateOutcome};
+use nfsprov_api_types::client::{AgentClient, CloneOutcome, CreateOutcome, RestoreOutcome};
 use nfsprov_api_types::{
-    CloneMethod, CloneVolumeRequest, CreateVolumeRequest, QuotaBackend, QuotaPolicy, VolumeOwner,
-    VolumePath,
+    CloneMethod, CloneVolumeRequest, CreateSnapshotRequest, CreateVolumeRequest, QuotaBackend,
+    QuotaPolicy, RestoreVolumeRequest, SnapshotMethod, SnapshotName, VolumeOwner, VolumePath,
 };
 
 const KIB: u64 = 1 << 10;
@@ -60,6 +64,16 @@ struct Args {
     /// Directory on the machine's own filesystem for the `copy` method.
     #[arg(long, default_value = "/var/tmp")]
     dir: PathBuf,
+    /// What to time: clones, or snapshots and restores from them (beside `cp -a` and
+    /// `tar czf`).
+    #[arg(long, value_enum, default_value = "clone")]
+    mode: Mode,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+enum Mode {
+    Clone,
+    Snapshot,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -86,6 +100,17 @@ impl Method {
             Method::Reflink => CloneMethod::Reflink,
             Method::BtrfsSnapshot => CloneMethod::BtrfsSnapshot,
             Method::ZfsClone => CloneMethod::ZfsClone,
+        }
+    }
+
+    /// How the agent snapshots a volume where it clones by this method (a restore is then
+    /// made by this method).
+    fn expected_snapshot(self) -> SnapshotMethod {
+        match self {
+            Method::Copy => SnapshotMethod::Copy,
+            Method::Reflink => SnapshotMethod::Reflink,
+            Method::BtrfsSnapshot => SnapshotMethod::BtrfsSnapshot,
+            Method::ZfsClone => SnapshotMethod::ZfsSnapshot,
         }
     }
 }
@@ -161,9 +186,20 @@ struct Row {
 
 enum Outcome {
     Done(Timings),
+    Snapshot(SnapshotTimings),
     Skipped(String),
     /// The clone was made by the expected method but differs from its source.
     Failed(String),
+}
+
+/// A snapshot and a restore from it, beside `cp -a` and `tar czf` of the source.
+struct SnapshotTimings {
+    snapshot: Duration,
+    restore: Duration,
+    cp: Option<Duration>,
+    tar: Option<Duration>,
+    /// The archive's size.
+    tar_bytes: u64,
 }
 
 struct Timings {
@@ -199,17 +235,34 @@ async fn run(args: Args) -> anyhow::Result<()> {
     .flatten()
     .collect();
     println!("{}", machine());
-    println!(
-        "clone: from the first POST /v1/clones until the agent answers Ready (HTTPS, polled every {} ms); cp -a: coreutils `cp -a` of the same source on the same filesystem (its default --reflink=auto shares extents where it can).",
-        POLL.as_millis()
-    );
-    println!(
-        "Both start with the source written and synced (`sync -f`), its data in the page cache; the seconds in `clone s` and `cp s` include no sync after, the `+sync` columns add a `sync -f` of the filesystem right after each. ratio = clone / cp (below 1: the agent is faster)."
-    );
-    println!(
-        "{:<15} {:<30} {:>9} {:>9} {:>7} {:>10} {:>10} {:>7}  filesystem",
-        "method", "case", "clone s", "cp s", "ratio", "clone+sync", "cp+sync", "ratio"
-    );
+    match args.mode {
+        Mode::Clone => {
+            println!(
+                "clone: from the first POST /v1/clones until the agent answers Ready (HTTPS, polled every {} ms); cp -a: coreutils `cp -a` of the same source on the same filesystem (its default --reflink=auto shares extents where it can).",
+                POLL.as_millis()
+            );
+            println!(
+                "Both start with the source written and synced (`sync -f`), its data in the page cache; the seconds in `clone s` and `cp s` include no sync after, the `+sync` columns add a `sync -f` of the filesystem right after each. ratio = clone / cp (below 1: the agent is faster)."
+            );
+            println!(
+                "{:<15} {:<30} {:>9} {:>9} {:>7} {:>10} {:>10} {:>7}  filesystem",
+                "method", "case", "clone s", "cp s", "ratio", "clone+sync", "cp+sync", "ratio"
+            );
+        }
+        Mode::Snapshot => {
+            println!(
+                "snapshot: from the first PUT /v1/snapshots until the agent answers ready; restore: from the first POST /v1/restores from that snapshot until the agent answers Ready (HTTPS, polled every {} ms). cp -a: coreutils `cp -a` of the same source on the same filesystem; tar czf: GNU tar with gzip of the same source into a file on the same filesystem, as a copy to keep elsewhere would be made.",
+                POLL.as_millis()
+            );
+            println!(
+                "All start with the source written and synced, its data in the page cache; no sync after any of them (the agent syncs what it makes before it answers; cp and tar do not)."
+            );
+            println!(
+                "{:<15} {:<30} {:>10} {:>9} {:>9} {:>9} {:>9}  filesystem",
+                "method", "case", "snapshot s", "restore s", "cp s", "tar s", "tar MiB"
+            );
+        }
+    }
     let mut failures = Vec::new();
     // Room for every case's source, cp -a copy and clone, were none of them shared, and
     // for metadata; a loop image or pool file is sparse, so only what is written counts.
@@ -426,6 +479,20 @@ async fn run_case(
         Case::Sparse(size) => write_sparse(&source_dir.join("sparse.img"), size)?,
     }
     sync_fs(&env.root)?;
+    if args.mode == Mode::Snapshot {
+        let outcome = snapshot_case(
+            client,
+            env,
+            method,
+            case,
+            args,
+            started,
+            &source,
+            &source_dir,
+        )
+        .await?;
+        return Ok(row(outcome));
+    }
 
     progress(started, &format!("{name}: cloning through the agent"));
     let request = CloneVolumeRequest {
@@ -508,6 +575,147 @@ async fn run_case(
     })))
 }
 
+/// Times a snapshot of `source` and a restore from it through the agent, then `cp -a`
+/// and `tar czf` of the source; checks the restore against the source.
+#[allow(clippy::too_many_arguments)]
+async fn snapshot_case(
+    client: &AgentClient,
+    env: &Env,
+    method: Method,
+    case: Case,
+    args: &Args,
+    started: Instant,
+    source: &VolumePath,
+    source_dir: &Path,
+) -> anyhow::Result<Outcome> {
+    let name = format!("{} {}", method.name(), case.slug());
+    let snapshot = SnapshotName::parse(&format!("bench-{}", case.slug()))?;
+    progress(started, &format!("{name}: snapshot through the agent"));
+    let request = CreateSnapshotRequest {
+        source: source.clone(),
+    };
+    let t = Instant::now();
+    let deadline = t + CLONE_LIMIT;
+    let taken = loop {
+        let answer = client
+            .create_snapshot(&snapshot, &request, None)
+            .await
+            .with_context(|| format!("{name}: snapshot"))?;
+        if answer.ready {
+            break answer;
+        }
+        ensure!(
+            Instant::now() < deadline,
+            "{name}: snapshot still being taken"
+        );
+        tokio::time::sleep(POLL).await;
+    };
+    let snapshot_time = t.elapsed();
+    ensure!(
+        taken.method == method.expected_snapshot(),
+        "{name}: snapshot by {}, expected by {}",
+        taken.method,
+        method.expected_snapshot()
+    );
+
+    progress(
+        started,
+        &format!(
+            "{name}: {} in {:.2} s; restoring",
+            taken.method,
+            snapshot_time.as_secs_f64()
+        ),
+    );
+    let target = VolumePath::parse(&format!("bench/{}-restore", case.slug()))?;
+    let restore = RestoreVolumeRequest {
+        snapshot: snapshot.clone(),
+        capacity_bytes: taken.restore_size_bytes,
+        owner: owner(&format!("{}-restore", case.slug())),
+        quota: env.policy,
+        export: None,
+    };
+    let t = Instant::now();
+    let restored = loop {
+        match client
+            .restore_volume(&target, &restore, None)
+            .await
+            .with_context(|| format!("{name}: restore"))?
+        {
+            RestoreOutcome::Ready(outcome) => break outcome,
+            RestoreOutcome::InProgress(_) => {
+                ensure!(Instant::now() < deadline, "{name}: restore still running");
+                tokio::time::sleep(POLL).await;
+            }
+        }
+    };
+    let restore_time = t.elapsed();
+    let Some(origin) = restored.volume.restore.as_ref() else {
+        bail!("{name}: the answer does not say the volume is a restore");
+    };
+    ensure!(
+        origin.method == method.expected(),
+        "{name}: restored by {}, expected by {}",
+        origin.method,
+        method.expected()
+    );
+    progress(
+        started,
+        &format!(
+            "{name}: restored by {} in {:.2} s; checking it",
+            origin.method,
+            restore_time.as_secs_f64()
+        ),
+    );
+    if let Err(e) = verify(case, source_dir, &env.root.join(target.as_str())) {
+        return Ok(Outcome::Failed(format!(
+            "{name}: the restore differs: {e:#}"
+        )));
+    }
+
+    let (mut cp, mut tar, mut tar_bytes) = (None, None, 0);
+    if !args.skip_cp {
+        progress(started, &format!("{name}: cp -a"));
+        let copy = env.scratch.join(case.slug());
+        let t = Instant::now();
+        let status = Command::new("cp")
+            .arg("-a")
+            .arg(source_dir)
+            .arg(&copy)
+            .status()
+            .context("cannot run cp")?;
+        cp = Some(t.elapsed());
+        ensure!(status.success(), "{name}: cp -a failed: {status}");
+        std::fs::remove_dir_all(&copy)?;
+        progress(started, &format!("{name}: tar czf"));
+        let archive = env.scratch.join(format!("{}.tar.gz", case.slug()));
+        let t = Instant::now();
+        let status = Command::new("tar")
+            .arg("czf")
+            .arg(&archive)
+            .arg("-C")
+            .arg(source_dir)
+            .arg(".")
+            .status()
+            .context("cannot run tar")?;
+        tar = Some(t.elapsed());
+        ensure!(status.success(), "{name}: tar czf failed: {status}");
+        tar_bytes = std::fs::metadata(&archive)?.len();
+        std::fs::remove_file(&archive)?;
+    }
+    // The snapshot goes before the next case takes its space.
+    client
+        .delete_snapshot(&snapshot, None)
+        .await
+        .with_context(|| format!("{name}: delete the snapshot"))?;
+    Ok(Outcome::Snapshot(SnapshotTimings {
+        snapshot: snapshot_time,
+        restore: restore_time,
+        cp,
+        tar,
+        tar_bytes,
+    }))
+}
+
 /// Repeats the clone request until the agent answers that the clone is there.
 async fn clone_until_ready(
     client: &AgentClient,
@@ -543,6 +751,20 @@ fn print_row(row: &Row) {
     match &row.result {
         Outcome::Skipped(e) => println!("{head} skipped: {e}  {}", row.filesystem),
         Outcome::Failed(e) => println!("{head} FAILED: {e}  {}", row.filesystem),
+        Outcome::Snapshot(t) => {
+            let seconds =
+                |d: Option<Duration>| d.map_or("-".into(), |d| format!("{:.3}", d.as_secs_f64()));
+            println!(
+                "{head} {:>10.3} {:>9.3} {:>9} {:>9} {:>9}  {}",
+                t.snapshot.as_secs_f64(),
+                t.restore.as_secs_f64(),
+                seconds(t.cp),
+                seconds(t.tar),
+                t.tar
+                    .map_or("-".into(), |_| (t.tar_bytes / MIB).to_string()),
+                row.filesystem
+            );
+        }
         Outcome::Done(t) => {
             let clone = t.clone.as_secs_f64();
             let clone_sync = clone + t.clone_sync.as_secs_f64();

@@ -1,0 +1,507 @@
+//! Snapshots and restores in flight. A snapshot or restore that copies a tree can take
+//! far longer than any request may, so each runs as a job of its own, as a clone does
+//! (see `clones`): the request that starts it, and every repeat of it, waits a bounded
+//! time and answers `202 Accepted` when it is not done. Jobs share the clone jobs' slots,
+//! since each holds as many descriptors as a clone's copy.
+//!
+//! A snapshot job holds the locks of its snapshot name and of its source volume; a
+//! restore job those of its snapshot name and of its target path; the name's always
+//! first. So a snapshot is never deleted while a restore reads it, and a source never
+//! changes hands while it is snapshotted. A repeat that finds no job (it ended, or the
+//! agent restarted) runs it again, which finds the finished snapshot or volume, or starts
+//! over from nothing: an unfinished one is never visible.
+//!
+//! Deleting a snapshot still being made stops its job from keeping it: the job ends
+//! its copy (which cannot be interrupted part way without leaving it to the next start),
+//! then removes what it made instead of answering it.
+
+use std::collections::HashMap;
+use std::hash::Hash;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use nfsprov_api_types::{
+    ApiError, CloneMethod, CreateSnapshotRequest, ErrorCode, RestoreProgress, RestoreVolumeRequest,
+    Snapshot, SnapshotName, Volume, VolumePath,
+};
+use tokio::sync::{Semaphore, watch};
+
+use crate::metrics::{CloneLabels, SnapshotLabels, SnapshotMetrics};
+use crate::store::{Created, Deleted, StoreError, VolumeStore};
+
+/// How a snapshot job ended: the snapshot and whether this job took it, or why not.
+pub type SnapshotOutcome = Result<(Snapshot, Created), ApiError>;
+/// How a restore job ended: the volume and whether this job made it, or why not.
+pub type RestoreOutcome = Result<(Volume, Created), ApiError>;
+
+/// What a snapshot request comes to.
+#[derive(Debug)]
+pub enum SnapshotAnswer {
+    Done(SnapshotOutcome),
+    /// Still being made: the snapshot as it will be, `ready` false.
+    Running(Snapshot),
+}
+
+/// What a restore request comes to.
+// One per request, never held in bulk, so the larger variant costs nothing.
+#[allow(clippy::large_enum_variant)]
+#[derive(Debug)]
+pub enum RestoreAnswer {
+    Done(RestoreOutcome),
+    Running(RestoreProgress),
+}
+
+/// The snapshot and restore jobs of one agent.
+#[derive(Debug)]
+pub struct Snapshots {
+    store: Arc<VolumeStore>,
+    metrics: SnapshotMetrics,
+    slots: Arc<Semaphore>,
+    making: JobMap<SnapshotName, CreateSnapshotRequest, SnapshotOutcome, Snapshot>,
+    restoring: JobMap<VolumePath, RestoreVolumeRequest, RestoreOutcome, ()>,
+}
+
+impl Snapshots {
+    /// Jobs on `store`, running in `slots` (the clone jobs').
+    pub fn new(store: Arc<VolumeStore>, metrics: SnapshotMetrics, slots: Arc<Semaphore>) -> Self {
+        Self {
+            store,
+            metrics,
+            slots,
+            making: JobMap::default(),
+            restoring: JobMap::default(),
+        }
+    }
+
+    /// Starts the snapshot `name` of `request.source`, or joins the job already taking
+    /// it, and waits at most `wait` for it to end. A job taking `name` of another source
+    /// is a conflict.
+    pub async fn create(
+        &self,
+        name: &SnapshotName,
+        request: CreateSnapshotRequest,
+        wait: Duration,
+    ) -> SnapshotAnswer {
+        // Only for the answer while it runs: the job itself reads the source under its
+        // lock.
+        let restore_size = {
+            let store = self.store.clone();
+            let source = request.source.clone();
+            tokio::task::spawn_blocking(move || store.get(&source).map(|v| v.capacity_bytes))
+                .await
+                .ok()
+                .and_then(Result::ok)
+                .unwrap_or(0)
+        };
+        let pending = Snapshot {
+            name: name.clone(),
+            source: request.source.clone(),
+            method: self.store.copy_snapshot_method(),
+            ready: false,
+            created_at: time::OffsetDateTime::now_utc()
+                .format(&time::format_description::well_known::Rfc3339)
+                .unwrap_or_default(),
+            restore_size_bytes: restore_size,
+            size_bytes: None,
+            exclusive_bytes: None,
+        };
+        let joined = self
+            .making
+            .join_or_start(name, &request, pending, |end, cancelled| {
+                self.start_snapshot(name.clone(), request.clone(), end, cancelled);
+            });
+        let (done, _, running) = match joined {
+            Ok(joined) => joined,
+            Err(other) => {
+                return SnapshotAnswer::Done(Err(ApiError::new(
+                    ErrorCode::Conflict,
+                    format!("snapshot {name} of {} is being taken", other.source),
+                )));
+            }
+        };
+        match wait_for(done, wait).await {
+            Some(outcome) => SnapshotAnswer::Done(outcome),
+            None => SnapshotAnswer::Running(running),
+        }
+    }
+
+    /// The snapshot `name` while a job is still taking it.
+    pub fn pending(&self, name: &SnapshotName) -> Option<Snapshot> {
+        self.making.info(name)
+    }
+
+    /// Stops the job taking snapshot `name` from keeping it; whether there was one.
+    pub fn cancel(&self, name: &SnapshotName) -> bool {
+        self.making.cancel(name)
+    }
+
+    fn start_snapshot(
+        &self,
+        name: SnapshotName,
+        request: CreateSnapshotRequest,
+        end: JobEnd<SnapshotName, CreateSnapshotRequest, SnapshotOutcome, Snapshot>,
+        cancelled: Arc<AtomicBool>,
+    ) {
+        let store = self.store.clone();
+        let metrics = self.metrics.clone();
+        let slots = self.slots.clone();
+        tokio::spawn(async move {
+            // The slot first and the locks after, as clone jobs do.
+            let slot = slots
+                .acquire_owned()
+                .await
+                .expect("the job slots are never closed");
+            let name_guard = store.lock_snapshot(&name).await;
+            let source_guard = store.lock(&request.source).await;
+            metrics.in_progress.inc();
+            let work = {
+                let store = store.clone();
+                let name = name.clone();
+                let source = request.source.clone();
+                let progress = metrics.copy.clone();
+                let cancelled = cancelled.clone();
+                tokio::task::spawn_blocking(move || {
+                    let taken = store.take_snapshot(&name, &source, &progress);
+                    if cancelled.load(Ordering::SeqCst) && taken.is_ok() {
+                        // Deleted while it was being made: what was made goes now.
+                        return match store.delete_snapshot(&name) {
+                            Ok(Deleted::Removed | Deleted::WasAbsent) => Err(StoreError::NotFound(
+                                format!("snapshot {name} was deleted while it was being taken"),
+                            )),
+                            Err(e) => Err(e),
+                        };
+                    }
+                    taken
+                })
+            };
+            let outcome = match work.await {
+                Ok(Ok((snapshot, created))) => {
+                    if created == Created::New {
+                        metrics
+                            .made
+                            .get_or_create(&SnapshotLabels {
+                                method: snapshot.method.as_str(),
+                            })
+                            .inc();
+                        metrics.bytes.inc_by(snapshot.size_bytes.unwrap_or(0));
+                        tracing::info!(snapshot = %name, source = %snapshot.source, method = %snapshot.method, "took a snapshot");
+                    }
+                    Ok((snapshot, created))
+                }
+                // Not a failure: deleted while it was being taken.
+                Ok(Err(e)) if cancelled.load(Ordering::SeqCst) => Err(e.to_api_error()),
+                Ok(Err(e)) => {
+                    metrics.failed.inc();
+                    tracing::warn!(snapshot = %name, source = %request.source, error = %e, "snapshot failed");
+                    Err(e.to_api_error())
+                }
+                Err(e) => {
+                    metrics.failed.inc();
+                    Err(ApiError::new(
+                        ErrorCode::Internal,
+                        format!("snapshot {name}: the snapshot task failed: {e}"),
+                    ))
+                }
+            };
+            metrics.in_progress.dec();
+            drop(source_guard);
+            drop(name_guard);
+            drop(slot);
+            end.finish(outcome);
+        });
+    }
+
+    /// Starts the restore of `request` at `path`, or joins the job already making it, and
+    /// waits at most `wait` for it to end. A job making something else at `path` is a
+    /// conflict.
+    pub async fn restore(
+        &self,
+        path: &VolumePath,
+        request: RestoreVolumeRequest,
+        wait: Duration,
+    ) -> RestoreAnswer {
+        if self.making.info(&request.snapshot).is_some() {
+            return RestoreAnswer::Done(Err(ApiError::new(
+                ErrorCode::NotReady,
+                format!(
+                    "{path}: snapshot {} is still being taken; restore from it once it is ready",
+                    request.snapshot
+                ),
+            )));
+        }
+        let joined = self.restoring.join_or_start(path, &request, (), |end, _| {
+            self.start_restore(path.clone(), request.clone(), end);
+        });
+        let (done, started, ()) = match joined {
+            Ok(joined) => joined,
+            Err(other) => {
+                return RestoreAnswer::Done(Err(ApiError::new(
+                    ErrorCode::Conflict,
+                    format!(
+                        "{path}: a restore of snapshot {} with other settings is being made there",
+                        other.snapshot
+                    ),
+                )));
+            }
+        };
+        match wait_for(done, wait).await {
+            Some(outcome) => RestoreAnswer::Done(outcome),
+            None => RestoreAnswer::Running(RestoreProgress {
+                snapshot: request.snapshot,
+                running_seconds: started.elapsed().as_secs(),
+            }),
+        }
+    }
+
+    fn start_restore(
+        &self,
+        path: VolumePath,
+        request: RestoreVolumeRequest,
+        end: JobEnd<VolumePath, RestoreVolumeRequest, RestoreOutcome, ()>,
+    ) {
+        let store = self.store.clone();
+        let metrics = self.metrics.clone();
+        let slots = self.slots.clone();
+        tokio::spawn(async move {
+            let slot = slots
+                .acquire_owned()
+                .await
+                .expect("the job slots are never closed");
+            let name_guard = store.lock_snapshot(&request.snapshot).await;
+            let path_guard = store.lock(&path).await;
+            metrics.in_progress.inc();
+            let work = {
+                let store = store.clone();
+                let path = path.clone();
+                let request = request.clone();
+                let progress = metrics.copy.clone();
+                tokio::task::spawn_blocking(move || {
+                    store.restore_volume(&path, &request, &progress)
+                })
+            };
+            let outcome = match work.await {
+                Ok(Ok((volume, created))) => {
+                    if created == Created::New
+                        && let Some(origin) = &volume.restore
+                    {
+                        metrics
+                            .restored
+                            .get_or_create(&CloneLabels {
+                                method: method_label(origin.method),
+                            })
+                            .inc();
+                        tracing::info!(%path, snapshot = %origin.snapshot, method = %origin.method, "restored a volume");
+                    }
+                    Ok((volume, created))
+                }
+                Ok(Err(e)) => {
+                    metrics.restores_failed.inc();
+                    tracing::warn!(%path, snapshot = %request.snapshot, error = %e, "restore failed");
+                    Err(e.to_api_error())
+                }
+                Err(e) => {
+                    metrics.restores_failed.inc();
+                    Err(ApiError::new(
+                        ErrorCode::Internal,
+                        format!("{path}: the restore task failed: {e}"),
+                    ))
+                }
+            };
+            metrics.in_progress.dec();
+            drop(path_guard);
+            drop(name_guard);
+            drop(slot);
+            end.finish(outcome);
+        });
+    }
+}
+
+fn method_label(method: CloneMethod) -> &'static str {
+    method.as_str()
+}
+
+/// The outcome of the job behind `done`, when it ends within `wait`.
+async fn wait_for<O: Clone>(
+    mut done: watch::Receiver<Option<Result<O, ApiError>>>,
+    wait: Duration,
+) -> Option<Result<O, ApiError>> {
+    match tokio::time::timeout(wait, done.wait_for(Option::is_some)).await {
+        Ok(Ok(outcome)) => Some(outcome.clone().unwrap_or_else(|| {
+            Err(ApiError::new(
+                ErrorCode::Internal,
+                "the job ended without an outcome",
+            ))
+        })),
+        // The job died without an outcome (it panicked); it is already forgotten, so
+        // the next request starts over.
+        Ok(Err(_)) => Some(Err(ApiError::new(
+            ErrorCode::Internal,
+            "the job ended without an outcome; retry",
+        ))),
+        Err(_) => None,
+    }
+}
+
+#[derive(Debug)]
+struct Job<R, O, I> {
+    id: u64,
+    request: R,
+    started: Instant,
+    /// What is said of the job while it runs.
+    info: I,
+    done: watch::Receiver<Option<O>>,
+    cancelled: Arc<AtomicBool>,
+}
+
+type Running<K, R, O, I> = Arc<Mutex<HashMap<K, Job<R, O, I>>>>;
+
+/// Jobs by what they make, at most one per key.
+#[derive(Debug)]
+struct JobMap<K, R, O, I> {
+    running: Running<K, R, O, I>,
+    ids: AtomicU64,
+}
+
+impl<K, R, O, I> Default for JobMap<K, R, O, I> {
+    fn default() -> Self {
+        Self {
+            running: Arc::default(),
+            ids: AtomicU64::new(0),
+        }
+    }
+}
+
+impl<K, R, O, I> JobMap<K, R, O, I>
+where
+    K: Hash + Eq + Clone,
+    R: PartialEq + Clone,
+    I: Clone,
+{
+    /// Joins the job making `key` when it runs `request`, or starts one with `start`
+    /// (given the job's end and its cancellation flag). The job's receiver, start time
+    /// and info; the other request when a job runs another one at `key`.
+    fn join_or_start(
+        &self,
+        key: &K,
+        request: &R,
+        info: I,
+        start: impl FnOnce(JobEnd<K, R, O, I>, Arc<AtomicBool>),
+    ) -> Result<(watch::Receiver<Option<O>>, Instant, I), R> {
+        let mut running = self.running.lock().unwrap_or_else(|e| e.into_inner());
+        match running.get(key) {
+            Some(job) if job.request == *request => {
+                Ok((job.done.clone(), job.started, job.info.clone()))
+            }
+            Some(job) => Err(job.request.clone()),
+            None => {
+                let (tell, done) = watch::channel(None);
+                let id = self.ids.fetch_add(1, Ordering::Relaxed);
+                let cancelled = Arc::new(AtomicBool::new(false));
+                let started = Instant::now();
+                running.insert(
+                    key.clone(),
+                    Job {
+                        id,
+                        request: request.clone(),
+                        started,
+                        info: info.clone(),
+                        done: done.clone(),
+                        cancelled: cancelled.clone(),
+                    },
+                );
+                start(
+                    JobEnd {
+                        running: self.running.clone(),
+                        key: key.clone(),
+                        id,
+                        tell,
+                    },
+                    cancelled,
+                );
+                Ok((done, started, info))
+            }
+        }
+    }
+
+    fn info(&self, key: &K) -> Option<I> {
+        self.running
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(key)
+            .map(|job| job.info.clone())
+    }
+
+    /// Marks the job making `key` cancelled and forgets it, so a new request for `key`
+    /// starts afresh (and waits for the old job's locks).
+    fn cancel(&self, key: &K) -> bool {
+        let job = self
+            .running
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(key);
+        match job {
+            Some(job) => {
+                job.cancelled.store(true, Ordering::SeqCst);
+                true
+            }
+            None => false,
+        }
+    }
+}
+
+/// The end of a job: dropped, also when the job panics, it takes the job out of the
+/// running ones, unless a newer job runs at its key already (it was cancelled).
+struct JobEnd<K: Hash + Eq, R, O, I> {
+    running: Running<K, R, O, I>,
+    key: K,
+    id: u64,
+    tell: watch::Sender<Option<O>>,
+}
+
+impl<K: Hash + Eq, R, O, I> JobEnd<K, R, O, I> {
+    /// Leaves the running jobs, then tells `outcome` to whoever waits, so a request after
+    /// the outcome never joins the finished job.
+    fn finish(self, outcome: O) {
+        let tell = self.tell.clone();
+        drop(self);
+        let _ = tell.send(Some(outcome));
+    }
+}
+
+impl<K: Hash + Eq, R, O, I> Drop for JobEnd<K, R, O, I> {
+    fn drop(&mut self) {
+        let mut running = self.running.lock().unwrap_or_else(|e| e.into_inner());
+        if running.get(&self.key).is_some_and(|job| job.id == self.id) {
+            running.remove(&self.key);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_cancelled_job_leaves_a_newer_one_at_its_key() {
+        let jobs: JobMap<&str, u32, u32, ()> = JobMap::default();
+        let mut ends = Vec::new();
+        let first = jobs.join_or_start(&"a", &1, (), |end, _| ends.push(end));
+        assert!(first.is_ok());
+        assert_eq!(jobs.join_or_start(&"a", &2, (), |_, _| {}).err(), Some(1));
+        let mut flags = Vec::new();
+        assert!(jobs.cancel(&"a"));
+        assert!(!jobs.cancel(&"a"));
+        jobs.join_or_start(&"a", &2, (), |end, cancelled| {
+            flags.push(cancelled);
+            ends.push(end);
+        })
+        .unwrap();
+        // The cancelled job ends: the newer one stays.
+        ends.remove(0).finish(7);
+        assert!(jobs.info(&"a").is_some());
+        assert!(!flags[0].load(Ordering::SeqCst));
+        ends.remove(0).finish(8);
+        assert!(jobs.info(&"a").is_none());
+    }
+}
