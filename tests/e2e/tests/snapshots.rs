@@ -7,6 +7,7 @@
 //! `nfsprov.dev`), so the test speaks the wire format, not the controller's own types.
 
 use std::collections::BTreeMap;
+use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim};
@@ -18,7 +19,7 @@ use nfsprov_e2e::libnfs::{
     FileKind, NfsClient, Timestamp, TreeManifest, fixture, snapshot_tree, sparse_usage,
     write_fixture_tree,
 };
-use nfsprov_e2e::system::{AgentSpec, System};
+use nfsprov_e2e::system::{AgentSpec, NfsService, System};
 use serde_json::json;
 use tokio::sync::Mutex;
 
@@ -63,13 +64,10 @@ async fn on_btrfs_a_subvolume_snapshot_restores_exactly_through_nfs() -> anyhow:
         root: Some(btrfs.root()),
         settings: "[quota]\nbackend = \"btrfs\"".into(),
     };
-    let system = System::start_with_agents(
-        KubeApi::start().await?,
-        &[spec],
-        1,
-        &["--leader-elect=false"],
-    )
-    .await?;
+    // ganesha serves a btrfs subvolume only as an export of its own (see exports.md).
+    let system =
+        System::start_with_exports(KubeApi::start().await?, spec, &["--leader-elect=false"])
+            .await?;
     snapshot_and_restore(&system, "e2e-snap-btrfs", &["btrfs-snapshot"]).await
 }
 
@@ -80,16 +78,16 @@ async fn snapshot_and_restore(
     class: &str,
     methods: &[&str],
 ) -> anyhow::Result<()> {
-    system
-        .class(
-            class,
-            json!({"agent": "nfs1", "onDelete": "delete", "pathPattern": "${.PVC.name}"}),
-        )
-        .await?;
+    let mut params = json!({"agent": "nfs1", "onDelete": "delete", "pathPattern": "${.PVC.name}"});
+    if matches!(system.nfs, NfsService::PerVolume { .. }) {
+        // The test's client, as root: the fixture has files of several owners.
+        params["exportClients"] = json!("127.0.0.1");
+        params["squash"] = json!("none");
+    }
+    system.class(class, params).await?;
     system.claim("source", class, json!({}), json!({})).await?;
     let source = system.bound_volume("source", WAIT).await?;
-    let source_dir = export_dir(system, &source);
-    let nfs = NfsClient::connect("127.0.0.1", system.nfs.port(), &system.agents[0].export)?;
+    let (nfs, source_dir) = mount(system, &source)?;
     write_fixture_tree(&nfs, &source_dir)?;
     // Times a restore must keep: set after every write and chown, which move them.
     let past = |sec| Timestamp { sec, nsec: 0 };
@@ -98,7 +96,7 @@ async fn snapshot_and_restore(
         (fixture::SPARSE, 1_200_000_000),
         (fixture::NESTED, 1_400_000_000),
     ] {
-        nfs.set_times(&format!("{source_dir}/{name}"), past(sec - 7), past(sec))?;
+        nfs.set_times(&at(&source_dir, name), past(sec - 7), past(sec))?;
     }
     let taken = snapshot_tree(&nfs, &source_dir)?;
     let taken_times = file_times(&nfs, &source_dir, &taken)?;
@@ -138,12 +136,12 @@ async fn snapshot_and_restore(
 
     // The claim changes after the snapshot: one file rewritten, one removed, one added.
     nfs.write_file(
-        &format!("{source_dir}/{REWRITTEN}"),
+        &at(&source_dir, REWRITTEN),
         b"rewritten after the snapshot",
         0o640,
     )?;
-    nfs.unlink(&format!("{source_dir}/{REMOVED}"))?;
-    nfs.write_file(&format!("{source_dir}/after-the-snapshot"), b"new", 0o644)?;
+    nfs.unlink(&at(&source_dir, REMOVED))?;
+    nfs.write_file(&at(&source_dir, "after-the-snapshot"), b"new", 0o644)?;
     let changed = snapshot_tree(&nfs, &source_dir)?;
     assert_ne!(changed, taken, "the change shows through NFS");
 
@@ -155,23 +153,28 @@ async fn snapshot_and_restore(
         Some(&format!("{}/before-change", system.names.namespace)),
         "{annotations:?}"
     );
-    let restored_dir = export_dir(system, &restored);
-    assert_ne!(restored_dir, source_dir);
-    check_holds_the_snapshot(&nfs, &restored_dir, &taken, &taken_times)?;
+    assert_ne!(mount_path(&restored), mount_path(&source));
+    let (restored_nfs, restored_dir) = mount(system, &restored)?;
+    check_holds_the_snapshot(&restored_nfs, &restored_dir, &taken, &taken_times)?;
 
     // The source goes: the Snapshot stays ready, the restore keeps its files, and a
     // second restore made now still holds the snapshot's content.
     system
         .delete_claim_and_wait_for_volume("source", &name_of(&source))
         .await?;
-    assert!(nfs.lstat(&source_dir).is_err(), "the source's data is gone");
+    drop(nfs);
+    assert!(
+        !server_dir(system, &source).exists(),
+        "the source's data is gone"
+    );
     let after = snapshots.get("before-change").await?;
     assert_eq!(after.data["status"]["readyToUse"], json!(true), "{after:?}");
     assert!(agent.get_snapshot(&agent_name, None).await?.ready);
-    check_holds_the_snapshot(&nfs, &restored_dir, &taken, &taken_times)?;
+    check_holds_the_snapshot(&restored_nfs, &restored_dir, &taken, &taken_times)?;
     restore_claim(system, "restored-later", class, "before-change", "1Gi").await?;
     let later = system.bound_volume("restored-later", WAIT).await?;
-    check_holds_the_snapshot(&nfs, &export_dir(system, &later), &taken, &taken_times)?;
+    let (later_nfs, later_dir) = mount(system, &later)?;
+    check_holds_the_snapshot(&later_nfs, &later_dir, &taken, &taken_times)?;
 
     // Deleting the Snapshot (policy Delete) deletes the agent's snapshot, then the object.
     snapshots
@@ -189,7 +192,8 @@ async fn snapshot_and_restore(
         .await?;
     assert!(listed.is_empty(), "{listed:?}");
     // What was restored from it does not depend on it.
-    check_holds_the_snapshot(&nfs, &restored_dir, &taken, &taken_times)?;
+    check_holds_the_snapshot(&restored_nfs, &restored_dir, &taken, &taken_times)?;
+    drop((restored_nfs, later_nfs));
 
     for (claim, volume) in [("restored", &restored), ("restored-later", &later)] {
         system
@@ -231,7 +235,7 @@ fn file_times(
     let mut times = BTreeMap::new();
     for (name, entry) in &manifest.entries {
         if entry.kind == FileKind::File {
-            times.insert(name.clone(), nfs.lstat(&format!("{dir}/{name}"))?.mtime);
+            times.insert(name.clone(), nfs.lstat(&at(dir, name))?.mtime);
         }
     }
     Ok(times)
@@ -268,15 +272,14 @@ async fn ready_snapshot(
 }
 
 /// Polls until the Snapshot object is gone (its finalizer removed).
-async fn gone(
-    system: &System,
-    snapshots: &Api<DynamicObject>,
-    name: &str,
-) -> anyhow::Result<()> {
+async fn gone(system: &System, snapshots: &Api<DynamicObject>, name: &str) -> anyhow::Result<()> {
     let deadline = Instant::now() + WAIT;
     while snapshots.get_opt(name).await?.is_some() {
         if Instant::now() > deadline {
-            anyhow::bail!("Snapshot {name} not deleted within {WAIT:?}\n{}", system.logs());
+            anyhow::bail!(
+                "Snapshot {name} not deleted within {WAIT:?}\n{}",
+                system.logs()
+            );
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
@@ -311,14 +314,48 @@ fn name_of(volume: &PersistentVolume) -> String {
     volume.metadata.name.clone().unwrap_or_default()
 }
 
-/// The volume's directory below the export, as an NFS client names it.
-fn export_dir(system: &System, volume: &PersistentVolume) -> String {
-    let path = volume
+/// The path clients mount the volume by, as the PV gives it to kubelets.
+fn mount_path(volume: &PersistentVolume) -> String {
+    volume
         .spec
         .as_ref()
         .and_then(|s| s.nfs.as_ref())
-        .map_or("", |nfs| nfs.path.as_str());
-    path.strip_prefix(&system.agents[0].export)
-        .unwrap_or(path)
-        .to_owned()
+        .map(|nfs| nfs.path.clone())
+        .unwrap_or_default()
+}
+
+/// A client of the volume's files and the directory they are in: the export root and
+/// the volume's directory below it when the whole root is exported, the volume's own
+/// export and its root otherwise.
+fn mount(system: &System, volume: &PersistentVolume) -> anyhow::Result<(NfsClient, String)> {
+    let port = system.nfs.port();
+    match &system.nfs {
+        NfsService::Whole(_) => {
+            let export = &system.agents[0].export;
+            let dir = mount_path(volume)
+                .strip_prefix(export.as_str())
+                .ok_or_else(|| anyhow::anyhow!("{volume:?} is not under {export}"))?
+                .to_owned();
+            Ok((NfsClient::connect("127.0.0.1", port, export)?, dir))
+        }
+        NfsService::PerVolume { .. } => Ok((
+            NfsClient::connect("127.0.0.1", port, &mount_path(volume))?,
+            "/".to_owned(),
+        )),
+    }
+}
+
+/// The volume's directory on the NFS server.
+fn server_dir(system: &System, volume: &PersistentVolume) -> PathBuf {
+    let path = mount_path(volume);
+    let relative = path
+        .strip_prefix(&system.agents[0].export)
+        .unwrap_or(&path)
+        .trim_start_matches('/');
+    system.agents[0].root.join(relative)
+}
+
+/// `name` in the directory `dir` of an NFS client.
+fn at(dir: &str, name: &str) -> String {
+    format!("{}/{name}", dir.trim_end_matches('/'))
 }
