@@ -1,0 +1,361 @@
+//! Snapshots and restores through the whole system: files written through NFS into a
+//! claim, a `Snapshot` of it taken by the controller on the agent, the claim changed, and
+//! a claim restored from the Snapshot read back through NFS. Runs against the simulator,
+//! or a real cluster with `E2E_KUBECONFIG` (where `deploy/` installed the CRDs).
+//!
+//! The Snapshot is made as a user's manifest makes it (a dynamic object of the group
+//! `nfsprov.dev`), so the test speaks the wire format, not the controller's own types.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim};
+use kube::Api;
+use kube::api::{ApiResource, DeleteParams, DynamicObject, GroupVersionKind, PostParams};
+use nfsprov_api_types::{ErrorCode, SnapshotName};
+use nfsprov_e2e::cluster::KubeApi;
+use nfsprov_e2e::libnfs::{
+    FileKind, NfsClient, Timestamp, TreeManifest, fixture, snapshot_tree, sparse_usage,
+    write_fixture_tree,
+};
+use nfsprov_e2e::system::{AgentSpec, NfsService, System};
+use serde_json::json;
+use tokio::sync::Mutex;
+
+static ONE_AT_A_TIME: Mutex<()> = Mutex::const_new(());
+
+const WAIT: Duration = Duration::from_secs(90);
+const GIB: u64 = 1 << 30;
+/// A file the change after the snapshot removes, and one it rewrites.
+const REMOVED: &str = fixture::SECRET;
+const REWRITTEN: &str = fixture::OWNER_A;
+
+/// The plain-directory case: the agent keeps the snapshot as a reflink or exact copy.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_restore_reads_the_snapshot_not_the_changed_claim_and_outlives_its_source()
+-> anyhow::Result<()> {
+    let test = "a_restore_reads_the_snapshot_not_the_changed_claim_and_outlives_its_source";
+    if let Err(why) = nfsprov_e2e::libnfs::available() {
+        nfsprov_test_skip::skip(test, &why);
+        return Ok(());
+    }
+    let _turn = ONE_AT_A_TIME.lock().await;
+    let system = System::start_with_agents(
+        KubeApi::start().await?,
+        &[AgentSpec::named("nfs1")],
+        1,
+        &["--leader-elect=false"],
+    )
+    .await?;
+    snapshot_and_restore(&system, "e2e-snap", &["copy", "reflink"]).await
+}
+
+/// On btrfs the snapshot is a read-only subvolume snapshot, taken in an instant.
+#[tokio::test(flavor = "multi_thread")]
+async fn on_btrfs_a_subvolume_snapshot_restores_exactly_through_nfs() -> anyhow::Result<()> {
+    let test = "on_btrfs_a_subvolume_snapshot_restores_exactly_through_nfs";
+    let _turn = ONE_AT_A_TIME.lock().await;
+    let Some(btrfs) = nfsprov_e2e::requirements::btrfs_over_nfs(test, 512) else {
+        return Ok(());
+    };
+    let spec = AgentSpec {
+        name: "nfs1".into(),
+        root: Some(btrfs.root()),
+        settings: "[quota]\nbackend = \"btrfs\"".into(),
+    };
+    // ganesha serves a btrfs subvolume only as an export of its own (see exports.md).
+    let system =
+        System::start_with_exports(KubeApi::start().await?, spec, &["--leader-elect=false"])
+            .await?;
+    snapshot_and_restore(&system, "e2e-snap-btrfs", &["btrfs-snapshot"]).await
+}
+
+/// The scenario on the system's first agent, with a class named `class` and a snapshot
+/// method among `methods`.
+async fn snapshot_and_restore(
+    system: &System,
+    class: &str,
+    methods: &[&str],
+) -> anyhow::Result<()> {
+    let mut params = json!({"agent": "nfs1", "onDelete": "delete", "pathPattern": "${.PVC.name}"});
+    if matches!(system.nfs, NfsService::PerVolume { .. }) {
+        // The test's client, as root: the fixture has files of several owners.
+        params["exportClients"] = json!("127.0.0.1");
+        params["squash"] = json!("none");
+    }
+    system.class(class, params).await?;
+    system.claim("source", class, json!({}), json!({})).await?;
+    let source = system.bound_volume("source", WAIT).await?;
+    let (nfs, source_dir) = mount(system, &source)?;
+    write_fixture_tree(&nfs, &source_dir)?;
+    // Times a restore must keep: set after every write and chown, which move them.
+    let past = |sec| Timestamp { sec, nsec: 0 };
+    for (name, sec) in [
+        (fixture::OWNER_B, 1_000_000_000),
+        (fixture::SPARSE, 1_200_000_000),
+        (fixture::NESTED, 1_400_000_000),
+    ] {
+        nfs.set_times(&at(&source_dir, name), past(sec - 7), past(sec))?;
+    }
+    let taken = snapshot_tree(&nfs, &source_dir)?;
+    let taken_times = file_times(&nfs, &source_dir, &taken)?;
+    assert_eq!(
+        taken_times.get(fixture::OWNER_B),
+        Some(&past(1_000_000_000)),
+        "the NFS server kept the time set"
+    );
+
+    // A Snapshot as a user writes it; Delete is the default policy, said here outright.
+    let snapshots = snapshot_api(system);
+    let snapshot: DynamicObject = serde_json::from_value(json!({
+        "apiVersion": "nfsprov.dev/v1alpha1",
+        "kind": "Snapshot",
+        "metadata": {"name": "before-change", "namespace": system.names.namespace},
+        "spec": {"source": {"persistentVolumeClaimName": "source"}, "deletionPolicy": "Delete"},
+    }))?;
+    snapshots.create(&PostParams::default(), &snapshot).await?;
+    let ready = ready_snapshot(system, &snapshots, "before-change").await?;
+    let status = &ready.data["status"];
+    let method = status["method"].as_str().unwrap_or_default();
+    assert!(methods.contains(&method), "method {method}: {status}");
+    assert_eq!(
+        status["restoreSize"].as_str(),
+        Some(GIB.to_string().as_str()),
+        "the source's capacity: {status}"
+    );
+    assert!(status["creationTime"].is_string(), "{status}");
+    let uid = ready.metadata.uid.clone().unwrap_or_default();
+    let agent_name = SnapshotName::parse(status["snapshotName"].as_str().unwrap_or_default())?;
+    assert_eq!(agent_name.as_str(), format!("snap-{uid}"));
+    let agent = system.agents[0].process.client()?;
+    let held = agent.get_snapshot(&agent_name, None).await?;
+    assert!(held.ready, "{held:?}");
+    assert_eq!(held.method.as_str(), method);
+    assert_eq!(held.restore_size_bytes, GIB);
+
+    // The claim changes after the snapshot: one file rewritten, one removed, one added.
+    nfs.write_file(
+        &at(&source_dir, REWRITTEN),
+        b"rewritten after the snapshot",
+        0o640,
+    )?;
+    nfs.unlink(&at(&source_dir, REMOVED))?;
+    nfs.write_file(&at(&source_dir, "after-the-snapshot"), b"new", 0o644)?;
+    let changed = snapshot_tree(&nfs, &source_dir)?;
+    assert_ne!(changed, taken, "the change shows through NFS");
+
+    restore_claim(system, "restored", class, "before-change", "2Gi").await?;
+    let restored = system.bound_volume("restored", WAIT).await?;
+    let annotations = restored.metadata.annotations.clone().unwrap_or_default();
+    assert_eq!(
+        annotations.get("nfsprov.dev/restored-from"),
+        Some(&format!("{}/before-change", system.names.namespace)),
+        "{annotations:?}"
+    );
+    assert_ne!(mount_path(&restored), mount_path(&source));
+    let (restored_nfs, restored_dir) = mount(system, &restored)?;
+    check_holds_the_snapshot(&restored_nfs, &restored_dir, &taken, &taken_times)?;
+
+    // The source goes: the Snapshot stays ready, the restore keeps its files, and a
+    // second restore made now still holds the snapshot's content.
+    system
+        .delete_claim_and_wait_for_volume("source", &name_of(&source))
+        .await?;
+    drop(nfs);
+    assert!(
+        !server_dir(system, &source).exists(),
+        "the source's data is gone"
+    );
+    let after = snapshots.get("before-change").await?;
+    assert_eq!(after.data["status"]["readyToUse"], json!(true), "{after:?}");
+    assert!(agent.get_snapshot(&agent_name, None).await?.ready);
+    check_holds_the_snapshot(&restored_nfs, &restored_dir, &taken, &taken_times)?;
+    restore_claim(system, "restored-later", class, "before-change", "1Gi").await?;
+    let later = system.bound_volume("restored-later", WAIT).await?;
+    let (later_nfs, later_dir) = mount(system, &later)?;
+    check_holds_the_snapshot(&later_nfs, &later_dir, &taken, &taken_times)?;
+
+    // Deleting the Snapshot (policy Delete) deletes the agent's snapshot, then the object.
+    snapshots
+        .delete("before-change", &DeleteParams::default())
+        .await?;
+    gone(system, &snapshots, "before-change").await?;
+    let asked = agent.get_snapshot(&agent_name, None).await;
+    assert!(
+        matches!(&asked, Err(e) if e.code() == Some(ErrorCode::NotFound)),
+        "the agent still has it: {asked:?}"
+    );
+    let mut listed = Vec::new();
+    agent
+        .for_each_snapshot_page(100, None, |page| listed.extend(page))
+        .await?;
+    assert!(listed.is_empty(), "{listed:?}");
+    // What was restored from it does not depend on it.
+    check_holds_the_snapshot(&restored_nfs, &restored_dir, &taken, &taken_times)?;
+    drop((restored_nfs, later_nfs));
+
+    for (claim, volume) in [("restored", &restored), ("restored-later", &later)] {
+        system
+            .delete_claim_and_wait_for_volume(claim, &name_of(volume))
+            .await?;
+    }
+    Ok(())
+}
+
+/// The restored tree through NFS is the snapshot's: the same names, kinds, owners,
+/// modes, contents, hard links and holes, and the same file times.
+fn check_holds_the_snapshot(
+    nfs: &NfsClient,
+    dir: &str,
+    taken: &TreeManifest,
+    taken_times: &BTreeMap<String, Timestamp>,
+) -> anyhow::Result<()> {
+    let restored = snapshot_tree(nfs, dir)?;
+    assert_eq!(&restored, taken, "the restore of {dir} over NFS");
+    assert_eq!(
+        &file_times(nfs, dir, &restored)?,
+        taken_times,
+        "modification times in {dir}"
+    );
+    let (size, used) = sparse_usage(nfs, dir)?;
+    assert!(
+        size == fixture::SPARSE_SIZE && used < 8 << 20,
+        "the sparse file keeps its holes: {used} of {size} bytes used"
+    );
+    Ok(())
+}
+
+/// The modification time of every regular file of the manifest, through NFS.
+fn file_times(
+    nfs: &NfsClient,
+    dir: &str,
+    manifest: &TreeManifest,
+) -> anyhow::Result<BTreeMap<String, Timestamp>> {
+    let mut times = BTreeMap::new();
+    for (name, entry) in &manifest.entries {
+        if entry.kind == FileKind::File {
+            times.insert(name.clone(), nfs.lstat(&at(dir, name))?.mtime);
+        }
+    }
+    Ok(times)
+}
+
+fn snapshot_api(system: &System) -> Api<DynamicObject> {
+    let gvk = GroupVersionKind::gvk("nfsprov.dev", "v1alpha1", "Snapshot");
+    let resource = ApiResource::from_gvk_with_plural(&gvk, "snapshots");
+    Api::namespaced_with(system.client.clone(), &system.names.namespace, &resource)
+}
+
+/// Polls the Snapshot until its status says `readyToUse`, failing on the deadline with
+/// its last status and the controller's log.
+async fn ready_snapshot(
+    system: &System,
+    snapshots: &Api<DynamicObject>,
+    name: &str,
+) -> anyhow::Result<DynamicObject> {
+    let deadline = Instant::now() + WAIT;
+    loop {
+        let snapshot = snapshots.get(name).await?;
+        if snapshot.data["status"]["readyToUse"] == json!(true) {
+            return Ok(snapshot);
+        }
+        if Instant::now() > deadline {
+            anyhow::bail!(
+                "Snapshot {name} not ready within {WAIT:?}: {}\n{}",
+                snapshot.data["status"],
+                system.logs()
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// Polls until the Snapshot object is gone (its finalizer removed).
+async fn gone(system: &System, snapshots: &Api<DynamicObject>, name: &str) -> anyhow::Result<()> {
+    let deadline = Instant::now() + WAIT;
+    while snapshots.get_opt(name).await?.is_some() {
+        if Instant::now() > deadline {
+            anyhow::bail!(
+                "Snapshot {name} not deleted within {WAIT:?}\n{}",
+                system.logs()
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    Ok(())
+}
+
+/// A claim of `class` asking for `size`, to be made from the Snapshot `snapshot`.
+async fn restore_claim(
+    system: &System,
+    name: &str,
+    class: &str,
+    snapshot: &str,
+    size: &str,
+) -> anyhow::Result<()> {
+    let claim: PersistentVolumeClaim = serde_json::from_value(json!({
+        "metadata": {"name": name, "namespace": system.names.namespace},
+        "spec": {
+            "storageClassName": system.names.class(class),
+            "accessModes": ["ReadWriteMany"],
+            "resources": {"requests": {"storage": size}},
+            "dataSourceRef": {"apiGroup": "nfsprov.dev", "kind": "Snapshot", "name": snapshot},
+        },
+    }))?;
+    system
+        .claims()
+        .create(&PostParams::default(), &claim)
+        .await?;
+    Ok(())
+}
+
+fn name_of(volume: &PersistentVolume) -> String {
+    volume.metadata.name.clone().unwrap_or_default()
+}
+
+/// The path clients mount the volume by, as the PV gives it to kubelets.
+fn mount_path(volume: &PersistentVolume) -> String {
+    volume
+        .spec
+        .as_ref()
+        .and_then(|s| s.nfs.as_ref())
+        .map(|nfs| nfs.path.clone())
+        .unwrap_or_default()
+}
+
+/// A client of the volume's files and the directory they are in: the export root and
+/// the volume's directory below it when the whole root is exported, the volume's own
+/// export and its root otherwise.
+fn mount(system: &System, volume: &PersistentVolume) -> anyhow::Result<(NfsClient, String)> {
+    let port = system.nfs.port();
+    match &system.nfs {
+        NfsService::Whole(_) => {
+            let export = &system.agents[0].export;
+            let dir = mount_path(volume)
+                .strip_prefix(export.as_str())
+                .ok_or_else(|| anyhow::anyhow!("{volume:?} is not under {export}"))?
+                .to_owned();
+            Ok((NfsClient::connect("127.0.0.1", port, export)?, dir))
+        }
+        NfsService::PerVolume { .. } => Ok((
+            NfsClient::connect("127.0.0.1", port, &mount_path(volume))?,
+            "/".to_owned(),
+        )),
+    }
+}
+
+/// The volume's directory on the NFS server.
+fn server_dir(system: &System, volume: &PersistentVolume) -> PathBuf {
+    let path = mount_path(volume);
+    let relative = path
+        .strip_prefix(&system.agents[0].export)
+        .unwrap_or(&path)
+        .trim_start_matches('/');
+    system.agents[0].root.join(relative)
+}
+
+/// `name` in the directory `dir` of an NFS client.
+fn at(dir: &str, name: &str) -> String {
+    format!("{}/{name}", dir.trim_end_matches('/'))
+}
