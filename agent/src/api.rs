@@ -801,12 +801,23 @@ async fn clone_volume(
         }
         CloneAnswer::Done(outcome) => outcome.map_err(Failure),
     };
-    // The copy is done; its export follows, as after a create.
-    let result = match result {
+    export_made(&state, &path, result, export, "clone").await
+}
+
+/// The answer to a clone or restore whose data is in place: the volume with the export
+/// its request asked for (as after a create), counted as `operation`.
+async fn export_made(
+    state: &Arc<AppState>,
+    path: &VolumePath,
+    made: ApiResult<(Volume, Created)>,
+    export: Option<ExportRequest>,
+    operation: &'static str,
+) -> ApiResult<Response> {
+    let result = match made {
         Ok((volume, created)) => {
             let exports = state.exports.clone();
-            with_path_lock(&state, &path.clone(), move |store| {
-                // Under the path lock: a clone deleted meanwhile is not exported.
+            with_path_lock(state, path, move |store| {
+                // Under the path lock: a volume deleted meanwhile is not exported.
                 store.get(&volume.path)?;
                 Ok::<_, Failure>((exported(&exports, volume, export.as_ref())?, created))
             })
@@ -814,8 +825,8 @@ async fn clone_volume(
         }
         Err(failure) => Err(failure),
     };
-    state.usage.forget(&path);
-    state.metrics.count_operation("clone", outcome(&result));
+    state.usage.forget(path);
+    state.metrics.count_operation(operation, outcome(&result));
     let (volume, created) = result?;
     Ok(made_or_found(volume, created))
 }
@@ -1086,23 +1097,7 @@ async fn restore_volume(
         }
         RestoreAnswer::Done(outcome) => outcome.map_err(Failure),
     };
-    // The data is there; its export follows, as after a create or a clone.
-    let result = match result {
-        Ok((volume, created)) => {
-            let exports = state.exports.clone();
-            with_path_lock(&state, &path.clone(), move |store| {
-                // Under the path lock: a volume deleted meanwhile is not exported.
-                store.get(&volume.path)?;
-                Ok::<_, Failure>((exported(&exports, volume, export.as_ref())?, created))
-            })
-            .await
-        }
-        Err(failure) => Err(failure),
-    };
-    state.usage.forget(&path);
-    state.metrics.count_operation("restore", outcome(&result));
-    let (volume, created) = result?;
-    Ok(made_or_found(volume, created))
+    export_made(&state, &path, result, export, "restore").await
 }
 
 fn outcome<T>(result: &ApiResult<T>) -> &'static str {

@@ -1354,24 +1354,41 @@ fn confirm_clone(
     existing: VolumeRecord,
     request: &CloneVolumeRequest,
 ) -> Result<(Volume, Created)> {
-    let mut differences = Vec::new();
-    match &existing.clone {
-        Some(origin) if origin.source == request.source => {}
-        Some(origin) => differences.push(format!(
+    let origin = match &existing.clone {
+        Some(origin) if origin.source == request.source => None,
+        Some(origin) => Some(format!(
             "a clone of {} (requested a clone of {})",
             origin.source, request.source
         )),
-        None => differences.push(format!(
+        None => Some(format!(
             "not a clone (requested a clone of {})",
             request.source
         )),
-    }
-    differences.extend(quota_difference(&existing, request.quota));
-    differences.extend(claim_differences(
-        &existing,
+    };
+    confirm_made(
+        path,
+        existing,
+        origin,
+        request.quota,
         request.capacity_bytes,
         &request.owner,
-    ));
+    )
+}
+
+/// A volume made from another's data (a clone, a restore) found again: confirmed only when
+/// it came from the same origin (`origin_difference` says how it did not) with the same
+/// quota, capacity and owner.
+fn confirm_made(
+    path: &VolumePath,
+    existing: VolumeRecord,
+    origin_difference: Option<String>,
+    quota: QuotaPolicy,
+    capacity_bytes: u64,
+    owner: &VolumeOwner,
+) -> Result<(Volume, Created)> {
+    let mut differences: Vec<String> = origin_difference.into_iter().collect();
+    differences.extend(quota_difference(&existing, quota));
+    differences.extend(claim_differences(&existing, capacity_bytes, owner));
     confirmed(path, existing, differences)
 }
 

@@ -50,8 +50,8 @@ use super::error::{Result, StoreError, io_error, not_found};
 use super::record::{VolumeRecord, now_rfc3339};
 use super::tree::measure_tree;
 use super::{
-    Created, Deleted, NewVolume, Origin, PathGuard, VolumeStore, claim_differences, confirmed,
-    mounts, quota_difference, record_as_found,
+    Created, Deleted, NewVolume, Origin, PathGuard, VolumeStore, confirm_made, mounts,
+    record_as_found,
 };
 use crate::store::copy::CopyProgress;
 
@@ -709,25 +709,25 @@ fn confirm_restore(
     existing: VolumeRecord,
     request: &RestoreVolumeRequest,
 ) -> Result<(Volume, Created)> {
-    let mut differences = Vec::new();
-    match &existing.restore {
-        Some(origin) if origin.snapshot == request.snapshot => {}
-        Some(origin) => differences.push(format!(
+    let origin = match &existing.restore {
+        Some(origin) if origin.snapshot == request.snapshot => None,
+        Some(origin) => Some(format!(
             "restored from snapshot {} (requested from {})",
             origin.snapshot, request.snapshot
         )),
-        None => differences.push(format!(
+        None => Some(format!(
             "not restored from a snapshot (requested from {})",
             request.snapshot
         )),
-    }
-    differences.extend(quota_difference(&existing, request.quota));
-    differences.extend(claim_differences(
-        &existing,
+    };
+    confirm_made(
+        path,
+        existing,
+        origin,
+        request.quota,
         request.capacity_bytes,
         &request.owner,
-    ));
-    confirmed(path, existing, differences)
+    )
 }
 
 /// Keeps a finished snapshot tree from being placed until the test that asked lets it

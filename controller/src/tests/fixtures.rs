@@ -1099,23 +1099,43 @@ async fn clone(
     }
     let made = CreateVolumeRequest {
         capacity_bytes: request.capacity_bytes,
-        owner: request.owner.clone(),
-        quota: request.quota,
-        export: request.export.clone(),
         ..source
     };
-    let status = if state.volumes.contains_key(&path) {
-        StatusCode::OK
-    } else {
-        state.volumes.insert(path.clone(), made.clone());
-        StatusCode::CREATED
-    };
-    let mut volume = volume_of(&state, volume_path, &made);
+    let asked = (request.owner.clone(), request.quota, request.export.clone());
+    let (status, mut volume) = keep_made(&mut state, volume_path, made, asked);
     volume.clone = Some(CloneOrigin {
         source: request.source,
         method: CloneMethod::Reflink,
     });
     (status, Json(volume)).into_response()
+}
+
+/// Keeps a volume made from another's data (a clone, a restore) with the owner, quota
+/// and export its request asked for, unless one is there already: `201` and the volume,
+/// or `200` and the one there.
+fn keep_made(
+    state: &mut MockAgentState,
+    path: VolumePath,
+    made: CreateVolumeRequest,
+    (owner, quota, export): (
+        nfsprov_api_types::VolumeOwner,
+        QuotaPolicy,
+        Option<ExportRequest>,
+    ),
+) -> (StatusCode, Volume) {
+    let made = CreateVolumeRequest {
+        owner,
+        quota,
+        export,
+        ..made
+    };
+    let status = if state.volumes.contains_key(path.as_str()) {
+        StatusCode::OK
+    } else {
+        state.volumes.insert(path.as_str().to_owned(), made.clone());
+        StatusCode::CREATED
+    };
+    (status, volume_of(state, path, &made))
 }
 
 async fn fetch(
@@ -1346,18 +1366,10 @@ async fn restore(
     }
     let made = CreateVolumeRequest {
         capacity_bytes: request.capacity_bytes,
-        owner: request.owner.clone(),
-        quota: request.quota,
-        export: request.export.clone(),
         ..kept
     };
-    let status = if state.volumes.contains_key(&path) {
-        StatusCode::OK
-    } else {
-        state.volumes.insert(path.clone(), made.clone());
-        StatusCode::CREATED
-    };
-    let mut volume = volume_of(&state, volume_path, &made);
+    let asked = (request.owner.clone(), request.quota, request.export.clone());
+    let (status, mut volume) = keep_made(&mut state, volume_path, made, asked);
     volume.restore = Some(RestoreOrigin {
         snapshot: request.snapshot,
         method: CloneMethod::Reflink,
