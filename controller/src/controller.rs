@@ -55,6 +55,25 @@ pub struct RunConfig {
     pub leading: Option<watch::Receiver<bool>>,
 }
 
+impl RunConfig {
+    /// The reconcilers alone, for `provisioner`, with events reported as `reporter`: no
+    /// usage poll, no orphan check, agents from connection files and no leader election;
+    /// everything reconciled again every 10 minutes, at most 16 reconciles of a kind at
+    /// once (the command line's defaults).
+    pub fn reconcilers_only(provisioner: impl Into<Provisioners>, reporter: Reporter) -> Self {
+        RunConfig {
+            provisioner: provisioner.into(),
+            resync: Duration::from_secs(600),
+            reporter,
+            concurrency: 16,
+            usage_interval: None,
+            orphan_check: None,
+            agent_secrets: None,
+            leading: None,
+        }
+    }
+}
+
 fn ticks(every: Duration) -> impl futures::Stream<Item = ()> + Send + 'static {
     futures::stream::unfold(
         tokio::time::interval_at(tokio::time::Instant::now() + every, every),

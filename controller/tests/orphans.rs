@@ -142,14 +142,6 @@ async fn orphans_are_reported_and_archived_and_wanted_directories_are_kept() {
         agents,
         metrics.clone(),
         RunConfig {
-            provisioner: "nfsprov.dev/nfs".into(),
-            resync: Duration::from_secs(600),
-            reporter: Reporter {
-                controller: "nfsprov-controller".into(),
-                instance: Some("test".into()),
-            },
-            concurrency: 16,
-            usage_interval: None,
             orphan_check: Some(OrphanSettings {
                 every: Duration::from_millis(200),
                 grace: Duration::ZERO,
@@ -158,8 +150,13 @@ async fn orphans_are_reported_and_archived_and_wanted_directories_are_kept() {
                 // directory missing is only known once every page was seen.
                 page_size: 2,
             }),
-            agent_secrets: None,
-            leading: None,
+            ..RunConfig::reconcilers_only(
+                "nfsprov.dev/nfs",
+                Reporter {
+                    controller: "nfsprov-controller".into(),
+                    instance: Some("test".into()),
+                },
+            )
         },
         Arc::new(AtomicBool::new(false)),
         stopped,

@@ -42,19 +42,13 @@ async fn claim_to_directory_and_back() {
         client.clone(),
         agents,
         metrics.clone(),
-        RunConfig {
-            provisioner: "nfsprov.dev/nfs".into(),
-            resync: Duration::from_secs(600),
-            reporter: Reporter {
+        RunConfig::reconcilers_only(
+            "nfsprov.dev/nfs",
+            Reporter {
                 controller: "nfsprov-controller".into(),
                 instance: Some("test".into()),
             },
-            concurrency: 16,
-            usage_interval: None,
-            orphan_check: None,
-            agent_secrets: None,
-            leading: None,
-        },
+        ),
         ready.clone(),
         stopped,
     ));

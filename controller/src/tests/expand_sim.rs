@@ -11,7 +11,6 @@ use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim};
 use k8s_openapi::api::events::v1::Event;
 use k8s_openapi::api::storage::v1::StorageClass;
 use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
-use kube::runtime::events::Reporter;
 use kube::runtime::wait::await_condition;
 use nfsprov_kube_sim::{SimOptions, Simulator};
 use serde_json::json;
@@ -46,19 +45,10 @@ async fn a_bound_claim_grows_through_the_simulated_api() {
         client.clone(),
         agent.registry(),
         Arc::new(Metrics::new()),
-        RunConfig {
-            provisioner: crate::tests::fixtures::PROVISIONER.into(),
-            resync: Duration::from_secs(600),
-            reporter: Reporter {
-                controller: "nfsprov-controller".into(),
-                instance: Some("test".into()),
-            },
-            concurrency: 16,
-            usage_interval: None,
-            orphan_check: None,
-            agent_secrets: None,
-            leading: None,
-        },
+        RunConfig::reconcilers_only(
+            crate::tests::fixtures::PROVISIONER,
+            crate::tests::fixtures::test_reporter(),
+        ),
         Arc::new(AtomicBool::new(false)),
         stopped,
     ));

@@ -13,7 +13,6 @@ use k8s_openapi::api::events::v1::Event;
 use k8s_openapi::api::storage::v1::StorageClass;
 use kube::Client;
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
-use kube::runtime::events::Reporter;
 use kube::runtime::wait::await_condition;
 use nfsprov_api_types::{
     ErrorCode, ExportAccess, ExportClient, ExportManager, ExportRequest, SecFlavor, Squash,
@@ -52,19 +51,7 @@ impl Cluster {
             client.clone(),
             agent.registry(),
             metrics.clone(),
-            RunConfig {
-                provisioner: PROVISIONER.into(),
-                resync: Duration::from_secs(600),
-                reporter: Reporter {
-                    controller: "nfsprov-controller".into(),
-                    instance: Some("test".into()),
-                },
-                concurrency: 16,
-                usage_interval: None,
-                orphan_check: None,
-                agent_secrets: None,
-                leading: None,
-            },
+            RunConfig::reconcilers_only(PROVISIONER, crate::tests::fixtures::test_reporter()),
             Arc::new(AtomicBool::new(false)),
             stopped,
         ));

@@ -302,12 +302,17 @@ pub fn context_with_provisioners(
         class_store,
         volume_store,
         Arc::new(Metrics::new()),
-        Reporter {
-            controller: "nfsprov-controller".to_owned(),
-            instance: Some("test".to_owned()),
-        },
+        test_reporter(),
     );
     (Arc::new(ctx), ApiServerVerifier(handle), volume_writer)
+}
+
+/// Who the events of a scenario come from.
+pub fn test_reporter() -> Reporter {
+    Reporter {
+        controller: "nfsprov-controller".to_owned(),
+        instance: Some("test".to_owned()),
+    }
 }
 
 /// Waits for the scenario to finish once the context (and so every client) is dropped.

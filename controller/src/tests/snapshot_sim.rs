@@ -13,7 +13,6 @@ use k8s_openapi::api::storage::v1::StorageClass;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::{SignedDuration, Timestamp};
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
-use kube::runtime::events::Reporter;
 use kube::runtime::wait::await_condition;
 use kube::{Client, ResourceExt};
 use nfsprov_api_types::client::AgentConnectionConfig;
@@ -92,19 +91,7 @@ impl Cluster {
             self.client.clone(),
             self.registry(),
             self.metrics.clone(),
-            RunConfig {
-                provisioner: PROVISIONER.into(),
-                resync: Duration::from_secs(600),
-                reporter: Reporter {
-                    controller: "nfsprov-controller".into(),
-                    instance: Some("test".into()),
-                },
-                concurrency: 16,
-                usage_interval: None,
-                orphan_check: None,
-                agent_secrets: None,
-                leading: None,
-            },
+            RunConfig::reconcilers_only(PROVISIONER, crate::tests::fixtures::test_reporter()),
             Arc::new(AtomicBool::new(false)),
             stopped,
         ));
