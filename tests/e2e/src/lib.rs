@@ -4,6 +4,7 @@
 //! when its handle is dropped, also when a test fails.
 
 pub mod agent;
+pub mod api_proxy;
 pub mod binaries;
 pub mod bind_shim;
 pub mod cluster;

@@ -7,7 +7,6 @@
 //! `nfsprov-agent init` printed), and forwards everything else to the simulator.
 
 use std::collections::BTreeMap;
-use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -18,12 +17,11 @@ use k8s_openapi::api::core::v1::{Namespace, PersistentVolume, Secret};
 use kube::Api;
 use kube::api::{DeleteParams, PostParams};
 use nfsprov_api_types::{CreateVolumeRequest, VolumePath};
+use nfsprov_e2e::api_proxy;
 use nfsprov_e2e::binaries::binary;
 use nfsprov_e2e::cluster::KubeApi;
 use nfsprov_e2e::system::System;
 use serde_json::{Value, json};
-use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
-use tokio::net::{TcpListener, TcpStream};
 
 const NAMESPACE: &str = "nfsprov";
 const SECRET: &str = "nfsprov-agent-nfs1";
@@ -87,79 +85,6 @@ impl Fixtures {
             status(404, "NotFound", "deployments not found")
         })
     }
-}
-
-/// Serves one client connection: fixture answers on it directly (kept alive), anything
-/// else forwarded to the simulator on a connection of its own, then closed.
-async fn proxy_connection(
-    conn: TcpStream,
-    upstream: SocketAddr,
-    fixtures: Arc<Fixtures>,
-) -> std::io::Result<()> {
-    let mut conn = BufReader::new(conn);
-    loop {
-        let mut head = Vec::new();
-        while !head.ends_with(b"\r\n\r\n") {
-            if conn.read_until(b'\n', &mut head).await? == 0 {
-                return Ok(());
-            }
-        }
-        let text = String::from_utf8_lossy(&head).into_owned();
-        let mut lines = text.split("\r\n");
-        let request_line = lines.next().unwrap_or_default().to_owned();
-        let mut parts = request_line.split(' ');
-        let method = parts.next().unwrap_or_default();
-        let target = parts.next().unwrap_or_default();
-        let headers: Vec<&str> = lines.filter(|l| !l.is_empty()).collect();
-        let length: usize = headers
-            .iter()
-            .find_map(|h| {
-                let (name, value) = h.split_once(':')?;
-                name.eq_ignore_ascii_case("content-length")
-                    .then(|| value.trim().parse().ok())?
-            })
-            .unwrap_or(0);
-        let mut body = vec![0; length];
-        conn.read_exact(&mut body).await?;
-        let path = target.split('?').next().unwrap_or_default();
-        if let Some((code, answer)) = fixtures.answer(method, path) {
-            let response = format!(
-                "HTTP/1.1 {code} X\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{answer}",
-                answer.len()
-            );
-            conn.get_mut().write_all(response.as_bytes()).await?;
-            continue;
-        }
-        let mut forwarded = format!("{request_line}\r\n");
-        for header in headers
-            .iter()
-            .filter(|h| !h.to_ascii_lowercase().starts_with("connection:"))
-        {
-            forwarded.push_str(header);
-            forwarded.push_str("\r\n");
-        }
-        // One request per upstream connection: the answer then ends where the stream
-        // does, and its `connection: close` keeps the client from reusing ours.
-        forwarded.push_str("Connection: close\r\n\r\n");
-        let mut sim = TcpStream::connect(upstream).await?;
-        sim.write_all(forwarded.as_bytes()).await?;
-        sim.write_all(&body).await?;
-        let mut response = Vec::new();
-        sim.read_to_end(&mut response).await?;
-        conn.get_mut().write_all(&response).await?;
-        return Ok(());
-    }
-}
-
-async fn start_proxy(upstream: SocketAddr, fixtures: Arc<Fixtures>) -> anyhow::Result<SocketAddr> {
-    let listener = TcpListener::bind("127.0.0.1:0").await?;
-    let address = listener.local_addr()?;
-    tokio::spawn(async move {
-        while let Ok((conn, _)) = listener.accept().await {
-            tokio::spawn(proxy_connection(conn, upstream, fixtures.clone()));
-        }
-    });
-    Ok(address)
 }
 
 /// The agent's Secret as `nfsprov-agent init` printed it, in the shape the API returns
@@ -330,7 +255,10 @@ async fn status_agents_volumes_doctor_and_orphans() -> anyhow::Result<()> {
         )]),
         forbid_secrets: AtomicBool::new(false),
     });
-    let proxy = start_proxy(sim, fixtures.clone()).await?;
+    let proxy = {
+        let fixtures = fixtures.clone();
+        api_proxy::start(sim, move |method, path| fixtures.answer(method, path)).await?
+    };
     let kubeconfig = work.path().join("kubeconfig");
     let original = std::fs::read_to_string(system.api.kubeconfig())?;
     anyhow::ensure!(original.contains(&format!("http://{sim}")), "{original}");

@@ -14,7 +14,6 @@
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, ensure};
@@ -27,11 +26,11 @@ use kube::api::PostParams;
 use nfsprov_api_types::client::AgentClient;
 use nfsprov_api_types::{CreateVolumeRequest, MAX_PAGE_LIMIT, VolumeOwner, VolumePath};
 use nfsprov_e2e::agent::AgentProcess;
+use nfsprov_e2e::api_proxy;
 use nfsprov_e2e::binaries::binary;
 use nfsprov_e2e::cluster::{ControllerProcess, KubeApi};
 use serde_json::{Value, json};
-use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
-use tokio::net::{TcpListener, TcpStream};
+use tokio::io::AsyncReadExt;
 
 const AGENT: &str = "bench";
 const PROVISIONER: &str = "nfsprov.dev/nfs";
@@ -371,81 +370,22 @@ fn agent_secret(agent: &AgentProcess, dir: &Path) -> anyhow::Result<Value> {
 /// agent's Secret; no Deployment, so the plugin reads the labelled Secrets, as the
 /// controller does) and passes everything else through, streamed.
 async fn proxy(upstream: SocketAddr, secret: Value) -> anyhow::Result<SocketAddr> {
-    let listener = TcpListener::bind("127.0.0.1:0").await?;
-    let address = listener.local_addr()?;
-    let secrets = Arc::new(json!({
+    let secrets = json!({
         "kind": "SecretList", "apiVersion": "v1", "metadata": {}, "items": [secret],
-    }));
-    tokio::spawn(async move {
-        while let Ok((conn, _)) = listener.accept().await {
-            tokio::spawn(proxy_connection(conn, upstream, secrets.clone()));
-        }
-    });
-    Ok(address)
-}
-
-async fn proxy_connection(
-    conn: TcpStream,
-    upstream: SocketAddr,
-    secrets: Arc<Value>,
-) -> std::io::Result<()> {
-    let mut conn = BufReader::new(conn);
-    loop {
-        let mut head = Vec::new();
-        while !head.ends_with(b"\r\n\r\n") {
-            if conn.read_until(b'\n', &mut head).await? == 0 {
-                return Ok(());
-            }
-        }
-        let text = String::from_utf8_lossy(&head).into_owned();
-        let mut lines = text.split("\r\n");
-        let request_line = lines.next().unwrap_or_default().to_owned();
-        let headers: Vec<&str> = lines.filter(|l| !l.is_empty()).collect();
-        let target = request_line.split(' ').nth(1).unwrap_or_default();
-        let path = target.split('?').next().unwrap_or_default();
-        let answer = if path == format!("/api/v1/namespaces/{NAMESPACE}/secrets") {
-            Some((200, secrets.to_string()))
+    })
+    .to_string();
+    api_proxy::start(upstream, move |_, path| {
+        if path == format!("/api/v1/namespaces/{NAMESPACE}/secrets") {
+            Some((200, secrets.clone()))
         } else if path.starts_with("/apis/apps/") {
             let status = json!({"kind": "Status", "apiVersion": "v1", "metadata": {},
                 "status": "Failure", "reason": "NotFound", "code": 404});
             Some((404, status.to_string()))
         } else {
             None
-        };
-        if let Some((code, body)) = answer {
-            let response = format!(
-                "HTTP/1.1 {code} X\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
-                body.len()
-            );
-            conn.get_mut().write_all(response.as_bytes()).await?;
-            continue;
         }
-        let length: usize = headers
-            .iter()
-            .find_map(|h| {
-                let (name, value) = h.split_once(':')?;
-                name.eq_ignore_ascii_case("content-length")
-                    .then(|| value.trim().parse().ok())?
-            })
-            .unwrap_or(0);
-        let mut body = vec![0; length];
-        conn.read_exact(&mut body).await?;
-        let mut forwarded = format!("{request_line}\r\n");
-        for header in headers
-            .iter()
-            .filter(|h| !h.to_ascii_lowercase().starts_with("connection:"))
-        {
-            forwarded.push_str(header);
-            forwarded.push_str("\r\n");
-        }
-        // One request per upstream connection: its answer ends where the stream does.
-        forwarded.push_str("Connection: close\r\n\r\n");
-        let mut sim = TcpStream::connect(upstream).await?;
-        sim.write_all(forwarded.as_bytes()).await?;
-        sim.write_all(&body).await?;
-        tokio::io::copy(&mut sim, conn.get_mut()).await?;
-        return Ok(());
-    }
+    })
+    .await
 }
 
 async fn plugin_check(
