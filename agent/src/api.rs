@@ -14,10 +14,11 @@ use axum::{Extension, Json, Router};
 use futures::StreamExt;
 use nfsprov_api_types::logsafe::{self, MAX_MESSAGE_BYTES};
 use nfsprov_api_types::{
-    AdoptVolumeRequest, AgentInfo, ApiError, ArchiveList, ArchivePath, ArchiveRequest,
+    AdoptVolumeRequest, AgentInfo, ApiError, Archive, ArchiveList, ArchivePath, ArchiveRequest,
     Capabilities, CloneVolumeRequest, CreateSnapshotRequest, CreateVolumeRequest, Endpoint,
     ErrorCode, ExportRequest, Health, ListQuery, NfsExport, REQUEST_ID_HEADER, ResizeVolumeRequest,
-    RestoreVolumeRequest, SnapshotList, SnapshotName, Volume, VolumeList, VolumePath,
+    RestoreSource, RestoreVolumeRequest, SnapshotList, SnapshotName, Volume, VolumeList,
+    VolumePath,
 };
 use tokio::sync::Semaphore;
 use tower_http::request_id::{MakeRequestUuid, PropagateRequestIdLayer, SetRequestIdLayer};
@@ -247,6 +248,7 @@ fn handler(endpoint: Endpoint) -> MethodRouter<Arc<AppState>> {
         Endpoint::SetVolumeExport => on(method, set_volume_export),
         Endpoint::ListArchives => on(method, list_archives),
         Endpoint::ArchiveVolume => on(method, archive_volume),
+        Endpoint::GetArchive => on(method, get_archive),
         Endpoint::DeleteArchive => on(method, delete_archive),
         Endpoint::ListSnapshots => on(method, list_snapshots),
         Endpoint::CreateSnapshot => on(method, create_snapshot),
@@ -946,6 +948,19 @@ async fn list_archives(
     Ok(Json(ArchiveList { archives, next }))
 }
 
+async fn get_archive(
+    State(state): State<Arc<AppState>>,
+    raw_id: Result<Path<String>, PathRejection>,
+) -> ApiResult<Json<Archive>> {
+    let id = archive_id(raw_id)?;
+    let archives = state.archives.list().await?;
+    archives
+        .into_iter()
+        .find(|archive| archive.id == id)
+        .map(Json)
+        .ok_or_else(|| Failure::new(ErrorCode::NotFound, format!("no archive {id}")))
+}
+
 async fn delete_archive(
     State(state): State<Arc<AppState>>,
     raw_id: Result<Path<String>, PathRejection>,
@@ -1088,10 +1103,25 @@ async fn restore_volume(
     let (path, request): (VolumePath, RestoreVolumeRequest) =
         volume_request(&state, raw_path, &headers, body).await?;
     check_export(&state, &path, request.export.as_ref())?;
+    let name = match request.source() {
+        Ok(RestoreSource::Snapshot(name)) => name,
+        Ok(RestoreSource::Archive(id)) => {
+            return Err(Failure::new(
+                ErrorCode::Unsupported,
+                format!("{path}: this agent does not restore archives (archive {id})"),
+            ));
+        }
+        Err(why) => {
+            return Err(Failure::new(
+                ErrorCode::InvalidBody,
+                format!("{path}: {why}"),
+            ));
+        }
+    };
     check_snapshots(&state)?;
     let export = request.export.clone();
     let wait = clone_answer_wait(state.request_timeout);
-    let result = match state.snapshots.restore(&path, request, wait).await {
+    let result = match state.snapshots.restore(&path, &name, request, wait).await {
         RestoreAnswer::Running(progress) => {
             return Ok((StatusCode::ACCEPTED, Json(progress)).into_response());
         }
@@ -1168,7 +1198,7 @@ mod tests {
     /// The concrete path of an endpoint, its parameter filled with a valid sample.
     fn sample_path(endpoint: Endpoint) -> String {
         match endpoint {
-            Endpoint::DeleteArchive => endpoint
+            Endpoint::GetArchive | Endpoint::DeleteArchive => endpoint
                 .path_for(&ArchivePath::parse("table/probe/@20260101T000000.000000000Z").unwrap()),
             Endpoint::CreateSnapshot | Endpoint::GetSnapshot | Endpoint::DeleteSnapshot => {
                 endpoint.path_for(&SnapshotName::parse("table-probe").unwrap())

@@ -22,8 +22,8 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use nfsprov_api_types::{
-    ApiError, CloneMethod, CreateSnapshotRequest, ErrorCode, RestoreProgress, RestoreVolumeRequest,
-    Snapshot, SnapshotName, Volume, VolumePath,
+    ApiError, CloneMethod, CreateSnapshotRequest, ErrorCode, RestoreProgress, RestoreSource,
+    RestoreVolumeRequest, Snapshot, SnapshotName, Volume, VolumePath,
 };
 use tokio::sync::{Semaphore, watch};
 
@@ -212,26 +212,26 @@ impl Snapshots {
         });
     }
 
-    /// Starts the restore of `request` at `path`, or joins the job already making it, and
-    /// waits at most `wait` for it to end. A job making something else at `path` is a
-    /// conflict.
+    /// Starts the restore of `request` (from the snapshot `name`, its source) at `path`,
+    /// or joins the job already making it, and waits at most `wait` for it to end. A job
+    /// making something else at `path` is a conflict.
     pub async fn restore(
         &self,
         path: &VolumePath,
+        name: &SnapshotName,
         request: RestoreVolumeRequest,
         wait: Duration,
     ) -> RestoreAnswer {
-        if self.making.info(&request.snapshot).is_some() {
+        if self.making.info(name).is_some() {
             return RestoreAnswer::Done(Err(ApiError::new(
                 ErrorCode::NotReady,
                 format!(
-                    "{path}: snapshot {} is still being taken; restore from it once it is ready",
-                    request.snapshot
+                    "{path}: snapshot {name} is still being taken; restore from it once it is ready"
                 ),
             )));
         }
         let joined = self.restoring.join_or_start(path, &request, (), |end, _| {
-            self.start_restore(path.clone(), request.clone(), end);
+            self.start_restore(path.clone(), name.clone(), request.clone(), end);
         });
         let (done, started, ()) = match joined {
             Ok(joined) => joined,
@@ -239,8 +239,10 @@ impl Snapshots {
                 return RestoreAnswer::Done(Err(ApiError::new(
                     ErrorCode::Conflict,
                     format!(
-                        "{path}: a restore of snapshot {} with other settings is being made there",
-                        other.snapshot
+                        "{path}: a restore from {} with other settings is being made there",
+                        other
+                            .source()
+                            .map_or_else(|e| e.to_owned(), |source| source.to_string())
                     ),
                 )));
             }
@@ -248,7 +250,7 @@ impl Snapshots {
         match wait_for(done, wait).await {
             Some(outcome) => RestoreAnswer::Done(outcome),
             None => RestoreAnswer::Running(RestoreProgress {
-                snapshot: request.snapshot,
+                source: RestoreSource::Snapshot(name.clone()),
                 running_seconds: started.elapsed().as_secs(),
             }),
         }
@@ -257,6 +259,7 @@ impl Snapshots {
     fn start_restore(
         &self,
         path: VolumePath,
+        name: SnapshotName,
         request: RestoreVolumeRequest,
         end: JobEnd<VolumePath, RestoreVolumeRequest, RestoreOutcome, ()>,
     ) {
@@ -268,16 +271,17 @@ impl Snapshots {
                 .acquire_owned()
                 .await
                 .expect("the job slots are never closed");
-            let name_guard = store.lock_snapshot(&request.snapshot).await;
+            let name_guard = store.lock_snapshot(&name).await;
             let path_guard = store.lock(&path).await;
             metrics.in_progress.inc();
             let work = {
                 let store = store.clone();
                 let path = path.clone();
+                let name = name.clone();
                 let request = request.clone();
                 let progress = metrics.copy.clone();
                 tokio::task::spawn_blocking(move || {
-                    store.restore_volume(&path, &request, &progress)
+                    store.restore_volume(&path, &name, &request, &progress)
                 })
             };
             let outcome = match work.await {
@@ -291,13 +295,13 @@ impl Snapshots {
                                 method: method_label(origin.method),
                             })
                             .inc();
-                        tracing::info!(%path, snapshot = %origin.snapshot, method = %origin.method, "restored a volume");
+                        tracing::info!(%path, source = %origin.source, method = %origin.method, "restored a volume");
                     }
                     Ok((volume, created))
                 }
                 Ok(Err(e)) => {
                     metrics.restores_failed.inc();
-                    tracing::warn!(%path, snapshot = %request.snapshot, error = %e, "restore failed");
+                    tracing::warn!(%path, snapshot = %name, error = %e, "restore failed");
                     Err(e.to_api_error())
                 }
                 Err(e) => {

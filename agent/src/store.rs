@@ -42,7 +42,7 @@ use std::sync::{Arc, RwLock};
 use nfsprov_api_types::{
     AdoptVolumeRequest, ArchiveEntry, ArchivePath, ArchiveResult, CloneMethod, CloneOrigin,
     CloneVolumeRequest, CreateVolumeRequest, FilesystemStats, QuotaBackend, QuotaPolicy,
-    RestoreOrigin, SnapshotName, Volume, VolumeOwner, VolumePath, VolumeUsage,
+    RestoreOrigin, RestoreSource, SnapshotName, Volume, VolumeOwner, VolumePath, VolumeUsage,
 };
 use rustix::fs::{AtFlags, FileType, Mode, RenameFlags};
 use rustix::io::Errno;
@@ -1338,7 +1338,7 @@ impl Origin<'_> {
             }
             Origin::Restore(name) => {
                 record.restore = Some(RestoreOrigin {
-                    snapshot: (*name).clone(),
+                    source: RestoreSource::Snapshot((*name).clone()),
                     method,
                 });
             }

@@ -24,7 +24,8 @@ use nfsprov_agent_testkit::{LoopBtrfs, LoopXfs, TestAgent};
 use nfsprov_api_types::client::{AgentClient, ClientError, CreateOutcome, RestoreOutcome};
 use nfsprov_api_types::{
     CloneMethod, CreateSnapshotRequest, CreateVolumeRequest, ErrorCode, QuotaBackend, QuotaPolicy,
-    RestoreVolumeRequest, Snapshot, SnapshotMethod, SnapshotName, VolumeOwner, VolumePath,
+    RestoreSource, RestoreVolumeRequest, Snapshot, SnapshotMethod, SnapshotName, VolumeOwner,
+    VolumePath,
 };
 
 const GIB: u64 = 1 << 30;
@@ -51,7 +52,8 @@ fn restore_request(
     quota: QuotaPolicy,
 ) -> RestoreVolumeRequest {
     RestoreVolumeRequest {
-        snapshot: name(snapshot),
+        snapshot: Some(name(snapshot)),
+        archive: None,
         capacity_bytes,
         owner: owner("restored"),
         quota,
@@ -95,7 +97,7 @@ async fn restore_until_ready(
         match client.restore_volume(target, request, None).await? {
             RestoreOutcome::Ready(outcome) => return Ok(outcome),
             RestoreOutcome::InProgress(progress) => {
-                assert_eq!(progress.snapshot, request.snapshot);
+                assert_eq!(Ok(progress.source), request.source());
                 assert!(
                     Instant::now() < deadline,
                     "restore still running after 120 s"
@@ -221,7 +223,7 @@ async fn snapshot_life(
         .restore
         .clone()
         .expect("the restore says its origin");
-    assert_eq!(origin.snapshot, snap);
+    assert_eq!(origin.source, RestoreSource::Snapshot(snap.clone()));
     assert_eq!(origin.method, restore_method);
     assert_eq!(restored.volume.capacity_bytes, 3 * GIB);
     assert_eq!(

@@ -730,6 +730,23 @@ impl AgentClient {
         }
     }
 
+    /// The archive `id`, with the capacity its volume had (`not_found` when there is
+    /// none).
+    pub async fn get_archive(
+        &self,
+        id: &ArchivePath,
+        request_id: Option<&str>,
+    ) -> Result<Archive, ClientError> {
+        self.call(
+            Endpoint::GetArchive,
+            &Endpoint::GetArchive.path_for(id),
+            None::<&()>,
+            request_id,
+        )
+        .await
+        .map(|(_, archive)| archive)
+    }
+
     /// Removes one archive with its quota; succeeds also when it is already gone.
     pub async fn delete_archive(
         &self,

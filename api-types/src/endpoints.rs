@@ -56,6 +56,7 @@ endpoints![
     SetVolumeExport,
     ListArchives,
     ArchiveVolume,
+    GetArchive,
     DeleteArchive,
     ListSnapshots,
     CreateSnapshot,
@@ -75,6 +76,7 @@ impl Endpoint {
             | Endpoint::ListVolumes
             | Endpoint::GetVolume
             | Endpoint::ListArchives
+            | Endpoint::GetArchive
             | Endpoint::ListSnapshots
             | Endpoint::GetSnapshot => Method::GET,
             Endpoint::CreateVolume | Endpoint::SetVolumeExport | Endpoint::CreateSnapshot => {
@@ -108,7 +110,9 @@ impl Endpoint {
             Endpoint::CloneVolume => v1!("/clones/{*path}"),
             Endpoint::SetVolumeExport => v1!("/exports/{*path}"),
             Endpoint::ListArchives => v1!("/archives"),
-            Endpoint::ArchiveVolume | Endpoint::DeleteArchive => v1!("/archives/{*path}"),
+            Endpoint::ArchiveVolume | Endpoint::GetArchive | Endpoint::DeleteArchive => {
+                v1!("/archives/{*path}")
+            }
             Endpoint::ListSnapshots => v1!("/snapshots"),
             Endpoint::CreateSnapshot | Endpoint::GetSnapshot | Endpoint::DeleteSnapshot => {
                 v1!("/snapshots/{*path}")
@@ -225,10 +229,12 @@ mod tests {
             assert_eq!(endpoint.path_for(&volume), expected);
         }
         let id = ArchivePath::parse("team/data/@20260101T000000.000000000Z").unwrap();
-        assert_eq!(
-            Endpoint::DeleteArchive.path_for(&id),
-            "/v1/archives/team/data/@20260101T000000.000000000Z"
-        );
+        for endpoint in [Endpoint::GetArchive, Endpoint::DeleteArchive] {
+            assert_eq!(
+                endpoint.path_for(&id),
+                "/v1/archives/team/data/@20260101T000000.000000000Z"
+            );
+        }
         let snapshot = SnapshotName::parse("snap-1").unwrap();
         for endpoint in [
             Endpoint::CreateSnapshot,

@@ -33,6 +33,7 @@ mod export;
 pub mod logsafe;
 mod path;
 mod reloading_file;
+mod restore_source;
 mod snapshot;
 mod snapshot_name;
 mod types;
@@ -52,6 +53,7 @@ pub use path::{
     MAX_COMPONENT_BYTES, MAX_COMPONENTS, MAX_PATH_BYTES, PathError, VolumePath, validate_component,
 };
 pub use reloading_file::{MAX_PEM_BYTES, MAX_TOKEN_BYTES, ReloadingFile, read_bounded};
+pub use restore_source::RestoreSource;
 pub use snapshot::{
     CreateSnapshotRequest, RestoreProgress, RestoreVolumeRequest, Snapshot, SnapshotList,
     SnapshotMethod,

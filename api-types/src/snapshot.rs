@@ -9,8 +9,10 @@ use std::fmt;
 
 use serde::{Deserialize, Serialize};
 
+use crate::archive::ArchivePath;
 use crate::export::ExportRequest;
 use crate::path::VolumePath;
+use crate::restore_source::RestoreSource;
 use crate::snapshot_name::SnapshotName;
 use crate::types::{QuotaPolicy, VolumeOwner};
 
@@ -94,16 +96,24 @@ pub struct SnapshotList {
     pub next: Option<String>,
 }
 
-/// Body of `POST /v1/restores/{path}`: make the volume at `path` from a ready snapshot.
-/// Answered as a clone is: `201` with the volume when made by this call, `200` when it
-/// was there already (the same snapshot, capacity and owner), `202` with a
-/// [`RestoreProgress`] while a reflink or copy runs (repeat the same request later).
+/// Body of `POST /v1/restores/{path}`: make the volume at `path` from a ready snapshot or
+/// from an archive (exactly one of `snapshot` and `archive`; both or neither is
+/// `invalid_body`). The source is kept as it is. Answered as a clone is: `201` with the
+/// volume when made by this call, `200` when it was there already (the same source,
+/// capacity and owner), `202` with a [`RestoreProgress`] while a reflink or copy runs
+/// (repeat the same request later).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct RestoreVolumeRequest {
-    pub snapshot: SnapshotName,
-    /// Size in bytes of the new volume, at least the snapshot's `restore_size_bytes`
-    /// (`invalid_body` otherwise).
+    /// The snapshot the volume is made from.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub snapshot: Option<SnapshotName>,
+    /// The archive (its id, as `GET /v1/archives` lists it) the volume is made from.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub archive: Option<ArchivePath>,
+    /// Size in bytes of the new volume: at least the snapshot's `restore_size_bytes`, or
+    /// the archive's `capacity_bytes` where the archive records one (`invalid_body`
+    /// otherwise).
     pub capacity_bytes: u64,
     #[serde(default)]
     pub owner: VolumeOwner,
@@ -114,10 +124,40 @@ pub struct RestoreVolumeRequest {
     pub export: Option<ExportRequest>,
 }
 
+impl RestoreVolumeRequest {
+    /// The request for a volume made from `source`.
+    pub fn from_source(source: RestoreSource, capacity_bytes: u64, owner: VolumeOwner) -> Self {
+        let (snapshot, archive) = match source {
+            RestoreSource::Snapshot(name) => (Some(name), None),
+            RestoreSource::Archive(id) => (None, Some(id)),
+        };
+        Self {
+            snapshot,
+            archive,
+            capacity_bytes,
+            owner,
+            quota: QuotaPolicy::default(),
+            export: None,
+        }
+    }
+
+    /// What the volume is made from, or why the request names no single source.
+    pub fn source(&self) -> Result<RestoreSource, &'static str> {
+        match (&self.snapshot, &self.archive) {
+            (Some(name), None) => Ok(RestoreSource::Snapshot(name.clone())),
+            (None, Some(id)) => Ok(RestoreSource::Archive(id.clone())),
+            (Some(_), Some(_)) => Err("a restore names either a snapshot or an archive, not both"),
+            (None, None) => Err("a restore names a snapshot or an archive to make the volume from"),
+        }
+    }
+}
+
 /// Answer `202 Accepted` of `POST /v1/restores/{path}`: the restore is still being made.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct RestoreProgress {
-    pub snapshot: SnapshotName,
+    /// `"snapshot": NAME` or `"archive": ID`.
+    #[serde(flatten)]
+    pub source: RestoreSource,
     /// Seconds since the agent started this restore.
     pub running_seconds: u64,
 }
@@ -130,5 +170,56 @@ mod tests {
     fn an_older_side_reads_a_newer_method_as_unknown() {
         let method: SnapshotMethod = serde_json::from_str("\"lvm-thin\"").unwrap();
         assert_eq!(method, SnapshotMethod::Unknown);
+    }
+
+    fn request(body: &str) -> Result<RestoreVolumeRequest, serde_json::Error> {
+        serde_json::from_str(body)
+    }
+
+    #[test]
+    fn a_restore_names_exactly_one_source() {
+        let from_snapshot = request(r#"{"snapshot": "snap-1", "capacity_bytes": 1}"#).unwrap();
+        assert_eq!(
+            from_snapshot.source(),
+            Ok(RestoreSource::Snapshot(
+                SnapshotName::parse("snap-1").unwrap()
+            ))
+        );
+        let id = "team/data/@20260101T000000.000000000Z";
+        let from_archive =
+            request(&format!(r#"{{"archive": "{id}", "capacity_bytes": 1}}"#)).unwrap();
+        assert_eq!(
+            from_archive.source(),
+            Ok(RestoreSource::Archive(ArchivePath::parse(id).unwrap()))
+        );
+        let both = request(&format!(
+            r#"{{"snapshot": "snap-1", "archive": "{id}", "capacity_bytes": 1}}"#
+        ))
+        .unwrap();
+        assert!(both.source().is_err());
+        assert!(
+            request(r#"{"capacity_bytes": 1}"#)
+                .unwrap()
+                .source()
+                .is_err()
+        );
+        assert!(request(r#"{"archive": "../etc/@x", "capacity_bytes": 1}"#).is_err());
+    }
+
+    #[test]
+    fn progress_and_origin_name_their_source_by_kind() {
+        let progress = RestoreProgress {
+            source: RestoreSource::Snapshot(SnapshotName::parse("snap-1").unwrap()),
+            running_seconds: 3,
+        };
+        let json = serde_json::to_value(&progress).unwrap();
+        assert_eq!(
+            json,
+            serde_json::json!({"snapshot": "snap-1", "running_seconds": 3})
+        );
+        assert_eq!(
+            serde_json::from_value::<RestoreProgress>(json).unwrap(),
+            progress
+        );
     }
 }

@@ -7,7 +7,7 @@ use serde::{Deserialize, Serialize};
 use crate::archive::ArchivePath;
 use crate::export::{ExportManager, ExportRequest, VolumeExport};
 use crate::path::VolumePath;
-use crate::snapshot_name::SnapshotName;
+use crate::restore_source::RestoreSource;
 
 /// Header carrying the request id from the controller to the agent's audit log.
 pub const REQUEST_ID_HEADER: &str = "x-request-id";
@@ -255,7 +255,9 @@ pub struct CloneOrigin {
 /// Where a restored volume's data came from, and how it was made (`Volume::restore`).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct RestoreOrigin {
-    pub snapshot: SnapshotName,
+    /// `"snapshot": NAME` or `"archive": ID`.
+    #[serde(flatten)]
+    pub source: RestoreSource,
     /// A btrfs snapshot of a btrfs snapshot, a ZFS clone of a ZFS snapshot, a reflink or
     /// a copy.
     pub method: CloneMethod,
@@ -442,6 +444,10 @@ pub struct Archive {
     /// Inodes the archive uses, measured with `size_bytes`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub inodes: Option<u64>,
+    /// The capacity the volume had when it was archived, where its record kept one: the
+    /// least a restore from the archive may ask for.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub capacity_bytes: Option<u64>,
 }
 
 /// Answer to `GET /v1/archives`, sorted by `id`.

@@ -332,6 +332,7 @@ fn operation(endpoint: Endpoint) -> &'static str {
         Endpoint::SetVolumeExport => "export",
         Endpoint::ListArchives => "list_archives",
         Endpoint::ArchiveVolume => "archive",
+        Endpoint::GetArchive => "get_archive",
         Endpoint::DeleteArchive => "delete_archive",
         Endpoint::ListSnapshots => "list_snapshots",
         Endpoint::CreateSnapshot => "snapshot",

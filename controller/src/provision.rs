@@ -14,8 +14,8 @@ use kube::{Resource, ResourceExt};
 use nfsprov_api_types::client::{ClientError, CloneOutcome, CreateOutcome, RestoreOutcome};
 use nfsprov_api_types::{
     Capabilities, CloneMethod, CloneProgress, CloneVolumeRequest, CreateVolumeRequest, ErrorCode,
-    ExportRequest, NfsExport, QuotaBackend, QuotaPolicy, RestoreProgress, RestoreVolumeRequest,
-    VolumeOwner, VolumePath,
+    ExportRequest, NfsExport, QuotaBackend, QuotaPolicy, RestoreProgress, RestoreSource,
+    RestoreVolumeRequest, VolumeOwner, VolumePath,
 };
 use nfsprov_vocabulary::params::ClassParams;
 use nfsprov_vocabulary::pattern::RenderInput;
@@ -133,7 +133,7 @@ pub async fn reconcile(pvc: &PersistentVolumeClaim, ctx: &Context) -> Result<Act
         }
         Ok(Provisioned::Restoring(progress)) => {
             debug!(
-                claim = %claim_key(pvc), snapshot = %progress.snapshot,
+                claim = %claim_key(pvc), source = %progress.source,
                 running_seconds = progress.running_seconds, "the agent is still restoring"
             );
             Ok(Action::requeue(CLONE_POLL))
@@ -528,11 +528,12 @@ fn plan(
         // As a clone, a restored volume keeps the mode and owner its files had.
         Some(Origin::Restore(snapshot)) => Request::Restore {
             request: RestoreVolumeRequest {
-                snapshot: snapshot.name.clone(),
-                capacity_bytes: wanted.capacity_bytes,
-                owner,
                 quota: params.quota,
-                export: None,
+                ..RestoreVolumeRequest::from_source(
+                    RestoreSource::Snapshot(snapshot.name.clone()),
+                    wanted.capacity_bytes,
+                    owner,
+                )
             },
             from: snapshot.snapshot.to_string(),
         },
@@ -924,7 +925,10 @@ mod tests {
             panic!("a claim with a snapshot source is restored: {plan:?}");
         };
         assert_eq!(from, "team-a/nightly");
-        assert_eq!(request.snapshot.as_str(), "snap-1");
+        assert_eq!(
+            request.snapshot.as_ref().map(|s| s.as_str()),
+            Some("snap-1")
+        );
         assert_eq!(request.capacity_bytes, 1 << 30);
         assert_eq!(request.owner.pvc_name.as_deref(), Some("data"));
     }

@@ -37,6 +37,16 @@ pub const ANN_CLONED_FROM: &str = "nfsprov.dev/cloned-from";
 /// How the agent cloned it: `btrfs-snapshot`, `zfs-clone`, `reflink` or `copy`.
 pub const ANN_CLONE_METHOD: &str = "nfsprov.dev/clone-method";
 
+/// On a claim: the archive (its id on the agent named by [`ANN_RESTORE_ARCHIVE_AGENT`])
+/// the claim's volume is made from. Honoured only for an archive of a volume of the
+/// claim's own namespace, on an agent the claim's class allows; `kubectl nfsprov restore`
+/// sets both.
+pub const ANN_RESTORE_ARCHIVE: &str = "nfsprov.dev/restore-archive";
+/// On a claim: the agent holding the archive of [`ANN_RESTORE_ARCHIVE`].
+pub const ANN_RESTORE_ARCHIVE_AGENT: &str = "nfsprov.dev/restore-archive-agent";
+/// On a PV: the archive (`agent:id`) its volume was restored from.
+pub const ANN_RESTORED_FROM_ARCHIVE: &str = "nfsprov.dev/restored-from-archive";
+
 /// The resource name claims and volumes size themselves by.
 pub const STORAGE: &str = "storage";
 

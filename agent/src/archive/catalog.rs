@@ -206,6 +206,7 @@ impl Archives {
             expires_at: self.expires_at(archive).map(rfc3339),
             size_bytes: usage.map(|u| u.used_bytes),
             inodes: usage.map(|u| u.used_inodes),
+            capacity_bytes: Some(archive.record.capacity_bytes).filter(|bytes| *bytes > 0),
         }
     }
 

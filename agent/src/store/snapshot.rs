@@ -37,7 +37,7 @@ use std::io::Write;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 
 use nfsprov_api_types::{
-    RestoreVolumeRequest, Snapshot, SnapshotMethod, SnapshotName, Volume, VolumePath,
+    RestoreSource, RestoreVolumeRequest, Snapshot, SnapshotMethod, SnapshotName, Volume, VolumePath,
 };
 use rustix::fs::{AtFlags, Mode, OFlags, RenameFlags};
 use rustix::io::Errno;
@@ -527,24 +527,24 @@ impl VolumeStore {
         Ok(Deleted::Removed)
     }
 
-    /// Makes the volume at `path` from the ready snapshot `request.snapshot`, as a clone
+    /// Makes the volume at `path` from the ready snapshot `name` (the request's source), as a clone
     /// is made from a volume (a writable btrfs snapshot of a btrfs snapshot, else reflinks
     /// or a copy), or confirms it is there already. Callers hold the locks of the
     /// snapshot and of `path`, in that order.
     pub fn restore_volume(
         &self,
         path: &VolumePath,
+        name: &SnapshotName,
         request: &RestoreVolumeRequest,
         progress: &CopyProgress,
     ) -> Result<(Volume, Created)> {
         self.root.ensure_present()?;
-        let name = &request.snapshot;
         let _nesting = self.nesting.making(path.as_str());
         let parent = self
             .walk_parents(path, true)?
             .ok_or_else(|| not_found(path))?;
         if let Some(existing) = self.backend.find(&self.root, parent.as_fd(), path)? {
-            let confirmed = confirm_restore(path, existing, request)?;
+            let confirmed = confirm_restore(path, existing, name, request)?;
             self.settle(path, parent.as_fd())?;
             return Ok(confirmed);
         }
@@ -554,7 +554,7 @@ impl VolumeStore {
                 "{path}: there is no ready snapshot {name} to restore from; nothing was created"
             )));
         };
-        check_restore_size(path, &record, request)?;
+        check_restore_size(path, name, &record, request)?;
         // A kept snapshot has no tree of its own here; its backend reads no source
         // directory, and the area's stands in.
         let dir = match self.backend.layout() {
@@ -578,7 +578,7 @@ impl VolumeStore {
             origin: Origin::Restore(name),
         };
         self.make_from(parent.as_fd(), &source, &wanted, progress, |existing| {
-            confirm_restore(path, existing, request)
+            confirm_restore(path, existing, name, request)
         })
     }
 
@@ -690,13 +690,14 @@ impl VolumeStore {
 /// A restore smaller than what the snapshot held could not take its data back.
 fn check_restore_size(
     path: &VolumePath,
+    name: &SnapshotName,
     record: &SnapshotRecord,
     request: &RestoreVolumeRequest,
 ) -> Result<()> {
     if request.capacity_bytes < record.restore_size_bytes {
         return Err(StoreError::Invalid(format!(
-            "{path}: a restore of snapshot {} needs at least its restore size of {} bytes; {} bytes were asked for",
-            request.snapshot, record.restore_size_bytes, request.capacity_bytes
+            "{path}: a restore of snapshot {name} needs at least its restore size of {} bytes; {} bytes were asked for",
+            record.restore_size_bytes, request.capacity_bytes
         )));
     }
     Ok(())
@@ -707,18 +708,17 @@ fn check_restore_size(
 fn confirm_restore(
     path: &VolumePath,
     existing: VolumeRecord,
+    name: &SnapshotName,
     request: &RestoreVolumeRequest,
 ) -> Result<(Volume, Created)> {
+    let wanted = RestoreSource::Snapshot(name.clone());
     let origin = match &existing.restore {
-        Some(origin) if origin.snapshot == request.snapshot => None,
+        Some(origin) if origin.source == wanted => None,
         Some(origin) => Some(format!(
-            "restored from snapshot {} (requested from {})",
-            origin.snapshot, request.snapshot
+            "restored from {} (requested from {wanted})",
+            origin.source
         )),
-        None => Some(format!(
-            "not restored from a snapshot (requested from {})",
-            request.snapshot
-        )),
+        None => Some(format!("not restored (requested from {wanted})")),
     };
     confirm_made(
         path,

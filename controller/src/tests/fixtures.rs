@@ -33,8 +33,8 @@ use nfsprov_api_types::{
     AgentInfo, ApiError, ArchiveResult, Capabilities, CloneMethod, CloneOrigin, CloneProgress,
     CloneVolumeRequest, CreateVolumeRequest, Endpoint, ErrorCode, ExportRequest, FilesystemStats,
     NfsExport, QuotaBackend, QuotaPolicy, ResizeVolumeRequest, RestoreOrigin, RestoreProgress,
-    RestoreVolumeRequest, Snapshot, SnapshotMethod, SnapshotName, Volume, VolumeExport, VolumePath,
-    VolumeUsage,
+    RestoreSource, RestoreVolumeRequest, Snapshot, SnapshotMethod, SnapshotName, Volume,
+    VolumeExport, VolumePath, VolumeUsage,
 };
 use serde_json::{Value, json};
 
@@ -835,6 +835,7 @@ fn mock_handler(endpoint: Endpoint) -> Option<MethodRouter<MockShared>> {
         | Endpoint::ListVolumes
         | Endpoint::AdoptVolume
         | Endpoint::ListArchives
+        | Endpoint::GetArchive
         | Endpoint::DeleteArchive
         | Endpoint::ListSnapshots => return None,
     };
@@ -1334,10 +1335,20 @@ async fn restore(
     Path(path): Path<String>,
     Json(request): Json<RestoreVolumeRequest>,
 ) -> Response {
-    let call = format!("POST restore {path} from {}", request.snapshot);
+    let source = match request.source() {
+        Ok(source) => source,
+        Err(why) => return api_error(ErrorCode::InvalidBody, why),
+    };
+    let call = format!("POST restore {path} from {source}");
     if let Some(response) = enter(&shared, &headers, call) {
         return response;
     }
+    let RestoreSource::Snapshot(name) = &source else {
+        return api_error(
+            ErrorCode::Unsupported,
+            "the mock agent restores snapshots only",
+        );
+    };
     let Ok(volume_path) = VolumePath::parse(&path) else {
         return api_error(ErrorCode::InvalidPath, "invalid path");
     };
@@ -1348,7 +1359,7 @@ async fn restore(
     }
     let Some((snapshot, kept)) = state
         .snapshots
-        .get(request.snapshot.as_str())
+        .get(name.as_str())
         .filter(|(snapshot, _)| snapshot.ready)
         .cloned()
     else {
@@ -1364,7 +1375,7 @@ async fn restore(
         .count() as u32;
     if seen <= state.restore_polls {
         let progress = RestoreProgress {
-            snapshot: request.snapshot.clone(),
+            source: source.clone(),
             running_seconds: u64::from(seen),
         };
         return (StatusCode::ACCEPTED, Json(progress)).into_response();
@@ -1376,7 +1387,7 @@ async fn restore(
     let asked = (request.owner.clone(), request.quota, request.export.clone());
     let (status, mut volume) = keep_made(&mut state, volume_path, made, asked);
     volume.restore = Some(RestoreOrigin {
-        snapshot: request.snapshot,
+        source,
         method: CloneMethod::Reflink,
     });
     (status, Json(volume)).into_response()

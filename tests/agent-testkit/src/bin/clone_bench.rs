@@ -628,7 +628,8 @@ async fn snapshot_case(
     );
     let target = VolumePath::parse(&format!("bench/{}-restore", case.slug()))?;
     let restore = RestoreVolumeRequest {
-        snapshot: snapshot.clone(),
+        snapshot: Some(snapshot.clone()),
+        archive: None,
         capacity_bytes: taken.restore_size_bytes,
         owner: owner(&format!("{}-restore", case.slug())),
         quota: env.policy,
