@@ -613,24 +613,16 @@ impl AgentClient {
         &self,
         limit: u32,
         request_id: Option<&str>,
-        mut each: impl FnMut(Vec<Volume>),
+        each: impl FnMut(Vec<Volume>),
     ) -> Result<(), ClientError> {
-        let mut query = ListQuery::first(limit);
-        loop {
-            let path = format!(
-                "{}?{}",
-                Endpoint::ListVolumes.path(),
-                query.to_query_string()
-            );
-            let (_, list): (_, VolumeList) = self
-                .call(Endpoint::ListVolumes, &path, None::<&()>, request_id)
-                .await?;
-            each(list.volumes);
-            match next_page(&query, list.next)? {
-                Some(next) => query.after = Some(next),
-                None => return Ok(()),
-            }
-        }
+        self.for_each_page(
+            Endpoint::ListVolumes,
+            limit,
+            request_id,
+            |list: VolumeList| (list.volumes, list.next),
+            each,
+        )
+        .await
     }
 
     /// Raises the volume's capacity (and its quota, where the agent enforces one).
@@ -710,24 +702,16 @@ impl AgentClient {
         &self,
         limit: u32,
         request_id: Option<&str>,
-        mut each: impl FnMut(Vec<Archive>),
+        each: impl FnMut(Vec<Archive>),
     ) -> Result<(), ClientError> {
-        let mut query = ListQuery::first(limit);
-        loop {
-            let path = format!(
-                "{}?{}",
-                Endpoint::ListArchives.path(),
-                query.to_query_string()
-            );
-            let (_, list): (_, ArchiveList) = self
-                .call(Endpoint::ListArchives, &path, None::<&()>, request_id)
-                .await?;
-            each(list.archives);
-            match next_page(&query, list.next)? {
-                Some(next) => query.after = Some(next),
-                None => return Ok(()),
-            }
-        }
+        self.for_each_page(
+            Endpoint::ListArchives,
+            limit,
+            request_id,
+            |list: ArchiveList| (list.archives, list.next),
+            each,
+        )
+        .await
     }
 
     /// The archive `id`, with the capacity its volume had (`not_found` when there is
@@ -804,24 +788,16 @@ impl AgentClient {
         &self,
         limit: u32,
         request_id: Option<&str>,
-        mut each: impl FnMut(Vec<Snapshot>),
+        each: impl FnMut(Vec<Snapshot>),
     ) -> Result<(), ClientError> {
-        let mut query = ListQuery::first(limit);
-        loop {
-            let path = format!(
-                "{}?{}",
-                Endpoint::ListSnapshots.path(),
-                query.to_query_string()
-            );
-            let (_, list): (_, SnapshotList) = self
-                .call(Endpoint::ListSnapshots, &path, None::<&()>, request_id)
-                .await?;
-            each(list.snapshots);
-            match next_page(&query, list.next)? {
-                Some(next) => query.after = Some(next),
-                None => return Ok(()),
-            }
-        }
+        self.for_each_page(
+            Endpoint::ListSnapshots,
+            limit,
+            request_id,
+            |list: SnapshotList| (list.snapshots, list.next),
+            each,
+        )
+        .await
     }
 
     /// Deletes a snapshot, freeing what only it holds; succeeds also when it is already
@@ -866,6 +842,30 @@ impl AgentClient {
             },
         )
         .await
+    }
+
+    /// Asks `endpoint` for its list `limit` entries at a time, handing each page to
+    /// `each` before asking for the next; `split` takes a page's entries and cursor out of
+    /// the answer.
+    async fn for_each_page<L: DeserializeOwned, T>(
+        &self,
+        endpoint: Endpoint,
+        limit: u32,
+        request_id: Option<&str>,
+        split: impl Fn(L) -> (Vec<T>, Option<String>),
+        mut each: impl FnMut(Vec<T>),
+    ) -> Result<(), ClientError> {
+        let mut query = ListQuery::first(limit);
+        loop {
+            let path = format!("{}?{}", endpoint.path(), query.to_query_string());
+            let (_, list): (_, L) = self.call(endpoint, &path, None::<&()>, request_id).await?;
+            let (entries, next) = split(list);
+            each(entries);
+            match next_page(&query, next)? {
+                Some(next) => query.after = Some(next),
+                None => return Ok(()),
+            }
+        }
     }
 
     /// Sends a request to `endpoint` at `path` (its template filled in) and reads the
