@@ -275,6 +275,51 @@ async fn idle_and_slow_connections_are_closed_while_healthz_answers() {
     setup.client().healthz().await.unwrap();
 }
 
+/// Waits, without letting this thread's runtime run, until the kernel shows a client
+/// socket to `port` in CLOSE_WAIT: the agent closed it and the client has not read that.
+fn await_close_wait_towards(port: u16) {
+    let remote = format!(":{port:04X} ");
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    loop {
+        let table = std::fs::read_to_string("/proc/net/tcp").unwrap();
+        // Fields: sl, local_address, rem_address, st (08 = CLOSE_WAIT), ...
+        let closed = table.lines().skip(1).any(|line| {
+            let fields: Vec<&str> = line.split_whitespace().collect();
+            fields.len() > 3 && format!("{} ", fields[2]).ends_with(&remote) && fields[3] == "08"
+        });
+        if closed {
+            return;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the agent never closed the idle connection"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// The agent closes a kept-alive connection left idle past its header-read timeout, while
+/// the client's pool keeps it longer. A client whose runtime was busy when the close came
+/// (this test's single thread is blocked) sends its next request on that connection; it
+/// still gets its answer, the request going out once more on a new connection.
+#[tokio::test(flavor = "current_thread")]
+async fn a_client_busy_while_the_agent_closed_its_idle_connection_gets_its_next_answer() {
+    let setup = setup();
+    short_timeouts(&setup);
+    let _process = Process(setup.spawn());
+    let client = setup.client();
+    setup.wait_healthy(&client).await;
+    let path = nfsprov_api_types::VolumePath::parse("ns/kept-alive").unwrap();
+    assert_eq!(client.get_volume(&path, None).await.unwrap(), None);
+
+    await_close_wait_towards(setup.port);
+    let answer = client.get_volume(&path, None).await;
+    assert!(
+        matches!(answer, Ok(None)),
+        "the request on the connection the agent closed failed: {answer:?}"
+    );
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn a_thousand_idle_connections_do_not_stop_healthz() {
     // Room for the connections in this process and in the agent, which inherits it.

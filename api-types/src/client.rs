@@ -435,6 +435,7 @@ impl AgentClient {
             .timeout(Duration::from_secs(config.timeout_seconds))
             .connect_timeout(Duration::from_secs(config.timeout_seconds.min(10)))
             .pool_idle_timeout(Duration::from_secs(60))
+            .retry(stale_connection_retry(&config.url))
             .build()
             .map_err(|e| ClientError::Tls(format!("cannot build the HTTPS client: {e}")))?;
         Ok(Self {
@@ -947,6 +948,56 @@ impl AgentClient {
 
 /// The cursor of the page after the one `query` asked for. A cursor that does not move
 /// on would page for ever: it is an error, not a loop.
+/// Sends a request once more when the kept-alive connection it went out on turns out to
+/// have been closed by the agent, which closes a connection left idle past its
+/// header-read timeout (10 s by default), while the pool keeps it for longer. A client
+/// whose runtime was busy when the close came cannot have noticed it, and its next
+/// request then meets a closed connection before any answer. Every agent request may be
+/// repeated (a repeat finds what the first made), and no other failure is repeated here:
+/// time-outs and answers reach the caller as they are.
+fn stale_connection_retry(url: &str) -> reqwest::retry::Builder {
+    let host = reqwest::Url::parse(url)
+        .ok()
+        .and_then(|url| url.host_str().map(str::to_owned))
+        .unwrap_or_default();
+    reqwest::retry::for_host(host)
+        .max_retries_per_request(1)
+        .classify_fn(|attempt| {
+            if attempt.error().is_some_and(closed_before_any_answer) {
+                attempt.retryable()
+            } else {
+                attempt.success()
+            }
+        })
+}
+
+/// Whether `error` says the connection ended before an answer began: the agent closed it
+/// (with or without a TLS close_notify) or reset it.
+fn closed_before_any_answer(error: &(dyn std::error::Error + 'static)) -> bool {
+    let mut cause = Some(error);
+    while let Some(error) = cause {
+        if error
+            .downcast_ref::<hyper::Error>()
+            .is_some_and(|e| e.is_incomplete_message())
+        {
+            return true;
+        }
+        if let Some(io) = error.downcast_ref::<std::io::Error>()
+            && matches!(
+                io.kind(),
+                std::io::ErrorKind::UnexpectedEof
+                    | std::io::ErrorKind::ConnectionReset
+                    | std::io::ErrorKind::ConnectionAborted
+                    | std::io::ErrorKind::BrokenPipe
+            )
+        {
+            return true;
+        }
+        cause = error.source();
+    }
+    false
+}
+
 fn next_page(query: &ListQuery, next: Option<String>) -> Result<Option<String>, ClientError> {
     match next {
         Some(next) if query.after.as_ref() == Some(&next) => Err(ClientError::UnexpectedResponse {
