@@ -16,6 +16,10 @@ use prometheus_client::metrics::gauge::{ConstGauge, Gauge};
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
 
+/// The `operation` label values of `nfsprov_snapshot_failures_total`: taking a snapshot
+/// on its agent, and deleting it there.
+pub const SNAPSHOT_OPERATIONS: [&str; 2] = ["create", "delete"];
+
 /// Where a Snapshot stands, as the `state` label of `nfsprov_snapshots`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum SnapshotState {
@@ -231,6 +235,12 @@ impl Metrics {
         let export_update_failures = Family::<OrphanLabels, Counter>::default();
         let snapshots = Family::<StateLabels, Gauge>::default();
         let snapshot_failures = Family::<OperationLabels, Counter>::default();
+        // At zero from the start, so that an alert on their increase sees the first one.
+        for operation in SNAPSHOT_OPERATIONS {
+            snapshot_failures.get_or_create(&OperationLabels {
+                operation: operation.to_owned(),
+            });
+        }
         let schedule_lag =
             Family::<ScheduleLabels, Gauge<f64, std::sync::atomic::AtomicU64>>::default();
         // prometheus-client appends `_total` to counters itself.
@@ -382,7 +392,7 @@ impl Metrics {
         }
     }
 
-    /// `operation` is `create` or `delete`.
+    /// `operation` is one of [`SNAPSHOT_OPERATIONS`].
     pub fn snapshot_failed(&self, operation: &str) {
         self.snapshot_failures
             .get_or_create(&OperationLabels {
@@ -435,14 +445,17 @@ impl Metrics {
     }
 
     /// The agents configured now; the series of the others go.
+    /// Each configured agent's export counters start at zero, so that an alert on their
+    /// increase sees the first failure (a series born at 1 shows no increase).
     pub fn set_configured_agents<'a>(&self, agents: impl IntoIterator<Item = &'a str>) {
         self.configured_agents.clear();
         for agent in agents {
-            self.configured_agents
-                .get_or_create(&OrphanLabels {
-                    agent: agent.to_owned(),
-                })
-                .set(1);
+            let labels = OrphanLabels {
+                agent: agent.to_owned(),
+            };
+            self.configured_agents.get_or_create(&labels).set(1);
+            self.exports_updated.get_or_create(&labels);
+            self.export_update_failures.get_or_create(&labels);
         }
     }
 
@@ -619,6 +632,30 @@ mod tests {
             namespace: "team-a".into(),
             persistentvolumeclaim: name.into(),
             agent: "nfs1".into(),
+        }
+    }
+
+    #[test]
+    fn alerted_failure_counters_start_at_zero_for_each_operation_and_configured_agent() {
+        let metrics = Metrics::new();
+        metrics.set_configured_agents(["nfs1"]);
+        let text = metrics.encode().unwrap();
+        for line in [
+            "nfsprov_snapshot_failures_total{operation=\"create\"} 0",
+            "nfsprov_snapshot_failures_total{operation=\"delete\"} 0",
+            "nfsprov_export_update_failures_total{agent=\"nfs1\"} 0",
+            "nfsprov_exports_updated_total{agent=\"nfs1\"} 0",
+        ] {
+            assert!(text.lines().any(|l| l == line), "no {line:?} in:\n{text}");
+        }
+        metrics.snapshot_failed("create");
+        metrics.export_update_failed("nfs1");
+        let text = metrics.encode().unwrap();
+        for line in [
+            "nfsprov_snapshot_failures_total{operation=\"create\"} 1",
+            "nfsprov_export_update_failures_total{agent=\"nfs1\"} 1",
+        ] {
+            assert!(text.lines().any(|l| l == line), "no {line:?} in:\n{text}");
         }
     }
 

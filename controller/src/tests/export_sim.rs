@@ -182,17 +182,22 @@ impl Cluster {
         }
     }
 
-    /// Awaits a line of the metrics starting with `prefix`.
-    async fn metric(&self, prefix: &str) {
+    /// Awaits the counter `series` (a name and its labels) reaching at least `least`.
+    async fn counter_reaches(&self, series: &str, least: u64) {
         let deadline = tokio::time::Instant::now() + WAIT;
+        let prefix = format!("{series} ");
         loop {
             let metrics = self.metrics.encode().unwrap();
-            if metrics.lines().any(|l| l.starts_with(prefix)) {
+            let value = metrics
+                .lines()
+                .find_map(|l| l.strip_prefix(&prefix))
+                .and_then(|v| v.trim().parse::<u64>().ok());
+            if value.is_some_and(|v| v >= least) {
                 return;
             }
             assert!(
                 tokio::time::Instant::now() < deadline,
-                "no {prefix} in {metrics}"
+                "{series} never reached {least} in {metrics}"
             );
             tokio::time::sleep(POLL).await;
         }
@@ -293,7 +298,7 @@ async fn a_pods_claim_admits_the_nodes_of_its_pods_and_follows_a_moved_pod() {
     );
     // The agent's answer reaches the controller a moment after the store changed.
     cluster
-        .metric("nfsprov_exports_updated_total{agent=\"nfs1\"} 4")
+        .counter_reaches("nfsprov_exports_updated_total{agent=\"nfs1\"}", 4)
         .await;
     cluster.finish().await;
 }
@@ -313,7 +318,7 @@ async fn a_nodes_claim_follows_nodes_added_and_removed() {
         .fail_calls(Some(("PUT export", ErrorCode::Internal)));
     cluster.node("node-b", "127.0.0.3").await;
     cluster
-        .metric("nfsprov_export_update_failures_total{agent=\"nfs1\"} ")
+        .counter_reaches("nfsprov_export_update_failures_total{agent=\"nfs1\"}", 1)
         .await;
     cluster.agent.fail_calls(None);
     cluster
