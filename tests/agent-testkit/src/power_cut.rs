@@ -5,9 +5,19 @@
 //! would hold if the power went then. The copy is mounted (its journal recovered, as at a
 //! reboot) and an agent started on it, which must show every acknowledged result with its
 //! exact content and its record, and nothing half-made at a volume path.
+//!
+//! The agent exports each volume through its knfsd manager, its exports file on the same
+//! filesystem (as /etc/exports.d/ is on a server's disk) and `exportfs` a stand-in that
+//! accepts and logs. Before any agent starts on the copy, the exports file must list
+//! exactly the acknowledged exports, what the NFS server would restore at boot; snapshot
+//! trees are read where the agent keeps them, not through the agent.
+//!
+//! Each operation is a few arms: what `prepare` sets up, what `act` sends and the
+//! acknowledgement it records as `Done`, what `on_disk` and `served` check of it.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
+use std::future::Future;
 use std::io::{Read, Seek, SeekFrom, Write};
 use std::os::fd::AsFd;
 use std::path::{Path, PathBuf};
@@ -16,9 +26,12 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail, ensure};
 use nfsprov_agent::init::{self, InitArgs, files};
-use nfsprov_api_types::client::{AgentClient, AgentConnectionConfig, CloneOutcome};
+use nfsprov_agent::store::STATE_DIR;
+use nfsprov_api_types::client::{AgentClient, AgentConnectionConfig, CloneOutcome, RestoreOutcome};
 use nfsprov_api_types::{
-    AdoptVolumeRequest, CloneVolumeRequest, CreateVolumeRequest, VolumeOwner, VolumePath,
+    AdoptVolumeRequest, CloneMethod, CloneVolumeRequest, CreateSnapshotRequest,
+    CreateVolumeRequest, ErrorCode, ExportAccess, ExportRequest, RestoreVolumeRequest, Snapshot,
+    SnapshotMethod, SnapshotName, Squash, VolumeOwner, VolumePath,
 };
 
 use crate::{LoopBtrfs, LoopExt4, LoopXfs};
@@ -43,6 +56,24 @@ impl FsKind {
             FsKind::Btrfs => "mkfs.btrfs",
         }
     }
+
+    /// How the agent keeps a snapshot here: each filesystem exercises one method.
+    pub fn snapshot_method(self) -> SnapshotMethod {
+        match self {
+            FsKind::Ext4 => SnapshotMethod::Copy,
+            FsKind::Xfs => SnapshotMethod::Reflink,
+            FsKind::Btrfs => SnapshotMethod::BtrfsSnapshot,
+        }
+    }
+
+    /// How the agent restores a volume from a snapshot here.
+    pub fn restore_method(self) -> CloneMethod {
+        match self {
+            FsKind::Ext4 => CloneMethod::Copy,
+            FsKind::Xfs => CloneMethod::Reflink,
+            FsKind::Btrfs => CloneMethod::BtrfsSnapshot,
+        }
+    }
 }
 
 impl fmt::Display for FsKind {
@@ -62,18 +93,28 @@ pub enum Op {
     Clone,
     Adopt,
     Resize,
+    /// A volume's clients replaced (`PUT /v1/exports/{path}`).
+    Export,
     Archive,
     Delete,
+    Snapshot,
+    SnapshotDelete,
+    /// A new volume made from a ready snapshot.
+    Restore,
 }
 
 impl Op {
-    pub const ALL: [Op; 6] = [
+    pub const ALL: [Op; 10] = [
         Op::Create,
         Op::Clone,
         Op::Adopt,
         Op::Resize,
+        Op::Export,
         Op::Archive,
         Op::Delete,
+        Op::Snapshot,
+        Op::SnapshotDelete,
+        Op::Restore,
     ];
 }
 
@@ -84,8 +125,12 @@ impl fmt::Display for Op {
             Op::Clone => "clone",
             Op::Adopt => "adopt",
             Op::Resize => "resize",
+            Op::Export => "export",
             Op::Archive => "archive",
             Op::Delete => "delete",
+            Op::Snapshot => "snapshot",
+            Op::SnapshotDelete => "snapshot-delete",
+            Op::Restore => "restore",
         })
     }
 }
@@ -101,10 +146,136 @@ pub struct Tally {
     pub failures: Vec<String>,
 }
 
-/// Files of real data in each cloned or archived volume, and their size.
+/// Files of real data in each volume an operation reads or keeps, and their size.
 const FILES: usize = 5;
 const FILE_BYTES: usize = 160 * 1024;
 const GIB: u64 = 1 << 30;
+/// The directory of the agent's exports file, beside the export root on the same
+/// filesystem: the copy of the disk holds it as a server's disk holds /etc/exports.d/.
+const EXPORTS_DIR: &str = "exports.d";
+const EXPORTS_FILE: &str = "nfsprov.exports";
+/// Where the agent keeps snapshot trees and their records, in its state directory.
+const SNAPSHOT_DATA: &str = "snapshots/data";
+const SNAPSHOT_RECORDS: &str = "snapshots/records";
+
+/// The exports file of the agent serving `root`.
+fn exports_file(root: &Path) -> PathBuf {
+    root.with_file_name(EXPORTS_DIR).join(EXPORTS_FILE)
+}
+
+fn snapshot_tree(root: &Path, name: &SnapshotName) -> PathBuf {
+    root.join(STATE_DIR).join(SNAPSHOT_DATA).join(name.as_str())
+}
+
+fn snapshot_record(root: &Path, name: &SnapshotName) -> PathBuf {
+    root.join(STATE_DIR)
+        .join(SNAPSHOT_RECORDS)
+        .join(format!("{name}.json"))
+}
+
+/// Who may mount a volume, as sent, with the options exports(5) must show for each of its
+/// clients: spelled out here rather than taken from the agent, so that the file is
+/// checked as the kernel would read it at boot.
+#[derive(Debug)]
+struct ExportCase {
+    clients: &'static [&'static str],
+    access: ExportAccess,
+    squash: Squash,
+    anon_id: Option<u32>,
+    options: &'static str,
+}
+
+/// Two networks, read-write, root squashed.
+const READ_WRITE: ExportCase = ExportCase {
+    clients: &["10.20.0.0/16", "192.168.30.0/24"],
+    access: ExportAccess::ReadWrite,
+    squash: Squash::Root,
+    anon_id: None,
+    options: "rw,root_squash,sec=sys,sync,no_subtree_check,secure",
+};
+
+/// Two networks (one IPv6), read-only, every user squashed to 2000.
+const READ_ONLY: ExportCase = ExportCase {
+    clients: &["10.21.0.0/16", "fd00:21::/64"],
+    access: ExportAccess::ReadOnly,
+    squash: Squash::All,
+    anon_id: Some(2000),
+    options: "ro,all_squash,anonuid=2000,anongid=2000,sec=sys,sync,no_subtree_check,secure",
+};
+
+/// What the `export` operation changes a volume's export to: other clients, other options.
+const CHANGED: ExportCase = ExportCase {
+    clients: &["10.22.0.0/16", "127.0.0.2"],
+    access: ExportAccess::ReadWrite,
+    squash: Squash::None,
+    anon_id: None,
+    options: "rw,no_root_squash,sec=sys,sync,no_subtree_check,secure",
+};
+
+impl ExportCase {
+    fn request(&self) -> anyhow::Result<ExportRequest> {
+        Ok(ExportRequest {
+            clients: self
+                .clients
+                .iter()
+                .map(|c| c.parse())
+                .collect::<Result<_, _>>()?,
+            access: self.access,
+            squash: self.squash,
+            anon_uid: self.anon_id,
+            anon_gid: self.anon_id,
+            ..ExportRequest::default()
+        })
+    }
+
+    /// The `client(options)` entries of the volume's line in the exports file.
+    fn entries(&self) -> BTreeSet<String> {
+        self.clients
+            .iter()
+            .map(|client| format!("{client}({})", self.options))
+            .collect()
+    }
+}
+
+/// One operation under test and the names it works with.
+struct Step {
+    op: Op,
+    iteration: usize,
+    name: String,
+}
+
+impl Step {
+    fn new(op: Op, iteration: usize) -> Self {
+        Self {
+            op,
+            iteration,
+            name: format!("{op}-{iteration}"),
+        }
+    }
+
+    /// The volume the operation makes, changes or removes.
+    fn path(&self) -> anyhow::Result<VolumePath> {
+        Ok(VolumePath::parse(&self.name)?)
+    }
+
+    /// The volume a clone or snapshot is taken of.
+    fn source(&self) -> anyhow::Result<VolumePath> {
+        Ok(VolumePath::parse(&format!("{}-source", self.name))?)
+    }
+
+    fn snapshot(&self) -> anyhow::Result<SnapshotName> {
+        Ok(SnapshotName::parse(&self.name)?)
+    }
+
+    /// The export the step's volumes are made with: read-only every other iteration.
+    fn export(&self) -> &'static ExportCase {
+        if self.iteration.is_multiple_of(2) {
+            &READ_WRITE
+        } else {
+            &READ_ONLY
+        }
+    }
+}
 
 /// Runs `iterations` power cuts after each of `ops` on a new filesystem of `kind` served
 /// by the agent binary `agent`.
@@ -115,26 +286,35 @@ pub async fn run(
     iterations: usize,
 ) -> anyhow::Result<BTreeMap<Op, Tally>> {
     let fs = Filesystem::new(kind)?;
-    let server = Server::start(agent, &fs.root(), kind).await?;
+    let root = fs.root();
+    std::fs::create_dir(root.with_file_name(EXPORTS_DIR))?;
+    let server = Server::start(agent, &root, kind).await?;
     let copies = tempfile::tempdir()?;
     let mut tallies = BTreeMap::new();
     for &op in ops {
         let tally: &mut Tally = tallies.entry(op).or_default();
         for i in 0..iterations {
-            let name = format!("{op}-{i}");
-            let expected = prepare(&server, &fs, op, &name).await?;
+            let step = Step::new(op, i);
+            let expected = prepare(&server, &root, &step).await?;
             // Whatever was set up is on disk before the operation under test.
-            rustix::fs::syncfs(std::fs::File::open(fs.root())?.as_fd())?;
-            let done = act(&server, op, &name).await?;
+            rustix::fs::syncfs(std::fs::File::open(&root)?.as_fd())?;
+            let done = act(&server, &step).await?;
             // At once: the power goes as the answer arrives.
             let image = copies.path().join("cut.img");
             copy_image(fs.image(), &image)?;
-            let verdict = check(agent, kind, &image, copies.path(), &expected, &done).await?;
+            let cut = Cut {
+                agent,
+                kind,
+                image: &image,
+                scratch: copies.path(),
+                original_root: &root,
+            };
+            let verdict = cut.check(&expected, &done).await?;
             std::fs::remove_file(&image)?;
             tally.checked += 1;
             if let Err(e) = verdict {
                 tally.lost += 1;
-                tally.failures.push(format!("{kind} {name}: {e:#}"));
+                tally.failures.push(format!("{kind} {}: {e:#}", step.name));
             }
         }
     }
@@ -176,11 +356,23 @@ impl Filesystem {
     }
 }
 
-/// The agent binary serving an export root, with its own credentials.
+/// The agent binary serving an export root, with its own credentials, exporting each
+/// volume through the knfsd manager.
 struct Server {
-    _etc: tempfile::TempDir,
+    etc: tempfile::TempDir,
     child: Child,
     client: AgentClient,
+}
+
+/// Where the `exportfs` stand-in logs, in the server's own directory.
+const EXPORTFS_LOG: &str = "exportfs.log";
+
+/// Stands in for `exportfs` (there may be no kernel NFS server): accepts every change and
+/// logs its command line to `log`, one call a line. The log's path is written in rather
+/// than derived at each call: an agent's start calls it once per client of every export,
+/// and a `dirname` process per call made each call over three times as slow.
+fn exportfs_stand_in(log: &Path) -> String {
+    format!("#!/bin/sh\nprintf '%s\\n' \"$*\" >> '{}'\n", log.display())
 }
 
 impl Server {
@@ -202,11 +394,25 @@ impl Server {
             force: false,
             days: 1,
         })?;
+        // Outside the filesystem under test: the NFS server's program, not its state.
+        let exportfs = etc.path().join("exportfs");
+        std::fs::write(&exportfs, exportfs_stand_in(&etc.path().join(EXPORTFS_LOG)))?;
+        std::fs::set_permissions(
+            &exportfs,
+            std::os::unix::fs::PermissionsExt::from_mode(0o755),
+        )?;
         let config = etc.path().join(files::CONFIG);
+        let mut file = std::fs::OpenOptions::new().append(true).open(&config)?;
+        write!(
+            file,
+            "\n[exports]\nmanager = \"knfsd\"\nknfsd_exports_file = {:?}\nknfsd_exportfs = {:?}\n",
+            exports_file(root).display().to_string(),
+            exportfs.display().to_string()
+        )?;
         if kind == FsKind::Btrfs {
-            let mut file = std::fs::OpenOptions::new().append(true).open(&config)?;
             file.write_all(b"\n[quota]\nbackend = \"btrfs\"\n")?;
         }
+        drop(file);
         let child = Command::new(agent)
             .args(["run", "--config"])
             .arg(&config)
@@ -227,11 +433,7 @@ impl Server {
             nfs_path: None,
             default: false,
         })?;
-        let mut server = Self {
-            _etc: etc,
-            child,
-            client,
-        };
+        let mut server = Self { etc, child, client };
         let deadline = Instant::now() + Duration::from_secs(30);
         while server.client.healthz().await.is_err() {
             if let Some(status) = server.child.try_wait()? {
@@ -241,6 +443,15 @@ impl Server {
             tokio::time::sleep(Duration::from_millis(10)).await;
         }
         Ok(server)
+    }
+
+    /// The `exportfs` command lines the agent ran, one a line.
+    fn exportfs_calls(&self) -> anyhow::Result<String> {
+        match std::fs::read_to_string(self.etc.path().join(EXPORTFS_LOG)) {
+            Ok(log) => Ok(log),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(String::new()),
+            Err(e) => Err(e.into()),
+        }
     }
 }
 
@@ -254,8 +465,17 @@ impl Drop for Server {
 
 /// What must be true after the power cut, set up before the operation.
 struct Expected {
-    /// The data files of the volume the operation works on, by name.
+    /// The data files of the volume or snapshot the operation works on, by name.
     files: Vec<(String, Vec<u8>)>,
+}
+
+/// Where an acknowledged volume's data came from, when not from its own writes.
+enum Origin {
+    Clone(VolumePath),
+    Restore {
+        snapshot: SnapshotName,
+        method: CloneMethod,
+    },
 }
 
 /// What the acknowledged answer said.
@@ -263,8 +483,9 @@ enum Done {
     Volume {
         path: VolumePath,
         capacity_bytes: u64,
-        /// The source whose files the volume holds, for a clone.
-        cloned_from: Option<VolumePath>,
+        origin: Option<Origin>,
+        /// Who may mount it, as last acknowledged.
+        export: &'static ExportCase,
     },
     Archived {
         path: VolumePath,
@@ -273,13 +494,23 @@ enum Done {
     Deleted {
         path: VolumePath,
     },
+    /// A snapshot acknowledged ready.
+    Snapshot {
+        name: SnapshotName,
+        source: VolumePath,
+        method: SnapshotMethod,
+    },
+    SnapshotDeleted {
+        name: SnapshotName,
+    },
 }
 
-fn volume_request(capacity_bytes: u64) -> CreateVolumeRequest {
-    CreateVolumeRequest {
+fn volume_request(capacity_bytes: u64, export: &ExportCase) -> anyhow::Result<CreateVolumeRequest> {
+    Ok(CreateVolumeRequest {
         capacity_bytes,
+        export: Some(export.request()?),
         ..Default::default()
-    }
+    })
 }
 
 fn owner(name: &str) -> VolumeOwner {
@@ -312,99 +543,146 @@ fn write_files(dir: &Path, files: &[(String, Vec<u8>)]) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Sets up what `op` needs (a volume to clone, a directory to adopt, ...).
-async fn prepare(server: &Server, fs: &Filesystem, op: Op, name: &str) -> anyhow::Result<Expected> {
-    let client = &server.client;
-    let path = VolumePath::parse(name)?;
-    let mut files = Vec::new();
-    match op {
-        Op::Create => {}
+/// Makes the volume `path` exported as `export` and fills it with random files, which it
+/// answers.
+async fn volume_with_files(
+    server: &Server,
+    root: &Path,
+    path: &VolumePath,
+    export: &ExportCase,
+) -> anyhow::Result<Vec<(String, Vec<u8>)>> {
+    server
+        .client
+        .create_volume(path, &volume_request(GIB, export)?, None)
+        .await?;
+    let files = random_files()?;
+    write_files(&root.join(path.as_str()), &files)?;
+    Ok(files)
+}
+
+/// Repeats `call` until it answers something, as a client repeats a clone, snapshot or
+/// restore the agent answered as still running.
+async fn until_ready<T, F, Fut>(what: &str, mut call: F) -> anyhow::Result<T>
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = anyhow::Result<Option<T>>>,
+{
+    let deadline = Instant::now() + Duration::from_secs(120);
+    loop {
+        if let Some(done) = call().await? {
+            return Ok(done);
+        }
+        ensure!(Instant::now() < deadline, "{what} never finished");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// Takes the snapshot `name` of `source`, acknowledged once the agent answers it ready.
+async fn take_snapshot(
+    client: &AgentClient,
+    name: &SnapshotName,
+    source: &VolumePath,
+) -> anyhow::Result<Snapshot> {
+    let request = &CreateSnapshotRequest {
+        source: source.clone(),
+    };
+    until_ready(&format!("the snapshot {name}"), move || async move {
+        let snapshot = client.create_snapshot(name, request, None).await?;
+        Ok(snapshot.ready.then_some(snapshot))
+    })
+    .await
+}
+
+/// Sets up what the step needs (a volume to clone, a directory to adopt, a snapshot to
+/// restore, ...).
+async fn prepare(server: &Server, root: &Path, step: &Step) -> anyhow::Result<Expected> {
+    let export = step.export();
+    let files = match step.op {
+        Op::Create => Vec::new(),
         Op::Adopt => {
-            files = random_files()?;
-            let dir = fs.root().join(name);
+            let files = random_files()?;
+            let dir = root.join(&step.name);
             std::fs::create_dir(&dir)?;
             write_files(&dir, &files)?;
+            files
         }
-        Op::Clone | Op::Resize | Op::Archive | Op::Delete => {
-            let source = match op {
-                Op::Clone => VolumePath::parse(&format!("{name}-source"))?,
-                _ => path,
-            };
-            client
-                .create_volume(&source, &volume_request(GIB), None)
-                .await?;
-            files = random_files()?;
-            write_files(&fs.root().join(source.as_str()), &files)?;
+        Op::Resize | Op::Export | Op::Archive | Op::Delete => {
+            volume_with_files(server, root, &step.path()?, export).await?
         }
-    }
+        Op::Clone | Op::Snapshot => {
+            volume_with_files(server, root, &step.source()?, export).await?
+        }
+        Op::SnapshotDelete | Op::Restore => {
+            let source = step.source()?;
+            let files = volume_with_files(server, root, &source, export).await?;
+            take_snapshot(&server.client, &step.snapshot()?, &source).await?;
+            files
+        }
+    };
     Ok(Expected { files })
 }
 
-/// Does `op` and answers what its acknowledgement said.
-async fn act(server: &Server, op: Op, name: &str) -> anyhow::Result<Done> {
+/// Does the step's operation and answers what its acknowledgement said.
+async fn act(server: &Server, step: &Step) -> anyhow::Result<Done> {
     let client = &server.client;
-    let path = VolumePath::parse(name)?;
-    Ok(match op {
+    let path = step.path()?;
+    let export = step.export();
+    let made = |origin, export| Done::Volume {
+        path: path.clone(),
+        capacity_bytes: GIB,
+        origin,
+        export,
+    };
+    Ok(match step.op {
         Op::Create => {
-            let made = client
-                .create_volume(&path, &volume_request(GIB), None)
+            let outcome = client
+                .create_volume(&path, &volume_request(GIB, export)?, None)
                 .await?;
-            ensure!(made.created, "{path} existed already");
-            Done::Volume {
-                path,
-                capacity_bytes: GIB,
-                cloned_from: None,
-            }
+            ensure!(outcome.created, "{path} existed already");
+            made(None, export)
         }
         Op::Adopt => {
             let request = AdoptVolumeRequest {
                 capacity_bytes: GIB,
-                owner: owner(name),
-                export: None,
+                owner: owner(&step.name),
+                export: Some(export.request()?),
             };
             client.adopt_volume(&path, &request, None).await?;
-            Done::Volume {
-                path,
-                capacity_bytes: GIB,
-                cloned_from: None,
-            }
+            made(None, export)
         }
         Op::Clone => {
-            let source = VolumePath::parse(&format!("{name}-source"))?;
-            let request = CloneVolumeRequest {
+            let source = step.source()?;
+            let request = &CloneVolumeRequest {
                 source: source.clone(),
                 capacity_bytes: GIB,
-                owner: owner(name),
+                owner: owner(&step.name),
                 quota: Default::default(),
-                export: None,
+                export: Some(export.request()?),
             };
-            // A clone not done within the request's wait is acknowledged by a repeat.
-            let deadline = Instant::now() + Duration::from_secs(120);
-            loop {
-                match client.clone_volume(&path, &request, None).await? {
-                    CloneOutcome::Ready(_) => break,
-                    CloneOutcome::InProgress(_) => {
-                        ensure!(
-                            Instant::now() < deadline,
-                            "the clone of {path} never finished"
-                        );
-                        tokio::time::sleep(Duration::from_millis(20)).await;
-                    }
-                }
-            }
-            Done::Volume {
-                path,
-                capacity_bytes: GIB,
-                cloned_from: Some(source),
-            }
+            let target = &path;
+            until_ready(&format!("the clone {path}"), move || async move {
+                Ok(match client.clone_volume(target, request, None).await? {
+                    CloneOutcome::Ready(_) => Some(()),
+                    CloneOutcome::InProgress(_) => None,
+                })
+            })
+            .await?;
+            made(Some(Origin::Clone(source)), export)
         }
         Op::Resize => {
             client.resize_volume(&path, 2 * GIB, None).await?;
             Done::Volume {
                 path,
                 capacity_bytes: 2 * GIB,
-                cloned_from: None,
+                origin: None,
+                export,
             }
+        }
+        Op::Export => {
+            client
+                .set_volume_export(&path, &CHANGED.request()?, None)
+                .await?;
+            made(None, &CHANGED)
         }
         Op::Archive => {
             let archived = client.archive_volume(&path, None, None).await?;
@@ -416,6 +694,42 @@ async fn act(server: &Server, op: Op, name: &str) -> anyhow::Result<Done> {
         Op::Delete => {
             client.delete_volume(&path, None).await?;
             Done::Deleted { path }
+        }
+        Op::Snapshot => {
+            let snapshot = take_snapshot(client, &step.snapshot()?, &step.source()?).await?;
+            Done::Snapshot {
+                name: snapshot.name,
+                source: snapshot.source,
+                method: snapshot.method,
+            }
+        }
+        Op::SnapshotDelete => {
+            let name = step.snapshot()?;
+            client.delete_snapshot(&name, None).await?;
+            Done::SnapshotDeleted { name }
+        }
+        Op::Restore => {
+            let snapshot = step.snapshot()?;
+            let request = &RestoreVolumeRequest {
+                snapshot: snapshot.clone(),
+                capacity_bytes: GIB,
+                owner: owner(&step.name),
+                quota: Default::default(),
+                export: Some(export.request()?),
+            };
+            let target = &path;
+            let volume = until_ready(&format!("the restore {path}"), move || async move {
+                Ok(match client.restore_volume(target, request, None).await? {
+                    RestoreOutcome::Ready(outcome) => Some(outcome.volume),
+                    RestoreOutcome::InProgress(_) => None,
+                })
+            })
+            .await?;
+            let method = volume
+                .restore
+                .map(|origin| origin.method)
+                .with_context(|| format!("the restored {path} is answered without its origin"))?;
+            made(Some(Origin::Restore { snapshot, method }), export)
         }
     })
 }
@@ -449,45 +763,55 @@ pub fn copy_image(from: &Path, to: &Path) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Mounts the copy `image` (recovering its journal), starts an agent on it and checks
-/// what the acknowledgement promised: the verdict, inside what went wrong with the check
-/// itself.
-async fn check(
-    agent: &Path,
+/// One copy of the disk taken at a power cut, and how to check it.
+struct Cut<'a> {
+    agent: &'a Path,
     kind: FsKind,
-    image: &Path,
-    scratch: &Path,
-    expected: &Expected,
-    done: &Done,
-) -> anyhow::Result<anyhow::Result<()>> {
-    let mount = scratch.join("mnt");
-    std::fs::create_dir_all(&mount)?;
-    // The copy has the original's UUID; XFS refuses that unless told.
-    let options = match kind {
-        FsKind::Xfs => "loop,nouuid",
-        _ => "loop",
-    };
-    if let Err(e) = crate::run(
-        "mount",
-        &[
-            "-o".as_ref(),
-            options.as_ref(),
-            image.as_os_str(),
-            mount.as_os_str(),
-        ],
-    ) {
-        return Ok(Err(anyhow::anyhow!("the copy does not mount: {e}")));
+    image: &'a Path,
+    scratch: &'a Path,
+    /// The export root of the agent that acknowledged, as its exports file names it.
+    original_root: &'a Path,
+}
+
+impl Cut<'_> {
+    /// Mounts the copy (recovering its journal), checks what is on it as found, then
+    /// starts an agent on it and checks what that agent answers: the verdict, inside what
+    /// went wrong with the check itself.
+    async fn check(&self, expected: &Expected, done: &Done) -> anyhow::Result<anyhow::Result<()>> {
+        let mount = self.scratch.join("mnt");
+        std::fs::create_dir_all(&mount)?;
+        // The copy has the original's UUID; XFS refuses that unless told.
+        let options = match self.kind {
+            FsKind::Xfs => "loop,nouuid",
+            _ => "loop",
+        };
+        if let Err(e) = crate::run(
+            "mount",
+            &[
+                "-o".as_ref(),
+                options.as_ref(),
+                self.image.as_os_str(),
+                mount.as_os_str(),
+            ],
+        ) {
+            return Ok(Err(anyhow::anyhow!("the copy does not mount: {e}")));
+        }
+        let checked = async {
+            let root = mount.join("exports");
+            // What the NFS server would read at boot, before any agent touches it.
+            let text = std::fs::read_to_string(exports_file(&root))
+                .context("the exports file is not on the copy")?;
+            let exports = ExportsFile::parse(&text, self.original_root)?;
+            on_disk(&root, &exports, expected, done)?;
+            let server = Server::start(self.agent, &root, self.kind).await?;
+            let verdict = served(&server, self.kind, &root, &exports, expected, done).await;
+            drop(server);
+            verdict
+        }
+        .await;
+        unmount(&mount)?;
+        Ok(checked)
     }
-    let checked = async {
-        let root = mount.join("exports");
-        let server = Server::start(agent, &root, kind).await?;
-        let verdict = verify(&server.client, &root, expected, done).await;
-        drop(server);
-        verdict
-    }
-    .await;
-    unmount(&mount)?;
-    Ok(checked)
 }
 
 /// Unmounts, waiting for what the stopped agent started (a btrfs tool deleting a
@@ -505,31 +829,116 @@ fn unmount(mount: &Path) -> anyhow::Result<()> {
     }
 }
 
-async fn verify(
-    client: &AgentClient,
+/// The export lines of an exports file: each volume's `client(options)` entries, by the
+/// volume's path below the export root.
+struct ExportsFile {
+    lines: BTreeMap<String, BTreeSet<String>>,
+}
+
+impl ExportsFile {
+    fn parse(text: &str, root: &Path) -> anyhow::Result<Self> {
+        let prefix = format!("{}/", root.display());
+        let mut lines = BTreeMap::new();
+        for line in text.lines() {
+            let line = line.trim();
+            if line.is_empty() || line.starts_with('#') {
+                continue;
+            }
+            let (path, entries) = line
+                .strip_prefix('"')
+                .and_then(|rest| rest.split_once('"'))
+                .with_context(|| {
+                    // Shortened and escaped: a torn write can leave a line of NULs.
+                    let shown: String = line.chars().take(80).collect();
+                    format!("the exports file has a line of no path: {shown:?}")
+                })?;
+            let volume = path.strip_prefix(&prefix).with_context(|| {
+                format!("the exports file exports {path}, outside the export root")
+            })?;
+            let entries = entries.split_whitespace().map(str::to_owned).collect();
+            ensure!(
+                lines.insert(volume.to_owned(), entries).is_none(),
+                "the exports file lists {volume} twice"
+            );
+        }
+        Ok(Self { lines })
+    }
+}
+
+/// Compares each named file in `dir` with what was written.
+fn same_files(dir: &Path, files: &[(String, Vec<u8>)]) -> anyhow::Result<()> {
+    for (name, data) in files {
+        let found = std::fs::read(dir.join(name))
+            .with_context(|| format!("{} is missing", dir.join(name).display()))?;
+        ensure!(
+            found == *data,
+            "{} differs from what was written ({} of {} bytes are zero)",
+            dir.join(name).display(),
+            found.iter().filter(|b| **b == 0).count(),
+            found.len()
+        );
+    }
+    Ok(())
+}
+
+/// What the copy holds before any agent starts on it: the exports file the NFS server
+/// would serve at boot, and the snapshot area as the cut left it (read directly, not
+/// through the agent under test).
+fn on_disk(
     root: &Path,
+    exports: &ExportsFile,
     expected: &Expected,
     done: &Done,
 ) -> anyhow::Result<()> {
-    let same_files = |dir: &Path| -> anyhow::Result<()> {
-        for (name, data) in &expected.files {
-            let found = std::fs::read(dir.join(name))
-                .with_context(|| format!("{} is missing", dir.join(name).display()))?;
+    match done {
+        Done::Volume { path, export, .. } => {
+            let listed = exports.lines.get(path.as_str());
+            let wanted = export.entries();
             ensure!(
-                found == *data,
-                "{} differs from what was written ({} of {} bytes are zero)",
-                dir.join(name).display(),
-                found.iter().filter(|b| **b == 0).count(),
-                found.len()
+                listed == Some(&wanted),
+                "the exports file lists {path} as {listed:?}, not as acknowledged: {wanted:?}"
             );
         }
-        Ok(())
-    };
+        Done::Archived { path, .. } | Done::Deleted { path } => {
+            ensure!(
+                !exports.lines.contains_key(path.as_str()),
+                "the exports file still lists {path}, which is gone"
+            );
+        }
+        Done::Snapshot { name, .. } => {
+            same_files(&snapshot_tree(root, name), &expected.files)
+                .with_context(|| format!("the snapshot {name} on disk"))?;
+        }
+        Done::SnapshotDeleted { name } => {
+            ensure!(
+                !snapshot_record(root, name).exists(),
+                "the deleted snapshot {name} still has its record"
+            );
+            ensure!(
+                !snapshot_tree(root, name).exists(),
+                "the deleted snapshot {name}'s tree is still at its name"
+            );
+        }
+    }
+    Ok(())
+}
+
+/// What the agent started on the copy answers.
+async fn served(
+    server: &Server,
+    kind: FsKind,
+    root: &Path,
+    exports: &ExportsFile,
+    expected: &Expected,
+    done: &Done,
+) -> anyhow::Result<()> {
+    let client = &server.client;
     match done {
         Done::Volume {
             path,
             capacity_bytes,
-            cloned_from,
+            origin,
+            export,
         } => {
             let volume = client
                 .get_volume(path, None)
@@ -540,14 +949,51 @@ async fn verify(
                 "{path} has capacity {} instead of the acknowledged {capacity_bytes}",
                 volume.capacity_bytes
             );
-            if let Some(source) = cloned_from {
-                let origin = volume.clone.as_ref().map(|c| &c.source);
-                ensure!(
-                    origin == Some(source),
-                    "{path} is not recorded as a clone of {source}"
-                );
+            match origin {
+                None => {}
+                Some(Origin::Clone(source)) => {
+                    let recorded = volume.clone.as_ref().map(|c| &c.source);
+                    ensure!(
+                        recorded == Some(source),
+                        "{path} is not recorded as a clone of {source}"
+                    );
+                }
+                Some(Origin::Restore { snapshot, method }) => {
+                    ensure!(
+                        *method == kind.restore_method(),
+                        "{path} was restored by {method}, not by {} as {kind} allows",
+                        kind.restore_method()
+                    );
+                    let recorded = volume.restore.as_ref();
+                    ensure!(
+                        recorded.is_some_and(|r| r.snapshot == *snapshot && r.method == *method),
+                        "{path} is recorded as restored from {recorded:?}, not from {snapshot} by {method}"
+                    );
+                }
             }
-            same_files(&root.join(path.as_str()))?;
+            let served = volume
+                .export
+                .as_ref()
+                .with_context(|| format!("{path} is answered without its export"))?;
+            ensure!(
+                served.matches(&export.request()?) && served.path.ends_with(&format!("/{path}")),
+                "{path} is answered exported as {served:?}, not as acknowledged: {export:?}"
+            );
+            // Restored to the kernel at start: one `exportfs -o` per client.
+            let target = format!(":{}", root.join(path.as_str()).display());
+            let calls = server.exportfs_calls()?;
+            let exported = calls
+                .lines()
+                .filter(|call| {
+                    call.starts_with(&format!("-o {} ", export.options)) && call.ends_with(&target)
+                })
+                .count();
+            ensure!(
+                exported == export.clients.len(),
+                "the agent started on the copy exported {path} to {exported} clients, not {}:\n{calls}",
+                export.clients.len()
+            );
+            same_files(&root.join(path.as_str()), &expected.files)?;
         }
         Done::Archived { path, archive_path } => {
             ensure!(
@@ -559,7 +1005,7 @@ async fn verify(
                 archives.iter().any(|a| a.archive_path == *archive_path),
                 "the archive {archive_path} is not listed"
             );
-            same_files(&root.join(archive_path))?;
+            same_files(&root.join(archive_path), &expected.files)?;
         }
         Done::Deleted { path } => {
             ensure!(
@@ -571,10 +1017,43 @@ async fn verify(
                 "something is left at the deleted volume's path {path}"
             );
         }
+        Done::Snapshot {
+            name,
+            source,
+            method,
+        } => {
+            ensure!(
+                *method == kind.snapshot_method(),
+                "the snapshot {name} was taken by {method}, not by {} as {kind} allows",
+                kind.snapshot_method()
+            );
+            let found = client.get_snapshot(name, None).await?;
+            ensure!(
+                found.ready && found.method == *method && found.source == *source,
+                "the snapshot {name} is answered as {found:?}, not ready by {method} of {source}"
+            );
+            let listed = snapshots(client).await?;
+            ensure!(
+                listed.iter().any(|s| s.name == *name && s.ready),
+                "the snapshot {name} is not listed ready"
+            );
+        }
+        Done::SnapshotDeleted { name } => {
+            match client.get_snapshot(name, None).await {
+                Err(e) if e.code() == Some(ErrorCode::NotFound) => {}
+                Err(e) => return Err(e.into()),
+                Ok(found) => bail!("the deleted snapshot {name} is back: {found:?}"),
+            }
+            ensure!(
+                !snapshots(client).await?.iter().any(|s| s.name == *name),
+                "the deleted snapshot {name} is listed"
+            );
+        }
     }
     // Nothing half-made: every entry at a volume path is a volume (each directory made
-    // to be adopted was adopted, durably, before the next operation).
-    let volumes: Vec<String> = client
+    // to be adopted was adopted, durably, before the next operation), and the exports
+    // file as found lists exactly those volumes (every volume here is made with an export).
+    let volumes: BTreeSet<String> = client
         .list_volumes(None)
         .await?
         .into_iter()
@@ -587,5 +1066,21 @@ async fn verify(
             "{name} is at a volume path but is no volume"
         );
     }
+    let exported: BTreeSet<String> = exports.lines.keys().cloned().collect();
+    ensure!(
+        exported == volumes,
+        "the exports file lists {:?} but the volumes are {:?}",
+        exported.difference(&volumes).collect::<Vec<_>>(),
+        volumes.difference(&exported).collect::<Vec<_>>()
+    );
     Ok(())
+}
+
+/// Every snapshot the agent lists.
+async fn snapshots(client: &AgentClient) -> anyhow::Result<Vec<Snapshot>> {
+    let mut all = Vec::new();
+    client
+        .for_each_snapshot_page(500, None, |page| all.extend(page))
+        .await?;
+    Ok(all)
 }

@@ -57,7 +57,7 @@ fn main() -> anyhow::Result<()> {
         let tallies = runtime.block_on(power_cut::run(&agent, kind, &Op::ALL, args.iterations))?;
         for (op, tally) in &tallies {
             println!(
-                "{kind:<6} {op:<8} checked {:>4}  lost {:>4}",
+                "{kind:<6} {op:<15} checked {:>4}  lost {:>4}",
                 tally.checked, tally.lost
             );
             lost_in_all += tally.lost;
