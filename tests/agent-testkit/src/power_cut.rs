@@ -30,8 +30,8 @@ use nfsprov_agent::store::STATE_DIR;
 use nfsprov_api_types::client::{AgentClient, AgentConnectionConfig, CloneOutcome, RestoreOutcome};
 use nfsprov_api_types::{
     AdoptVolumeRequest, CloneMethod, CloneVolumeRequest, CreateSnapshotRequest,
-    CreateVolumeRequest, ErrorCode, ExportAccess, ExportRequest, RestoreVolumeRequest, Snapshot,
-    SnapshotMethod, SnapshotName, Squash, VolumeOwner, VolumePath,
+    CreateVolumeRequest, ErrorCode, ExportAccess, ExportRequest, RestoreSource,
+    RestoreVolumeRequest, Snapshot, SnapshotMethod, SnapshotName, Squash, VolumeOwner, VolumePath,
 };
 
 use crate::{LoopBtrfs, LoopExt4, LoopXfs};
@@ -711,11 +711,12 @@ async fn act(server: &Server, step: &Step) -> anyhow::Result<Done> {
         Op::Restore => {
             let snapshot = step.snapshot()?;
             let request = &RestoreVolumeRequest {
-                snapshot: snapshot.clone(),
-                capacity_bytes: GIB,
-                owner: owner(&step.name),
-                quota: Default::default(),
                 export: Some(export.request()?),
+                ..RestoreVolumeRequest::from_source(
+                    RestoreSource::Snapshot(snapshot.clone()),
+                    GIB,
+                    owner(&step.name),
+                )
             };
             let target = &path;
             let volume = until_ready(&format!("the restore {path}"), move || async move {
@@ -966,7 +967,10 @@ async fn served(
                     );
                     let recorded = volume.restore.as_ref();
                     ensure!(
-                        recorded.is_some_and(|r| r.snapshot == *snapshot && r.method == *method),
+                        recorded.is_some_and(|r| {
+                            r.source == RestoreSource::Snapshot(snapshot.clone())
+                                && r.method == *method
+                        }),
                         "{path} is recorded as restored from {recorded:?}, not from {snapshot} by {method}"
                     );
                 }
