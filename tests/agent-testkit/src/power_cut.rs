@@ -101,10 +101,12 @@ pub enum Op {
     SnapshotDelete,
     /// A new volume made from a ready snapshot.
     Restore,
+    /// A new volume made from an archive, which stays.
+    ArchiveRestore,
 }
 
 impl Op {
-    pub const ALL: [Op; 10] = [
+    pub const ALL: [Op; 11] = [
         Op::Create,
         Op::Clone,
         Op::Adopt,
@@ -115,6 +117,7 @@ impl Op {
         Op::Snapshot,
         Op::SnapshotDelete,
         Op::Restore,
+        Op::ArchiveRestore,
     ];
 }
 
@@ -131,6 +134,7 @@ impl fmt::Display for Op {
             Op::Snapshot => "snapshot",
             Op::SnapshotDelete => "snapshot-delete",
             Op::Restore => "restore",
+            Op::ArchiveRestore => "archive-restore",
         })
     }
 }
@@ -473,7 +477,7 @@ struct Expected {
 enum Origin {
     Clone(VolumePath),
     Restore {
-        snapshot: SnapshotName,
+        source: RestoreSource,
         method: CloneMethod,
     },
 }
@@ -618,6 +622,12 @@ async fn prepare(server: &Server, root: &Path, step: &Step) -> anyhow::Result<Ex
             take_snapshot(&server.client, &step.snapshot()?, &source).await?;
             files
         }
+        Op::ArchiveRestore => {
+            let source = step.source()?;
+            let files = volume_with_files(server, root, &source, export).await?;
+            server.client.archive_volume(&source, None, None).await?;
+            files
+        }
     };
     Ok(Expected { files })
 }
@@ -709,30 +719,51 @@ async fn act(server: &Server, step: &Step) -> anyhow::Result<Done> {
             Done::SnapshotDeleted { name }
         }
         Op::Restore => {
-            let snapshot = step.snapshot()?;
-            let request = &RestoreVolumeRequest {
-                export: Some(export.request()?),
-                ..RestoreVolumeRequest::from_source(
-                    RestoreSource::Snapshot(snapshot.clone()),
-                    GIB,
-                    owner(&step.name),
-                )
-            };
-            let target = &path;
-            let volume = until_ready(&format!("the restore {path}"), move || async move {
-                Ok(match client.restore_volume(target, request, None).await? {
-                    RestoreOutcome::Ready(outcome) => Some(outcome.volume),
-                    RestoreOutcome::InProgress(_) => None,
-                })
-            })
-            .await?;
-            let method = volume
-                .restore
-                .map(|origin| origin.method)
-                .with_context(|| format!("the restored {path} is answered without its origin"))?;
-            made(Some(Origin::Restore { snapshot, method }), export)
+            let source = RestoreSource::Snapshot(step.snapshot()?);
+            let method = restore(client, &path, &source, export, &step.name).await?;
+            made(Some(Origin::Restore { source, method }), export)
+        }
+        Op::ArchiveRestore => {
+            // The step's source was archived under its own path, once.
+            let from = step.source()?;
+            let id = client
+                .list_archives(None)
+                .await?
+                .into_iter()
+                .find(|archive| archive.path == from)
+                .with_context(|| format!("no archive of {from}"))?
+                .id;
+            let source = RestoreSource::Archive(id);
+            let method = restore(client, &path, &source, export, &step.name).await?;
+            made(Some(Origin::Restore { source, method }), export)
         }
     })
+}
+
+/// Makes `path` from `source`, repeating the request while the agent answers it as
+/// running; the method the made volume's origin names.
+async fn restore(
+    client: &AgentClient,
+    path: &VolumePath,
+    source: &RestoreSource,
+    export: &ExportCase,
+    claim: &str,
+) -> anyhow::Result<CloneMethod> {
+    let request = &RestoreVolumeRequest {
+        export: Some(export.request()?),
+        ..RestoreVolumeRequest::from_source(source.clone(), GIB, owner(claim))
+    };
+    let volume = until_ready(&format!("the restore {path}"), move || async move {
+        Ok(match client.restore_volume(path, request, None).await? {
+            RestoreOutcome::Ready(outcome) => Some(outcome.volume),
+            RestoreOutcome::InProgress(_) => None,
+        })
+    })
+    .await?;
+    volume
+        .restore
+        .map(|origin| origin.method)
+        .with_context(|| format!("the restored {path} is answered without its origin"))
 }
 
 /// Copies the image file as it is, holes kept as holes: only what was written is read.
@@ -959,7 +990,7 @@ async fn served(
                         "{path} is not recorded as a clone of {source}"
                     );
                 }
-                Some(Origin::Restore { snapshot, method }) => {
+                Some(Origin::Restore { source, method }) => {
                     ensure!(
                         *method == kind.restore_method(),
                         "{path} was restored by {method}, not by {} as {kind} allows",
@@ -967,11 +998,8 @@ async fn served(
                     );
                     let recorded = volume.restore.as_ref();
                     ensure!(
-                        recorded.is_some_and(|r| {
-                            r.source == RestoreSource::Snapshot(snapshot.clone())
-                                && r.method == *method
-                        }),
-                        "{path} is recorded as restored from {recorded:?}, not from {snapshot} by {method}"
+                        recorded.is_some_and(|r| r.source == *source && r.method == *method),
+                        "{path} is recorded as restored from {recorded:?}, not from {source} by {method}"
                     );
                 }
             }

@@ -21,6 +21,9 @@ struct Args {
     /// Filesystems to run on (ext4, xfs, btrfs); all by default.
     #[arg(long = "fs", value_delimiter = ',')]
     filesystems: Vec<String>,
+    /// Operations to cut after (create, clone, ..., archive-restore); all by default.
+    #[arg(long = "op", value_delimiter = ',')]
+    ops: Vec<String>,
     /// Print every lost result, not only the first few of each operation.
     #[arg(long)]
     verbose: bool,
@@ -41,6 +44,16 @@ fn main() -> anyhow::Result<()> {
         .into_iter()
         .filter(|kind| args.filesystems.is_empty() || args.filesystems.contains(&kind.to_string()))
         .collect();
+    let ops: Vec<Op> = Op::ALL
+        .into_iter()
+        .filter(|op| args.ops.is_empty() || args.ops.contains(&op.to_string()))
+        .collect();
+    anyhow::ensure!(
+        !ops.is_empty(),
+        "no operation is named {:?}; they are: {}",
+        args.ops,
+        Op::ALL.map(|op| op.to_string()).join(", ")
+    );
     println!(
         "agent: {}; {} power cuts per operation and filesystem",
         agent.display(),
@@ -54,7 +67,7 @@ fn main() -> anyhow::Result<()> {
             continue;
         }
         let started = std::time::Instant::now();
-        let tallies = runtime.block_on(power_cut::run(&agent, kind, &Op::ALL, args.iterations))?;
+        let tallies = runtime.block_on(power_cut::run(&agent, kind, &ops, args.iterations))?;
         for (op, tally) in &tallies {
             println!(
                 "{kind:<6} {op:<15} checked {:>4}  lost {:>4}",
