@@ -1622,6 +1622,18 @@ mod tests {
     }
 
     #[test]
+    fn a_volume_made_where_one_was_archived_is_listed_once_with_its_own_record() {
+        let (_dir, store) = store();
+        store.create(&path("a"), &owned_request("first")).unwrap();
+        store.archive(&path("a"), None).unwrap();
+        store.create(&path("a"), &owned_request("second")).unwrap();
+        let listed = store.list().unwrap();
+        assert_eq!(listed.len(), 1, "{listed:?}");
+        assert_eq!(listed[0].owner.pvc_name.as_deref(), Some("second"));
+        assert_eq!(store.list_page(None, 10).unwrap().0, listed);
+    }
+
+    #[test]
     fn archives_are_listed_from_their_records_and_deleted_one_at_a_time() {
         let (dir, store) = store();
         let at = time::macros::datetime!(2026-01-02 03:04:05.000000006 UTC);

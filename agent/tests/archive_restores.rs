@@ -200,8 +200,9 @@ async fn archive_restore_life(
         assert!(!root.join(refused).exists(), "{refused} was not made");
     }
 
-    // The archive is kept as it was, and restores again: a second restore is a volume
-    // of its own, and writing to it leaves the archive and the first restore alone.
+    // The archive is kept as it was, and restores again, here at the path it was made
+    // of: a second restore is a volume of its own, and writing to it leaves the archive
+    // and the first restore alone.
     let listed = client.list_archives(None).await.unwrap();
     assert_eq!(
         listed.iter().map(|a| &a.id).collect::<Vec<_>>(),
@@ -212,35 +213,35 @@ async fn archive_restore_life(
     assert_eq!(state_of(&archive_dir), before);
     let second = restore_until_ready(
         &client,
-        &path("team/second"),
+        &path("team/source"),
         &restore_request(&id, 2 * GIB, quota),
     )
     .await
     .unwrap();
     assert!(second.created);
-    assert_eq!(state_of(&root.join("team/second")), before);
-    std::fs::write(root.join("team/second/written"), b"a restore is writable").unwrap();
+    assert_eq!(state_of(&root.join("team/source")), before);
+    std::fs::write(root.join("team/source/written"), b"a restore is writable").unwrap();
     std::fs::write(root.join("team/restored/data.bin"), b"changed").unwrap();
     assert_eq!(state_of(&archive_dir), before);
     let volumes = common::volume_paths(&client).await;
-    assert_eq!(volumes, ["team/restored", "team/second"]);
+    assert_eq!(volumes, ["team/restored", "team/source"]);
 
     // The archive goes; its restores stay as they were, and no restore is made from it.
-    let second_state = state_of(&root.join("team/second"));
+    let second_state = state_of(&root.join("team/source"));
     let restored_state = state_of(&root.join("team/restored"));
     client.delete_archive(&id, None).await.unwrap();
     let gone = client.get_archive(&id, None).await.unwrap_err();
     assert_eq!(gone.code(), Some(ErrorCode::NotFound), "{gone}");
     assert!(client.list_archives(None).await.unwrap().is_empty());
     assert!(!archive_dir.exists());
-    assert_eq!(state_of(&root.join("team/second")), second_state);
+    assert_eq!(state_of(&root.join("team/source")), second_state);
     assert_eq!(state_of(&root.join("team/restored")), restored_state);
     assert_eq!(
         std::fs::read(root.join("team/restored/data.bin")).unwrap(),
         b"changed"
     );
     assert_eq!(
-        std::fs::read(root.join("team/second/written")).unwrap(),
+        std::fs::read(root.join("team/source/written")).unwrap(),
         b"a restore is writable"
     );
     let after_delete = restore_until_ready(
@@ -338,7 +339,7 @@ async fn a_btrfs_archive_is_restored_by_a_writable_snapshot() {
         CloneMethod::BtrfsSnapshot,
     )
     .await;
-    for restored in ["team/restored", "team/second"] {
+    for restored in ["team/restored", "team/source"] {
         let meta = std::fs::metadata(root.join(restored)).unwrap();
         assert_eq!(meta.ino(), 256, "{restored} is a subvolume of its own");
     }
@@ -547,6 +548,63 @@ async fn a_crash_during_a_copy_restore_leaves_no_volume() {
         method.as_str()
     );
     assert!(metrics.contains(&counted), "{counted}:\n{metrics}");
+    agent.kill().unwrap();
+    agent.wait().unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn an_archive_deleted_during_a_restore_goes_only_once_the_restore_is_made() {
+    if skip_unless_root("an_archive_deleted_during_a_restore_goes_only_once_the_restore_is_made") {
+        return;
+    }
+    let setup = setup();
+    let hold = std::fs::File::create(setup.etc.join(HOLD_RESTORES)).unwrap();
+    hold.lock().unwrap();
+    let mut agent = spawn_held(&setup);
+    let client = setup.client();
+    setup.wait_healthy(&client).await;
+    let source = path("team/source");
+    let create = CreateVolumeRequest {
+        capacity_bytes: GIB,
+        ..CreateVolumeRequest::default()
+    };
+    client.create_volume(&source, &create, None).await.unwrap();
+    write_fixture(&setup.root.join("team/source"));
+    let before = state_of(&setup.root.join("team/source"));
+    let archived = client.archive_volume(&source, None, None).await.unwrap();
+    let id = archive_id(&archived.archive_path);
+    let target = path("team/restored");
+    let request = restore_request(&id, GIB, QuotaPolicy::BestEffort);
+    let running = client
+        .restore_volume(&target, &request, None)
+        .await
+        .unwrap();
+    assert!(matches!(running, RestoreOutcome::InProgress(_)), "held");
+
+    // The deletion waits for the restore, which holds the archive's path.
+    let mut deleting = tokio::spawn({
+        let client = client.clone();
+        let id = id.clone();
+        async move { client.delete_archive(&id, None).await }
+    });
+    let waited = tokio::time::timeout(Duration::from_millis(500), &mut deleting).await;
+    assert!(waited.is_err(), "deleted under a restore: {waited:?}");
+    assert_eq!(client.get_archive(&id, None).await.unwrap().id, id);
+
+    drop(hold);
+    let made = restore_until_ready(&client, &target, &request)
+        .await
+        .unwrap();
+    assert_eq!(state_of(&setup.root.join("team/restored")), before);
+    assert_eq!(
+        made.volume.restore.unwrap().source,
+        RestoreSource::Archive(id.clone())
+    );
+    deleting.await.unwrap().unwrap();
+    let gone = client.get_archive(&id, None).await.unwrap_err();
+    assert_eq!(gone.code(), Some(ErrorCode::NotFound), "{gone}");
+    assert!(!setup.root.join(&archived.archive_path).exists());
+    assert_eq!(state_of(&setup.root.join("team/restored")), before);
     agent.kill().unwrap();
     agent.wait().unwrap();
 }
