@@ -371,15 +371,13 @@ impl Zfs {
         refquota: Option<u64>,
     ) -> Result<()> {
         let source_name = self.dataset_name(source)?;
-        if !matches!(
-            self.volume_dataset(&source_name, source, &[])?,
-            VolumeDataset::Finished(_)
-        ) {
-            return Err(ZfsError::NotFound(format!(
+        let finished = |zfs: &Self| match zfs.volume_dataset(&source_name, source, &[])? {
+            VolumeDataset::Finished(_) => Ok(()),
+            _ => Err(ZfsError::NotFound(format!(
                 "no volume at {source} to clone (no finished dataset {source_name} of the agent's)"
-            )));
-        }
-        self.clone_dataset(&source_name, &source.to_string(), path, refquota)
+            ))),
+        };
+        self.clone_dataset(&source_name, source.as_str(), path, refquota, finished)
     }
 
     /// Makes the dataset for `path` a clone of the archived dataset mounted at `location`
@@ -402,17 +400,19 @@ impl Zfs {
                     "no archived dataset at {location} to restore {path} from"
                 ))
             })?;
-        self.clone_dataset(&archive.name, location, path, refquota)
+        self.clone_dataset(&archive.name, location, path, refquota, |_| Ok(()))
     }
 
     /// Clones a new clone snapshot of the agent's dataset `source_name` (called `source`
-    /// in messages) as the dataset for `path`.
+    /// in messages) as the dataset for `path`, once the names fit and `check_source`
+    /// finds the source fit to clone.
     fn clone_dataset(
         &self,
         source_name: &str,
         source: &str,
         path: &VolumePath,
         refquota: Option<u64>,
+        check_source: impl FnOnce(&Self) -> Result<()>,
     ) -> Result<()> {
         let name = self.dataset_name(path)?;
         let quota = quota_value(refquota)?;
@@ -420,6 +420,7 @@ impl Zfs {
         self.check_clone_names(source, path, &[source_name, &name], &snapshot_name)?;
         let snapshot = format!("{source_name}@{snapshot_name}");
         let mountpoint = self.mountpoint(path.as_str())?;
+        check_source(self)?;
         self.clear_the_way(&name, path)?;
         self.run(&commands::snapshot(&snapshot))?;
         let refquota_value = refquota.is_some().then_some(quota.as_str());
