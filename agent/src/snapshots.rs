@@ -5,9 +5,11 @@
 //! since each holds as many descriptors as a clone's copy.
 //!
 //! A snapshot job holds the locks of its snapshot name and of its source volume; a
-//! restore job those of its snapshot name and of its target path; the name's always
-//! first. So a snapshot is never deleted while a restore reads it, and a source never
-//! changes hands while it is snapshotted. A repeat that finds no job (it ended, or the
+//! restore job those of its snapshot name and of its target path, the name's always
+//! first, or, from an archive, those of the path the archive was made of (which archive
+//! deletion takes) and of its target path, in path order. So a snapshot or an archive is
+//! never deleted while a restore reads it, and a source never changes hands while it is
+//! snapshotted. A repeat that finds no job (it ended, or the
 //! agent restarted) runs it again, which finds the finished snapshot or volume, or starts
 //! over from nothing: an unfinished one is never visible.
 //!

@@ -715,7 +715,7 @@ impl VolumeStore {
                         self.backend.clone_kept_snapshot(name, &target)?
                     }
                     Origin::Restore(RestoreSource::Archive(id)) => {
-                        self.backend.clone_archive(id, &target)?
+                        self.backend.clone_archive(&self.root, id, &target)?
                     }
                     Origin::Clone(_) => self
                         .backend

@@ -179,10 +179,11 @@ pub trait VolumeBackend: Debug + Send + Sync {
     /// [`Self::clone_volume`].
     fn clone_archive(
         &self,
+        root: &Root,
         id: &ArchivePath,
         target: &CloneTarget<'_>,
     ) -> Result<(Option<QuotaRecord>, CloneMethod)> {
-        let _ = target;
+        let _ = (root, target);
         Err(StoreError::Unsupported(format!(
             "archive {id}: {} volumes are restored from the archive's directory",
             self.kind()

@@ -156,9 +156,11 @@ impl VolumeBackend for DatasetBackend {
     /// "Clones"), so the restore outlives it.
     fn clone_archive(
         &self,
+        root: &Root,
         id: &ArchivePath,
         target: &CloneTarget<'_>,
     ) -> Result<(Option<QuotaRecord>, CloneMethod)> {
+        refuse_plain_directory(root, target.parent, target.name, target.path)?;
         self.zfs
             .clone_archive(&archive_path(id), target.path, target.limit)
             .map_err(|e| zfs_error(format!("restore {} from archive {id}", target.path), e))?;
