@@ -4,7 +4,8 @@
 //! the archived dataset on a zfs-fuse pool. Each archives a volume holding a tree with
 //! owners, modes, hard links, symlinks, holes and times, restores it twice and compares
 //! each restore entry by entry with the tree as it was archived; the archive stays listed
-//! and intact, and deleting it leaves the restores as they are. Then hostile archive ids,
+//! and intact, and deleting it leaves the restores as they are (on ZFS also when the
+//! retention sweep deletes it). Then hostile archive ids, a deletion racing a restore,
 //! and a crash of the agent process during a copy restore.
 
 mod common;
@@ -18,6 +19,7 @@ use std::time::{Duration, Instant};
 use common::agent_process::{Setup, agent_binary, setup};
 use common::tree::{manifest, write_fixture, write_tree};
 use common::zfs_pool::ZfsPool;
+use nfsprov_agent::archive::retention::ArchiveSettings;
 use nfsprov_agent::init::files;
 use nfsprov_agent::quota::QuotaSettings;
 use nfsprov_agent_testkit::{LoopBtrfs, LoopXfs, TestAgent};
@@ -392,6 +394,85 @@ async fn a_zfs_archive_is_restored_by_a_clone_that_outlives_it() {
         pool.dataset(),
     ]);
     assert!(snapshots.trim().is_empty(), "{snapshots}");
+    agent.stop().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_zfs_archive_the_retention_sweep_deletes_leaves_its_restores() {
+    let test = "a_zfs_archive_the_retention_sweep_deletes_leaves_its_restores";
+    let Some(pool) = ZfsPool::create(test) else {
+        return;
+    };
+    let root = pool.export_root().to_owned();
+    // Kept until deleted by hand at first; restored from; then an agent whose default
+    // retention has run out for every archive sweeps it.
+    let keep = ArchiveSettings {
+        default_retention: None,
+        sweep_interval: Duration::from_millis(50),
+    };
+    let agent =
+        TestAgent::start_with_archive(&root, pool.quota_settings(), Default::default(), keep)
+            .await
+            .unwrap();
+    let client = agent.client();
+    let source = path("team/source");
+    let create = CreateVolumeRequest {
+        capacity_bytes: GIB,
+        quota: QuotaPolicy::Enforce,
+        ..CreateVolumeRequest::default()
+    };
+    client.create_volume(&source, &create, None).await.unwrap();
+    write_tree(&root.join("team/source"), false);
+    let before = state_of(&root.join("team/source"));
+    let archived = client.archive_volume(&source, None, None).await.unwrap();
+    let id = archive_id(&archived.archive_path);
+    let request = restore_request(&id, GIB, QuotaPolicy::Enforce);
+    let made = restore_until_ready(&client, &path("team/restored"), &request)
+        .await
+        .unwrap();
+    assert_eq!(made.volume.restore.unwrap().method, CloneMethod::ZfsClone);
+    agent.stop().await.unwrap();
+
+    let expire = ArchiveSettings {
+        default_retention: Some(Duration::ZERO),
+        sweep_interval: Duration::from_millis(50),
+    };
+    let agent =
+        TestAgent::start_with_archive(&root, pool.quota_settings(), Default::default(), expire)
+            .await
+            .unwrap();
+    let client = agent.client();
+    let archive_dir = root.join(&archived.archive_path);
+    common::wait_for(
+        "the sweep to delete the expired archive",
+        Duration::from_secs(60),
+        || !archive_dir.exists(),
+    )
+    .await;
+    assert!(client.list_archives(None).await.unwrap().is_empty());
+    assert_eq!(state_of(&root.join("team/restored")), before);
+    let datasets = pool.child_datasets();
+    assert!(
+        !datasets
+            .iter()
+            .any(|d| d.starts_with(":archive:") || d.starts_with(":held:")),
+        "{datasets:?}"
+    );
+    let metrics = common::call(&agent, "GET", "/metrics", None).body;
+    assert!(
+        metrics.contains("nfsprov_agent_archives_expired_total 1\n")
+            && metrics.contains("nfsprov_agent_archive_deletions_failed_total 0\n"),
+        "{metrics}"
+    );
+    client
+        .delete_volume(&path("team/restored"), None)
+        .await
+        .unwrap();
+    assert!(
+        pool.child_datasets().is_empty(),
+        "{:?}",
+        pool.child_datasets()
+    );
     agent.stop().await.unwrap();
 }
 
