@@ -212,6 +212,7 @@ async fn archive_restore_life(
         "{listed:?}"
     );
     assert_eq!(listed[0].retention_days, Some(30));
+    assert_eq!(client.get_archive(&id, None).await.unwrap(), listed[0]);
     assert_eq!(state_of(&archive_dir), before);
     let second = restore_until_ready(
         &client,

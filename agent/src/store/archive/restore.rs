@@ -24,8 +24,17 @@ use crate::store::snapshot::confirm_restore;
 use crate::store::{Created, NewVolume, Origin, VolumeStore, mounts};
 
 impl VolumeStore {
-    /// The archive `id` as the store knows it (its record, no usage), or `None`.
+    /// The archive `id` as the store knows it, or `None`: with the usage the backend
+    /// knows without a walk, as the listing has it.
     pub fn find_stored_archive(&self, id: &ArchivePath) -> Result<Option<StoredArchive>> {
+        if self.backend.layout() == Layout::Mounts {
+            // One listing of the datasets either way; it carries their figures.
+            return Ok(self
+                .backend
+                .list_archives(&self.root)?
+                .into_iter()
+                .find(|archive| archive.id == *id));
+        }
         let Some(parent) = self.root.open_existing(&archive_components(id.volume()))? else {
             return Ok(None);
         };
