@@ -953,10 +953,10 @@ async fn get_archive(
     raw_id: Result<Path<String>, PathRejection>,
 ) -> ApiResult<Json<Archive>> {
     let id = archive_id(raw_id)?;
-    let archives = state.archives.list().await?;
-    archives
-        .into_iter()
-        .find(|archive| archive.id == id)
+    state
+        .archives
+        .get(&id)
+        .await?
         .map(Json)
         .ok_or_else(|| Failure::new(ErrorCode::NotFound, format!("no archive {id}")))
 }
@@ -1103,25 +1103,15 @@ async fn restore_volume(
     let (path, request): (VolumePath, RestoreVolumeRequest) =
         volume_request(&state, raw_path, &headers, body).await?;
     check_export(&state, &path, request.export.as_ref())?;
-    let name = match request.source() {
-        Ok(RestoreSource::Snapshot(name)) => name,
-        Ok(RestoreSource::Archive(id)) => {
-            return Err(Failure::new(
-                ErrorCode::Unsupported,
-                format!("{path}: this agent does not restore archives (archive {id})"),
-            ));
-        }
-        Err(why) => {
-            return Err(Failure::new(
-                ErrorCode::InvalidBody,
-                format!("{path}: {why}"),
-            ));
-        }
-    };
-    check_snapshots(&state)?;
+    let source = request
+        .source()
+        .map_err(|why| Failure::new(ErrorCode::InvalidBody, format!("{path}: {why}")))?;
+    if matches!(source, RestoreSource::Snapshot(_)) {
+        check_snapshots(&state)?;
+    }
     let export = request.export.clone();
     let wait = clone_answer_wait(state.request_timeout);
-    let result = match state.snapshots.restore(&path, &name, request, wait).await {
+    let result = match state.snapshots.restore(&path, &source, request, wait).await {
         RestoreAnswer::Running(progress) => {
             return Ok((StatusCode::ACCEPTED, Json(progress)).into_response());
         }

@@ -67,6 +67,13 @@ pub struct CloneMetrics {
     pub copy: CopyProgress,
 }
 
+/// A restore: what kind of source it was made from (`snapshot`, `archive`), and how.
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct RestoreLabels {
+    pub source: &'static str,
+    pub method: &'static str,
+}
+
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct SnapshotLabels {
     pub method: &'static str,
@@ -84,8 +91,8 @@ pub struct SnapshotMetrics {
     pub in_progress: Gauge,
     /// Bytes of file data the snapshots made held when made.
     pub bytes: Counter,
-    /// Volumes restored from snapshots, by method.
-    pub restored: Family<CloneLabels, Counter>,
+    /// Volumes restored from snapshots and archives, by source kind and method.
+    pub restored: Family<RestoreLabels, Counter>,
     /// Restores that failed.
     pub restores_failed: Counter,
     /// Updated by the copies themselves.
@@ -245,12 +252,12 @@ impl Metrics {
         );
         registry.register(
             "restores",
-            "Volumes restored from snapshots, by method (btrfs-snapshot, reflink, copy)",
+            "Volumes restored, by source (snapshot, archive) and method (btrfs-snapshot, zfs-clone, reflink, copy)",
             snapshots.restored.clone(),
         );
         registry.register(
             "restores_failed",
-            "Restores from snapshots that could not be made (the log says why)",
+            "Restores from snapshots or archives that could not be made (the log says why)",
             snapshots.restores_failed.clone(),
         );
         registry.register(

@@ -5,9 +5,11 @@
 //! since each holds as many descriptors as a clone's copy.
 //!
 //! A snapshot job holds the locks of its snapshot name and of its source volume; a
-//! restore job those of its snapshot name and of its target path; the name's always
-//! first. So a snapshot is never deleted while a restore reads it, and a source never
-//! changes hands while it is snapshotted. A repeat that finds no job (it ended, or the
+//! restore job those of its snapshot name and of its target path, the name's always
+//! first, or, from an archive, those of the path the archive was made of (which archive
+//! deletion takes) and of its target path, in path order. So a snapshot or an archive is
+//! never deleted while a restore reads it, and a source never changes hands while it is
+//! snapshotted. A repeat that finds no job (it ended, or the
 //! agent restarted) runs it again, which finds the finished snapshot or volume, or starts
 //! over from nothing: an unfinished one is never visible.
 //!
@@ -27,8 +29,8 @@ use nfsprov_api_types::{
 };
 use tokio::sync::{Semaphore, watch};
 
-use crate::metrics::{CloneLabels, SnapshotLabels, SnapshotMetrics};
-use crate::store::{Created, Deleted, StoreError, VolumeStore};
+use crate::metrics::{RestoreLabels, SnapshotLabels, SnapshotMetrics};
+use crate::store::{Created, Deleted, PathGuard, StoreError, VolumeStore};
 
 /// How a snapshot job ended: the snapshot and whether this job took it, or why not.
 pub type SnapshotOutcome = Result<(Snapshot, Created), ApiError>;
@@ -212,17 +214,19 @@ impl Snapshots {
         });
     }
 
-    /// Starts the restore of `request` (from the snapshot `name`, its source) at `path`,
-    /// or joins the job already making it, and waits at most `wait` for it to end. A job
-    /// making something else at `path` is a conflict.
+    /// Starts the restore of `request` (from `source`, its source) at `path`, or joins
+    /// the job already making it, and waits at most `wait` for it to end. A job making
+    /// something else at `path` is a conflict.
     pub async fn restore(
         &self,
         path: &VolumePath,
-        name: &SnapshotName,
+        source: &RestoreSource,
         request: RestoreVolumeRequest,
         wait: Duration,
     ) -> RestoreAnswer {
-        if self.making.info(name).is_some() {
+        if let RestoreSource::Snapshot(name) = source
+            && self.making.info(name).is_some()
+        {
             return RestoreAnswer::Done(Err(ApiError::new(
                 ErrorCode::NotReady,
                 format!(
@@ -231,7 +235,7 @@ impl Snapshots {
             )));
         }
         let joined = self.restoring.join_or_start(path, &request, (), |end, _| {
-            self.start_restore(path.clone(), name.clone(), request.clone(), end);
+            self.start_restore(path.clone(), source.clone(), request.clone(), end);
         });
         let (done, started, ()) = match joined {
             Ok(joined) => joined,
@@ -250,7 +254,7 @@ impl Snapshots {
         match wait_for(done, wait).await {
             Some(outcome) => RestoreAnswer::Done(outcome),
             None => RestoreAnswer::Running(RestoreProgress {
-                source: RestoreSource::Snapshot(name.clone()),
+                source: source.clone(),
                 running_seconds: started.elapsed().as_secs(),
             }),
         }
@@ -259,7 +263,7 @@ impl Snapshots {
     fn start_restore(
         &self,
         path: VolumePath,
-        name: SnapshotName,
+        source: RestoreSource,
         request: RestoreVolumeRequest,
         end: JobEnd<VolumePath, RestoreVolumeRequest, RestoreOutcome, ()>,
     ) {
@@ -271,17 +275,16 @@ impl Snapshots {
                 .acquire_owned()
                 .await
                 .expect("the job slots are never closed");
-            let name_guard = store.lock_snapshot(&name).await;
-            let path_guard = store.lock(&path).await;
+            let guards = lock_restore(&store, &path, &source).await;
             metrics.in_progress.inc();
             let work = {
                 let store = store.clone();
                 let path = path.clone();
-                let name = name.clone();
+                let source = source.clone();
                 let request = request.clone();
                 let progress = metrics.copy.clone();
                 tokio::task::spawn_blocking(move || {
-                    store.restore_volume(&path, &name, &request, &progress)
+                    store.restore_volume(&path, &source, &request, &progress)
                 })
             };
             let outcome = match work.await {
@@ -291,7 +294,8 @@ impl Snapshots {
                     {
                         metrics
                             .restored
-                            .get_or_create(&CloneLabels {
+                            .get_or_create(&RestoreLabels {
+                                source: source_label(&origin.source),
                                 method: method_label(origin.method),
                             })
                             .inc();
@@ -301,7 +305,7 @@ impl Snapshots {
                 }
                 Ok(Err(e)) => {
                     metrics.restores_failed.inc();
-                    tracing::warn!(%path, snapshot = %name, error = %e, "restore failed");
+                    tracing::warn!(%path, %source, error = %e, "restore failed");
                     Err(e.to_api_error())
                 }
                 Err(e) => {
@@ -313,11 +317,45 @@ impl Snapshots {
                 }
             };
             metrics.in_progress.dec();
-            drop(path_guard);
-            drop(name_guard);
+            drop(guards);
             drop(slot);
             end.finish(outcome);
         });
+    }
+}
+
+/// The locks a restore from `source` to `path` holds: a snapshot's name first, then
+/// the path; for an archive, the path it was made of (which its deletion takes) and
+/// `path`, in one order for every job, as clone jobs take theirs.
+async fn lock_restore(
+    store: &VolumeStore,
+    path: &VolumePath,
+    source: &RestoreSource,
+) -> Vec<PathGuard> {
+    match source {
+        RestoreSource::Snapshot(name) => {
+            vec![store.lock_snapshot(name).await, store.lock(path).await]
+        }
+        RestoreSource::Archive(id) => {
+            let archived = id.volume();
+            if archived == path {
+                return vec![store.lock(path).await];
+            }
+            let (first, second) = if path < archived {
+                (path, archived)
+            } else {
+                (archived, path)
+            };
+            vec![store.lock(first).await, store.lock(second).await]
+        }
+    }
+}
+
+/// The kind of source a restore was made from, as the restore metrics label it.
+fn source_label(source: &RestoreSource) -> &'static str {
+    match source {
+        RestoreSource::Snapshot(_) => "snapshot",
+        RestoreSource::Archive(_) => "archive",
     }
 }
 

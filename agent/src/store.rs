@@ -42,7 +42,7 @@ use std::sync::{Arc, RwLock};
 use nfsprov_api_types::{
     AdoptVolumeRequest, ArchiveEntry, ArchivePath, ArchiveResult, CloneMethod, CloneOrigin,
     CloneVolumeRequest, CreateVolumeRequest, FilesystemStats, QuotaBackend, QuotaPolicy,
-    RestoreOrigin, RestoreSource, SnapshotName, Volume, VolumeOwner, VolumePath, VolumeUsage,
+    RestoreOrigin, RestoreSource, Volume, VolumeOwner, VolumePath, VolumeUsage,
 };
 use rustix::fs::{AtFlags, FileType, Mode, RenameFlags};
 use rustix::io::Errno;
@@ -671,7 +671,12 @@ impl VolumeStore {
                     .clone_volume(&self.root, source, &target, progress)
                     .and_then(|made| self.durable.sync_filesystem().map(|()| made));
                 let (quota, method) = match made {
-                    Ok(made) => made,
+                    Ok(made) => {
+                        if matches!(wanted.origin, Origin::Restore(_)) {
+                            snapshot::hold_restore_if_asked();
+                        }
+                        made
+                    }
                     Err(e) => {
                         // Whatever the backend left goes now, not at the next start.
                         if let Err(left) =
@@ -706,7 +711,12 @@ impl VolumeStore {
                     limit,
                 };
                 let (quota, method) = match &wanted.origin {
-                    Origin::Restore(name) => self.backend.clone_kept_snapshot(name, &target)?,
+                    Origin::Restore(RestoreSource::Snapshot(name)) => {
+                        self.backend.clone_kept_snapshot(name, &target)?
+                    }
+                    Origin::Restore(RestoreSource::Archive(id)) => {
+                        self.backend.clone_archive(&self.root, id, &target)?
+                    }
                     Origin::Clone(_) => self
                         .backend
                         .clone_volume(&self.root, source, &target, progress)?,
@@ -1324,7 +1334,7 @@ struct NewVolume<'a> {
 /// Where a new volume's data came from, as its record keeps it.
 enum Origin<'a> {
     Clone(&'a VolumePath),
-    Restore(&'a SnapshotName),
+    Restore(&'a RestoreSource),
 }
 
 impl Origin<'_> {
@@ -1336,9 +1346,9 @@ impl Origin<'_> {
                     method,
                 });
             }
-            Origin::Restore(name) => {
+            Origin::Restore(source) => {
                 record.restore = Some(RestoreOrigin {
-                    source: RestoreSource::Snapshot((*name).clone()),
+                    source: (*source).clone(),
                     method,
                 });
             }
@@ -1609,6 +1619,18 @@ mod tests {
             .into_iter()
             .map(|a| a.id.to_string())
             .collect()
+    }
+
+    #[test]
+    fn a_volume_made_where_one_was_archived_is_listed_once_with_its_own_record() {
+        let (_dir, store) = store();
+        store.create(&path("a"), &owned_request("first")).unwrap();
+        store.archive(&path("a"), None).unwrap();
+        store.create(&path("a"), &owned_request("second")).unwrap();
+        let listed = store.list().unwrap();
+        assert_eq!(listed.len(), 1, "{listed:?}");
+        assert_eq!(listed[0].owner.pvc_name.as_deref(), Some("second"));
+        assert_eq!(store.list_page(None, 10).unwrap().0, listed);
     }
 
     #[test]

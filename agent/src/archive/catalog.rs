@@ -83,6 +83,25 @@ impl Archives {
         Ok((page, next))
     }
 
+    /// The archive `id`, described as [`Self::list`] describes it, or `None`: only it
+    /// is looked up and measured.
+    pub async fn get(&self, id: &ArchivePath) -> Result<Option<Archive>, StoreError> {
+        let store = self.store.clone();
+        let target = id.clone();
+        let found = tokio::task::spawn_blocking(move || store.find_stored_archive(&target))
+            .await
+            .unwrap_or_else(|e| Err(task_failed(e)))?;
+        let Some(archive) = found else {
+            return Ok(None);
+        };
+        let usage = self
+            .sizes_of(std::slice::from_ref(&archive))
+            .await
+            .pop()
+            .flatten();
+        Ok(Some(self.describe(&archive, usage)))
+    }
+
     async fn sizes_of(&self, stored: &[StoredArchive]) -> Vec<Option<VolumeUsage>> {
         futures::future::join_all(stored.iter().map(|archive| async {
             match archive.usage {

@@ -174,6 +174,22 @@ pub trait VolumeBackend: Debug + Send + Sync {
         )))
     }
 
+    /// [`Layout::Mounts`] only: makes the target a volume holding what the archive `id`
+    /// holds, leaving the archive as it is, limited like [`Self::make`]. Answers as
+    /// [`Self::clone_volume`].
+    fn clone_archive(
+        &self,
+        root: &Root,
+        id: &ArchivePath,
+        target: &CloneTarget<'_>,
+    ) -> Result<(Option<QuotaRecord>, CloneMethod)> {
+        let _ = (root, target);
+        Err(StoreError::Unsupported(format!(
+            "archive {id}: {} volumes are restored from the archive's directory",
+            self.kind()
+        )))
+    }
+
     /// Refuses, saying why, when a plain directory already at `path` cannot become a
     /// volume of this kind just by recording it.
     fn check_adoptable(&self, path: &VolumePath) -> Result<()> {

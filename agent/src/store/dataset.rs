@@ -151,6 +151,25 @@ impl VolumeBackend for DatasetBackend {
         ))
     }
 
+    /// A ZFS clone of a new snapshot of the archived dataset: instant, and the archive
+    /// stays as it is. Deleting the archive promotes the clone first (see `zfs`'s
+    /// "Clones"), so the restore outlives it.
+    fn clone_archive(
+        &self,
+        root: &Root,
+        id: &ArchivePath,
+        target: &CloneTarget<'_>,
+    ) -> Result<(Option<QuotaRecord>, CloneMethod)> {
+        refuse_plain_directory(root, target.parent, target.name, target.path)?;
+        self.zfs
+            .clone_archive(&archive_path(id), target.path, target.limit)
+            .map_err(|e| zfs_error(format!("restore {} from archive {id}", target.path), e))?;
+        Ok((
+            target.limit.map(|_| QuotaRecord::of(QuotaBackend::Zfs)),
+            CloneMethod::ZfsClone,
+        ))
+    }
+
     /// A volume is a dataset of its own, and a directory of the root dataset becomes one
     /// only by copying its data, which adoption never does.
     fn check_adoptable(&self, path: &VolumePath) -> Result<()> {

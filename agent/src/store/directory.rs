@@ -707,11 +707,18 @@ impl VolumeBackend for DirectoryBackend {
     /// archived or vanished volume is not listed and no tenant's tree is walked.
     fn list(&self, root: &Root) -> Result<Vec<(VolumePath, VolumeRecord)>> {
         let mut found = Vec::new();
-        for (recorded, record) in self.records()?.all()? {
+        // An archive keeps the record of the volume it was, under the same path: a volume
+        // made at that path since must be listed once, with its own record.
+        let mut seen = std::collections::HashSet::new();
+        for (recorded, _) in self.records()?.all()? {
             let Ok(path) = VolumePath::parse(&recorded) else {
                 continue;
             };
-            if confirmed(root, self.records()?, &path)?.is_some() {
+            if seen.contains(&path) {
+                continue;
+            }
+            if let Some(record) = confirmed(root, self.records()?, &path)? {
+                seen.insert(path.clone());
                 found.push((path, record));
             }
         }

@@ -527,14 +527,15 @@ impl VolumeStore {
         Ok(Deleted::Removed)
     }
 
-    /// Makes the volume at `path` from the ready snapshot `name` (the request's source), as a clone
-    /// is made from a volume (a writable btrfs snapshot of a btrfs snapshot, else reflinks
-    /// or a copy), or confirms it is there already. Callers hold the locks of the
-    /// snapshot and of `path`, in that order.
+    /// Makes the volume at `path` from `source` (the request's), a ready snapshot or an
+    /// archive, as a clone is made from a volume (a writable btrfs snapshot of a btrfs
+    /// snapshot or archived subvolume, a ZFS clone, else reflinks or a copy), or confirms
+    /// it is there already. Callers hold the locks of the source (a snapshot's, or the
+    /// path an archive was made of) and of `path`.
     pub fn restore_volume(
         &self,
         path: &VolumePath,
-        name: &SnapshotName,
+        source: &RestoreSource,
         request: &RestoreVolumeRequest,
         progress: &CopyProgress,
     ) -> Result<(Volume, Created)> {
@@ -544,10 +545,29 @@ impl VolumeStore {
             .walk_parents(path, true)?
             .ok_or_else(|| not_found(path))?;
         if let Some(existing) = self.backend.find(&self.root, parent.as_fd(), path)? {
-            let confirmed = confirm_restore(path, existing, name, request)?;
+            let confirmed = confirm_restore(path, existing, source, request)?;
             self.settle(path, parent.as_fd())?;
             return Ok(confirmed);
         }
+        match source {
+            RestoreSource::Snapshot(name) => {
+                self.restore_from_snapshot(parent.as_fd(), path, source, name, request, progress)
+            }
+            RestoreSource::Archive(id) => {
+                self.restore_from_archive(parent.as_fd(), path, source, id, request, progress)
+            }
+        }
+    }
+
+    fn restore_from_snapshot(
+        &self,
+        parent: BorrowedFd<'_>,
+        path: &VolumePath,
+        source: &RestoreSource,
+        name: &SnapshotName,
+        request: &RestoreVolumeRequest,
+        progress: &CopyProgress,
+    ) -> Result<(Volume, Created)> {
         let area = Area::open(&self.root)?;
         let Some(record) = area.read(name)? else {
             return Err(StoreError::NotFound(format!(
@@ -565,7 +585,7 @@ impl VolumeStore {
             })?,
         };
         let found = record_as_found(dir.as_fd(), path, record.restore_size_bytes, &request.owner)?;
-        let source = CloneSource {
+        let clone_source = CloneSource {
             path: &record.source,
             dir: dir.as_fd(),
             record: &found,
@@ -575,10 +595,10 @@ impl VolumeStore {
             capacity_bytes: request.capacity_bytes,
             owner: &request.owner,
             quota: request.quota,
-            origin: Origin::Restore(name),
+            origin: Origin::Restore(source),
         };
-        self.make_from(parent.as_fd(), &source, &wanted, progress, |existing| {
-            confirm_restore(path, existing, name, request)
+        self.make_from(parent, &clone_source, &wanted, progress, |existing| {
+            confirm_restore(path, existing, source, request)
         })
     }
 
@@ -704,16 +724,15 @@ fn check_restore_size(
 }
 
 /// A repeated restore is confirmed only when the volume there was restored from the same
-/// snapshot, with the same capacity, owner and quota.
-fn confirm_restore(
+/// snapshot or archive, with the same capacity, owner and quota.
+pub(super) fn confirm_restore(
     path: &VolumePath,
     existing: VolumeRecord,
-    name: &SnapshotName,
+    wanted: &RestoreSource,
     request: &RestoreVolumeRequest,
 ) -> Result<(Volume, Created)> {
-    let wanted = RestoreSource::Snapshot(name.clone());
     let origin = match &existing.restore {
-        Some(origin) if origin.source == wanted => None,
+        Some(origin) if origin.source == *wanted => None,
         Some(origin) => Some(format!(
             "restored from {} (requested from {wanted})",
             origin.source
@@ -738,6 +757,19 @@ fn confirm_restore(
 fn hold_if_asked() {
     #[cfg(debug_assertions)]
     if let Some(held) = std::env::var_os("NFSPROV_AGENT_HOLD_SNAPSHOTS")
+        && let Ok(file) = std::fs::File::open(held)
+    {
+        let _ = file.lock_shared();
+    }
+}
+
+/// Keeps a restore's finished copy from being placed at its path until the test that
+/// asked lets it go, so a test can stop the agent while a restore is being made. Only
+/// debug builds read `NFSPROV_AGENT_HOLD_RESTORES`, the path of a file locked as for
+/// `NFSPROV_AGENT_HOLD_SNAPSHOTS`. A release agent never waits.
+pub(super) fn hold_restore_if_asked() {
+    #[cfg(debug_assertions)]
+    if let Some(held) = std::env::var_os("NFSPROV_AGENT_HOLD_RESTORES")
         && let Ok(file) = std::fs::File::open(held)
     {
         let _ = file.lock_shared();

@@ -371,20 +371,56 @@ impl Zfs {
         refquota: Option<u64>,
     ) -> Result<()> {
         let source_name = self.dataset_name(source)?;
+        let finished = |zfs: &Self| match zfs.volume_dataset(&source_name, source, &[])? {
+            VolumeDataset::Finished(_) => Ok(()),
+            _ => Err(ZfsError::NotFound(format!(
+                "no volume at {source} to clone (no finished dataset {source_name} of the agent's)"
+            ))),
+        };
+        self.clone_dataset(&source_name, source.as_str(), path, refquota, finished)
+    }
+
+    /// Makes the dataset for `path` a clone of the archived dataset mounted at `location`
+    /// (relative to the export root), as [`Zfs::clone_volume`] clones a volume's: a new
+    /// clone snapshot of the archive, cloned. The archive stays as it is; deleting it
+    /// later promotes the clone first, as deleting any clone's source does (see
+    /// "Clones").
+    pub fn clone_archive(
+        &self,
+        location: &str,
+        path: &VolumePath,
+        refquota: Option<u64>,
+    ) -> Result<()> {
+        let archive = self
+            .archives()?
+            .into_iter()
+            .find(|archive| archive.location == location)
+            .ok_or_else(|| {
+                ZfsError::NotFound(format!(
+                    "no archived dataset at {location} to restore {path} from"
+                ))
+            })?;
+        self.clone_dataset(&archive.name, location, path, refquota, |_| Ok(()))
+    }
+
+    /// Clones a new clone snapshot of the agent's dataset `source_name` (called `source`
+    /// in messages) as the dataset for `path`, once the names fit and `check_source`
+    /// finds the source fit to clone.
+    fn clone_dataset(
+        &self,
+        source_name: &str,
+        source: &str,
+        path: &VolumePath,
+        refquota: Option<u64>,
+        check_source: impl FnOnce(&Self) -> Result<()>,
+    ) -> Result<()> {
         let name = self.dataset_name(path)?;
         let quota = quota_value(refquota)?;
         let snapshot_name = clone_snapshot_name();
-        self.check_clone_names(source, path, &[&source_name, &name], &snapshot_name)?;
+        self.check_clone_names(source, path, &[source_name, &name], &snapshot_name)?;
         let snapshot = format!("{source_name}@{snapshot_name}");
         let mountpoint = self.mountpoint(path.as_str())?;
-        if !matches!(
-            self.volume_dataset(&source_name, source, &[])?,
-            VolumeDataset::Finished(_)
-        ) {
-            return Err(ZfsError::NotFound(format!(
-                "no volume at {source} to clone (no finished dataset {source_name} of the agent's)"
-            )));
-        }
+        check_source(self)?;
         self.clear_the_way(&name, path)?;
         self.run(&commands::snapshot(&snapshot))?;
         let refquota_value = refquota.is_some().then_some(quota.as_str());
@@ -644,7 +680,7 @@ impl Zfs {
     /// then crashes on every listing of the pool.
     fn check_clone_names(
         &self,
-        source: &VolumePath,
+        source: &str,
         path: &VolumePath,
         names: &[&str],
         snapshot_name: &str,
@@ -665,7 +701,7 @@ impl Zfs {
     fn clone_failure(
         &self,
         error: ZfsError,
-        source: &VolumePath,
+        source: &str,
         snapshot: &str,
         refquota: Option<u64>,
     ) -> ZfsError {

@@ -1403,3 +1403,43 @@ fn a_kept_snapshot_clones_depend_on_is_deferred_and_a_held_dataset_goes_with_its
     assert!(!f.zfs.drop_snapshot("snap-2").unwrap());
     assert_eq!(f.calls().len(), 1);
 }
+
+#[test]
+fn an_archive_is_restored_by_a_clone_of_a_new_snapshot_of_its_dataset() {
+    let f = fixture();
+    f.runner
+        .reply(Ok(&archive_listing(f.root.path())))
+        .reply(Err(missing()));
+    f.zfs
+        .clone_archive(
+            ".archive/b/@20260102T030405.000000006Z",
+            &path("ns/claim"),
+            Some(1 << 20),
+        )
+        .unwrap();
+    assert_eq!(
+        f.calls(),
+        [
+            LIST_ARCHIVES,
+            GET_VOLUME,
+            "zfs snapshot tank/export/:archive:77@nfsprov-clone-<n>",
+            "zfs clone -o mountpoint=<root>/ns/claim -o nfsprov:path=ns/claim -o refquota=1048576 tank/export/:archive:77@nfsprov-clone-<n> tank/export/ns:claim",
+        ]
+    );
+
+    // Nothing archived there, or a dataset there that is not the agent's archive: not
+    // found, and nothing but the listing ran.
+    for location in [
+        ".archive/b/@20000101T000000.000000000Z",
+        ".archive/z/@20260102T030405.000000006Z",
+    ] {
+        let f = fixture();
+        f.runner.reply(Ok(&archive_listing(f.root.path())));
+        let err = f
+            .zfs
+            .clone_archive(location, &path("ns/claim"), None)
+            .unwrap_err();
+        assert!(matches!(err, ZfsError::NotFound(_)), "{location}: {err}");
+        assert_eq!(f.calls(), [LIST_ARCHIVES]);
+    }
+}
