@@ -343,3 +343,54 @@ async fn archive_restores_that_must_not_be_made_are_refused_with_no_volume() {
     );
     cluster.finish().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_archive_agent_that_does_not_answer_is_waited_for_not_refused() {
+    let mut cluster = Cluster::start().await;
+    cluster.class("elsewhere", json!({"agents": "nfs2"})).await;
+    let id = cluster.agents[1].insert_archive("default/old", Some("default/old"), Some(GIB));
+    cluster.agents[1].stop().await;
+    claim(
+        &cluster,
+        "default",
+        "later",
+        "elsewhere",
+        "1Gi",
+        naming("nfs2", &id),
+    )
+    .await;
+    event(
+        &cluster,
+        "default",
+        "later",
+        "ProvisioningFailed",
+        &format!("cannot read archive nfs2:{id}: agent unreachable"),
+    )
+    .await;
+    // Waiting, not refused for good: the attempt is made again, and announced again.
+    let deadline = tokio::time::Instant::now() + WAIT;
+    loop {
+        let failures = Api::<Event>::namespaced(cluster.client.clone(), "default")
+            .list(&ListParams::default())
+            .await
+            .unwrap()
+            .items
+            .into_iter()
+            .filter(|e| e.reason.as_deref() == Some("ProvisioningFailed"))
+            .map(|e| e.series.map_or(1, |s| s.count))
+            .sum::<i32>();
+        if failures >= 2 {
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the claim was not tried again"
+        );
+        tokio::time::sleep(POLL).await;
+    }
+    assert_eq!(
+        phase(&cluster, "default", "later").await.as_deref(),
+        Some("Pending")
+    );
+    cluster.finish().await;
+}
