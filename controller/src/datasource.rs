@@ -3,17 +3,21 @@
 //! Snapshot it is restored from. A source claim must be in the same namespace and class,
 //! Bound to a volume this provisioner made, on an agent the class allows, and the new
 //! claim at least as large; a snapshot must be of the same namespace, ready, on an agent
-//! the class allows, and no larger than the claim. The agent does the copy next to the
-//! data, so no byte crosses the network.
+//! the class allows, and no larger than the claim. A claim annotated with an archive
+//! (`archive_restore`) is made from it where the archive is of the claim's own namespace,
+//! on an agent the class allows, and no larger than the claim. The agent does the copy
+//! next to the data, so no byte crosses the network.
 
 use k8s_openapi::api::core::v1::PersistentVolumeClaim;
 use kube::ResourceExt;
 use kube::api::Api;
 use kube::runtime::reflector::ObjectRef;
-use nfsprov_api_types::{SnapshotName, VolumePath};
+use nfsprov_api_types::{ErrorCode, SnapshotName, VolumePath};
+use nfsprov_vocabulary::archive_restore::{self, ArchiveSource};
 use nfsprov_vocabulary::quantity;
 use nfsprov_vocabulary::snapshots::{self, Snapshot};
 
+use crate::agents::Agent;
 use crate::context::Context;
 use crate::objects::{claim_class, is_ours, requested, volume_name};
 
@@ -50,6 +54,9 @@ impl std::fmt::Display for SourceSnapshot {
 pub enum Requested {
     Claim(SourceClaim),
     Snapshot(SourceSnapshot),
+    /// Named by the claim's annotations, not its data source: an archive id is no object
+    /// name, and the data source path wants a kind.
+    Archive(ArchiveSource),
 }
 
 impl std::fmt::Display for Requested {
@@ -57,6 +64,7 @@ impl std::fmt::Display for Requested {
         match self {
             Requested::Claim(claim) => write!(f, "claim {claim}"),
             Requested::Snapshot(snapshot) => write!(f, "snapshot {snapshot}"),
+            Requested::Archive(archive) => write!(f, "archive {archive}"),
         }
     }
 }
@@ -107,9 +115,19 @@ impl SourceProblem {
 /// newer field and may name a namespace), else `dataSource`. Only claims and `nfsprov.dev`
 /// Snapshots of the same namespace can be sources; other kinds are refused.
 pub fn requested_source(pvc: &PersistentVolumeClaim) -> Result<Option<Requested>, SourceProblem> {
+    let archive = archive_restore::requested(pvc.metadata.annotations.as_ref())
+        .map_err(SourceProblem::permanent)?;
     let Some(spec) = pvc.spec.as_ref() else {
-        return Ok(None);
+        return Ok(archive.map(Requested::Archive));
     };
+    if let Some(archive) = archive {
+        if spec.data_source.is_some() || spec.data_source_ref.is_some() {
+            return Err(SourceProblem::permanent(format!(
+                "the claim names archive {archive} in its annotations and a dataSource too: a volume is made from one source; remove spec.dataSource/dataSourceRef or the archive annotations"
+            )));
+        }
+        return Ok(Some(Requested::Archive(archive)));
+    }
     let namespace = pvc.namespace().unwrap_or_default();
     let (kind, group, name, other_namespace) = match (&spec.data_source_ref, &spec.data_source) {
         (Some(r), _) => (
@@ -206,6 +224,39 @@ fn check_snapshot(
         agent,
         name,
     })
+}
+
+/// Checks the archive a claim of `namespace` is made from, on its agent: it must exist
+/// (an agent that does not answer may yet), be of the claim's namespace and fit in
+/// `requested_bytes` (which only a change of the claim can cure).
+pub async fn resolve_archive(
+    agent: &Agent,
+    source: &ArchiveSource,
+    namespace: &str,
+    requested_bytes: u64,
+    request_id: &str,
+) -> Result<(), SourceProblem> {
+    let archive = match agent
+        .client()
+        .get_archive(&source.id, Some(request_id))
+        .await
+    {
+        Ok(archive) => archive,
+        Err(e) if e.code() == Some(ErrorCode::NotFound) => {
+            return Err(SourceProblem::permanent(format!(
+                "archive {source} does not exist: agent {} has no archive {} (kubectl nfsprov archives lists them)",
+                source.agent, source.id
+            )));
+        }
+        Err(e) => {
+            return Err(SourceProblem::waiting(format!(
+                "cannot read archive {source}: {e}; the volume is made once the agent answers"
+            )));
+        }
+    };
+    archive_restore::check_namespace(source, &archive, namespace)
+        .and_then(|()| archive_restore::check_capacity(source, &archive, requested_bytes))
+        .map_err(SourceProblem::permanent)
 }
 
 /// Checks the source claim and finds its volume. `class_name` and `requested_bytes` are
@@ -424,6 +475,38 @@ mod tests {
         let deleting = check_source_claim(&deleting, &source(), "nfs", 1 << 30).unwrap_err();
         assert!(deleting.message.contains("being deleted"), "{deleting:?}");
     }
+    #[test]
+    fn archive_annotations_name_a_source_but_never_beside_a_data_source() {
+        use nfsprov_vocabulary::names::{ANN_RESTORE_ARCHIVE, ANN_RESTORE_ARCHIVE_AGENT};
+        let id = "team/old/@20260101T000000.000000000Z";
+        let mut pvc = claim("nfs", "1Gi", "Pending");
+        pvc.metadata.annotations = Some(BTreeMap::from([
+            (ANN_RESTORE_ARCHIVE.to_owned(), id.to_owned()),
+            (ANN_RESTORE_ARCHIVE_AGENT.to_owned(), "nfs1".to_owned()),
+        ]));
+        let Ok(Some(Requested::Archive(archive))) = requested_source(&pvc) else {
+            panic!("{:?}", requested_source(&pvc));
+        };
+        assert_eq!(archive.to_string(), format!("nfs1:{id}"));
+        pvc.spec.as_mut().unwrap().data_source = Some(TypedLocalObjectReference {
+            kind: "PersistentVolumeClaim".into(),
+            name: "other".into(),
+            api_group: None,
+        });
+        let both = requested_source(&pvc).unwrap_err();
+        assert!(!both.may_resolve);
+        assert!(both.message.contains("and a dataSource too"), "{both:?}");
+        pvc.spec.as_mut().unwrap().data_source = None;
+        pvc.metadata
+            .annotations
+            .as_mut()
+            .unwrap()
+            .remove(ANN_RESTORE_ARCHIVE_AGENT);
+        let half = requested_source(&pvc).unwrap_err();
+        assert!(!half.may_resolve);
+        assert!(half.message.contains("names no agent"), "{half:?}");
+    }
+
     #[test]
     fn a_snapshot_of_the_namespace_is_a_source_and_must_be_ready_and_fit() {
         let mut pvc = claim("nfs", "1Gi", "Pending");

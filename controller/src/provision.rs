@@ -17,6 +17,8 @@ use nfsprov_api_types::{
     ExportRequest, NfsExport, QuotaBackend, QuotaPolicy, RestoreProgress, RestoreSource,
     RestoreVolumeRequest, VolumeOwner, VolumePath,
 };
+use nfsprov_vocabulary::archive_restore::ArchiveSource;
+use nfsprov_vocabulary::names::ANN_RESTORED_FROM_ARCHIVE;
 use nfsprov_vocabulary::params::ClassParams;
 use nfsprov_vocabulary::pattern::RenderInput;
 use nfsprov_vocabulary::quantity;
@@ -27,7 +29,7 @@ use crate::agents::{Agent, BUSY_RETRY, InfoError, request_id};
 use crate::context::{Context, Error};
 use crate::datasource::{
     ReadySnapshot, Requested, SourceProblem, SourceVolume, requested_source, resolve,
-    resolve_snapshot,
+    resolve_archive, resolve_snapshot,
 };
 use crate::objects::{
     ANN_CLONE_METHOD, ANN_SELECTED_NODE, claim_class, claim_is_bound, claim_key, claim_provisioner,
@@ -218,6 +220,8 @@ enum Provisioned {
 enum Origin {
     Clone(SourceVolume),
     Restore(ReadySnapshot),
+    /// An archive of the claim's namespace, checked on its agent.
+    Archive(ArchiveSource),
 }
 
 impl Origin {
@@ -225,6 +229,7 @@ impl Origin {
         match self {
             Origin::Clone(source) => &source.agent,
             Origin::Restore(snapshot) => &snapshot.agent,
+            Origin::Archive(archive) => &archive.agent,
         }
     }
 
@@ -235,6 +240,10 @@ impl Origin {
             Origin::Restore(snapshot) => (
                 format!("the snapshot {}", snapshot.snapshot),
                 "a restored volume",
+            ),
+            Origin::Archive(archive) => (
+                format!("the archive {}", archive.id),
+                "a volume made from an archive",
             ),
         }
     }
@@ -294,6 +303,7 @@ async fn announce(pvc: &PersistentVolumeClaim, class: &StorageClass, ctx: &Conte
         .map(|s| match s {
             Requested::Claim(claim) => format!(", cloning claim {claim}"),
             Requested::Snapshot(snapshot) => format!(", restoring snapshot {snapshot}"),
+            Requested::Archive(archive) => format!(", restoring archive {archive}"),
         })
         .unwrap_or_default();
     ctx.event(
@@ -370,6 +380,14 @@ async fn provision(
         Some(Requested::Snapshot(snapshot)) => Some(Origin::Restore(
             resolve_snapshot(ctx, &snapshot, wanted.capacity_bytes).await?,
         )),
+        // The class must allow the archive's agent before that agent is asked anything.
+        Some(Requested::Archive(archive)) => {
+            let origin = Origin::Archive(archive.clone());
+            let agent = source_agent(ctx, &wanted.params.agents, class_name, &origin)?;
+            let namespace = pvc.namespace().unwrap_or_default();
+            resolve_archive(&agent, &archive, &namespace, wanted.capacity_bytes, &rid).await?;
+            Some(origin)
+        }
         None => None,
     };
     let agent = match &source {
@@ -456,7 +474,8 @@ enum Request {
         request: CloneVolumeRequest,
         from: String,
     },
-    /// A restore of the Snapshot `from` (`namespace/name`).
+    /// A restore of the Snapshot `from` (`namespace/name`), or of the archive `from`
+    /// (`agent:id`) when the request names an archive.
     Restore {
         request: RestoreVolumeRequest,
         from: String,
@@ -536,6 +555,17 @@ fn plan(
                 )
             },
             from: snapshot.snapshot.to_string(),
+        },
+        Some(Origin::Archive(archive)) => Request::Restore {
+            request: RestoreVolumeRequest {
+                quota: params.quota,
+                ..RestoreVolumeRequest::from_source(
+                    RestoreSource::Archive(archive.id.clone()),
+                    wanted.capacity_bytes,
+                    owner,
+                )
+            },
+            from: archive.to_string(),
         },
     };
     Ok(Plan {
@@ -670,7 +700,12 @@ async fn make(
             }
         }
         Request::Restore { request, from } => {
-            let what = format!("could not restore snapshot {from} into {path}");
+            let kind = if request.archive.is_some() {
+                "archive"
+            } else {
+                "snapshot"
+            };
+            let what = format!("could not restore {kind} {from} into {path}");
             match agent
                 .client()
                 .restore_volume(path, request, Some(rid))
@@ -680,8 +715,9 @@ async fn make(
                 Ok(RestoreOutcome::InProgress(progress)) => {
                     return Ok(Making::Restoring(progress));
                 }
-                // The snapshot is gone from the agent, or the agent cannot restore: only a
-                // change of the claim (or of the Snapshot, which triggers one) helps.
+                // The snapshot or archive is gone from the agent, or the agent cannot
+                // restore: only a change of the claim (or of the Snapshot, which triggers
+                // one) helps.
                 Err(e)
                     if matches!(e.code(), Some(ErrorCode::Unsupported | ErrorCode::NotFound))
                         && calls.quota != QuotaPolicy::Enforce =>
@@ -741,7 +777,7 @@ async fn save(
         cloned_from,
     });
     let mut volume = volume;
-    if let Request::Restore { from, .. } = &plan.request {
+    if let Request::Restore { from, request } = &plan.request {
         let method = made
             .outcome
             .volume
@@ -752,7 +788,12 @@ async fn save(
             .metadata
             .annotations
             .get_or_insert_with(Default::default);
-        annotations.insert(ANN_RESTORED_FROM.to_owned(), from.clone());
+        let key = if request.archive.is_some() {
+            ANN_RESTORED_FROM_ARCHIVE
+        } else {
+            ANN_RESTORED_FROM
+        };
+        annotations.insert(key.to_owned(), from.clone());
         annotations.insert(ANN_CLONE_METHOD.to_owned(), method.to_string());
     }
     let api = Api::<PersistentVolume>::all(ctx.client.clone());
@@ -931,6 +972,31 @@ mod tests {
         );
         assert_eq!(request.capacity_bytes, 1 << 30);
         assert_eq!(request.owner.pvc_name.as_deref(), Some("data"));
+    }
+
+    #[test]
+    fn a_volume_from_an_archive_is_restored_at_the_claims_size_and_names_the_archive() {
+        let wanted = wanted_of(&[(PARAM_MODE, "0700"), (PARAM_QUOTA, "off")]);
+        let archive = ArchiveSource {
+            agent: "nfs1".into(),
+            id: nfsprov_api_types::ArchivePath::parse("team-a/old/@20260101T000000.000000000Z")
+                .unwrap(),
+        };
+        let plan = plan(
+            &claim("nfs"),
+            "nfs",
+            &wanted,
+            Some(&Origin::Archive(archive.clone())),
+        )
+        .unwrap();
+        let Request::Restore { request, from } = &plan.request else {
+            panic!("a claim with an archive is restored: {plan:?}");
+        };
+        assert_eq!(from, "nfs1:team-a/old/@20260101T000000.000000000Z");
+        assert_eq!(request.source(), Ok(RestoreSource::Archive(archive.id)));
+        assert_eq!(request.capacity_bytes, 1 << 30);
+        assert_eq!(request.quota, QuotaPolicy::Off);
+        assert_eq!(request.owner.pvc_namespace.as_deref(), Some("team-a"));
     }
 
     #[test]

@@ -199,7 +199,7 @@ fn plan_one(
 }
 
 /// The agent's client, from connection files or from the cluster's agent Secrets.
-async fn agent_client(
+pub(crate) async fn agent_client(
     target: &Target,
     name: &str,
     agents_dir: Option<&Path>,

@@ -17,6 +17,7 @@ pub mod exports;
 pub mod orphans;
 pub mod probe;
 pub mod report;
+pub mod restore;
 pub mod snapshots;
 pub mod status;
 pub mod table;
@@ -108,6 +109,37 @@ pub enum Command {
         #[command(subcommand)]
         action: Option<ArchivesAction>,
     },
+    /// Creates a claim whose volume is made from an archive; the archive must be of the
+    /// claim's namespace, and the claim at least as large as the archived volume.
+    Restore {
+        /// The agent that holds the archive.
+        agent: String,
+        /// The archive's id, as `archives` lists it (`<path>/@<time>`).
+        id: String,
+        /// The new claim, `NAMESPACE/CLAIM`.
+        #[arg(long, value_name = "NAMESPACE/CLAIM")]
+        to: String,
+        /// Its StorageClass; the cluster's default class when that is one of this
+        /// provisioner's.
+        #[arg(long)]
+        class: Option<String>,
+        /// Its size (`10Gi`); the capacity the archived volume had when absent.
+        #[arg(long)]
+        size: Option<String>,
+        /// Its access mode.
+        #[arg(long, default_value = "ReadWriteMany")]
+        access_mode: String,
+        /// Waits until the claim is Bound and prints its PersistentVolume.
+        #[arg(long)]
+        wait: bool,
+        /// Seconds --wait waits before it gives up.
+        #[arg(long, default_value_t = 300, value_name = "SECONDS")]
+        timeout: u64,
+        /// Directory of agent connection files (as the controller's), instead of the
+        /// agents' Secrets in the cluster.
+        #[arg(long)]
+        agents_dir: Option<PathBuf>,
+    },
 }
 
 #[derive(Debug, Clone, Subcommand)]
@@ -132,6 +164,34 @@ pub async fn run(cli: Cli) -> anyhow::Result<i32> {
     {
         archives::parse_id(id)?;
     }
+    let restore = match &cli.command {
+        Command::Restore {
+            agent,
+            id,
+            to,
+            class,
+            size,
+            access_mode,
+            wait,
+            timeout,
+            agents_dir,
+        } => {
+            let options = restore::RestoreOptions {
+                agent: agent.clone(),
+                id: id.clone(),
+                to: to.clone(),
+                class: class.clone(),
+                size: size.clone(),
+                access_mode: access_mode.clone(),
+                wait: *wait,
+                timeout: std::time::Duration::from_secs(*timeout),
+                agents_dir: agents_dir.clone(),
+            };
+            restore::check_options(&options)?;
+            Some(options)
+        }
+        _ => None,
+    };
     let client = cluster::connect(cli.kubeconfig.as_deref(), cli.context.as_deref()).await?;
     let target = cluster::Target {
         client,
@@ -176,6 +236,10 @@ pub async fn run(cli: Cli) -> anyhow::Result<i32> {
             action: Some(ArchivesAction::Delete { agent, id }),
             ..
         } => print(&archives::delete(&target, &agent, &id).await?, cli.output),
+        Command::Restore { .. } => {
+            let options = restore.expect("read from the command above");
+            print(&restore::run(&target, &options).await?, cli.output)
+        }
     }
 }
 
@@ -226,6 +290,25 @@ mod tests {
             Command::Archives { action: Some(ArchivesAction::Delete { ref agent, .. }), .. } if agent == "nfs1"
         ));
         assert!(Cli::try_parse_from(["kubectl-nfsprov", "archives", "delete", "nfs1"]).is_err());
+        let cli = Cli::try_parse_from([
+            "kubectl-nfsprov",
+            "restore",
+            "nfs1",
+            "team-a/data/@20261120T120000.000000000Z",
+            "--to",
+            "team-a/back",
+            "--wait",
+        ])
+        .unwrap();
+        assert!(matches!(
+            cli.command,
+            Command::Restore { ref to, wait: true, timeout: 300, ref access_mode, class: None, .. }
+                if to == "team-a/back" && access_mode == "ReadWriteMany"
+        ));
+        assert!(
+            Cli::try_parse_from(["kubectl-nfsprov", "restore", "nfs1", "x/@y"]).is_err(),
+            "--to is required"
+        );
         assert!(Cli::try_parse_from(["kubectl-nfsprov", "status", "-o", "yaml"]).is_err());
     }
 }

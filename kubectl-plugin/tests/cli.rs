@@ -26,6 +26,7 @@ fn help_names_every_command() {
         "orphans",
         "archives",
         "snapshots",
+        "restore",
     ] {
         assert!(help.contains(command), "{command} missing from:\n{help}");
     }
@@ -64,6 +65,27 @@ fn a_malformed_archive_id_is_refused_before_anything_is_asked() {
     assert_eq!(out.status.code(), Some(2), "{out:?}");
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(stderr.contains("is not an archive id"), "{stderr}");
+}
+
+#[test]
+fn a_restore_to_no_claim_is_refused_before_anything_is_asked() {
+    let dir = tempfile::tempdir().unwrap();
+    let missing = dir.path().join("no-such-kubeconfig");
+    let out = plugin(
+        &[
+            "restore",
+            "nfs1",
+            "team-a/data/@20261120T120000.000000000Z",
+            "--to",
+            "data-back",
+            "--kubeconfig",
+            missing.to_str().unwrap(),
+        ],
+        None,
+    );
+    assert_eq!(out.status.code(), Some(2), "{out:?}");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("names no claim"), "{stderr}");
 }
 
 #[test]

@@ -8,6 +8,8 @@
 //!   `pathPattern` templates;
 //! - [`quantity`]: resource quantities as byte counts;
 //! - [`snapshots`]: the `Snapshot` and `SnapshotSchedule` resources and their names;
+//! - [`archive_restore`]: how a claim names the archive it is made from, and which
+//!   archives a claim may be made from;
 //! - [`orphans`]: which PVs expect their directory and how an agent's listing compares with
 //!   the PVs pointing to it.
 //!
@@ -20,6 +22,7 @@
 
 #![forbid(unsafe_code)]
 
+pub mod archive_restore;
 pub mod exports;
 pub mod names;
 pub mod orphans;

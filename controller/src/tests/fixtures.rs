@@ -30,11 +30,11 @@ use kube::runtime::reflector;
 use kube::runtime::watcher;
 use nfsprov_api_types::client::AgentConnectionConfig;
 use nfsprov_api_types::{
-    AgentInfo, ApiError, ArchiveResult, Capabilities, CloneMethod, CloneOrigin, CloneProgress,
-    CloneVolumeRequest, CreateVolumeRequest, Endpoint, ErrorCode, ExportRequest, FilesystemStats,
-    NfsExport, QuotaBackend, QuotaPolicy, ResizeVolumeRequest, RestoreOrigin, RestoreProgress,
-    RestoreSource, RestoreVolumeRequest, Snapshot, SnapshotMethod, SnapshotName, Volume,
-    VolumeExport, VolumePath, VolumeUsage,
+    AgentInfo, ApiError, Archive, ArchivePath, ArchiveResult, Capabilities, CloneMethod,
+    CloneOrigin, CloneProgress, CloneVolumeRequest, CreateVolumeRequest, Endpoint, ErrorCode,
+    ExportRequest, FilesystemStats, NfsExport, QuotaBackend, QuotaPolicy, ResizeVolumeRequest,
+    RestoreOrigin, RestoreProgress, RestoreSource, RestoreVolumeRequest, Snapshot, SnapshotMethod,
+    SnapshotName, Volume, VolumeExport, VolumePath, VolumeUsage,
 };
 use serde_json::{Value, json};
 
@@ -552,6 +552,9 @@ pub struct MockAgentState {
     pub restore_polls: u32,
     /// Every restore request, by target path, in order.
     pub restores: Vec<(String, RestoreVolumeRequest)>,
+    /// The archives `GET /v1/archives/{id}` answers and restores are made from, by id,
+    /// each with the volume as it was archived.
+    pub archives: BTreeMap<String, (Archive, CreateVolumeRequest)>,
 }
 
 #[derive(Clone)]
@@ -810,6 +813,49 @@ impl MockAgent {
     pub fn restores(&self) -> Vec<(String, RestoreVolumeRequest)> {
         self.state.lock().expect("lock").restores.clone()
     }
+
+    /// Keeps an archive of a volume `volume` (mode 0750, uid and gid 1000) of the claim
+    /// `owner` (`namespace/name`, or none), which had `capacity_bytes`; its id.
+    pub fn insert_archive(
+        &self,
+        volume: &str,
+        owner: Option<&str>,
+        capacity_bytes: Option<u64>,
+    ) -> ArchivePath {
+        let id = ArchivePath::parse(&format!("{volume}/@20260101T000000.000000000Z"))
+            .expect("an archive id");
+        let owner = nfsprov_api_types::VolumeOwner {
+            pvc_namespace: owner.map(|o| o.split_once('/').expect("namespace/name").0.into()),
+            pvc_name: owner.map(|o| o.split_once('/').expect("namespace/name").1.into()),
+            pv_name: None,
+        };
+        let archive = Archive {
+            id: id.clone(),
+            archive_path: format!(".archive/{id}"),
+            path: VolumePath::parse(volume).expect("a volume path"),
+            owner: owner.clone(),
+            archived_at: "2026-01-01T00:00:00Z".to_owned(),
+            retention_days: None,
+            expires_at: None,
+            size_bytes: None,
+            inodes: None,
+            capacity_bytes,
+        };
+        let kept = CreateVolumeRequest {
+            mode: nfsprov_api_types::Mode::parse_octal("0750").expect("a mode"),
+            uid: Some(1000),
+            gid: Some(1000),
+            capacity_bytes: capacity_bytes.unwrap_or(0),
+            owner,
+            ..CreateVolumeRequest::default()
+        };
+        self.state
+            .lock()
+            .expect("lock")
+            .archives
+            .insert(id.to_string(), (archive, kept));
+        id
+    }
 }
 
 /// The mock's handler of each endpoint of the table, at the table's method; `None` for
@@ -829,13 +875,13 @@ fn mock_handler(endpoint: Endpoint) -> Option<MethodRouter<MockShared>> {
         Endpoint::GetSnapshot => on(method, get_snapshot),
         Endpoint::DeleteSnapshot => on(method, delete_snapshot),
         Endpoint::RestoreVolume => on(method, restore),
+        Endpoint::GetArchive => on(method, get_archive),
         Endpoint::Healthz
         | Endpoint::Readyz
         | Endpoint::Metrics
         | Endpoint::ListVolumes
         | Endpoint::AdoptVolume
         | Endpoint::ListArchives
-        | Endpoint::GetArchive
         | Endpoint::DeleteArchive
         | Endpoint::ListSnapshots => return None,
     };
@@ -1326,9 +1372,9 @@ async fn delete_snapshot(
     StatusCode::NO_CONTENT.into_response()
 }
 
-/// Makes a volume from a ready snapshot (its source's mode and owner as they were, the
-/// request's capacity and owner); the first [`MockAgentState::restore_polls`] requests
-/// for a path answer `202`.
+/// Makes a volume from a ready snapshot or an archive (its source's mode and owner as they
+/// were, the request's capacity and owner); the first [`MockAgentState::restore_polls`]
+/// requests for a path answer `202`.
 async fn restore(
     State(shared): State<MockShared>,
     headers: HeaderMap,
@@ -1343,12 +1389,6 @@ async fn restore(
     if let Some(response) = enter(&shared, &headers, call) {
         return response;
     }
-    let RestoreSource::Snapshot(name) = &source else {
-        return api_error(
-            ErrorCode::Unsupported,
-            "the mock agent restores snapshots only",
-        );
-    };
     let Ok(volume_path) = VolumePath::parse(&path) else {
         return api_error(ErrorCode::InvalidPath, "invalid path");
     };
@@ -1357,16 +1397,27 @@ async fn restore(
     if let Some(refused) = check_export(&state, request.export.as_ref()) {
         return refused;
     }
-    let Some((snapshot, kept)) = state
-        .snapshots
-        .get(name.as_str())
-        .filter(|(snapshot, _)| snapshot.ready)
-        .cloned()
-    else {
-        return api_error(ErrorCode::NotFound, "no such ready snapshot");
+    let (least, kept) = match &source {
+        RestoreSource::Snapshot(name) => {
+            let Some((snapshot, kept)) = state
+                .snapshots
+                .get(name.as_str())
+                .filter(|(snapshot, _)| snapshot.ready)
+                .cloned()
+            else {
+                return api_error(ErrorCode::NotFound, "no such ready snapshot");
+            };
+            (snapshot.restore_size_bytes, kept)
+        }
+        RestoreSource::Archive(id) => {
+            let Some((archive, kept)) = state.archives.get(&id.to_string()).cloned() else {
+                return api_error(ErrorCode::NotFound, "no such archive");
+            };
+            (archive.capacity_bytes.unwrap_or(0), kept)
+        }
     };
-    if request.capacity_bytes < snapshot.restore_size_bytes {
-        return api_error(ErrorCode::InvalidBody, "smaller than the snapshot");
+    if request.capacity_bytes < least {
+        return api_error(ErrorCode::InvalidBody, "smaller than the source");
     }
     let seen = state
         .restores
@@ -1391,4 +1442,19 @@ async fn restore(
         method: CloneMethod::Reflink,
     });
     (status, Json(volume)).into_response()
+}
+
+async fn get_archive(
+    State(shared): State<MockShared>,
+    headers: HeaderMap,
+    Path(id): Path<String>,
+) -> Response {
+    if let Some(response) = enter(&shared, &headers, format!("GET archive {id}")) {
+        return response;
+    }
+    let state = shared.state.lock().expect("lock");
+    match state.archives.get(&id) {
+        Some((archive, _)) => Json(archive.clone()).into_response(),
+        None => api_error(ErrorCode::NotFound, "no such archive"),
+    }
 }

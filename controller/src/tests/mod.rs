@@ -5,6 +5,7 @@
 mod agent_calls;
 mod agent_choice;
 mod agent_secrets;
+mod archive_restore_sim;
 mod expand_scenarios;
 mod expand_sim;
 mod export_bench;

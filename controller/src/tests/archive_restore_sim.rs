@@ -1,0 +1,396 @@
+//! Claims made from an archive, through the whole controller against the API simulator.
+//! The agents are `MockAgent`s (mocks, not the real agent): the archives they hold are
+//! put there by the test, and their recorded calls and restore requests show what the
+//! controller asked.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::{Namespace, PersistentVolume, PersistentVolumeClaim};
+use k8s_openapi::api::events::v1::Event;
+use kube::api::{Api, ListParams, PostParams};
+use nfsprov_api_types::ArchivePath;
+use nfsprov_vocabulary::names::{
+    ANN_RESTORE_ARCHIVE, ANN_RESTORE_ARCHIVE_AGENT, ANN_RESTORED_FROM_ARCHIVE,
+};
+use serde_json::{Value, json};
+
+use crate::tests::snapshot_sim::Cluster;
+
+const WAIT: Duration = Duration::from_secs(30);
+const POLL: Duration = Duration::from_millis(20);
+const GIB: u64 = 1 << 30;
+
+/// A claim in `namespace` of `class` asking for `size`, with `annotations`.
+async fn claim(
+    cluster: &Cluster,
+    namespace: &str,
+    name: &str,
+    class: &str,
+    size: &str,
+    annotations: Value,
+) {
+    let claim: PersistentVolumeClaim = serde_json::from_value(json!({
+        "metadata": {"name": name, "namespace": namespace, "annotations": annotations},
+        "spec": {
+            "accessModes": ["ReadWriteMany"],
+            "storageClassName": class,
+            "resources": {"requests": {"storage": size}},
+        },
+    }))
+    .unwrap();
+    Api::<PersistentVolumeClaim>::namespaced(cluster.client.clone(), namespace)
+        .create(&PostParams::default(), &claim)
+        .await
+        .unwrap();
+}
+
+fn naming(agent: &str, id: &ArchivePath) -> Value {
+    json!({ANN_RESTORE_ARCHIVE: id.to_string(), ANN_RESTORE_ARCHIVE_AGENT: agent})
+}
+
+/// Awaits an event of `reason` about the claim `namespace/name` whose note contains
+/// `text`.
+async fn event(cluster: &Cluster, namespace: &str, name: &str, reason: &str, text: &str) {
+    let events = Api::<Event>::namespaced(cluster.client.clone(), namespace);
+    let deadline = tokio::time::Instant::now() + WAIT;
+    loop {
+        let notes: Vec<(String, String, String)> = events
+            .list(&ListParams::default())
+            .await
+            .unwrap()
+            .items
+            .into_iter()
+            .map(|e| {
+                (
+                    e.regarding.and_then(|r| r.name).unwrap_or_default(),
+                    e.reason.unwrap_or_default(),
+                    e.note.unwrap_or_default(),
+                )
+            })
+            .collect();
+        if notes
+            .iter()
+            .any(|(o, r, n)| o == name && r == reason && n.contains(text))
+        {
+            return;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "no {reason} event on {namespace}/{name} with {text:?} in {notes:?}"
+        );
+        tokio::time::sleep(POLL).await;
+    }
+}
+
+async fn phase(cluster: &Cluster, namespace: &str, name: &str) -> Option<String> {
+    Api::<PersistentVolumeClaim>::namespaced(cluster.client.clone(), namespace)
+        .get(name)
+        .await
+        .unwrap()
+        .status
+        .and_then(|s| s.phase)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_claim_annotated_with_an_archive_of_its_namespace_is_made_from_it() {
+    let cluster = Cluster::start().await;
+    let id = cluster
+        .agent()
+        .insert_archive("default/old", Some("default/old"), Some(GIB));
+    cluster.agent().set_restore_polls(1);
+    claim(
+        &cluster,
+        "default",
+        "back",
+        "nfs",
+        "2Gi",
+        naming("nfs1", &id),
+    )
+    .await;
+    let bound = cluster.bound("back").await;
+
+    let restores = cluster.agent().restores();
+    assert_eq!(restores.len(), 2, "one 202, then made: {restores:?}");
+    assert_eq!(restores[0], restores[1], "the same request is repeated");
+    let (path, request) = &restores[1];
+    assert_eq!(path, "default/back");
+    assert_eq!(request.archive.as_ref(), Some(&id));
+    assert_eq!(request.snapshot, None);
+    assert_eq!(request.capacity_bytes, 2 * GIB);
+    assert_eq!(request.owner.pvc_namespace.as_deref(), Some("default"));
+    assert_eq!(request.owner.pvc_name.as_deref(), Some("back"));
+    // The archive was looked at on its agent before the volume was asked for.
+    let calls = cluster.agent().calls();
+    let asked = calls
+        .iter()
+        .position(|c| *c == format!("GET archive {id}"))
+        .expect("the archive was read");
+    let restored = calls
+        .iter()
+        .position(|c| c.starts_with("POST restore default/back"))
+        .unwrap();
+    assert!(asked < restored, "{calls:?}");
+    // The archived volume's mode and owner, the claim's capacity.
+    let made = cluster.agent().volume("default/back").unwrap();
+    assert_eq!(made.mode.to_string(), "0750");
+    assert_eq!((made.uid, made.gid), (Some(1000), Some(1000)));
+    assert_eq!(made.capacity_bytes, 2 * GIB);
+
+    let pv = Api::<PersistentVolume>::all(cluster.client.clone())
+        .get(bound.spec.unwrap().volume_name.as_deref().unwrap())
+        .await
+        .unwrap();
+    let annotations: BTreeMap<String, String> = pv.metadata.annotations.unwrap();
+    assert_eq!(annotations[ANN_RESTORED_FROM_ARCHIVE], format!("nfs1:{id}"));
+    assert_eq!(annotations["nfsprov.dev/clone-method"], "reflink");
+    assert!(!annotations.contains_key("nfsprov.dev/restored-from"));
+    event(
+        &cluster,
+        "default",
+        "back",
+        "Provisioning",
+        &format!("restoring archive nfs1:{id}"),
+    )
+    .await;
+    event(&cluster, "default", "back", "ProvisioningSucceeded", "").await;
+    cluster.finish().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn archive_restores_that_must_not_be_made_are_refused_with_no_volume() {
+    let cluster = Cluster::start().await;
+    cluster.class("elsewhere", json!({"agents": "nfs2"})).await;
+    let agent = cluster.agent();
+    let id = agent.insert_archive("default/old", Some("default/old"), Some(GIB));
+    let unowned = agent.insert_archive("loose", None, None);
+    let moved = agent.insert_archive("default/moved", Some("default/moved"), Some(GIB));
+    let missing = ArchivePath::parse("default/gone/@20250101T000000.000000000Z").unwrap();
+
+    // A tenant of another namespace naming the archive id.
+    let intruder: Namespace =
+        serde_json::from_value(json!({"metadata": {"name": "intruder"}})).unwrap();
+    Api::<Namespace>::all(cluster.client.clone())
+        .create(&PostParams::default(), &intruder)
+        .await
+        .unwrap();
+    claim(
+        &cluster,
+        "intruder",
+        "stolen",
+        "nfs",
+        "1Gi",
+        naming("nfs1", &id),
+    )
+    .await;
+    event(
+        &cluster,
+        "intruder",
+        "stolen",
+        "ProvisioningFailed",
+        &format!(
+            "archive nfs1:{id} holds a volume of namespace default, not intruder: a claim is made only from an archive of its own namespace"
+        ),
+    )
+    .await;
+    claim(
+        &cluster,
+        "default",
+        "unowned",
+        "nfs",
+        "1Gi",
+        naming("nfs1", &unowned),
+    )
+    .await;
+    event(
+        &cluster,
+        "default",
+        "unowned",
+        "ProvisioningFailed",
+        "records no namespace",
+    )
+    .await;
+    claim(
+        &cluster,
+        "default",
+        "unknown",
+        "nfs",
+        "1Gi",
+        naming("nfs1", &missing),
+    )
+    .await;
+    event(
+        &cluster,
+        "default",
+        "unknown",
+        "ProvisioningFailed",
+        &format!("archive nfs1:{missing} does not exist"),
+    )
+    .await;
+    claim(
+        &cluster,
+        "default",
+        "small",
+        "nfs",
+        "512Mi",
+        naming("nfs1", &id),
+    )
+    .await;
+    event(
+        &cluster,
+        "default",
+        "small",
+        "ProvisioningFailed",
+        "less than the 1073741824 bytes the volume of archive",
+    )
+    .await;
+    claim(
+        &cluster,
+        "default",
+        "moved",
+        "elsewhere",
+        "1Gi",
+        naming("nfs1", &moved),
+    )
+    .await;
+    event(
+        &cluster,
+        "default",
+        "moved",
+        "ProvisioningFailed",
+        &format!(
+            "the archive {moved} is on agent nfs1, but StorageClass \"elsewhere\" places volumes on agents nfs2"
+        ),
+    )
+    .await;
+    // Half the annotations, or an archive together with a data source.
+    claim(
+        &cluster,
+        "default",
+        "half",
+        "nfs",
+        "1Gi",
+        json!({ANN_RESTORE_ARCHIVE: id.to_string()}),
+    )
+    .await;
+    event(
+        &cluster,
+        "default",
+        "half",
+        "ProvisioningFailed",
+        "names no agent",
+    )
+    .await;
+    let both: PersistentVolumeClaim = serde_json::from_value(json!({
+        "metadata": {"name": "both", "namespace": "default", "annotations": naming("nfs1", &id)},
+        "spec": {
+            "accessModes": ["ReadWriteMany"],
+            "storageClassName": "nfs",
+            "resources": {"requests": {"storage": "1Gi"}},
+            "dataSourceRef": {"apiGroup": "nfsprov.dev", "kind": "Snapshot", "name": "s"},
+        },
+    }))
+    .unwrap();
+    cluster
+        .claims()
+        .create(&PostParams::default(), &both)
+        .await
+        .unwrap();
+    event(
+        &cluster,
+        "default",
+        "both",
+        "ProvisioningFailed",
+        "and a dataSource too",
+    )
+    .await;
+
+    // Nothing was made, and the class's refusal came before its archive was looked at.
+    assert!(
+        cluster.agent().restores().is_empty(),
+        "{:?}",
+        cluster.agent().restores()
+    );
+    assert!(cluster.agents[1].restores().is_empty());
+    let calls = cluster.agent().calls();
+    assert!(
+        !calls.contains(&format!("GET archive {moved}")),
+        "the agent of a class that does not allow it is asked nothing: {calls:?}"
+    );
+    assert!(calls.iter().all(|c| !c.starts_with("PUT ")), "{calls:?}");
+    for (namespace, name) in [
+        ("intruder", "stolen"),
+        ("default", "unowned"),
+        ("default", "unknown"),
+        ("default", "small"),
+        ("default", "moved"),
+        ("default", "half"),
+        ("default", "both"),
+    ] {
+        assert_eq!(
+            phase(&cluster, namespace, name).await.as_deref(),
+            Some("Pending"),
+            "{namespace}/{name}"
+        );
+    }
+    assert!(
+        Api::<PersistentVolume>::all(cluster.client.clone())
+            .list(&ListParams::default())
+            .await
+            .unwrap()
+            .items
+            .is_empty()
+    );
+    cluster.finish().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_archive_agent_that_does_not_answer_is_waited_for_not_refused() {
+    let mut cluster = Cluster::start().await;
+    cluster.class("elsewhere", json!({"agents": "nfs2"})).await;
+    let id = cluster.agents[1].insert_archive("default/old", Some("default/old"), Some(GIB));
+    cluster.agents[1].stop().await;
+    claim(
+        &cluster,
+        "default",
+        "later",
+        "elsewhere",
+        "1Gi",
+        naming("nfs2", &id),
+    )
+    .await;
+    event(
+        &cluster,
+        "default",
+        "later",
+        "ProvisioningFailed",
+        &format!("cannot read archive nfs2:{id}: agent unreachable"),
+    )
+    .await;
+    // Waiting, not refused for good: the attempt is made again, and announced again.
+    let deadline = tokio::time::Instant::now() + WAIT;
+    loop {
+        let failures = Api::<Event>::namespaced(cluster.client.clone(), "default")
+            .list(&ListParams::default())
+            .await
+            .unwrap()
+            .items
+            .into_iter()
+            .filter(|e| e.reason.as_deref() == Some("ProvisioningFailed"))
+            .map(|e| e.series.map_or(1, |s| s.count))
+            .sum::<i32>();
+        if failures >= 2 {
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the claim was not tried again"
+        );
+        tokio::time::sleep(POLL).await;
+    }
+    assert_eq!(
+        phase(&cluster, "default", "later").await.as_deref(),
+        Some("Pending")
+    );
+    cluster.finish().await;
+}
