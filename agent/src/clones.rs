@@ -24,6 +24,7 @@ use nfsprov_api_types::{
 use tokio::sync::{Semaphore, watch};
 
 use crate::config::AgentConfig;
+use crate::holds;
 use crate::metrics::{CloneLabels, CloneMetrics};
 use crate::store::{COPY_DESCRIPTORS, Created, MAX_USAGE_DEPTH, VolumeStore};
 
@@ -196,7 +197,7 @@ impl Clones {
                 let progress = metrics.copy.clone();
                 tokio::task::spawn_blocking(move || {
                     let made = store.clone_volume(&path, &request, &progress);
-                    hold_if_asked();
+                    holds::wait_if_asked(holds::CLONES);
                     made
                 })
             };
@@ -231,20 +232,6 @@ impl Clones {
             end.finish(outcome);
         });
         done
-    }
-}
-
-/// Keeps a finished copy from ending its job until the test that asked lets it go, so a
-/// test can watch a clone in progress without depending on how long a copy takes. Only
-/// debug builds read `NFSPROV_AGENT_HOLD_CLONES`, the path of a file: while the test
-/// holds an exclusive lock on it, the clone waits for a shared one. A release agent never
-/// waits.
-fn hold_if_asked() {
-    #[cfg(debug_assertions)]
-    if let Some(held) = std::env::var_os("NFSPROV_AGENT_HOLD_CLONES")
-        && let Ok(file) = std::fs::File::open(held)
-    {
-        let _ = file.lock_shared();
     }
 }
 

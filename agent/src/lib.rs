@@ -4,7 +4,8 @@
 //! Modules depend only downward, in this order (the test suite checks it):
 //!
 //! 1. leaves: `mountinfo` (the kernel's mount table), `policy` (what a create may ask
-//!    for), `connections` (limits on connections), `ratelimit` (of log lines);
+//!    for), `connections` (limits on connections), `ratelimit` (of log lines), `holds`
+//!    (where a debug build waits for a test);
 //! 2. `quota` (the quota tools, the runner of every filesystem tool, the quota settings)
 //!    and `tls` (the server's TLS settings and its acceptor);
 //! 3. `zfs`: the ZFS datasets volumes can be; `exports`: each volume's own NFS export,
@@ -26,6 +27,7 @@ pub(crate) mod clones;
 pub mod config;
 pub(crate) mod connections;
 pub mod exports;
+pub(crate) mod holds;
 pub mod init;
 pub(crate) mod logging;
 pub(crate) mod metrics;

@@ -56,6 +56,7 @@ use self::confine::{Root, STAGING_DIR, TRASH_DIR, list_dir, open_child, open_or_
 use self::durable::{Changes, Durability};
 use self::error::{io_error, not_found, walk_error};
 use self::record::{now_rfc3339, rfc3339};
+use crate::holds;
 use crate::quota::QuotaSettings;
 use crate::quota::btrfs::Btrfs;
 use crate::quota::command::{SystemRunner, ToolRunner};
@@ -673,7 +674,7 @@ impl VolumeStore {
                 let (quota, method) = match made {
                     Ok(made) => {
                         if matches!(wanted.origin, Origin::Restore(_)) {
-                            snapshot::hold_restore_if_asked();
+                            holds::wait_if_asked(holds::RESTORES);
                         }
                         made
                     }

@@ -237,9 +237,9 @@ impl Metrics {
         let snapshot_failures = Family::<OperationLabels, Counter>::default();
         // At zero from the start, so that an alert on their increase sees the first one.
         for operation in SNAPSHOT_OPERATIONS {
-            snapshot_failures.get_or_create(&OperationLabels {
+            drop(snapshot_failures.get_or_create(&OperationLabels {
                 operation: operation.to_owned(),
-            });
+            }));
         }
         let schedule_lag =
             Family::<ScheduleLabels, Gauge<f64, std::sync::atomic::AtomicU64>>::default();
@@ -454,8 +454,8 @@ impl Metrics {
                 agent: agent.to_owned(),
             };
             self.configured_agents.get_or_create(&labels).set(1);
-            self.exports_updated.get_or_create(&labels);
-            self.export_update_failures.get_or_create(&labels);
+            drop(self.exports_updated.get_or_create(&labels));
+            drop(self.export_update_failures.get_or_create(&labels));
         }
     }
 

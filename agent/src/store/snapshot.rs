@@ -53,6 +53,7 @@ use super::{
     Created, Deleted, NewVolume, Origin, PathGuard, VolumeStore, confirm_made, mounts,
     record_as_found,
 };
+use crate::holds;
 use crate::store::copy::CopyProgress;
 
 /// The snapshot area, in the agent's state directory.
@@ -340,7 +341,7 @@ impl VolumeStore {
                 return Err(e);
             }
         };
-        hold_if_asked();
+        holds::wait_if_asked(holds::SNAPSHOTS);
         if let Err(e) = rustix::fs::renameat_with(
             &area.data,
             making.as_str(),
@@ -747,31 +748,4 @@ pub(super) fn confirm_restore(
         request.capacity_bytes,
         &request.owner,
     )
-}
-
-/// Keeps a finished snapshot tree from being placed until the test that asked lets it
-/// go, so a test can stop the agent while a snapshot is being made, whatever the speed
-/// of the copy. Only debug builds read `NFSPROV_AGENT_HOLD_SNAPSHOTS`, the path of a
-/// file: while the test holds an exclusive lock on it, the snapshot waits for a shared
-/// one. A release agent never waits.
-fn hold_if_asked() {
-    #[cfg(debug_assertions)]
-    if let Some(held) = std::env::var_os("NFSPROV_AGENT_HOLD_SNAPSHOTS")
-        && let Ok(file) = std::fs::File::open(held)
-    {
-        let _ = file.lock_shared();
-    }
-}
-
-/// Keeps a restore's finished copy from being placed at its path until the test that
-/// asked lets it go, so a test can stop the agent while a restore is being made. Only
-/// debug builds read `NFSPROV_AGENT_HOLD_RESTORES`, the path of a file locked as for
-/// `NFSPROV_AGENT_HOLD_SNAPSHOTS`. A release agent never waits.
-pub(super) fn hold_restore_if_asked() {
-    #[cfg(debug_assertions)]
-    if let Some(held) = std::env::var_os("NFSPROV_AGENT_HOLD_RESTORES")
-        && let Ok(file) = std::fs::File::open(held)
-    {
-        let _ = file.lock_shared();
-    }
 }
