@@ -17,16 +17,16 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use common::agent_process::{Setup, agent_binary, setup};
+use common::backing::{btrfs_agent, btrfs_or_skip, root_or_skip, xfs_or_skip};
 use common::tree::{manifest, write_fixture, write_tree};
 use common::zfs_pool::ZfsPool;
 use nfsprov_agent::archive::retention::ArchiveSettings;
 use nfsprov_agent::init::files;
-use nfsprov_agent::quota::QuotaSettings;
-use nfsprov_agent_testkit::{LoopBtrfs, LoopXfs, TestAgent};
+use nfsprov_agent_testkit::TestAgent;
 use nfsprov_api_types::client::{AgentClient, ClientError, CreateOutcome, RestoreOutcome};
 use nfsprov_api_types::{
-    ArchivePath, CloneMethod, CreateVolumeRequest, ErrorCode, QuotaBackend, QuotaPolicy,
-    RestoreSource, RestoreVolumeRequest, VolumeOwner, VolumePath,
+    ArchivePath, CloneMethod, CreateVolumeRequest, ErrorCode, QuotaPolicy, RestoreSource,
+    RestoreVolumeRequest, VolumeOwner, VolumePath,
 };
 
 const GIB: u64 = 1 << 30;
@@ -258,18 +258,10 @@ async fn archive_restore_life(
     assert!(!root.join("team/third").exists());
 }
 
-fn skip_unless_root(test: &str) -> bool {
-    if common::is_root() {
-        return false;
-    }
-    nfsprov_test_skip::skip(test, "restores keep owners, which needs root");
-    true
-}
-
 #[tokio::test(flavor = "multi_thread")]
 async fn a_plain_directory_archive_is_restored_by_an_exact_copy() {
     let test = "a_plain_directory_archive_is_restored_by_an_exact_copy";
-    if skip_unless_root(test) {
+    if !root_or_skip(test, "restores") {
         return;
     }
     let root = tempfile::tempdir().unwrap();
@@ -295,15 +287,11 @@ async fn a_plain_directory_archive_is_restored_by_an_exact_copy() {
 #[tokio::test(flavor = "multi_thread")]
 async fn an_xfs_archive_is_restored_by_reflinks() {
     let test = "an_xfs_archive_is_restored_by_reflinks";
-    if skip_unless_root(test) {
+    if !root_or_skip(test, "restores") {
         return;
     }
-    let fs = match LoopXfs::new(1024, true) {
-        Ok(fs) => fs,
-        Err(e) => {
-            nfsprov_test_skip::skip(test, &format!("no XFS loop filesystem: {e}"));
-            return;
-        }
+    let Some(fs) = xfs_or_skip(test) else {
+        return;
     };
     let agent = TestAgent::start(&fs.root()).await.unwrap();
     archive_restore_life(
@@ -319,22 +307,14 @@ async fn an_xfs_archive_is_restored_by_reflinks() {
 #[tokio::test(flavor = "multi_thread")]
 async fn a_btrfs_archive_is_restored_by_a_writable_snapshot() {
     let test = "a_btrfs_archive_is_restored_by_a_writable_snapshot";
-    if skip_unless_root(test) {
+    if !root_or_skip(test, "restores") {
         return;
     }
-    let fs = match LoopBtrfs::new(2048, true) {
-        Ok(fs) => fs,
-        Err(e) => {
-            nfsprov_test_skip::skip(test, &format!("no btrfs loop filesystem: {e}"));
-            return;
-        }
-    };
-    let settings = QuotaSettings {
-        backend: QuotaBackend::Btrfs,
-        ..QuotaSettings::default()
+    let Some(fs) = btrfs_or_skip(test) else {
+        return;
     };
     let root = fs.root();
-    let agent = TestAgent::start_with_quota(&root, settings).await.unwrap();
+    let agent = btrfs_agent(&root).await;
     archive_restore_life(
         &agent,
         &root,
@@ -560,7 +540,7 @@ fn entries(dir: &Path) -> Vec<String> {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn a_crash_during_a_copy_restore_leaves_no_volume() {
-    if skip_unless_root("a_crash_during_a_copy_restore_leaves_no_volume") {
+    if !root_or_skip("a_crash_during_a_copy_restore_leaves_no_volume", "restores") {
         return;
     }
     let setup = setup();
@@ -636,7 +616,10 @@ async fn a_crash_during_a_copy_restore_leaves_no_volume() {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn an_archive_deleted_during_a_restore_goes_only_once_the_restore_is_made() {
-    if skip_unless_root("an_archive_deleted_during_a_restore_goes_only_once_the_restore_is_made") {
+    if !root_or_skip(
+        "an_archive_deleted_during_a_restore_goes_only_once_the_restore_is_made",
+        "restores",
+    ) {
         return;
     }
     let setup = setup();

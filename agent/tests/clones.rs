@@ -6,6 +6,7 @@
 
 mod common;
 
+use common::backing::{btrfs_agent, btrfs_or_skip, root_or_skip};
 use common::tree::{manifest, write_fixture};
 
 use std::os::fd::AsFd;
@@ -13,12 +14,11 @@ use std::os::unix::fs::MetadataExt;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use nfsprov_agent::quota::QuotaSettings;
-use nfsprov_agent_testkit::{LoopBtrfs, TestAgent};
+use nfsprov_agent_testkit::TestAgent;
 use nfsprov_api_types::client::{AgentClient, ClientError, CloneOutcome, CreateOutcome};
 use nfsprov_api_types::{
-    CloneMethod, CloneVolumeRequest, CreateVolumeRequest, ErrorCode, QuotaBackend, QuotaPolicy,
-    VolumeOwner, VolumePath,
+    CloneMethod, CloneVolumeRequest, CreateVolumeRequest, ErrorCode, QuotaPolicy, VolumeOwner,
+    VolumePath,
 };
 
 const MIB: u64 = 1 << 20;
@@ -110,17 +110,12 @@ async fn assert_independent(client: &AgentClient, root: &Path, source: &str, clo
     );
 }
 
-fn skip_unless_root(test: &str) -> bool {
-    if common::is_root() {
-        return false;
-    }
-    nfsprov_test_skip::skip(test, "clones keep owners, which needs root");
-    true
-}
-
 #[tokio::test(flavor = "multi_thread")]
 async fn a_directory_volume_is_copied_exactly_and_independently() {
-    if skip_unless_root("a_directory_volume_is_copied_exactly_and_independently") {
+    if !root_or_skip(
+        "a_directory_volume_is_copied_exactly_and_independently",
+        "clones",
+    ) {
         return;
     }
     let root = tempfile::tempdir().unwrap();
@@ -231,19 +226,16 @@ async fn a_directory_volume_is_copied_exactly_and_independently() {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn a_limited_btrfs_volume_is_snapshotted_and_an_unlimited_one_reflinked() {
-    if skip_unless_root("a_limited_btrfs_volume_is_snapshotted_and_an_unlimited_one_reflinked") {
+    let test = "a_limited_btrfs_volume_is_snapshotted_and_an_unlimited_one_reflinked";
+    if !root_or_skip(test, "clones") {
         return;
     }
-    let fs = LoopBtrfs::new(2048, true).unwrap();
-    let settings = QuotaSettings {
-        backend: QuotaBackend::Btrfs,
-        ..QuotaSettings::default()
+    let Some(fs) = btrfs_or_skip(test) else {
+        return;
     };
-    let agent = TestAgent::start_with_quota(&fs.root(), settings)
-        .await
-        .unwrap();
-    let client = agent.client();
     let root = fs.root();
+    let agent = btrfs_agent(&root).await;
+    let client = agent.client();
     for (name, quota) in [
         ("team/limited", QuotaPolicy::Enforce),
         ("team/unlimited", QuotaPolicy::Off),

@@ -16,16 +16,15 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use common::agent_process::{agent_binary, setup};
+use common::backing::{btrfs_agent, btrfs_or_skip, root_or_skip, xfs_or_skip};
 use common::tree::{manifest, write_fixture, write_tree};
 use common::zfs_pool::ZfsPool;
 use nfsprov_agent::init::files;
-use nfsprov_agent::quota::QuotaSettings;
-use nfsprov_agent_testkit::{LoopBtrfs, LoopXfs, TestAgent};
+use nfsprov_agent_testkit::TestAgent;
 use nfsprov_api_types::client::{AgentClient, ClientError, CreateOutcome, RestoreOutcome};
 use nfsprov_api_types::{
-    CloneMethod, CreateSnapshotRequest, CreateVolumeRequest, ErrorCode, QuotaBackend, QuotaPolicy,
-    RestoreSource, RestoreVolumeRequest, Snapshot, SnapshotMethod, SnapshotName, VolumeOwner,
-    VolumePath,
+    CloneMethod, CreateSnapshotRequest, CreateVolumeRequest, ErrorCode, QuotaPolicy, RestoreSource,
+    RestoreVolumeRequest, Snapshot, SnapshotMethod, SnapshotName, VolumeOwner, VolumePath,
 };
 
 const GIB: u64 = 1 << 30;
@@ -315,18 +314,10 @@ async fn snapshot_life(
     assert_eq!(after_delete.code(), Some(ErrorCode::NotFound));
 }
 
-fn skip_unless_root(test: &str) -> bool {
-    if common::is_root() {
-        return false;
-    }
-    nfsprov_test_skip::skip(test, "snapshots keep owners, which needs root");
-    true
-}
-
 #[tokio::test(flavor = "multi_thread")]
 async fn a_plain_directory_snapshot_is_an_exact_copy() {
     let test = "a_plain_directory_snapshot_is_an_exact_copy";
-    if skip_unless_root(test) {
+    if !root_or_skip(test, "snapshots") {
         return;
     }
     let root = tempfile::tempdir().unwrap();
@@ -362,15 +353,11 @@ async fn a_plain_directory_snapshot_is_an_exact_copy() {
 #[tokio::test(flavor = "multi_thread")]
 async fn an_xfs_snapshot_shares_extents_by_reflink() {
     let test = "an_xfs_snapshot_shares_extents_by_reflink";
-    if skip_unless_root(test) {
+    if !root_or_skip(test, "snapshots") {
         return;
     }
-    let fs = match LoopXfs::new(1024, true) {
-        Ok(fs) => fs,
-        Err(e) => {
-            nfsprov_test_skip::skip(test, &format!("no XFS loop filesystem: {e}"));
-            return;
-        }
+    let Some(fs) = xfs_or_skip(test) else {
+        return;
     };
     let agent = TestAgent::start(&fs.root()).await.unwrap();
     snapshot_life(
@@ -387,22 +374,14 @@ async fn an_xfs_snapshot_shares_extents_by_reflink() {
 #[tokio::test(flavor = "multi_thread")]
 async fn a_btrfs_volume_is_snapshotted_read_only() {
     let test = "a_btrfs_volume_is_snapshotted_read_only";
-    if skip_unless_root(test) {
+    if !root_or_skip(test, "snapshots") {
         return;
     }
-    let fs = match LoopBtrfs::new(2048, true) {
-        Ok(fs) => fs,
-        Err(e) => {
-            nfsprov_test_skip::skip(test, &format!("no btrfs loop filesystem: {e}"));
-            return;
-        }
-    };
-    let settings = QuotaSettings {
-        backend: QuotaBackend::Btrfs,
-        ..QuotaSettings::default()
+    let Some(fs) = btrfs_or_skip(test) else {
+        return;
     };
     let root = fs.root();
-    let agent = TestAgent::start_with_quota(&root, settings).await.unwrap();
+    let agent = btrfs_agent(&root).await;
     // The snapshot is a read-only subvolume of its own: nothing can change it.
     let client = agent.client();
     let watch = tokio::spawn({
@@ -630,7 +609,10 @@ async fn source_volume(setup: &common::agent_process::Setup, client: &AgentClien
 
 #[tokio::test(flavor = "multi_thread")]
 async fn a_snapshot_deleted_while_being_made_is_never_ready() {
-    if skip_unless_root("a_snapshot_deleted_while_being_made_is_never_ready") {
+    if !root_or_skip(
+        "a_snapshot_deleted_while_being_made_is_never_ready",
+        "snapshots",
+    ) {
         return;
     }
     let setup = setup();
@@ -685,7 +667,10 @@ async fn a_snapshot_deleted_while_being_made_is_never_ready() {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn a_crash_during_a_copy_snapshot_leaves_no_snapshot() {
-    if skip_unless_root("a_crash_during_a_copy_snapshot_leaves_no_snapshot") {
+    if !root_or_skip(
+        "a_crash_during_a_copy_snapshot_leaves_no_snapshot",
+        "snapshots",
+    ) {
         return;
     }
     let setup = setup();

@@ -5,6 +5,7 @@
 #![allow(dead_code)]
 
 pub mod agent_process;
+pub mod backing;
 pub mod logged_agent;
 pub mod tree;
 pub mod zfs_pool;
