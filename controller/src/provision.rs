@@ -17,7 +17,7 @@ use nfsprov_api_types::{
     ExportRequest, NfsExport, QuotaBackend, QuotaPolicy, RestoreProgress, RestoreSource,
     RestoreVolumeRequest, VolumeOwner, VolumePath,
 };
-use nfsprov_vocabulary::archive_restore::ArchiveSource;
+use nfsprov_vocabulary::archive_restore::{self, ArchiveSource};
 use nfsprov_vocabulary::names::ANN_RESTORED_FROM_ARCHIVE;
 use nfsprov_vocabulary::params::ClassParams;
 use nfsprov_vocabulary::pattern::RenderInput;
@@ -101,13 +101,33 @@ pub fn should_provision(
     Ok((class, class_name.to_owned()))
 }
 
-/// The kind of the claim's data source, as the library labels its metrics: empty for none.
+/// The kind of the claim's data source, as the library labels its metrics: empty for
+/// none. `dataSourceRef` is read too, since a Snapshot of this project's API group is
+/// named only there, and a claim made from an archive is labelled `Archive`.
 fn source_kind(pvc: &PersistentVolumeClaim) -> &str {
-    pvc.spec
-        .as_ref()
+    let spec = pvc.spec.as_ref();
+    if let Some(kind) = spec
         .and_then(|s| s.data_source.as_ref())
-        .map_or("", |source| source.kind.as_str())
+        .map(|source| source.kind.as_str())
+        .or_else(|| {
+            spec.and_then(|s| s.data_source_ref.as_ref())
+                .map(|r| r.kind.as_str())
+        })
+    {
+        return kind;
+    }
+    if matches!(
+        archive_restore::requested(pvc.metadata.annotations.as_ref()),
+        Ok(Some(_))
+    ) {
+        return ARCHIVE_SOURCE_KIND;
+    }
+    ""
 }
+
+/// The `source` label of a claim made from an archive: not a Kubernetes kind, since an
+/// archive is named by annotations.
+const ARCHIVE_SOURCE_KIND: &str = "Archive";
 
 /// Reconciles one claim.
 pub async fn reconcile(pvc: &PersistentVolumeClaim, ctx: &Context) -> Result<Action, Error> {
@@ -876,6 +896,7 @@ fn describe_quota(capabilities: &Capabilities) -> String {
 #[cfg(test)]
 mod tests {
     use nfsprov_api_types::Mode;
+    use nfsprov_vocabulary::names::{ANN_RESTORE_ARCHIVE, ANN_RESTORE_ARCHIVE_AGENT};
     use nfsprov_vocabulary::params::{PARAM_GID, PARAM_MODE, PARAM_PATH_PATTERN, PARAM_QUOTA};
 
     use super::*;
@@ -885,6 +906,42 @@ mod tests {
 
     fn wanted_of(parameters: &[(&str, &str)]) -> Wanted {
         wanted(&claim("nfs"), &class("nfs", parameters), "nfs").unwrap()
+    }
+
+    #[test]
+    fn metrics_label_each_kind_of_source_a_claim_names() {
+        let mut pvc = claim("nfs");
+        assert_eq!(source_kind(&pvc), "");
+        let spec = pvc.spec.get_or_insert_with(Default::default);
+        spec.data_source_ref = Some(
+            serde_json::from_value(serde_json::json!({
+                "apiGroup": "nfsprov.dev", "kind": "Snapshot", "name": "nightly"
+            }))
+            .unwrap(),
+        );
+        assert_eq!(source_kind(&pvc), "Snapshot");
+        let mut pvc = claim("nfs");
+        pvc.spec.get_or_insert_with(Default::default).data_source = Some(
+            serde_json::from_value(
+                serde_json::json!({"kind": "PersistentVolumeClaim", "name": "origin"}),
+            )
+            .unwrap(),
+        );
+        assert_eq!(source_kind(&pvc), "PersistentVolumeClaim");
+        let mut pvc = claim("nfs");
+        pvc.metadata.annotations = Some(
+            [
+                (
+                    ANN_RESTORE_ARCHIVE,
+                    "team-a/data/@20260101T000000.000000000Z",
+                ),
+                (ANN_RESTORE_ARCHIVE_AGENT, "nfs1"),
+            ]
+            .into_iter()
+            .map(|(k, v)| (k.to_owned(), v.to_owned()))
+            .collect(),
+        );
+        assert_eq!(source_kind(&pvc), ARCHIVE_SOURCE_KIND);
     }
 
     #[test]

@@ -1,10 +1,14 @@
 //! `volumes`: the PVs of this provisioner with their claim, agent, path, capacity, the
-//! usage the agent measured, and the claim each clone was made from.
+//! usage the agent measured, and what each volume made from other data was made from
+//! (the claim of a clone, the Snapshot or archive of a restore).
 
 use k8s_openapi::api::core::v1::PersistentVolume;
 use nfsprov_api_types::VolumePath;
 use nfsprov_api_types::client::ClientError;
-use nfsprov_vocabulary::names::{ANN_AGENT, ANN_CLONE_METHOD, ANN_CLONED_FROM, ANN_PATH};
+use nfsprov_vocabulary::names::{
+    ANN_AGENT, ANN_CLONE_METHOD, ANN_CLONED_FROM, ANN_PATH, ANN_RESTORED_FROM_ARCHIVE,
+};
+use nfsprov_vocabulary::snapshots::ANN_RESTORED_FROM;
 use serde::Serialize;
 
 use crate::cluster::{Target, annotation};
@@ -24,9 +28,13 @@ pub struct VolumeRow {
     pub capacity_bytes: Option<u64>,
     pub used_bytes: Option<u64>,
     pub quota_enforced: Option<bool>,
-    /// `namespace/name` of the claim this volume was cloned from, and how.
+    /// `namespace/name` of the claim this volume was cloned from, and how (also how a
+    /// restored one was made).
     pub cloned_from: Option<String>,
     pub clone_method: Option<String>,
+    /// What a restored volume was made from: `snapshot namespace/name` or
+    /// `archive agent:id`.
+    pub restored_from: Option<String>,
     /// The clients the volume's own export admits; `None` where the agent has no export
     /// manager (its share decides) or was not read.
     pub clients: Option<Vec<String>>,
@@ -74,6 +82,12 @@ pub fn base_row(pv: &PersistentVolume) -> VolumeRow {
         quota_enforced: None,
         cloned_from: annotation(&pv.metadata, ANN_CLONED_FROM).map(str::to_owned),
         clone_method: annotation(&pv.metadata, ANN_CLONE_METHOD).map(str::to_owned),
+        restored_from: annotation(&pv.metadata, ANN_RESTORED_FROM)
+            .map(|snapshot| format!("snapshot {snapshot}"))
+            .or_else(|| {
+                annotation(&pv.metadata, ANN_RESTORED_FROM_ARCHIVE)
+                    .map(|archive| format!("archive {archive}"))
+            }),
         clients: None,
         error: None,
         agent_unchecked: false,
@@ -183,7 +197,7 @@ impl crate::report::Report for VolumesReport {
                         .map(|e| if e { "yes" } else { "no" }.to_owned()),
                 ),
                 or_dash(v.clients.as_deref().map(clients_cell)),
-                or_dash(v.cloned_from.clone()),
+                or_dash(v.cloned_from.clone().or_else(|| v.restored_from.clone())),
             ]);
         }
         let mut out = table.render();
@@ -247,8 +261,43 @@ mod tests {
         let mut many = plain.clone();
         many.pv = "pvc-5".into();
         many.clients = Some((1..=40).map(|i| format!("10.0.1.{i}")).collect());
+        let archive = "nfs1:ns/data/@20260101T000000.000000000Z";
+        let mut from_snapshot = base_row(&pv(json!({
+            ANN_AGENT: "nfs1",
+            ANN_PATH: "ns/r1",
+            ANN_RESTORED_FROM: "ns/nightly",
+            ANN_CLONE_METHOD: "reflink",
+        })));
+        from_snapshot.pv = "pvc-6".into();
+        let mut from_archive = base_row(&pv(json!({
+            ANN_AGENT: "nfs1",
+            ANN_PATH: "ns/r2",
+            ANN_RESTORED_FROM_ARCHIVE: archive,
+            ANN_CLONE_METHOD: "copy",
+        })));
+        from_archive.pv = "pvc-7".into();
+        assert_eq!(
+            (
+                from_snapshot.restored_from.as_deref(),
+                from_archive.restored_from.as_deref(),
+                plain.restored_from.as_deref(),
+            ),
+            (
+                Some("snapshot ns/nightly"),
+                Some(format!("archive {archive}").as_str()),
+                None
+            )
+        );
         let table = VolumesReport {
-            volumes: vec![clone, plain, exported, nobody, many],
+            volumes: vec![
+                clone,
+                plain,
+                exported,
+                nobody,
+                many,
+                from_snapshot,
+                from_archive,
+            ],
             unchecked_agents: Vec::new(),
         }
         .table();
@@ -258,7 +307,20 @@ mod tests {
             .collect();
         assert_eq!(
             origins,
-            ["ORIGIN", "ns/data", "-", "-", "-", "-"],
+            [
+                "ORIGIN",
+                "ns/data",
+                "-",
+                "-",
+                "-",
+                "-",
+                "ns/nightly",
+                archive
+            ],
+            "{table}"
+        );
+        assert!(
+            table.contains("snapshot ns/nightly") && table.contains(&format!("archive {archive}")),
             "{table}"
         );
         let clients: Vec<&str> = table
@@ -274,7 +336,9 @@ mod tests {
                 "-",
                 "10.0.0.2,10.0.0.3",
                 "none",
-                "40 clients"
+                "40 clients",
+                "-",
+                "-"
             ],
             "{table}"
         );
