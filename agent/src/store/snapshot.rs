@@ -591,6 +591,21 @@ impl VolumeStore {
             dir: dir.as_fd(),
             record: &found,
         };
+        self.make_restored(parent, &clone_source, path, source, request, progress)
+    }
+
+    /// Makes the volume at `path` from `from` (the tree of the snapshot or archive
+    /// `source`) as `request` asks, as a clone is made, or confirms the volume an earlier
+    /// identical request made there.
+    pub(super) fn make_restored(
+        &self,
+        parent: BorrowedFd<'_>,
+        from: &CloneSource<'_>,
+        path: &VolumePath,
+        source: &RestoreSource,
+        request: &RestoreVolumeRequest,
+        progress: &CopyProgress,
+    ) -> Result<(Volume, Created)> {
         let wanted = NewVolume {
             path,
             capacity_bytes: request.capacity_bytes,
@@ -598,7 +613,7 @@ impl VolumeStore {
             quota: request.quota,
             origin: Origin::Restore(source),
         };
-        self.make_from(parent, &clone_source, &wanted, progress, |existing| {
+        self.make_from(parent, from, &wanted, progress, |existing| {
             confirm_restore(path, existing, source, request)
         })
     }
@@ -726,7 +741,7 @@ fn check_restore_size(
 
 /// A repeated restore is confirmed only when the volume there was restored from the same
 /// snapshot or archive, with the same capacity, owner and quota.
-pub(super) fn confirm_restore(
+fn confirm_restore(
     path: &VolumePath,
     existing: VolumeRecord,
     wanted: &RestoreSource,

@@ -20,8 +20,7 @@ use super::naming::{archive_components, archive_path};
 use crate::store::backend::{CloneSource, Layout};
 use crate::store::copy::CopyProgress;
 use crate::store::error::{Result, StoreError};
-use crate::store::snapshot::confirm_restore;
-use crate::store::{Created, NewVolume, Origin, VolumeStore, mounts};
+use crate::store::{Created, VolumeStore, mounts};
 
 impl VolumeStore {
     /// The archive `id` as the store knows it, or `None`: with the usage the backend
@@ -94,15 +93,6 @@ impl VolumeStore {
             dir: dir.as_fd(),
             record: &record,
         };
-        let wanted = NewVolume {
-            path,
-            capacity_bytes: request.capacity_bytes,
-            owner: &request.owner,
-            quota: request.quota,
-            origin: Origin::Restore(source),
-        };
-        self.make_from(parent, &clone_source, &wanted, progress, |existing| {
-            confirm_restore(path, existing, source, request)
-        })
+        self.make_restored(parent, &clone_source, path, source, request, progress)
     }
 }
