@@ -475,6 +475,7 @@ mod tests {
         let deleting = check_source_claim(&deleting, &source(), "nfs", 1 << 30).unwrap_err();
         assert!(deleting.message.contains("being deleted"), "{deleting:?}");
     }
+
     #[test]
     fn archive_annotations_name_a_source_but_never_beside_a_data_source() {
         use nfsprov_vocabulary::names::{ANN_RESTORE_ARCHIVE, ANN_RESTORE_ARCHIVE_AGENT};
