@@ -17,6 +17,17 @@ const BTRFS_SUPER_MAGIC: i64 = 0x9123_683E;
 /// Inode number of every subvolume's root directory.
 pub const SUBVOLUME_ROOT_INODE: u64 = 256;
 
+/// What a subvolume snapshot is for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SnapshotKind {
+    /// A new volume (a clone or a restore): written from then on.
+    Writable,
+    /// A kept snapshot. Nothing can change it afterwards, not even a rename into another
+    /// directory (its root's `..` would change), so it is made in the directory it stays
+    /// in.
+    ReadOnly,
+}
+
 #[derive(Debug, Clone)]
 pub struct Btrfs {
     runner: Arc<dyn ToolRunner>,
@@ -57,37 +68,16 @@ impl Btrfs {
             .map(drop)
     }
 
-    /// Makes `name` in `dir` a writable snapshot of the subvolume `source`.
+    /// Makes `name` in `dir` a snapshot of the subvolume `source`, of `kind`.
     pub fn snapshot_subvolume(
         &self,
         source: BorrowedFd<'_>,
         dir: BorrowedFd<'_>,
         name: &str,
-    ) -> Result<(), ToolError> {
-        self.snapshot(source, dir, name, false)
-    }
-
-    /// Makes `name` in `dir` a read-only snapshot of the subvolume `source`. Nothing can
-    /// change it afterwards, not even a rename into another directory (its root's `..`
-    /// would change), so it is made in the directory it stays in.
-    pub fn snapshot_subvolume_read_only(
-        &self,
-        source: BorrowedFd<'_>,
-        dir: BorrowedFd<'_>,
-        name: &str,
-    ) -> Result<(), ToolError> {
-        self.snapshot(source, dir, name, true)
-    }
-
-    fn snapshot(
-        &self,
-        source: BorrowedFd<'_>,
-        dir: BorrowedFd<'_>,
-        name: &str,
-        read_only: bool,
+        kind: SnapshotKind,
     ) -> Result<(), ToolError> {
         let mut args = vec!["subvolume".to_owned(), "snapshot".to_owned()];
-        if read_only {
+        if kind == SnapshotKind::ReadOnly {
             args.push("-r".to_owned());
         }
         args.push(path_through_fd(source, None).display().to_string());
@@ -232,7 +222,7 @@ mod tests {
              0/257 4096 4096 1073741824 exp/ns/claim\n"));
         assert_eq!(backend.used_bytes(dir.as_fd()).unwrap(), 4096);
         backend
-            .snapshot_subvolume_read_only(dir.as_fd(), dir.as_fd(), "snap-1")
+            .snapshot_subvolume(dir.as_fd(), dir.as_fd(), "snap-1", SnapshotKind::ReadOnly)
             .unwrap();
         runner.reply(Ok("Qgroupid Referenced Exclusive Max referenced Path\n\
              0/258 8192 1024 none .nfsprov/snapshots/snap-1\n"));

@@ -22,7 +22,7 @@ use super::legacy::{self, Area};
 use super::reconcile;
 use super::record::{Identity, QuotaRecord, RecordStore, VolumeRecord};
 use super::tree::{MAX_USAGE_DEPTH, measure_tree, remove_tree};
-use crate::quota::btrfs::{self, Btrfs};
+use crate::quota::btrfs::{self, Btrfs, SnapshotKind};
 use crate::quota::xfs::Xfs;
 
 /// How a directory volume is held to its capacity.
@@ -81,7 +81,7 @@ pub trait QuotaStrategy: Debug + Send + Sync {
         remove_tree(parent, name)
     }
 
-    /// Makes `name` in `parent` a writable snapshot of the volume `source`, when this
+    /// Makes `name` in `parent` a snapshot of `kind` of the volume `source`, when this
     /// strategy can snapshot that volume; `Ok(false)` when it cannot (the tree is then
     /// copied instead).
     fn snapshot(
@@ -90,22 +90,9 @@ pub trait QuotaStrategy: Debug + Send + Sync {
         parent: BorrowedFd<'_>,
         name: &str,
         path: &VolumePath,
+        kind: SnapshotKind,
     ) -> Result<bool> {
-        let _ = (source, parent, name, path);
-        Ok(false)
-    }
-
-    /// Makes `name` in `parent` a read-only snapshot of the volume `source`, when this
-    /// strategy can snapshot that volume; `Ok(false)` when it cannot (the tree is then
-    /// copied instead).
-    fn snapshot_read_only(
-        &self,
-        source: BorrowedFd<'_>,
-        parent: BorrowedFd<'_>,
-        name: &str,
-        path: &VolumePath,
-    ) -> Result<bool> {
-        let _ = (source, parent, name, path);
+        let _ = (source, parent, name, path, kind);
         Ok(false)
     }
 
@@ -204,36 +191,27 @@ impl QuotaStrategy for Btrfs {
     }
 
     /// A volume that is a subvolume (every limited one) is snapshotted: instant, and
-    /// the snapshot shares every extent until either side writes.
+    /// the snapshot shares every extent until either side writes. A read-only one is a
+    /// kept snapshot, whose qgroup counts what only it still holds.
     fn snapshot(
         &self,
         source: BorrowedFd<'_>,
         parent: BorrowedFd<'_>,
         name: &str,
         path: &VolumePath,
+        kind: SnapshotKind,
     ) -> Result<bool> {
         if !btrfs::is_subvolume(source) {
             return Ok(false);
         }
-        self.snapshot_subvolume(source, parent, name)
-            .map_err(|e| quota_error(format!("snapshot the source of {path}"), e))?;
-        Ok(true)
-    }
-
-    /// A snapshot of a subvolume volume is a read-only subvolume: it shares every
-    /// extent with its source, and its qgroup counts what only it still holds.
-    fn snapshot_read_only(
-        &self,
-        source: BorrowedFd<'_>,
-        parent: BorrowedFd<'_>,
-        name: &str,
-        path: &VolumePath,
-    ) -> Result<bool> {
-        if !btrfs::is_subvolume(source) {
-            return Ok(false);
-        }
-        self.snapshot_subvolume_read_only(source, parent, name)
-            .map_err(|e| quota_error(format!("snapshot {path}"), e))?;
+        self.snapshot_subvolume(source, parent, name, kind)
+            .map_err(|e| {
+                let what = match kind {
+                    SnapshotKind::Writable => format!("snapshot the source of {path}"),
+                    SnapshotKind::ReadOnly => format!("snapshot {path}"),
+                };
+                quota_error(what, e)
+            })?;
         Ok(true)
     }
 
@@ -576,10 +554,13 @@ impl VolumeBackend for DirectoryBackend {
         // The snapshot's root shares its source's old record key: move the source's
         // record off it first.
         self.records()?.settle(source.dir)?;
-        if self
-            .quota
-            .snapshot(source.dir, target.parent, target.name, target.path)?
-        {
+        if self.quota.snapshot(
+            source.dir,
+            target.parent,
+            target.name,
+            target.path,
+            SnapshotKind::Writable,
+        )? {
             let Some(capacity) = target.limit else {
                 return Ok((None, CloneMethod::BtrfsSnapshot));
             };
@@ -611,10 +592,13 @@ impl VolumeBackend for DirectoryBackend {
     ) -> Result<SnapshotMethod> {
         // As for a clone: the snapshot's root would share its source's old record key.
         self.records()?.settle(source.dir)?;
-        if self
-            .quota
-            .snapshot_read_only(source.dir, parent, name, source.path)?
-        {
+        if self.quota.snapshot(
+            source.dir,
+            parent,
+            name,
+            source.path,
+            SnapshotKind::ReadOnly,
+        )? {
             return Ok(SnapshotMethod::BtrfsSnapshot);
         }
         rustix::fs::mkdirat(parent, name, Mode::from_raw_mode(0o700))
