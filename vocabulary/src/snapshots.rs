@@ -120,30 +120,38 @@ impl Snapshot {
     }
 }
 
-impl Resource for Snapshot {
-    const API_VERSION: &'static str = API_VERSION;
-    const GROUP: &'static str = GROUP;
-    const KIND: &'static str = SNAPSHOT_KIND;
-    const VERSION: &'static str = VERSION;
-    const URL_PATH_SEGMENT: &'static str = "snapshots";
-    type Scope = NamespaceResourceScope;
+/// Makes `$kind` a namespaced resource of this group, as the CRDs in `deploy/crds/`
+/// declare it: what kube's typed `Api` needs to read, list and watch it.
+macro_rules! namespaced_resource {
+    ($kind:ty, $kind_name:expr, $plural:literal, $list_kind:literal) => {
+        impl Resource for $kind {
+            const API_VERSION: &'static str = API_VERSION;
+            const GROUP: &'static str = GROUP;
+            const KIND: &'static str = $kind_name;
+            const VERSION: &'static str = VERSION;
+            const URL_PATH_SEGMENT: &'static str = $plural;
+            type Scope = NamespaceResourceScope;
+        }
+
+        impl ListableResource for $kind {
+            const LIST_KIND: &'static str = $list_kind;
+        }
+
+        impl Metadata for $kind {
+            type Ty = ObjectMeta;
+
+            fn metadata(&self) -> &ObjectMeta {
+                &self.metadata
+            }
+
+            fn metadata_mut(&mut self) -> &mut ObjectMeta {
+                &mut self.metadata
+            }
+        }
+    };
 }
 
-impl ListableResource for Snapshot {
-    const LIST_KIND: &'static str = "SnapshotList";
-}
-
-impl Metadata for Snapshot {
-    type Ty = ObjectMeta;
-
-    fn metadata(&self) -> &ObjectMeta {
-        &self.metadata
-    }
-
-    fn metadata_mut(&mut self) -> &mut ObjectMeta {
-        &mut self.metadata
-    }
-}
+namespaced_resource!(Snapshot, SNAPSHOT_KIND, "snapshots", "SnapshotList");
 
 /// Snapshots of the claims a selector picks, taken at an interval and pruned.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
@@ -191,30 +199,12 @@ pub struct ScheduleStatus {
     pub error: Option<String>,
 }
 
-impl Resource for SnapshotSchedule {
-    const API_VERSION: &'static str = API_VERSION;
-    const GROUP: &'static str = GROUP;
-    const KIND: &'static str = SCHEDULE_KIND;
-    const VERSION: &'static str = VERSION;
-    const URL_PATH_SEGMENT: &'static str = "snapshotschedules";
-    type Scope = NamespaceResourceScope;
-}
-
-impl ListableResource for SnapshotSchedule {
-    const LIST_KIND: &'static str = "SnapshotScheduleList";
-}
-
-impl Metadata for SnapshotSchedule {
-    type Ty = ObjectMeta;
-
-    fn metadata(&self) -> &ObjectMeta {
-        &self.metadata
-    }
-
-    fn metadata_mut(&mut self) -> &mut ObjectMeta {
-        &mut self.metadata
-    }
-}
+namespaced_resource!(
+    SnapshotSchedule,
+    SCHEDULE_KIND,
+    "snapshotschedules",
+    "SnapshotScheduleList"
+);
 
 /// The labels a schedule puts on each Snapshot it makes.
 pub fn schedule_labels(schedule: &str) -> BTreeMap<String, String> {
