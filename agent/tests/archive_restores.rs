@@ -13,15 +13,13 @@ mod common;
 use std::collections::BTreeMap;
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use common::agent_process::{Setup, agent_binary, setup};
+use common::agent_process::setup;
 use common::backing::{btrfs_agent, btrfs_or_skip, root_or_skip, xfs_or_skip};
 use common::tree::{manifest, write_fixture, write_tree};
 use common::zfs_pool::ZfsPool;
 use nfsprov_agent::archive::retention::ArchiveSettings;
-use nfsprov_agent::init::files;
 use nfsprov_agent_testkit::TestAgent;
 use nfsprov_api_types::client::{AgentClient, ClientError, CreateOutcome, RestoreOutcome};
 use nfsprov_api_types::{
@@ -510,22 +508,9 @@ async fn hostile_archive_ids_are_refused_before_anything_is_touched() {
     agent.stop().await.unwrap();
 }
 
-/// The file, in the agent's settings directory, whose exclusive lock a test holds to
-/// keep a debug agent's finished restore copy from being placed.
-const HOLD_RESTORES: &str = "hold-restores";
-
-/// The agent as a process of its own whose restore copies wait, once done, while the
-/// test holds the lock of [`HOLD_RESTORES`].
-fn spawn_held(setup: &Setup) -> std::process::Child {
-    Command::new(agent_binary())
-        .args(["run", "--config"])
-        .arg(setup.etc.join(files::CONFIG))
-        .env("NFSPROV_AGENT_HOLD_RESTORES", setup.etc.join(HOLD_RESTORES))
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap()
-}
+/// The debug-build hold that keeps a finished copy from being placed while the test
+/// holds its lock.
+const HOLD_RESTORES: &str = "NFSPROV_AGENT_HOLD_RESTORES";
 
 fn entries(dir: &Path) -> Vec<String> {
     let mut names: Vec<String> = std::fs::read_dir(dir)
@@ -544,9 +529,8 @@ async fn a_crash_during_a_copy_restore_leaves_no_volume() {
         return;
     }
     let setup = setup();
-    let hold = std::fs::File::create(setup.etc.join(HOLD_RESTORES)).unwrap();
-    hold.lock().unwrap();
-    let mut agent = spawn_held(&setup);
+    let hold = setup.hold(HOLD_RESTORES);
+    let mut agent = setup.spawn_held(HOLD_RESTORES);
     let client = setup.client();
     setup.wait_healthy(&client).await;
     let source = path("team/source");
@@ -585,7 +569,7 @@ async fn a_crash_during_a_copy_restore_leaves_no_volume() {
 
     // Without the hold: a restart finds no volume there and clears what the copy left.
     drop(hold);
-    let mut agent = spawn_held(&setup);
+    let mut agent = setup.spawn_held(HOLD_RESTORES);
     setup.wait_healthy(&client).await;
     assert!(client.get_volume(&target, None).await.unwrap().is_none());
     assert!(common::volume_paths(&client).await.is_empty());
@@ -623,9 +607,8 @@ async fn an_archive_deleted_during_a_restore_goes_only_once_the_restore_is_made(
         return;
     }
     let setup = setup();
-    let hold = std::fs::File::create(setup.etc.join(HOLD_RESTORES)).unwrap();
-    hold.lock().unwrap();
-    let mut agent = spawn_held(&setup);
+    let hold = setup.hold(HOLD_RESTORES);
+    let mut agent = setup.spawn_held(HOLD_RESTORES);
     let client = setup.client();
     setup.wait_healthy(&client).await;
     let source = path("team/source");

@@ -12,14 +12,12 @@ mod common;
 use std::collections::BTreeMap;
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use common::agent_process::{agent_binary, setup};
+use common::agent_process::setup;
 use common::backing::{btrfs_agent, btrfs_or_skip, root_or_skip, xfs_or_skip};
 use common::tree::{manifest, write_fixture, write_tree};
 use common::zfs_pool::ZfsPool;
-use nfsprov_agent::init::files;
 use nfsprov_agent_testkit::TestAgent;
 use nfsprov_api_types::client::{AgentClient, ClientError, CreateOutcome, RestoreOutcome};
 use nfsprov_api_types::{
@@ -575,25 +573,9 @@ async fn hostile_snapshot_names_are_refused() {
     agent.stop().await.unwrap();
 }
 
-/// The file, in the agent's settings directory, whose exclusive lock a test holds to
-/// keep a debug agent's finished snapshot copy from being placed.
-const HOLD_SNAPSHOTS: &str = "hold-snapshots";
-
-/// The agent as a process of its own whose snapshot copies wait, once done, while the
-/// test holds the lock of [`HOLD_SNAPSHOTS`].
-fn spawn_held(setup: &common::agent_process::Setup) -> std::process::Child {
-    Command::new(agent_binary())
-        .args(["run", "--config"])
-        .arg(setup.etc.join(files::CONFIG))
-        .env(
-            "NFSPROV_AGENT_HOLD_SNAPSHOTS",
-            setup.etc.join(HOLD_SNAPSHOTS),
-        )
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap()
-}
+/// The debug-build hold that keeps a finished copy from being placed while the test
+/// holds its lock.
+const HOLD_SNAPSHOTS: &str = "NFSPROV_AGENT_HOLD_SNAPSHOTS";
 
 /// A volume `team/source` holding the fixture, on the agent of `setup`.
 async fn source_volume(setup: &common::agent_process::Setup, client: &AgentClient) -> VolumePath {
@@ -616,9 +598,8 @@ async fn a_snapshot_deleted_while_being_made_is_never_ready() {
         return;
     }
     let setup = setup();
-    let hold = std::fs::File::create(setup.etc.join(HOLD_SNAPSHOTS)).unwrap();
-    hold.lock().unwrap();
-    let mut agent = spawn_held(&setup);
+    let hold = setup.hold(HOLD_SNAPSHOTS);
+    let mut agent = setup.spawn_held(HOLD_SNAPSHOTS);
     let client = setup.client();
     setup.wait_healthy(&client).await;
     let source = source_volume(&setup, &client).await;
@@ -674,9 +655,8 @@ async fn a_crash_during_a_copy_snapshot_leaves_no_snapshot() {
         return;
     }
     let setup = setup();
-    let hold = std::fs::File::create(setup.etc.join(HOLD_SNAPSHOTS)).unwrap();
-    hold.lock().unwrap();
-    let mut agent = spawn_held(&setup);
+    let hold = setup.hold(HOLD_SNAPSHOTS);
+    let mut agent = setup.spawn_held(HOLD_SNAPSHOTS);
     let client = setup.client();
     setup.wait_healthy(&client).await;
     let source = source_volume(&setup, &client).await;
@@ -701,7 +681,7 @@ async fn a_crash_during_a_copy_snapshot_leaves_no_snapshot() {
 
     // Without the hold: a restart finds no snapshot and clears what the copy left.
     drop(hold);
-    let mut agent = spawn_held(&setup);
+    let mut agent = setup.spawn_held(HOLD_SNAPSHOTS);
     setup.wait_healthy(&client).await;
     let gone = client.get_snapshot(&snap, None).await.unwrap_err();
     assert_eq!(gone.code(), Some(ErrorCode::NotFound), "{gone}");

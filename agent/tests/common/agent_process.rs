@@ -84,6 +84,33 @@ impl Setup {
             .unwrap()
     }
 
+    /// The file of the debug-build hold `switch` (`NFSPROV_AGENT_HOLD_SNAPSHOTS`, ...),
+    /// in the settings directory.
+    fn hold_file(&self, switch: &str) -> PathBuf {
+        self.etc.join(switch.to_lowercase())
+    }
+
+    /// Locks the file of the hold `switch`: an agent from [`Self::spawn_held`] keeps its
+    /// finished copies waiting until the returned file is dropped.
+    pub fn hold(&self, switch: &str) -> std::fs::File {
+        let hold = std::fs::File::create(self.hold_file(switch)).unwrap();
+        hold.lock().unwrap();
+        hold
+    }
+
+    /// The agent as a process of its own whose jobs wait at the hold `switch` while the
+    /// test holds the lock of [`Self::hold`].
+    pub fn spawn_held(&self, switch: &str) -> Child {
+        Command::new(agent_binary())
+            .args(["run", "--config"])
+            .arg(self.etc.join(files::CONFIG))
+            .env(switch, self.hold_file(switch))
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap()
+    }
+
     pub fn client(&self) -> AgentClient {
         AgentClient::new(&AgentConnectionConfig {
             name: "proc".into(),
