@@ -50,8 +50,7 @@ use super::error::{Result, StoreError, io_error, not_found};
 use super::record::{VolumeRecord, now_rfc3339};
 use super::tree::measure_tree;
 use super::{
-    Created, Deleted, NewVolume, Origin, PathGuard, VolumeStore, confirm_made, mounts,
-    record_as_found,
+    Created, Deleted, NewVolume, Origin, PathGuard, VolumeStore, confirm_made, record_as_found,
 };
 use crate::holds;
 use crate::store::copy::CopyProgress;
@@ -307,13 +306,11 @@ impl VolumeStore {
         if mounts {
             return self.take_kept_snapshot(&area, name, source, &source_record);
         }
-        let points = self.mount_points(source.as_str(), mounts::MountTable::mount_points_below)?;
-        if !points.is_empty() {
-            return Err(StoreError::Conflict(format!(
-                "snapshot {name}: the source volume {source} holds mount points ({}); a snapshot never spans filesystems; unmount them and retry",
-                points.join(", ")
-            )));
-        }
+        self.refuse_mount_points(
+            &format_args!("snapshot {name}: the source volume {source}"),
+            source.as_str(),
+            "snapshot",
+        )?;
         let source_dir = open_child(source_parent.as_fd(), source.file_name(), false)?;
         let clone_source = CloneSource {
             path: source,
