@@ -27,6 +27,7 @@ use nfsprov_api_types::{
     ApiError, CloneMethod, CreateSnapshotRequest, ErrorCode, RestoreProgress, RestoreSource,
     RestoreVolumeRequest, Snapshot, SnapshotName, Volume, VolumePath,
 };
+use prometheus_client::metrics::counter::Counter;
 use tokio::sync::{Semaphore, watch};
 
 use crate::metrics::{RestoreLabels, SnapshotLabels, SnapshotMetrics};
@@ -177,35 +178,23 @@ impl Snapshots {
                     taken
                 })
             };
-            let outcome = match work.await {
-                Ok(Ok((snapshot, created))) => {
-                    if created == Created::New {
-                        metrics
-                            .made
-                            .get_or_create(&SnapshotLabels {
-                                method: snapshot.method.as_str(),
-                            })
-                            .inc();
-                        metrics.bytes.inc_by(snapshot.size_bytes.unwrap_or(0));
-                        tracing::info!(snapshot = %name, source = %snapshot.source, method = %snapshot.method, "took a snapshot");
-                    }
-                    Ok((snapshot, created))
-                }
-                // Not a failure: deleted while it was being taken.
-                Ok(Err(e)) if cancelled.load(Ordering::SeqCst) => Err(e.to_api_error()),
-                Ok(Err(e)) => {
-                    metrics.failed.inc();
-                    tracing::warn!(snapshot = %name, source = %request.source, error = %e, "snapshot failed");
-                    Err(e.to_api_error())
-                }
-                Err(e) => {
-                    metrics.failed.inc();
-                    Err(ApiError::new(
-                        ErrorCode::Internal,
-                        format!("snapshot {name}: the snapshot task failed: {e}"),
-                    ))
-                }
-            };
+            let outcome = job_outcome(
+                work.await,
+                cancelled.load(Ordering::SeqCst),
+                &metrics.failed,
+                format_args!("snapshot {name}: the snapshot task"),
+                |e| tracing::warn!(snapshot = %name, source = %request.source, error = %e, "snapshot failed"),
+            );
+            if let Ok((snapshot, Created::New)) = &outcome {
+                metrics
+                    .made
+                    .get_or_create(&SnapshotLabels {
+                        method: snapshot.method.as_str(),
+                    })
+                    .inc();
+                metrics.bytes.inc_by(snapshot.size_bytes.unwrap_or(0));
+                tracing::info!(snapshot = %name, source = %snapshot.source, method = %snapshot.method, "took a snapshot");
+            }
             metrics.in_progress.dec();
             drop(source_guard);
             drop(name_guard);
@@ -287,40 +276,60 @@ impl Snapshots {
                     store.restore_volume(&path, &source, &request, &progress)
                 })
             };
-            let outcome = match work.await {
-                Ok(Ok((volume, created))) => {
-                    if created == Created::New
-                        && let Some(origin) = &volume.restore
-                    {
-                        metrics
-                            .restored
-                            .get_or_create(&RestoreLabels {
-                                source: source_label(&origin.source),
-                                method: method_label(origin.method),
-                            })
-                            .inc();
-                        tracing::info!(%path, source = %origin.source, method = %origin.method, "restored a volume");
-                    }
-                    Ok((volume, created))
-                }
-                Ok(Err(e)) => {
-                    metrics.restores_failed.inc();
-                    tracing::warn!(%path, %source, error = %e, "restore failed");
-                    Err(e.to_api_error())
-                }
-                Err(e) => {
-                    metrics.restores_failed.inc();
-                    Err(ApiError::new(
-                        ErrorCode::Internal,
-                        format!("{path}: the restore task failed: {e}"),
-                    ))
-                }
-            };
+            let outcome = job_outcome(
+                work.await,
+                // Restores are never cancelled: nothing deletes a volume being made.
+                false,
+                &metrics.restores_failed,
+                format_args!("{path}: the restore task"),
+                |e| tracing::warn!(%path, %source, error = %e, "restore failed"),
+            );
+            if let Ok((volume, Created::New)) = &outcome
+                && let Some(origin) = &volume.restore
+            {
+                metrics
+                    .restored
+                    .get_or_create(&RestoreLabels {
+                        source: source_label(&origin.source),
+                        method: method_label(origin.method),
+                    })
+                    .inc();
+                tracing::info!(%path, source = %origin.source, method = %origin.method, "restored a volume");
+            }
             metrics.in_progress.dec();
             drop(guards);
             drop(slot);
             end.finish(outcome);
         });
+    }
+}
+
+/// What a job's waiters are told of its blocking task. A failure is counted in `failed`
+/// and logged by `warn`, with the job's own fields, unless the job was `cancelled`: then
+/// what it made was deleted, which is no failure. A task that died (it panicked) is
+/// counted too, and named by `task` in the answer.
+fn job_outcome<T>(
+    joined: Result<Result<T, StoreError>, tokio::task::JoinError>,
+    cancelled: bool,
+    failed: &Counter,
+    task: std::fmt::Arguments<'_>,
+    warn: impl FnOnce(&StoreError),
+) -> Result<T, ApiError> {
+    match joined {
+        Ok(Ok(made)) => Ok(made),
+        Ok(Err(e)) if cancelled => Err(e.to_api_error()),
+        Ok(Err(e)) => {
+            failed.inc();
+            warn(&e);
+            Err(e.to_api_error())
+        }
+        Err(e) => {
+            failed.inc();
+            Err(ApiError::new(
+                ErrorCode::Internal,
+                format!("{task} failed: {e}"),
+            ))
+        }
     }
 }
 
@@ -545,5 +554,49 @@ mod tests {
         assert!(!flags[0].load(Ordering::SeqCst));
         ends.remove(0).finish(8);
         assert!(jobs.info(&"a").is_none());
+    }
+
+    #[tokio::test]
+    async fn a_job_counts_and_logs_its_failures_but_not_its_cancellation() {
+        let failed = Counter::default();
+        let mut warned = Vec::new();
+        let failure = || Ok(Err::<(), _>(StoreError::NotFound("gone".into())));
+
+        let made = job_outcome(Ok(Ok(7)), false, &failed, format_args!("t"), |_| {
+            panic!("nothing failed")
+        });
+        assert_eq!(made.unwrap(), 7);
+
+        let cancelled = job_outcome(failure(), true, &failed, format_args!("t"), |e| {
+            warned.push(e.to_string())
+        });
+        assert_eq!(cancelled.unwrap_err().code, ErrorCode::NotFound);
+        assert_eq!(failed.get(), 0);
+        assert!(warned.is_empty());
+
+        let refused = job_outcome(failure(), false, &failed, format_args!("t"), |e| {
+            warned.push(e.to_string())
+        });
+        assert_eq!(refused.unwrap_err().code, ErrorCode::NotFound);
+        assert_eq!(failed.get(), 1);
+        assert_eq!(warned.len(), 1);
+
+        let died: Result<(), _> = tokio::spawn(async { panic!("the task dies") }).await;
+        let died = job_outcome::<()>(
+            died.map(Ok),
+            false,
+            &failed,
+            format_args!("snapshot s: the snapshot task"),
+            |_| panic!("a dead task is no refusal"),
+        );
+        let died = died.unwrap_err();
+        assert_eq!(died.code, ErrorCode::Internal);
+        assert!(
+            died.message
+                .starts_with("snapshot s: the snapshot task failed: "),
+            "{}",
+            died.message
+        );
+        assert_eq!(failed.get(), 2);
     }
 }
