@@ -1072,7 +1072,8 @@ async fn delete_snapshot(
 ) -> ApiResult<StatusCode> {
     let name = snapshot_name(raw_name)?;
     if state.snapshots.cancel(&name) {
-        // Its job removes what it made once its copy ends; nothing of it is ready.
+        // Its job records nothing and removes what it made once its copy ends: no record
+        // of it is on disk to outlive a power cut. Otherwise the job's lock is awaited below.
         state.metrics.count_operation("delete_snapshot", "success");
         return Ok(StatusCode::NO_CONTENT);
     }

@@ -214,21 +214,7 @@ impl Metrics {
             "Clone jobs allowed to run at once: limits.max_clone_jobs, or fewer where the descriptor limit cannot hold that many",
             clones.slots.clone(),
         );
-        registry.register(
-            "clone_copied_bytes",
-            "Bytes of file data copied or reflinked by clones that copy their tree",
-            clones.copy.copied_bytes.clone(),
-        );
-        registry.register(
-            "clone_copied_files",
-            "Regular files copied or reflinked by clones that copy their tree",
-            clones.copy.copied_files.clone(),
-        );
-        registry.register(
-            "clone_pending_bytes",
-            "Bytes of file data that the copies in flight have found but not copied yet",
-            clones.copy.pending_bytes.clone(),
-        );
+        register_copy_progress(&mut registry, "clone", "clones", "copies", &clones.copy);
         let snapshots = SnapshotMetrics::default();
         registry.register(
             "snapshots",
@@ -260,20 +246,12 @@ impl Metrics {
             "Restores from snapshots or archives that could not be made (the log says why)",
             snapshots.restores_failed.clone(),
         );
-        registry.register(
-            "snapshot_copied_bytes",
-            "Bytes of file data copied or reflinked by snapshots and restores that copy their tree",
-            snapshots.copy.copied_bytes.clone(),
-        );
-        registry.register(
-            "snapshot_copied_files",
-            "Regular files copied or reflinked by snapshots and restores that copy their tree",
-            snapshots.copy.copied_files.clone(),
-        );
-        registry.register(
-            "snapshot_pending_bytes",
-            "Bytes of file data that the snapshot and restore copies in flight have found but not copied yet",
-            snapshots.copy.pending_bytes.clone(),
+        register_copy_progress(
+            &mut registry,
+            "snapshot",
+            "snapshots and restores",
+            "snapshot and restore copies",
+            &snapshots.copy,
         );
         Self {
             clones,
@@ -302,5 +280,65 @@ impl Metrics {
         // Writing into a String cannot fail.
         let _ = prometheus_client::encoding::text::encode(&mut out, &self.registry);
         out
+    }
+}
+
+/// Registers the progress of one kind of copy as `<prefix>_copied_bytes`,
+/// `<prefix>_copied_files` and `<prefix>_pending_bytes`, made by `makers` (who copy a
+/// tree) and in flight as `copies`.
+fn register_copy_progress(
+    registry: &mut Registry,
+    prefix: &str,
+    makers: &str,
+    copies: &str,
+    progress: &CopyProgress,
+) {
+    registry.register(
+        format!("{prefix}_copied_bytes"),
+        format!("Bytes of file data copied or reflinked by {makers} that copy their tree"),
+        progress.copied_bytes.clone(),
+    );
+    registry.register(
+        format!("{prefix}_copied_files"),
+        format!("Regular files copied or reflinked by {makers} that copy their tree"),
+        progress.copied_files.clone(),
+    );
+    registry.register(
+        format!("{prefix}_pending_bytes"),
+        format!("Bytes of file data that the {copies} in flight have found but not copied yet"),
+        progress.pending_bytes.clone(),
+    );
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The copy-progress metrics of clones and of snapshots are read by the dashboard,
+    /// the alerts and the docs under these names and help texts.
+    #[test]
+    fn the_copy_progress_metrics_keep_their_names_and_help() {
+        let metrics = Metrics::new();
+        metrics.clones.copy.copied_bytes.inc_by(3);
+        metrics.snapshots.copy.pending_bytes.set(5);
+        let text = metrics.encode();
+        for line in [
+            "# HELP nfsprov_agent_clone_copied_bytes Bytes of file data copied or reflinked by clones that copy their tree.",
+            "# TYPE nfsprov_agent_clone_copied_bytes counter",
+            "nfsprov_agent_clone_copied_bytes_total 3",
+            "# HELP nfsprov_agent_clone_copied_files Regular files copied or reflinked by clones that copy their tree.",
+            "nfsprov_agent_clone_copied_files_total 0",
+            "# HELP nfsprov_agent_clone_pending_bytes Bytes of file data that the copies in flight have found but not copied yet.",
+            "nfsprov_agent_clone_pending_bytes 0",
+            "# HELP nfsprov_agent_snapshot_copied_bytes Bytes of file data copied or reflinked by snapshots and restores that copy their tree.",
+            "nfsprov_agent_snapshot_copied_bytes_total 0",
+            "# HELP nfsprov_agent_snapshot_copied_files Regular files copied or reflinked by snapshots and restores that copy their tree.",
+            "nfsprov_agent_snapshot_copied_files_total 0",
+            "# HELP nfsprov_agent_snapshot_pending_bytes Bytes of file data that the snapshot and restore copies in flight have found but not copied yet.",
+            "# TYPE nfsprov_agent_snapshot_pending_bytes gauge",
+            "nfsprov_agent_snapshot_pending_bytes 5",
+        ] {
+            assert!(text.lines().any(|l| l == line), "{line:?} not in:\n{text}");
+        }
     }
 }

@@ -15,11 +15,14 @@
 //!
 //! Deleting a snapshot still being made stops its job from keeping it: the job ends
 //! its copy (which cannot be interrupted part way without leaving it to the next start),
-//! then removes what it made instead of answering it.
+//! then removes what it made instead of recording it. Such a delete is answered at once
+//! only while the job makes a snapshot it found unrecorded, so that nothing of it is on
+//! disk to outlive a power cut; before (it may find the snapshot recorded) or after (it
+//! records it), the delete waits for the job and removes what it left, durably.
 
 use std::collections::HashMap;
 use std::hash::Hash;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU8, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -27,10 +30,13 @@ use nfsprov_api_types::{
     ApiError, CloneMethod, CreateSnapshotRequest, ErrorCode, RestoreProgress, RestoreSource,
     RestoreVolumeRequest, Snapshot, SnapshotName, Volume, VolumePath,
 };
+use prometheus_client::metrics::counter::Counter;
 use tokio::sync::{Semaphore, watch};
 
 use crate::metrics::{RestoreLabels, SnapshotLabels, SnapshotMetrics};
-use crate::store::{Created, Deleted, PathGuard, StoreError, VolumeStore};
+use crate::store::{
+    Created, Deleted, PathGuard, Stage, StoreError, VolumeStore, deleted_while_taken,
+};
 
 /// How a snapshot job ended: the snapshot and whether this job took it, or why not.
 pub type SnapshotOutcome = Result<(Snapshot, Created), ApiError>;
@@ -110,8 +116,8 @@ impl Snapshots {
         };
         let joined = self
             .making
-            .join_or_start(name, &request, pending, |end, cancelled| {
-                self.start_snapshot(name.clone(), request.clone(), end, cancelled);
+            .join_or_start(name, &request, pending, |end, fate| {
+                self.start_snapshot(name.clone(), request.clone(), end, fate);
             });
         let (done, _, running) = match joined {
             Ok(joined) => joined,
@@ -133,7 +139,10 @@ impl Snapshots {
         self.making.info(name)
     }
 
-    /// Stops the job taking snapshot `name` from keeping it; whether there was one.
+    /// Stops the job taking snapshot `name`, if any, from keeping it. Whether that
+    /// settles a delete of `name`: the job makes a snapshot it found unrecorded, and now
+    /// records nothing. Otherwise the delete is to wait for the job (its lock) and remove
+    /// whatever it left.
     pub fn cancel(&self, name: &SnapshotName) -> bool {
         self.making.cancel(name)
     }
@@ -143,7 +152,7 @@ impl Snapshots {
         name: SnapshotName,
         request: CreateSnapshotRequest,
         end: JobEnd<SnapshotName, CreateSnapshotRequest, SnapshotOutcome, Snapshot>,
-        cancelled: Arc<AtomicBool>,
+        fate: Arc<Fate>,
     ) {
         let store = self.store.clone();
         let metrics = self.metrics.clone();
@@ -162,50 +171,41 @@ impl Snapshots {
                 let name = name.clone();
                 let source = request.source.clone();
                 let progress = metrics.copy.clone();
-                let cancelled = cancelled.clone();
+                let fate = fate.clone();
                 tokio::task::spawn_blocking(move || {
-                    let taken = store.take_snapshot(&name, &source, &progress);
-                    if cancelled.load(Ordering::SeqCst) && taken.is_ok() {
-                        // Deleted while it was being made: what was made goes now.
+                    let taken =
+                        store.take_snapshot(&name, &source, &progress, &|stage| fate.reach(stage));
+                    if fate.cancelled() && taken.is_ok() {
+                        // Deleted before it found the snapshot recorded already: it goes
+                        // now, for whoever waits on this job; the delete, which waits for
+                        // this job, makes sure of it.
                         return match store.delete_snapshot(&name) {
-                            Ok(Deleted::Removed | Deleted::WasAbsent) => Err(StoreError::NotFound(
-                                format!("snapshot {name} was deleted while it was being taken"),
-                            )),
+                            Ok(Deleted::Removed | Deleted::WasAbsent) => {
+                                Err(deleted_while_taken(&name))
+                            }
                             Err(e) => Err(e),
                         };
                     }
                     taken
                 })
             };
-            let outcome = match work.await {
-                Ok(Ok((snapshot, created))) => {
-                    if created == Created::New {
-                        metrics
-                            .made
-                            .get_or_create(&SnapshotLabels {
-                                method: snapshot.method.as_str(),
-                            })
-                            .inc();
-                        metrics.bytes.inc_by(snapshot.size_bytes.unwrap_or(0));
-                        tracing::info!(snapshot = %name, source = %snapshot.source, method = %snapshot.method, "took a snapshot");
-                    }
-                    Ok((snapshot, created))
-                }
-                // Not a failure: deleted while it was being taken.
-                Ok(Err(e)) if cancelled.load(Ordering::SeqCst) => Err(e.to_api_error()),
-                Ok(Err(e)) => {
-                    metrics.failed.inc();
-                    tracing::warn!(snapshot = %name, source = %request.source, error = %e, "snapshot failed");
-                    Err(e.to_api_error())
-                }
-                Err(e) => {
-                    metrics.failed.inc();
-                    Err(ApiError::new(
-                        ErrorCode::Internal,
-                        format!("snapshot {name}: the snapshot task failed: {e}"),
-                    ))
-                }
-            };
+            let outcome = job_outcome(
+                work.await,
+                fate.cancelled(),
+                &metrics.failed,
+                format_args!("snapshot {name}: the snapshot task"),
+                |e| tracing::warn!(snapshot = %name, source = %request.source, error = %e, "snapshot failed"),
+            );
+            if let Ok((snapshot, Created::New)) = &outcome {
+                metrics
+                    .made
+                    .get_or_create(&SnapshotLabels {
+                        method: snapshot.method.as_str(),
+                    })
+                    .inc();
+                metrics.bytes.inc_by(snapshot.size_bytes.unwrap_or(0));
+                tracing::info!(snapshot = %name, source = %snapshot.source, method = %snapshot.method, "took a snapshot");
+            }
             metrics.in_progress.dec();
             drop(source_guard);
             drop(name_guard);
@@ -287,40 +287,60 @@ impl Snapshots {
                     store.restore_volume(&path, &source, &request, &progress)
                 })
             };
-            let outcome = match work.await {
-                Ok(Ok((volume, created))) => {
-                    if created == Created::New
-                        && let Some(origin) = &volume.restore
-                    {
-                        metrics
-                            .restored
-                            .get_or_create(&RestoreLabels {
-                                source: source_label(&origin.source),
-                                method: method_label(origin.method),
-                            })
-                            .inc();
-                        tracing::info!(%path, source = %origin.source, method = %origin.method, "restored a volume");
-                    }
-                    Ok((volume, created))
-                }
-                Ok(Err(e)) => {
-                    metrics.restores_failed.inc();
-                    tracing::warn!(%path, %source, error = %e, "restore failed");
-                    Err(e.to_api_error())
-                }
-                Err(e) => {
-                    metrics.restores_failed.inc();
-                    Err(ApiError::new(
-                        ErrorCode::Internal,
-                        format!("{path}: the restore task failed: {e}"),
-                    ))
-                }
-            };
+            let outcome = job_outcome(
+                work.await,
+                // Restores are never cancelled: nothing deletes a volume being made.
+                false,
+                &metrics.restores_failed,
+                format_args!("{path}: the restore task"),
+                |e| tracing::warn!(%path, %source, error = %e, "restore failed"),
+            );
+            if let Ok((volume, Created::New)) = &outcome
+                && let Some(origin) = &volume.restore
+            {
+                metrics
+                    .restored
+                    .get_or_create(&RestoreLabels {
+                        source: source_label(&origin.source),
+                        method: method_label(origin.method),
+                    })
+                    .inc();
+                tracing::info!(%path, source = %origin.source, method = %origin.method, "restored a volume");
+            }
             metrics.in_progress.dec();
             drop(guards);
             drop(slot);
             end.finish(outcome);
         });
+    }
+}
+
+/// What a job's waiters are told of its blocking task. A failure is counted in `failed`
+/// and logged by `warn`, with the job's own fields, unless the job was `cancelled`: then
+/// what it made was deleted, which is no failure. A task that died (it panicked) is
+/// counted too, and named by `task` in the answer.
+fn job_outcome<T>(
+    joined: Result<Result<T, StoreError>, tokio::task::JoinError>,
+    cancelled: bool,
+    failed: &Counter,
+    task: std::fmt::Arguments<'_>,
+    warn: impl FnOnce(&StoreError),
+) -> Result<T, ApiError> {
+    match joined {
+        Ok(Ok(made)) => Ok(made),
+        Ok(Err(e)) if cancelled => Err(e.to_api_error()),
+        Ok(Err(e)) => {
+            failed.inc();
+            warn(&e);
+            Err(e.to_api_error())
+        }
+        Err(e) => {
+            failed.inc();
+            Err(ApiError::new(
+                ErrorCode::Internal,
+                format!("{task} failed: {e}"),
+            ))
+        }
     }
 }
 
@@ -393,7 +413,7 @@ struct Job<R, O, I> {
     /// What is said of the job while it runs.
     info: I,
     done: watch::Receiver<Option<O>>,
-    cancelled: Arc<AtomicBool>,
+    fate: Arc<Fate>,
 }
 
 type Running<K, R, O, I> = Arc<Mutex<HashMap<K, Job<R, O, I>>>>;
@@ -421,14 +441,14 @@ where
     I: Clone,
 {
     /// Joins the job making `key` when it runs `request`, or starts one with `start`
-    /// (given the job's end and its cancellation flag). The job's receiver, start time
+    /// (given the job's end and its fate). The job's receiver, start time
     /// and info; the other request when a job runs another one at `key`.
     fn join_or_start(
         &self,
         key: &K,
         request: &R,
         info: I,
-        start: impl FnOnce(JobEnd<K, R, O, I>, Arc<AtomicBool>),
+        start: impl FnOnce(JobEnd<K, R, O, I>, Arc<Fate>),
     ) -> Result<(watch::Receiver<Option<O>>, Instant, I), R> {
         let mut running = self.running.lock().unwrap_or_else(|e| e.into_inner());
         match running.get(key) {
@@ -439,7 +459,7 @@ where
             None => {
                 let (tell, done) = watch::channel(None);
                 let id = self.ids.fetch_add(1, Ordering::Relaxed);
-                let cancelled = Arc::new(AtomicBool::new(false));
+                let fate = Arc::new(Fate::default());
                 let started = Instant::now();
                 running.insert(
                     key.clone(),
@@ -449,7 +469,7 @@ where
                         started,
                         info: info.clone(),
                         done: done.clone(),
-                        cancelled: cancelled.clone(),
+                        fate: fate.clone(),
                     },
                 );
                 start(
@@ -459,7 +479,7 @@ where
                         id,
                         tell,
                     },
-                    cancelled,
+                    fate,
                 );
                 Ok((done, started, info))
             }
@@ -474,21 +494,57 @@ where
             .map(|job| job.info.clone())
     }
 
-    /// Marks the job making `key` cancelled and forgets it, so a new request for `key`
-    /// starts afresh (and waits for the old job's locks).
+    /// Cancels the job making `key` (see [`Fate::cancel`]) and forgets it, so a new
+    /// request for `key` starts afresh (and waits for the old job's locks). Whether the
+    /// cancel settled what the job makes; false without a job.
     fn cancel(&self, key: &K) -> bool {
         let job = self
             .running
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .remove(key);
-        match job {
-            Some(job) => {
-                job.cancelled.store(true, Ordering::SeqCst);
-                true
-            }
-            None => false,
-        }
+        job.is_some_and(|job| job.fate.cancel())
+    }
+}
+
+/// How far a job has come, as a delete of what it makes sees it.
+#[derive(Debug, Default)]
+struct Fate(AtomicU8);
+
+impl Fate {
+    /// It has not yet looked whether what it makes is there already.
+    const LOOKING: u8 = 0;
+    /// It found nothing and makes it: nothing of it is recorded, or ever will be once
+    /// it is cancelled.
+    const MAKING: u8 = 1;
+    /// It records what it made; a cancel no longer stops it.
+    const RECORDING: u8 = 2;
+    const CANCELLED: u8 = 3;
+
+    /// Moves the job on to `stage`; false once it is cancelled.
+    fn reach(&self, stage: Stage) -> bool {
+        let (from, to) = match stage {
+            Stage::Making => (Self::LOOKING, Self::MAKING),
+            Stage::Recording => (Self::MAKING, Self::RECORDING),
+        };
+        self.0
+            .compare_exchange(from, to, Ordering::SeqCst, Ordering::SeqCst)
+            .is_ok()
+    }
+
+    /// Cancels the job unless it records already. Whether that settles it: it was
+    /// making something it will now never record.
+    fn cancel(&self) -> bool {
+        let before = self
+            .0
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |now| {
+                (now != Self::RECORDING).then_some(Self::CANCELLED)
+            });
+        before == Ok(Self::MAKING)
+    }
+
+    fn cancelled(&self) -> bool {
+        self.0.load(Ordering::SeqCst) == Self::CANCELLED
     }
 }
 
@@ -528,22 +584,98 @@ mod tests {
     fn a_cancelled_job_leaves_a_newer_one_at_its_key() {
         let jobs: JobMap<&str, u32, u32, ()> = JobMap::default();
         let mut ends = Vec::new();
-        let first = jobs.join_or_start(&"a", &1, (), |end, _| ends.push(end));
+        let mut fates = Vec::new();
+        let first = jobs.join_or_start(&"a", &1, (), |end, fate| {
+            fates.push(fate);
+            ends.push(end);
+        });
         assert!(first.is_ok());
         assert_eq!(jobs.join_or_start(&"a", &2, (), |_, _| {}).err(), Some(1));
-        let mut flags = Vec::new();
-        assert!(jobs.cancel(&"a"));
+        // Still looking, so not settled by the cancel; forgotten all the same.
         assert!(!jobs.cancel(&"a"));
-        jobs.join_or_start(&"a", &2, (), |end, cancelled| {
-            flags.push(cancelled);
+        assert!(jobs.info(&"a").is_none());
+        assert!(!jobs.cancel(&"a"));
+        jobs.join_or_start(&"a", &2, (), |end, fate| {
+            fates.push(fate);
             ends.push(end);
         })
         .unwrap();
+        assert!(fates[0].cancelled());
+        assert!(!fates[1].cancelled());
         // The cancelled job ends: the newer one stays.
         ends.remove(0).finish(7);
         assert!(jobs.info(&"a").is_some());
-        assert!(!flags[0].load(Ordering::SeqCst));
+        // Making what it found unrecorded, the newer one is settled by a cancel.
+        assert!(fates[1].reach(Stage::Making));
+        assert!(jobs.cancel(&"a"));
         ends.remove(0).finish(8);
         assert!(jobs.info(&"a").is_none());
+    }
+
+    #[test]
+    fn a_cancel_settles_a_job_only_while_it_makes_what_it_found_unrecorded() {
+        // Before it looks, the snapshot may be recorded: the delete must wait for the
+        // job, which makes nothing more.
+        let looking = Fate::default();
+        assert!(!looking.cancel());
+        assert!(looking.cancelled());
+        assert!(!looking.reach(Stage::Making));
+
+        let making = Fate::default();
+        assert!(making.reach(Stage::Making));
+        assert!(making.cancel());
+        assert!(making.cancelled());
+        assert!(!making.reach(Stage::Recording));
+
+        // Recording, it cannot be stopped: the delete waits and removes the snapshot.
+        let recording = Fate::default();
+        assert!(recording.reach(Stage::Making));
+        assert!(recording.reach(Stage::Recording));
+        assert!(!recording.cancel());
+        assert!(!recording.cancelled());
+    }
+
+    #[tokio::test]
+    async fn a_job_counts_and_logs_its_failures_but_not_its_cancellation() {
+        let failed = Counter::default();
+        let mut warned = Vec::new();
+        let failure = || Ok(Err::<(), _>(StoreError::NotFound("gone".into())));
+
+        let made = job_outcome(Ok(Ok(7)), false, &failed, format_args!("t"), |_| {
+            panic!("nothing failed")
+        });
+        assert_eq!(made.unwrap(), 7);
+
+        let cancelled = job_outcome(failure(), true, &failed, format_args!("t"), |e| {
+            warned.push(e.to_string())
+        });
+        assert_eq!(cancelled.unwrap_err().code, ErrorCode::NotFound);
+        assert_eq!(failed.get(), 0);
+        assert!(warned.is_empty());
+
+        let refused = job_outcome(failure(), false, &failed, format_args!("t"), |e| {
+            warned.push(e.to_string())
+        });
+        assert_eq!(refused.unwrap_err().code, ErrorCode::NotFound);
+        assert_eq!(failed.get(), 1);
+        assert_eq!(warned.len(), 1);
+
+        let died: Result<(), _> = tokio::spawn(async { panic!("the task dies") }).await;
+        let died = job_outcome::<()>(
+            died.map(Ok),
+            false,
+            &failed,
+            format_args!("snapshot s: the snapshot task"),
+            |_| panic!("a dead task is no refusal"),
+        );
+        let died = died.unwrap_err();
+        assert_eq!(died.code, ErrorCode::Internal);
+        assert!(
+            died.message
+                .starts_with("snapshot s: the snapshot task failed: "),
+            "{}",
+            died.message
+        );
+        assert_eq!(failed.get(), 2);
     }
 }

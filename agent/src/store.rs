@@ -75,6 +75,7 @@ pub use self::directory::{DirectoryBackend, NoQuota, QuotaStrategy};
 pub use self::error::{Result, StoreError};
 pub use self::locks::PathGuard;
 pub use self::record::{ArchiveRecord, QuotaRecord, VolumeRecord};
+pub use self::snapshot::{Stage, deleted_while_taken};
 pub use self::tree::{MAX_USAGE_DEPTH, measure_tree, remove_tree};
 
 /// Whether [`VolumeStore::create`] or [`VolumeStore::adopt`] made the volume or found it.
@@ -602,16 +603,11 @@ impl VolumeStore {
                 source_record.capacity_bytes, request.capacity_bytes
             )));
         }
-        if self.backend.layout() == Layout::Directories {
-            let points =
-                self.mount_points(source_path.as_str(), mounts::MountTable::mount_points_below)?;
-            if !points.is_empty() {
-                return Err(StoreError::Conflict(format!(
-                    "{path}: the source volume {source_path} holds mount points ({}); a clone never spans filesystems; unmount them and retry",
-                    points.join(", ")
-                )));
-            }
-        }
+        self.refuse_mount_points(
+            &format_args!("{path}: the source volume {source_path}"),
+            source_path.as_str(),
+            "clone",
+        )?;
         let source_dir = open_child(source_parent.as_fd(), source_path.file_name(), false)?;
         let source = CloneSource {
             path: source_path,
@@ -869,7 +865,7 @@ impl VolumeStore {
             self.durable.commit(changes)?;
             return Ok(Deleted::Removed);
         }
-        self.refuse_mount_points(path, path.as_str())?;
+        self.refuse_mount_points(path, path.as_str(), "delete")?;
         let trash = self.root.open_internal(&[STATE_DIR, TRASH_DIR], false)?;
         // Known while the directory is there: where its record's removal is to be synced.
         let record_dirs = {
@@ -1036,7 +1032,7 @@ impl VolumeStore {
                 Deleted::Removed
             }
             Some(record) => {
-                self.refuse_mount_points(&id, &archive_path(id))?;
+                self.refuse_mount_points(&id, &archive_path(id), "delete")?;
                 let trash = self.root.open_internal(&[STATE_DIR, TRASH_DIR], false)?;
                 let record_dirs = match area::open_entry(parent.as_fd(), id)? {
                     Some(dir) => self.backend.record_dirs(dir.as_fd())?,
@@ -1221,16 +1217,26 @@ impl VolumeStore {
         Ok(points.iter().map(|p| p.display().to_string()).collect())
     }
 
-    /// Refuses to delete a volume or archive that holds a mount point: removing its tree would reach
-    /// into the mounted directory. Checked before anything moves, so the volume stays
-    /// whole and a retry after the unmount succeeds.
-    fn refuse_mount_points(&self, what: &dyn std::fmt::Display, relative: &str) -> Result<()> {
+    /// Refuses to `verb` (delete, clone, snapshot, restore) the tree at `relative`, named
+    /// `subject` in the message, while it holds a mount point: a delete would reach into
+    /// the mounted directory, a copy would take in another filesystem. Checked before
+    /// anything moves, so the tree stays whole and a retry after the unmount succeeds.
+    /// Datasets are left to ZFS, whose clones and removals never cross into another mount.
+    fn refuse_mount_points(
+        &self,
+        subject: &dyn std::fmt::Display,
+        relative: &str,
+        verb: &str,
+    ) -> Result<()> {
+        if self.backend.layout() == Layout::Mounts {
+            return Ok(());
+        }
         let points = self.mount_points(relative, mounts::MountTable::mount_points_below)?;
         if points.is_empty() {
             return Ok(());
         }
         Err(StoreError::Conflict(format!(
-            "{what} holds mount points ({}); the agent never deletes across a mount point; unmount them and retry",
+            "{subject} holds mount points ({}); a {verb} never spans filesystems; unmount them and retry",
             points.join(", ")
         )))
     }

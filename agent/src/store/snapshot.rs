@@ -50,8 +50,7 @@ use super::error::{Result, StoreError, io_error, not_found};
 use super::record::{VolumeRecord, now_rfc3339};
 use super::tree::measure_tree;
 use super::{
-    Created, Deleted, NewVolume, Origin, PathGuard, VolumeStore, confirm_made, mounts,
-    record_as_found,
+    Created, Deleted, NewVolume, Origin, PathGuard, VolumeStore, confirm_made, record_as_found,
 };
 use crate::holds;
 use crate::store::copy::CopyProgress;
@@ -68,6 +67,23 @@ const REMOVING: &str = ".removing";
 const STALE: &str = ".stale";
 /// A record is a few hundred bytes; anything much larger is not one the agent wrote.
 const MAX_RECORD_BYTES: usize = 16 * 1024;
+
+/// Where a snapshot being taken asks whether it is still wanted. A delete answered
+/// before then holds: from there on nothing more is made or recorded.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Stage {
+    /// It has no record: it is about to be made.
+    Making,
+    /// It is made: it is about to be placed and recorded.
+    Recording,
+}
+
+/// The answer to the taking of a snapshot deleted meanwhile.
+pub fn deleted_while_taken(name: &SnapshotName) -> StoreError {
+    StoreError::NotFound(format!(
+        "snapshot {name} was deleted while it was being taken"
+    ))
+}
 
 /// What the agent keeps of each ready snapshot.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -259,12 +275,14 @@ impl VolumeStore {
 
     /// Takes the snapshot `name` of the volume `source`, or finds it taken already (the
     /// same source; another source is a conflict). Callers hold the locks of `name` and
-    /// `source`, in that order.
+    /// `source`, in that order. `wanted` is asked at each [`Stage`]; once it says no,
+    /// what was made goes and nothing is recorded.
     pub fn take_snapshot(
         &self,
         name: &SnapshotName,
         source: &VolumePath,
         progress: &CopyProgress,
+        wanted: &dyn Fn(Stage) -> bool,
     ) -> Result<(Snapshot, Created)> {
         self.root.ensure_present()?;
         if !self.takes_snapshots() {
@@ -289,6 +307,14 @@ impl VolumeStore {
             let exclusive = self.exclusive_bytes(&area, name);
             return Ok((record.to_snapshot(name, exclusive), Created::Existing));
         }
+        // Its absence made durable first (a failed delete may have left an unlink
+        // unsynced): a delete settled while it is made is answered on it.
+        let mut unrecorded = Changes::new();
+        unrecorded.dir(area.records.as_fd())?;
+        self.durable.commit(unrecorded)?;
+        if !wanted(Stage::Making) {
+            return Err(deleted_while_taken(name));
+        }
         if area.has_tree(name.as_str()) {
             // A tree without a record: what a crash left between placing it and
             // recording it. It is no snapshot; it goes before a new one is made.
@@ -305,15 +331,17 @@ impl VolumeStore {
             )));
         };
         if mounts {
+            // Taken and recorded at once: nothing is made before.
+            if !wanted(Stage::Recording) {
+                return Err(deleted_while_taken(name));
+            }
             return self.take_kept_snapshot(&area, name, source, &source_record);
         }
-        let points = self.mount_points(source.as_str(), mounts::MountTable::mount_points_below)?;
-        if !points.is_empty() {
-            return Err(StoreError::Conflict(format!(
-                "snapshot {name}: the source volume {source} holds mount points ({}); a snapshot never spans filesystems; unmount them and retry",
-                points.join(", ")
-            )));
-        }
+        self.refuse_mount_points(
+            &format_args!("snapshot {name}: the source volume {source}"),
+            source.as_str(),
+            "snapshot",
+        )?;
         let source_dir = open_child(source_parent.as_fd(), source.file_name(), false)?;
         let clone_source = CloneSource {
             path: source,
@@ -342,6 +370,10 @@ impl VolumeStore {
             }
         };
         holds::wait_if_asked(holds::SNAPSHOTS);
+        if !wanted(Stage::Recording) {
+            self.discard(&area, &making, name);
+            return Err(deleted_while_taken(name));
+        }
         if let Err(e) = rustix::fs::renameat_with(
             &area.data,
             making.as_str(),
@@ -763,4 +795,67 @@ fn confirm_restore(
         request.capacity_bytes,
         &request.owner,
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use std::path::Path;
+
+    use nfsprov_api_types::CreateVolumeRequest;
+
+    use super::*;
+
+    fn entries(dir: &Path) -> Vec<String> {
+        std::fs::read_dir(dir)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect()
+    }
+
+    #[test]
+    fn a_snapshot_no_longer_wanted_is_neither_made_nor_recorded() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = VolumeStore::open(dir.path()).unwrap();
+        let source = VolumePath::parse("team/source").unwrap();
+        let request = CreateVolumeRequest {
+            capacity_bytes: 1 << 20,
+            ..Default::default()
+        };
+        store.create(&source, &request).unwrap();
+        std::fs::write(dir.path().join("team/source/data"), b"kept").unwrap();
+        let name = SnapshotName::parse("snap").unwrap();
+        let area = dir.path().join(STATE_DIR).join(SNAPSHOTS_DIR);
+        let progress = CopyProgress::default();
+
+        // Deleted before it was made: nothing is copied.
+        let refused = store
+            .take_snapshot(&name, &source, &progress, &|stage| stage != Stage::Making)
+            .unwrap_err();
+        assert!(matches!(refused, StoreError::NotFound(_)), "{refused}");
+        assert_eq!(progress.copied_files.get(), 0);
+
+        // Deleted once made: the copy goes and nothing is recorded.
+        let refused = store
+            .take_snapshot(&name, &source, &progress, &|stage| {
+                stage != Stage::Recording
+            })
+            .unwrap_err();
+        assert!(matches!(refused, StoreError::NotFound(_)), "{refused}");
+        assert_eq!(progress.copied_files.get(), 1, "it was made");
+        assert_eq!(entries(&area.join(DATA_DIR)), Vec::<String>::new());
+        assert_eq!(entries(&area.join(RECORDS_DIR)), Vec::<String>::new());
+        assert!(store.snapshot(&name).unwrap().is_none());
+
+        // Wanted throughout, it is taken; found recorded, it is not asked again.
+        let (taken, created) = store
+            .take_snapshot(&name, &source, &progress, &|_| true)
+            .unwrap();
+        assert_eq!(created, Created::New);
+        assert!(taken.ready);
+        let (_, again) = store
+            .take_snapshot(&name, &source, &progress, &|_| false)
+            .unwrap();
+        assert_eq!(again, Created::Existing);
+        assert_eq!(entries(&area.join(DATA_DIR)), ["snap"]);
+    }
 }

@@ -20,7 +20,7 @@ use super::naming::{archive_components, archive_path};
 use crate::store::backend::{CloneSource, Layout};
 use crate::store::copy::CopyProgress;
 use crate::store::error::{Result, StoreError};
-use crate::store::{Created, VolumeStore, mounts};
+use crate::store::{Created, VolumeStore};
 
 impl VolumeStore {
     /// The archive `id` as the store knows it, or `None`: with the usage the backend
@@ -78,16 +78,11 @@ impl VolumeStore {
             )));
         }
         let dir = open_entry(archive_parent.as_fd(), id)?.ok_or_else(missing)?;
-        if self.backend.layout() == Layout::Directories {
-            let points =
-                self.mount_points(&archive_path(id), mounts::MountTable::mount_points_below)?;
-            if !points.is_empty() {
-                return Err(StoreError::Conflict(format!(
-                    "{path}: archive {id} holds mount points ({}); a restore never spans filesystems; unmount them and retry",
-                    points.join(", ")
-                )));
-            }
-        }
+        self.refuse_mount_points(
+            &format_args!("{path}: archive {id}"),
+            &archive_path(id),
+            "restore",
+        )?;
         let clone_source = CloneSource {
             path: id.volume(),
             dir: dir.as_fd(),
