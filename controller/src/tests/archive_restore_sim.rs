@@ -93,6 +93,15 @@ async fn phase(cluster: &Cluster, namespace: &str, name: &str) -> Option<String>
         .and_then(|s| s.phase)
 }
 
+async fn no_volumes(cluster: &Cluster) {
+    let volumes = Api::<PersistentVolume>::all(cluster.client.clone())
+        .list(&ListParams::default())
+        .await
+        .unwrap()
+        .items;
+    assert!(volumes.is_empty(), "{volumes:?}");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_claim_annotated_with_an_archive_of_its_namespace_is_made_from_it() {
     let cluster = Cluster::start().await;
@@ -335,14 +344,7 @@ async fn archive_restores_that_must_not_be_made_are_refused_with_no_volume() {
             "{namespace}/{name}"
         );
     }
-    assert!(
-        Api::<PersistentVolume>::all(cluster.client.clone())
-            .list(&ListParams::default())
-            .await
-            .unwrap()
-            .items
-            .is_empty()
-    );
+    no_volumes(&cluster).await;
     cluster.finish().await;
 }
 
@@ -443,13 +445,6 @@ async fn an_agent_older_than_archive_restores_is_named_not_the_archive_called_mi
         phase(&cluster, "default", "back").await.as_deref(),
         Some("Pending")
     );
-    assert!(
-        Api::<PersistentVolume>::all(cluster.client.clone())
-            .list(&ListParams::default())
-            .await
-            .unwrap()
-            .items
-            .is_empty()
-    );
+    no_volumes(&cluster).await;
     cluster.finish().await;
 }
