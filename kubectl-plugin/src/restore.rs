@@ -377,9 +377,9 @@ pub async fn wait_bound(
         Ok(Ok(Err(e))) => {
             return Err(anyhow::Error::new(e).context(format!("cannot watch claim {key}")));
         }
-        Ok(Err(refused)) => anyhow::bail!(
-            "claim {key} stays Pending: the controller refused it, and tries again only when the claim or its StorageClass changes: {refused}"
-        ),
+        Ok(Err(refused)) => {
+            anyhow::bail!("claim {key} stays Pending, refused by the controller: {refused}")
+        }
         Err(_) => {
             let said = last_failure(target, checked, uid).await;
             anyhow::bail!(

@@ -120,9 +120,7 @@ async fn only_a_refusal_of_this_very_claim_ends_the_wait_before_its_time() {
         .to_string();
     assert_eq!(
         waited,
-        format!(
-            "claim default/back stays Pending: the controller refused it, and tries again only when the claim or its StorageClass changes: {REFUSED}"
-        )
+        format!("claim default/back stays Pending, refused by the controller: {REFUSED}")
     );
 }
 
@@ -235,9 +233,7 @@ async fn restore_wait_stops_at_the_controllers_refusal_of_the_claim_it_made() {
     assert_eq!(out.status.code(), Some(2), "{out:?}");
     assert_eq!(
         stderr.trim_end(),
-        format!(
-            "error: claim default/back stays Pending: the controller refused it, and tries again only when the claim or its StorageClass changes: {REFUSED}"
-        )
+        format!("error: claim default/back stays Pending, refused by the controller: {REFUSED}")
     );
     assert!(out.stdout.is_empty(), "{out:?}");
     // The claim stays for the controller to make once it or its class changes.
