@@ -521,6 +521,7 @@ async fn info(State(state): State<Arc<AppState>>) -> ApiResult<Json<AgentInfo>> 
             archive: true,
             exports: state.exports.kind(),
             snapshots: state.store.takes_snapshots(),
+            archive_restores: true,
         },
         filesystem,
     }))

@@ -605,6 +605,10 @@ pub struct Capabilities {
     /// `/v1/restores`). Absent from older agents, which cannot.
     #[serde(default)]
     pub snapshots: bool,
+    /// The agent makes volumes from its archives (`GET /v1/archives/{id}`, `/v1/restores`
+    /// with an `archive`). Absent from older agents, which cannot.
+    #[serde(default)]
+    pub archive_restores: bool,
 }
 
 /// Size and inode figures of the filesystem holding the export root.
@@ -925,6 +929,22 @@ mod tests {
         )
         .unwrap();
         assert_eq!(result.archive_path, ".archive/x");
+    }
+
+    /// What an agent from before snapshots and archive restores sends: the capabilities
+    /// it could not name read as the ones it lacks.
+    #[test]
+    fn an_older_agents_info_reads_as_without_snapshots_or_archive_restores() {
+        let info: AgentInfo = serde_json::from_str(
+            r#"{"version":"0.1.0","nfs":{"server":"s","path":"/p"},
+                "capabilities":{"quota":"xfs","quota_enforced":true,"archive":true},
+                "filesystem":{"total_bytes":9,"free_bytes":8,"available_bytes":7,"total_inodes":6,"free_inodes":5}}"#,
+        )
+        .unwrap();
+        assert!(info.capabilities.archive);
+        assert!(!info.capabilities.snapshots);
+        assert!(!info.capabilities.archive_restores);
+        assert_eq!(info.capabilities.exports, ExportManager::default());
     }
 
     /// The agent reads requests strictly: a new field is refused, never silently

@@ -226,8 +226,9 @@ fn check_snapshot(
     })
 }
 
-/// Checks the archive a claim of `namespace` is made from, on its agent: it must exist
-/// (an agent that does not answer may yet), be of the claim's namespace and fit in
+/// Checks the archive a claim of `namespace` is made from, on its agent: the agent must
+/// restore archives (an older one is only cured by an upgrade), the archive must exist (an
+/// agent that does not answer may yet), be of the claim's namespace and fit in
 /// `requested_bytes` (which only a change of the claim can cure).
 pub async fn resolve_archive(
     agent: &Agent,
@@ -236,6 +237,16 @@ pub async fn resolve_archive(
     requested_bytes: u64,
     request_id: &str,
 ) -> Result<(), SourceProblem> {
+    let unanswered = |e: &dyn std::fmt::Display| {
+        SourceProblem::waiting(format!(
+            "cannot read archive {source}: {e}; the volume is made once the agent answers"
+        ))
+    };
+    let capabilities = agent
+        .capabilities(request_id)
+        .await
+        .map_err(|e| unanswered(&e))?;
+    archive_restore::check_agent(source, &capabilities).map_err(SourceProblem::permanent)?;
     let archive = match agent
         .client()
         .get_archive(&source.id, Some(request_id))
@@ -248,11 +259,7 @@ pub async fn resolve_archive(
                 source.agent, source.id
             )));
         }
-        Err(e) => {
-            return Err(SourceProblem::waiting(format!(
-                "cannot read archive {source}: {e}; the volume is made once the agent answers"
-            )));
-        }
+        Err(e) => return Err(unanswered(&e)),
     };
     archive_restore::check_namespace(source, &archive, namespace)
         .and_then(|()| archive_restore::check_capacity(source, &archive, requested_bytes))

@@ -3,13 +3,12 @@
 
 use std::time::Instant;
 
-use kube::api::{Api, DeleteParams, Patch, PatchParams, Preconditions};
+use kube::api::{Api, DeleteParams, Preconditions};
 use kube::runtime::controller::Action;
 use kube::runtime::events::EventType;
 use kube::{Resource, ResourceExt};
 use nfsprov_api_types::{ErrorCode, VolumePath};
 use nfsprov_vocabulary::params::{ClassParams, OnDelete, parse_retention_days};
-use serde_json::json;
 use tracing::{debug, info, warn};
 
 use crate::agents::{BUSY_RETRY, request_id};
@@ -17,6 +16,7 @@ use crate::context::{Context, Error};
 use crate::objects::{
     ANN_AGENT, ANN_ARCHIVE_RETENTION_DAYS, ANN_ON_DELETE, ANN_PATH, CachedVolume, FINALIZER,
     Provisioners, RECLAIM_DELETE, class_name, has_finalizer, is_ours, phase, reclaim_policy,
+    set_finalizers,
 };
 
 pub const REASON_FAILED_DELETE: &str = "VolumeFailedDelete";
@@ -123,8 +123,6 @@ async fn add_finalizer(volume: &CachedVolume, ctx: &Context) -> Result<(), Error
     patch_finalizers(volume, ctx, &finalizers).await
 }
 
-/// Removes our finalizer, guarded by resourceVersion so another writer's finalizers are
-/// never lost (a conflict means: retry with a fresh copy).
 async fn remove_finalizer(volume: &CachedVolume, ctx: &Context) -> Result<(), Error> {
     let remaining: Vec<&str> = volume
         .finalizers()
@@ -140,25 +138,8 @@ async fn patch_finalizers(
     ctx: &Context,
     finalizers: &[&str],
 ) -> Result<(), Error> {
-    let patch = json!({
-        "metadata": {
-            "finalizers": finalizers,
-            "resourceVersion": volume.resource_version(),
-        }
-    });
     let api = Api::<CachedVolume>::all(ctx.client.clone());
-    match api
-        .patch(
-            &volume.name_any(),
-            &PatchParams::default(),
-            &Patch::Merge(&patch),
-        )
-        .await
-    {
-        Ok(_) => Ok(()),
-        Err(kube::Error::Api(status)) if status.code == 404 => Ok(()),
-        Err(e) => Err(e.into()),
-    }
+    Ok(set_finalizers(&api, volume, finalizers).await?)
 }
 
 /// What to do with the data: the policy recorded on the PV; for PVs without one, the

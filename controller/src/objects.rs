@@ -14,8 +14,10 @@ use k8s_openapi::api::storage::v1::StorageClass;
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference, Time};
 use k8s_openapi::{ClusterResourceScope, NamespaceResourceScope};
+use kube::api::{Api, Patch, PatchParams};
 use kube::{Resource, ResourceExt};
 use nfsprov_vocabulary::quantity::bytes;
+use serde::de::DeserializeOwned;
 use serde::{Deserialize, Deserializer, Serialize};
 
 pub use nfsprov_vocabulary::names::{
@@ -593,6 +595,38 @@ pub fn class_name(pv: &CachedVolume) -> &str {
         .as_ref()
         .and_then(|s| s.storage_class_name.as_deref())
         .unwrap_or("")
+}
+
+/// Sets the object's finalizers to `finalizers`, guarded by the resourceVersion it was read
+/// at so another writer's finalizers are never lost (a conflict means: retry with a fresh
+/// copy). An object that is gone meanwhile holds nothing any more: that is done, not a
+/// failure.
+pub async fn set_finalizers<K>(
+    api: &Api<K>,
+    object: &K,
+    finalizers: &[&str],
+) -> Result<(), kube::Error>
+where
+    K: Resource + Clone + DeserializeOwned + std::fmt::Debug,
+{
+    let patch = serde_json::json!({
+        "metadata": {
+            "finalizers": finalizers,
+            "resourceVersion": object.resource_version(),
+        }
+    });
+    match api
+        .patch(
+            &object.name_any(),
+            &PatchParams::default(),
+            &Patch::Merge(&patch),
+        )
+        .await
+    {
+        Ok(_) => Ok(()),
+        Err(kube::Error::Api(status)) if status.code == 404 => Ok(()),
+        Err(e) => Err(e),
+    }
 }
 
 #[cfg(test)]

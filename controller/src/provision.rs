@@ -18,7 +18,7 @@ use nfsprov_api_types::{
     RestoreVolumeRequest, VolumeOwner, VolumePath,
 };
 use nfsprov_vocabulary::archive_restore::{self, ArchiveSource};
-use nfsprov_vocabulary::names::ANN_RESTORED_FROM_ARCHIVE;
+use nfsprov_vocabulary::names::{ACTION_REFUSE, ANN_RESTORED_FROM_ARCHIVE};
 use nfsprov_vocabulary::params::ClassParams;
 use nfsprov_vocabulary::pattern::RenderInput;
 use nfsprov_vocabulary::quantity;
@@ -195,11 +195,18 @@ pub async fn reconcile(pvc: &PersistentVolumeClaim, ctx: &Context) -> Result<Act
             };
             if report {
                 ctx.metrics.provision_failed(&class_name, source_kind(pvc));
+                // The action tells a refusal for good from a failure that is retried, so
+                // whoever waits for the claim (`kubectl nfsprov restore --wait`) can stop.
+                let action = if failure.permanent {
+                    ACTION_REFUSE
+                } else {
+                    ACTION
+                };
                 ctx.event(
                     &reference,
                     EventType::Warning,
                     REASON_FAILED,
-                    ACTION,
+                    action,
                     &failure.message,
                 )
                 .await;

@@ -26,7 +26,7 @@ use crate::agents::request_id;
 use crate::context::{Context, Error};
 use crate::datasource::{SourceClaim, claim_volume};
 use crate::metrics::SnapshotState;
-use crate::objects::volume_name;
+use crate::objects::{set_finalizers, volume_name};
 
 pub const REASON_READY: &str = "SnapshotReady";
 pub const REASON_FAILED: &str = "SnapshotFailed";
@@ -410,8 +410,7 @@ async fn patch_status(snapshot: &Snapshot, ctx: &Context, status: &Value) -> Res
     Ok(())
 }
 
-/// Adds or removes our finalizer, guarded by resourceVersion so another writer's
-/// finalizers are never lost (a conflict means: retry with a fresh copy).
+/// Adds or removes our finalizer.
 async fn patch_finalizers(snapshot: &Snapshot, ctx: &Context, ours: bool) -> Result<(), Error> {
     let mut finalizers: Vec<&str> = snapshot
         .finalizers()
@@ -422,22 +421,5 @@ async fn patch_finalizers(snapshot: &Snapshot, ctx: &Context, ours: bool) -> Res
     if ours {
         finalizers.push(SNAPSHOT_FINALIZER);
     }
-    let patch = json!({
-        "metadata": {
-            "finalizers": finalizers,
-            "resourceVersion": snapshot.resource_version(),
-        }
-    });
-    match api(snapshot, ctx)
-        .patch(
-            &snapshot.name_any(),
-            &PatchParams::default(),
-            &Patch::Merge(&patch),
-        )
-        .await
-    {
-        Ok(_) => Ok(()),
-        Err(kube::Error::Api(status)) if status.code == 404 => Ok(()),
-        Err(e) => Err(e.into()),
-    }
+    Ok(set_finalizers(&api(snapshot, ctx), snapshot, &finalizers).await?)
 }

@@ -5,22 +5,29 @@
 //!
 //! What the controller would refuse is refused here first, in its words (the rules are
 //! the vocabulary crate's): an archive of another namespace, a claim smaller than the
-//! archived volume, a class whose agents exclude the archive's. The archive is read from
-//! its agent, so a wrong id or agent fails before anything is created.
+//! archived volume, a class whose agents exclude the archive's, an agent too old to
+//! restore archives. The archive is read from its agent, so a wrong id or agent fails
+//! before anything is created.
+//!
+//! `--wait` stops at the first of: the claim Bound, the controller refusing it for good
+//! (a `ProvisioningFailed` event of the refusal action about this very claim), the
+//! timeout.
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::time::Duration;
 
 use anyhow::Context as _;
+use futures::StreamExt;
 use k8s_openapi::api::core::v1::{Event, PersistentVolume, PersistentVolumeClaim};
 use k8s_openapi::api::storage::v1::StorageClass;
 use kube::Api;
 use kube::api::{ListParams, PostParams};
 use kube::runtime::wait::await_condition;
+use kube::runtime::{WatchStreamExt, watcher};
 use nfsprov_api_types::{Archive, ArchivePath, ErrorCode};
 use nfsprov_vocabulary::archive_restore::{self, ArchiveSource};
-use nfsprov_vocabulary::names::{ANN_RESTORE_ARCHIVE, ANN_RESTORE_ARCHIVE_AGENT};
+use nfsprov_vocabulary::names::{ACTION_REFUSE, ANN_RESTORE_ARCHIVE, ANN_RESTORE_ARCHIVE_AGENT};
 use nfsprov_vocabulary::params::ClassParams;
 use nfsprov_vocabulary::quantity::parse_bytes;
 use serde::Serialize;
@@ -31,6 +38,8 @@ use crate::table::human_bytes;
 
 /// Set by Kubernetes on the StorageClass claims get when they name none.
 const DEFAULT_CLASS: &str = "storageclass.kubernetes.io/is-default-class";
+/// The reason of the controller's events about a claim it could not provision (yet).
+const REASON_FAILED: &str = "ProvisioningFailed";
 const ACCESS_MODES: [&str; 4] = [
     "ReadWriteOnce",
     "ReadOnlyMany",
@@ -269,6 +278,12 @@ pub async fn run(target: &Target, options: &RestoreOptions) -> anyhow::Result<Re
     let source = &checked.source;
     let client =
         crate::adopt::agent_client(target, &options.agent, options.agents_dir.as_deref()).await?;
+    // Asked first: an agent too old to restore archives would call any archive missing.
+    let info = client
+        .info(None)
+        .await
+        .with_context(|| format!("cannot ask agent {} what it can do", source.agent))?;
+    archive_restore::check_agent(source, &info.capabilities).map_err(anyhow::Error::msg)?;
     let archive = client
         .get_archive(&source.id, None)
         .await
@@ -298,7 +313,7 @@ pub async fn run(target: &Target, options: &RestoreOptions) -> anyhow::Result<Re
             "claim {key} exists already: a claim's volume is made once; choose another name with --to"
         );
     }
-    claims
+    let created = claims
         .create(&PostParams::default(), &claim(&checked, options, &plan))
         .await
         .map_err(|e| match e {
@@ -320,7 +335,8 @@ pub async fn run(target: &Target, options: &RestoreOptions) -> anyhow::Result<Re
         nfs_path: None,
     };
     if options.wait {
-        let volume = wait_bound(target, &claims, &checked, options.timeout).await?;
+        let uid = created.metadata.uid.unwrap_or_default();
+        let volume = wait_bound(target, &checked, &uid, options.timeout).await?;
         let nfs = volume.spec.as_ref().and_then(|s| s.nfs.as_ref());
         report.phase = "Bound".to_owned();
         report.nfs_server = nfs.map(|n| n.server.clone());
@@ -330,33 +346,42 @@ pub async fn run(target: &Target, options: &RestoreOptions) -> anyhow::Result<Re
     Ok(report)
 }
 
-/// Awaits the claim's binding and returns its PV; on the deadline, fails with what the
-/// controller last said about the claim.
-async fn wait_bound(
+/// Awaits the binding of the claim `checked` names, whose UID is `uid`, and returns its PV.
+/// Fails at once when the controller refuses the claim for good, with its words; on the
+/// deadline, with what it last said about the claim.
+pub async fn wait_bound(
     target: &Target,
-    claims: &Api<PersistentVolumeClaim>,
     checked: &Checked,
+    uid: &str,
     timeout: Duration,
 ) -> anyhow::Result<PersistentVolume> {
+    let claims =
+        Api::<PersistentVolumeClaim>::namespaced(target.client.clone(), &checked.namespace);
     let bound = |c: Option<&PersistentVolumeClaim>| {
         c.and_then(|c| c.status.as_ref())
             .and_then(|s| s.phase.as_deref())
             == Some("Bound")
     };
     let key = format!("{}/{}", checked.namespace, checked.name);
-    let claim = match tokio::time::timeout(
-        timeout,
-        await_condition(claims.clone(), &checked.name, bound),
-    )
-    .await
-    {
-        Ok(Ok(Some(claim))) => claim,
-        Ok(Ok(None)) => anyhow::bail!("claim {key} was deleted while waiting for it"),
-        Ok(Err(e)) => {
+    let events = Api::<Event>::namespaced(target.client.clone(), &checked.namespace);
+    let waited = tokio::time::timeout(timeout, async {
+        tokio::select! {
+            bound = await_condition(claims, &checked.name, bound) => Ok(bound),
+            refusal = refusal(events, uid) => Err(refusal),
+        }
+    })
+    .await;
+    let claim = match waited {
+        Ok(Ok(Ok(Some(claim)))) => claim,
+        Ok(Ok(Ok(None))) => anyhow::bail!("claim {key} was deleted while waiting for it"),
+        Ok(Ok(Err(e))) => {
             return Err(anyhow::Error::new(e).context(format!("cannot watch claim {key}")));
         }
+        Ok(Err(refused)) => {
+            anyhow::bail!("claim {key} stays Pending, refused by the controller: {refused}")
+        }
         Err(_) => {
-            let said = last_failure(target, checked).await;
+            let said = last_failure(target, checked, uid).await;
             anyhow::bail!(
                 "claim {key} is not Bound after {}s{}",
                 timeout.as_secs(),
@@ -381,19 +406,36 @@ async fn wait_bound(
     })
 }
 
+/// The controller's events about the claim `uid` that say it could not be provisioned;
+/// events about an earlier claim of the same name are not about this one.
+fn failures_of(uid: &str) -> String {
+    format!("involvedObject.uid={uid},reason={REASON_FAILED}")
+}
+
+/// The note of the controller's refusal for good of the claim `uid`, once there is one.
+/// Events that cannot be watched leave the claim waited for alone: this never resolves.
+async fn refusal(events: Api<Event>, uid: &str) -> String {
+    let config = watcher::Config::default().fields(&failures_of(uid));
+    let mut stream = std::pin::pin!(watcher(events, config).default_backoff().applied_objects());
+    while let Some(event) = stream.next().await {
+        if let Ok(event) = event
+            && event.action.as_deref() == Some(ACTION_REFUSE)
+        {
+            return event.message.unwrap_or_default();
+        }
+    }
+    std::future::pending().await
+}
+
 /// The note of the newest `ProvisioningFailed` event about the claim, if it can be read.
-async fn last_failure(target: &Target, checked: &Checked) -> Option<String> {
+async fn last_failure(target: &Target, checked: &Checked, uid: &str) -> Option<String> {
     let events = Api::<Event>::namespaced(target.client.clone(), &checked.namespace);
     events
-        .list(&ListParams::default())
+        .list(&ListParams::default().fields(&failures_of(uid)))
         .await
         .ok()?
         .items
         .into_iter()
-        .filter(|e| {
-            e.reason.as_deref() == Some("ProvisioningFailed")
-                && e.involved_object.name.as_deref() == Some(checked.name.as_str())
-        })
         .max_by_key(|e| {
             (
                 e.last_timestamp.as_ref().map(|t| t.0),

@@ -13,7 +13,7 @@
 use std::collections::BTreeMap;
 use std::fmt;
 
-use nfsprov_api_types::{Archive, ArchivePath};
+use nfsprov_api_types::{Archive, ArchivePath, Capabilities};
 
 use crate::names::{ANN_RESTORE_ARCHIVE, ANN_RESTORE_ARCHIVE_AGENT};
 
@@ -60,6 +60,20 @@ pub fn requested(
             "annotation {ANN_RESTORE_ARCHIVE_AGENT} names an agent but {ANN_RESTORE_ARCHIVE} names no archive: a claim made from an archive names both (kubectl nfsprov restore sets them)"
         )),
     }
+}
+
+/// Whether the agent holding the archive can make a volume from it. An agent from before
+/// archive restores has no `GET /v1/archives/{id}`: asked anyway, it would answer as if the
+/// archive did not exist, and send its user looking for an archive that is there.
+pub fn check_agent(source: &ArchiveSource, capabilities: &Capabilities) -> Result<(), String> {
+    if capabilities.archive_restores {
+        return Ok(());
+    }
+    Err(format!(
+        "agent {agent} cannot make a volume from an archive (its version is older than archive restores): upgrade agent {agent} to restore archive {id}",
+        agent = source.agent,
+        id = source.id
+    ))
 }
 
 /// Whether a claim of `namespace` may be made from `archive` (see the module's doc).
@@ -153,6 +167,23 @@ mod tests {
         );
         let no_agent = annotations(&[(ANN_RESTORE_ARCHIVE, ID), (ANN_RESTORE_ARCHIVE_AGENT, "")]);
         assert!(requested(Some(&no_agent)).unwrap_err().contains("is empty"));
+    }
+
+    #[test]
+    fn only_an_agent_that_says_it_restores_archives_is_asked_for_one() {
+        let mut capabilities: Capabilities = serde_json::from_value(json!({
+            "quota": "none", "quota_enforced": false, "archive": true,
+        }))
+        .unwrap();
+        let old = check_agent(&source(), &capabilities).unwrap_err();
+        assert_eq!(
+            old,
+            format!(
+                "agent nfs1 cannot make a volume from an archive (its version is older than archive restores): upgrade agent nfs1 to restore archive {ID}"
+            )
+        );
+        capabilities.archive_restores = true;
+        assert_eq!(check_agent(&source(), &capabilities), Ok(()));
     }
 
     #[test]

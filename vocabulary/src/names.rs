@@ -47,6 +47,12 @@ pub const ANN_RESTORE_ARCHIVE_AGENT: &str = "nfsprov.dev/restore-archive-agent";
 /// On a PV: the archive (`agent:id`) its volume was restored from.
 pub const ANN_RESTORED_FROM_ARCHIVE: &str = "nfsprov.dev/restored-from-archive";
 
+/// The `action` of a claim's `ProvisioningFailed` event when the controller refuses the
+/// claim for good: only a change can cure it (of the claim, its class, or an agent's
+/// upgrade), so it is not retried with backoff. Its other failures (an agent down, a
+/// source not ready yet) have the action `Provision` and are retried.
+pub const ACTION_REFUSE: &str = "Refuse";
+
 /// The resource name claims and volumes size themselves by.
 pub const STORAGE: &str = "storage";
 

@@ -11,7 +11,7 @@ use k8s_openapi::api::events::v1::Event;
 use kube::api::{Api, ListParams, PostParams};
 use nfsprov_api_types::ArchivePath;
 use nfsprov_vocabulary::names::{
-    ANN_RESTORE_ARCHIVE, ANN_RESTORE_ARCHIVE_AGENT, ANN_RESTORED_FROM_ARCHIVE,
+    ACTION_REFUSE, ANN_RESTORE_ARCHIVE, ANN_RESTORE_ARCHIVE_AGENT, ANN_RESTORED_FROM_ARCHIVE,
 };
 use serde_json::{Value, json};
 
@@ -50,12 +50,12 @@ fn naming(agent: &str, id: &ArchivePath) -> Value {
 }
 
 /// Awaits an event of `reason` about the claim `namespace/name` whose note contains
-/// `text`.
-async fn event(cluster: &Cluster, namespace: &str, name: &str, reason: &str, text: &str) {
+/// `text`; its action.
+async fn event(cluster: &Cluster, namespace: &str, name: &str, reason: &str, text: &str) -> String {
     let events = Api::<Event>::namespaced(cluster.client.clone(), namespace);
     let deadline = tokio::time::Instant::now() + WAIT;
     loop {
-        let notes: Vec<(String, String, String)> = events
+        let notes: Vec<(String, String, String, String)> = events
             .list(&ListParams::default())
             .await
             .unwrap()
@@ -66,14 +66,15 @@ async fn event(cluster: &Cluster, namespace: &str, name: &str, reason: &str, tex
                     e.regarding.and_then(|r| r.name).unwrap_or_default(),
                     e.reason.unwrap_or_default(),
                     e.note.unwrap_or_default(),
+                    e.action.unwrap_or_default(),
                 )
             })
             .collect();
-        if notes
+        if let Some((_, _, _, action)) = notes
             .iter()
-            .any(|(o, r, n)| o == name && r == reason && n.contains(text))
+            .find(|(o, r, n, _)| o == name && r == reason && n.contains(text))
         {
-            return;
+            return action.clone();
         }
         assert!(
             tokio::time::Instant::now() < deadline,
@@ -90,6 +91,15 @@ async fn phase(cluster: &Cluster, namespace: &str, name: &str) -> Option<String>
         .unwrap()
         .status
         .and_then(|s| s.phase)
+}
+
+async fn no_volumes(cluster: &Cluster) {
+    let volumes = Api::<PersistentVolume>::all(cluster.client.clone())
+        .list(&ListParams::default())
+        .await
+        .unwrap()
+        .items;
+    assert!(volumes.is_empty(), "{volumes:?}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -183,7 +193,7 @@ async fn archive_restores_that_must_not_be_made_are_refused_with_no_volume() {
         naming("nfs1", &id),
     )
     .await;
-    event(
+    let refused = event(
         &cluster,
         "intruder",
         "stolen",
@@ -193,6 +203,7 @@ async fn archive_restores_that_must_not_be_made_are_refused_with_no_volume() {
         ),
     )
     .await;
+    assert_eq!(refused, ACTION_REFUSE, "a refusal for good says so");
     claim(
         &cluster,
         "default",
@@ -333,14 +344,7 @@ async fn archive_restores_that_must_not_be_made_are_refused_with_no_volume() {
             "{namespace}/{name}"
         );
     }
-    assert!(
-        Api::<PersistentVolume>::all(cluster.client.clone())
-            .list(&ListParams::default())
-            .await
-            .unwrap()
-            .items
-            .is_empty()
-    );
+    no_volumes(&cluster).await;
     cluster.finish().await;
 }
 
@@ -359,7 +363,7 @@ async fn an_archive_agent_that_does_not_answer_is_waited_for_not_refused() {
         naming("nfs2", &id),
     )
     .await;
-    event(
+    let action = event(
         &cluster,
         "default",
         "later",
@@ -367,6 +371,10 @@ async fn an_archive_agent_that_does_not_answer_is_waited_for_not_refused() {
         &format!("cannot read archive nfs2:{id}: agent unreachable"),
     )
     .await;
+    assert_eq!(
+        action, "Provision",
+        "a failure that is retried is no refusal"
+    );
     // Waiting, not refused for good: the attempt is made again, and announced again.
     let deadline = tokio::time::Instant::now() + WAIT;
     loop {
@@ -392,5 +400,51 @@ async fn an_archive_agent_that_does_not_answer_is_waited_for_not_refused() {
         phase(&cluster, "default", "later").await.as_deref(),
         Some("Pending")
     );
+    cluster.finish().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_agent_older_than_archive_restores_is_named_not_the_archive_called_missing() {
+    let cluster = Cluster::start().await;
+    let agent = cluster.agent();
+    let id = agent.insert_archive("default/old", Some("default/old"), Some(GIB));
+    agent.predate_archive_restores();
+    claim(
+        &cluster,
+        "default",
+        "back",
+        "nfs",
+        "1Gi",
+        naming("nfs1", &id),
+    )
+    .await;
+    let action = event(
+        &cluster,
+        "default",
+        "back",
+        "ProvisioningFailed",
+        &format!(
+            "agent nfs1 cannot make a volume from an archive (its version is older than archive restores): upgrade agent nfs1 to restore archive {id}"
+        ),
+    )
+    .await;
+    assert_eq!(action, ACTION_REFUSE, "only an upgrade helps");
+
+    // The agent was asked what it can do, and nothing else: not for the archive (which
+    // it would call missing), not to make a volume.
+    let calls = cluster.agent().calls();
+    assert!(calls.iter().any(|c| c == "GET info"), "{calls:?}");
+    assert!(
+        calls.iter().all(|c| !c.starts_with("GET archive")
+            && !c.starts_with("POST ")
+            && !c.starts_with("PUT ")),
+        "{calls:?}"
+    );
+    assert!(cluster.agent().restores().is_empty());
+    assert_eq!(
+        phase(&cluster, "default", "back").await.as_deref(),
+        Some("Pending")
+    );
+    no_volumes(&cluster).await;
     cluster.finish().await;
 }

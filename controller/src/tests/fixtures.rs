@@ -555,6 +555,10 @@ pub struct MockAgentState {
     /// The archives `GET /v1/archives/{id}` answers and restores are made from, by id,
     /// each with the volume as it was archived.
     pub archives: BTreeMap<String, (Archive, CreateVolumeRequest)>,
+    /// Answer as an agent from before archive restores: `/v1/info` reports no
+    /// `archive_restores`, and `GET /v1/archives/{id}` is no route of it (the agent's
+    /// fallback answers `not_found`, as for an archive that does not exist).
+    pub predates_archive_restores: bool,
 }
 
 #[derive(Clone)]
@@ -785,6 +789,11 @@ impl MockAgent {
     /// Reports `capabilities.snapshots` and serves the snapshot endpoints.
     pub fn take_snapshots(&self, supported: bool) {
         self.state.lock().expect("lock").snapshots_supported = supported;
+    }
+
+    /// Answers as an agent from before archive restores (see the state's field).
+    pub fn predate_archive_restores(&self) {
+        self.state.lock().expect("lock").predates_archive_restores = true;
     }
 
     /// Snapshot creates are answered `ready: false` this many times per snapshot.
@@ -1040,13 +1049,14 @@ async fn info(State(shared): State<MockShared>, headers: HeaderMap) -> Response 
     if let Some(response) = enter(&shared, &headers, "GET info".to_owned()) {
         return response;
     }
-    let (quota_enforced, available, exports, snapshots) = {
+    let (quota_enforced, available, exports, snapshots, archive_restores) = {
         let state = shared.state.lock().expect("lock");
         (
             state.quota_enforced,
             state.available_bytes.unwrap_or(1 << 39),
             state.exports,
             state.snapshots_supported,
+            !state.predates_archive_restores,
         )
     };
     Json(AgentInfo {
@@ -1065,6 +1075,7 @@ async fn info(State(shared): State<MockShared>, headers: HeaderMap) -> Response 
             archive: true,
             exports,
             snapshots,
+            archive_restores,
         },
         filesystem: FilesystemStats {
             total_bytes: 1 << 40,
@@ -1409,6 +1420,10 @@ async fn restore(
             };
             (snapshot.restore_size_bytes, kept)
         }
+        // Its strict reading of requests knows no `archive` field.
+        RestoreSource::Archive(_) if state.predates_archive_restores => {
+            return api_error(ErrorCode::InvalidBody, "unknown field `archive`");
+        }
         RestoreSource::Archive(id) => {
             let Some((archive, kept)) = state.archives.get(&id.to_string()).cloned() else {
                 return api_error(ErrorCode::NotFound, "no such archive");
@@ -1453,6 +1468,9 @@ async fn get_archive(
         return response;
     }
     let state = shared.state.lock().expect("lock");
+    if state.predates_archive_restores {
+        return api_error(ErrorCode::NotFound, "no such endpoint");
+    }
     match state.archives.get(&id) {
         Some((archive, _)) => Json(archive.clone()).into_response(),
         None => api_error(ErrorCode::NotFound, "no such archive"),
