@@ -34,9 +34,8 @@ use prometheus_client::metrics::counter::Counter;
 use tokio::sync::{Semaphore, watch};
 
 use crate::metrics::{RestoreLabels, SnapshotLabels, SnapshotMetrics};
-use crate::store::{
-    Created, Deleted, PathGuard, Stage, StoreError, VolumeStore, deleted_while_taken,
-};
+use crate::store::snapshot::{Stage, deleted_while_taken};
+use crate::store::{Created, Deleted, PathGuard, StoreError, VolumeStore};
 
 /// How a snapshot job ended: the snapshot and whether this job took it, or why not.
 pub type SnapshotOutcome = Result<(Snapshot, Created), ApiError>;

@@ -31,7 +31,7 @@ mod mounts;
 mod nesting;
 mod reconcile;
 mod record;
-mod snapshot;
+pub mod snapshot;
 mod tree;
 
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
@@ -75,7 +75,6 @@ pub use self::directory::{DirectoryBackend, NoQuota, QuotaStrategy};
 pub use self::error::{Result, StoreError};
 pub use self::locks::PathGuard;
 pub use self::record::{ArchiveRecord, QuotaRecord, VolumeRecord};
-pub use self::snapshot::{Stage, deleted_while_taken};
 pub use self::tree::{MAX_USAGE_DEPTH, measure_tree, remove_tree};
 
 /// Whether [`VolumeStore::create`] or [`VolumeStore::adopt`] made the volume or found it.
