@@ -114,6 +114,64 @@ impl Manager {
     pub const ALL: [Manager; 2] = [Manager::Knfsd, Manager::Ganesha];
 }
 
+impl Manager {
+    /// What the check with this manager lacks here, if anything: root, and for ganesha
+    /// its daemon with the VFS FSAL, the bus and the namespace tools.
+    pub fn missing(self) -> Option<String> {
+        if !rustix::process::geteuid().is_root() {
+            return Some("needs root (loop mounts, ganesha)".into());
+        }
+        if self == Manager::Knfsd {
+            return None;
+        }
+        let tools = [
+            "ganesha.nfsd",
+            "dbus-daemon",
+            "dbus-send",
+            "unshare",
+            "nsenter",
+        ];
+        if let Some(tool) = tools.into_iter().find(|tool| installed(tool).is_none()) {
+            return Some(format!("{tool} is not installed"));
+        }
+        if !vfs_fsal_installed() {
+            return Some("ganesha's VFS FSAL (libfsalvfs.so) is not installed".into());
+        }
+        None
+    }
+}
+
+/// Where `program` is, on the PATH or in the system's program directories.
+pub fn installed(program: &str) -> Option<PathBuf> {
+    let path = std::env::var_os("PATH").unwrap_or_default();
+    std::env::split_paths(&path)
+        .chain(["/sbin", "/usr/sbin", "/bin", "/usr/bin"].map(PathBuf::from))
+        .map(|dir| dir.join(program))
+        .find(|candidate| candidate.is_file())
+}
+
+/// Whether ganesha's VFS FSAL is in one of the library directories distributions put
+/// ganesha's modules in (`<libdir>[/<multiarch>]/ganesha/`).
+fn vfs_fsal_installed() -> bool {
+    let module = Path::new("ganesha").join("libfsalvfs.so");
+    [
+        "/usr/lib",
+        "/usr/lib64",
+        "/usr/local/lib",
+        "/usr/local/lib64",
+    ]
+    .iter()
+    .flat_map(|lib| {
+        let arches = std::fs::read_dir(lib)
+            .into_iter()
+            .flatten()
+            .flatten()
+            .map(|entry| entry.path());
+        std::iter::once(PathBuf::from(lib)).chain(arches)
+    })
+    .any(|dir| dir.join(&module).is_file())
+}
+
 impl fmt::Display for Manager {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.pad(match self {
@@ -1195,9 +1253,11 @@ impl OnDisk {
                     .blocks
                     .keys()
                     .map(|path| {
-                        path.strip_prefix(&prefix).map(str::to_owned).with_context(|| {
-                            format!("ganesha's files export {path}, outside the export root")
-                        })
+                        path.strip_prefix(&prefix)
+                            .map(str::to_owned)
+                            .with_context(|| {
+                                format!("ganesha's files export {path}, outside the export root")
+                            })
                     })
                     .collect()
             }

@@ -60,6 +60,9 @@ fn main() -> anyhow::Result<()> {
                 Manager::ALL.map(|manager| manager.to_string()).join(", ")
             )
         })?;
+    if let Some(missing) = manager.missing() {
+        anyhow::bail!("the check with {manager} cannot run here: {missing}");
+    }
     let all_ops: &[Op] = match manager {
         Manager::Knfsd => &Op::ALL,
         Manager::Ganesha => &Op::EXPORTING,
@@ -88,7 +91,7 @@ fn main() -> anyhow::Result<()> {
     let runtime = tokio::runtime::Runtime::new()?;
     let mut lost_in_all = 0;
     for kind in kinds {
-        if which(kind.mkfs()).is_none() {
+        if power_cut::installed(kind.mkfs()).is_none() {
             println!("{kind}: skipped, {} is not installed", kind.mkfs());
             continue;
         }
@@ -119,13 +122,4 @@ fn main() -> anyhow::Result<()> {
     }
     println!("lost in all: {lost_in_all}");
     Ok(())
-}
-
-fn which(program: &str) -> Option<PathBuf> {
-    std::env::var_os("PATH")?
-        .to_str()?
-        .split(':')
-        .chain(["/sbin", "/usr/sbin"])
-        .map(|dir| PathBuf::from(dir).join(program))
-        .find(|candidate| candidate.is_file())
 }

@@ -74,9 +74,13 @@ impl GaneshaFiles {
             let file = dir.join(name);
             let block_text = std::fs::read_to_string(&file)
                 .with_context(|| format!("{INCLUDE_FILE} includes {named}, which is missing"))?;
-            let block = ExportBlock::parse(&block_text)
-                .with_context(|| format!("the block of {named}"))?;
-            ensure!(ids.insert(block.id), "Export_Id {} is given twice", block.id);
+            let block =
+                ExportBlock::parse(&block_text).with_context(|| format!("the block of {named}"))?;
+            ensure!(
+                ids.insert(block.id),
+                "Export_Id {} is given twice",
+                block.id
+            );
             if let Some(other) = blocks.insert(block.path.clone(), block) {
                 bail!("{} is exported twice", other.path);
             }
@@ -91,9 +95,10 @@ impl GaneshaFiles {
             .filter(|name| name.as_str() != INCLUDE_FILE && name.ends_with(".conf"))
             .map(PathBuf::from)
             .collect();
+        let not_included: Vec<_> = block_files.difference(&included).collect();
         ensure!(
-            block_files == included,
-            "the directory holds the block files {block_files:?} but {INCLUDE_FILE} includes {included:?}"
+            not_included.is_empty(),
+            "the directory holds block files {INCLUDE_FILE} does not include: {not_included:?}"
         );
         Ok(Self { blocks, entries })
     }
@@ -144,8 +149,14 @@ impl ExportBlock {
             pseudo: export.one("Pseudo")?.to_owned(),
             access: export.one("Access_Type")?.to_owned(),
             squash: export.one("Squash")?.to_owned(),
-            anon_uid: export.optional("Anonymous_Uid")?.map(str::parse).transpose()?,
-            anon_gid: export.optional("Anonymous_Gid")?.map(str::parse).transpose()?,
+            anon_uid: export
+                .optional("Anonymous_Uid")?
+                .map(str::parse)
+                .transpose()?,
+            anon_gid: export
+                .optional("Anonymous_Gid")?
+                .map(str::parse)
+                .transpose()?,
             sec: export.all("SecType").to_vec(),
             fsal,
             clients,

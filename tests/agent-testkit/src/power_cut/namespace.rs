@@ -66,7 +66,6 @@ impl CopyAtOriginal {
         command.arg(flag).arg("--").arg(program);
         command
     }
-
 }
 
 /// The namespace goes once the processes entered into it are gone too.
