@@ -1220,9 +1220,8 @@ impl Cut<'_> {
             restored == wanted,
             "after the agent's start on the copy ganesha serves {restored:?}, not the acknowledged {wanted:?}"
         );
-        drop(server);
-        drop(nfs);
-        drop(view);
+        // Dropped in reverse: the agent, ganesha, then the namespace's holder, whose
+        // namespace (and its hold on the copy) ends with the last of them.
         Ok(())
     }
 }
