@@ -5,10 +5,15 @@
 //! carry knfsd exports whose file lies on the same filesystem, and snapshots are taken by
 //! each filesystem's method (copy on ext4, reflink on XFS, btrfs snapshot). A few cuts
 //! per operation here; `nfsprov-power-cut` runs many.
+//!
+//! The same again with the ganesha export manager and a real ganesha, over the
+//! operations that make, change or remove an export: its directory of EXPORT blocks on
+//! the cut filesystem must hold exactly the acknowledged exports, a ganesha booted from
+//! the copy must serve them, and so must the agent started after it.
 
 use std::path::Path;
 
-use nfsprov_agent_testkit::power_cut::{self, FsKind, Op};
+use nfsprov_agent_testkit::power_cut::{self, FsKind, Manager, Op};
 
 const ITERATIONS: usize = 2;
 
@@ -71,6 +76,67 @@ async fn acknowledged_operations_survive_a_power_cut_on_xfs() {
 async fn acknowledged_operations_survive_a_power_cut_on_btrfs() {
     survives_power_cuts(
         "acknowledged_operations_survive_a_power_cut_on_btrfs",
+        FsKind::Btrfs,
+    )
+    .await;
+}
+
+async fn ganesha_exports_survive_power_cuts(test: &str, kind: FsKind) {
+    if let Some(missing) = Manager::Ganesha.missing() {
+        nfsprov_test_skip::skip(test, &missing);
+        return;
+    }
+    if !installed(kind.mkfs()) {
+        nfsprov_test_skip::skip(test, &format!("{} is not installed", kind.mkfs()));
+        return;
+    }
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    let tallies = power_cut::run_with(
+        Path::new(&agent_binary()),
+        kind,
+        Manager::Ganesha,
+        &Op::EXPORTING,
+        ITERATIONS,
+    )
+    .await
+    .unwrap();
+    let mut failures = Vec::new();
+    for (op, tally) in &tallies {
+        assert_eq!(tally.checked, ITERATIONS, "{kind} {op}");
+        failures.extend(tally.failures.iter().cloned());
+    }
+    assert_eq!(tallies.len(), Op::EXPORTING.len());
+    assert!(
+        failures.is_empty(),
+        "acknowledged ganesha exports lost in a power cut:\n{}",
+        failures.join("\n")
+    );
+}
+
+#[tokio::test]
+async fn acknowledged_exports_survive_a_power_cut_with_ganesha_on_ext4() {
+    ganesha_exports_survive_power_cuts(
+        "acknowledged_exports_survive_a_power_cut_with_ganesha_on_ext4",
+        FsKind::Ext4,
+    )
+    .await;
+}
+
+#[tokio::test]
+async fn acknowledged_exports_survive_a_power_cut_with_ganesha_on_xfs() {
+    ganesha_exports_survive_power_cuts(
+        "acknowledged_exports_survive_a_power_cut_with_ganesha_on_xfs",
+        FsKind::Xfs,
+    )
+    .await;
+}
+
+/// Each volume a subvolume with a mount of its own, which a reboot loses: the agent
+/// started on the copy must mount and export every one again.
+#[tokio::test]
+async fn acknowledged_exports_survive_a_power_cut_with_ganesha_on_btrfs() {
+    ganesha_exports_survive_power_cuts(
+        "acknowledged_exports_survive_a_power_cut_with_ganesha_on_btrfs",
         FsKind::Btrfs,
     )
     .await;

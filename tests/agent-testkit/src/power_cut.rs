@@ -12,6 +12,13 @@
 //! exactly the acknowledged exports, what the NFS server would restore at boot; snapshot
 //! trees are read where the agent keeps them, not through the agent.
 //!
+//! Or through its ganesha manager, with a real ganesha on a private D-Bus, the manager's
+//! directory on the same filesystem (as /etc/ganesha/ is). Its files name absolute
+//! paths, so the copy is checked as a rebooted server would see it: mounted in a mount
+//! namespace of its own at the original's paths, where a second ganesha boots from the
+//! copy's `exports.conf` and then the agent starts. Before either, the harness reads the
+//! directory itself and compares every EXPORT block with what was acknowledged.
+//!
 //! Each operation is a few arms: what `prepare` sets up, what `act` sends and the
 //! acknowledgement it records as `Done`, what `on_disk` and `served` check of it.
 
@@ -34,7 +41,14 @@ use nfsprov_api_types::{
     RestoreVolumeRequest, Snapshot, SnapshotMethod, SnapshotName, Squash, VolumeOwner, VolumePath,
 };
 
+use crate::ganesha::{Ganesha, PrivateBus};
 use crate::{LoopBtrfs, LoopExt4, LoopXfs};
+
+mod ganesha_files;
+mod namespace;
+
+use ganesha_files::{ExportBlock, GaneshaFiles};
+use namespace::CopyAtOriginal;
 
 /// The filesystems the check runs on.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
@@ -86,6 +100,87 @@ impl fmt::Display for FsKind {
     }
 }
 
+/// How the agent exports its volumes, and so which files of the NFS server's the cut must
+/// leave right.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Manager {
+    /// The kernel's server: an exports file, `exportfs` a logging stand-in.
+    Knfsd,
+    /// nfs-ganesha over D-Bus: a directory of EXPORT blocks, a real ganesha.
+    Ganesha,
+}
+
+impl Manager {
+    pub const ALL: [Manager; 2] = [Manager::Knfsd, Manager::Ganesha];
+}
+
+impl Manager {
+    /// What the check with this manager lacks here, if anything: root, and for ganesha
+    /// its daemon with the VFS FSAL, the bus and the namespace tools.
+    pub fn missing(self) -> Option<String> {
+        if !rustix::process::geteuid().is_root() {
+            return Some("needs root (loop mounts, ganesha)".into());
+        }
+        if self == Manager::Knfsd {
+            return None;
+        }
+        let tools = [
+            "ganesha.nfsd",
+            "dbus-daemon",
+            "dbus-send",
+            "unshare",
+            "nsenter",
+        ];
+        if let Some(tool) = tools.into_iter().find(|tool| installed(tool).is_none()) {
+            return Some(format!("{tool} is not installed"));
+        }
+        if !vfs_fsal_installed() {
+            return Some("ganesha's VFS FSAL (libfsalvfs.so) is not installed".into());
+        }
+        None
+    }
+}
+
+/// Where `program` is, on the PATH or in the system's program directories.
+pub fn installed(program: &str) -> Option<PathBuf> {
+    let path = std::env::var_os("PATH").unwrap_or_default();
+    std::env::split_paths(&path)
+        .chain(["/sbin", "/usr/sbin", "/bin", "/usr/bin"].map(PathBuf::from))
+        .map(|dir| dir.join(program))
+        .find(|candidate| candidate.is_file())
+}
+
+/// Whether ganesha's VFS FSAL is in one of the library directories distributions put
+/// ganesha's modules in (`<libdir>[/<multiarch>]/ganesha/`).
+fn vfs_fsal_installed() -> bool {
+    let module = Path::new("ganesha").join("libfsalvfs.so");
+    [
+        "/usr/lib",
+        "/usr/lib64",
+        "/usr/local/lib",
+        "/usr/local/lib64",
+    ]
+    .iter()
+    .flat_map(|lib| {
+        let arches = std::fs::read_dir(lib)
+            .into_iter()
+            .flatten()
+            .flatten()
+            .map(|entry| entry.path());
+        std::iter::once(PathBuf::from(lib)).chain(arches)
+    })
+    .any(|dir| dir.join(&module).is_file())
+}
+
+impl fmt::Display for Manager {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.pad(match self {
+            Manager::Knfsd => "knfsd",
+            Manager::Ganesha => "ganesha",
+        })
+    }
+}
+
 /// The operations checked, each acknowledged by a 2xx.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 pub enum Op {
@@ -116,6 +211,20 @@ impl Op {
         Op::Delete,
         Op::Snapshot,
         Op::SnapshotDelete,
+        Op::Restore,
+        Op::ArchiveRestore,
+    ];
+
+    /// The operations whose answer makes, changes or removes an export: the snapshot
+    /// operations leave every export as it is.
+    pub const EXPORTING: [Op; 9] = [
+        Op::Create,
+        Op::Clone,
+        Op::Adopt,
+        Op::Resize,
+        Op::Export,
+        Op::Archive,
+        Op::Delete,
         Op::Restore,
         Op::ArchiveRestore,
     ];
@@ -158,6 +267,9 @@ const GIB: u64 = 1 << 30;
 /// filesystem: the copy of the disk holds it as a server's disk holds /etc/exports.d/.
 const EXPORTS_DIR: &str = "exports.d";
 const EXPORTS_FILE: &str = "nfsprov.exports";
+/// The ganesha manager's directory, beside the export root as /etc/ganesha/ is on a
+/// server's disk.
+const GANESHA_DIR: &str = "ganesha";
 /// Where the agent keeps snapshot trees and their records, in its state directory.
 const SNAPSHOT_DATA: &str = "snapshots/data";
 const SNAPSHOT_RECORDS: &str = "snapshots/records";
@@ -177,9 +289,14 @@ fn snapshot_record(root: &Path, name: &SnapshotName) -> PathBuf {
         .join(format!("{name}.json"))
 }
 
+/// The ganesha manager's directory of the agent serving `root`.
+fn ganesha_dir(root: &Path) -> PathBuf {
+    root.with_file_name(GANESHA_DIR)
+}
+
 /// Who may mount a volume, as sent, with the options exports(5) must show for each of its
-/// clients: spelled out here rather than taken from the agent, so that the file is
-/// checked as the kernel would read it at boot.
+/// clients and the values of its ganesha EXPORT block: spelled out here rather than taken
+/// from the agent, so that the files are checked as the server would read them at boot.
 #[derive(Debug)]
 struct ExportCase {
     clients: &'static [&'static str],
@@ -187,6 +304,9 @@ struct ExportCase {
     squash: Squash,
     anon_id: Option<u32>,
     options: &'static str,
+    /// ganesha: the `Access_Type` of the block's CLIENT and the block's `Squash`.
+    ganesha_access: &'static str,
+    ganesha_squash: &'static str,
 }
 
 /// Two networks, read-write, root squashed.
@@ -196,6 +316,8 @@ const READ_WRITE: ExportCase = ExportCase {
     squash: Squash::Root,
     anon_id: None,
     options: "rw,root_squash,sec=sys,sync,no_subtree_check,secure",
+    ganesha_access: "RW",
+    ganesha_squash: "Root_Squash",
 };
 
 /// Two networks (one IPv6), read-only, every user squashed to 2000.
@@ -205,6 +327,8 @@ const READ_ONLY: ExportCase = ExportCase {
     squash: Squash::All,
     anon_id: Some(2000),
     options: "ro,all_squash,anonuid=2000,anongid=2000,sec=sys,sync,no_subtree_check,secure",
+    ganesha_access: "RO",
+    ganesha_squash: "All_Squash",
 };
 
 /// What the `export` operation changes a volume's export to: other clients, other options.
@@ -214,6 +338,8 @@ const CHANGED: ExportCase = ExportCase {
     squash: Squash::None,
     anon_id: None,
     options: "rw,no_root_squash,sec=sys,sync,no_subtree_check,secure",
+    ganesha_access: "RW",
+    ganesha_squash: "No_Root_Squash",
 };
 
 impl ExportCase {
@@ -238,6 +364,61 @@ impl ExportCase {
             .iter()
             .map(|client| format!("{client}({})", self.options))
             .collect()
+    }
+
+    /// What is wrong with `block` as the EXPORT of the volume at `path` (absolute, as
+    /// the acknowledging agent served it): the path clients mount is the same (the
+    /// export root is `nfs.path`), nobody but the clients may mount, AUTH_SYS.
+    fn block_differences(&self, block: &ExportBlock, path: &str) -> Vec<String> {
+        let mut wrong = Vec::new();
+        let mut differ = |what: &str, found: &dyn fmt::Debug, wanted: &dyn fmt::Debug| {
+            wrong.push(format!("{what} {found:?}, not {wanted:?}"));
+        };
+        let same = |found: &str, wanted: &str| found.eq_ignore_ascii_case(wanted);
+        if block.path != path {
+            differ("Path", &block.path, &path);
+        }
+        if block.pseudo != path {
+            differ("Pseudo", &block.pseudo, &path);
+        }
+        if !same(&block.access, "None") {
+            differ("Access_Type", &block.access, &"None");
+        }
+        if !same(&block.squash, self.ganesha_squash) {
+            differ("Squash", &block.squash, &self.ganesha_squash);
+        }
+        if block.anon_uid != self.anon_id || block.anon_gid != self.anon_id {
+            differ(
+                "Anonymous_Uid/Gid",
+                &(block.anon_uid, block.anon_gid),
+                &self.anon_id,
+            );
+        }
+        if !matches!(block.sec.as_slice(), [sec] if same(sec, "sys")) {
+            differ("SecType", &block.sec, &["sys"]);
+        }
+        if !same(&block.fsal, "VFS") {
+            differ("FSAL", &block.fsal, &"VFS");
+        }
+        let wanted: BTreeMap<&str, &str> = self
+            .clients
+            .iter()
+            .map(|client| (*client, self.ganesha_access))
+            .collect();
+        let found: BTreeMap<&str, &str> = block
+            .clients
+            .iter()
+            .map(|(client, access)| (client.as_str(), access.as_str()))
+            .collect();
+        let found_same = found.len() == wanted.len()
+            && found
+                .iter()
+                .zip(&wanted)
+                .all(|((fc, fa), (wc, wa))| fc == wc && same(fa, wa));
+        if !found_same {
+            differ("CLIENT", &found, &wanted);
+        }
+        wrong
     }
 }
 
@@ -282,38 +463,65 @@ impl Step {
 }
 
 /// Runs `iterations` power cuts after each of `ops` on a new filesystem of `kind` served
-/// by the agent binary `agent`.
+/// by the agent binary `agent`, exporting through its knfsd manager.
 pub async fn run(
     agent: &Path,
     kind: FsKind,
     ops: &[Op],
     iterations: usize,
 ) -> anyhow::Result<BTreeMap<Op, Tally>> {
+    run_with(agent, kind, Manager::Knfsd, ops, iterations).await
+}
+
+/// As [`run`], exporting through the export manager `manager`.
+pub async fn run_with(
+    agent: &Path,
+    kind: FsKind,
+    manager: Manager,
+    ops: &[Op],
+    iterations: usize,
+) -> anyhow::Result<BTreeMap<Op, Tally>> {
     let fs = Filesystem::new(kind)?;
     let root = fs.root();
-    std::fs::create_dir(root.with_file_name(EXPORTS_DIR))?;
-    let server = Server::start(agent, &root, kind).await?;
+    let nfs = match manager {
+        Manager::Knfsd => {
+            std::fs::create_dir(root.with_file_name(EXPORTS_DIR))?;
+            None
+        }
+        Manager::Ganesha => Some(GaneshaService::start(&ganesha_dir(&root), None).await?),
+    };
+    let exports = match &nfs {
+        None => ExportSetup::Knfsd,
+        Some(nfs) => ExportSetup::Ganesha(&nfs.ganesha),
+    };
+    let server = Server::start(agent, &root, kind, &exports, None).await?;
     let copies = tempfile::tempdir()?;
     let mut tallies = BTreeMap::new();
+    // Every export acknowledged and not since removed, by volume: what the server's files
+    // must hold after a cut, whole.
+    let mut exported = BTreeMap::new();
     for &op in ops {
         let tally: &mut Tally = tallies.entry(op).or_default();
         for i in 0..iterations {
             let step = Step::new(op, i);
             let expected = prepare(&server, &root, &step).await?;
+            step.prepared(&mut exported)?;
             // Whatever was set up is on disk before the operation under test.
             rustix::fs::syncfs(std::fs::File::open(&root)?.as_fd())?;
             let done = act(&server, &step).await?;
             // At once: the power goes as the answer arrives.
             let image = copies.path().join("cut.img");
             copy_image(fs.image(), &image)?;
+            done.acknowledged(&mut exported);
             let cut = Cut {
                 agent,
                 kind,
+                manager,
                 image: &image,
                 scratch: copies.path(),
                 original_root: &root,
             };
-            let verdict = cut.check(&expected, &done).await?;
+            let verdict = cut.check(&expected, &done, &exported).await?;
             std::fs::remove_file(&image)?;
             tally.checked += 1;
             if let Err(e) = verdict {
@@ -323,7 +531,82 @@ pub async fn run(
         }
     }
     drop(server);
+    drop(nfs);
+    unmount_below(&root)?;
     Ok(tallies)
+}
+
+/// Unmounts what the agent mounted below `root` (ganesha's btrfs volumes have a mount
+/// each) and left when it was stopped, deepest first, so the filesystem can go.
+fn unmount_below(root: &Path) -> anyhow::Result<()> {
+    let prefix = format!("{}/", root.display());
+    let table = std::fs::read_to_string("/proc/self/mountinfo")?;
+    // Temp directory names hold no character the table escapes.
+    let mut points: Vec<&str> = table
+        .lines()
+        .filter_map(|line| line.split(' ').nth(4))
+        .filter(|point| point.starts_with(&prefix))
+        .collect();
+    points.sort_unstable_by_key(|point| std::cmp::Reverse(point.len()));
+    for point in points {
+        unmount(Path::new(point))?;
+    }
+    Ok(())
+}
+
+/// Acknowledged exports by volume path.
+type Exported = BTreeMap<String, &'static ExportCase>;
+
+impl Step {
+    /// Records the exports `prepare` made for the step.
+    fn prepared(&self, exported: &mut Exported) -> anyhow::Result<()> {
+        let export = self.export();
+        match self.op {
+            Op::Create | Op::Adopt => {}
+            Op::Resize | Op::Export | Op::Archive | Op::Delete => {
+                exported.insert(self.path()?.to_string(), export);
+            }
+            Op::Clone | Op::Snapshot | Op::SnapshotDelete | Op::Restore => {
+                exported.insert(self.source()?.to_string(), export);
+            }
+            // Made and archived again: no export left.
+            Op::ArchiveRestore => {}
+        }
+        Ok(())
+    }
+}
+
+impl Done {
+    /// Records what the acknowledgement did to the exports.
+    fn acknowledged(&self, exported: &mut Exported) {
+        match self {
+            Done::Volume { path, export, .. } => {
+                exported.insert(path.to_string(), export);
+            }
+            Done::Archived { path, .. } | Done::Deleted { path } => {
+                exported.remove(path.as_str());
+            }
+            Done::Snapshot { .. } | Done::SnapshotDeleted { .. } => {}
+        }
+    }
+}
+
+/// A private bus and a ganesha on it, stopped when dropped (ganesha first).
+struct GaneshaService {
+    ganesha: Ganesha,
+    _bus: PrivateBus,
+}
+
+impl GaneshaService {
+    /// ganesha including `dir`'s `exports.conf`, in `namespace` if one is given.
+    async fn start(dir: &Path, namespace: Option<&CopyAtOriginal>) -> anyhow::Result<Self> {
+        let bus = PrivateBus::start().await?;
+        let ganesha = match namespace {
+            None => Ganesha::start(&bus, dir).await?,
+            Some(namespace) => Ganesha::start_in_namespace(&bus, dir, &namespace.path()).await?,
+        };
+        Ok(Self { ganesha, _bus: bus })
+    }
 }
 
 enum Filesystem {
@@ -360,8 +643,16 @@ impl Filesystem {
     }
 }
 
+/// The export manager an agent is configured with.
+enum ExportSetup<'a> {
+    /// knfsd, its exports file beside the export root, `exportfs` a logging stand-in.
+    Knfsd,
+    /// ganesha, this one's bus and directory.
+    Ganesha(&'a Ganesha),
+}
+
 /// The agent binary serving an export root, with its own credentials, exporting each
-/// volume through the knfsd manager.
+/// volume through its export manager.
 struct Server {
     etc: tempfile::TempDir,
     child: Child,
@@ -380,7 +671,14 @@ fn exportfs_stand_in(log: &Path) -> String {
 }
 
 impl Server {
-    async fn start(agent: &Path, root: &Path, kind: FsKind) -> anyhow::Result<Self> {
+    /// The agent serving `root`, in `namespace` if one is given.
+    async fn start(
+        agent: &Path,
+        root: &Path,
+        kind: FsKind,
+        exports: &ExportSetup<'_>,
+        namespace: Option<&CopyAtOriginal>,
+    ) -> anyhow::Result<Self> {
         let etc = tempfile::tempdir()?;
         let port = std::net::TcpListener::bind("127.0.0.1:0")?
             .local_addr()?
@@ -398,26 +696,35 @@ impl Server {
             force: false,
             days: 1,
         })?;
-        // Outside the filesystem under test: the NFS server's program, not its state.
-        let exportfs = etc.path().join("exportfs");
-        std::fs::write(&exportfs, exportfs_stand_in(&etc.path().join(EXPORTFS_LOG)))?;
-        std::fs::set_permissions(
-            &exportfs,
-            std::os::unix::fs::PermissionsExt::from_mode(0o755),
-        )?;
         let config = etc.path().join(files::CONFIG);
         let mut file = std::fs::OpenOptions::new().append(true).open(&config)?;
-        write!(
-            file,
-            "\n[exports]\nmanager = \"knfsd\"\nknfsd_exports_file = {:?}\nknfsd_exportfs = {:?}\n",
-            exports_file(root).display().to_string(),
-            exportfs.display().to_string()
-        )?;
+        match exports {
+            ExportSetup::Knfsd => {
+                // Outside the filesystem under test: the NFS server's program, not its state.
+                let exportfs = etc.path().join("exportfs");
+                std::fs::write(&exportfs, exportfs_stand_in(&etc.path().join(EXPORTFS_LOG)))?;
+                std::fs::set_permissions(
+                    &exportfs,
+                    std::os::unix::fs::PermissionsExt::from_mode(0o755),
+                )?;
+                write!(
+                    file,
+                    "\n[exports]\nmanager = \"knfsd\"\nknfsd_exports_file = {:?}\nknfsd_exportfs = {:?}\n",
+                    exports_file(root).display().to_string(),
+                    exportfs.display().to_string()
+                )?;
+            }
+            ExportSetup::Ganesha(ganesha) => write!(file, "\n{}", ganesha.agent_settings())?,
+        }
         if kind == FsKind::Btrfs {
             file.write_all(b"\n[quota]\nbackend = \"btrfs\"\n")?;
         }
         drop(file);
-        let child = Command::new(agent)
+        let mut command = match namespace {
+            Some(namespace) => namespace.command(agent),
+            None => Command::new(agent),
+        };
+        let child = command
             .args(["run", "--config"])
             .arg(&config)
             .stdin(Stdio::null())
@@ -799,6 +1106,7 @@ pub fn copy_image(from: &Path, to: &Path) -> anyhow::Result<()> {
 struct Cut<'a> {
     agent: &'a Path,
     kind: FsKind,
+    manager: Manager,
     image: &'a Path,
     scratch: &'a Path,
     /// The export root of the agent that acknowledged, as its exports file names it.
@@ -809,7 +1117,12 @@ impl Cut<'_> {
     /// Mounts the copy (recovering its journal), checks what is on it as found, then
     /// starts an agent on it and checks what that agent answers: the verdict, inside what
     /// went wrong with the check itself.
-    async fn check(&self, expected: &Expected, done: &Done) -> anyhow::Result<anyhow::Result<()>> {
+    async fn check(
+        &self,
+        expected: &Expected,
+        done: &Done,
+        exported: &Exported,
+    ) -> anyhow::Result<anyhow::Result<()>> {
         let mount = self.scratch.join("mnt");
         std::fs::create_dir_all(&mount)?;
         // The copy has the original's UUID; XFS refuses that unless told.
@@ -830,19 +1143,146 @@ impl Cut<'_> {
         }
         let checked = async {
             let root = mount.join("exports");
-            // What the NFS server would read at boot, before any agent touches it.
-            let text = std::fs::read_to_string(exports_file(&root))
-                .context("the exports file is not on the copy")?;
-            let exports = ExportsFile::parse(&text, self.original_root)?;
-            on_disk(&root, &exports, expected, done)?;
-            let server = Server::start(self.agent, &root, self.kind).await?;
-            let verdict = served(&server, self.kind, &root, &exports, expected, done).await;
-            drop(server);
-            verdict
+            match self.manager {
+                Manager::Knfsd => {
+                    // What the NFS server would read at boot, before any agent touches it.
+                    let text = std::fs::read_to_string(exports_file(&root))
+                        .context("the exports file is not on the copy")?;
+                    let exports = ExportsFile::parse(&text, self.original_root)?;
+                    let found = OnDisk::Knfsd(exports);
+                    on_disk(&root, &found, expected, done, exported)?;
+                    let server =
+                        Server::start(self.agent, &root, self.kind, &ExportSetup::Knfsd, None)
+                            .await?;
+                    let verdict = served(&server, self.kind, &root, &found, expected, done).await;
+                    drop(server);
+                    verdict
+                }
+                Manager::Ganesha => self.check_ganesha(&mount, expected, done, exported).await,
+            }
         }
         .await;
         unmount(&mount)?;
         Ok(checked)
+    }
+
+    /// The ganesha manager's directory as found, then a ganesha booted from it and the
+    /// agent started after it, both seeing the copy at the original's paths.
+    async fn check_ganesha(
+        &self,
+        mount: &Path,
+        expected: &Expected,
+        done: &Done,
+        exported: &Exported,
+    ) -> anyhow::Result<()> {
+        let root = mount.join("exports");
+        let original_dir = ganesha_dir(self.original_root);
+        let files = GaneshaFiles::read(&ganesha_dir(&root), &original_dir)?;
+        let leftovers = files.leftovers();
+        ensure!(
+            leftovers.is_empty(),
+            "staged files are left in ganesha's directory: {leftovers:?}"
+        );
+        // What the served list must be: each acknowledged block's id at its path.
+        let wanted: Vec<(u16, String)> = files
+            .blocks
+            .values()
+            .map(|block| (block.id, block.path.clone()))
+            .collect();
+        let found = OnDisk::Ganesha(files, self.original_root.to_owned());
+        on_disk(&root, &found, expected, done, exported)?;
+        let original_mount = self
+            .original_root
+            .parent()
+            .context("the export root has no parent")?;
+        let view = CopyAtOriginal::new(mount, original_mount)?;
+        let nfs = GaneshaService::start(&original_dir, Some(&view)).await?;
+        // Subvolumes are mounted by the agent, and a reboot loses those mounts: ganesha
+        // alone cannot serve a btrfs volume until the agent has started.
+        if self.kind != FsKind::Btrfs {
+            let booted = agents_exports(&nfs.ganesha)?;
+            ensure!(
+                booted == wanted,
+                "ganesha booted from the copy serves {booted:?}, not the acknowledged {wanted:?}"
+            );
+        }
+        let server = Server::start(
+            self.agent,
+            self.original_root,
+            self.kind,
+            &ExportSetup::Ganesha(&nfs.ganesha),
+            Some(&view),
+        )
+        .await?;
+        served(&server, self.kind, &root, &found, expected, done).await?;
+        let restored = agents_exports(&nfs.ganesha)?;
+        ensure!(
+            restored == wanted,
+            "after the agent's start on the copy ganesha serves {restored:?}, not the acknowledged {wanted:?}"
+        );
+        // Dropped in reverse: the agent, ganesha, then the namespace's holder, whose
+        // namespace (and its hold on the copy) ends with the last of them.
+        Ok(())
+    }
+}
+
+/// The exports ganesha serves but its own pseudo-filesystem root (id 0).
+fn agents_exports(ganesha: &Ganesha) -> anyhow::Result<Vec<(u16, String)>> {
+    let mut exports = ganesha.exports()?;
+    exports.retain(|(id, _)| *id != 0);
+    exports.sort_unstable_by(|a, b| a.1.cmp(&b.1));
+    Ok(exports)
+}
+
+/// The NFS server's files as the cut left them.
+enum OnDisk {
+    Knfsd(ExportsFile),
+    /// With the export root the files name.
+    Ganesha(GaneshaFiles, PathBuf),
+}
+
+impl OnDisk {
+    /// The volumes exported, by their path below the export root.
+    fn volumes(&self) -> anyhow::Result<BTreeSet<String>> {
+        match self {
+            OnDisk::Knfsd(exports) => Ok(exports.lines.keys().cloned().collect()),
+            OnDisk::Ganesha(files, root) => {
+                let prefix = format!("{}/", root.display());
+                files
+                    .blocks
+                    .keys()
+                    .map(|path| {
+                        path.strip_prefix(&prefix)
+                            .map(str::to_owned)
+                            .with_context(|| {
+                                format!("ganesha's files export {path}, outside the export root")
+                            })
+                    })
+                    .collect()
+            }
+        }
+    }
+
+    /// What is wrong with the export of `volume` as found, against `export`; `None` when
+    /// the volume is not exported at all.
+    fn differences(&self, volume: &str, export: &ExportCase) -> Option<Vec<String>> {
+        match self {
+            OnDisk::Knfsd(exports) => exports.lines.get(volume).map(|listed| {
+                let wanted = export.entries();
+                if *listed == wanted {
+                    Vec::new()
+                } else {
+                    vec![format!("listed as {listed:?}, not as {wanted:?}")]
+                }
+            }),
+            OnDisk::Ganesha(files, root) => {
+                let path = root.join(volume).display().to_string();
+                files
+                    .blocks
+                    .get(&path)
+                    .map(|block| export.block_differences(block, &path))
+            }
+        }
     }
 }
 
@@ -918,23 +1358,24 @@ fn same_files(dir: &Path, files: &[(String, Vec<u8>)]) -> anyhow::Result<()> {
 /// through the agent under test).
 fn on_disk(
     root: &Path,
-    exports: &ExportsFile,
+    found: &OnDisk,
     expected: &Expected,
     done: &Done,
+    exported: &Exported,
 ) -> anyhow::Result<()> {
     match done {
-        Done::Volume { path, export, .. } => {
-            let listed = exports.lines.get(path.as_str());
-            let wanted = export.entries();
-            ensure!(
-                listed == Some(&wanted),
-                "the exports file lists {path} as {listed:?}, not as acknowledged: {wanted:?}"
-            );
-        }
+        Done::Volume { path, export, .. } => match found.differences(path.as_str(), export) {
+            None => bail!("the server's files do not export {path}"),
+            Some(wrong) => ensure!(
+                wrong.is_empty(),
+                "the server's files export {path} otherwise than acknowledged: {}",
+                wrong.join("; ")
+            ),
+        },
         Done::Archived { path, .. } | Done::Deleted { path } => {
             ensure!(
-                !exports.lines.contains_key(path.as_str()),
-                "the exports file still lists {path}, which is gone"
+                found.differences(path.as_str(), &READ_WRITE).is_none(),
+                "the server's files still export {path}, which is gone"
             );
         }
         Done::Snapshot { name, .. } => {
@@ -952,6 +1393,23 @@ fn on_disk(
             );
         }
     }
+    // Every other acknowledged export as it was, and nothing else.
+    let volumes = found.volumes()?;
+    let wanted: BTreeSet<String> = exported.keys().cloned().collect();
+    ensure!(
+        volumes == wanted,
+        "the server's files export {:?} beyond the acknowledged and miss {:?}",
+        volumes.difference(&wanted).collect::<Vec<_>>(),
+        wanted.difference(&volumes).collect::<Vec<_>>()
+    );
+    for (volume, export) in exported {
+        let wrong = found.differences(volume, export).unwrap_or_default();
+        ensure!(
+            wrong.is_empty(),
+            "the server's files export {volume} otherwise than acknowledged: {}",
+            wrong.join("; ")
+        );
+    }
     Ok(())
 }
 
@@ -960,7 +1418,7 @@ async fn served(
     server: &Server,
     kind: FsKind,
     root: &Path,
-    exports: &ExportsFile,
+    found: &OnDisk,
     expected: &Expected,
     done: &Done,
 ) -> anyhow::Result<()> {
@@ -1011,20 +1469,24 @@ async fn served(
                 served.matches(&export.request()?) && served.path.ends_with(&format!("/{path}")),
                 "{path} is answered exported as {served:?}, not as acknowledged: {export:?}"
             );
-            // Restored to the kernel at start: one `exportfs -o` per client.
-            let target = format!(":{}", root.join(path.as_str()).display());
-            let calls = server.exportfs_calls()?;
-            let exported = calls
-                .lines()
-                .filter(|call| {
-                    call.starts_with(&format!("-o {} ", export.options)) && call.ends_with(&target)
-                })
-                .count();
-            ensure!(
-                exported == export.clients.len(),
-                "the agent started on the copy exported {path} to {exported} clients, not {}:\n{calls}",
-                export.clients.len()
-            );
+            // Restored to the kernel at start: one `exportfs -o` per client (ganesha's
+            // list is compared whole by the caller).
+            if let OnDisk::Knfsd(_) = found {
+                let target = format!(":{}", root.join(path.as_str()).display());
+                let calls = server.exportfs_calls()?;
+                let exported = calls
+                    .lines()
+                    .filter(|call| {
+                        call.starts_with(&format!("-o {} ", export.options))
+                            && call.ends_with(&target)
+                    })
+                    .count();
+                ensure!(
+                    exported == export.clients.len(),
+                    "the agent started on the copy exported {path} to {exported} clients, not {}:\n{calls}",
+                    export.clients.len()
+                );
+            }
             same_files(&root.join(path.as_str()), &expected.files)?;
         }
         Done::Archived { path, archive_path } => {
@@ -1083,8 +1545,8 @@ async fn served(
         }
     }
     // Nothing half-made: every entry at a volume path is a volume (each directory made
-    // to be adopted was adopted, durably, before the next operation), and the exports
-    // file as found lists exactly those volumes (every volume here is made with an export).
+    // to be adopted was adopted, durably, before the next operation), and the server's
+    // files as found export exactly those volumes (every volume here is made with one).
     let volumes: BTreeSet<String> = client
         .list_volumes(None)
         .await?
@@ -1098,10 +1560,10 @@ async fn served(
             "{name} is at a volume path but is no volume"
         );
     }
-    let exported: BTreeSet<String> = exports.lines.keys().cloned().collect();
+    let exported = found.volumes()?;
     ensure!(
         exported == volumes,
-        "the exports file lists {:?} but the volumes are {:?}",
+        "the server's files export {:?} but the volumes are {:?}",
         exported.difference(&volumes).collect::<Vec<_>>(),
         volumes.difference(&exported).collect::<Vec<_>>()
     );

@@ -88,9 +88,7 @@ impl Drop for NfsServer {
 }
 
 /// An NFSv4 URL for libnfs with an explicit port (no portmapper here).
-pub fn nfs_url(server: &str, port: u16, path: &str) -> String {
-    format!("nfs://{server}{path}?version=4&nfsport={port}")
-}
+pub use nfsprov_agent_testkit::ganesha::nfs_url;
 
 fn config_text(port: u16, exports: &[&Path], recovery: &Path) -> String {
     let mut text = format!(

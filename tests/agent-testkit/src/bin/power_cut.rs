@@ -1,13 +1,15 @@
 //! Power cuts after acknowledged operations, many times over: for each filesystem and
 //! operation, how many acknowledged results were checked on a copy of the disk taken the
 //! moment the answer arrived, and how many were lost. Prints figures; the suite's own
-//! test runs a few of the same. Needs root, and the mkfs of each filesystem.
+//! test runs a few of the same. Needs root, and the mkfs of each filesystem; with
+//! `--exports ganesha`, also ganesha.nfsd with its VFS FSAL, dbus-daemon, unshare and
+//! nsenter.
 
 use std::path::PathBuf;
 
 use anyhow::Context;
 use clap::Parser;
-use nfsprov_agent_testkit::power_cut::{self, FsKind, Op};
+use nfsprov_agent_testkit::power_cut::{self, FsKind, Manager, Op};
 
 #[derive(Debug, Parser)]
 #[command(about = "Check that what the nfsprov agent acknowledges survives a power cut")]
@@ -21,9 +23,13 @@ struct Args {
     /// Filesystems to run on (ext4, xfs, btrfs); all by default.
     #[arg(long = "fs", value_delimiter = ',')]
     filesystems: Vec<String>,
-    /// Operations to cut after (create, clone, ..., archive-restore); all by default.
+    /// Operations to cut after (create, clone, ..., archive-restore); by default all, or
+    /// with ganesha all that make, change or remove an export.
     #[arg(long = "op", value_delimiter = ',')]
     ops: Vec<String>,
+    /// The agent's export manager (knfsd, ganesha), whose files the cut must leave right.
+    #[arg(long, default_value = "knfsd")]
+    exports: String,
     /// Print every lost result, not only the first few of each operation.
     #[arg(long)]
     verbose: bool,
@@ -44,9 +50,32 @@ fn main() -> anyhow::Result<()> {
         .into_iter()
         .filter(|kind| args.filesystems.is_empty() || args.filesystems.contains(&kind.to_string()))
         .collect();
+    let manager = Manager::ALL
+        .into_iter()
+        .find(|manager| manager.to_string() == args.exports)
+        .with_context(|| {
+            format!(
+                "no export manager is named {:?}; they are: {}",
+                args.exports,
+                Manager::ALL.map(|manager| manager.to_string()).join(", ")
+            )
+        })?;
+    if let Some(missing) = manager.missing() {
+        anyhow::bail!("the check with {manager} cannot run here: {missing}");
+    }
+    let all_ops: &[Op] = match manager {
+        Manager::Knfsd => &Op::ALL,
+        Manager::Ganesha => &Op::EXPORTING,
+    };
     let ops: Vec<Op> = Op::ALL
         .into_iter()
-        .filter(|op| args.ops.is_empty() || args.ops.contains(&op.to_string()))
+        .filter(|op| {
+            if args.ops.is_empty() {
+                all_ops.contains(op)
+            } else {
+                args.ops.contains(&op.to_string())
+            }
+        })
         .collect();
     anyhow::ensure!(
         !ops.is_empty(),
@@ -55,19 +84,25 @@ fn main() -> anyhow::Result<()> {
         Op::ALL.map(|op| op.to_string()).join(", ")
     );
     println!(
-        "agent: {}; {} power cuts per operation and filesystem",
+        "agent: {}; exports: {manager}; {} power cuts per operation and filesystem",
         agent.display(),
         args.iterations
     );
     let runtime = tokio::runtime::Runtime::new()?;
     let mut lost_in_all = 0;
     for kind in kinds {
-        if which(kind.mkfs()).is_none() {
+        if power_cut::installed(kind.mkfs()).is_none() {
             println!("{kind}: skipped, {} is not installed", kind.mkfs());
             continue;
         }
         let started = std::time::Instant::now();
-        let tallies = runtime.block_on(power_cut::run(&agent, kind, &ops, args.iterations))?;
+        let tallies = runtime.block_on(power_cut::run_with(
+            &agent,
+            kind,
+            manager,
+            &ops,
+            args.iterations,
+        ))?;
         for (op, tally) in &tallies {
             println!(
                 "{kind:<6} {op:<15} checked {:>4}  lost {:>4}",
@@ -87,13 +122,4 @@ fn main() -> anyhow::Result<()> {
     }
     println!("lost in all: {lost_in_all}");
     Ok(())
-}
-
-fn which(program: &str) -> Option<PathBuf> {
-    std::env::var_os("PATH")?
-        .to_str()?
-        .split(':')
-        .chain(["/sbin", "/usr/sbin"])
-        .map(|dir| PathBuf::from(dir).join(program))
-        .find(|candidate| candidate.is_file())
 }

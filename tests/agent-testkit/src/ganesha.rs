@@ -2,8 +2,10 @@
 //! of the test's own (open to every local user: it lives in the test's directory and
 //! only ganesha and the agent use it), and ganesha
 //! serving NFSv4 on loopback with no export but those its `%include` brings from the
-//! directory the agent manages.
+//! directory the agent manages. Optionally ganesha runs in another mount namespace, where
+//! a copy of a disk is mounted at the paths the original had, as after a reboot.
 
+use std::ffi::OsString;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
@@ -71,6 +73,8 @@ pub struct Ganesha {
     port: u16,
     bus: String,
     config_dir: PathBuf,
+    /// The mount namespace ganesha runs in (`/proc/PID/ns/mnt`); `None`: this one.
+    namespace: Option<PathBuf>,
     work: tempfile::TempDir,
     child: Option<Child>,
 }
@@ -83,10 +87,30 @@ impl Ganesha {
         if !include.exists() {
             std::fs::write(&include, "")?;
         }
+        Self::launch(bus, config_dir, None).await
+    }
+
+    /// Starts ganesha on `bus` inside the mount namespace `namespace` (a
+    /// `/proc/PID/ns/mnt`), reading `config_dir/exports.conf` as that namespace shows
+    /// it, exactly as found: nothing is made there first.
+    pub async fn start_in_namespace(
+        bus: &PrivateBus,
+        config_dir: &Path,
+        namespace: &Path,
+    ) -> anyhow::Result<Self> {
+        Self::launch(bus, config_dir, Some(namespace.to_owned())).await
+    }
+
+    async fn launch(
+        bus: &PrivateBus,
+        config_dir: &Path,
+        namespace: Option<PathBuf>,
+    ) -> anyhow::Result<Self> {
         let mut ganesha = Self {
             port: crate::free_port()?,
             bus: bus.address().to_owned(),
             config_dir: config_dir.to_owned(),
+            namespace,
             work: tempfile::tempdir()?,
             child: None,
         };
@@ -111,7 +135,17 @@ impl Ganesha {
                 self.config_dir.join("exports.conf").display()
             ),
         )?;
-        let child = Command::new("ganesha.nfsd")
+        let mut command = match &self.namespace {
+            Some(namespace) => {
+                let mut command = Command::new("nsenter");
+                let mut flag = OsString::from("--mount=");
+                flag.push(namespace);
+                command.arg(flag).args(["--", "ganesha.nfsd"]);
+                command
+            }
+            None => Command::new("ganesha.nfsd"),
+        };
+        let child = command
             .arg("-F")
             .arg("-f")
             .arg(&config)
@@ -167,6 +201,14 @@ impl Ganesha {
         Ok(ids)
     }
 
+    /// Every export ganesha serves as ShowExports lists it: its id and path, by id.
+    pub fn exports(&self) -> anyhow::Result<Vec<(u16, String)>> {
+        let reply = dbus_send(&self.bus, "ShowExports", &[])?;
+        let mut exports = shown_exports(&reply)?;
+        exports.sort_unstable();
+        Ok(exports)
+    }
+
     /// Asks ganesha to drop export `id`, behind the agent's back.
     pub fn remove_export(&self, id: u16) -> anyhow::Result<()> {
         dbus_send(&self.bus, "RemoveExport", &[&format!("uint16:{id}")]).map(drop)
@@ -189,12 +231,17 @@ impl Ganesha {
 
     /// An NFSv4 URL of `path` on this server, for a client on any loopback address.
     pub fn url(&self, path: &str) -> String {
-        crate::nfs::nfs_url("127.0.0.1", self.port, path)
+        nfs_url("127.0.0.1", self.port, path)
     }
 
     pub fn log_text(&self) -> String {
         std::fs::read_to_string(self.work.path().join("ganesha.log")).unwrap_or_default()
     }
+}
+
+/// An NFSv4 URL of `path` on `server`, for libnfs' tools and bindings.
+pub fn nfs_url(server: &str, port: u16, path: &str) -> String {
+    format!("nfs://{server}{path}?version=4&nfsport={port}")
 }
 
 impl Drop for Ganesha {
@@ -221,6 +268,25 @@ fn dbus_send(bus: &str, method: &str, args: &[&str]) -> anyhow::Result<String> {
         String::from_utf8_lossy(&output.stderr).trim()
     );
     Ok(String::from_utf8_lossy(&output.stdout).into_owned())
+}
+
+/// ShowExports' answer as dbus-send prints it: per export a `uint16` id, then the
+/// `string` of its path.
+fn shown_exports(reply: &str) -> anyhow::Result<Vec<(u16, String)>> {
+    let mut lines = reply.lines().map(str::trim);
+    let mut exports = Vec::new();
+    while let Some(line) = lines.next() {
+        let Some(id) = line.strip_prefix("uint16 ") else {
+            continue;
+        };
+        let path = lines
+            .next()
+            .and_then(|line| line.strip_prefix("string \""))
+            .and_then(|rest| rest.strip_suffix('"'))
+            .ok_or_else(|| anyhow::anyhow!("ShowExports: export {id} has no path"))?;
+        exports.push((id.trim().parse()?, path.to_owned()));
+    }
+    Ok(exports)
 }
 
 /// The ids of ShowExports' answer: the `uint16` fields, one per export.
