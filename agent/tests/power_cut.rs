@@ -22,23 +22,17 @@ fn agent_binary() -> String {
         .unwrap_or_else(|_| env!("CARGO_BIN_EXE_nfsprov-agent").to_owned())
 }
 
-fn installed(program: &str) -> bool {
-    ["/sbin", "/usr/sbin", "/bin", "/usr/bin"]
-        .iter()
-        .any(|dir| Path::new(dir).join(program).is_file())
-}
-
-async fn survives_power_cuts(test: &str, kind: FsKind) {
-    if !rustix::process::geteuid().is_root() {
-        nfsprov_test_skip::skip(test, "loop-mounting a filesystem needs root");
+async fn survives_power_cuts(test: &str, kind: FsKind, manager: Manager, ops: &[Op]) {
+    if let Some(missing) = manager.missing() {
+        nfsprov_test_skip::skip(test, &missing);
         return;
     }
-    if !installed(kind.mkfs()) {
+    if power_cut::installed(kind.mkfs()).is_none() {
         nfsprov_test_skip::skip(test, &format!("{} is not installed", kind.mkfs()));
         return;
     }
     let _ = rustls::crypto::ring::default_provider().install_default();
-    let tallies = power_cut::run(Path::new(&agent_binary()), kind, &Op::ALL, ITERATIONS)
+    let tallies = power_cut::run(Path::new(&agent_binary()), kind, manager, ops, ITERATIONS)
         .await
         .unwrap();
     let mut failures = Vec::new();
@@ -46,10 +40,10 @@ async fn survives_power_cuts(test: &str, kind: FsKind) {
         assert_eq!(tally.checked, ITERATIONS, "{kind} {op}");
         failures.extend(tally.failures.iter().cloned());
     }
-    assert_eq!(tallies.len(), Op::ALL.len());
+    assert_eq!(tallies.len(), ops.len());
     assert!(
         failures.is_empty(),
-        "acknowledged results lost in a power cut:\n{}",
+        "acknowledged results lost in a power cut ({manager} exports):\n{}",
         failures.join("\n")
     );
 }
@@ -59,6 +53,8 @@ async fn acknowledged_operations_survive_a_power_cut_on_ext4() {
     survives_power_cuts(
         "acknowledged_operations_survive_a_power_cut_on_ext4",
         FsKind::Ext4,
+        Manager::Knfsd,
+        &Op::ALL,
     )
     .await;
 }
@@ -68,6 +64,8 @@ async fn acknowledged_operations_survive_a_power_cut_on_xfs() {
     survives_power_cuts(
         "acknowledged_operations_survive_a_power_cut_on_xfs",
         FsKind::Xfs,
+        Manager::Knfsd,
+        &Op::ALL,
     )
     .await;
 }
@@ -77,56 +75,30 @@ async fn acknowledged_operations_survive_a_power_cut_on_btrfs() {
     survives_power_cuts(
         "acknowledged_operations_survive_a_power_cut_on_btrfs",
         FsKind::Btrfs,
+        Manager::Knfsd,
+        &Op::ALL,
     )
     .await;
 }
 
-async fn ganesha_exports_survive_power_cuts(test: &str, kind: FsKind) {
-    if let Some(missing) = Manager::Ganesha.missing() {
-        nfsprov_test_skip::skip(test, &missing);
-        return;
-    }
-    if !installed(kind.mkfs()) {
-        nfsprov_test_skip::skip(test, &format!("{} is not installed", kind.mkfs()));
-        return;
-    }
-    let _ = rustls::crypto::ring::default_provider().install_default();
-    let tallies = power_cut::run_with(
-        Path::new(&agent_binary()),
-        kind,
-        Manager::Ganesha,
-        &Op::EXPORTING,
-        ITERATIONS,
-    )
-    .await
-    .unwrap();
-    let mut failures = Vec::new();
-    for (op, tally) in &tallies {
-        assert_eq!(tally.checked, ITERATIONS, "{kind} {op}");
-        failures.extend(tally.failures.iter().cloned());
-    }
-    assert_eq!(tallies.len(), Op::EXPORTING.len());
-    assert!(
-        failures.is_empty(),
-        "acknowledged ganesha exports lost in a power cut:\n{}",
-        failures.join("\n")
-    );
-}
-
 #[tokio::test]
 async fn acknowledged_exports_survive_a_power_cut_with_ganesha_on_ext4() {
-    ganesha_exports_survive_power_cuts(
+    survives_power_cuts(
         "acknowledged_exports_survive_a_power_cut_with_ganesha_on_ext4",
         FsKind::Ext4,
+        Manager::Ganesha,
+        &Op::EXPORTING,
     )
     .await;
 }
 
 #[tokio::test]
 async fn acknowledged_exports_survive_a_power_cut_with_ganesha_on_xfs() {
-    ganesha_exports_survive_power_cuts(
+    survives_power_cuts(
         "acknowledged_exports_survive_a_power_cut_with_ganesha_on_xfs",
         FsKind::Xfs,
+        Manager::Ganesha,
+        &Op::EXPORTING,
     )
     .await;
 }
@@ -135,9 +107,11 @@ async fn acknowledged_exports_survive_a_power_cut_with_ganesha_on_xfs() {
 /// started on the copy must mount and export every one again.
 #[tokio::test]
 async fn acknowledged_exports_survive_a_power_cut_with_ganesha_on_btrfs() {
-    ganesha_exports_survive_power_cuts(
+    survives_power_cuts(
         "acknowledged_exports_survive_a_power_cut_with_ganesha_on_btrfs",
         FsKind::Btrfs,
+        Manager::Ganesha,
+        &Op::EXPORTING,
     )
     .await;
 }

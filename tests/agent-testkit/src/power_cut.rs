@@ -119,7 +119,7 @@ impl Manager {
     /// its daemon with the VFS FSAL, the bus and the namespace tools.
     pub fn missing(self) -> Option<String> {
         if !rustix::process::geteuid().is_root() {
-            return Some("needs root (loop mounts, ganesha)".into());
+            return Some("needs root (loop mounts)".into());
         }
         if self == Manager::Knfsd {
             return None;
@@ -463,18 +463,8 @@ impl Step {
 }
 
 /// Runs `iterations` power cuts after each of `ops` on a new filesystem of `kind` served
-/// by the agent binary `agent`, exporting through its knfsd manager.
+/// by the agent binary `agent`, exporting through its export manager `manager`.
 pub async fn run(
-    agent: &Path,
-    kind: FsKind,
-    ops: &[Op],
-    iterations: usize,
-) -> anyhow::Result<BTreeMap<Op, Tally>> {
-    run_with(agent, kind, Manager::Knfsd, ops, iterations).await
-}
-
-/// As [`run`], exporting through the export manager `manager`.
-pub async fn run_with(
     agent: &Path,
     kind: FsKind,
     manager: Manager,

@@ -96,13 +96,8 @@ fn main() -> anyhow::Result<()> {
             continue;
         }
         let started = std::time::Instant::now();
-        let tallies = runtime.block_on(power_cut::run_with(
-            &agent,
-            kind,
-            manager,
-            &ops,
-            args.iterations,
-        ))?;
+        let tallies =
+            runtime.block_on(power_cut::run(&agent, kind, manager, &ops, args.iterations))?;
         for (op, tally) in &tallies {
             println!(
                 "{kind:<6} {op:<15} checked {:>4}  lost {:>4}",
