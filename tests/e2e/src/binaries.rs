@@ -32,6 +32,16 @@ pub fn binary(name: &str) -> anyhow::Result<PathBuf> {
     BUILT
         .get_or_init(|| {
             let mut build = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()));
+            // Cargo gave this test process the variables of its own package; a build
+            // script that watches one of them (ring's watches CARGO_MANIFEST_DIR and
+            // CARGO_PKG_*) would see it changed and rebuild everything above it, here and
+            // again in the next top-level build. Without them the build is the one a
+            // user's `cargo` makes.
+            for (name, _) in std::env::vars_os() {
+                if name.to_str().is_some_and(set_by_cargo_for_a_package) {
+                    build.env_remove(&name);
+                }
+            }
             if is_test {
                 // The same build `cargo test --workspace` makes (same feature resolution),
                 // so under the test suite this finds everything built already.
@@ -57,4 +67,22 @@ pub fn binary(name: &str) -> anyhow::Result<PathBuf> {
         path.display()
     );
     Ok(path)
+}
+
+/// Whether `name` is one of the variables cargo sets for the package whose test or
+/// binary it runs (as opposed to those that configure cargo, such as `CARGO_HOME`,
+/// `CARGO_TARGET_DIR` or `CARGO_INCREMENTAL`).
+fn set_by_cargo_for_a_package(name: &str) -> bool {
+    name.starts_with("CARGO_PKG_")
+        || name.starts_with("CARGO_BIN_")
+        || matches!(
+            name,
+            "CARGO_MANIFEST_DIR"
+                | "CARGO_MANIFEST_PATH"
+                | "CARGO_MANIFEST_LINKS"
+                | "CARGO_CRATE_NAME"
+                | "CARGO_PRIMARY_PACKAGE"
+                | "CARGO_TARGET_TMPDIR"
+                | "CARGO_RUSTC_CURRENT_DIR"
+        )
 }
