@@ -19,7 +19,7 @@
 //! is made durable by `syncfs` too ([`Durability::sync_filesystem`]): one call writes
 //! back every file of a copy, however many, without reopening them.
 
-use std::collections::{HashSet, VecDeque};
+use std::collections::HashSet;
 use std::os::fd::{BorrowedFd, OwnedFd};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex, OnceLock, mpsc};
@@ -28,10 +28,6 @@ use super::error::{Result, StoreError, io_error};
 
 /// `statfs` type of btrfs.
 const BTRFS_MAGIC: i64 = 0x9123_683e;
-
-/// How many failed groups are remembered for the requests that have yet to read their
-/// outcome; a request reads it as soon as its group is done, so a few suffice.
-const REMEMBERED_FAILURES: usize = 1024;
 
 /// Threads syncing one group's directories at once.
 const MAX_SYNC_THREADS: usize = 32;
@@ -50,17 +46,16 @@ pub struct Durability {
 
 #[derive(Debug, Default)]
 struct Groups {
-    /// The number of the group being gathered; groups are synced in order.
-    gathering: u64,
     /// Directories the gathering group names.
     dirs: Vec<OwnedFd>,
     /// Whether the gathering group needs the whole filesystem synced.
     whole: bool,
     /// Whether a request is syncing a group now.
     syncing: bool,
-    /// The last group synced; every group up to it is done.
-    synced: Option<u64>,
-    failures: VecDeque<(u64, String)>,
+    /// Where the gathering group's outcome is told: each request of the group holds it,
+    /// so every one reads its own group's outcome however many groups follow, and it is
+    /// gone with the last of them.
+    outcome: Arc<OnceLock<std::result::Result<(), String>>>,
 }
 
 /// What a request changed and must be durable before it answers.
@@ -132,35 +127,30 @@ impl Durability {
         let mut groups = self.groups.lock().unwrap_or_else(|e| e.into_inner());
         groups.dirs.extend(changes.dirs);
         groups.whole |= changes.whole;
-        let mine = groups.gathering;
+        let mine = groups.outcome.clone();
         loop {
-            if groups.synced.is_some_and(|synced| synced >= mine) {
-                return match groups.failures.iter().find(|(group, _)| *group == mine) {
-                    Some((_, error)) => Err(StoreError::Io {
-                        context: "make the change durable".into(),
-                        source: std::io::Error::other(error.clone()),
-                    }),
-                    None => Ok(()),
-                };
+            if let Some(outcome) = mine.get() {
+                return outcome.clone().map_err(|error| StoreError::Io {
+                    context: "make the change durable".into(),
+                    source: std::io::Error::other(error),
+                });
             }
             if !groups.syncing {
                 groups.syncing = true;
-                let group = groups.gathering;
-                groups.gathering += 1;
                 let dirs = std::mem::take(&mut groups.dirs);
                 let whole = std::mem::take(&mut groups.whole);
+                // The next requests gather into a new group.
+                let told = std::mem::take(&mut groups.outcome);
                 drop(groups);
                 let outcome = self.sync(dirs, whole);
+                if let Err(error) = &outcome {
+                    tracing::error!(%error, "could not make changes durable; the requests that made them fail");
+                }
+                // Told before the lock is taken again: a request that saw no outcome
+                // under the lock waits on `done`, which is notified only under it.
+                let _ = told.set(outcome);
                 groups = self.groups.lock().unwrap_or_else(|e| e.into_inner());
                 groups.syncing = false;
-                groups.synced = Some(group);
-                if let Err(error) = outcome {
-                    tracing::error!(%error, "could not make changes durable; the requests that made them fail");
-                    groups.failures.push_back((group, error));
-                    if groups.failures.len() > REMEMBERED_FAILURES {
-                        groups.failures.pop_front();
-                    }
-                }
                 self.done.notify_all();
                 continue;
             }
