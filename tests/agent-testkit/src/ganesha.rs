@@ -123,15 +123,9 @@ impl Ganesha {
         std::fs::write(
             &config,
             format!(
-                "NFS_CORE_PARAM {{\n  Protocols = 4;\n  NFS_Port = {};\n  Enable_NLM = false;\n  \
-                 Enable_RQUOTA = false;\n  Enable_UDP = false;\n  Mount_Path_Pseudo = true;\n}}\n\
-                 NFSV4 {{\n  Graceless = true;\n  Lease_Lifetime = 10;\n  RecoveryRoot = \"{}\";\n  \
-                 Allow_Numeric_Owners = true;\n  Only_Numeric_Owners = true;\n}}\n\
-                 NFS_KRB5 {{ Active_krb5 = false; }}\n\
-                 CACHEINODE {{ Attr_Expiration_Time = 0; }}\n\
-                 %include \"{}\"\n",
-                self.port,
-                self.work.path().join("recovery").display(),
+                "{}%include \"{}\"\n",
+                // Every loopback address, not only 127.0.0.1: each test node has its own.
+                core_config(self.port, None, self.work.path()),
                 self.config_dir.join("exports.conf").display()
             ),
         )?;
@@ -145,25 +139,8 @@ impl Ganesha {
             }
             None => Command::new("ganesha.nfsd"),
         };
-        let child = command
-            .arg("-F")
-            .arg("-f")
-            .arg(&config)
-            .arg("-L")
-            .arg(self.work.path().join("ganesha.log"))
-            .arg("-p")
-            .arg(self.work.path().join("ganesha.pid"))
-            .args(["-N", "NIV_EVENT"])
-            .env("DBUS_SYSTEM_BUS_ADDRESS", &self.bus)
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .map_err(|e| {
-                anyhow::anyhow!(
-                    "cannot start ganesha.nfsd (Debian: nfs-ganesha, nfs-ganesha-vfs): {e}"
-                )
-            })?;
-        self.child = Some(child);
+        command.env("DBUS_SYSTEM_BUS_ADDRESS", &self.bus);
+        self.child = Some(spawn(command, self.work.path())?);
         let bus = self.bus.clone();
         crate::eventually(
             "ganesha's export manager on the bus",
@@ -235,8 +212,52 @@ impl Ganesha {
     }
 
     pub fn log_text(&self) -> String {
-        std::fs::read_to_string(self.work.path().join("ganesha.log")).unwrap_or_default()
+        log_text(self.work.path())
     }
+}
+
+/// The server-wide part of a ganesha configuration: NFSv4 over TCP on `port` (bound to
+/// `bind` when given), no grace period, numeric owners, no attribute caching, its
+/// recovery state in `work`.
+pub fn core_config(port: u16, bind: Option<&str>, work: &Path) -> String {
+    let bind = bind
+        .map(|addr| format!("  Bind_Addr = {addr};\n"))
+        .unwrap_or_default();
+    format!(
+        "NFS_CORE_PARAM {{\n  Protocols = 4;\n  NFS_Port = {port};\n{bind}  \
+         Enable_NLM = false;\n  Enable_RQUOTA = false;\n  Enable_UDP = false;\n  Mount_Path_Pseudo = true;\n}}\n\
+         NFSV4 {{\n  Graceless = true;\n  Lease_Lifetime = 10;\n  RecoveryRoot = \"{}\";\n  \
+         Allow_Numeric_Owners = true;\n  Only_Numeric_Owners = true;\n}}\n\
+         NFS_KRB5 {{ Active_krb5 = false; }}\n\
+         # Attribute caching would hide changes the agent makes on the server side.\n\
+         CACHEINODE {{ Attr_Expiration_Time = 0; }}\n",
+        work.join("recovery").display()
+    )
+}
+
+/// Starts `command` (ganesha.nfsd, perhaps behind nsenter) in the foreground on
+/// `work/ganesha.conf`, its log and pid file in `work`.
+pub fn spawn(mut command: Command, work: &Path) -> anyhow::Result<Child> {
+    command
+        .arg("-F")
+        .arg("-f")
+        .arg(work.join("ganesha.conf"))
+        .arg("-L")
+        .arg(work.join("ganesha.log"))
+        .arg("-p")
+        .arg(work.join("ganesha.pid"))
+        .args(["-N", "NIV_EVENT"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .map_err(|e| {
+            anyhow::anyhow!("cannot start ganesha.nfsd (Debian: nfs-ganesha, nfs-ganesha-vfs): {e}")
+        })
+}
+
+/// What ganesha started by [`spawn`] in `work` has logged.
+pub fn log_text(work: &Path) -> String {
+    std::fs::read_to_string(work.join("ganesha.log")).unwrap_or_default()
 }
 
 /// An NFSv4 URL of `path` on `server`, for libnfs' tools and bindings.

@@ -6,6 +6,8 @@ use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
+use nfsprov_agent_testkit::ganesha;
+
 /// A running ganesha exporting some directories; killed when dropped.
 pub struct NfsServer {
     port: u16,
@@ -19,28 +21,11 @@ impl NfsServer {
         anyhow::ensure!(!exports.is_empty(), "nothing to export");
         let work = tempfile::tempdir()?;
         let port = crate::free_port()?;
-        let config = work.path().join("ganesha.conf");
         std::fs::write(
-            &config,
-            config_text(port, exports, &work.path().join("recovery")),
+            work.path().join("ganesha.conf"),
+            config_text(port, exports, work.path()),
         )?;
-        let child = Command::new("ganesha.nfsd")
-            .arg("-F")
-            .arg("-f")
-            .arg(&config)
-            .arg("-L")
-            .arg(work.path().join("ganesha.log"))
-            .arg("-p")
-            .arg(work.path().join("ganesha.pid"))
-            .args(["-N", "NIV_EVENT"])
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .map_err(|e| {
-                anyhow::anyhow!(
-                    "cannot start ganesha.nfsd (Debian: nfs-ganesha, nfs-ganesha-vfs): {e}"
-                )
-            })?;
+        let child = ganesha::spawn(Command::new("ganesha.nfsd"), work.path())?;
         let server = Self {
             port,
             child: Some(child),
@@ -74,7 +59,7 @@ impl NfsServer {
     }
 
     pub fn log_text(&self) -> String {
-        std::fs::read_to_string(self.work.path().join("ganesha.log")).unwrap_or_default()
+        ganesha::log_text(self.work.path())
     }
 }
 
@@ -90,17 +75,8 @@ impl Drop for NfsServer {
 /// An NFSv4 URL for libnfs with an explicit port (no portmapper here).
 pub use nfsprov_agent_testkit::ganesha::nfs_url;
 
-fn config_text(port: u16, exports: &[&Path], recovery: &Path) -> String {
-    let mut text = format!(
-        "NFS_CORE_PARAM {{\n  Protocols = 4;\n  NFS_Port = {port};\n  Bind_Addr = 127.0.0.1;\n  \
-         Enable_NLM = false;\n  Enable_RQUOTA = false;\n  Enable_UDP = false;\n  Mount_Path_Pseudo = true;\n}}\n\
-         NFSV4 {{\n  Graceless = true;\n  Lease_Lifetime = 10;\n  RecoveryRoot = \"{}\";\n  \
-         Allow_Numeric_Owners = true;\n  Only_Numeric_Owners = true;\n}}\n\
-         NFS_KRB5 {{ Active_krb5 = false; }}\n\
-         # Attribute caching would hide changes the agent makes on the server side.\n\
-         CACHEINODE {{ Attr_Expiration_Time = 0; }}\n",
-        recovery.display()
-    );
+fn config_text(port: u16, exports: &[&Path], work: &Path) -> String {
+    let mut text = ganesha::core_config(port, Some("127.0.0.1"), work);
     for (id, export) in exports.iter().enumerate() {
         let path = export.display();
         let _ = write!(
