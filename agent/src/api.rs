@@ -693,9 +693,15 @@ fn check_export(
                 state.exports.kind()
             ),
         )),
-        (Some(request), true) => request
-            .validate()
-            .map_err(|e| Failure::new(ErrorCode::InvalidBody, format!("{path}: export: {e}"))),
+        (Some(request), true) => {
+            request.validate().map_err(|e| {
+                Failure::new(ErrorCode::InvalidBody, format!("{path}: export: {e}"))
+            })?;
+            state
+                .policy
+                .check_export(request)
+                .map_err(|refusal| Failure::new(ErrorCode::Forbidden, format!("{path}: {refusal}")))
+        }
     }
 }
 

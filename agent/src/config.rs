@@ -91,6 +91,9 @@ pub struct ExportsSection {
     pub knfsd_exports_file: PathBuf,
     /// knfsd: the `exportfs` command.
     pub knfsd_exportfs: PathBuf,
+    /// Admit NFS requests from unprivileged source ports (ganesha `PrivilegedPort =
+    /// false`, knfsd `insecure`).
+    pub allow_unprivileged_ports: bool,
 }
 
 /// A manager this agent can run: [`ExportManager::Unknown`] is for answers only.
@@ -118,6 +121,7 @@ impl Default for ExportsSection {
             ganesha_last_export_id: *defaults.ganesha_export_ids.end(),
             knfsd_exports_file: defaults.knfsd_exports_file,
             knfsd_exportfs: defaults.knfsd_exportfs,
+            allow_unprivileged_ports: defaults.allow_unprivileged_ports,
         }
     }
 }
@@ -154,6 +158,7 @@ impl ExportsSection {
             ganesha_export_ids: self.ganesha_first_export_id..=self.ganesha_last_export_id,
             knfsd_exports_file: self.knfsd_exports_file,
             knfsd_exportfs: self.knfsd_exportfs,
+            allow_unprivileged_ports: self.allow_unprivileged_ports,
         })
     }
 }

@@ -322,3 +322,91 @@ async fn knfsd_recording_exportfs_stand_in_follows_every_volume_change_over_the_
     assert!(text.contains(&pc), "{text}");
     agent.stop().await.unwrap();
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn knfsd_recording_exportfs_stand_in_never_sees_an_export_the_policy_or_the_server_would_misread()
+ {
+    use nfsprov_agent_testkit::TestAgent;
+    use nfsprov_api_types::client::ClientError;
+    use nfsprov_api_types::{CloneVolumeRequest, CreateVolumeRequest, ErrorCode};
+
+    let stand_in = StandIn::new();
+    let agent = TestAgent::start_with_exports(&stand_in.root, stand_in.settings.clone())
+        .await
+        .unwrap();
+    let client = agent.client();
+    let a = VolumePath::parse("ns/a").unwrap();
+    client
+        .create_volume(
+            &a,
+            &CreateVolumeRequest {
+                capacity_bytes: 1 << 20,
+                export: Some(request(&["127.0.0.2"])),
+                ..Default::default()
+            },
+            None,
+        )
+        .await
+        .unwrap();
+    assert_eq!(stand_in.calls().len(), 1);
+
+    let wildcard = request(&["127.0.0.2", "0.0.0.0"]);
+    let root_anon = ExportRequest {
+        squash: Squash::All,
+        anon_uid: Some(0),
+        ..request(&["127.0.0.2"])
+    };
+    for (export, code, needle) in [
+        (&wildcard, ErrorCode::InvalidBody, "unspecified address"),
+        (
+            &ExportRequest {
+                clients: vec!["::/0".parse().unwrap()],
+                ..request(&[])
+            },
+            ErrorCode::InvalidBody,
+            "write `*`",
+        ),
+        (&root_anon, ErrorCode::Forbidden, "policy.allow_root_anon"),
+    ] {
+        let expect = |what: &str, answer: Result<(), ClientError>| match answer {
+            Err(ClientError::Api { error, .. }) => {
+                assert_eq!(error.code, code, "{what}: {error:?}");
+                assert!(error.message.contains(needle), "{what}: {error:?}");
+            }
+            other => panic!("{what} was not refused: {other:?}"),
+        };
+        let b = VolumePath::parse("ns/b").unwrap();
+        let create = CreateVolumeRequest {
+            capacity_bytes: 1 << 20,
+            export: Some(export.clone()),
+            ..Default::default()
+        };
+        expect(
+            "create",
+            client.create_volume(&b, &create, None).await.map(drop),
+        );
+        let clone = CloneVolumeRequest {
+            source: a.clone(),
+            capacity_bytes: 1 << 20,
+            owner: Default::default(),
+            quota: Default::default(),
+            export: Some(export.clone()),
+        };
+        expect(
+            "clone",
+            client.clone_volume(&b, &clone, None).await.map(drop),
+        );
+        expect(
+            "export change",
+            client.set_volume_export(&a, export, None).await.map(drop),
+        );
+        // Refused before anything was made or exported.
+        assert_eq!(client.get_volume(&b, None).await.unwrap(), None);
+        assert_eq!(stand_in.calls(), Vec::<String>::new());
+    }
+    let kept = client.get_volume(&a, None).await.unwrap().unwrap();
+    assert_eq!(
+        kept.export.unwrap().clients,
+        vec!["127.0.0.2".parse().unwrap()]
+    );
+}

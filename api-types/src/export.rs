@@ -35,6 +35,10 @@ pub enum ExportClientError {
     PrefixTooLong { raw: String, prefix: u8, max: u8 },
     #[error("{raw:?} has host bits set; the network is {network}")]
     HostBitsSet { raw: String, network: String },
+    #[error(
+        "{0:?} names the unspecified address, which NFS servers read as every host: write `*` to admit every host, or list the networks meant"
+    )]
+    UnspecifiedAddress(String),
 }
 
 impl ExportClient {
@@ -47,6 +51,26 @@ impl ExportClient {
                 address: network,
                 prefix,
             } => mask(address, prefix).is_some_and(|masked| masked == network),
+        }
+    }
+}
+
+impl ExportClient {
+    /// Refuses a client whose address is the unspecified one (`0.0.0.0`, `::`, or a
+    /// network at it such as `0.0.0.0/0`): ganesha reads `0.0.0.0` as its wildcard and
+    /// knfsd reads it as a hostname pattern, so what such a spelling admits depends on
+    /// the server, never on what the operator wrote. `*` says "every host" plainly.
+    ///
+    /// Kept apart from parsing so that an export recorded by an older agent still loads.
+    pub fn refuse_unspecified(&self) -> Result<(), ExportClientError> {
+        let address = match *self {
+            ExportClient::Everyone => return Ok(()),
+            ExportClient::Host(address) | ExportClient::Network { address, .. } => address,
+        };
+        if address.to_canonical().is_unspecified() {
+            Err(ExportClientError::UnspecifiedAddress(self.to_string()))
+        } else {
+            Ok(())
         }
     }
 }
@@ -235,6 +259,8 @@ pub enum ExportRequestError {
     NoSecFlavor,
     #[error("{0} is a value this agent does not know")]
     UnknownValue(&'static str),
+    #[error("client {0}")]
+    Client(#[from] ExportClientError),
 }
 
 impl ExportRequest {
@@ -246,6 +272,9 @@ impl ExportRequest {
         }
         if self.sec.is_empty() {
             return Err(ExportRequestError::NoSecFlavor);
+        }
+        for client in &self.clients {
+            client.refuse_unspecified()?;
         }
         if self.access == ExportAccess::Unknown {
             return Err(ExportRequestError::UnknownValue("access"));
@@ -386,6 +415,38 @@ mod tests {
                 network: "10.1.2.0/24".into()
             })
         );
+    }
+
+    #[test]
+    fn spellings_a_server_reads_as_every_host_are_refused_in_requests() {
+        for raw in [
+            "0.0.0.0",
+            "0.0.0.0/0",
+            "0.0.0.0/8",
+            "::",
+            "::/0",
+            "::ffff:0.0.0.0",
+        ] {
+            let client: ExportClient = raw.parse().unwrap();
+            let refused = client.refuse_unspecified().unwrap_err();
+            assert!(
+                refused.to_string().contains("write `*`"),
+                "{raw}: {refused}"
+            );
+            let request = ExportRequest {
+                clients: vec!["10.0.0.0/8".parse().unwrap(), client],
+                ..ExportRequest::default()
+            };
+            assert_eq!(
+                request.validate(),
+                Err(ExportRequestError::Client(refused)),
+                "{raw}"
+            );
+        }
+        for raw in ["*", "10.0.0.0/8", "127.0.0.2", "::1", "1.0.0.0/8"] {
+            let client: ExportClient = raw.parse().unwrap();
+            assert_eq!(client.refuse_unspecified(), Ok(()), "{raw}");
+        }
     }
 
     #[test]

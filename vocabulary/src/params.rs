@@ -268,13 +268,14 @@ fn parse_export_clients(value: &str) -> Result<ExportClients, ParamError> {
     }
     let mut clients = Vec::new();
     for part in trimmed.split(',') {
-        let client =
-            part.trim()
-                .parse::<ExportClient>()
-                .map_err(|source| ParamError::ExportClient {
-                    value: value.to_owned(),
-                    source,
-                })?;
+        let client = part
+            .trim()
+            .parse::<ExportClient>()
+            .and_then(|client| client.refuse_unspecified().map(|()| client))
+            .map_err(|source| ParamError::ExportClient {
+                value: value.to_owned(),
+                source,
+            })?;
         if !clients.contains(&client) {
             clients.push(client);
         }
@@ -529,6 +530,9 @@ mod tests {
             ("10.1.2.3/24", "host bits set; the network is 10.1.2.0/24"),
             ("10.0.0.0/33", "longer than the address"),
             ("everyone", "\"everyone\" is not"),
+            ("10.0.0.0/8,0.0.0.0", "unspecified address"),
+            ("0.0.0.0/0", "write `*` to admit every host"),
+            ("::/0", "unspecified address"),
         ] {
             let err = parse(&[("exportClients", raw)]).unwrap_err().to_string();
             assert!(

@@ -156,6 +156,8 @@ pub struct Ganesha {
     bus: GaneshaExport,
     /// On btrfs: each subvolume volume mounted by itself, which ganesha needs to export it.
     mounts: Option<SubvolumeMounts>,
+    /// `PrivilegedPort` of every block: requests from reserved source ports only.
+    privileged_port: bool,
 }
 
 impl Ganesha {
@@ -188,6 +190,7 @@ impl Ganesha {
             ids: settings.ganesha_export_ids.clone(),
             bus: GaneshaExport::new(settings.ganesha_dbus_address.clone()),
             mounts: SubvolumeMounts::probe(export_root)?,
+            privileged_port: !settings.allow_unprivileged_ports,
         })
     }
 
@@ -216,6 +219,9 @@ impl Ganesha {
         );
         let _ = writeln!(text, "  Protocols = 4;");
         let _ = writeln!(text, "  Transports = TCP;");
+        // A reserved source port needs root on the client: a process of a pod that
+        // shares its node's address cannot forge NFS requests of its own.
+        let _ = writeln!(text, "  PrivilegedPort = {};", self.privileged_port);
         // Nobody but the clients listed below.
         let _ = writeln!(text, "  Access_Type = None;");
         let squash = match request.squash {
@@ -479,6 +485,7 @@ mod tests {
             "  Path = \"/srv/nfs/ns/claim\";",
             "  Pseudo = \"/exports/ns/claim\";",
             "  Access_Type = None;",
+            "  PrivilegedPort = true;",
             "  Squash = All_Squash;",
             "  Anonymous_Uid = 2000;",
             "  Anonymous_Gid = 3000;",
@@ -508,6 +515,25 @@ mod tests {
         assert!(!block.contains("CLIENT"), "{block}");
         assert!(block.contains("  Access_Type = None;\n"), "{block}");
         assert!(block.contains("  Squash = Root_Squash;\n"), "{block}");
+    }
+
+    #[test]
+    fn unprivileged_ports_are_served_only_when_the_operator_says_so() {
+        let dir = tempfile::tempdir().unwrap();
+        let settings = ExportSettings {
+            manager: ExportManager::Ganesha,
+            ganesha_config_dir: dir.path().join("ganesha.d"),
+            allow_unprivileged_ports: true,
+            ..ExportSettings::default()
+        };
+        let ganesha = Ganesha::new(&settings, Path::new("/srv/nfs"), "/exports/").unwrap();
+        let record = ExportRecord::new(
+            VolumePath::parse("ns/claim").unwrap(),
+            Some(1000),
+            ExportRequest::default(),
+        );
+        let block = ganesha.block(&record, 1000);
+        assert!(block.contains("  PrivilegedPort = false;\n"), "{block}");
     }
 
     #[test]

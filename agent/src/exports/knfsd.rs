@@ -26,6 +26,8 @@ pub struct Knfsd {
     file: PathBuf,
     exportfs: PathBuf,
     export_root: PathBuf,
+    /// `secure` (reserved source ports only) or `insecure`.
+    secure: bool,
 }
 
 impl Knfsd {
@@ -34,6 +36,7 @@ impl Knfsd {
             file: settings.knfsd_exports_file.clone(),
             exportfs: settings.knfsd_exportfs.clone(),
             export_root: export_root.to_owned(),
+            secure: !settings.allow_unprivileged_ports,
         }
     }
 
@@ -50,7 +53,7 @@ impl Knfsd {
             if record.request.clients.is_empty() {
                 continue;
             }
-            let options = options(&record.request);
+            let options = options(&record.request, self.secure);
             let _ = write!(text, "\"{}\"", self.path_of(record).display());
             for client in &record.request.clients {
                 let _ = write!(text, " {}({options})", file_client(client));
@@ -125,7 +128,7 @@ impl Knfsd {
     fn export(&self, record: &ExportRecord, client: &ExportClient) -> Result<(), ExportError> {
         self.exportfs(&[
             "-o".into(),
-            options(&record.request),
+            options(&record.request, self.secure),
             target(client, &self.path_of(record)),
         ])
     }
@@ -137,8 +140,9 @@ impl Knfsd {
 
 /// The options of every client of an export: what the request says, the rest fixed to
 /// safe choices (writes on stable storage before the reply, no subtree checking, which
-/// misbehaves on renames, and requests from privileged ports only).
-pub fn options(request: &ExportRequest) -> String {
+/// misbehaves on renames), and requests from privileged ports only unless `secure` is
+/// lifted by `exports.allow_unprivileged_ports`.
+pub fn options(request: &ExportRequest, secure: bool) -> String {
     let mut options = vec![
         match request.access {
             ExportAccess::ReadWrite => "rw",
@@ -162,7 +166,8 @@ pub fn options(request: &ExportRequest) -> String {
     }
     let sec: Vec<&str> = request.sec.iter().map(|flavor| flavor.as_str()).collect();
     options.push(format!("sec={}", sec.join(":")));
-    options.extend(["sync", "no_subtree_check", "secure"].map(String::from));
+    options.extend(["sync", "no_subtree_check"].map(String::from));
+    options.push(if secure { "secure" } else { "insecure" }.to_owned());
     options.join(",")
 }
 

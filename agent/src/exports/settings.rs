@@ -18,6 +18,10 @@ pub struct ExportSettings {
     pub knfsd_exports_file: PathBuf,
     /// knfsd: the `exportfs` command.
     pub knfsd_exportfs: PathBuf,
+    /// Serve requests from source ports above 1023. Off by default: a reserved port is
+    /// a root-owned socket on the client, so an unprivileged process (a pod sharing its
+    /// node's address) cannot speak NFS to the server at all.
+    pub allow_unprivileged_ports: bool,
 }
 
 impl Default for ExportSettings {
@@ -30,6 +34,7 @@ impl Default for ExportSettings {
             ganesha_export_ids: 1000..=65000,
             knfsd_exports_file: "/etc/exports.d/nfsprov.exports".into(),
             knfsd_exportfs: "/usr/sbin/exportfs".into(),
+            allow_unprivileged_ports: false,
         }
     }
 }
