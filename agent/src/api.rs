@@ -31,6 +31,7 @@ use crate::exports::{ExportError, Exports, FaultPoint, crash_if_asked};
 use crate::metrics::{Metrics, RequestLabels, RouteLabels};
 use crate::policy::Policy;
 use crate::ratelimit::RateLimit;
+use crate::root_filesystem::RootFilesystem;
 use crate::snapshots::{RestoreAnswer, SnapshotAnswer, Snapshots};
 use crate::store::{Archived, Created, Deleted, StoreError, VolumeStore};
 use crate::tls::PeerCertificate;
@@ -60,6 +61,10 @@ pub struct AppState {
     pub snapshots: Snapshots,
     /// Who each volume is exported to.
     pub exports: Arc<Exports>,
+    /// Whether the export root has its filesystem to itself.
+    pub root_filesystem: RootFilesystem,
+    /// New per-volume exports on a shared filesystem (`exports.allow_shared_filesystem`).
+    allow_shared_filesystem: bool,
     usage: UsageCache,
     readiness: Mutex<Option<(Instant, Result<(), String>)>>,
     /// Audit lines of unauthenticated requests allowed per second.
@@ -86,6 +91,11 @@ impl AppState {
             snapshots: Snapshots::new(store.clone(), metrics.snapshots.clone(), clones.slots()),
             clones,
             exports: Arc::new(Exports::none(&config.nfs_path)),
+            root_filesystem: RootFilesystem {
+                mount_point: config.export_root.clone(),
+                shared: None,
+            },
+            allow_shared_filesystem: config.exports.allow_shared_filesystem,
             store,
             auth,
             metrics,
@@ -112,6 +122,17 @@ impl AppState {
     pub fn with_exports(mut self, exports: Arc<Exports>) -> Self {
         self.exports = exports;
         self
+    }
+
+    /// The state with the export root's filesystem as found at start.
+    pub fn with_root_filesystem(self, root_filesystem: RootFilesystem) -> Self {
+        self.metrics
+            .export_root_shared
+            .set(i64::from(root_filesystem.is_shared()));
+        Self {
+            root_filesystem,
+            ..self
+        }
     }
 
     /// The readiness verdict, re-checked at most once a second: `/readyz` is
@@ -524,6 +545,7 @@ async fn info(State(state): State<Arc<AppState>>) -> ApiResult<Json<AgentInfo>> 
             archive_restores: true,
         },
         filesystem,
+        export_root_filesystem: Some(state.root_filesystem.to_info(state.allow_shared_filesystem)),
     }))
 }
 
@@ -654,7 +676,7 @@ async fn create_volume(
 ) -> ApiResult<Response> {
     let (path, request): (VolumePath, CreateVolumeRequest) =
         volume_request(&state, raw_path, &headers, body).await?;
-    check_export(&state, &path, request.export.as_ref())?;
+    check_new_export(&state, &path, request.export.as_ref())?;
     if let Err(refusal) = state.policy.check(&request) {
         state.metrics.count_operation("create", "rejected");
         return Err(Failure::new(
@@ -702,6 +724,27 @@ fn check_export(
                 .check_export(request)
                 .map_err(|refusal| Failure::new(ErrorCode::Forbidden, format!("{path}: {refusal}")))
         }
+    }
+}
+
+/// [`check_export`] for a volume about to be made (a create, clone, adoption or
+/// restore), which also gets no export while the export root shares its filesystem,
+/// unless the operator accepted that. Export changes of existing volumes go on, so that
+/// an upgraded agent's volumes keep following their nodes and pods.
+fn check_new_export(
+    state: &AppState,
+    path: &VolumePath,
+    export: Option<&ExportRequest>,
+) -> ApiResult<()> {
+    check_export(state, path, export)?;
+    match (export, state.root_filesystem.shared.as_deref()) {
+        (Some(_), Some(why)) if !state.allow_shared_filesystem => Err(Failure::new(
+            ErrorCode::Unsupported,
+            format!(
+                "{path}: this agent exports no new volume while its export root shares its filesystem ({why}): a client admitted to any volume could reach everything on that filesystem by forging file handles; give the export root a filesystem of its own, or accept that with exports.allow_shared_filesystem = true in agent.toml"
+            ),
+        )),
+        _ => Ok(()),
     }
 }
 
@@ -774,7 +817,7 @@ async fn adopt_volume(
 ) -> ApiResult<Response> {
     let (path, request): (VolumePath, AdoptVolumeRequest) =
         volume_request(&state, raw_path, &headers, body).await?;
-    check_export(&state, &path, request.export.as_ref())?;
+    check_new_export(&state, &path, request.export.as_ref())?;
     let exports = state.exports.clone();
     let result = with_path_lock(&state, &path.clone(), move |store| {
         let (volume, adopted) = store.adopt(&path, &request)?;
@@ -801,7 +844,7 @@ async fn clone_volume(
 ) -> ApiResult<Response> {
     let (path, request): (VolumePath, CloneVolumeRequest) =
         volume_request(&state, raw_path, &headers, body).await?;
-    check_export(&state, &path, request.export.as_ref())?;
+    check_new_export(&state, &path, request.export.as_ref())?;
     let export = request.export.clone();
     let wait = clone_answer_wait(state.request_timeout);
     let result = match state.clones.clone_volume(&path, request, wait).await {
@@ -1110,7 +1153,7 @@ async fn restore_volume(
 ) -> ApiResult<Response> {
     let (path, request): (VolumePath, RestoreVolumeRequest) =
         volume_request(&state, raw_path, &headers, body).await?;
-    check_export(&state, &path, request.export.as_ref())?;
+    check_new_export(&state, &path, request.export.as_ref())?;
     let source = request
         .source()
         .map_err(|why| Failure::new(ErrorCode::InvalidBody, format!("{path}: {why}")))?;

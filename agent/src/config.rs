@@ -94,6 +94,8 @@ pub struct ExportsSection {
     /// Admit NFS requests from unprivileged source ports (ganesha `PrivilegedPort =
     /// false`, knfsd `insecure`).
     pub allow_unprivileged_ports: bool,
+    /// Make new per-volume exports although the export root shares its filesystem.
+    pub allow_shared_filesystem: bool,
 }
 
 /// A manager this agent can run: [`ExportManager::Unknown`] is for answers only.
@@ -122,6 +124,7 @@ impl Default for ExportsSection {
             knfsd_exports_file: defaults.knfsd_exports_file,
             knfsd_exportfs: defaults.knfsd_exportfs,
             allow_unprivileged_ports: defaults.allow_unprivileged_ports,
+            allow_shared_filesystem: defaults.allow_shared_filesystem,
         }
     }
 }
@@ -159,6 +162,7 @@ impl ExportsSection {
             knfsd_exports_file: self.knfsd_exports_file,
             knfsd_exportfs: self.knfsd_exportfs,
             allow_unprivileged_ports: self.allow_unprivileged_ports,
+            allow_shared_filesystem: self.allow_shared_filesystem,
         })
     }
 }

@@ -6,8 +6,9 @@
 //! 1. leaves: `mountinfo` (the kernel's mount table), `policy` (what a create may ask
 //!    for), `connections` (limits on connections), `ratelimit` (of log lines), `holds`
 //!    (where a debug build waits for a test);
-//! 2. `quota` (the quota tools, the runner of every filesystem tool, the quota settings)
-//!    and `tls` (the server's TLS settings and its acceptor);
+//! 2. `quota` (the quota tools, the runner of every filesystem tool, the quota settings),
+//!    `tls` (the server's TLS settings and its acceptor) and `root_filesystem` (whether
+//!    the export root has its filesystem to itself);
 //! 3. `zfs`: the ZFS datasets volumes can be; `exports`: each volume's own NFS export,
 //!    through knfsd or nfs-ganesha (a btrfs volume mounted on its own for ganesha);
 //! 4. `store`: the volume store, confined beneath the export root, on its backends;
@@ -35,6 +36,7 @@ pub(crate) mod mountinfo;
 pub mod policy;
 pub mod quota;
 pub(crate) mod ratelimit;
+pub(crate) mod root_filesystem;
 pub(crate) mod snapshots;
 pub mod store;
 pub(crate) mod tls;
@@ -145,7 +147,27 @@ impl Agent {
                 "export table restored"
             );
         }
-        let state = Arc::new(AppState::new(store, auth, &config).with_exports(Arc::new(exports)));
+        let root_filesystem = root_filesystem::RootFilesystem::probe(&config.export_root)
+            .unwrap_or_else(|error| root_filesystem::RootFilesystem {
+                mount_point: config.export_root.clone(),
+                shared: Some(format!("the mount table could not be read: {error}")),
+            });
+        if let Some(why) = &root_filesystem.shared {
+            // A warning, never a refusal to start: an upgraded agent keeps serving the
+            // volumes it has; only new per-volume exports wait for the operator.
+            tracing::warn!(
+                export_root = %config.export_root.display(),
+                mount_point = %root_filesystem.mount_point.display(),
+                per_volume_exports = exports.kind().per_volume(),
+                allowed = config.exports.allow_shared_filesystem,
+                "the export root shares its filesystem ({why}): a client that forges NFS file handles can reach everything on that filesystem; give the export root a filesystem of its own"
+            );
+        }
+        let state = Arc::new(
+            AppState::new(store, auth, &config)
+                .with_exports(Arc::new(exports))
+                .with_root_filesystem(root_filesystem),
+        );
         state
             .metrics
             .stale_records_removed

@@ -110,6 +110,8 @@ pub struct Metrics {
     pub leftover_entries: Gauge,
     /// Records of volumes found gone at start (a deletion a crash interrupted), removed.
     pub stale_records_removed: Counter,
+    /// 1 when the export root shares its filesystem with anything else.
+    pub export_root_shared: Gauge,
     pub archives: ArchiveMetrics,
     pub clones: CloneMetrics,
     pub snapshots: SnapshotMetrics,
@@ -166,6 +168,12 @@ impl Metrics {
             "stale_records_removed",
             "Records of volumes found gone at start (a deletion interrupted by a crash) and removed, their quotas released",
             stale_records_removed.clone(),
+        );
+        let export_root_shared = Gauge::default();
+        registry.register(
+            "export_root_shared_filesystem",
+            "1 when the export root shares its filesystem with other data (a client forging NFS file handles can reach that data); 0 when the filesystem is its own",
+            export_root_shared.clone(),
         );
         let archives = ArchiveMetrics::default();
         registry.register(
@@ -264,6 +272,7 @@ impl Metrics {
             filesystem_free_inodes,
             leftover_entries,
             stale_records_removed,
+            export_root_shared,
             archives,
         }
     }

@@ -2,6 +2,8 @@
 //! these tests run it against a recording `exportfs` stand-in (a shell script that logs
 //! its command line), checking the command lines and the persisted exports file.
 
+mod common;
+
 use std::path::PathBuf;
 
 use nfsprov_agent::exports::{ExportSettings, Exports};
@@ -37,6 +39,8 @@ impl StandIn {
             manager: ExportManager::Knfsd,
             knfsd_exports_file: dir.path().join("nfsprov.exports"),
             knfsd_exportfs: script,
+            // The export root is a temporary directory of the machine's filesystem.
+            allow_shared_filesystem: true,
             ..ExportSettings::default()
         };
         Self {
@@ -409,4 +413,134 @@ async fn knfsd_recording_exportfs_stand_in_never_sees_an_export_the_policy_or_th
         kept.export.unwrap().clients,
         vec!["127.0.0.2".parse().unwrap()]
     );
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn knfsd_recording_exportfs_stand_in_gets_no_new_export_on_a_shared_filesystem_unless_accepted()
+ {
+    use nfsprov_agent_testkit::TestAgent;
+    use nfsprov_api_types::client::ClientError;
+    use nfsprov_api_types::{CreateVolumeRequest, ErrorCode};
+
+    let create = CreateVolumeRequest {
+        capacity_bytes: 1 << 20,
+        export: Some(request(&["127.0.0.2"])),
+        ..Default::default()
+    };
+    let a = VolumePath::parse("ns/a").unwrap();
+
+    // A temporary directory is a directory of the machine's own filesystem.
+    let stand_in = StandIn::new();
+    let strict = ExportSettings {
+        allow_shared_filesystem: false,
+        ..stand_in.settings.clone()
+    };
+    let agent = TestAgent::start_with_exports(&stand_in.root, strict)
+        .await
+        .unwrap();
+    let client = agent.client();
+    let info = client.info(None).await.unwrap();
+    let filesystem = info.export_root_filesystem.unwrap();
+    assert!(!filesystem.accepted);
+    let why = filesystem.shared.unwrap();
+    assert!(why.contains(&filesystem.mount_point), "{why}");
+    let metrics = common::call(&agent, "GET", "/metrics", None).body;
+    assert!(
+        metrics
+            .lines()
+            .any(|line| line == "nfsprov_agent_export_root_shared_filesystem 1"),
+        "{metrics}"
+    );
+    let refused = client.create_volume(&a, &create, None).await;
+    match refused {
+        Err(ClientError::Api { error, .. }) => {
+            assert_eq!(error.code, ErrorCode::Unsupported, "{error:?}");
+            assert!(
+                error.message.contains("exports.allow_shared_filesystem"),
+                "{error:?}"
+            );
+        }
+        other => panic!("a new export on a shared filesystem was not refused: {other:?}"),
+    }
+    assert_eq!(client.get_volume(&a, None).await.unwrap(), None);
+    assert_eq!(stand_in.calls(), Vec::<String>::new());
+    drop(agent);
+
+    // Accepted by name: served, and still reported.
+    let agent = TestAgent::start_with_exports(&stand_in.root, stand_in.settings.clone())
+        .await
+        .unwrap();
+    let client = agent.client();
+    assert!(
+        client
+            .create_volume(&a, &create, None)
+            .await
+            .unwrap()
+            .created
+    );
+    let filesystem = client
+        .info(None)
+        .await
+        .unwrap()
+        .export_root_filesystem
+        .unwrap();
+    assert!(
+        filesystem.shared.is_some() && filesystem.accepted,
+        "{filesystem:?}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn knfsd_recording_exportfs_stand_in_on_a_filesystem_of_its_own_needs_no_acceptance() {
+    use nfsprov_agent_testkit::{LoopExt4, TestAgent};
+    use nfsprov_api_types::CreateVolumeRequest;
+
+    const TEST: &str =
+        "knfsd_recording_exportfs_stand_in_on_a_filesystem_of_its_own_needs_no_acceptance";
+    if !rustix::process::geteuid().is_root() {
+        nfsprov_test_skip::skip(TEST, "needs root to loop-mount a filesystem");
+        return;
+    }
+    let fs = LoopExt4::new(64).unwrap();
+    let stand_in = StandIn::new();
+    let settings = ExportSettings {
+        allow_shared_filesystem: false,
+        ..stand_in.settings.clone()
+    };
+    let agent = TestAgent::start_with_exports(fs.mount_point(), settings)
+        .await
+        .unwrap();
+    let client = agent.client();
+    let filesystem = client
+        .info(None)
+        .await
+        .unwrap()
+        .export_root_filesystem
+        .unwrap();
+    assert_eq!(filesystem.shared, None);
+    assert_eq!(
+        filesystem.mount_point,
+        fs.mount_point().display().to_string()
+    );
+    let metrics = common::call(&agent, "GET", "/metrics", None).body;
+    assert!(
+        metrics
+            .lines()
+            .any(|line| line == "nfsprov_agent_export_root_shared_filesystem 0"),
+        "{metrics}"
+    );
+    let made = client
+        .create_volume(
+            &VolumePath::parse("ns/a").unwrap(),
+            &CreateVolumeRequest {
+                capacity_bytes: 1 << 20,
+                export: Some(request(&["127.0.0.2"])),
+                ..Default::default()
+            },
+            None,
+        )
+        .await
+        .unwrap();
+    assert!(made.created);
+    assert_eq!(stand_in.calls().len(), 1);
 }

@@ -629,6 +629,24 @@ pub struct AgentInfo {
     pub nfs: NfsExport,
     pub capabilities: Capabilities,
     pub filesystem: FilesystemStats,
+    /// Whether the export root has its filesystem to itself. Absent from older agents.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub export_root_filesystem: Option<ExportRootFilesystem>,
+}
+
+/// The filesystem holding the export root. NFS servers confine a client to the
+/// filesystem of its export, not to the export's directory, so whatever else that
+/// filesystem holds is reachable by a client that forges file handles.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ExportRootFilesystem {
+    /// Where it is mounted.
+    pub mount_point: String,
+    /// Why it holds more than the export root's tree; absent when it does not.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub shared: Option<String>,
+    /// The operator accepted a shared filesystem (`exports.allow_shared_filesystem`).
+    #[serde(default)]
+    pub accepted: bool,
 }
 
 /// Answer to `GET /healthz` and `GET /readyz`.

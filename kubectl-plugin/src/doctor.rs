@@ -246,6 +246,32 @@ fn agent_rules(facts: &Facts<'_>, findings: &mut Vec<Finding>) {
             fix,
         });
     }
+    for agent in facts.agents {
+        let Ok(info) = &agent.info else {
+            continue;
+        };
+        // Accepted by the operator by name: known, and not a finding on every run.
+        let Some(why) = info
+            .export_root_filesystem
+            .as_ref()
+            .filter(|filesystem| !filesystem.accepted)
+            .and_then(|filesystem| filesystem.shared.as_deref())
+        else {
+            continue;
+        };
+        let refused = if info.capabilities.exports.per_volume() {
+            "; it makes no new per-volume export unless exports.allow_shared_filesystem accepts that"
+        } else {
+            ""
+        };
+        findings.push(Finding {
+            object: format!("agent/{}", agent.name),
+            problem: format!(
+                "its export root shares its filesystem ({why}): an NFS client that forges file handles can reach everything on that filesystem{refused}"
+            ),
+            fix: "give the export root a filesystem of its own that holds nothing else (see the install guide), and admit only node addresses to the NFS port (a NetworkPolicy or the host firewall)".to_owned(),
+        });
+    }
 }
 
 fn class_rules(facts: &Facts<'_>, findings: &mut Vec<Finding>) {
@@ -687,6 +713,50 @@ mod tests {
             findings[0]
         );
         assert_eq!(findings[1].problem, "not ready: export root is full");
+    }
+
+    #[test]
+    fn an_agent_whose_export_root_shares_its_filesystem_is_reported() {
+        let mut fixture = Fixture::healthy();
+        let info = |filesystem: serde_json::Value| {
+            object(json!({
+                "version": "1", "nfs": {"server": "nfs1", "path": "/srv"},
+                "capabilities": {"quota": "none", "quota_enforced": false, "archive": true, "exports": "ganesha"},
+                "filesystem": {"total_bytes": 1, "free_bytes": 1, "available_bytes": 1, "total_inodes": 1, "free_inodes": 1},
+                "export_root_filesystem": filesystem,
+            }))
+        };
+        let mut agent = probe("nfs1", Ok("ok"));
+        agent.info = Ok(info(json!({"mount_point": "/srv/nfs"})));
+        fixture.agents = vec![agent];
+        assert_eq!(fixture.diagnose(), []);
+
+        let mut agent = probe("nfs1", Ok("ok"));
+
+        agent.info = Ok(info(json!({
+            "mount_point": "/",
+            "shared": "it is a directory of the filesystem mounted at /",
+        })));
+        fixture.agents = vec![agent];
+        let findings = fixture.diagnose();
+        assert_eq!(objects(&findings), ["agent/nfs1"], "{findings:?}");
+        let mut accepted = probe("nfs1", Ok("ok"));
+        accepted.info = Ok(info(json!({
+            "mount_point": "/",
+            "shared": "it is a directory of the filesystem mounted at /",
+            "accepted": true,
+        })));
+        assert!(
+            findings[0].problem.contains("mounted at /")
+                && findings[0]
+                    .problem
+                    .contains("exports.allow_shared_filesystem"),
+            "{findings:?}"
+        );
+        assert!(
+            findings[0].fix.contains("filesystem of its own"),
+            "{findings:?}"
+        );
     }
 
     #[test]

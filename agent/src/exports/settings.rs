@@ -22,6 +22,9 @@ pub struct ExportSettings {
     /// a root-owned socket on the client, so an unprivileged process (a pod sharing its
     /// node's address) cannot speak NFS to the server at all.
     pub allow_unprivileged_ports: bool,
+    /// Make new per-volume exports although the export root shares its filesystem with
+    /// other data, which a client forging file handles can then reach.
+    pub allow_shared_filesystem: bool,
 }
 
 impl Default for ExportSettings {
@@ -35,6 +38,7 @@ impl Default for ExportSettings {
             knfsd_exports_file: "/etc/exports.d/nfsprov.exports".into(),
             knfsd_exportfs: "/usr/sbin/exportfs".into(),
             allow_unprivileged_ports: false,
+            allow_shared_filesystem: false,
         }
     }
 }

@@ -1084,6 +1084,7 @@ async fn info(State(shared): State<MockShared>, headers: HeaderMap) -> Response 
             total_inodes: 1 << 20,
             free_inodes: 1 << 19,
         },
+        export_root_filesystem: None,
     })
     .into_response()
 }

@@ -192,10 +192,11 @@ impl Ganesha {
     }
 
     /// The `[exports]` section of an agent's settings that hands this ganesha's exports
-    /// to the agent's `ganesha` manager.
+    /// to the agent's `ganesha` manager. Test export roots are directories of the
+    /// machine's own filesystem, which the agent accepts only when told.
     pub fn agent_settings(&self) -> String {
         format!(
-            "[exports]\nmanager = \"ganesha\"\nganesha_config_dir = {:?}\nganesha_dbus_address = {:?}\n",
+            "[exports]\nmanager = \"ganesha\"\nganesha_config_dir = {:?}\nganesha_dbus_address = {:?}\nallow_shared_filesystem = true\n",
             self.config_dir.display().to_string(),
             self.bus
         )

@@ -699,7 +699,8 @@ impl Server {
                 )?;
                 write!(
                     file,
-                    "\n[exports]\nmanager = \"knfsd\"\nknfsd_exports_file = {:?}\nknfsd_exportfs = {:?}\n",
+                    // The export root is a directory of the filesystem under test.
+                    "\n[exports]\nmanager = \"knfsd\"\nknfsd_exports_file = {:?}\nknfsd_exportfs = {:?}\nallow_shared_filesystem = true\n",
                     exports_file(root).display().to_string(),
                     exportfs.display().to_string()
                 )?;

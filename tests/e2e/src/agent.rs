@@ -69,11 +69,19 @@ impl AgentProcess {
             String::from_utf8_lossy(&init.stderr)
         );
         std::fs::write(work.path().join("secret.yaml"), &init.stdout)?;
-        if !extra_settings.is_empty() {
-            let settings = etc.join("agent.toml");
-            let written = std::fs::read_to_string(&settings)?;
-            std::fs::write(&settings, format!("{written}\n{extra_settings}\n"))?;
-        }
+        // Test export roots are directories of the machine's own filesystem: accepted by
+        // name, as an operator would, unless the test's own settings say otherwise.
+        let accept_shared = if extra_settings.contains("[exports]") {
+            ""
+        } else {
+            "[exports]\nallow_shared_filesystem = true\n"
+        };
+        let settings = etc.join("agent.toml");
+        let written = std::fs::read_to_string(&settings)?;
+        std::fs::write(
+            &settings,
+            format!("{written}\n{extra_settings}\n{accept_shared}"),
+        )?;
         let mut agent = Self {
             name: name.to_owned(),
             bin,
