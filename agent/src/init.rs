@@ -16,6 +16,7 @@ use rcgen::{
 use time::{Duration, OffsetDateTime};
 
 use crate::config::DEFAULT_PORT;
+use crate::root_filesystem::RootFilesystem;
 
 #[derive(Debug, Clone, Args)]
 pub struct InitArgs {
@@ -52,6 +53,11 @@ pub struct InitArgs {
     /// Certificate lifetime in days.
     #[arg(long, default_value_t = 3650)]
     pub days: i64,
+    /// Accept an export root that is not a filesystem of its own (a directory of the root
+    /// filesystem, say). An NFS client that forges file handles can reach everything on
+    /// that filesystem; without this flag init refuses such a root.
+    #[arg(long)]
+    pub shared_filesystem: bool,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -120,6 +126,9 @@ pub fn run(args: &InitArgs) -> Result<InitOutput, InitError> {
     }
     if args.days <= 0 {
         return Err(InitError::Invalid("--days must be positive".into()));
+    }
+    if !args.shared_filesystem {
+        refuse_shared_filesystem(&args.export_root)?;
     }
     let port = args
         .listen
@@ -388,6 +397,25 @@ fn write_file(path: &Path, contents: &[u8], mode: u32) -> Result<(), InitError> 
     std::fs::rename(&staged, path).map_err(error)
 }
 
+/// Refuses an export root that is not the mount point of a filesystem of its own: the
+/// first step of an install is that filesystem, and init is the moment to say so.
+fn refuse_shared_filesystem(export_root: &Path) -> Result<(), InitError> {
+    const ACCEPT: &str = "make the export root the mount point of a filesystem that holds nothing else, or pass --shared-filesystem to accept that an NFS client forging file handles can reach everything on that filesystem";
+    let found = RootFilesystem::probe(export_root).map_err(|e| {
+        InitError::Invalid(format!(
+            "--export-root {}: {e}; {ACCEPT}",
+            export_root.display()
+        ))
+    })?;
+    match found.shared {
+        None => Ok(()),
+        Some(why) => Err(InitError::Invalid(format!(
+            "--export-root {} is not a filesystem of its own ({why}); {ACCEPT}",
+            export_root.display()
+        ))),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -406,7 +434,40 @@ mod tests {
             namespace: "nfsprov".into(),
             force: false,
             days: 30,
+            // /srv/nfs need not exist here; the check has a test of its own.
+            shared_filesystem: true,
         }
+    }
+
+    #[test]
+    fn an_export_root_that_is_not_a_filesystem_of_its_own_is_refused_unless_accepted() {
+        let dir = tempfile::tempdir().unwrap();
+        let root = tempfile::tempdir().unwrap();
+        for (export_root, needle) in [
+            (root.path().to_owned(), "is not a filesystem of its own"),
+            (root.path().join("missing"), "No such file"),
+        ] {
+            let refused = run(&InitArgs {
+                export_root,
+                shared_filesystem: false,
+                ..args(dir.path())
+            })
+            .unwrap_err()
+            .to_string();
+            assert!(
+                refused.contains(needle) && refused.contains("--shared-filesystem"),
+                "{refused}"
+            );
+            assert!(
+                std::fs::read_dir(dir.path()).unwrap().next().is_none(),
+                "a refused init wrote files"
+            );
+        }
+        run(&InitArgs {
+            export_root: root.path().to_owned(),
+            ..args(dir.path())
+        })
+        .unwrap();
     }
 
     #[test]

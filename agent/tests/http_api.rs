@@ -165,6 +165,8 @@ async fn only_authenticated_callers_get_in() {
         namespace: "nfsprov".into(),
         force: false,
         days: 1,
+        // Test export roots are directories of a filesystem that holds more.
+        shared_filesystem: true,
     })
     .unwrap();
     let foreign = curl(

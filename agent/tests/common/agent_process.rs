@@ -45,6 +45,8 @@ pub fn setup() -> Setup {
         namespace: "nfsprov".into(),
         force: false,
         days: 1,
+        // Test export roots are directories of a filesystem that holds more.
+        shared_filesystem: true,
     })
     .unwrap();
     Setup {

@@ -91,6 +91,8 @@ impl TestAgent {
             namespace: "nfsprov".into(),
             force: false,
             days: 1,
+            // Test export roots are directories of a filesystem that holds more.
+            shared_filesystem: true,
         })?;
         let dir = credentials.path();
         let config = AgentConfig {

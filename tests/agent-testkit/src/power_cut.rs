@@ -685,6 +685,8 @@ impl Server {
             namespace: "nfsprov".into(),
             force: false,
             days: 1,
+            // Test export roots are directories of a filesystem that holds more.
+            shared_filesystem: true,
         })?;
         let config = etc.path().join(files::CONFIG);
         let mut file = std::fs::OpenOptions::new().append(true).open(&config)?;

@@ -55,6 +55,8 @@ impl AgentProcess {
                 "127.0.0.1",
                 "--name",
                 name,
+                // Test export roots are directories of the machine's filesystem.
+                "--shared-filesystem",
             ])
             .arg("--dir")
             .arg(&etc)

@@ -6,8 +6,10 @@
 //! deleted, and a rotated token.
 //!
 //! The commands are those of the install; what differs is only what a test on one
-//! machine needs: `--dir` (not /etc/nfsprov), `--listen` on a free loopback port, and
-//! `--hostname localhost --ip 127.0.0.1` for the host the agent really runs on.
+//! machine needs: `--dir` (not /etc/nfsprov), `--listen` on a free loopback port,
+//! `--hostname localhost --ip 127.0.0.1` for the host the agent really runs on, and
+//! `--shared-filesystem` for an export root that is a temporary directory, not the
+//! filesystem of its own the install's first step makes.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -68,6 +70,7 @@ fn init(name: &str, export_root: &Path, dir: &Path) -> anyhow::Result<u16> {
         dir,
         "--listen",
         &listen,
+        "--shared-filesystem",
     ];
     println!("$ nfsprov-agent {}", args.join(" "));
     let output = Command::new(binary("nfsprov-agent")?).args(args).output()?;

@@ -93,6 +93,8 @@ impl Agent {
             namespace: "nfsprov".into(),
             force: false,
             days: 1,
+            // Test export roots are directories of a filesystem that holds more.
+            shared_filesystem: true,
         })?;
         let child = Command::new(binary)
             .args(["run", "--config"])
