@@ -210,6 +210,12 @@ fn attack_served(
         a.fsal.kernel.handle_type,
         a.fsal.kernel.bytes.len()
     ));
+    report.notes.push(format!(
+        "filesystem UUIDs: A {}, B {}, host {}",
+        Layout::uuid_of(&layout.a.path),
+        Layout::uuid_of(&layout.b.path),
+        Layout::uuid_of(layout.host_root())
+    ));
     let (a_kernel, _) = name_to_handle(&layout.a.path)?;
     if a_kernel != a.fsal.kernel {
         return Err(SetupError::Failed(format!(
@@ -222,9 +228,11 @@ fn attack_served(
     if let Some(inode) = kind.root_inode() {
         let fixed = KernelHandle::ino32_gen(inode, 0);
         report.notes.push(format!(
-            "root of A's {} filesystem: kernel handle {} the fixed (inode {inode}, generation 0)",
+            "root of A's {} filesystem: kernel handle type {:#x} {:02x?} ({} the 32-bit form of inode {inode}, generation 0)",
             kind.name(),
-            if root_kernel == fixed { "is" } else { "is NOT" }
+            root_kernel.handle_type,
+            root_kernel.bytes,
+            if root_kernel == fixed { "is" } else { "is not" }
         ));
     }
 

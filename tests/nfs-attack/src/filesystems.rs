@@ -12,6 +12,8 @@ pub enum FsKind {
     Ext4,
     Xfs,
     Btrfs,
+    /// A zfs-fuse dataset (never made in an image here).
+    Zfs,
 }
 
 impl FsKind {
@@ -20,6 +22,7 @@ impl FsKind {
             FsKind::Ext4 => "ext4",
             FsKind::Xfs => "xfs",
             FsKind::Btrfs => "btrfs",
+            FsKind::Zfs => "zfs",
         }
     }
 
@@ -29,6 +32,7 @@ impl FsKind {
             FsKind::Ext4 => 16,
             FsKind::Xfs => 300,
             FsKind::Btrfs => 128,
+            FsKind::Zfs => 64,
         }
     }
 
@@ -37,7 +41,7 @@ impl FsKind {
         match self {
             FsKind::Ext4 => Some(2),
             FsKind::Xfs => Some(128),
-            FsKind::Btrfs => None,
+            FsKind::Btrfs | FsKind::Zfs => None,
         }
     }
 }
@@ -51,6 +55,7 @@ pub fn make_image(image: &Path, kind: FsKind, size_mib: u64) -> Result<()> {
         FsKind::Ext4 => run("mkfs.ext4", &["-q", "-F", image]),
         FsKind::Xfs => run("mkfs.xfs", &["-q", "-f", "-m", "reflink=1", image]),
         FsKind::Btrfs => run("mkfs.btrfs", &["-q", "-f", image]),
+        FsKind::Zfs => Err(SetupError::Failed("no zfs in an image".into())),
     }
     .map(drop)
 }

@@ -122,6 +122,10 @@ impl Ganesha {
         std::fs::write(work.path().join("ganesha.conf"), config)?;
         let child = Command::new("ganesha.nfsd")
             .env("DBUS_SYSTEM_BUS_ADDRESS", &bus.address)
+            // ganesha takes a filesystem's fsid from libblkid, whose shared cache
+            // (/run/blkid) can hold the UUID of whatever a loop device held before:
+            // a cache of its own, empty, makes it read the filesystems as they are.
+            .env("BLKID_FILE", work.path().join("blkid.tab"))
             .arg("-F")
             .arg("-f")
             .arg(work.path().join("ganesha.conf"))
@@ -144,16 +148,32 @@ impl Ganesha {
             bus,
             work,
         };
-        let wanted = exports.len();
+        // ganesha reads its exports before its export manager answers: once it does,
+        // an export it lacks is one it refused.
+        let mut served = Vec::new();
         eventually(
-            "ganesha to serve every export",
+            "ganesha's export manager and port",
             Duration::from_secs(60),
-            || {
-                ganesha.export_count().is_ok_and(|n| n >= wanted)
-                    && std::net::TcpStream::connect(ganesha.addr()).is_ok()
+            || match ganesha.export_ids() {
+                Ok(ids) if std::net::TcpStream::connect(ganesha.addr()).is_ok() => {
+                    served = ids;
+                    true
+                }
+                _ => false,
             },
         )
         .map_err(|e| SetupError::Failed(format!("{e}; ganesha log:\n{}", ganesha.log_text())))?;
+        let refused: Vec<u16> = exports
+            .iter()
+            .map(|e| e.id)
+            .filter(|id| !served.contains(id))
+            .collect();
+        if !refused.is_empty() {
+            return Err(SetupError::ExportsRefused {
+                ids: refused,
+                log: ganesha.log_text(),
+            });
+        }
         Ok(ganesha)
     }
 
@@ -179,12 +199,14 @@ impl Ganesha {
         .map(drop)
     }
 
-    fn export_count(&self) -> Result<usize> {
+    /// The ids of the exports ganesha serves (0 is its pseudo-root).
+    pub fn export_ids(&self) -> Result<Vec<u16>> {
         let reply = self.dbus("ShowExports", &[])?;
         Ok(reply
             .lines()
-            .filter(|line| line.trim().starts_with("uint16 "))
-            .count())
+            .filter_map(|line| line.trim().strip_prefix("uint16 "))
+            .filter_map(|id| id.trim().parse().ok())
+            .collect())
     }
 
     fn dbus(&self, method: &str, args: &[&str]) -> Result<String> {
@@ -213,15 +235,14 @@ fn export_file(work: &Path, id: u16) -> PathBuf {
 }
 
 /// NFSv4 over TCP on every loopback address (each test client has its own), no grace
-/// period, no attribute caching (the test changes files behind the server's back).
+/// period.
 fn core_config(port: u16, work: &Path) -> String {
     format!(
         "NFS_CORE_PARAM {{\n  Protocols = 4;\n  NFS_Port = {port};\n  Enable_NLM = false;\n  \
          Enable_RQUOTA = false;\n  Enable_UDP = false;\n  Mount_Path_Pseudo = true;\n}}\n\
          NFSV4 {{\n  Graceless = true;\n  Lease_Lifetime = 10;\n  RecoveryRoot = \"{}\";\n  \
          Allow_Numeric_Owners = true;\n  Only_Numeric_Owners = true;\n}}\n\
-         NFS_KRB5 {{ Active_krb5 = false; }}\n\
-         CACHEINODE {{ Attr_Expiration_Time = 0; }}\n",
+         NFS_KRB5 {{ Active_krb5 = false; }}\n",
         work.join("recovery").display()
     )
 }

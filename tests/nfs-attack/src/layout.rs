@@ -21,6 +21,9 @@ pub enum Mechanism {
     ReflinkClone { kind: FsKind, new_uuid: bool },
     /// A btrfs subvolume of the host, mounted by itself (`subvol=`) at the volume's path.
     BtrfsSubvolumes,
+    /// A zfs-fuse dataset of a pool in a file on the (ext4) host, mounted at the
+    /// volume's path.
+    ZfsDatasets,
 }
 
 impl Mechanism {
@@ -42,6 +45,7 @@ impl Mechanism {
                 }
             ),
             Mechanism::BtrfsSubvolumes => "btrfs subvolumes, each mounted with subvol=".into(),
+            Mechanism::ZfsDatasets => "zfs-fuse datasets of one pool".into(),
         }
     }
 
@@ -52,6 +56,7 @@ impl Mechanism {
             | Mechanism::Images(kind)
             | Mechanism::ReflinkClone { kind, .. } => kind,
             Mechanism::BtrfsSubvolumes => FsKind::Btrfs,
+            Mechanism::ZfsDatasets => FsKind::Zfs,
         }
     }
 
@@ -61,6 +66,7 @@ impl Mechanism {
             // Reflinks, so that an image's copy is instant.
             Mechanism::Images(_) | Mechanism::ReflinkClone { .. } => FsKind::Xfs,
             Mechanism::BtrfsSubvolumes => FsKind::Btrfs,
+            Mechanism::ZfsDatasets => FsKind::Ext4,
         }
     }
 }
@@ -100,6 +106,7 @@ pub struct Layout {
     pub a_fs_root: PathBuf,
     // Dropped in this order: volumes, then the host, then the directory holding it.
     volumes: Vec<Mounted>,
+    _pool: Option<ZfsPool>,
     host: Mounted,
     _dir: tempfile::TempDir,
 }
@@ -135,6 +142,7 @@ impl Layout {
             std::fs::create_dir_all(v.path.parent().unwrap_or(&root))?;
         }
         let mut volumes = Vec::new();
+        let mut pool = None;
         let images = root.join("images");
         match mechanism {
             Mechanism::Directories(_) => {
@@ -197,18 +205,38 @@ impl Layout {
                     )?);
                 }
             }
+            Mechanism::ZfsDatasets => {
+                let made = ZfsPool::create(&root.join("pool.img"))?;
+                for (n, v) in [&a, &b, &c].into_iter().enumerate() {
+                    run(
+                        "zfs",
+                        &[
+                            "create",
+                            "-o",
+                            &format!("mountpoint={}", path_str(&v.path)?),
+                            &format!("{}/v{n}", made.name),
+                        ],
+                    )?;
+                }
+                pool = Some(made);
+            }
         }
         for v in [&a, &b, &c] {
             std::fs::set_permissions(&v.path, std::fs::Permissions::from_mode(0o777))?;
             write_world_writable(&v.file_path(), &v.secret)?;
         }
         let a_fs_root = match mechanism {
-            Mechanism::Directories(_) => root.clone(),
+            // btrfs: the top-level subvolume, whose handle is as easily guessed.
+            Mechanism::Directories(_) | Mechanism::BtrfsSubvolumes => root.clone(),
             _ => a.path.clone(),
         };
-        let b_from_root = ["exports", "team-b", "db"]
-            .into_iter()
-            .map(str::to_owned)
+        let b_dir: &[&str] = match mechanism {
+            Mechanism::BtrfsSubvolumes => &["subvolumes", "1"],
+            _ => &["exports", "team-b", "db"],
+        };
+        let b_from_root = b_dir
+            .iter()
+            .map(|c| (*c).to_owned())
             .chain([b.file.clone()])
             .collect();
         Ok(Self {
@@ -221,6 +249,7 @@ impl Layout {
             b_from_root,
             a_fs_root,
             volumes,
+            _pool: pool,
             host,
             _dir: dir,
         })
@@ -230,9 +259,83 @@ impl Layout {
         self.host.path()
     }
 
+    /// The UUID blkid reads from the device of the filesystem `path` is the root of,
+    /// or what went wrong.
+    pub fn uuid_of(path: &Path) -> String {
+        let device = run(
+            "findmnt",
+            &[
+                "-n",
+                "-o",
+                "SOURCE",
+                "--target",
+                path.to_str().unwrap_or_default(),
+            ],
+        );
+        match device {
+            Ok(device) => {
+                let device = device
+                    .trim()
+                    .split('[')
+                    .next()
+                    .unwrap_or_default()
+                    .to_owned();
+                run("blkid", &["-p", "-o", "value", "-s", "UUID", &device])
+                    .map(|uuid| format!("{device}: {}", uuid.trim()))
+                    .unwrap_or_else(|e| e.to_string())
+            }
+            Err(e) => e.to_string(),
+        }
+    }
+
     /// How many filesystems the volumes are mounted as (0: directories of the host).
     pub fn volume_mounts(&self) -> usize {
         self.volumes.len()
+    }
+}
+
+/// A zfs-fuse pool in a file, its daemon started if none answers (and left running),
+/// one pool at a time on the machine (zfs-fuse wedges with several); destroyed when
+/// dropped.
+struct ZfsPool {
+    name: String,
+    _turn: std::fs::File,
+}
+
+impl ZfsPool {
+    fn create(file: &Path) -> Result<Self> {
+        let turn = std::fs::OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .open(std::env::temp_dir().join("nfsprov-zfs-tests.lock"))?;
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(600);
+        while let Err(e) = turn.try_lock() {
+            if std::time::Instant::now() >= deadline {
+                return Err(SetupError::Failed(format!("no turn at a ZFS pool: {e}")));
+            }
+            std::thread::sleep(std::time::Duration::from_millis(200));
+        }
+        if run("zpool", &["list"]).is_err() {
+            run("zfs-fuse", &[])?;
+            crate::setup::eventually(
+                "zfs-fuse to answer",
+                std::time::Duration::from_secs(30),
+                || run("zpool", &["list"]).is_ok(),
+            )?;
+        }
+        std::fs::File::create(file)?.set_len(256 << 20)?;
+        let name = format!("nfsprovattack{}", std::process::id());
+        run("zpool", &["create", "-m", "none", &name, path_str(file)?])?;
+        Ok(Self { name, _turn: turn })
+    }
+}
+
+impl Drop for ZfsPool {
+    fn drop(&mut self) {
+        if let Err(e) = run("zpool", &["destroy", "-f", &self.name]) {
+            eprintln!("could not destroy pool {}: {e}", self.name);
+        }
     }
 }
 
@@ -247,9 +350,9 @@ fn give_new_uuid(image: &Path, kind: FsKind) -> Result<()> {
         FsKind::Xfs => {
             run("xfs_admin", &["-U", "generate", image])?;
         }
-        FsKind::Btrfs => {
+        FsKind::Btrfs | FsKind::Zfs => {
             return Err(SetupError::Failed(
-                "btrfs images are not cloned here".into(),
+                "only ext4 and XFS images are cloned here".into(),
             ));
         }
     }

@@ -8,6 +8,9 @@ pub enum SetupError {
     Io(#[from] std::io::Error),
     #[error("{0}")]
     Failed(String),
+    /// ganesha started but would not serve these exports.
+    #[error("ganesha refused exports {ids:?}; its log:\n{log}")]
+    ExportsRefused { ids: Vec<u16>, log: String },
 }
 
 pub type Result<T> = std::result::Result<T, SetupError>;

@@ -1,7 +1,7 @@
 //! Runs the forged-handle attacks against one way of making volumes and prints what the
 //! server let through: `nfsprov-isolation-probe MECHANISM` (root), where MECHANISM is
 //! `dirs-ext4`, `dirs-xfs`, `images-ext4`, `images-xfs`, `clone-ext4`,
-//! `clone-ext4-new-uuid`, `clone-xfs`, `clone-xfs-new-uuid`, `btrfs-subvolumes` or
+//! `clone-ext4-new-uuid`, `clone-xfs`, `clone-xfs-new-uuid`, `btrfs-subvolumes`, `zfs-datasets` or
 //! `privileged-port`. A measurement, not a test: a layout that leaks is reported,
 //! not failed.
 
@@ -34,6 +34,7 @@ fn mechanism(name: &str) -> Option<Mechanism> {
             new_uuid: true,
         },
         "btrfs-subvolumes" => Mechanism::BtrfsSubvolumes,
+        "zfs-datasets" => Mechanism::ZfsDatasets,
         _ => return None,
     })
 }
