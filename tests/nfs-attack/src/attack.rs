@@ -487,13 +487,24 @@ fn nfs_setup(e: NfsError) -> SetupError {
 /// The names a listing returned, or the status that refused it.
 pub type Listing = std::result::Result<Vec<String>, String>;
 
-/// A client from an unprivileged port lists A when A's export requires a reserved port:
-/// the listing's outcome, and that of the same client from a reserved port.
-pub fn privileged_port_outcomes(layout: &Layout) -> Result<(Listing, Listing)> {
+/// How A's export, required to be reached from a reserved port, answered.
+#[derive(Debug)]
+pub struct PortOutcomes {
+    /// From a reserved port, A looked up by name and listed.
+    pub reserved: Listing,
+    /// From an unprivileged port, A looked up by name and listed.
+    pub unprivileged_by_name: Listing,
+    /// From an unprivileged port, A's handle (got from a reserved port) listed.
+    pub unprivileged_by_handle: Listing,
+}
+
+/// Serves `layout` with every export requiring a reserved source port
+/// (`PrivilegedPort = true`) and lists A from a reserved and an unprivileged port.
+pub fn privileged_port_outcomes(layout: &Layout) -> Result<PortOutcomes> {
     let specs = exports(layout, true);
     let ganesha = Ganesha::start(&specs)?;
-    let list_from = |identity: Identity| -> Result<Listing> {
-        let mut client = Client::connect(
+    let connect = |identity: Identity| {
+        Client::connect(
             ganesha.addr(),
             Source {
                 addr: ATTACKER,
@@ -501,14 +512,21 @@ pub fn privileged_port_outcomes(layout: &Layout) -> Result<(Listing, Listing)> {
             },
             identity.auth(),
         )
-        .map_err(nfs_setup)?;
-        Ok(client
-            .lookup_path(&layout.a.pseudo)
-            .and_then(|handle| client.list(Some(&handle)))
-            .map_err(|e| e.status().map_or_else(|| e.to_string(), |s| s.to_string())))
+        .map_err(nfs_setup)
     };
-    Ok((
-        list_from(Identity::NOBODY_UNPRIVILEGED)?,
-        list_from(Identity::ROOT_RESERVED)?,
-    ))
+    let status = |e: NfsError| e.status().map_or_else(|| e.to_string(), |s| s.to_string());
+    let mut reserved = connect(Identity::ROOT_RESERVED)?;
+    let handle = reserved.lookup_path(&layout.a.pseudo).map_err(nfs_setup)?;
+    let reserved = reserved.list(Some(&handle)).map_err(status);
+    let mut unprivileged = connect(Identity::NOBODY_UNPRIVILEGED)?;
+    let unprivileged_by_name = unprivileged
+        .lookup_path(&layout.a.pseudo)
+        .and_then(|handle| unprivileged.list(Some(&handle)))
+        .map_err(status);
+    let unprivileged_by_handle = unprivileged.list(Some(&handle)).map_err(status);
+    Ok(PortOutcomes {
+        reserved,
+        unprivileged_by_name,
+        unprivileged_by_handle,
+    })
 }

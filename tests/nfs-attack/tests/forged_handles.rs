@@ -134,9 +134,16 @@ fn an_export_requiring_a_reserved_port_refuses_an_unprivileged_one() {
         return;
     }
     let layout = Layout::build(Mechanism::Images(FsKind::Ext4)).unwrap();
-    let (unprivileged, reserved) = privileged_port_outcomes(&layout).unwrap();
-    let names = reserved.expect("from a reserved port the volume lists");
+    let outcomes = privileged_port_outcomes(&layout).unwrap();
+    let names = outcomes
+        .reserved
+        .expect("from a reserved port the volume lists");
     assert!(names.contains(&layout.a.file), "{names:?}");
-    let refusal = unprivileged.expect_err("from an unprivileged port it must not");
-    assert!(refusal.starts_with("NFS4ERR_"), "{refusal}");
+    for refused in [
+        outcomes.unprivileged_by_name,
+        outcomes.unprivileged_by_handle,
+    ] {
+        let refusal = refused.expect_err("from an unprivileged port it must not");
+        assert!(refusal.starts_with("NFS4ERR_"), "{refusal}");
+    }
 }

@@ -46,9 +46,8 @@ fn main() -> ExitCode {
     };
     let outcome = if name == "privileged-port" {
         Layout::build(Mechanism::Images(FsKind::Ext4)).and_then(|layout| {
-            let (unprivileged, reserved) = privileged_port_outcomes(&layout)?;
-            println!("PrivilegedPort = true, unprivileged source port lists A: {unprivileged:?}");
-            println!("PrivilegedPort = true, reserved source port lists A: {reserved:?}");
+            let outcomes = privileged_port_outcomes(&layout)?;
+            println!("PrivilegedPort = true: {outcomes:#?}");
             Ok(())
         })
     } else {
