@@ -216,6 +216,11 @@ fn attack_served(
         Layout::uuid_of(&layout.b.path),
         Layout::uuid_of(layout.host_root())
     ));
+    let attrs = attacker.attrs(&a_handle).map_err(nfs_setup)?;
+    report.notes.push(format!(
+        "GETATTR of A's root: type {:?}, fsid {:?}, fileid {:?}",
+        attrs.kind, attrs.fsid, attrs.fileid
+    ));
     let (a_kernel, _) = name_to_handle(&layout.a.path)?;
     if a_kernel != a.fsal.kernel {
         return Err(SetupError::Failed(format!(
