@@ -47,12 +47,19 @@ impl FsKind {
 }
 
 /// Makes a sparse image of `size_mib` at `image` and a `kind` filesystem in it (XFS with
-/// reflinks, so that a copy of an image can share its extents).
+/// reflinks, so that a copy of an image can share its extents; ext4 with its checksum
+/// seed apart from its UUID, so that a copy can be given a UUID of its own at once).
 pub fn make_image(image: &Path, kind: FsKind, size_mib: u64) -> Result<()> {
     std::fs::File::create(image)?.set_len(size_mib * MIB)?;
     let image = path_str(image)?;
     match kind {
-        FsKind::Ext4 => run("mkfs.ext4", &["-q", "-F", image]),
+        // The checksum seed apart from the UUID: a clone's UUID can then be changed at
+        // once, where without it tune2fs rewrites every checksum and first wants the
+        // filesystem freshly checked (it refused now and then right after an unmount).
+        FsKind::Ext4 => run(
+            "mkfs.ext4",
+            &["-q", "-F", "-O", "metadata_csum_seed", image],
+        ),
         FsKind::Xfs => run("mkfs.xfs", &["-q", "-f", "-m", "reflink=1", image]),
         FsKind::Btrfs => run("mkfs.btrfs", &["-q", "-f", image]),
         FsKind::Zfs => Err(SetupError::Failed("no zfs in an image".into())),

@@ -110,59 +110,41 @@ impl Ganesha {
     pub fn start(exports: &[ExportSpec]) -> Result<Self> {
         let work = tempfile::tempdir()?;
         let bus = PrivateBus::start(work.path())?;
-        let port = std::net::TcpListener::bind("127.0.0.1:0")?
-            .local_addr()?
-            .port();
-        let mut config = core_config(port, work.path());
         for export in exports {
-            let file = export_file(work.path(), export.id);
-            std::fs::write(&file, export.block())?;
-            let _ = writeln!(config, "%include \"{}\"", file.display());
+            std::fs::write(export_file(work.path(), export.id), export.block())?;
         }
-        std::fs::write(work.path().join("ganesha.conf"), config)?;
-        let child = Command::new("ganesha.nfsd")
-            .env("DBUS_SYSTEM_BUS_ADDRESS", &bus.address)
-            // ganesha takes a filesystem's fsid from libblkid, whose shared cache
-            // (/run/blkid) can hold the UUID of whatever a loop device held before:
-            // a cache of its own, empty, makes it read the filesystems as they are.
-            .env("BLKID_FILE", work.path().join("blkid.tab"))
-            .arg("-F")
-            .arg("-f")
-            .arg(work.path().join("ganesha.conf"))
-            .arg("-L")
-            .arg(work.path().join("ganesha.log"))
-            .arg("-p")
-            .arg(work.path().join("ganesha.pid"))
-            .args(["-N", "NIV_EVENT"])
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .map_err(|e| {
-                SetupError::Failed(format!(
-                    "cannot start ganesha.nfsd (Debian: nfs-ganesha, nfs-ganesha-vfs): {e}"
-                ))
-            })?;
+        let mut attempt = 0;
+        let (port, child, served) = loop {
+            attempt += 1;
+            // Free a moment ago; another process may take it before ganesha binds it.
+            let port = std::net::TcpListener::bind("127.0.0.1:0")?
+                .local_addr()?
+                .port();
+            let mut config = core_config(port, work.path());
+            for export in exports {
+                let file = export_file(work.path(), export.id);
+                let _ = writeln!(config, "%include \"{}\"", file.display());
+            }
+            std::fs::write(work.path().join("ganesha.conf"), config)?;
+            let _ = std::fs::remove_file(work.path().join("ganesha.log"));
+            let mut child = spawn(work.path(), &bus.address)?;
+            match served_exports(&mut child, port, &bus.address, work.path())? {
+                Some(served) => break (port, child, served),
+                None if attempt < 5 => continue,
+                None => {
+                    return Err(SetupError::Failed(format!(
+                        "ganesha found its port taken {attempt} times; its log:\n{}",
+                        read_log(work.path())
+                    )));
+                }
+            }
+        };
         let ganesha = Self {
             port,
             child,
             bus,
             work,
         };
-        // ganesha reads its exports before its export manager answers: once it does,
-        // an export it lacks is one it refused.
-        let mut served = Vec::new();
-        eventually(
-            "ganesha's export manager and port",
-            Duration::from_secs(60),
-            || match ganesha.export_ids() {
-                Ok(ids) if std::net::TcpStream::connect(ganesha.addr()).is_ok() => {
-                    served = ids;
-                    true
-                }
-                _ => false,
-            },
-        )
-        .map_err(|e| SetupError::Failed(format!("{e}; ganesha log:\n{}", ganesha.log_text())))?;
         let refused: Vec<u16> = exports
             .iter()
             .map(|e| e.id)
@@ -182,7 +164,7 @@ impl Ganesha {
     }
 
     pub fn log_text(&self) -> String {
-        std::fs::read_to_string(self.work.path().join("ganesha.log")).unwrap_or_default()
+        read_log(self.work.path())
     }
 
     /// Rewrites `export`'s file and has ganesha reread it, as the agent changes an export.
@@ -201,26 +183,101 @@ impl Ganesha {
 
     /// The ids of the exports ganesha serves (0 is its pseudo-root).
     pub fn export_ids(&self) -> Result<Vec<u16>> {
-        let reply = self.dbus("ShowExports", &[])?;
-        Ok(reply
-            .lines()
-            .filter_map(|line| line.trim().strip_prefix("uint16 "))
-            .filter_map(|id| id.trim().parse().ok())
-            .collect())
+        export_ids(&self.bus.address)
     }
 
     fn dbus(&self, method: &str, args: &[&str]) -> Result<String> {
-        let mut all = vec![
-            format!("--bus={}", self.bus.address),
-            "--print-reply".into(),
-            "--dest=org.ganesha.nfsd".into(),
-            "/org/ganesha/nfsd/ExportMgr".into(),
-            format!("org.ganesha.nfsd.exportmgr.{method}"),
-        ];
-        all.extend(args.iter().map(|a| (*a).to_owned()));
-        let all: Vec<&str> = all.iter().map(String::as_str).collect();
-        run("dbus-send", &all)
+        dbus(&self.bus.address, method, args)
     }
+}
+
+fn export_ids(bus: &str) -> Result<Vec<u16>> {
+    let reply = dbus(bus, "ShowExports", &[])?;
+    Ok(reply
+        .lines()
+        .filter_map(|line| line.trim().strip_prefix("uint16 "))
+        .filter_map(|id| id.trim().parse().ok())
+        .collect())
+}
+
+fn dbus(bus: &str, method: &str, args: &[&str]) -> Result<String> {
+    let mut all = vec![
+        format!("--bus={bus}"),
+        "--print-reply".into(),
+        "--dest=org.ganesha.nfsd".into(),
+        "/org/ganesha/nfsd/ExportMgr".into(),
+        format!("org.ganesha.nfsd.exportmgr.{method}"),
+    ];
+    all.extend(args.iter().map(|a| (*a).to_owned()));
+    let all: Vec<&str> = all.iter().map(String::as_str).collect();
+    run("dbus-send", &all)
+}
+
+/// Starts ganesha in the foreground on `work/ganesha.conf`, its log and pid file in `work`.
+fn spawn(work: &Path, bus: &str) -> Result<Child> {
+    Command::new("ganesha.nfsd")
+        .env("DBUS_SYSTEM_BUS_ADDRESS", bus)
+        // ganesha takes a filesystem's fsid from libblkid, whose shared cache
+        // (/run/blkid) can hold the UUID of whatever a loop device held before: a cache
+        // of its own, empty, makes it read the filesystems as they are.
+        .env("BLKID_FILE", work.join("blkid.tab"))
+        .arg("-F")
+        .arg("-f")
+        .arg(work.join("ganesha.conf"))
+        .arg("-L")
+        .arg(work.join("ganesha.log"))
+        .arg("-p")
+        .arg(work.join("ganesha.pid"))
+        .args(["-N", "NIV_EVENT"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .map_err(|e| {
+            SetupError::Failed(format!(
+                "cannot start ganesha.nfsd (Debian: nfs-ganesha, nfs-ganesha-vfs): {e}"
+            ))
+        })
+}
+
+/// Waits until ganesha's export manager answers and its port connects: the exports it
+/// serves then (it reads them all before its export manager answers, so one missing is
+/// one it refused). `None` when it stopped because its port was taken meanwhile.
+fn served_exports(
+    child: &mut Child,
+    port: u16,
+    bus: &str,
+    work: &Path,
+) -> Result<Option<Vec<u16>>> {
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    loop {
+        if let Some(status) = child.try_wait()? {
+            let log = read_log(work);
+            if log.contains("Address already in use") {
+                return Ok(None);
+            }
+            return Err(SetupError::Failed(format!(
+                "ganesha stopped ({status}); its log:\n{log}"
+            )));
+        }
+        if let Ok(ids) = export_ids(bus)
+            && std::net::TcpStream::connect((Ipv4Addr::LOCALHOST, port)).is_ok()
+        {
+            return Ok(Some(ids));
+        }
+        if std::time::Instant::now() >= deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            return Err(SetupError::Failed(format!(
+                "ganesha's export manager and port did not answer in 60 s; its log:\n{}",
+                read_log(work)
+            )));
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+fn read_log(work: &Path) -> String {
+    std::fs::read_to_string(work.join("ganesha.log")).unwrap_or_default()
 }
 
 impl Drop for Ganesha {
