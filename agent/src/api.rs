@@ -287,9 +287,13 @@ async fn authenticate(
                     "too many authenticated connections (limits.max_connections); retry on a connection already open or later",
                 )
                 .into_response();
-                refused
-                    .headers_mut()
-                    .insert(header::CONNECTION, HeaderValue::from_static("close"));
+                // HTTP/2 has no such header: its connection is closed at the stranger's
+                // deadline instead.
+                if request.version() < http::Version::HTTP_2 {
+                    refused
+                        .headers_mut()
+                        .insert(header::CONNECTION, HeaderValue::from_static("close"));
+                }
                 return refused;
             }
             request.extensions_mut().insert(caller.clone());
