@@ -3,7 +3,7 @@
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use axum::body::{Body, Bytes};
+use axum::body::{Body, Bytes, HttpBody};
 use axum::extract::rejection::PathRejection;
 use axum::extract::{MatchedPath, Path, RawQuery, Request, State};
 use axum::http::{HeaderMap, HeaderValue, Method, StatusCode, header};
@@ -27,6 +27,7 @@ use crate::archive::catalog::Archives;
 use crate::auth::{Authenticator, Caller};
 use crate::clones::{CloneAnswer, Clones};
 use crate::config::AgentConfig;
+use crate::connections::Ticket;
 use crate::exports::{ExportError, Exports, FaultPoint, crash_if_asked};
 use crate::metrics::{Metrics, RequestLabels, RouteLabels};
 use crate::policy::Policy;
@@ -238,6 +239,7 @@ pub fn router(state: Arc<AppState>, max_concurrent_requests: usize) -> Router {
         ))
         // Before an id is made: one that is unfit is dropped, so a fresh one replaces it.
         .layer(middleware::from_fn(drop_unfit_request_id))
+        .layer(middleware::from_fn(close_unauthenticated_http1))
         .with_state(state)
 }
 
@@ -284,6 +286,7 @@ fn handler(endpoint: Endpoint) -> MethodRouter<Arc<AppState>> {
 async fn authenticate(
     State((state, slots)): State<(Arc<AppState>, Arc<Semaphore>)>,
     peer: Option<Extension<PeerCertificate>>,
+    connection: Option<Extension<Arc<Ticket>>>,
     mut request: Request,
     next: Next,
 ) -> Response {
@@ -296,6 +299,24 @@ async fn authenticate(
         .map(HeaderValue::as_bytes);
     match state.auth.authenticate(certificate, authorization) {
         Some(caller) => {
+            // The connection leaves the strangers' budget for an authenticated place.
+            if let Some(Extension(ticket)) = connection
+                && ticket.authenticate().is_err()
+            {
+                let mut refused = Failure::new(
+                    ErrorCode::NotReady,
+                    "too many authenticated connections (limits.max_connections); retry on a connection already open or later",
+                )
+                .into_response();
+                // HTTP/2 has no such header: its connection is closed at the stranger's
+                // deadline instead.
+                if request.version() < http::Version::HTTP_2 {
+                    refused
+                        .headers_mut()
+                        .insert(header::CONNECTION, HeaderValue::from_static("close"));
+                }
+                return refused;
+            }
             request.extensions_mut().insert(caller.clone());
             // Never closed, so acquiring only waits.
             let Ok(_slot) = slots.acquire_owned().await else {
@@ -327,6 +348,27 @@ async fn authenticate(
             .into_response()
         }
     }
+}
+
+/// An HTTP/1 connection that has not authenticated is closed after each answer (a
+/// health check is answered, then the connection goes): keep-alive requests cannot hold
+/// a stranger's place. HTTP/2 strangers have their deadline instead (see `server`).
+async fn close_unauthenticated_http1(
+    connection: Option<Extension<Arc<Ticket>>>,
+    request: Request,
+    next: Next,
+) -> Response {
+    // A request whose body is still coming keeps its connection until its refusal's
+    // drain is done (see `authenticate`): closing it under an upload would reset it
+    // before the client reads why. The stranger's deadline closes it after that.
+    let closable = request.version() < http::Version::HTTP_2 && request.body().is_end_stream();
+    let mut response = next.run(request).await;
+    if closable && connection.is_some_and(|Extension(ticket)| !ticket.is_authenticated()) {
+        response
+            .headers_mut()
+            .insert(header::CONNECTION, HeaderValue::from_static("close"));
+    }
+    response
 }
 
 /// The longest request id kept; a longer one is replaced.
@@ -1218,6 +1260,11 @@ mod tests {
             max_body_bytes: 64 * 1024,
             request_timeout: Duration::from_secs(30),
             max_connections: 16,
+            max_tls_handshakes: 256,
+            tls_handshake_timeout: Duration::from_secs(5),
+            max_unauthenticated_connections: 512,
+            max_unauthenticated_per_source: 128,
+            unauthenticated_timeout: Duration::from_secs(5),
             header_read_timeout: Duration::from_secs(10),
             idle_timeout: Duration::from_secs(60),
             body_read_timeout: Duration::from_secs(10),

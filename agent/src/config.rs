@@ -10,6 +10,7 @@ use nfsprov_api_types::{ExportManager, QuotaBackend};
 use serde::Deserialize;
 
 use crate::archive::retention::{self, ArchiveSettings};
+use crate::connections::AdmissionSettings;
 use crate::exports::ExportSettings;
 use crate::policy::Policy;
 use crate::quota::QuotaSettings;
@@ -319,8 +320,23 @@ pub struct LimitsSection {
     pub request_timeout_seconds: u64,
     pub max_concurrent_requests: usize,
     pub shutdown_grace_seconds: u64,
-    /// Connections open at once; one more is closed at once.
+    /// Authenticated connections open at once (by client certificate, or since a
+    /// request with a valid token); one more is closed when it authenticates. Strangers
+    /// never take one of these places.
     pub max_connections: usize,
+    /// TLS handshakes in progress at once; a new one drops the oldest.
+    pub max_tls_handshakes: usize,
+    /// Longest TLS handshake.
+    pub tls_handshake_timeout_seconds: u64,
+    /// Connections open at once that have not authenticated yet; a new one closes the
+    /// oldest.
+    pub max_unauthenticated_connections: usize,
+    /// Connections not authenticated yet (handshakes included) from one source address;
+    /// one more is closed at once.
+    pub max_unauthenticated_per_source: usize,
+    /// A connection still unauthenticated this long after its handshake is closed,
+    /// whatever it sends meanwhile.
+    pub unauthenticated_timeout_seconds: u64,
     /// Longest wait for a request's headers (and, on a kept-alive connection, for the
     /// next request).
     pub header_read_timeout_seconds: u64,
@@ -345,6 +361,17 @@ impl Default for LimitsSection {
             max_concurrent_requests: 256,
             shutdown_grace_seconds: 30,
             max_connections: 4096,
+            // A real client completes its handshake in milliseconds: a handful of
+            // seconds covers a slow link, and 256 in progress a burst of reconnects.
+            max_tls_handshakes: 256,
+            tls_handshake_timeout_seconds: 5,
+            // Health checks and refused requests; the controller authenticates with
+            // its first request and leaves this budget at once. Its own burst of new
+            // connections (one per reconcile at most) stays well within its source's
+            // share.
+            max_unauthenticated_connections: 512,
+            max_unauthenticated_per_source: 128,
+            unauthenticated_timeout_seconds: 5,
             header_read_timeout_seconds: 10,
             idle_timeout_seconds: 300,
             // A body is at most `max_body_bytes` (64 KiB by default): seconds are plenty
@@ -398,6 +425,11 @@ pub struct AgentConfig {
     pub max_body_bytes: usize,
     pub request_timeout: Duration,
     pub max_connections: usize,
+    pub max_tls_handshakes: usize,
+    pub tls_handshake_timeout: Duration,
+    pub max_unauthenticated_connections: usize,
+    pub max_unauthenticated_per_source: usize,
+    pub unauthenticated_timeout: Duration,
     pub header_read_timeout: Duration,
     pub idle_timeout: Duration,
     pub body_read_timeout: Duration,
@@ -410,6 +442,21 @@ pub struct AgentConfig {
     pub policy: Policy,
     pub archive: ArchiveSettings,
     pub exports: ExportSettings,
+}
+
+impl AgentConfig {
+    /// The connection budgets and deadlines of `[limits]`.
+    pub(crate) fn admission(&self) -> AdmissionSettings {
+        AdmissionSettings {
+            max_connections: self.max_connections,
+            max_tls_handshakes: self.max_tls_handshakes,
+            tls_handshake_timeout: self.tls_handshake_timeout,
+            max_unauthenticated_connections: self.max_unauthenticated_connections,
+            max_unauthenticated_per_source: self.max_unauthenticated_per_source,
+            unauthenticated_timeout: self.unauthenticated_timeout,
+            idle_timeout: self.idle_timeout,
+        }
+    }
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -554,6 +601,17 @@ impl AgentConfig {
                     .into(),
             ));
         }
+        if limits.max_tls_handshakes == 0
+            || limits.tls_handshake_timeout_seconds == 0
+            || limits.max_unauthenticated_connections == 0
+            || limits.max_unauthenticated_per_source == 0
+            || limits.unauthenticated_timeout_seconds == 0
+        {
+            return Err(ConfigError::Invalid(
+                "limits.max_tls_handshakes, limits.tls_handshake_timeout_seconds, limits.max_unauthenticated_connections, limits.max_unauthenticated_per_source and limits.unauthenticated_timeout_seconds must be positive"
+                    .into(),
+            ));
+        }
         if limits.idle_timeout_seconds <= limits.request_timeout_seconds {
             return Err(ConfigError::Invalid(format!(
                 "limits.idle_timeout_seconds ({}) must be longer than limits.request_timeout_seconds ({}), or a slow request would lose its connection before its answer",
@@ -580,6 +638,11 @@ impl AgentConfig {
             max_body_bytes: limits.max_body_bytes,
             request_timeout: Duration::from_secs(limits.request_timeout_seconds),
             max_connections: limits.max_connections,
+            max_tls_handshakes: limits.max_tls_handshakes,
+            tls_handshake_timeout: Duration::from_secs(limits.tls_handshake_timeout_seconds),
+            max_unauthenticated_connections: limits.max_unauthenticated_connections,
+            max_unauthenticated_per_source: limits.max_unauthenticated_per_source,
+            unauthenticated_timeout: Duration::from_secs(limits.unauthenticated_timeout_seconds),
             header_read_timeout: Duration::from_secs(limits.header_read_timeout_seconds),
             idle_timeout: Duration::from_secs(limits.idle_timeout_seconds),
             body_read_timeout: Duration::from_secs(limits.body_read_timeout_seconds),
@@ -862,6 +925,10 @@ mod tests {
             (
                 format!("{good}[limits]\nmax_clone_jobs = 0\n"),
                 "limits.max_clone_jobs must be positive",
+            ),
+            (
+                format!("{good}[limits]\nmax_unauthenticated_per_source = 0\n"),
+                "limits.max_unauthenticated_per_source and limits.unauthenticated_timeout_seconds must be positive",
             ),
         ];
         for (text, expected) in cases {

@@ -318,6 +318,11 @@ fn agent_config(args: &InitArgs, nfs_server: &str, nfs_path: &str) -> String {
          max_concurrent_requests = 256\n\
          shutdown_grace_seconds = 30\n\
          max_connections = 4096\n\
+         max_tls_handshakes = 256\n\
+         tls_handshake_timeout_seconds = 5\n\
+         max_unauthenticated_connections = 512\n\
+         max_unauthenticated_per_source = 128\n\
+         unauthenticated_timeout_seconds = 5\n\
          header_read_timeout_seconds = 10\n\
          idle_timeout_seconds = 300\n\
          body_read_timeout_seconds = 10\n\

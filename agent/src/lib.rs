@@ -18,7 +18,8 @@
 //! 8. `auth`, `logging`, `init` (first-run setup), `clones` (clone jobs), `snapshots`
 //!    (snapshot and restore jobs);
 //! 9. `cli`: the command line;
-//! 10. `api`: the HTTPS API, its routes and handlers.
+//! 10. `api`: the HTTPS API, its routes and handlers;
+//! 11. `server`: the accept loop, each connection admitted, its handshake and served.
 
 pub(crate) mod api;
 pub mod archive;
@@ -37,6 +38,7 @@ pub mod policy;
 pub mod quota;
 pub(crate) mod ratelimit;
 pub(crate) mod root_filesystem;
+pub(crate) mod server;
 pub(crate) mod snapshots;
 pub mod store;
 pub(crate) mod tls;
@@ -50,7 +52,7 @@ use std::sync::Arc;
 use crate::api::AppState;
 use crate::auth::Authenticator;
 use crate::config::AgentConfig;
-use crate::connections::ConnectionLimits;
+use crate::connections::Admission;
 pub use crate::logging::init_tracing;
 use crate::store::VolumeStore;
 
@@ -88,7 +90,7 @@ pub enum StartError {
 pub struct Agent {
     config: AgentConfig,
     state: Arc<AppState>,
-    tls: axum_server::tls_rustls::RustlsConfig,
+    tls: Arc<rustls::ServerConfig>,
     listener: std::net::TcpListener,
 }
 
@@ -207,17 +209,6 @@ impl Agent {
             }
         });
         let app = api::router(self.state.clone(), self.config.max_concurrent_requests);
-        let handle = axum_server::Handle::new();
-        let grace = self.config.shutdown_grace;
-        let signal_handle = handle.clone();
-        tokio::spawn(async move {
-            shutdown.await;
-            tracing::info!(
-                grace_seconds = grace.as_secs(),
-                "shutting down; finishing in-flight requests"
-            );
-            signal_handle.graceful_shutdown(Some(grace));
-        });
         tracing::info!(
             addr = %self.local_addr(),
             export_root = %self.config.export_root.display(),
@@ -235,23 +226,25 @@ impl Agent {
         if self.config.auth.disabled {
             tracing::warn!("authentication is DISABLED (development mode, loopback only)");
         }
-        let limits = ConnectionLimits::new(self.config.max_connections, self.config.idle_timeout);
-        let mut server = axum_server::from_tcp(self.listener)?
-            .acceptor(tls::IdentityAcceptor::new(self.tls, limits))
-            .handle(handle);
-        // hyper applies the header-read timeout only with a timer; it covers a request
-        // whose headers trickle in and the wait for the next request on a kept-alive
-        // connection.
-        server
-            .http_builder()
-            .http1()
-            .timer(hyper_util::rt::TokioTimer::new())
-            .header_read_timeout(self.config.header_read_timeout);
+        let admission = Admission::new(
+            self.config.admission(),
+            self.state.metrics.connections.clone(),
+        );
+        let listener = tokio::net::TcpListener::from_std(self.listener)?;
         // Stopped with the server: a sweep never outlives the agent that started it.
         let sweeper = tokio::spawn(self.state.archives.clone().sweep_forever());
-        let served = server.serve(app.into_make_service()).await;
+        server::serve(
+            listener,
+            self.tls,
+            admission,
+            app,
+            self.config.header_read_timeout,
+            shutdown,
+            self.config.shutdown_grace,
+        )
+        .await;
         sweeper.abort();
-        served
+        Ok(())
     }
 }
 

@@ -7,6 +7,7 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::registry::Registry;
 
+use crate::connections::ConnectionMetrics;
 use crate::store::CopyProgress;
 
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -115,6 +116,7 @@ pub struct Metrics {
     pub archives: ArchiveMetrics,
     pub clones: CloneMetrics,
     pub snapshots: SnapshotMetrics,
+    pub connections: ConnectionMetrics,
 }
 
 impl Default for Metrics {
@@ -261,9 +263,21 @@ impl Metrics {
             "snapshot and restore copies",
             &snapshots.copy,
         );
+        let connections = ConnectionMetrics::default();
+        registry.register(
+            "connections",
+            "Connections open now, by stage: handshake (TLS in progress), unauthenticated, authenticated",
+            connections.open.clone(),
+        );
+        registry.register(
+            "connections_closed",
+            "Connections the agent refused or closed to keep its connection budgets, by reason",
+            connections.closed.clone(),
+        );
         Self {
             clones,
             snapshots,
+            connections,
             registry,
             requests,
             request_duration,

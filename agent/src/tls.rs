@@ -1,27 +1,16 @@
 //! HTTPS: the rustls server settings (ring provider), a client certificate check
-//! stricter than the CA's signature, and an acceptor that hands the verified client
-//! certificate's identity to the request handlers and logs failed handshakes.
+//! stricter than the CA's signature, and the identity of a verified client certificate
+//! for the request handlers.
 
-use std::io;
 use std::path::Path;
 use std::sync::Arc;
 
-use crate::connections::{ConnectionLimits, Limited};
-use crate::ratelimit::RateLimit;
-use axum::Extension;
-use axum::middleware::AddExtension;
-use axum_server::accept::Accept;
-use axum_server::tls_rustls::{RustlsAcceptor, RustlsConfig};
-use futures::future::BoxFuture;
 use rustls::client::danger::HandshakeSignatureValid;
 use rustls::server::WebPkiClientVerifier;
 use rustls::server::danger::{ClientCertVerified, ClientCertVerifier};
 use rustls::{CertificateError, DigitallySignedStruct, DistinguishedName, SignatureScheme};
 use rustls_pki_types::pem::PemObject;
 use rustls_pki_types::{CertificateDer, PrivateKeyDer, UnixTime};
-use tokio::net::TcpStream;
-use tokio_rustls::server::TlsStream;
-use tower::Layer;
 
 #[derive(Debug, thiserror::Error)]
 pub enum TlsError {
@@ -84,7 +73,7 @@ pub fn server_config(
     client_ca: Option<&Path>,
     allowed_client_names: &[String],
     certificate_optional: bool,
-) -> Result<RustlsConfig, TlsError> {
+) -> Result<Arc<rustls::ServerConfig>, TlsError> {
     let provider = Arc::new(rustls::crypto::ring::default_provider());
     let chain = load_certs("tls.cert_file", cert_file)?;
     let key = load_key(key_file)?;
@@ -123,7 +112,7 @@ pub fn server_config(
         ))
     })?;
     config.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
-    Ok(RustlsConfig::from_config(Arc::new(config)))
+    Ok(Arc::new(config))
 }
 
 /// The CA's signature is not enough for a client certificate: webpki accepts one that
@@ -227,57 +216,12 @@ impl ClientCertVerifier for ClientPurposeVerifier {
     }
 }
 
-/// Wraps the rustls acceptor to attach the peer certificate's identity to every request
-/// of the connection, and to log (rate-limited) the handshakes that fail.
-#[derive(Debug, Clone)]
-pub struct IdentityAcceptor {
-    inner: RustlsAcceptor,
-    limits: ConnectionLimits,
-    failure_log: Arc<RateLimit>,
-}
-
-impl IdentityAcceptor {
-    pub fn new(config: RustlsConfig, limits: ConnectionLimits) -> Self {
-        Self {
-            inner: RustlsAcceptor::new(config),
-            limits,
-            failure_log: Arc::new(RateLimit::new(20, "failed TLS handshakes")),
-        }
-    }
-}
-
-impl<S> Accept<TcpStream, S> for IdentityAcceptor
-where
-    S: Send + 'static,
-{
-    type Stream = TlsStream<Limited<TcpStream>>;
-    type Service = AddExtension<S, PeerCertificate>;
-    type Future = BoxFuture<'static, io::Result<(Self::Stream, Self::Service)>>;
-
-    fn accept(&self, stream: TcpStream, service: S) -> Self::Future {
-        let acceptor = self.inner.clone();
-        let failure_log = self.failure_log.clone();
-        let peer = stream.peer_addr().ok();
-        // Counted from the first byte: a connection over the cap is dropped before its
-        // handshake costs anything.
-        let admitted = self.limits.admit(stream);
-        Box::pin(async move {
-            let accepted = acceptor.accept(admitted?, service).await;
-            let (stream, service) = accepted.inspect_err(|error| {
-                if failure_log.allow() {
-                    let peer = peer.map(|p| p.to_string()).unwrap_or_default();
-                    tracing::warn!(target: "audit", %peer, %error, "TLS handshake failed");
-                }
-            })?;
-            let identity = stream
-                .get_ref()
-                .1
-                .peer_certificates()
-                .and_then(|chain| chain.first())
-                .map(|leaf| certificate_name(leaf.as_ref()));
-            Ok((stream, Extension(PeerCertificate(identity)).layer(service)))
-        })
-    }
+/// The identity of the verified client certificate a handshake ended with, if any.
+pub fn peer_identity(connection: &rustls::ServerConnection) -> Option<String> {
+    connection
+        .peer_certificates()
+        .and_then(|chain| chain.first())
+        .map(|leaf| certificate_name(leaf.as_ref()))
 }
 
 /// The subject common name of a DER certificate, or its whole subject.

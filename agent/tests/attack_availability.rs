@@ -5,7 +5,7 @@
 
 mod common;
 
-use common::agent_process::setup;
+use common::agent_process::{other_source, setup};
 use common::logged_agent::{LoggedAgent, mtls_client, within_a_minute};
 use nfsprov_agent::init::files;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -58,9 +58,12 @@ async fn unauthenticated_bodies_that_never_come_stall_nothing_over_http1() {
     let _agent = LoggedAgent::spawn(&setup);
     setup.wait_healthy(&setup.client()).await;
 
+    // From as many addresses as it takes: each gets only its share of strangers.
     let mut stalled = Vec::new();
-    for _ in 0..STALLED {
-        let mut connection = setup.tls_connection(&[b"http/1.1"]).await;
+    for n in 0..STALLED {
+        let mut connection = setup
+            .tls_connection_from(other_source(n, 16), &[b"http/1.1"])
+            .await;
         connection
             .write_all(
                 b"PUT /v1/volumes/x HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\nContent-Length: 100\r\n\r\n",

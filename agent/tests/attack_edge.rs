@@ -9,7 +9,7 @@ use std::os::unix::fs::PermissionsExt;
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
-use common::agent_process::{Setup, agent_binary, setup};
+use common::agent_process::{Setup, agent_binary, other_source, setup};
 use nfsprov_agent::init::files;
 
 /// The agent process, killed when dropped.
@@ -337,9 +337,10 @@ async fn a_thousand_idle_connections_do_not_stop_healthz() {
     let setup = setup();
     let _process = Process(setup.spawn());
     setup.wait_healthy(&setup.client()).await;
+    // From many addresses, each within its share of strangers.
     let mut idle = Vec::new();
-    for _ in 0..1000 {
-        idle.push(setup.tls_connection(&[]).await);
+    for n in 0..1000 {
+        idle.push(setup.tls_connection_from(other_source(n, 40), &[]).await);
     }
     setup
         .client()

@@ -15,6 +15,12 @@ pub fn agent_binary() -> String {
         .unwrap_or_else(|_| env!("CARGO_BIN_EXE_nfsprov-agent").to_owned())
 }
 
+/// The loopback address of source `n` of `sources` other than the usual client's
+/// (127.0.0.2 onwards): many clients, as many pods would be.
+pub fn other_source(n: usize, sources: usize) -> std::net::Ipv4Addr {
+    std::net::Ipv4Addr::new(127, 0, 0, u8::try_from(2 + n % sources).unwrap())
+}
+
 pub struct Setup {
     _temp: tempfile::TempDir,
     pub root: PathBuf,
@@ -160,6 +166,17 @@ impl Setup {
         &self,
         alpn: &[&[u8]],
     ) -> tokio_rustls::client::TlsStream<tokio::net::TcpStream> {
+        self.tls_connection_from(std::net::Ipv4Addr::LOCALHOST, alpn)
+            .await
+    }
+
+    /// Like [`Self::tls_connection`], from the loopback address `source` (the agent
+    /// gives each source address only its share of unauthenticated connections).
+    pub async fn tls_connection_from(
+        &self,
+        source: std::net::Ipv4Addr,
+        alpn: &[&[u8]],
+    ) -> tokio_rustls::client::TlsStream<tokio::net::TcpStream> {
         use rustls_pki_types::CertificateDer;
         use rustls_pki_types::pem::PemObject;
         let _ = rustls::crypto::ring::default_provider().install_default();
@@ -172,7 +189,10 @@ impl Setup {
             .with_no_client_auth();
         config.alpn_protocols = alpn.iter().map(|p| p.to_vec()).collect();
         let connector = tokio_rustls::TlsConnector::from(std::sync::Arc::new(config));
-        let tcp = tokio::net::TcpStream::connect(("127.0.0.1", self.port))
+        let socket = tokio::net::TcpSocket::new_v4().unwrap();
+        socket.bind((source, 0).into()).unwrap();
+        let tcp = socket
+            .connect((std::net::Ipv4Addr::LOCALHOST, self.port).into())
             .await
             .unwrap();
         connector
