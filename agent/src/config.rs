@@ -91,6 +91,11 @@ pub struct ExportsSection {
     pub knfsd_exports_file: PathBuf,
     /// knfsd: the `exportfs` command.
     pub knfsd_exportfs: PathBuf,
+    /// Longest wait for the NFS server (each answer of ganesha, a connection to its bus,
+    /// a change's turn) before an export change is answered 503.
+    pub server_timeout_seconds: u64,
+    /// How often the reconciler compares what ganesha serves with the table.
+    pub reconcile_interval_seconds: u64,
 }
 
 /// A manager this agent can run: [`ExportManager::Unknown`] is for answers only.
@@ -118,6 +123,8 @@ impl Default for ExportsSection {
             ganesha_last_export_id: *defaults.ganesha_export_ids.end(),
             knfsd_exports_file: defaults.knfsd_exports_file,
             knfsd_exportfs: defaults.knfsd_exportfs,
+            server_timeout_seconds: defaults.server_timeout.as_secs(),
+            reconcile_interval_seconds: defaults.reconcile_interval.as_secs(),
         }
     }
 }
@@ -147,6 +154,22 @@ impl ExportsSection {
                 ));
             }
         }
+        for (name, seconds, most) in [
+            (
+                "exports.server_timeout_seconds",
+                self.server_timeout_seconds,
+                300,
+            ),
+            (
+                "exports.reconcile_interval_seconds",
+                self.reconcile_interval_seconds,
+                86_400,
+            ),
+        ] {
+            if !(1..=most).contains(&seconds) {
+                return invalid(format!("{name} {seconds} must be from 1 to {most}"));
+            }
+        }
         Ok(ExportSettings {
             manager: self.manager,
             ganesha_config_dir: self.ganesha_config_dir,
@@ -154,6 +177,8 @@ impl ExportsSection {
             ganesha_export_ids: self.ganesha_first_export_id..=self.ganesha_last_export_id,
             knfsd_exports_file: self.knfsd_exports_file,
             knfsd_exportfs: self.knfsd_exportfs,
+            server_timeout: Duration::from_secs(self.server_timeout_seconds),
+            reconcile_interval: Duration::from_secs(self.reconcile_interval_seconds),
         })
     }
 }
@@ -761,7 +786,7 @@ mod tests {
         std::fs::write(
             &file,
             format!(
-                "{good}[exports]\nmanager = \"ganesha\"\nganesha_config_dir = \"/etc/g\"\nganesha_dbus_address = \"unix:path=/run/bus\"\nganesha_first_export_id = 2\nganesha_last_export_id = 9\n"
+                "{good}[exports]\nmanager = \"ganesha\"\nganesha_config_dir = \"/etc/g\"\nganesha_dbus_address = \"unix:path=/run/bus\"\nganesha_first_export_id = 2\nganesha_last_export_id = 9\nserver_timeout_seconds = 3\nreconcile_interval_seconds = 7\n"
             ),
         )
         .unwrap();
@@ -773,8 +798,18 @@ mod tests {
             Some("unix:path=/run/bus")
         );
         assert_eq!(exports.ganesha_export_ids, 2..=9);
+        assert_eq!(exports.server_timeout, Duration::from_secs(3));
+        assert_eq!(exports.reconcile_interval, Duration::from_secs(7));
 
         let cases = [
+            (
+                format!("{good}[exports]\nserver_timeout_seconds = 0\n"),
+                "exports.server_timeout_seconds 0 must be from 1 to 300",
+            ),
+            (
+                format!("{good}[exports]\nreconcile_interval_seconds = 0\n"),
+                "exports.reconcile_interval_seconds 0",
+            ),
             (
                 format!("{good}[exports]\nmanager = \"nfsd4\"\n"),
                 "unknown variant `nfsd4`",

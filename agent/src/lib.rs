@@ -134,7 +134,7 @@ impl Agent {
             manager: config.exports.manager,
             source,
         })?;
-        if exports.kind().per_volume() {
+        if exports.kind().per_volume() && !exports.health().is_degraded() {
             tracing::info!(
                 manager = %exports.kind(),
                 exports = exports.len(),
@@ -150,6 +150,11 @@ impl Agent {
             .metrics
             .stale_records_removed
             .inc_by(state.store.stale_records_removed() as u64);
+        state
+            .metrics
+            .exports
+            .repaired
+            .inc_by((restored.added + restored.repaired + restored.removed) as u64);
         Ok(Self {
             config,
             state,
@@ -184,6 +189,7 @@ impl Agent {
                 tracing::error!(%entry, %error, "could not purge a leftover of an interrupted run; it stays until the next start");
             }
         });
+        let reconciler = self.spawn_export_reconciler();
         let app = api::router(self.state.clone(), self.config.max_concurrent_requests);
         let handle = axum_server::Handle::new();
         let grace = self.config.shutdown_grace;
@@ -229,7 +235,27 @@ impl Agent {
         let sweeper = tokio::spawn(self.state.archives.clone().sweep_forever());
         let served = server.serve(app.into_make_service()).await;
         sweeper.abort();
+        if let Some(reconciler) = reconciler {
+            reconciler.abort();
+        }
         served
+    }
+
+    /// The export reconciler of an agent that manages exports, its passes counted in
+    /// the metrics.
+    fn spawn_export_reconciler(&self) -> Option<tokio::task::JoinHandle<()>> {
+        let exports = self.state.exports.clone();
+        if !exports.kind().per_volume() {
+            return None;
+        }
+        let metrics = self.state.metrics.exports.clone();
+        let reconciler = exports::Reconciler::new(exports, self.config.exports.reconcile_interval);
+        Some(reconciler.spawn(move |pass| {
+            metrics.repaired.inc_by(pass.repairs() as u64);
+            if pass.outcome.is_err() {
+                metrics.failed_passes.inc();
+            }
+        }))
     }
 }
 

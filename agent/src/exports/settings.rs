@@ -1,5 +1,6 @@
 use std::ops::RangeInclusive;
 use std::path::PathBuf;
+use std::time::Duration;
 
 use nfsprov_api_types::ExportManager;
 
@@ -18,6 +19,12 @@ pub struct ExportSettings {
     pub knfsd_exports_file: PathBuf,
     /// knfsd: the `exportfs` command.
     pub knfsd_exportfs: PathBuf,
+    /// Longest wait for the NFS server: for each answer of ganesha's export manager, for
+    /// its bus to accept a connection, and for a change to get its turn.
+    pub server_timeout: Duration,
+    /// How often the reconciler compares what ganesha serves with the table (after a
+    /// failure it tries again sooner).
+    pub reconcile_interval: Duration,
 }
 
 impl Default for ExportSettings {
@@ -30,6 +37,8 @@ impl Default for ExportSettings {
             ganesha_export_ids: 1000..=65000,
             knfsd_exports_file: "/etc/exports.d/nfsprov.exports".into(),
             knfsd_exportfs: "/usr/sbin/exportfs".into(),
+            server_timeout: Duration::from_secs(10),
+            reconcile_interval: Duration::from_secs(30),
         }
     }
 }
