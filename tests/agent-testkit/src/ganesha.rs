@@ -57,6 +57,48 @@ impl PrivateBus {
     pub fn address(&self) -> &str {
         &self.address
     }
+
+    /// Stops dbus-daemon (SIGSTOP) until the answer is resumed or dropped: the bus
+    /// accepts connections and messages and answers none.
+    pub fn pause(&self) -> anyhow::Result<Paused> {
+        Paused::stop(self.child.as_ref(), "dbus-daemon")
+    }
+}
+
+/// A process stopped with SIGSTOP; continued (SIGCONT) by [`Paused::resume`] or when
+/// dropped, so a failing test leaves nothing stopped behind it.
+pub struct Paused {
+    pid: Option<rustix::process::Pid>,
+}
+
+impl Paused {
+    fn stop(child: Option<&Child>, what: &str) -> anyhow::Result<Self> {
+        let pid = child
+            .and_then(|child| rustix::process::Pid::from_raw(child.id() as i32))
+            .ok_or_else(|| anyhow::anyhow!("{what} is not running"))?;
+        rustix::process::kill_process(pid, rustix::process::Signal::STOP)
+            .map_err(|e| anyhow::anyhow!("cannot stop {what}: {e}"))?;
+        Ok(Self { pid: Some(pid) })
+    }
+
+    /// Lets the process run again.
+    pub fn resume(mut self) -> anyhow::Result<()> {
+        self.cont()
+    }
+
+    fn cont(&mut self) -> anyhow::Result<()> {
+        match self.pid.take() {
+            Some(pid) => rustix::process::kill_process(pid, rustix::process::Signal::CONT)
+                .map_err(|e| anyhow::anyhow!("cannot continue process {pid:?}: {e}")),
+            None => Ok(()),
+        }
+    }
+}
+
+impl Drop for Paused {
+    fn drop(&mut self) {
+        let _ = self.cont();
+    }
 }
 
 impl Drop for PrivateBus {
@@ -169,6 +211,12 @@ impl Ganesha {
             let _ = child.kill();
             let _ = child.wait();
         }
+    }
+
+    /// Stops ganesha (SIGSTOP) until the answer is resumed or dropped: its D-Bus
+    /// export manager and its NFS service answer nothing meanwhile.
+    pub fn pause(&self) -> anyhow::Result<Paused> {
+        Paused::stop(self.child.as_ref(), "ganesha")
     }
 
     /// The export ids ganesha serves, as its D-Bus ShowExports lists them, in order.
