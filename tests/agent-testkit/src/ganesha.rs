@@ -156,7 +156,7 @@ impl Ganesha {
             work: tempfile::tempdir()?,
             child: None,
         };
-        ganesha.spawn().await?;
+        ganesha.spawn_on_a_free_port().await?;
         Ok(ganesha)
     }
 
@@ -184,20 +184,50 @@ impl Ganesha {
         command.env("DBUS_SYSTEM_BUS_ADDRESS", &self.bus);
         self.child = Some(spawn(command, self.work.path())?);
         let bus = self.bus.clone();
-        crate::eventually(
-            "ganesha's export manager on the bus",
-            Duration::from_secs(60),
-            || {
-                let bus = bus.clone();
-                async move {
-                    tokio::task::spawn_blocking(move || show_exports(&bus).is_ok())
-                        .await
-                        .unwrap_or(false)
+        let deadline = std::time::Instant::now() + Duration::from_secs(60);
+        loop {
+            let probe = bus.clone();
+            let answers = tokio::task::spawn_blocking(move || show_exports(&probe).is_ok())
+                .await
+                .unwrap_or(false);
+            if answers {
+                return Ok(());
+            }
+            // Ended already: waiting on would only time out.
+            if let Some(status) = self
+                .child
+                .as_mut()
+                .and_then(|c| c.try_wait().ok().flatten())
+            {
+                self.child = None;
+                anyhow::bail!(
+                    "ganesha ended ({status}) before its export manager answered; ganesha log:\n{}",
+                    self.log_text()
+                );
+            }
+            anyhow::ensure!(
+                std::time::Instant::now() < deadline,
+                "timed out after 60s waiting for ganesha's export manager on the bus; ganesha log:\n{}",
+                self.log_text()
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
+    /// Starts ganesha; on a port that another process took between [`crate::free_port`]
+    /// and ganesha's bind (other tests run beside this one), again on another port.
+    async fn spawn_on_a_free_port(&mut self) -> anyhow::Result<()> {
+        let mut attempts = 0;
+        loop {
+            attempts += 1;
+            match self.spawn().await {
+                Err(_) if attempts < 3 && self.log_text().contains("Address already in use") => {
+                    self.port = crate::free_port()?;
+                    std::fs::remove_file(self.work.path().join("ganesha.log")).ok();
                 }
-            },
-        )
-        .await
-        .map_err(|e| anyhow::anyhow!("{e}; ganesha log:\n{}", self.log_text()))
+                other => return other,
+            }
+        }
     }
 
     /// Stops ganesha (SIGKILL) and starts it again with the same configuration.
