@@ -361,3 +361,162 @@ impl Exports {
             .ok_or(ExportError::NoFreeId)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Mutex;
+    use std::sync::mpsc::{Receiver, Sender, channel};
+
+    use super::*;
+
+    /// A mock NFS server: records what it is asked, answers `apply` only when the test
+    /// lets it, and fails `reconcile` while told to.
+    #[derive(Debug, Default)]
+    struct MockServer {
+        recorded: Vec<ExportRecord>,
+        /// When set, each `apply` says it started and waits for a word to finish.
+        gate: Mutex<Option<(Sender<()>, Receiver<()>)>>,
+        unreachable: std::sync::atomic::AtomicBool,
+        removed: Mutex<Vec<u16>>,
+    }
+
+    impl NfsServer for MockServer {
+        fn kind(&self) -> ExportManager {
+            ExportManager::Ganesha
+        }
+        fn needs_id(&self) -> bool {
+            true
+        }
+        fn load(&self) -> Result<Vec<ExportRecord>, ExportError> {
+            Ok(self.recorded.clone())
+        }
+        fn apply(
+            &self,
+            _: Option<&ExportRecord>,
+            _: &ExportRecord,
+            _: &Table,
+        ) -> Result<(), ExportError> {
+            if let Some((started, finish)) = &*self.gate.lock().unwrap() {
+                started.send(()).unwrap();
+                finish.recv().unwrap();
+            }
+            Ok(())
+        }
+        fn remove(&self, record: &ExportRecord, _: &Table) -> Result<(), ExportError> {
+            self.reachable()?;
+            self.removed.lock().unwrap().extend(record.id);
+            Ok(())
+        }
+        fn restore(&self, all: &Table) -> Result<Restored, ExportError> {
+            self.reachable()?;
+            Ok(Restored {
+                kept: all.len(),
+                ..Restored::default()
+            })
+        }
+    }
+
+    impl MockServer {
+        fn reachable(&self) -> Result<(), ExportError> {
+            if self.unreachable.load(std::sync::atomic::Ordering::SeqCst) {
+                return Err(ExportError::Unavailable("mock: no answer".into()));
+            }
+            Ok(())
+        }
+    }
+
+    fn path(name: &str) -> VolumePath {
+        VolumePath::parse(name).unwrap()
+    }
+
+    fn settings() -> ExportSettings {
+        ExportSettings {
+            manager: ExportManager::Ganesha,
+            server_timeout: Duration::from_millis(200),
+            ganesha_export_ids: 1000..=1010,
+            ..ExportSettings::default()
+        }
+    }
+
+    fn open(server: Arc<MockServer>, exists: &[&str]) -> (Arc<Exports>, Restored) {
+        let exists: Vec<VolumePath> = exists.iter().map(|name| path(name)).collect();
+        let (exports, restored) =
+            Exports::open_with(server, &settings(), "/exports", |v| exists.contains(v)).unwrap();
+        (Arc::new(exports), restored)
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn reads_are_answered_while_a_change_waits_for_the_server_and_a_second_change_gives_up() {
+        let server = Arc::new(MockServer::default());
+        let (exports, _) = open(server.clone(), &[]);
+        let request = ExportRequest::default();
+        exports.set(&path("ns/served"), &request).unwrap();
+
+        let (started_tx, started) = channel();
+        let (finish, finish_rx) = channel();
+        *server.gate.lock().unwrap() = Some((started_tx, finish_rx));
+        let hung = {
+            let exports = exports.clone();
+            let request = request.clone();
+            tokio::task::spawn_blocking(move || exports.set(&path("ns/hung"), &request))
+        };
+        started.recv().unwrap();
+        // The change holds its turn and waits for the server: reads see the table.
+        assert!(exports.get(&path("ns/served")).is_some());
+        assert!(exports.get(&path("ns/hung")).is_none(), "not served yet");
+        assert_eq!(exports.len(), 1);
+        // Another change waits for its turn no longer than the server time limit.
+        let waiting = {
+            let exports = exports.clone();
+            tokio::task::spawn_blocking(move || exports.set(&path("ns/other"), &request))
+        };
+        let refused = waiting.await.unwrap();
+        assert!(
+            matches!(&refused, Err(ExportError::Unavailable(why)) if why.contains("another export change")),
+            "{refused:?}"
+        );
+        finish.send(()).unwrap();
+        *server.gate.lock().unwrap() = None;
+        hung.await.unwrap().unwrap();
+        assert!(exports.get(&path("ns/hung")).is_some());
+    }
+
+    #[tokio::test]
+    async fn a_start_without_the_server_is_degraded_until_a_pass_reaches_it() {
+        let gone = ExportRecord::new(path("ns/gone"), Some(1000), ExportRequest::default());
+        let kept = ExportRecord::new(path("ns/kept"), Some(1001), ExportRequest::default());
+        let server = Arc::new(MockServer {
+            recorded: vec![gone, kept],
+            ..MockServer::default()
+        });
+        server
+            .unreachable
+            .store(true, std::sync::atomic::Ordering::SeqCst);
+        let (exports, restored) = open(server.clone(), &["ns/kept"]);
+        assert_eq!(restored, Restored::default());
+        assert!(exports.health().is_degraded());
+        assert!(
+            exports.get(&path("ns/kept")).is_some(),
+            "the table from the records"
+        );
+        // The gone volume's id is not given to another until its export is withdrawn.
+        let new = exports
+            .set(&path("ns/new"), &ExportRequest::default())
+            .unwrap();
+        assert_eq!(new.path, "/exports/ns/new");
+        assert_eq!(exports.published.load()[&path("ns/new")].id, Some(1002));
+
+        let reconciler = super::super::Reconciler::new(exports.clone(), Duration::from_secs(60));
+        let failed = reconciler.pass().await;
+        assert!(failed.outcome.is_err(), "{failed:?}");
+        assert!(exports.health().is_degraded());
+        server
+            .unreachable
+            .store(false, std::sync::atomic::Ordering::SeqCst);
+        let pass = reconciler.pass().await;
+        let restored = pass.outcome.clone().unwrap();
+        assert_eq!((restored.kept, restored.removed), (2, 1), "{pass:?}");
+        assert_eq!(*server.removed.lock().unwrap(), vec![1000]);
+        assert_eq!(*exports.health(), ExportHealth::Serving);
+    }
+}
