@@ -134,14 +134,15 @@ fn volume(name: &str) -> VolumePath {
 /// Asks for what needs no NFS server, again and again until `done`: health, the
 /// volumes `known` (whose export is being changed) and `spare`, the list, the agent's
 /// info and a resize of `spare`, each answered within [`PROMPT`]. Returns how many
-/// rounds were made.
+/// rounds were made and the slowest round's time.
 async fn probe_until(
     client: &AgentClient,
     known: &VolumePath,
     spare: &VolumePath,
     done: &tokio::sync::watch::Receiver<bool>,
-) -> anyhow::Result<usize> {
+) -> anyhow::Result<(usize, Duration)> {
     let mut rounds = 0;
+    let mut slowest = Duration::ZERO;
     let mut capacity = 1u64 << 30;
     while !*done.borrow() {
         capacity += 1 << 20;
@@ -177,10 +178,11 @@ async fn probe_until(
             ),
         }
         rounds += 1;
+        slowest = slowest.max(started.elapsed());
         let pause = Duration::from_millis(100).saturating_sub(started.elapsed());
         tokio::time::sleep(pause).await;
     }
-    Ok(rounds)
+    Ok((rounds, slowest))
 }
 
 /// Three export changes at once (two creates, one change of an export) while `paused`
@@ -232,7 +234,11 @@ async fn changes_while_paused(setup: &Setup, paused: Paused) -> anyhow::Result<(
     );
     // The probes may have stopped already, on a failure their result tells.
     let _ = done.send(true);
-    let rounds = probes.await??;
+    let (rounds, slowest) = probes.await??;
+    eprintln!(
+        "{rounds} probe rounds, the slowest {slowest:?}; export changes answered after {:?}, {:?}, {:?}",
+        first.1, second.1, third.1
+    );
     change("create of outage/one", first.0, first.1)?;
     change("create of outage/two", second.0, second.1)?;
     change("export change of outage/known", third.0, third.1)?;
