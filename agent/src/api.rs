@@ -28,7 +28,7 @@ use crate::auth::{Authenticator, Caller};
 use crate::clones::{CloneAnswer, Clones};
 use crate::config::AgentConfig;
 use crate::connections::Ticket;
-use crate::exports::{ExportError, Exports, FaultPoint, crash_if_asked};
+use crate::exports::{ExportError, ExportHealth, Exports, FaultPoint, crash_if_asked};
 use crate::metrics::{Metrics, RequestLabels, RouteLabels};
 use crate::policy::Policy;
 use crate::ratelimit::RateLimit;
@@ -155,10 +155,25 @@ impl AppState {
                 .readiness(state.min_free_bytes, state.min_free_inodes)
         })
         .await
-        .unwrap_or_else(|e| Err(format!("readiness check failed: {e}")));
+        .unwrap_or_else(|e| Err(format!("readiness check failed: {e}")))
+        .and_then(|()| self.exports_readiness());
         *self.readiness.lock().unwrap_or_else(|e| e.into_inner()) =
             Some((Instant::now(), verdict.clone()));
         verdict
+    }
+}
+
+impl AppState {
+    /// Not ready while the exports are degraded: the volumes' API still serves, but a
+    /// volume may not be mountable until the reconciler has repaired its export.
+    fn exports_readiness(&self) -> Result<(), String> {
+        match &*self.exports.health() {
+            ExportHealth::Serving => Ok(()),
+            ExportHealth::Degraded { reason, since } => Err(format!(
+                "exports degraded for {}s: {reason}",
+                since.elapsed().as_secs()
+            )),
+        }
     }
 }
 
@@ -540,7 +555,7 @@ async fn readyz(
                     reason: Some(if authenticated {
                         reason
                     } else {
-                        "the export root cannot serve now; the agent's log says why".into()
+                        "the agent cannot serve everything now; the agent's log says why".into()
                     }),
                 }),
             )
@@ -563,6 +578,11 @@ async fn metrics(State(state): State<Arc<AppState>>) -> Response {
     if let Ok(count) = state.store.leftover_count() {
         state.metrics.leftover_entries.set(count as i64);
     }
+    state
+        .metrics
+        .exports
+        .degraded
+        .set(i64::from(state.exports.health().is_degraded()));
     (
         [(
             header::CONTENT_TYPE,

@@ -97,6 +97,11 @@ pub struct ExportsSection {
     pub allow_unprivileged_ports: bool,
     /// Make new per-volume exports although the export root shares its filesystem.
     pub allow_shared_filesystem: bool,
+    /// Longest wait for the NFS server (each answer of ganesha, a connection to its bus,
+    /// a change's turn) before an export change is answered 503.
+    pub server_timeout_seconds: u64,
+    /// How often the reconciler compares what ganesha serves with the table.
+    pub reconcile_interval_seconds: u64,
 }
 
 /// A manager this agent can run: [`ExportManager::Unknown`] is for answers only.
@@ -126,6 +131,8 @@ impl Default for ExportsSection {
             knfsd_exportfs: defaults.knfsd_exportfs,
             allow_unprivileged_ports: defaults.allow_unprivileged_ports,
             allow_shared_filesystem: defaults.allow_shared_filesystem,
+            server_timeout_seconds: defaults.server_timeout.as_secs(),
+            reconcile_interval_seconds: defaults.reconcile_interval.as_secs(),
         }
     }
 }
@@ -155,6 +162,22 @@ impl ExportsSection {
                 ));
             }
         }
+        for (name, seconds, most) in [
+            (
+                "exports.server_timeout_seconds",
+                self.server_timeout_seconds,
+                300,
+            ),
+            (
+                "exports.reconcile_interval_seconds",
+                self.reconcile_interval_seconds,
+                86_400,
+            ),
+        ] {
+            if !(1..=most).contains(&seconds) {
+                return invalid(format!("{name} {seconds} must be from 1 to {most}"));
+            }
+        }
         Ok(ExportSettings {
             manager: self.manager,
             ganesha_config_dir: self.ganesha_config_dir,
@@ -164,6 +187,8 @@ impl ExportsSection {
             knfsd_exportfs: self.knfsd_exportfs,
             allow_unprivileged_ports: self.allow_unprivileged_ports,
             allow_shared_filesystem: self.allow_shared_filesystem,
+            server_timeout: Duration::from_secs(self.server_timeout_seconds),
+            reconcile_interval: Duration::from_secs(self.reconcile_interval_seconds),
         })
     }
 }
@@ -833,7 +858,7 @@ mod tests {
         std::fs::write(
             &file,
             format!(
-                "{good}[exports]\nmanager = \"ganesha\"\nganesha_config_dir = \"/etc/g\"\nganesha_dbus_address = \"unix:path=/run/bus\"\nganesha_first_export_id = 2\nganesha_last_export_id = 9\n"
+                "{good}[exports]\nmanager = \"ganesha\"\nganesha_config_dir = \"/etc/g\"\nganesha_dbus_address = \"unix:path=/run/bus\"\nganesha_first_export_id = 2\nganesha_last_export_id = 9\nserver_timeout_seconds = 3\nreconcile_interval_seconds = 7\n"
             ),
         )
         .unwrap();
@@ -845,8 +870,18 @@ mod tests {
             Some("unix:path=/run/bus")
         );
         assert_eq!(exports.ganesha_export_ids, 2..=9);
+        assert_eq!(exports.server_timeout, Duration::from_secs(3));
+        assert_eq!(exports.reconcile_interval, Duration::from_secs(7));
 
         let cases = [
+            (
+                format!("{good}[exports]\nserver_timeout_seconds = 0\n"),
+                "exports.server_timeout_seconds 0 must be from 1 to 300",
+            ),
+            (
+                format!("{good}[exports]\nreconcile_interval_seconds = 0\n"),
+                "exports.reconcile_interval_seconds 0",
+            ),
             (
                 format!("{good}[exports]\nmanager = \"nfsd4\"\n"),
                 "unknown variant `nfsd4`",

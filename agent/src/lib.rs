@@ -138,7 +138,7 @@ impl Agent {
             manager: config.exports.manager,
             source,
         })?;
-        if exports.kind().per_volume() {
+        if exports.kind().per_volume() && !exports.health().is_degraded() {
             tracing::info!(
                 manager = %exports.kind(),
                 exports = exports.len(),
@@ -174,6 +174,11 @@ impl Agent {
             .metrics
             .stale_records_removed
             .inc_by(state.store.stale_records_removed() as u64);
+        state
+            .metrics
+            .exports
+            .repaired
+            .inc_by((restored.added + restored.repaired + restored.removed) as u64);
         Ok(Self {
             config,
             state,
@@ -208,6 +213,7 @@ impl Agent {
                 tracing::error!(%entry, %error, "could not purge a leftover of an interrupted run; it stays until the next start");
             }
         });
+        let reconciler = self.spawn_export_reconciler();
         let app = api::router(self.state.clone(), self.config.max_concurrent_requests);
         tracing::info!(
             addr = %self.local_addr(),
@@ -244,7 +250,27 @@ impl Agent {
         )
         .await;
         sweeper.abort();
+        if let Some(reconciler) = reconciler {
+            reconciler.abort();
+        }
         Ok(())
+    }
+
+    /// The export reconciler of an agent that manages exports, its passes counted in
+    /// the metrics.
+    fn spawn_export_reconciler(&self) -> Option<tokio::task::JoinHandle<()>> {
+        let exports = self.state.exports.clone();
+        if !exports.kind().per_volume() {
+            return None;
+        }
+        let metrics = self.state.metrics.exports.clone();
+        let reconciler = exports::Reconciler::new(exports, self.config.exports.reconcile_interval);
+        Some(reconciler.spawn(move |pass| {
+            metrics.repaired.inc_by(pass.repairs() as u64);
+            if pass.outcome.is_err() {
+                metrics.failed_passes.inc();
+            }
+        }))
     }
 }
 

@@ -46,6 +46,17 @@ pub struct ArchiveMetrics {
     pub deletion_failures: Counter,
 }
 
+/// The export reconciler's figures (see `exports::Reconciler`).
+#[derive(Debug, Clone, Default)]
+pub struct ExportMetrics {
+    /// 1 while the NFS server does not serve the table as far as the agent knows.
+    pub degraded: Gauge,
+    /// Exports the reconciler added, set back or withdrawn on the server.
+    pub repaired: Counter,
+    /// Reconciliation passes that could not finish.
+    pub failed_passes: Counter,
+}
+
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct CloneLabels {
     pub method: &'static str,
@@ -117,6 +128,7 @@ pub struct Metrics {
     pub clones: CloneMetrics,
     pub snapshots: SnapshotMetrics,
     pub connections: ConnectionMetrics,
+    pub exports: ExportMetrics,
 }
 
 impl Default for Metrics {
@@ -274,10 +286,27 @@ impl Metrics {
             "Connections the agent refused or closed to keep its connection budgets, by reason",
             connections.closed.clone(),
         );
+        let exports = ExportMetrics::default();
+        registry.register(
+            "exports_degraded",
+            "1 while the NFS server may not serve every export the agent recorded (it did not answer or refused; the reconciler repairs the exports when it answers), else 0",
+            exports.degraded.clone(),
+        );
+        registry.register(
+            "exports_repaired",
+            "Exports the reconciler added, set back or withdrawn on the NFS server to match the agent's records",
+            exports.repaired.clone(),
+        );
+        registry.register(
+            "export_reconcile_failures",
+            "Passes of the export reconciler that could not finish (the NFS server or its bus did not answer, or refused)",
+            exports.failed_passes.clone(),
+        );
         Self {
             clones,
             snapshots,
             connections,
+            exports,
             registry,
             requests,
             request_duration,

@@ -684,6 +684,9 @@ pub enum ErrorCode {
     Timeout,
     InsufficientStorage,
     NotReady,
+    /// The NFS server (or the bus the agent reaches it by) did not answer an export
+    /// change in time; the change was not made and may be asked for again.
+    NfsServerUnavailable,
     Internal,
     /// A code newer than the controller knows: the answer's HTTP status says what it is
     /// (see `client::ClientError::is_transient`).
@@ -710,7 +713,7 @@ impl ErrorCode {
             ErrorCode::UnsupportedMediaType => 415,
             // Never sent: the agent knows its own codes.
             ErrorCode::Internal | ErrorCode::Unknown => 500,
-            ErrorCode::NotReady => 503,
+            ErrorCode::NotReady | ErrorCode::NfsServerUnavailable => 503,
             ErrorCode::InsufficientStorage => 507,
         }
     }
@@ -722,6 +725,7 @@ impl ErrorCode {
             self,
             ErrorCode::Timeout
                 | ErrorCode::NotReady
+                | ErrorCode::NfsServerUnavailable
                 | ErrorCode::Internal
                 | ErrorCode::InsufficientStorage
         )

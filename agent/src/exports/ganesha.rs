@@ -5,7 +5,10 @@
 use std::collections::BTreeSet;
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
-use std::sync::Mutex;
+use std::sync::Arc;
+use std::time::Duration;
+
+use arc_swap::ArcSwapOption;
 
 use nfsprov_api_types::{ExportAccess, ExportClient, ExportManager, Squash};
 
@@ -18,8 +21,6 @@ use super::subvolume_mount::SubvolumeMounts;
 const DESTINATION: &str = "org.ganesha.nfsd";
 const OBJECT: &str = "/org/ganesha/nfsd/ExportMgr";
 const INTERFACE: &str = "org.ganesha.nfsd.exportmgr";
-/// Longest wait for one answer of ganesha's export manager.
-const DBUS_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(30);
 /// The file ganesha.conf includes.
 pub const INCLUDE_FILE: &str = "exports.conf";
 
@@ -56,27 +57,58 @@ type ShowExportsReply = (
 #[derive(Debug)]
 pub struct GaneshaExport {
     address: Option<String>,
-    connection: Mutex<Option<zbus::blocking::Connection>>,
+    /// Longest wait for the bus to accept a connection and for each answer.
+    timeout: Duration,
+    /// The connection, swapped whole: no lock is held while a call waits for ganesha.
+    connection: ArcSwapOption<zbus::blocking::Connection>,
 }
 
 impl GaneshaExport {
     /// The export manager on the bus at `address` (the system bus when `None`); the
-    /// connection is made at the first call and made again after a failed one.
-    pub fn new(address: Option<String>) -> Self {
+    /// connection is made at the first call and made again after a failed one, and no
+    /// call or connection waits longer than `timeout`.
+    pub fn new(address: Option<String>, timeout: Duration) -> Self {
         Self {
             address,
-            connection: Mutex::new(None),
+            timeout,
+            connection: ArcSwapOption::empty(),
         }
     }
 
-    fn connect(&self) -> zbus::Result<zbus::blocking::Connection> {
-        let builder = match &self.address {
-            Some(address) => zbus::blocking::connection::Builder::address(address.as_str())?,
-            None => zbus::blocking::connection::Builder::system()?,
+    /// A new connection within the time limit. zbus has no limit on the handshake, and a
+    /// stopped bus accepts the socket and never answers: the connection is made on a
+    /// thread of its own, left to end (or to be dropped) when the bus answers at last.
+    fn connect(&self) -> Result<zbus::blocking::Connection, ExportError> {
+        let address = self.address.clone();
+        let timeout = self.timeout;
+        let (made, connection) = std::sync::mpsc::sync_channel(1);
+        let build = move || -> zbus::Result<zbus::blocking::Connection> {
+            let builder = match &address {
+                Some(address) => zbus::blocking::connection::Builder::address(address.as_str())?,
+                None => zbus::blocking::connection::Builder::system()?,
+            };
+            // A ganesha that hangs fails the request instead of holding the volume's
+            // lock and the export changes for good.
+            builder.method_timeout(timeout).build()
         };
-        // A ganesha that hangs fails the request instead of holding the volume's lock
-        // and the export table for good.
-        builder.method_timeout(DBUS_TIMEOUT).build()
+        std::thread::Builder::new()
+            .name("ganesha-bus-connect".into())
+            .spawn(move || {
+                let _ = made.send(build());
+            })
+            .map_err(|e| {
+                ExportError::Unavailable(format!("cannot start connecting to ganesha's D-Bus: {e}"))
+            })?;
+        match connection.recv_timeout(timeout) {
+            Ok(Ok(connection)) => Ok(connection),
+            Ok(Err(e)) => Err(ExportError::Unavailable(format!(
+                "cannot reach ganesha's D-Bus: {e}"
+            ))),
+            Err(_) => Err(ExportError::Unavailable(format!(
+                "ganesha's D-Bus did not accept a connection within {}s",
+                timeout.as_secs()
+            ))),
+        }
     }
 
     fn call<B, R>(&self, method: &str, body: &B) -> Result<R, ExportError>
@@ -84,14 +116,11 @@ impl GaneshaExport {
         B: serde::Serialize + zbus::zvariant::DynamicType,
         R: for<'d> zbus::zvariant::DynamicDeserialize<'d>,
     {
-        let mut slot = self.connection.lock().unwrap_or_else(|e| e.into_inner());
-        let connection = match slot.as_ref() {
-            Some(connection) => connection.clone(),
+        let connection = match self.connection.load_full() {
+            Some(connection) => connection,
             None => {
-                let connection = self.connect().map_err(|e| {
-                    ExportError::Server(format!("cannot reach ganesha's D-Bus: {e}"))
-                })?;
-                *slot = Some(connection.clone());
+                let connection = Arc::new(self.connect()?);
+                self.connection.store(Some(connection.clone()));
                 connection
             }
         };
@@ -100,12 +129,18 @@ impl GaneshaExport {
         let reply = match reply {
             Ok(reply) => reply,
             Err(error) => {
+                let unanswered = unanswered(&error);
                 // A broken bus connection is made again by the next call; an error
                 // ganesha answered leaves it as it is.
                 if !matches!(error, zbus::Error::MethodError(..)) {
-                    *slot = None;
+                    self.connection.store(None);
                 }
-                return Err(ExportError::Server(format!("{method}: {error}")));
+                let message = format!("{method}: {error}");
+                return Err(if unanswered {
+                    ExportError::Unavailable(message)
+                } else {
+                    ExportError::Server(message)
+                });
             }
         };
         reply
@@ -134,6 +169,25 @@ impl GaneshaExport {
             .into_iter()
             .map(|(id, path, _, _)| ShownExport { id, path })
             .collect())
+    }
+}
+
+/// Whether `error` says nobody answered (no ganesha on the bus, no reply in time, no
+/// bus) rather than that ganesha refused.
+fn unanswered(error: &zbus::Error) -> bool {
+    const NOBODY: &[&str] = &[
+        "org.freedesktop.DBus.Error.ServiceUnknown",
+        "org.freedesktop.DBus.Error.NameHasNoOwner",
+        "org.freedesktop.DBus.Error.NoReply",
+        "org.freedesktop.DBus.Error.Timeout",
+        "org.freedesktop.DBus.Error.TimedOut",
+        "org.freedesktop.DBus.Error.Disconnected",
+        "org.freedesktop.DBus.Error.NoServer",
+        "org.freedesktop.DBus.Error.NoNetwork",
+    ];
+    match error {
+        zbus::Error::MethodError(name, _, _) => NOBODY.contains(&name.as_str()),
+        _ => true,
     }
 }
 
@@ -188,7 +242,10 @@ impl Ganesha {
             export_root: export_root.to_owned(),
             mount_root: mount_root.trim_end_matches('/').to_owned(),
             ids: settings.ganesha_export_ids.clone(),
-            bus: GaneshaExport::new(settings.ganesha_dbus_address.clone()),
+            bus: GaneshaExport::new(
+                settings.ganesha_dbus_address.clone(),
+                settings.server_timeout,
+            ),
             mounts: SubvolumeMounts::probe(export_root)?,
             privileged_port: !settings.allow_unprivileged_ports,
         })
@@ -383,12 +440,16 @@ impl NfsServer for Ganesha {
 
     fn remove(&self, record: &ExportRecord, all: &Table) -> Result<(), ExportError> {
         let id = Self::id_of(record)?;
-        if let Err(error) = self.bus.remove(id) {
+        match self.bus.remove(id) {
+            Ok(()) => {}
+            Err(error @ ExportError::Unavailable(_)) => return Err(error),
             // Refused because ganesha does not serve it (restarted without it, say)
             // is what was wanted; listing the exports tells that from a real failure
             // without paying for the list on every removal.
-            if self.bus.show()?.iter().any(|shown| shown.id == id) {
-                return Err(error);
+            Err(error) => {
+                if self.bus.show()?.iter().any(|shown| shown.id == id) {
+                    return Err(error);
+                }
             }
         }
         // Unmounted before the record goes: a crash in between leaves a record, and the
@@ -400,6 +461,11 @@ impl NfsServer for Ganesha {
             let _ = files::remove(&staged);
         }
         self.write_includes(all)
+    }
+
+    fn compares_cheaply(&self) -> bool {
+        // One ShowExports lists everything ganesha serves.
+        true
     }
 
     fn restore(&self, all: &Table) -> Result<Restored, ExportError> {

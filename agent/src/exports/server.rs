@@ -41,6 +41,16 @@ pub trait NfsServer: Send + Sync + fmt::Debug {
     fn remove(&self, record: &ExportRecord, all: &Table) -> Result<(), ExportError>;
     /// At start: makes the server serve exactly `all`.
     fn restore(&self, all: &Table) -> Result<Restored, ExportError>;
+    /// A pass of the reconciler: compares what the server serves with `all` and
+    /// serves again what is missing or differs, as a start does.
+    fn reconcile(&self, all: &Table) -> Result<Restored, ExportError> {
+        self.restore(all)
+    }
+    /// Whether what the server serves can be compared with the table cheaply enough
+    /// to do it on a timer (one query), not only after a failure.
+    fn compares_cheaply(&self) -> bool {
+        false
+    }
 }
 
 /// Why an export could not be changed.
@@ -52,6 +62,10 @@ pub enum ExportError {
     NoFreeId,
     #[error("the NFS server refused: {0}")]
     Server(String),
+    /// The server or the bus to it did not answer in time, or is not there: nothing
+    /// was changed that the reconciler will not set right.
+    #[error("the NFS server does not answer: {0}")]
+    Unavailable(String),
     #[error("{what}: {source}")]
     Io {
         what: String,
@@ -72,6 +86,7 @@ impl ExportError {
         let code = match self {
             ExportError::NoManager => ErrorCode::Unsupported,
             ExportError::NoFreeId => ErrorCode::Conflict,
+            ExportError::Unavailable(_) => ErrorCode::NfsServerUnavailable,
             _ => ErrorCode::Internal,
         };
         ApiError::new(code, self.to_string())

@@ -1,5 +1,6 @@
 use std::ops::RangeInclusive;
 use std::path::PathBuf;
+use std::time::Duration;
 
 use nfsprov_api_types::ExportManager;
 
@@ -25,6 +26,12 @@ pub struct ExportSettings {
     /// Make new per-volume exports although the export root shares its filesystem with
     /// other data, which a client forging file handles can then reach.
     pub allow_shared_filesystem: bool,
+    /// Longest wait for the NFS server: for each answer of ganesha's export manager, for
+    /// its bus to accept a connection, and for a change to get its turn.
+    pub server_timeout: Duration,
+    /// How often the reconciler compares what ganesha serves with the table (after a
+    /// failure it tries again sooner).
+    pub reconcile_interval: Duration,
 }
 
 impl Default for ExportSettings {
@@ -39,6 +46,8 @@ impl Default for ExportSettings {
             knfsd_exportfs: "/usr/sbin/exportfs".into(),
             allow_unprivileged_ports: false,
             allow_shared_filesystem: false,
+            server_timeout: Duration::from_secs(10),
+            reconcile_interval: Duration::from_secs(30),
         }
     }
 }

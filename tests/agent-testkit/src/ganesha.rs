@@ -57,6 +57,48 @@ impl PrivateBus {
     pub fn address(&self) -> &str {
         &self.address
     }
+
+    /// Stops dbus-daemon (SIGSTOP) until the answer is resumed or dropped: the bus
+    /// accepts connections and messages and answers none.
+    pub fn pause(&self) -> anyhow::Result<Paused> {
+        Paused::stop(self.child.as_ref(), "dbus-daemon")
+    }
+}
+
+/// A process stopped with SIGSTOP; continued (SIGCONT) by [`Paused::resume`] or when
+/// dropped, so a failing test leaves nothing stopped behind it.
+pub struct Paused {
+    pid: Option<rustix::process::Pid>,
+}
+
+impl Paused {
+    fn stop(child: Option<&Child>, what: &str) -> anyhow::Result<Self> {
+        let pid = child
+            .and_then(|child| rustix::process::Pid::from_raw(child.id() as i32))
+            .ok_or_else(|| anyhow::anyhow!("{what} is not running"))?;
+        rustix::process::kill_process(pid, rustix::process::Signal::STOP)
+            .map_err(|e| anyhow::anyhow!("cannot stop {what}: {e}"))?;
+        Ok(Self { pid: Some(pid) })
+    }
+
+    /// Lets the process run again.
+    pub fn resume(mut self) -> anyhow::Result<()> {
+        self.cont()
+    }
+
+    fn cont(&mut self) -> anyhow::Result<()> {
+        match self.pid.take() {
+            Some(pid) => rustix::process::kill_process(pid, rustix::process::Signal::CONT)
+                .map_err(|e| anyhow::anyhow!("cannot continue process {pid:?}: {e}")),
+            None => Ok(()),
+        }
+    }
+}
+
+impl Drop for Paused {
+    fn drop(&mut self) {
+        let _ = self.cont();
+    }
 }
 
 impl Drop for PrivateBus {
@@ -114,7 +156,7 @@ impl Ganesha {
             work: tempfile::tempdir()?,
             child: None,
         };
-        ganesha.spawn().await?;
+        ganesha.spawn_on_a_free_port().await?;
         Ok(ganesha)
     }
 
@@ -142,20 +184,50 @@ impl Ganesha {
         command.env("DBUS_SYSTEM_BUS_ADDRESS", &self.bus);
         self.child = Some(spawn(command, self.work.path())?);
         let bus = self.bus.clone();
-        crate::eventually(
-            "ganesha's export manager on the bus",
-            Duration::from_secs(60),
-            || {
-                let bus = bus.clone();
-                async move {
-                    tokio::task::spawn_blocking(move || show_exports(&bus).is_ok())
-                        .await
-                        .unwrap_or(false)
+        let deadline = std::time::Instant::now() + Duration::from_secs(60);
+        loop {
+            let probe = bus.clone();
+            let answers = tokio::task::spawn_blocking(move || show_exports(&probe).is_ok())
+                .await
+                .unwrap_or(false);
+            if answers {
+                return Ok(());
+            }
+            // Ended already: waiting on would only time out.
+            if let Some(status) = self
+                .child
+                .as_mut()
+                .and_then(|c| c.try_wait().ok().flatten())
+            {
+                self.child = None;
+                anyhow::bail!(
+                    "ganesha ended ({status}) before its export manager answered; ganesha log:\n{}",
+                    self.log_text()
+                );
+            }
+            anyhow::ensure!(
+                std::time::Instant::now() < deadline,
+                "timed out after 60s waiting for ganesha's export manager on the bus; ganesha log:\n{}",
+                self.log_text()
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
+    /// Starts ganesha; on a port that another process took between [`crate::free_port`]
+    /// and ganesha's bind (other tests run beside this one), again on another port.
+    async fn spawn_on_a_free_port(&mut self) -> anyhow::Result<()> {
+        let mut attempts = 0;
+        loop {
+            attempts += 1;
+            match self.spawn().await {
+                Err(_) if attempts < 3 && self.log_text().contains("Address already in use") => {
+                    self.port = crate::free_port()?;
+                    std::fs::remove_file(self.work.path().join("ganesha.log")).ok();
                 }
-            },
-        )
-        .await
-        .map_err(|e| anyhow::anyhow!("{e}; ganesha log:\n{}", self.log_text()))
+                other => return other,
+            }
+        }
     }
 
     /// Stops ganesha (SIGKILL) and starts it again with the same configuration.
@@ -169,6 +241,12 @@ impl Ganesha {
             let _ = child.kill();
             let _ = child.wait();
         }
+    }
+
+    /// Stops ganesha (SIGSTOP) until the answer is resumed or dropped: its D-Bus
+    /// export manager and its NFS service answer nothing meanwhile.
+    pub fn pause(&self) -> anyhow::Result<Paused> {
+        Paused::stop(self.child.as_ref(), "ganesha")
     }
 
     /// The export ids ganesha serves, as its D-Bus ShowExports lists them, in order.

@@ -6,12 +6,14 @@
 //! modules, so layers must depend one way only.
 //!
 //! A crate whose root lists its modules as numbered layers is also checked against that
-//! order (see [`layer_problems`]).
+//! order (see [`layer_problems`]), and a crate's blocking locks against the table that
+//! says how each is held (see [`lock_problems`]).
 
 mod cycles;
 mod discover;
 mod graph;
 mod layers;
+mod locks;
 mod references;
 
 use std::path::{Path, PathBuf};
@@ -19,6 +21,7 @@ use std::path::{Path, PathBuf};
 pub use cycles::{Cycle, cycles};
 pub use graph::{Edge, Error, Graph, Location, Module};
 pub use layers::{LayerProblem, layer_problems};
+pub use locks::{LockClass, LockProblem, LockRow, lock_problems, read_lock_table};
 
 /// The graph of the crate whose root file (`src/lib.rs`, `src/main.rs`, ...) is `root`.
 pub fn crate_graph(root: &Path) -> Result<Graph, Error> {
