@@ -309,7 +309,9 @@ async fn handle(
             if kind.info().namespaced && target.namespace.is_none() {
                 return Err(not_found_path());
             }
-            let obj = api.create_as(kind, &ns, parse_body(&body)?, dry_run(&q)?, &manager)?;
+            let parsed = parse_body(&body)?;
+            crate::api::check_raw_type_meta(kind, &body, &parsed)?;
+            let obj = api.create_as(kind, &ns, parsed, dry_run(&q)?, &manager)?;
             Ok(json_response(StatusCode::CREATED, &*obj))
         }
         (&Method::DELETE, None) => delete_collection(st, &target, &q),
@@ -317,15 +319,9 @@ async fn handle(
             Ok(json_response(StatusCode::OK, &*api.get(kind, &ns, name)?))
         }
         (&Method::PUT, Some(name)) => {
-            let obj = api.update(
-                kind,
-                &ns,
-                name,
-                parse_body(&body)?,
-                target.sub,
-                dry_run(&q)?,
-                &manager,
-            )?;
+            let parsed = parse_body(&body)?;
+            crate::api::check_raw_type_meta(kind, &body, &parsed)?;
+            let obj = api.update(kind, &ns, name, parsed, target.sub, dry_run(&q)?, &manager)?;
             Ok(json_response(StatusCode::OK, &*obj))
         }
         (&Method::PATCH, Some(name)) => {
@@ -341,12 +337,16 @@ async fn handle(
                 ));
             }
             let force = matches!(q.get("force").map(String::as_str), Some("true" | "1"));
+            let parsed = parse_body(&body)?;
+            if pt == PatchType::Apply {
+                crate::api::check_apply_type_meta(&parsed)?;
+            }
             let (obj, created) = api.patch(
                 kind,
                 &ns,
                 name,
                 pt,
-                parse_body(&body)?,
+                parsed,
                 target.sub,
                 &manager,
                 force,

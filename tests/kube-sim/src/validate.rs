@@ -497,18 +497,26 @@ pub fn validate_update(kind: Kind, old: &Value, new: &Value) -> Result<(), ApiEr
         Kind::StorageClass => {
             for (field, msg) in [
                 ("parameters", "updates to parameters are forbidden."),
-                ("provisioner", "updates to provisioner are forbidden."),
                 ("reclaimPolicy", "updates to reclaimPolicy are forbidden."),
             ] {
                 if old.get(field) != new.get(field) {
                     causes.push(Cause::forbidden(field, msg));
                 }
             }
+            // Kubernetes 1.36 words the provisioner as any immutable field, with its value.
+            if old.get("provisioner") != new.get("provisioner") {
+                let value = new.get("provisioner").cloned().unwrap_or(Value::Null);
+                causes.push(Cause::invalid("provisioner", &value, "field is immutable"));
+            }
             if old.get("volumeBindingMode") != new.get("volumeBindingMode") {
                 causes.push(Cause::immutable("volumeBindingMode", "field is immutable"));
             }
         }
-        _ => {}
+        _ => {
+            if let Some(schema) = crate::custom::schema(kind) {
+                crate::custom::validate_transition(schema, old, new, &mut causes);
+            }
+        }
     }
     if causes.is_empty() {
         Ok(())
