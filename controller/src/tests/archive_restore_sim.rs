@@ -15,6 +15,7 @@ use nfsprov_vocabulary::names::{
 };
 use serde_json::{Value, json};
 
+use crate::tests::harness::Tier;
 use crate::tests::snapshot_sim::Cluster;
 
 const WAIT: Duration = Duration::from_secs(30);
@@ -104,7 +105,7 @@ async fn no_volumes(cluster: &Cluster) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_claim_annotated_with_an_archive_of_its_namespace_is_made_from_it() {
-    let cluster = Cluster::start().await;
+    let cluster = Cluster::start_on(Tier::Simulator).await;
     let id = cluster
         .agent()
         .insert_archive("default/old", Some("default/old"), Some(GIB));
@@ -169,7 +170,7 @@ async fn a_claim_annotated_with_an_archive_of_its_namespace_is_made_from_it() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn archive_restores_that_must_not_be_made_are_refused_with_no_volume() {
-    let cluster = Cluster::start().await;
+    let cluster = Cluster::start_on(Tier::Simulator).await;
     cluster.class("elsewhere", json!({"agents": "nfs2"})).await;
     let agent = cluster.agent();
     let id = agent.insert_archive("default/old", Some("default/old"), Some(GIB));
@@ -350,7 +351,7 @@ async fn archive_restores_that_must_not_be_made_are_refused_with_no_volume() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_archive_agent_that_does_not_answer_is_waited_for_not_refused() {
-    let mut cluster = Cluster::start().await;
+    let mut cluster = Cluster::start_on(Tier::Simulator).await;
     cluster.class("elsewhere", json!({"agents": "nfs2"})).await;
     let id = cluster.agents[1].insert_archive("default/old", Some("default/old"), Some(GIB));
     cluster.agents[1].stop().await;
@@ -405,7 +406,7 @@ async fn an_archive_agent_that_does_not_answer_is_waited_for_not_refused() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_agent_older_than_archive_restores_is_named_not_the_archive_called_missing() {
-    let cluster = Cluster::start().await;
+    let cluster = Cluster::start_on(Tier::Simulator).await;
     let agent = cluster.agent();
     let id = agent.insert_archive("default/old", Some("default/old"), Some(GIB));
     agent.predate_archive_restores();
