@@ -28,6 +28,8 @@ pub const CONTROLLER_MANAGER: &str = "kube-controller-manager";
 pub enum Sub {
     Main,
     Status,
+    /// A Pod's `binding`: the one way to set its `spec.nodeName` once it exists.
+    Binding,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -503,8 +505,15 @@ impl Api {
         let mut new = schema::normalize(kind, new)?;
         validate::validate(kind, &new)?;
         validate::validate_update(kind, cur, &new)?;
+        if kind == Kind::Pod
+            && sub != Sub::Binding
+            && meta::path(cur, &["spec", "nodeName"]) != meta::path(&new, &["spec", "nodeName"])
+        {
+            return Err(validate::pod_spec_immutable(name, cur, &new));
+        }
         match sub {
             Sub::Status => validate::validate_status_update(kind, &new)?,
+            Sub::Binding => {}
             // Admission runs after validation, as in the real server.
             Sub::Main if kind == Kind::PersistentVolumeClaim => {
                 resize_admission::admit(view, cur, &new)?
@@ -668,6 +677,41 @@ impl Api {
         });
         let (stored, _) = result?;
         Ok((present(kind, finish(stored, dry)?), created))
+    }
+
+    /// Binds a Pod to a node, as the scheduler does through `pods/<name>/binding`.
+    pub fn bind_pod(&self, ns: &str, name: &str, binding: &Value) -> Result<(), ApiError> {
+        let node = binding
+            .get("target")
+            .and_then(|t| t.get("name"))
+            .and_then(Value::as_str)
+            .unwrap_or_default()
+            .to_owned();
+        self.store.mutate(Kind::Pod, ns, name, |view, cur| {
+            let cur = cur.ok_or_else(|| ApiError::not_found(Kind::Pod, name))?;
+            if let Some(bound) = meta::path(cur, &["spec", "nodeName"])
+                .and_then(Value::as_str)
+                .filter(|n| !n.is_empty())
+            {
+                return Err(ApiError::conflict(
+                    Kind::Pod,
+                    name,
+                    &format!("pod {name} is already assigned to node \"{bound}\""),
+                ));
+            }
+            let mut new = (**cur).clone();
+            new["spec"]["nodeName"] = json!(node);
+            self.decide_update(
+                view,
+                Kind::Pod,
+                name,
+                cur,
+                new,
+                Sub::Binding,
+                &WriteOp::update("kube-scheduler"),
+            )
+        })?;
+        Ok(())
     }
 
     pub fn delete(

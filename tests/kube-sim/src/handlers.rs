@@ -189,6 +189,7 @@ fn route(path: &str) -> Result<Route, ApiError> {
     let sub = match rest.get(2) {
         None => Sub::Main,
         Some(&"status") if kind.info().has_status => Sub::Status,
+        Some(&"binding") if kind == Kind::Pod => Sub::Binding,
         Some(_) => return Err(not_found_path()),
     };
     if rest.len() > 3 {
@@ -313,6 +314,13 @@ async fn handle(
             crate::api::check_raw_type_meta(kind, &body, &parsed)?;
             let obj = api.create_as(kind, &ns, parsed, dry_run(&q)?, &manager)?;
             Ok(json_response(StatusCode::CREATED, &*obj))
+        }
+        (&Method::POST, Some(name)) if target.sub == Sub::Binding => {
+            api.bind_pod(&ns, name, &parse_body(&body)?)?;
+            Ok(json_response(
+                StatusCode::CREATED,
+                &json!({"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success", "code": 201}),
+            ))
         }
         (&Method::DELETE, None) => delete_collection(st, &target, &q),
         (&Method::GET, Some(name)) => {

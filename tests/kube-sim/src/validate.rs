@@ -525,6 +525,30 @@ pub fn validate_update(kind: Kind, old: &Value, new: &Value) -> Result<(), ApiEr
     }
 }
 
+/// A Pod update changing what only a binding may set, worded as the real server's
+/// (the text after the list of mutable fields is an outline, not its exact diff).
+pub fn pod_spec_immutable(name: &str, old: &Value, new: &Value) -> ApiError {
+    let node = |o: &Value| {
+        o.get("spec")
+            .and_then(|s| s.get("nodeName"))
+            .and_then(Value::as_str)
+            .unwrap_or_default()
+            .to_owned()
+    };
+    ApiError::invalid(
+        Kind::Pod,
+        name,
+        vec![Cause::forbidden(
+            "spec",
+            &format!(
+                "pod updates may not change fields other than `spec.containers[*].image`,`spec.initContainers[*].image`,`spec.activeDeadlineSeconds`,`spec.tolerations` (only additions to existing tolerations),`spec.terminationGracePeriodSeconds` (allow it to be set to 1 if it was previously negative)\n- \"NodeName\": {:?},\n+ \"NodeName\": {:?},\n",
+                node(old),
+                node(new)
+            ),
+        )],
+    )
+}
+
 /// Rules for writes to a `/status` subresource, where the real server checks the status
 /// instead of the spec.
 pub fn validate_status_update(kind: Kind, new: &Value) -> Result<(), ApiError> {
