@@ -45,7 +45,7 @@ async fn a_bound_claim_grows_through_the_api() {
         "parameters": {"pathPattern": "${.PVC.namespace}/${.PVC.name}"},
     }))
     .unwrap();
-    harness.adopt_class(&class_name);
+    harness.adopt("storageclass", &class_name);
     Api::<StorageClass>::all(client.clone())
         .create(&PostParams::default(), &class)
         .await

@@ -48,12 +48,8 @@ impl std::ops::DerefMut for Cluster {
 
 impl Cluster {
     pub async fn start() -> Self {
-        Self::start_on(Tier::FromEnvironment).await
-    }
-
-    pub async fn start_on(tier: Tier) -> Self {
         let harness = Harness::start(HarnessOptions {
-            tier,
+            tier: Tier::FromEnvironment,
             agents: vec!["nfs1", "nfs2"],
             snapshots: true,
         })
