@@ -41,7 +41,10 @@ pub fn agent_snapshot_name(snapshot_uid: &str) -> String {
 }
 
 /// A volume's content at one point in time, kept by its agent.
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+///
+/// Serialized with its `apiVersion` and `kind` always (see [`namespaced_resource!`]): an
+/// API server refuses a custom object without them, so no caller may forget them.
+#[derive(Debug, Clone, Default, PartialEq, Deserialize)]
 pub struct Snapshot {
     #[serde(default)]
     pub metadata: ObjectMeta,
@@ -121,9 +124,36 @@ impl Snapshot {
 }
 
 /// Makes `$kind` a namespaced resource of this group, as the CRDs in `deploy/crds/`
-/// declare it: what kube's typed `Api` needs to read, list and watch it.
+/// declare it: what kube's typed `Api` needs to read, list and watch it, and its wire
+/// form. That form writes `apiVersion` and `kind` from the `Resource` constants before
+/// the fields (`$status` is the type of its optional `status`): the API server decodes a
+/// custom object by them and answers 400 `Object 'Kind' is missing` without, while the
+/// derived form of a plain struct would leave them out.
 macro_rules! namespaced_resource {
-    ($kind:ty, $kind_name:expr, $plural:literal, $list_kind:literal) => {
+    ($kind:ty, $kind_name:expr, $plural:literal, $list_kind:literal, $spec:ty, $status:ty) => {
+        impl Serialize for $kind {
+            fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+                #[derive(Serialize)]
+                #[serde(rename_all = "camelCase")]
+                struct Wire<'a> {
+                    api_version: &'static str,
+                    kind: &'static str,
+                    metadata: &'a ObjectMeta,
+                    spec: &'a $spec,
+                    #[serde(skip_serializing_if = "Option::is_none")]
+                    status: Option<&'a $status>,
+                }
+                Wire {
+                    api_version: <$kind as Resource>::API_VERSION,
+                    kind: <$kind as Resource>::KIND,
+                    metadata: &self.metadata,
+                    spec: &self.spec,
+                    status: self.status.as_ref(),
+                }
+                .serialize(serializer)
+            }
+        }
+
         impl Resource for $kind {
             const API_VERSION: &'static str = API_VERSION;
             const GROUP: &'static str = GROUP;
@@ -151,10 +181,19 @@ macro_rules! namespaced_resource {
     };
 }
 
-namespaced_resource!(Snapshot, SNAPSHOT_KIND, "snapshots", "SnapshotList");
+namespaced_resource!(
+    Snapshot,
+    SNAPSHOT_KIND,
+    "snapshots",
+    "SnapshotList",
+    SnapshotSpec,
+    SnapshotStatus
+);
 
 /// Snapshots of the claims a selector picks, taken at an interval and pruned.
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+///
+/// Serialized with its `apiVersion` and `kind` always, as [`Snapshot`].
+#[derive(Debug, Clone, Default, PartialEq, Deserialize)]
 pub struct SnapshotSchedule {
     #[serde(default)]
     pub metadata: ObjectMeta,
@@ -203,7 +242,9 @@ namespaced_resource!(
     SnapshotSchedule,
     SCHEDULE_KIND,
     "snapshotschedules",
-    "SnapshotScheduleList"
+    "SnapshotScheduleList",
+    ScheduleSpec,
+    ScheduleStatus
 );
 
 /// The labels a schedule puts on each Snapshot it makes.
@@ -330,5 +371,27 @@ mod tests {
         assert_eq!(back["spec"]["deletionPolicy"], "Delete");
         assert_eq!(back["status"]["snapshotName"], "snap-1");
         assert_eq!(agent_snapshot_name("u-1"), "snap-u-1");
+    }
+
+    /// An API server decodes a custom object by its `apiVersion` and `kind` and refuses
+    /// one without: every object of these kinds is written with them, even one built
+    /// from `Default` as the schedule controller builds its Snapshots.
+    #[test]
+    fn every_object_is_written_with_its_api_version_and_kind() {
+        let snapshot = serde_json::to_value(Snapshot::default()).unwrap();
+        assert_eq!(snapshot["apiVersion"], "nfsprov.dev/v1alpha1");
+        assert_eq!(snapshot["kind"], "Snapshot");
+        assert!(snapshot.get("status").is_none(), "{snapshot}");
+        let schedule = serde_json::to_value(SnapshotSchedule {
+            status: Some(ScheduleStatus::default()),
+            ..SnapshotSchedule::default()
+        })
+        .unwrap();
+        assert_eq!(schedule["apiVersion"], "nfsprov.dev/v1alpha1");
+        assert_eq!(schedule["kind"], "SnapshotSchedule");
+        assert!(schedule["status"].is_object(), "{schedule}");
+        // And read back as they were written.
+        let back: SnapshotSchedule = serde_json::from_value(schedule).unwrap();
+        assert!(back.status.is_some());
     }
 }

@@ -1,4 +1,5 @@
-//! Claims made from an archive, through the whole controller against the API simulator.
+//! Claims made from an archive, through the whole controller on either tier (the API
+//! simulator, or the real API server in the real-API tier; see `Harness`).
 //! The agents are `MockAgent`s (mocks, not the real agent): the archives they hold are
 //! put there by the test, and their recorded calls and restore requests show what the
 //! controller asked.
@@ -34,7 +35,7 @@ async fn claim(
         "metadata": {"name": name, "namespace": namespace, "annotations": annotations},
         "spec": {
             "accessModes": ["ReadWriteMany"],
-            "storageClassName": class,
+            "storageClassName": cluster.class_name(class),
             "resources": {"requests": {"storage": size}},
         },
     }))
@@ -93,25 +94,38 @@ async fn phase(cluster: &Cluster, namespace: &str, name: &str) -> Option<String>
         .and_then(|s| s.phase)
 }
 
+/// Asserts that the controller made no volume (volumes are cluster-scoped: on a real
+/// server, other scenarios' are there too, told apart by their provisioner).
 async fn no_volumes(cluster: &Cluster) {
-    let volumes = Api::<PersistentVolume>::all(cluster.client.clone())
+    let volumes: Vec<PersistentVolume> = Api::<PersistentVolume>::all(cluster.client.clone())
         .list(&ListParams::default())
         .await
         .unwrap()
-        .items;
+        .items
+        .into_iter()
+        .filter(|v| {
+            v.metadata
+                .annotations
+                .as_ref()
+                .and_then(|a| a.get("pv.kubernetes.io/provisioned-by"))
+                == Some(&cluster.provisioner)
+        })
+        .collect();
     assert!(volumes.is_empty(), "{volumes:?}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_claim_annotated_with_an_archive_of_its_namespace_is_made_from_it() {
     let cluster = Cluster::start().await;
-    let id = cluster
-        .agent()
-        .insert_archive("default/old", Some("default/old"), Some(GIB));
+    let id = cluster.agent().insert_archive(
+        cluster.in_ns("default/old").as_str(),
+        Some(cluster.in_ns("default/old").as_str()),
+        Some(GIB),
+    );
     cluster.agent().set_restore_polls(1);
     claim(
         &cluster,
-        "default",
+        &cluster.namespace,
         "back",
         "nfs",
         "2Gi",
@@ -124,11 +138,14 @@ async fn a_claim_annotated_with_an_archive_of_its_namespace_is_made_from_it() {
     assert_eq!(restores.len(), 2, "one 202, then made: {restores:?}");
     assert_eq!(restores[0], restores[1], "the same request is repeated");
     let (path, request) = &restores[1];
-    assert_eq!(path, "default/back");
+    assert_eq!(path, cluster.in_ns("default/back").as_str());
     assert_eq!(request.archive.as_ref(), Some(&id));
     assert_eq!(request.snapshot, None);
     assert_eq!(request.capacity_bytes, 2 * GIB);
-    assert_eq!(request.owner.pvc_namespace.as_deref(), Some("default"));
+    assert_eq!(
+        request.owner.pvc_namespace.as_deref(),
+        Some(cluster.namespace.as_str())
+    );
     assert_eq!(request.owner.pvc_name.as_deref(), Some("back"));
     // The archive was looked at on its agent before the volume was asked for.
     let calls = cluster.agent().calls();
@@ -138,11 +155,14 @@ async fn a_claim_annotated_with_an_archive_of_its_namespace_is_made_from_it() {
         .expect("the archive was read");
     let restored = calls
         .iter()
-        .position(|c| c.starts_with("POST restore default/back"))
+        .position(|c| c.starts_with(&cluster.in_ns("POST restore default/back")))
         .unwrap();
     assert!(asked < restored, "{calls:?}");
     // The archived volume's mode and owner, the claim's capacity.
-    let made = cluster.agent().volume("default/back").unwrap();
+    let made = cluster
+        .agent()
+        .volume(cluster.in_ns("default/back").as_str())
+        .unwrap();
     assert_eq!(made.mode.to_string(), "0750");
     assert_eq!((made.uid, made.gid), (Some(1000), Some(1000)));
     assert_eq!(made.capacity_bytes, 2 * GIB);
@@ -157,13 +177,20 @@ async fn a_claim_annotated_with_an_archive_of_its_namespace_is_made_from_it() {
     assert!(!annotations.contains_key("nfsprov.dev/restored-from"));
     event(
         &cluster,
-        "default",
+        &cluster.namespace,
         "back",
         "Provisioning",
         &format!("restoring archive nfs1:{id}"),
     )
     .await;
-    event(&cluster, "default", "back", "ProvisioningSucceeded", "").await;
+    event(
+        &cluster,
+        &cluster.namespace,
+        "back",
+        "ProvisioningSucceeded",
+        "",
+    )
+    .await;
     cluster.finish().await;
 }
 
@@ -172,21 +199,36 @@ async fn archive_restores_that_must_not_be_made_are_refused_with_no_volume() {
     let cluster = Cluster::start().await;
     cluster.class("elsewhere", json!({"agents": "nfs2"})).await;
     let agent = cluster.agent();
-    let id = agent.insert_archive("default/old", Some("default/old"), Some(GIB));
+    let id = agent.insert_archive(
+        cluster.in_ns("default/old").as_str(),
+        Some(cluster.in_ns("default/old").as_str()),
+        Some(GIB),
+    );
     let unowned = agent.insert_archive("loose", None, None);
-    let moved = agent.insert_archive("default/moved", Some("default/moved"), Some(GIB));
-    let missing = ArchivePath::parse("default/gone/@20250101T000000.000000000Z").unwrap();
+    let moved = agent.insert_archive(
+        cluster.in_ns("default/moved").as_str(),
+        Some(cluster.in_ns("default/moved").as_str()),
+        Some(GIB),
+    );
+    let missing = ArchivePath::parse(
+        cluster
+            .in_ns("default/gone/@20250101T000000.000000000Z")
+            .as_str(),
+    )
+    .unwrap();
 
     // A tenant of another namespace naming the archive id.
+    let intruder_name = cluster.scoped_name("intruder");
+    cluster.adopt("namespace", &intruder_name);
     let intruder: Namespace =
-        serde_json::from_value(json!({"metadata": {"name": "intruder"}})).unwrap();
+        serde_json::from_value(json!({"metadata": {"name": intruder_name}})).unwrap();
     Api::<Namespace>::all(cluster.client.clone())
         .create(&PostParams::default(), &intruder)
         .await
         .unwrap();
     claim(
         &cluster,
-        "intruder",
+        &intruder_name,
         "stolen",
         "nfs",
         "1Gi",
@@ -195,18 +237,19 @@ async fn archive_restores_that_must_not_be_made_are_refused_with_no_volume() {
     .await;
     let refused = event(
         &cluster,
-        "intruder",
+        &intruder_name,
         "stolen",
         "ProvisioningFailed",
         &format!(
-            "archive nfs1:{id} holds a volume of namespace default, not intruder: a claim is made only from an archive of its own namespace"
+            "archive nfs1:{id} holds a volume of namespace {}, not {intruder_name}: a claim is made only from an archive of its own namespace",
+            cluster.namespace
         ),
     )
     .await;
     assert_eq!(refused, ACTION_REFUSE, "a refusal for good says so");
     claim(
         &cluster,
-        "default",
+        &cluster.namespace,
         "unowned",
         "nfs",
         "1Gi",
@@ -215,7 +258,7 @@ async fn archive_restores_that_must_not_be_made_are_refused_with_no_volume() {
     .await;
     event(
         &cluster,
-        "default",
+        &cluster.namespace,
         "unowned",
         "ProvisioningFailed",
         "records no namespace",
@@ -223,7 +266,7 @@ async fn archive_restores_that_must_not_be_made_are_refused_with_no_volume() {
     .await;
     claim(
         &cluster,
-        "default",
+        &cluster.namespace,
         "unknown",
         "nfs",
         "1Gi",
@@ -232,7 +275,7 @@ async fn archive_restores_that_must_not_be_made_are_refused_with_no_volume() {
     .await;
     event(
         &cluster,
-        "default",
+        &cluster.namespace,
         "unknown",
         "ProvisioningFailed",
         &format!("archive nfs1:{missing} does not exist"),
@@ -240,7 +283,7 @@ async fn archive_restores_that_must_not_be_made_are_refused_with_no_volume() {
     .await;
     claim(
         &cluster,
-        "default",
+        &cluster.namespace,
         "small",
         "nfs",
         "512Mi",
@@ -249,7 +292,7 @@ async fn archive_restores_that_must_not_be_made_are_refused_with_no_volume() {
     .await;
     event(
         &cluster,
-        "default",
+        &cluster.namespace,
         "small",
         "ProvisioningFailed",
         "less than the 1073741824 bytes the volume of archive",
@@ -257,7 +300,7 @@ async fn archive_restores_that_must_not_be_made_are_refused_with_no_volume() {
     .await;
     claim(
         &cluster,
-        "default",
+        &cluster.namespace,
         "moved",
         "elsewhere",
         "1Gi",
@@ -266,18 +309,19 @@ async fn archive_restores_that_must_not_be_made_are_refused_with_no_volume() {
     .await;
     event(
         &cluster,
-        "default",
+        &cluster.namespace,
         "moved",
         "ProvisioningFailed",
         &format!(
-            "the archive {moved} is on agent nfs1, but StorageClass \"elsewhere\" places volumes on agents nfs2"
+            "the archive {moved} is on agent nfs1, but StorageClass \"{}\" places volumes on agents nfs2",
+            cluster.class_name("elsewhere")
         ),
     )
     .await;
     // Half the annotations, or an archive together with a data source.
     claim(
         &cluster,
-        "default",
+        &cluster.namespace,
         "half",
         "nfs",
         "1Gi",
@@ -286,17 +330,17 @@ async fn archive_restores_that_must_not_be_made_are_refused_with_no_volume() {
     .await;
     event(
         &cluster,
-        "default",
+        &cluster.namespace,
         "half",
         "ProvisioningFailed",
         "names no agent",
     )
     .await;
     let both: PersistentVolumeClaim = serde_json::from_value(json!({
-        "metadata": {"name": "both", "namespace": "default", "annotations": naming("nfs1", &id)},
+        "metadata": {"name": "both", "namespace": cluster.namespace, "annotations": naming("nfs1", &id)},
         "spec": {
             "accessModes": ["ReadWriteMany"],
-            "storageClassName": "nfs",
+            "storageClassName": cluster.class_name("nfs"),
             "resources": {"requests": {"storage": "1Gi"}},
             "dataSourceRef": {"apiGroup": "nfsprov.dev", "kind": "Snapshot", "name": "s"},
         },
@@ -309,7 +353,7 @@ async fn archive_restores_that_must_not_be_made_are_refused_with_no_volume() {
         .unwrap();
     event(
         &cluster,
-        "default",
+        &cluster.namespace,
         "both",
         "ProvisioningFailed",
         "and a dataSource too",
@@ -330,13 +374,13 @@ async fn archive_restores_that_must_not_be_made_are_refused_with_no_volume() {
     );
     assert!(calls.iter().all(|c| !c.starts_with("PUT ")), "{calls:?}");
     for (namespace, name) in [
-        ("intruder", "stolen"),
-        ("default", "unowned"),
-        ("default", "unknown"),
-        ("default", "small"),
-        ("default", "moved"),
-        ("default", "half"),
-        ("default", "both"),
+        (intruder_name.as_str(), "stolen"),
+        (cluster.namespace.as_str(), "unowned"),
+        (cluster.namespace.as_str(), "unknown"),
+        (cluster.namespace.as_str(), "small"),
+        (cluster.namespace.as_str(), "moved"),
+        (cluster.namespace.as_str(), "half"),
+        (cluster.namespace.as_str(), "both"),
     ] {
         assert_eq!(
             phase(&cluster, namespace, name).await.as_deref(),
@@ -352,11 +396,15 @@ async fn archive_restores_that_must_not_be_made_are_refused_with_no_volume() {
 async fn an_archive_agent_that_does_not_answer_is_waited_for_not_refused() {
     let mut cluster = Cluster::start().await;
     cluster.class("elsewhere", json!({"agents": "nfs2"})).await;
-    let id = cluster.agents[1].insert_archive("default/old", Some("default/old"), Some(GIB));
+    let id = cluster.agents[1].insert_archive(
+        cluster.in_ns("default/old").as_str(),
+        Some(cluster.in_ns("default/old").as_str()),
+        Some(GIB),
+    );
     cluster.agents[1].stop().await;
     claim(
         &cluster,
-        "default",
+        &cluster.namespace,
         "later",
         "elsewhere",
         "1Gi",
@@ -365,7 +413,7 @@ async fn an_archive_agent_that_does_not_answer_is_waited_for_not_refused() {
     .await;
     let action = event(
         &cluster,
-        "default",
+        &cluster.namespace,
         "later",
         "ProvisioningFailed",
         &format!("cannot read archive nfs2:{id}: agent unreachable"),
@@ -378,7 +426,7 @@ async fn an_archive_agent_that_does_not_answer_is_waited_for_not_refused() {
     // Waiting, not refused for good: the attempt is made again, and announced again.
     let deadline = tokio::time::Instant::now() + WAIT;
     loop {
-        let failures = Api::<Event>::namespaced(cluster.client.clone(), "default")
+        let failures = Api::<Event>::namespaced(cluster.client.clone(), &cluster.namespace)
             .list(&ListParams::default())
             .await
             .unwrap()
@@ -397,7 +445,9 @@ async fn an_archive_agent_that_does_not_answer_is_waited_for_not_refused() {
         tokio::time::sleep(POLL).await;
     }
     assert_eq!(
-        phase(&cluster, "default", "later").await.as_deref(),
+        phase(&cluster, &cluster.namespace, "later")
+            .await
+            .as_deref(),
         Some("Pending")
     );
     cluster.finish().await;
@@ -407,11 +457,15 @@ async fn an_archive_agent_that_does_not_answer_is_waited_for_not_refused() {
 async fn an_agent_older_than_archive_restores_is_named_not_the_archive_called_missing() {
     let cluster = Cluster::start().await;
     let agent = cluster.agent();
-    let id = agent.insert_archive("default/old", Some("default/old"), Some(GIB));
+    let id = agent.insert_archive(
+        cluster.in_ns("default/old").as_str(),
+        Some(cluster.in_ns("default/old").as_str()),
+        Some(GIB),
+    );
     agent.predate_archive_restores();
     claim(
         &cluster,
-        "default",
+        &cluster.namespace,
         "back",
         "nfs",
         "1Gi",
@@ -420,7 +474,7 @@ async fn an_agent_older_than_archive_restores_is_named_not_the_archive_called_mi
     .await;
     let action = event(
         &cluster,
-        "default",
+        &cluster.namespace,
         "back",
         "ProvisioningFailed",
         &format!(
@@ -442,7 +496,7 @@ async fn an_agent_older_than_archive_restores_is_named_not_the_archive_called_mi
     );
     assert!(cluster.agent().restores().is_empty());
     assert_eq!(
-        phase(&cluster, "default", "back").await.as_deref(),
+        phase(&cluster, &cluster.namespace, "back").await.as_deref(),
         Some("Pending")
     );
     no_volumes(&cluster).await;

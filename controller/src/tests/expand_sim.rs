@@ -1,10 +1,9 @@
-//! Expansion through the whole controller (`controller::run`) against the in-repo API
-//! simulator, whose binder plays kube-controller-manager: the status subresource, merge
+//! Expansion through the whole controller (`controller::run`) on either tier (see
+//! [`Harness`]): the in-repo API simulator, whose binder plays kube-controller-manager, or
+//! the real API server with kube-controller-manager itself: the status subresource, merge
 //! patches and resourceVersion preconditions are the simulator's, not a script's. The agent
 //! is `MockAgent` (the real agent's resize endpoint is not part of this crate's tests).
 
-use std::sync::Arc;
-use std::sync::atomic::AtomicBool;
 use std::time::Duration;
 
 use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim};
@@ -12,12 +11,9 @@ use k8s_openapi::api::events::v1::Event;
 use k8s_openapi::api::storage::v1::StorageClass;
 use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
 use kube::runtime::wait::await_condition;
-use nfsprov_kube_sim::{SimOptions, Simulator};
 use serde_json::json;
 
-use crate::controller::{self, RunConfig};
-use crate::metrics::Metrics;
-use crate::tests::fixtures::MockAgent;
+use crate::tests::harness::{Harness, HarnessOptions};
 
 const WAIT: Duration = Duration::from_secs(30);
 
@@ -35,43 +31,32 @@ fn is_bound(pvc: &PersistentVolumeClaim) -> bool {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_bound_claim_grows_through_the_simulated_api() {
-    let _ = rustls::crypto::ring::default_provider().install_default();
-    let sim = Simulator::start(SimOptions::default()).await.unwrap();
-    let client = sim.client().await;
-    let agent = MockAgent::start("nfs1").await;
-    let (stop, stopped) = tokio::sync::watch::channel(false);
-    let running = tokio::spawn(controller::run(
-        client.clone(),
-        agent.registry(),
-        Arc::new(Metrics::new()),
-        RunConfig::reconcilers_only(
-            crate::tests::fixtures::PROVISIONER,
-            crate::tests::fixtures::test_reporter(),
-        ),
-        Arc::new(AtomicBool::new(false)),
-        stopped,
-    ));
-
+async fn a_bound_claim_grows_through_the_api() {
+    let harness = Harness::start(HarnessOptions::default()).await;
+    let agent = &harness.agents[0];
+    let client = harness.client.clone();
+    let namespace = harness.namespace.as_str();
+    let class_name = harness.class_name("nfs");
     let class: StorageClass = serde_json::from_value(json!({
         "apiVersion": "storage.k8s.io/v1", "kind": "StorageClass",
-        "metadata": {"name": "nfs"},
-        "provisioner": crate::tests::fixtures::PROVISIONER,
+        "metadata": {"name": class_name},
+        "provisioner": harness.provisioner,
         "allowVolumeExpansion": true,
         "parameters": {"pathPattern": "${.PVC.namespace}/${.PVC.name}"},
     }))
     .unwrap();
+    harness.adopt("storageclass", &class_name);
     Api::<StorageClass>::all(client.clone())
         .create(&PostParams::default(), &class)
         .await
         .unwrap();
-    let claims: Api<PersistentVolumeClaim> = Api::namespaced(client.clone(), "default");
+    let claims: Api<PersistentVolumeClaim> = Api::namespaced(client.clone(), namespace);
     let claim: PersistentVolumeClaim = serde_json::from_value(json!({
         "apiVersion": "v1", "kind": "PersistentVolumeClaim",
-        "metadata": {"name": "data", "namespace": "default"},
+        "metadata": {"name": "data", "namespace": namespace},
         "spec": {
             "accessModes": ["ReadWriteMany"],
-            "storageClassName": "nfs",
+            "storageClassName": class_name,
             "resources": {"requests": {"storage": "1Gi"}},
         },
     }))
@@ -136,12 +121,15 @@ async fn a_bound_claim_grows_through_the_simulated_api() {
         .unwrap();
     assert_eq!(volume.spec.unwrap().capacity.unwrap()["storage"].0, "2Gi");
     assert_eq!(
-        agent.volume("default/data").unwrap().capacity_bytes,
+        agent
+            .volume(&format!("{namespace}/data"))
+            .unwrap()
+            .capacity_bytes,
         2 << 30
     );
     // The success event is published after the claim's status is written, so the claim
     // can show 2Gi a moment before the event exists: wait for it, with a bound.
-    let events = Api::<Event>::namespaced(client.clone(), "default");
+    let events = Api::<Event>::namespaced(client.clone(), namespace);
     let deadline = tokio::time::Instant::now() + WAIT;
     loop {
         let reasons: Vec<String> = events
@@ -166,10 +154,5 @@ async fn a_bound_claim_grows_through_the_simulated_api() {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
 
-    stop.send(true).unwrap();
-    tokio::time::timeout(WAIT, running)
-        .await
-        .expect("controller stopped")
-        .unwrap();
-    sim.shutdown().await;
+    harness.finish().await;
 }

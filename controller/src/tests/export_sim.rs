@@ -1,100 +1,73 @@
-//! Per-volume exports through the whole controller (`controller::run`) against the
-//! in-repo API simulator: Nodes and Pods are created, bound and deleted by the test as a
+//! Per-volume exports through the whole controller (`controller::run`) on either tier
+//! (the in-repo API simulator, or the real API server; see `Harness`): Nodes and Pods are created, bound and deleted by the test as a
 //! scheduler and kubelet would, and the agent is `MockAgent` (a mock, not the real
 //! agent) reporting an export manager, whose export store shows what the NFS server
 //! would serve.
 
-use std::sync::Arc;
-use std::sync::atomic::AtomicBool;
 use std::time::Duration;
 
 use k8s_openapi::api::core::v1::{Node, PersistentVolumeClaim, Pod};
 use k8s_openapi::api::events::v1::Event;
-use k8s_openapi::api::storage::v1::StorageClass;
-use kube::Client;
-use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
+use kube::api::{Api, DeleteParams, ListParams, PostParams};
 use kube::runtime::wait::await_condition;
 use nfsprov_api_types::{
     ErrorCode, ExportAccess, ExportClient, ExportManager, ExportRequest, SecFlavor, Squash,
 };
-use nfsprov_kube_sim::{SimOptions, Simulator};
 use serde_json::json;
 
-use crate::controller::{self, RunConfig};
-use crate::metrics::Metrics;
-use crate::tests::fixtures::{MockAgent, PROVISIONER};
+use crate::tests::fixtures::MockAgent;
+use crate::tests::harness::{Harness, HarnessOptions};
 
 const WAIT: Duration = Duration::from_secs(30);
 /// How often a condition on the agent's in-memory state is looked at while awaited.
 const POLL: Duration = Duration::from_millis(20);
 
-/// A running controller and simulator, with one mock agent.
+/// A [`Harness`] (the simulator, or the real API server in the real-API tier) with one
+/// mock agent managing exports as `manager` says, and a running controller.
 struct Cluster {
-    sim: Simulator,
-    client: Client,
-    agent: MockAgent,
-    metrics: Arc<Metrics>,
-    stop: tokio::sync::watch::Sender<bool>,
-    running: tokio::task::JoinHandle<()>,
+    harness: Harness,
+}
+
+impl std::ops::Deref for Cluster {
+    type Target = Harness;
+
+    fn deref(&self) -> &Harness {
+        &self.harness
+    }
 }
 
 impl Cluster {
     async fn start(manager: ExportManager) -> Self {
-        let _ = rustls::crypto::ring::default_provider().install_default();
-        let sim = Simulator::start(SimOptions::default()).await.unwrap();
-        let client = sim.client().await;
-        let agent = MockAgent::start("nfs1").await;
-        agent.manage_exports(manager);
-        let metrics = Arc::new(Metrics::new());
-        let (stop, stopped) = tokio::sync::watch::channel(false);
-        let running = tokio::spawn(controller::run(
-            client.clone(),
-            agent.registry(),
-            metrics.clone(),
-            RunConfig::reconcilers_only(PROVISIONER, crate::tests::fixtures::test_reporter()),
-            Arc::new(AtomicBool::new(false)),
-            stopped,
-        ));
-        Self {
-            sim,
-            client,
-            agent,
-            metrics,
-            stop,
-            running,
-        }
+        let harness = Harness::start(HarnessOptions::default()).await;
+        harness.agents[0].manage_exports(manager);
+        Self { harness }
+    }
+
+    fn agent(&self) -> &MockAgent {
+        &self.agents[0]
     }
 
     async fn finish(self) {
-        self.stop.send(true).unwrap();
-        tokio::time::timeout(WAIT, self.running)
-            .await
-            .expect("controller stopped")
-            .unwrap();
-        self.sim.shutdown().await;
+        self.harness.finish().await;
+    }
+
+    /// `text` as it reads in this cluster's namespace (see the snapshot scenarios).
+    fn in_ns(&self, text: &str) -> String {
+        text.replace("default/", &format!("{}/", self.namespace))
     }
 
     async fn class(&self, parameters: serde_json::Value) {
         let mut parameters = parameters;
         parameters["pathPattern"] = json!("${.PVC.namespace}/${.PVC.name}");
-        let class: StorageClass = serde_json::from_value(json!({
-            "metadata": {"name": "nfs"},
-            "provisioner": PROVISIONER,
-            "parameters": parameters,
-        }))
-        .unwrap();
-        Api::<StorageClass>::all(self.client.clone())
-            .create(&PostParams::default(), &class)
-            .await
-            .unwrap();
+        self.create_class("nfs", parameters).await;
     }
 
     async fn claim(&self, name: &str, mode: &str) {
         let claim: PersistentVolumeClaim = serde_json::from_value(json!({
-            "metadata": {"name": name, "namespace": "default"},
+            "metadata": {"name": name, "namespace": self.namespace},
             "spec": {
                 "accessModes": [mode],
-                "storageClassName": "nfs",
+                "storageClassName": self.class_name("nfs"),
                 "resources": {"requests": {"storage": "1Gi"}},
             },
         }))
@@ -106,7 +79,7 @@ impl Cluster {
     }
 
     fn claims(&self) -> Api<PersistentVolumeClaim> {
-        Api::namespaced(self.client.clone(), "default")
+        Api::namespaced(self.client.clone(), &self.namespace)
     }
 
     async fn bound(&self, name: &str) {
@@ -124,6 +97,8 @@ impl Cluster {
     }
 
     async fn node(&self, name: &str, address: &str) {
+        let name = self.node_name(name);
+        self.adopt("node", &name);
         let node: Node = serde_json::from_value(json!({
             "metadata": {"name": name},
             "status": {"addresses": [
@@ -138,12 +113,17 @@ impl Cluster {
             .unwrap();
     }
 
+    /// The name of the node a scenario calls `name`: its own on a real server.
+    fn node_name(&self, name: &str) -> String {
+        self.scoped_name(name)
+    }
+
     /// A pod using `claim`, bound to `node` when given (as the scheduler binds it).
     async fn pod(&self, name: &str, claim: &str, node: Option<&str>) {
         let pod: Pod = serde_json::from_value(json!({
-            "metadata": {"name": name, "namespace": "default"},
+            "metadata": {"name": name, "namespace": self.namespace},
             "spec": {
-                "nodeName": node,
+                "nodeName": node.map(|node| self.node_name(node)),
                 "containers": [{"name": "app", "image": "busybox"}],
                 "volumes": [{"name": "data", "persistentVolumeClaim": {"claimName": claim}}],
             },
@@ -156,7 +136,7 @@ impl Cluster {
     }
 
     fn pods(&self) -> Api<Pod> {
-        Api::namespaced(self.client.clone(), "default")
+        Api::namespaced(self.client.clone(), &self.namespace)
     }
 
     /// Awaits the agent's export of `path` admitting exactly `clients` (in any order).
@@ -165,7 +145,7 @@ impl Cluster {
         wanted.sort_unstable();
         let deadline = tokio::time::Instant::now() + WAIT;
         loop {
-            let export = self.agent.export(path);
+            let export = self.agent().export(path);
             let mut served = export
                 .as_ref()
                 .map(|e| e.clients.clone())
@@ -205,7 +185,7 @@ impl Cluster {
 
     /// The reasons and notes of the events about claims in `default`.
     async fn events(&self) -> Vec<(String, String)> {
-        Api::<Event>::namespaced(self.client.clone(), "default")
+        Api::<Event>::namespaced(self.client.clone(), &self.namespace)
             .list(&ListParams::default())
             .await
             .unwrap()
@@ -232,6 +212,15 @@ impl Cluster {
     }
 }
 
+/// Deletes a pod at once: with no kubelet to confirm a graceful end, a real server would
+/// keep the pod object (and its node admitted) for good.
+fn no_grace() -> DeleteParams {
+    DeleteParams {
+        grace_period_seconds: Some(0),
+        ..DeleteParams::default()
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_pods_claim_admits_the_nodes_of_its_pods_and_follows_a_moved_pod() {
     let cluster = Cluster::start(ExportManager::Ganesha).await;
@@ -241,47 +230,50 @@ async fn a_pods_claim_admits_the_nodes_of_its_pods_and_follows_a_moved_pod() {
     cluster.claim("data", "ReadWriteMany").await;
     cluster.bound("data").await;
     // No pod yet: an export nobody may mount.
-    cluster.admits("default/data", &[]).await;
+    cluster.admits(&cluster.in_ns("default/data"), &[]).await;
 
     // Pending, then bound to node-a: the node is admitted once the pod names it.
     cluster.pod("app-1", "data", None).await;
+    // Bound as the scheduler binds: nodeName is set only through the binding.
+    let binding = json!({
+        "apiVersion": "v1", "kind": "Binding",
+        "metadata": {"name": "app-1"},
+        "target": {"apiVersion": "v1", "kind": "Node", "name": cluster.node_name("node-a")},
+    });
     cluster
         .pods()
-        .patch(
+        .create_subresource::<_, serde_json::Value>(
+            "binding",
             "app-1",
-            &PatchParams::default(),
-            &Patch::Merge(json!({"spec": {"nodeName": "node-a"}})),
+            &PostParams::default(),
+            &binding,
         )
         .await
         .unwrap();
-    cluster.admits("default/data", &["127.0.0.2"]).await;
+    cluster
+        .admits(&cluster.in_ns("default/data"), &["127.0.0.2"])
+        .await;
     cluster.event("ExportUpdated", "now admits 127.0.0.2").await;
 
     // The pod moves: its replacement on node-b is admitted while the old pod object
     // still exists, and node-a stays until that object is gone.
     cluster.pod("app-2", "data", Some("node-b")).await;
     cluster
-        .admits("default/data", &["127.0.0.2", "127.0.0.3"])
+        .admits(&cluster.in_ns("default/data"), &["127.0.0.2", "127.0.0.3"])
         .await;
-    cluster
-        .pods()
-        .delete("app-1", &DeleteParams::default())
-        .await
-        .unwrap();
-    let export = cluster.admits("default/data", &["127.0.0.3"]).await;
+    cluster.pods().delete("app-1", &no_grace()).await.unwrap();
+    let export = cluster
+        .admits(&cluster.in_ns("default/data"), &["127.0.0.3"])
+        .await;
     assert_eq!(export.access, ExportAccess::ReadWrite);
     assert_eq!(export.squash, Squash::Root);
 
     // A pod of another claim changes nothing here.
     cluster.pod("other", "logs", Some("node-a")).await;
-    cluster
-        .pods()
-        .delete("app-2", &DeleteParams::default())
-        .await
-        .unwrap();
-    cluster.admits("default/data", &[]).await;
+    cluster.pods().delete("app-2", &no_grace()).await.unwrap();
+    cluster.admits(&cluster.in_ns("default/data"), &[]).await;
     let puts: Vec<String> = cluster
-        .agent
+        .agent()
         .calls()
         .into_iter()
         .filter(|c| c.starts_with("PUT export"))
@@ -293,7 +285,8 @@ async fn a_pods_claim_admits_the_nodes_of_its_pods_and_follows_a_moved_pod() {
             "PUT export default/data [127.0.0.2,127.0.0.3]",
             "PUT export default/data [127.0.0.3]",
             "PUT export default/data []",
-        ],
+        ]
+        .map(|call| cluster.in_ns(call)),
         "one change per change of the pods, none repeated"
     );
     // The agent's answer reaches the controller a moment after the store changed.
@@ -310,25 +303,29 @@ async fn a_nodes_claim_follows_nodes_added_and_removed() {
     cluster.class(json!({"exportClients": "nodes"})).await;
     cluster.claim("data", "ReadWriteMany").await;
     cluster.bound("data").await;
-    cluster.admits("default/data", &["127.0.0.2"]).await;
+    cluster
+        .admits(&cluster.in_ns("default/data"), &["127.0.0.2"])
+        .await;
 
     // The agent refuses for a while: counted, and retried until it goes through.
     cluster
-        .agent
+        .agent()
         .fail_calls(Some(("PUT export", ErrorCode::Internal)));
     cluster.node("node-b", "127.0.0.3").await;
     cluster
         .counter_reaches("nfsprov_export_update_failures_total{agent=\"nfs1\"}", 1)
         .await;
-    cluster.agent.fail_calls(None);
+    cluster.agent().fail_calls(None);
     cluster
-        .admits("default/data", &["127.0.0.2", "127.0.0.3"])
+        .admits(&cluster.in_ns("default/data"), &["127.0.0.2", "127.0.0.3"])
         .await;
     Api::<Node>::all(cluster.client.clone())
-        .delete("node-a", &DeleteParams::default())
+        .delete(&cluster.node_name("node-a"), &DeleteParams::default())
         .await
         .unwrap();
-    cluster.admits("default/data", &["127.0.0.3"]).await;
+    cluster
+        .admits(&cluster.in_ns("default/data"), &["127.0.0.3"])
+        .await;
     // A node change reaches every export of such classes at once: told by the metrics,
     // not by an event per claim.
     let reasons: Vec<String> = cluster.events().await.into_iter().map(|(r, _)| r).collect();
@@ -346,9 +343,9 @@ async fn a_refused_change_is_told_on_the_claim_once_and_retried() {
     cluster.class(json!({"exportClients": "pods"})).await;
     cluster.claim("data", "ReadWriteMany").await;
     cluster.bound("data").await;
-    cluster.admits("default/data", &[]).await;
+    cluster.admits(&cluster.in_ns("default/data"), &[]).await;
     cluster
-        .agent
+        .agent()
         .fail_calls(Some(("PUT export", ErrorCode::Internal)));
     cluster.pod("app", "data", Some("node-a")).await;
     cluster
@@ -357,8 +354,10 @@ async fn a_refused_change_is_told_on_the_claim_once_and_retried() {
             "Could not update the export of volume",
         )
         .await;
-    cluster.agent.fail_calls(None);
-    cluster.admits("default/data", &["127.0.0.2"]).await;
+    cluster.agent().fail_calls(None);
+    cluster
+        .admits(&cluster.in_ns("default/data"), &["127.0.0.2"])
+        .await;
     cluster.event("ExportUpdated", "now admits 127.0.0.2").await;
     let failures = cluster
         .events()
@@ -384,7 +383,7 @@ async fn squash_and_read_only_many_make_the_request() {
     cluster.claim("shared", "ReadOnlyMany").await;
     cluster.bound("shared").await;
     assert_eq!(
-        cluster.agent.export("default/shared"),
+        cluster.agent().export(&cluster.in_ns("default/shared")),
         Some(ExportRequest {
             clients: vec!["10.0.0.0/8".parse().unwrap(), "192.0.2.7".parse().unwrap()],
             access: ExportAccess::ReadOnly,
@@ -396,7 +395,10 @@ async fn squash_and_read_only_many_make_the_request() {
     );
     cluster.claim("data", "ReadWriteOnce").await;
     cluster.bound("data").await;
-    let export = cluster.agent.export("default/data").unwrap();
+    let export = cluster
+        .agent()
+        .export(&cluster.in_ns("default/data"))
+        .unwrap();
     assert_eq!(export.access, ExportAccess::ReadWrite);
     cluster.finish().await;
 }
@@ -416,7 +418,7 @@ async fn a_class_asking_for_exports_fails_on_an_agent_without_a_manager() {
         .await;
     assert!(note.contains("agent nfs1"), "{note}");
     assert!(note.contains("export manager: none"), "{note}");
-    assert!(!cluster.agent.has_volume("default/data"));
+    assert!(!cluster.agent().has_volume(&cluster.in_ns("default/data")));
     cluster.finish().await;
 }
 
@@ -426,7 +428,10 @@ async fn every_host_on_an_agent_without_a_manager_is_todays_share() {
     cluster.class(json!({"exportClients": "all"})).await;
     cluster.claim("data", "ReadOnlyMany").await;
     cluster.bound("data").await;
-    let volume = cluster.agent.volume("default/data").unwrap();
+    let volume = cluster
+        .agent()
+        .volume(&cluster.in_ns("default/data"))
+        .unwrap();
     assert_eq!(volume.export, None);
     cluster.finish().await;
 }
@@ -444,6 +449,6 @@ async fn a_bad_client_list_fails_the_claim_saying_why() {
             "host bits set; the network is 10.1.2.0/24",
         )
         .await;
-    assert!(!cluster.agent.has_volume("default/data"));
+    assert!(!cluster.agent().has_volume(&cluster.in_ns("default/data")));
     cluster.finish().await;
 }

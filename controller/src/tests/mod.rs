@@ -12,6 +12,7 @@ mod export_bench;
 mod export_scenarios;
 mod export_sim;
 pub(crate) mod fixtures;
+pub(crate) mod harness;
 mod real_agent;
 mod scenarios;
 mod snapshot_sim;

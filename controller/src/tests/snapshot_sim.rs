@@ -3,68 +3,58 @@
 //! manifests. The agents are `MockAgent`s (mocks, not the real agent) whose snapshot
 //! store and recorded restore requests show what the agent was asked.
 
-use std::sync::Arc;
-use std::sync::atomic::AtomicBool;
 use std::time::Duration;
 
 use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim};
 use k8s_openapi::api::events::v1::Event;
-use k8s_openapi::api::storage::v1::StorageClass;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::{SignedDuration, Timestamp};
+use kube::ResourceExt;
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use kube::runtime::wait::await_condition;
-use kube::{Client, ResourceExt};
-use nfsprov_api_types::client::AgentConnectionConfig;
-use nfsprov_kube_sim::{SimOptions, Simulator};
 use nfsprov_vocabulary::snapshots::{
     ANN_RESTORED_FROM, SNAPSHOT_FINALIZER, Snapshot, SnapshotSchedule,
 };
 use serde_json::{Value, json};
 
-use crate::agents::AgentRegistry;
-use crate::controller::{self, RunConfig};
-use crate::metrics::Metrics;
-use crate::tests::fixtures::{MockAgent, PROVISIONER, SNAPSHOT_CREATED_AT};
+use crate::tests::fixtures::{MockAgent, SNAPSHOT_CREATED_AT};
+use crate::tests::harness::{Harness, HarnessOptions, Tier};
 
 const WAIT: Duration = Duration::from_secs(30);
 /// How often a condition on the agent's in-memory state, the events or the metrics is
 /// looked at while awaited.
 const POLL: Duration = Duration::from_millis(20);
 
-/// A simulator with mock agents `nfs1` (the default) and `nfs2`, and a controller that
-/// can be stopped and started again on the same cluster.
+/// A [`Harness`] (the simulator, or the real API server in the real-API tier) with mock
+/// agents `nfs1` (the default) and `nfs2` that take snapshots, a class `nfs`, and a
+/// controller that can be stopped and started again on the same cluster.
 pub(super) struct Cluster {
-    pub sim: Simulator,
-    pub client: Client,
-    pub agents: Vec<MockAgent>,
-    pub metrics: Arc<Metrics>,
-    running: Option<(
-        tokio::sync::watch::Sender<bool>,
-        tokio::task::JoinHandle<()>,
-    )>,
+    harness: Harness,
+}
+
+impl std::ops::Deref for Cluster {
+    type Target = Harness;
+
+    fn deref(&self) -> &Harness {
+        &self.harness
+    }
+}
+
+impl std::ops::DerefMut for Cluster {
+    fn deref_mut(&mut self) -> &mut Harness {
+        &mut self.harness
+    }
 }
 
 impl Cluster {
     pub async fn start() -> Self {
-        let _ = rustls::crypto::ring::default_provider().install_default();
-        let sim = Simulator::start(SimOptions::default()).await.unwrap();
-        let client = sim.client().await;
-        let agents = vec![
-            MockAgent::start("nfs1").await,
-            MockAgent::start("nfs2").await,
-        ];
-        for agent in &agents {
-            agent.take_snapshots(true);
-        }
-        let mut cluster = Self {
-            sim,
-            client,
-            agents,
-            metrics: Arc::new(Metrics::new()),
-            running: None,
-        };
-        cluster.start_controller();
+        let harness = Harness::start(HarnessOptions {
+            tier: Tier::FromEnvironment,
+            agents: vec!["nfs1", "nfs2"],
+            snapshots: true,
+        })
+        .await;
+        let cluster = Self { harness };
         cluster.class("nfs", json!({})).await;
         cluster
     }
@@ -73,76 +63,37 @@ impl Cluster {
         &self.agents[0]
     }
 
-    fn registry(&self) -> AgentRegistry {
-        let configs: Vec<AgentConnectionConfig> = self
-            .agents
-            .iter()
-            .map(|agent| AgentConnectionConfig {
-                default: agent.config.name == "nfs1",
-                ..agent.config.clone()
-            })
-            .collect();
-        AgentRegistry::new(&configs, self.metrics.clone()).expect("registry")
+    pub async fn finish(self) {
+        self.harness.finish().await;
     }
 
-    pub fn start_controller(&mut self) {
-        let (stop, stopped) = tokio::sync::watch::channel(false);
-        let running = tokio::spawn(controller::run(
-            self.client.clone(),
-            self.registry(),
-            self.metrics.clone(),
-            RunConfig::reconcilers_only(PROVISIONER, crate::tests::fixtures::test_reporter()),
-            Arc::new(AtomicBool::new(false)),
-            stopped,
-        ));
-        self.running = Some((stop, running));
-    }
-
-    pub async fn stop_controller(&mut self) {
-        if let Some((stop, running)) = self.running.take() {
-            stop.send(true).unwrap();
-            tokio::time::timeout(WAIT, running)
-                .await
-                .expect("controller stopped")
-                .unwrap();
-        }
-    }
-
-    pub async fn finish(mut self) {
-        self.stop_controller().await;
-        self.sim.shutdown().await;
+    /// `text` as it reads in this cluster's namespace: the scenarios write what they
+    /// expect in the namespace `default`, which a real server's run replaces by its own.
+    pub fn in_ns(&self, text: &str) -> String {
+        text.replace("default/", &format!("{}/", self.namespace))
     }
 
     pub async fn class(&self, name: &str, parameters: Value) {
         let mut parameters = parameters;
         parameters["pathPattern"] = json!("${.PVC.namespace}/${.PVC.name}");
-        let class: StorageClass = serde_json::from_value(json!({
-            "metadata": {"name": name},
-            "provisioner": PROVISIONER,
-            "parameters": parameters,
-        }))
-        .unwrap();
-        Api::<StorageClass>::all(self.client.clone())
-            .create(&PostParams::default(), &class)
-            .await
-            .unwrap();
+        self.create_class(name, parameters).await;
     }
 
     pub fn claims(&self) -> Api<PersistentVolumeClaim> {
-        Api::namespaced(self.client.clone(), "default")
+        Api::namespaced(self.client.clone(), &self.namespace)
     }
 
     pub fn snapshots(&self) -> Api<Snapshot> {
-        Api::namespaced(self.client.clone(), "default")
+        Api::namespaced(self.client.clone(), &self.namespace)
     }
 
     /// A claim of `class`, with `source` (a Snapshot's name) as its dataSourceRef.
     pub async fn claim(&self, name: &str, class: &str, size: &str, source: Option<&str>) {
         let mut claim = json!({
-            "metadata": {"name": name, "namespace": "default", "labels": {"backup": "yes"}},
+            "metadata": {"name": name, "namespace": self.namespace, "labels": {"backup": "yes"}},
             "spec": {
                 "accessModes": ["ReadWriteMany"],
-                "storageClassName": class,
+                "storageClassName": self.class_name(class),
                 "resources": {"requests": {"storage": size}},
             },
         });
@@ -178,7 +129,7 @@ impl Cluster {
         let snapshot: Snapshot = serde_json::from_value(json!({
             "apiVersion": "nfsprov.dev/v1alpha1",
             "kind": "Snapshot",
-            "metadata": {"name": name, "namespace": "default"},
+            "metadata": {"name": name, "namespace": self.namespace},
             "spec": {
                 "source": {"persistentVolumeClaimName": claim},
                 "deletionPolicy": policy,
@@ -223,9 +174,9 @@ impl Cluster {
         .unwrap();
     }
 
-    /// The reasons and notes of the events in `default`.
+    /// The reasons and notes of the events in the cluster's namespace.
     pub async fn events(&self) -> Vec<(String, String, String)> {
-        Api::<Event>::namespaced(self.client.clone(), "default")
+        Api::<Event>::namespaced(self.client.clone(), &self.namespace)
             .list(&ListParams::default())
             .await
             .unwrap()
@@ -330,13 +281,13 @@ async fn a_snapshot_of_a_bound_claim_becomes_ready_and_its_deletion_deletes_it()
             "method": "reflink",
             "agent": "nfs1",
             "snapshotName": name,
-            "sourcePath": "default/data",
+            "sourcePath": cluster.in_ns("default/data"),
         })
     );
     assert_eq!(snapshot.finalizers(), [SNAPSHOT_FINALIZER]);
     assert_eq!(
         calls_starting(cluster.agent(), "PUT snapshot"),
-        vec![format!("PUT snapshot {name} of default/data"); 3],
+        vec![format!("PUT snapshot {name} of {}/data", cluster.namespace); 3],
         "asked again while not ready, then no more"
     );
     assert!(cluster.agent().snapshot(&name).unwrap().ready);
@@ -383,10 +334,9 @@ async fn retain_keeps_the_agents_snapshot_and_deleting_the_claim_touches_no_snap
         .delete("data", &DeleteParams::default())
         .await
         .unwrap();
+    let source = cluster.in_ns("default/data");
     cluster
-        .agent_until("the source volume is deleted", |a| {
-            !a.has_volume("default/data")
-        })
+        .agent_until("the source volume is deleted", |a| !a.has_volume(&source))
         .await;
     assert_eq!(cluster.agent().snapshot_names().len(), 2);
     assert!(cluster.snapshots().get("kept").await.unwrap().ready());
@@ -424,19 +374,26 @@ async fn what_keeps_a_snapshot_from_being_taken_is_in_its_status_and_events() {
     let status = failed.status.unwrap();
     assert_eq!(
         status.error.as_deref(),
-        Some("claim default/missing does not exist")
+        Some(
+            cluster
+                .in_ns("claim default/missing does not exist")
+                .as_str()
+        )
     );
     let condition = &status.conditions.unwrap()[0];
     assert_eq!(
         (condition.status.as_str(), condition.reason.as_str()),
         ("False", "Failed")
     );
-    assert_eq!(condition.message, "claim default/missing does not exist");
+    assert_eq!(
+        condition.message,
+        cluster.in_ns("claim default/missing does not exist")
+    );
     cluster
         .event(
             "orphan",
             "SnapshotFailed",
-            "claim default/missing does not exist",
+            &cluster.in_ns("claim default/missing does not exist"),
         )
         .await;
     cluster
@@ -452,7 +409,7 @@ async fn what_keeps_a_snapshot_from_being_taken_is_in_its_status_and_events() {
         .event(
             "early",
             "SnapshotFailed",
-            "agent nfs1 of claim default/data does not take snapshots",
+            &cluster.in_ns("agent nfs1 of claim default/data does not take snapshots"),
         )
         .await;
     let refused = cluster.snapshots().get("early").await.unwrap();
@@ -489,7 +446,7 @@ async fn a_claim_is_restored_from_a_ready_snapshot_on_its_agent() {
     let restores = cluster.agent().restores();
     assert_eq!(restores.len(), 2, "one 202, then made: {restores:?}");
     let (path, request) = &restores[1];
-    assert_eq!(path, "default/restored");
+    assert_eq!(*path, cluster.in_ns("default/restored"));
     assert_eq!(
         request.snapshot.as_ref().map(|s| s.as_str()),
         Some(name.as_str())
@@ -497,19 +454,26 @@ async fn a_claim_is_restored_from_a_ready_snapshot_on_its_agent() {
     assert_eq!(request.capacity_bytes, 2 << 30);
     assert_eq!(request.owner.pvc_name.as_deref(), Some("restored"));
     assert_eq!(restores[0], restores[1], "the same request is repeated");
-    assert!(cluster.agent().has_volume("default/restored"));
+    assert!(
+        cluster
+            .agent()
+            .has_volume(&cluster.in_ns("default/restored"))
+    );
     let pv = Api::<PersistentVolume>::all(cluster.client.clone())
         .get(claim.spec.unwrap().volume_name.as_deref().unwrap())
         .await
         .unwrap();
     let annotations = pv.metadata.annotations.unwrap();
-    assert_eq!(annotations[ANN_RESTORED_FROM], "default/nightly");
+    assert_eq!(
+        annotations[ANN_RESTORED_FROM],
+        cluster.in_ns("default/nightly")
+    );
     assert_eq!(annotations["nfsprov.dev/clone-method"], "reflink");
     cluster
         .event(
             "restored",
             "Provisioning",
-            "restoring snapshot default/nightly",
+            &cluster.in_ns("restoring snapshot default/nightly"),
         )
         .await;
     cluster.finish().await;
@@ -529,7 +493,7 @@ async fn restores_that_cannot_be_made_are_refused_and_retried_when_they_may_come
         .event(
             "early",
             "ProvisioningFailed",
-            "the snapshot default/later does not exist (yet)",
+            &cluster.in_ns("the snapshot default/later does not exist (yet)"),
         )
         .await;
     cluster.snapshot("later", "data", "Delete").await;
@@ -537,7 +501,7 @@ async fn restores_that_cannot_be_made_are_refused_and_retried_when_they_may_come
         .event(
             "early",
             "ProvisioningFailed",
-            "the snapshot default/later is not ready yet",
+            &cluster.in_ns("the snapshot default/later is not ready yet"),
         )
         .await;
     cluster.bound("early").await;
@@ -549,7 +513,7 @@ async fn restores_that_cannot_be_made_are_refused_and_retried_when_they_may_come
         .event(
             "small",
             "ProvisioningFailed",
-            "less than the 1073741824 bytes of its snapshot default/later: a restored volume must be at least as large as its snapshot",
+            &cluster.in_ns("less than the 1073741824 bytes of its snapshot default/later: a restored volume must be at least as large as its snapshot"),
         )
         .await;
     cluster
@@ -559,7 +523,11 @@ async fn restores_that_cannot_be_made_are_refused_and_retried_when_they_may_come
         .event(
             "moved",
             "ProvisioningFailed",
-            "the snapshot default/later is on agent nfs1, but StorageClass \"elsewhere\" places volumes on agents nfs2: a restored volume is made on its source's agent",
+            &format!(
+                "the snapshot {}/later is on agent nfs1, but StorageClass \"{}\" places volumes on agents nfs2: a restored volume is made on its source's agent",
+                cluster.namespace,
+                cluster.class_name("elsewhere")
+            ),
         )
         .await;
     let restored: Vec<String> = cluster
@@ -568,7 +536,7 @@ async fn restores_that_cannot_be_made_are_refused_and_retried_when_they_may_come
         .into_iter()
         .map(|(path, _)| path)
         .collect();
-    assert_eq!(restored, ["default/early"]);
+    assert_eq!(restored, [cluster.in_ns("default/early")]);
     assert!(cluster.agents[1].restores().is_empty());
     for name in ["small", "moved"] {
         let claim = cluster.claims().get(name).await.unwrap();
@@ -579,7 +547,7 @@ async fn restores_that_cannot_be_made_are_refused_and_retried_when_they_may_come
 
 impl Cluster {
     fn schedules(&self) -> Api<SnapshotSchedule> {
-        Api::namespaced(self.client.clone(), "default")
+        Api::namespaced(self.client.clone(), &self.namespace)
     }
 
     /// The schedule's Snapshots that are not being deleted, by name.
@@ -674,10 +642,10 @@ async fn a_schedule_keeps_the_newest_three_across_a_restart_and_takes_a_missed_r
     cluster.bound("data").await;
     // Not selected: no backup label.
     let scratch: PersistentVolumeClaim = serde_json::from_value(json!({
-        "metadata": {"name": "scratch", "namespace": "default"},
+        "metadata": {"name": "scratch", "namespace": cluster.namespace},
         "spec": {
             "accessModes": ["ReadWriteMany"],
-            "storageClassName": "nfs",
+            "storageClassName": cluster.class_name("nfs"),
             "resources": {"requests": {"storage": "1Gi"}},
         },
     }))
@@ -691,7 +659,7 @@ async fn a_schedule_keeps_the_newest_three_across_a_restart_and_takes_a_missed_r
     let schedule: SnapshotSchedule = serde_json::from_value(json!({
         "apiVersion": "nfsprov.dev/v1alpha1",
         "kind": "SnapshotSchedule",
-        "metadata": {"name": "hourly", "namespace": "default"},
+        "metadata": {"name": "hourly", "namespace": cluster.namespace},
         "spec": {
             "claimSelector": {"matchLabels": {"backup": "yes"}},
             "interval": "1h",
@@ -790,9 +758,10 @@ async fn a_schedule_keeps_the_newest_three_across_a_restart_and_takes_a_missed_r
         .unwrap()
         .lines()
         .find_map(|l| {
-            l.strip_prefix(
-                "nfsprov_snapshot_schedule_lag_seconds{namespace=\"default\",schedule=\"hourly\"} ",
-            )
+            l.strip_prefix(&format!(
+                "nfsprov_snapshot_schedule_lag_seconds{{namespace=\"{}\",schedule=\"hourly\"}} ",
+                cluster.namespace
+            ))
             .map(|v| v.parse::<f64>().unwrap())
         })
         .expect("a lag figure");
@@ -800,7 +769,7 @@ async fn a_schedule_keeps_the_newest_three_across_a_restart_and_takes_a_missed_r
     assert!(
         calls_starting(cluster.agent(), "PUT snapshot")
             .iter()
-            .all(|c| c.ends_with("of default/data")),
+            .all(|c| c.ends_with(&cluster.in_ns("of default/data"))),
         "the unselected claim is never snapshotted"
     );
     cluster.finish().await;
@@ -827,7 +796,7 @@ async fn agent_errors_are_reported_and_retried_and_a_failed_delete_keeps_the_sna
             .error
             .as_deref()
             .unwrap()
-            .starts_with("agent nfs1 could not snapshot volume default/data: "),
+            .starts_with(&cluster.in_ns("agent nfs1 could not snapshot volume default/data: ")),
         "{status:?}"
     );
     // Where it is made is recorded before the agent is asked, failure or not.
@@ -837,7 +806,7 @@ async fn agent_errors_are_reported_and_retried_and_a_failed_delete_keeps_the_sna
         .event(
             "nightly",
             "SnapshotFailed",
-            "could not snapshot volume default/data",
+            &cluster.in_ns("could not snapshot volume default/data"),
         )
         .await;
     cluster.agent().fail_calls(None);

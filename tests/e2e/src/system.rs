@@ -198,10 +198,37 @@ impl System {
         controllers: usize,
         controller_args: &[&str],
     ) -> anyhow::Result<Self> {
+        Self::start_exporting(api, specs, controllers, controller_args, false).await
+    }
+
+    /// As [`System::start_on`], the NFS server serving NFSv3 too (see
+    /// [`NfsServer::start_with_v3`]): for a person trying the system with libnfs-utils.
+    pub async fn start_with_nfs_v3(
+        api: KubeApi,
+        agent_names: &[&str],
+        controllers: usize,
+        controller_args: &[&str],
+    ) -> anyhow::Result<Self> {
+        let specs: Vec<AgentSpec> = agent_names.iter().map(|n| AgentSpec::named(n)).collect();
+        Self::start_exporting(api, &specs, controllers, controller_args, true).await
+    }
+
+    async fn start_exporting(
+        api: KubeApi,
+        specs: &[AgentSpec],
+        controllers: usize,
+        controller_args: &[&str],
+        nfs_v3: bool,
+    ) -> anyhow::Result<Self> {
         let base = tempfile::tempdir()?;
         let roots = export_roots(&base, specs)?;
         let exports: Vec<&std::path::Path> = roots.iter().map(|r| r.as_path()).collect();
-        let nfs = NfsService::Whole(NfsServer::start(&exports).await?);
+        let server = if nfs_v3 {
+            NfsServer::start_with_v3(&exports).await?
+        } else {
+            NfsServer::start(&exports).await?
+        };
+        let nfs = NfsService::Whole(server);
         Self::assemble(
             base,
             nfs,
@@ -615,6 +642,17 @@ impl System {
         let source = volume.spec.as_ref().and_then(|s| s.nfs.as_ref());
         let (server, path) = source.map_or(("", ""), |s| (s.server.as_str(), s.path.as_str()));
         nfs_url(server, self.nfs.port(), &format!("{path}/{file}"))
+    }
+
+    /// The NFSv3 URL of `file` in the volume, when the NFS server serves NFSv3.
+    pub fn file_url_v3(&self, volume: &PersistentVolume, file: &str) -> Option<String> {
+        let source = volume.spec.as_ref().and_then(|s| s.nfs.as_ref())?;
+        match &self.nfs {
+            NfsService::Whole(server) => {
+                server.v3_url(&source.server, &format!("{}/{file}", source.path))
+            }
+            NfsService::PerVolume { .. } => None,
+        }
     }
 }
 

@@ -359,3 +359,252 @@ fn server_dir(system: &System, volume: &PersistentVolume) -> PathBuf {
 fn at(dir: &str, name: &str) -> String {
     format!("{}/{name}", dir.trim_end_matches('/'))
 }
+
+/// A `SnapshotSchedule` as a user applies it: every interval a Snapshot of each selected
+/// claim, the newest `keep` kept, and once `keep` gives way to `maxAge`, the older ones
+/// pruned by age; a claim restored from the newest Snapshot reads, through NFS, exactly
+/// what was written before that run. On a real API server this is what fails when the
+/// controller's Snapshots lack their `apiVersion` and `kind`.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_schedule_keeps_the_newest_snapshots_of_each_claim_prunes_by_age_and_restores_the_last_write()
+-> anyhow::Result<()> {
+    let test = "a_schedule_keeps_the_newest_snapshots_of_each_claim_prunes_by_age_and_restores_the_last_write";
+    if let Err(why) = nfsprov_e2e::libnfs::available() {
+        nfsprov_test_skip::skip(test, &why);
+        return Ok(());
+    }
+    let _turn = ONE_AT_A_TIME.lock().await;
+    let system = System::start_with_agents(
+        KubeApi::start().await?,
+        &[AgentSpec::named("nfs1")],
+        1,
+        &["--leader-elect=false"],
+    )
+    .await?;
+    let class = "e2e-sched";
+    system
+        .class(
+            class,
+            json!({"agent": "nfs1", "onDelete": "delete", "pathPattern": "${.PVC.name}"}),
+        )
+        .await?;
+    let selected = ["alpha", "beta"];
+    for claim in selected {
+        system
+            .claim(claim, class, json!({"backup": "yes"}), json!({}))
+            .await?;
+    }
+    system
+        .claim("ignored", class, json!({"backup": "no"}), json!({}))
+        .await?;
+    let mut clients = BTreeMap::new();
+    for claim in selected {
+        let volume = system.bound_volume(claim, WAIT).await?;
+        clients.insert(claim, mount(&system, &volume)?);
+    }
+    system.bound_volume("ignored", WAIT).await?;
+
+    let schedules = schedule_api(&system);
+    let schedule: DynamicObject = serde_json::from_value(json!({
+        "apiVersion": "nfsprov.dev/v1alpha1",
+        "kind": "SnapshotSchedule",
+        "metadata": {"name": "often", "namespace": system.names.namespace},
+        "spec": {
+            "claimSelector": {"matchLabels": {"backup": "yes"}},
+            "interval": "3s",
+            "keep": KEEP,
+        },
+    }))?;
+    schedules.create(&PostParams::default(), &schedule).await?;
+    let snapshots = snapshot_api(&system);
+
+    // Several runs: each time a generation of content is written, then a Snapshot made
+    // after the write (absent when the write ended) is awaited for each claim.
+    let mut newest = BTreeMap::new();
+    let mut seen = std::collections::BTreeSet::new();
+    for generation in 0..4u32 {
+        for (claim, (nfs, dir)) in &clients {
+            nfs.write_file(
+                &at(dir, "generation"),
+                &generation_content(claim, generation),
+                0o644,
+            )?;
+        }
+        let before: std::collections::BTreeSet<String> = scheduled(&snapshots)
+            .await?
+            .into_iter()
+            .map(|(n, _)| n)
+            .collect();
+        seen.extend(before.iter().cloned());
+        for claim in selected {
+            let made = ready_snapshot_after(&system, &snapshots, claim, &before).await?;
+            newest.insert(claim, (made, generation));
+        }
+    }
+    // Pruned to the newest KEEP per claim, the newest among them; none of the claim the
+    // selector leaves out.
+    let deadline = Instant::now() + WAIT;
+    loop {
+        let made = scheduled(&snapshots).await?;
+        seen.extend(made.iter().map(|(n, _)| n.clone()));
+        assert!(
+            made.iter().all(|(_, claim)| claim != "ignored"),
+            "a Snapshot of an unselected claim: {made:?}"
+        );
+        let per_claim = |claim: &str| {
+            let mut names: Vec<&String> = made
+                .iter()
+                .filter(|(_, c)| c == claim)
+                .map(|(n, _)| n)
+                .collect();
+            names.sort();
+            names
+        };
+        let pruned = selected.iter().all(|claim| {
+            let names = per_claim(claim);
+            // Names end in the run's start time, so they sort by age; all seen ones older
+            // than the kept ones are gone.
+            names.len() == KEEP
+                && seen
+                    .iter()
+                    .filter(|n| n.starts_with(&format!("often-{claim}-")))
+                    .filter(|n| n.as_str() < names[0].as_str())
+                    .all(|n| !names.contains(&n))
+        });
+        if pruned && seen.len() > 2 * KEEP {
+            break;
+        }
+        if Instant::now() > deadline {
+            anyhow::bail!(
+                "not pruned to {KEEP} per claim within {WAIT:?}: {made:?} (seen {seen:?})\n{}",
+                system.logs()
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+
+    // The newest Snapshot of each claim restores what was written before its run.
+    for (claim, (snapshot, generation)) in &newest {
+        // A later run may have taken the same content; the one awaited may since be
+        // pruned, so the newest present is restored (its content is the same: nothing
+        // was written after the last generation).
+        let current = scheduled(&snapshots)
+            .await?
+            .into_iter()
+            .filter(|(_, c)| c == claim)
+            .map(|(n, _)| n)
+            .max()
+            .unwrap_or_else(|| snapshot.clone());
+        let restored = format!("{claim}-restored");
+        restore_claim(&system, &restored, class, &current, "1Gi").await?;
+        let volume = system.bound_volume(&restored, WAIT).await?;
+        let (nfs, dir) = mount(&system, &volume)?;
+        assert_eq!(
+            nfs.read_file(&at(&dir, "generation"))?,
+            generation_content(claim, *generation),
+            "{restored} from {current}"
+        );
+    }
+
+    // keep gives way to maxAge: only age prunes now, so every Snapshot of the keep phase
+    // goes once older than maxAge, while new runs go on.
+    let keep_phase: Vec<String> = scheduled(&snapshots)
+        .await?
+        .into_iter()
+        .map(|(n, _)| n)
+        .collect();
+    schedules
+        .patch(
+            "often",
+            &kube::api::PatchParams::default(),
+            &kube::api::Patch::Merge(json!({"spec": {"keep": null, "maxAge": "8s"}})),
+        )
+        .await?;
+    let deadline = Instant::now() + WAIT;
+    loop {
+        let made = scheduled(&snapshots).await?;
+        let old_gone = keep_phase.iter().all(|n| !made.iter().any(|(m, _)| m == n));
+        let new_made = selected.iter().all(|claim| {
+            made.iter()
+                .any(|(n, c)| c == claim && !keep_phase.contains(n))
+        });
+        if old_gone && new_made {
+            break;
+        }
+        if Instant::now() > deadline {
+            anyhow::bail!(
+                "the keep phase's {keep_phase:?} not pruned by age within {WAIT:?}: {made:?}\n{}",
+                system.logs()
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    schedules.delete("often", &DeleteParams::default()).await?;
+    Ok(())
+}
+
+/// Snapshots kept per claim by the schedule of the test above.
+const KEEP: usize = 2;
+
+/// What generation `generation` of the test above writes into `claim`: distinct per
+/// claim and generation, and large enough to take more than one NFS write.
+fn generation_content(claim: &str, generation: u32) -> Vec<u8> {
+    let line = format!("{claim} generation {generation}\n");
+    line.repeat((256 << 10) / line.len()).into_bytes()
+}
+
+fn schedule_api(system: &System) -> Api<DynamicObject> {
+    let gvk = GroupVersionKind::gvk("nfsprov.dev", "v1alpha1", "SnapshotSchedule");
+    let resource = ApiResource::from_gvk_with_plural(&gvk, "snapshotschedules");
+    Api::namespaced_with(system.client.clone(), &system.names.namespace, &resource)
+}
+
+/// The schedule's Snapshots not being deleted: (name, claim).
+async fn scheduled(snapshots: &Api<DynamicObject>) -> anyhow::Result<Vec<(String, String)>> {
+    let list = snapshots
+        .list(&kube::api::ListParams::default().labels("nfsprov.dev/snapshot-schedule=often"))
+        .await?;
+    Ok(list
+        .items
+        .into_iter()
+        .filter(|s| s.metadata.deletion_timestamp.is_none())
+        .map(|s| {
+            let claim = s.data["spec"]["source"]["persistentVolumeClaimName"]
+                .as_str()
+                .unwrap_or_default()
+                .to_owned();
+            (s.metadata.name.unwrap_or_default(), claim)
+        })
+        .collect())
+}
+
+/// Waits for a ready Snapshot of `claim` that is not among `before`; its name.
+async fn ready_snapshot_after(
+    system: &System,
+    snapshots: &Api<DynamicObject>,
+    claim: &str,
+    before: &std::collections::BTreeSet<String>,
+) -> anyhow::Result<String> {
+    let deadline = Instant::now() + WAIT;
+    loop {
+        let made = scheduled(snapshots).await?;
+        if let Some((name, _)) = made
+            .iter()
+            .filter(|(n, c)| c == claim && !before.contains(n))
+            .max()
+        {
+            return ready_snapshot(system, snapshots, name)
+                .await
+                .map(|_| name.clone());
+        }
+        if Instant::now() > deadline {
+            let schedule = schedule_api(system).get("often").await?;
+            anyhow::bail!(
+                "no new Snapshot of {claim} within {WAIT:?}: {made:?}; schedule status {}\n{}",
+                schedule.data["status"],
+                system.logs()
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}

@@ -28,6 +28,8 @@ pub const CONTROLLER_MANAGER: &str = "kube-controller-manager";
 pub enum Sub {
     Main,
     Status,
+    /// A Pod's `binding`: the one way to set its `spec.nodeName` once it exists.
+    Binding,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -79,27 +81,75 @@ fn check_type_meta(kind: Kind, body: &mut Value) -> Result<(), ApiError> {
         ));
     };
     let want = kind.api_version();
-    if let Some(v) = o.get("apiVersion").filter(|v| !v.is_null())
-        && v.as_str() != Some(want.as_str())
+    let text = |key: &str| {
+        o.get(key)
+            .and_then(Value::as_str)
+            .unwrap_or_default()
+            .to_owned()
+    };
+    let (api_version, named) = (text("apiVersion"), text("kind"));
+    if crate::custom::schema(kind).is_some() {
+        // Custom objects are decoded by their own type (see `check_raw_type_meta` for
+        // one without `kind`); a kind of the same group is the CRD validation's to refuse.
+        if api_version != want {
+            return Err(ApiError::bad_request(format!(
+                "the API version in the data ({api_version}) does not match the expected API version ({want})"
+            )));
+        }
+        if !named.is_empty() && named != kind.info().kind {
+            let name = o
+                .get("metadata")
+                .and_then(|m| m.get("name"))
+                .and_then(Value::as_str)
+                .unwrap_or_default();
+            return Err(ApiError::invalid_kind(kind, name, &named));
+        }
+    } else if (!api_version.is_empty() && api_version != want)
+        || (!named.is_empty() && named != kind.info().kind)
     {
-        return Err(ApiError::bad_request(format!(
-            "the API version in the data ({}) does not match the expected API version ({want})",
-            v.as_str().unwrap_or_default()
-        )));
-    }
-    if let Some(k) = o.get("kind").filter(|v| !v.is_null())
-        && k.as_str() != Some(kind.info().kind)
-    {
-        return Err(ApiError::bad_request(format!(
-            "the kind in the data ({}) does not match the expected kind ({})",
-            k.as_str().unwrap_or_default(),
-            kind.info().kind
-        )));
+        // A built-in kind takes its type from the URL when the body names none.
+        let api_version = if api_version.is_empty() {
+            want.clone()
+        } else {
+            api_version
+        };
+        let named = if named.is_empty() {
+            kind.info().kind.to_owned()
+        } else {
+            named
+        };
+        return Err(ApiError::cannot_handle(kind, &api_version, &named));
     }
     o.insert("apiVersion".into(), json!(want));
     o.insert("kind".into(), json!(kind.info().kind));
     if !o.get("metadata").is_some_and(Value::is_object) {
         o.insert("metadata".into(), json!({}));
+    }
+    Ok(())
+}
+
+/// The decoding step before any other of a create or replace: the real server reads a
+/// custom object as unstructured data, which cannot be decoded without `kind`. Its answer
+/// quotes the body as sent, so this looks at the raw bytes.
+pub fn check_raw_type_meta(kind: Kind, raw: &[u8], body: &Value) -> Result<(), ApiError> {
+    if crate::custom::schema(kind).is_none() {
+        return Ok(());
+    }
+    let named = body.get("kind").and_then(Value::as_str).unwrap_or_default();
+    if named.is_empty() {
+        return Err(ApiError::unrecognized(kind, raw));
+    }
+    Ok(())
+}
+
+/// Server-side apply types the configuration by its own `apiVersion` and `kind`.
+pub fn check_apply_type_meta(body: &Value) -> Result<(), ApiError> {
+    let text = |key: &str| body.get(key).and_then(Value::as_str).unwrap_or_default();
+    if text("apiVersion").is_empty() || text("kind").is_empty() {
+        return Err(ApiError::invalid_object_type(
+            text("apiVersion"),
+            text("kind"),
+        ));
     }
     Ok(())
 }
@@ -172,7 +222,7 @@ impl Api {
             .and_then(Value::as_str)
             .is_some_and(|s| !s.is_empty())
         {
-            return Err(ApiError::internal(
+            return Err(ApiError::unreasoned(
                 "resourceVersion should not be set on objects to be created",
             ));
         }
@@ -455,8 +505,15 @@ impl Api {
         let mut new = schema::normalize(kind, new)?;
         validate::validate(kind, &new)?;
         validate::validate_update(kind, cur, &new)?;
+        if kind == Kind::Pod
+            && sub != Sub::Binding
+            && meta::path(cur, &["spec", "nodeName"]) != meta::path(&new, &["spec", "nodeName"])
+        {
+            return Err(validate::pod_spec_immutable(name, cur, &new));
+        }
         match sub {
             Sub::Status => validate::validate_status_update(kind, &new)?,
+            Sub::Binding => {}
             // Admission runs after validation, as in the real server.
             Sub::Main if kind == Kind::PersistentVolumeClaim => {
                 resize_admission::admit(view, cur, &new)?
@@ -495,6 +552,15 @@ impl Api {
         manager: &str,
     ) -> Result<Arc<Value>, ApiError> {
         let mut dry = None;
+        let body_name = meta::name(&body);
+        if body_name != name {
+            return Err(ApiError::bad_request(format!(
+                "the name of the object ({body_name}) does not match the name on the URL ({name})"
+            )));
+        }
+        if crate::custom::schema(kind).is_some() && meta::resource_version(&body).is_empty() {
+            return Err(ApiError::resource_version_required(kind, name));
+        }
         let (stored, _) = self.store.mutate(storage(kind), ns, name, |view, cur| {
             let cur = cur.ok_or_else(|| ApiError::not_found(kind, name))?;
             let m =
@@ -597,9 +663,7 @@ impl Api {
                 PatchType::Json => patch::json_patch(&mut work, &patch_body)?,
                 // Custom resources have no patch strategy: the real server refuses it.
                 PatchType::Strategic if crate::custom::schema(kind).is_some() => {
-                    return Err(ApiError::unsupported_media_type(
-                        "application/strategic-merge-patch+json",
-                    ));
+                    return Err(ApiError::no_strategic_merge());
                 }
                 PatchType::Strategic | PatchType::Apply => {
                     if !patch_body.is_object() {
@@ -613,6 +677,41 @@ impl Api {
         });
         let (stored, _) = result?;
         Ok((present(kind, finish(stored, dry)?), created))
+    }
+
+    /// Binds a Pod to a node, as the scheduler does through `pods/<name>/binding`.
+    pub fn bind_pod(&self, ns: &str, name: &str, binding: &Value) -> Result<(), ApiError> {
+        let node = binding
+            .get("target")
+            .and_then(|t| t.get("name"))
+            .and_then(Value::as_str)
+            .unwrap_or_default()
+            .to_owned();
+        self.store.mutate(Kind::Pod, ns, name, |view, cur| {
+            let cur = cur.ok_or_else(|| ApiError::not_found(Kind::Pod, name))?;
+            if let Some(bound) = meta::path(cur, &["spec", "nodeName"])
+                .and_then(Value::as_str)
+                .filter(|n| !n.is_empty())
+            {
+                return Err(ApiError::conflict(
+                    Kind::Pod,
+                    name,
+                    &format!("pod {name} is already assigned to node \"{bound}\""),
+                ));
+            }
+            let mut new = (**cur).clone();
+            new["spec"]["nodeName"] = json!(node);
+            self.decide_update(
+                view,
+                Kind::Pod,
+                name,
+                cur,
+                new,
+                Sub::Binding,
+                &WriteOp::update("kube-scheduler"),
+            )
+        })?;
+        Ok(())
     }
 
     pub fn delete(

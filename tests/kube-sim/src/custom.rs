@@ -94,6 +94,50 @@ fn add_defaults(properties: Option<&Map<String, Value>>, object: &mut Map<String
     }
 }
 
+/// The transition rules of an update: the CEL rule `self == oldSelf` (the one form the
+/// manifests use), on a field present before and after, refused with the rule's message
+/// as the real server words it (no value: CEL errors carry none).
+pub fn validate_transition(schema: &Value, old: &Value, new: &Value, causes: &mut Vec<Cause>) {
+    transition(schema, old, new, "", causes);
+}
+
+fn transition(schema: &Value, old: &Value, new: &Value, at: &str, causes: &mut Vec<Cause>) {
+    for rule in schema
+        .get("x-kubernetes-validations")
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+    {
+        if rule.get("rule").and_then(Value::as_str) == Some("self == oldSelf") && old != new {
+            let message = rule
+                .get("message")
+                .and_then(Value::as_str)
+                .unwrap_or("failed rule: self == oldSelf");
+            causes.push(Cause {
+                reason: "FieldValueInvalid",
+                field: at.to_owned(),
+                message: format!("Invalid value: {message}"),
+            });
+        }
+    }
+    let Some(properties) = schema.get("properties").and_then(Value::as_object) else {
+        return;
+    };
+    for (key, field) in properties {
+        if at.is_empty() && key == "metadata" {
+            continue;
+        }
+        if let (Some(o), Some(n)) = (old.get(key), new.get(key)) {
+            let path = if at.is_empty() {
+                key.clone()
+            } else {
+                format!("{at}.{key}")
+            };
+            transition(field, o, n, &path, causes);
+        }
+    }
+}
+
 /// The schema's checks of a pruned, defaulted object.
 pub fn validate(schema: &Value, obj: &Value, causes: &mut Vec<Cause>) {
     let Some(object) = obj.as_object() else {

@@ -172,11 +172,10 @@ impl ApiError {
 
     /// Server-side apply refused: fields owned by other managers would change.
     pub fn apply_conflicts(kind: Kind, name: &str, conflicts: &[(String, String)]) -> Self {
-        let api_version = kind.api_version();
         let n = conflicts.len();
         let listed: Vec<String> = conflicts
             .iter()
-            .map(|(m, f)| format!("conflict with \"{m}\" using {api_version}: {f}"))
+            .map(|(m, f)| format!("conflict with {m}: {f}"))
             .collect();
         let mut e = Self::new(
             409,
@@ -194,7 +193,7 @@ impl ApiError {
                 .map(|(m, f)| {
                     json!({
                         "reason": "FieldManagerConflict",
-                        "message": format!("conflict with \"{m}\" using {api_version}"),
+                        "message": format!("conflict with {m}"),
                         "field": f,
                     })
                 })
@@ -218,7 +217,7 @@ impl ApiError {
         let mut e = Self::new(
             422,
             "Invalid",
-            format!("{kind_name} \"{name}\" is invalid: {joined}"),
+            format!("{} \"{name}\" is invalid: {joined}", kind.qualified_kind()),
         );
         let mut d = details(kind, name, kind_name);
         d["causes"] = Value::Array(
@@ -229,6 +228,108 @@ impl ApiError {
         );
         e.details = Some(d);
         e
+    }
+
+    /// A custom object whose `kind` names another kind of the URL's group: refused by
+    /// the CRD's validation, under the kind the body named.
+    pub fn invalid_kind(kind: Kind, name: &str, named: &str) -> Self {
+        let cause = Cause::invalid(
+            "kind",
+            &json!(named),
+            &format!("must be {}", kind.info().kind),
+        );
+        let group = kind.info().group;
+        let mut e = Self::new(
+            422,
+            "Invalid",
+            format!(
+                "{named}.{group} \"{name}\" is invalid: kind: {}",
+                cause.message
+            ),
+        );
+        e.details = Some(json!({
+            "name": name,
+            "group": group,
+            "kind": named,
+            "causes": [{"reason": cause.reason, "message": cause.message, "field": cause.field}],
+        }));
+        e
+    }
+
+    /// A replace of a custom object without `metadata.resourceVersion`: unlike the
+    /// built-in kinds, custom resources are never updated unconditionally.
+    pub fn resource_version_required(kind: Kind, name: &str) -> Self {
+        let cause = Cause::invalid(
+            "metadata.resourceVersion",
+            &json!(0),
+            "must be specified for an update",
+        );
+        let mut e = Self::new(
+            422,
+            "Invalid",
+            format!(
+                "{} \"{name}\" is invalid: {}: {}",
+                kind.qualified_resource(),
+                cause.field,
+                cause.message
+            ),
+        );
+        let mut d = details(kind, name, kind.info().plural);
+        d["causes"] =
+            json!([{"reason": cause.reason, "message": cause.message, "field": cause.field}]);
+        e.details = Some(d);
+        e
+    }
+
+    /// A body the server cannot decode as the URL's kind, worded as the real server's
+    /// `transformDecodeError`: a custom object without `kind` is quoted whole, then its
+    /// first 30 bytes.
+    pub fn unrecognized(kind: Kind, body: &[u8]) -> Self {
+        let text = String::from_utf8_lossy(body);
+        let summary = if body.is_empty() {
+            "<empty>".to_owned()
+        } else if body.len() > 30 {
+            format!("{} ...", String::from_utf8_lossy(&body[..30]))
+        } else {
+            text.to_string()
+        };
+        Self::bad_request(format!(
+            "the object provided is unrecognized (must be of type {}): Object 'Kind' is missing in '{text}' ({summary})",
+            kind.info().kind
+        ))
+    }
+
+    /// A built-in object whose `apiVersion`/`kind` are not the URL's, as the real
+    /// server's scheme answers.
+    pub fn cannot_handle(kind: Kind, api_version: &str, named: &str) -> Self {
+        let version = api_version.rsplit('/').next().unwrap_or(api_version);
+        let expected = kind.info().kind;
+        let why = if version != kind.info().version {
+            format!(
+                "no kind \"{named}\" is registered for version \"{api_version}\" in scheme \"pkg/api/legacyscheme/scheme.go:30\""
+            )
+        } else {
+            let group = kind.info().group;
+            let internal = if group.is_empty() {
+                "core"
+            } else {
+                group.split('.').next().unwrap_or(group)
+            };
+            format!("converting ({version}.{named}) to ({internal}.{expected}): unknown conversion")
+        };
+        Self::bad_request(format!(
+            "{named} in version \"{version}\" cannot be handled as a {expected}: {why}"
+        ))
+    }
+
+    /// An apply whose configuration lacks `apiVersion` or `kind`.
+    pub fn invalid_object_type(api_version: &str, kind: &str) -> Self {
+        let group_version = if api_version.is_empty() {
+            "/"
+        } else {
+            api_version
+        };
+        Self::bad_request(format!("invalid object type: {group_version}, Kind={kind}"))
     }
 
     pub fn bad_request(message: impl Into<String>) -> Self {
@@ -268,6 +369,16 @@ impl ApiError {
         )
     }
 
+    /// A strategic merge patch of a custom object: custom resources have no patch
+    /// strategy, so the real server lists the other patch types only.
+    pub fn no_strategic_merge() -> Self {
+        Self::new(
+            415,
+            "UnsupportedMediaType",
+            "the body of the request was in an unknown format - accepted media types include: application/json-patch+json, application/merge-patch+json, application/apply-patch+yaml",
+        )
+    }
+
     pub fn unprocessable(message: impl Into<String>) -> Self {
         Self::new(422, "Invalid", message)
     }
@@ -278,6 +389,12 @@ impl ApiError {
 
     pub fn internal(message: impl Into<String>) -> Self {
         Self::new(500, "InternalError", message)
+    }
+
+    /// A 500 the real server sends without a `reason` (a plain error of its storage
+    /// layer, e.g. a `resourceVersion` on create).
+    pub fn unreasoned(message: impl Into<String>) -> Self {
+        Self::new(500, "", message)
     }
 
     pub fn too_many_requests(retry_after: u32) -> Self {
@@ -305,6 +422,11 @@ impl ApiError {
             "reason": self.reason,
             "code": self.code,
         });
+        if self.reason.is_empty()
+            && let Some(o) = s.as_object_mut()
+        {
+            o.remove("reason");
+        }
         if let Some(d) = &self.details {
             s["details"] = d.clone();
         }

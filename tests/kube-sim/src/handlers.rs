@@ -189,6 +189,7 @@ fn route(path: &str) -> Result<Route, ApiError> {
     let sub = match rest.get(2) {
         None => Sub::Main,
         Some(&"status") if kind.info().has_status => Sub::Status,
+        Some(&"binding") if kind == Kind::Pod => Sub::Binding,
         Some(_) => return Err(not_found_path()),
     };
     if rest.len() > 3 {
@@ -309,23 +310,26 @@ async fn handle(
             if kind.info().namespaced && target.namespace.is_none() {
                 return Err(not_found_path());
             }
-            let obj = api.create_as(kind, &ns, parse_body(&body)?, dry_run(&q)?, &manager)?;
+            let parsed = parse_body(&body)?;
+            crate::api::check_raw_type_meta(kind, &body, &parsed)?;
+            let obj = api.create_as(kind, &ns, parsed, dry_run(&q)?, &manager)?;
             Ok(json_response(StatusCode::CREATED, &*obj))
+        }
+        (&Method::POST, Some(name)) if target.sub == Sub::Binding => {
+            api.bind_pod(&ns, name, &parse_body(&body)?)?;
+            Ok(json_response(
+                StatusCode::CREATED,
+                &json!({"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success", "code": 201}),
+            ))
         }
         (&Method::DELETE, None) => delete_collection(st, &target, &q),
         (&Method::GET, Some(name)) => {
             Ok(json_response(StatusCode::OK, &*api.get(kind, &ns, name)?))
         }
         (&Method::PUT, Some(name)) => {
-            let obj = api.update(
-                kind,
-                &ns,
-                name,
-                parse_body(&body)?,
-                target.sub,
-                dry_run(&q)?,
-                &manager,
-            )?;
+            let parsed = parse_body(&body)?;
+            crate::api::check_raw_type_meta(kind, &body, &parsed)?;
+            let obj = api.update(kind, &ns, name, parsed, target.sub, dry_run(&q)?, &manager)?;
             Ok(json_response(StatusCode::OK, &*obj))
         }
         (&Method::PATCH, Some(name)) => {
@@ -341,12 +345,16 @@ async fn handle(
                 ));
             }
             let force = matches!(q.get("force").map(String::as_str), Some("true" | "1"));
+            let parsed = parse_body(&body)?;
+            if pt == PatchType::Apply {
+                crate::api::check_apply_type_meta(&parsed)?;
+            }
             let (obj, created) = api.patch(
                 kind,
                 &ns,
                 name,
                 pt,
-                parse_body(&body)?,
+                parsed,
                 target.sub,
                 &manager,
                 force,

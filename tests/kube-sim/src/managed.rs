@@ -178,7 +178,9 @@ fn render(path: &Path) -> String {
 }
 
 /// Server-side apply conflicts: fields the configuration sets to a different value than
-/// the live object's while another manager owns them. Returns (manager, field) pairs.
+/// the live object's while another manager owns them. Returns (manager, field) pairs,
+/// the manager as the real server prints it: quoted, and for a manager that updated
+/// (rather than applied) the field, with the version it wrote (`"m" using v1`).
 pub fn apply_conflicts(live: &Value, config: &Value, manager: &str) -> Vec<(String, String)> {
     let owners = entries(live);
     let mut out = Vec::new();
@@ -188,7 +190,12 @@ pub fn apply_conflicts(live: &Value, config: &Value, manager: &str) -> Vec<(Stri
         }
         for e in &owners {
             if !(e.manager == manager && e.operation == "Apply") && e.fields.contains(&path) {
-                out.push((e.manager.clone(), render(&path)));
+                let who = if e.operation == "Apply" {
+                    format!("\"{}\"", e.manager)
+                } else {
+                    format!("\"{}\" using {}", e.manager, e.api_version)
+                };
+                out.push((who, render(&path)));
             }
         }
     }

@@ -175,6 +175,17 @@ impl Kind {
 
     /// The `group/resource` spelling real error messages use, e.g.
     /// `storageclasses.storage.k8s.io`.
+    /// `Kind.group` (`Kind` alone in the core group), as the real server names a kind in
+    /// an `Invalid` message.
+    pub fn qualified_kind(self) -> String {
+        let i = self.info();
+        if i.group.is_empty() {
+            i.kind.to_string()
+        } else {
+            format!("{}.{}", i.kind, i.group)
+        }
+    }
+
     pub fn qualified_resource(self) -> String {
         let i = self.info();
         if i.group.is_empty() {

@@ -497,24 +497,56 @@ pub fn validate_update(kind: Kind, old: &Value, new: &Value) -> Result<(), ApiEr
         Kind::StorageClass => {
             for (field, msg) in [
                 ("parameters", "updates to parameters are forbidden."),
-                ("provisioner", "updates to provisioner are forbidden."),
                 ("reclaimPolicy", "updates to reclaimPolicy are forbidden."),
             ] {
                 if old.get(field) != new.get(field) {
                     causes.push(Cause::forbidden(field, msg));
                 }
             }
+            // Kubernetes 1.36 words the provisioner as any immutable field, with its value.
+            if old.get("provisioner") != new.get("provisioner") {
+                let value = new.get("provisioner").cloned().unwrap_or(Value::Null);
+                causes.push(Cause::invalid("provisioner", &value, "field is immutable"));
+            }
             if old.get("volumeBindingMode") != new.get("volumeBindingMode") {
                 causes.push(Cause::immutable("volumeBindingMode", "field is immutable"));
             }
         }
-        _ => {}
+        _ => {
+            if let Some(schema) = crate::custom::schema(kind) {
+                crate::custom::validate_transition(schema, old, new, &mut causes);
+            }
+        }
     }
     if causes.is_empty() {
         Ok(())
     } else {
         Err(ApiError::invalid(kind, meta::name(new), causes))
     }
+}
+
+/// A Pod update changing what only a binding may set, worded as the real server's
+/// (the text after the list of mutable fields is an outline, not its exact diff).
+pub fn pod_spec_immutable(name: &str, old: &Value, new: &Value) -> ApiError {
+    let node = |o: &Value| {
+        o.get("spec")
+            .and_then(|s| s.get("nodeName"))
+            .and_then(Value::as_str)
+            .unwrap_or_default()
+            .to_owned()
+    };
+    ApiError::invalid(
+        Kind::Pod,
+        name,
+        vec![Cause::forbidden(
+            "spec",
+            &format!(
+                "pod updates may not change fields other than `spec.containers[*].image`,`spec.initContainers[*].image`,`spec.activeDeadlineSeconds`,`spec.tolerations` (only additions to existing tolerations),`spec.terminationGracePeriodSeconds` (allow it to be set to 1 if it was previously negative)\n- \"NodeName\": {:?},\n+ \"NodeName\": {:?},\n",
+                node(old),
+                node(new)
+            ),
+        )],
+    )
 }
 
 /// Rules for writes to a `/status` subresource, where the real server checks the status

@@ -19,6 +19,12 @@ async fn main() -> anyhow::Result<()> {
             "{tool} not found: install nfs-ganesha, nfs-ganesha-vfs and libnfs-utils (deploy/quickstart.sh does)"
         );
     }
+    // nfs-cp writes a file of more than about 4 KB only over NFSv3, which ganesha serves
+    // only when it can register it with rpcbind (deploy/quickstart.sh starts one).
+    anyhow::ensure!(
+        std::net::TcpStream::connect("127.0.0.1:111").is_ok(),
+        "rpcbind is not running: start it (rpcbind -w; Debian: rpcbind), deploy/quickstart.sh does"
+    );
     let kubeconfig = std::env::var_os("KUBECONFIG").map(std::path::PathBuf::from);
     let api = KubeApi::start_with(kubeconfig.clone()).await?;
     println!(
@@ -28,7 +34,7 @@ async fn main() -> anyhow::Result<()> {
             None => "the built-in simulator".to_owned(),
         }
     );
-    let system = System::start_on(api, &["local"], 1, &["--leader-elect=false"]).await?;
+    let system = System::start_with_nfs_v3(api, &["local"], 1, &["--leader-elect=false"]).await?;
     let agent = &system.agents[0];
     println!(
         "NFS server: 127.0.0.1, port {}, export {}",
@@ -85,15 +91,16 @@ async fn main() -> anyhow::Result<()> {
     );
     let directory = system.file_url(&volume, "");
     println!("Listing of {directory}:\n{}", nfs_ls(&directory)?);
+    let write_url = system
+        .file_url_v3(&volume, "f")
+        .ok_or_else(|| anyhow::anyhow!("the NFS server serves no NFSv3"))?;
     println!(
-        "Write to it yourself (libnfs-utils, NFSv4 on port {}):",
+        "Write a file of yours to it and read it back (libnfs-utils; nfs-cp writes over NFSv3, \
+         nfs-cat reads over NFSv4, both on port {}):",
         system.nfs.port()
     );
-    println!(
-        "  echo data > /tmp/f && nfs-cp /tmp/f '{}'",
-        system.file_url(&volume, "f")
-    );
-    println!("  nfs-cat '{}'", system.file_url(&volume, "f"));
+    println!("  {WRITE_PREFIX}'{write_url}'");
+    println!("  {READ_PREFIX}'{}'", system.file_url(&volume, "f"));
     println!(
         "The directory on the server: {}",
         agent
@@ -111,6 +118,11 @@ async fn main() -> anyhow::Result<()> {
     println!("stopping");
     Ok(())
 }
+
+/// The printed commands up to their URL: `tests/e2e/tests/quickstart.rs` runs what
+/// follows them, with a file of its own for `/tmp/f`.
+const WRITE_PREFIX: &str = "nfs-cp /tmp/f ";
+const READ_PREFIX: &str = "nfs-cat ";
 
 fn which(tool: &str) -> bool {
     std::env::var_os("PATH")
