@@ -666,6 +666,10 @@ pub enum ErrorCode {
     Timeout,
     InsufficientStorage,
     NotReady,
+    /// Too many jobs of this kind (clones, snapshots or restores) wait already: the agent
+    /// started none for this request. Sent as 429 with `Retry-After`; the same request
+    /// later is welcome.
+    JobQueueFull,
     Internal,
     /// A code newer than the controller knows: the answer's HTTP status says what it is
     /// (see `client::ClientError::is_transient`).
@@ -690,6 +694,7 @@ impl ErrorCode {
             ErrorCode::Unsupported => 422,
             ErrorCode::PayloadTooLarge => 413,
             ErrorCode::UnsupportedMediaType => 415,
+            ErrorCode::JobQueueFull => 429,
             // Never sent: the agent knows its own codes.
             ErrorCode::Internal | ErrorCode::Unknown => 500,
             ErrorCode::NotReady => 503,
@@ -704,6 +709,7 @@ impl ErrorCode {
             self,
             ErrorCode::Timeout
                 | ErrorCode::NotReady
+                | ErrorCode::JobQueueFull
                 | ErrorCode::Internal
                 | ErrorCode::InsufficientStorage
         )
@@ -984,6 +990,11 @@ mod tests {
             "insufficient_storage"
         );
         assert_eq!(ErrorCode::InsufficientStorage.http_status(), 507);
+        let full: ApiError =
+            serde_json::from_str(r#"{"code":"job_queue_full","message":"m"}"#).unwrap();
+        assert_eq!(full.code, ErrorCode::JobQueueFull);
+        assert_eq!(full.code.http_status(), 429);
+        assert!(full.code.is_transient());
     }
 
     fn volume_page(raw: Option<&str>) -> Result<Option<PageRequest<VolumePath>>, String> {
