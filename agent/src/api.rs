@@ -29,11 +29,12 @@ use crate::clones::{CloneAnswer, Clones};
 use crate::config::AgentConfig;
 use crate::connections::Ticket;
 use crate::exports::{ExportError, ExportHealth, Exports, FaultPoint, crash_if_asked};
+use crate::jobs::{self, JobKind, JobQueue};
 use crate::metrics::{Metrics, RequestLabels, RouteLabels};
 use crate::policy::Policy;
 use crate::ratelimit::RateLimit;
 use crate::root_filesystem::RootFilesystem;
-use crate::snapshots::{RestoreAnswer, SnapshotAnswer, Snapshots};
+use crate::snapshots::{Queues, RestoreAnswer, SnapshotAnswer, Snapshots};
 use crate::store::{Archived, Created, Deleted, StoreError, VolumeStore};
 use crate::tls::PeerCertificate;
 use crate::usage::UsageCache;
@@ -82,14 +83,30 @@ impl AppState {
     /// The state for `config`'s agent, serving `store` and checking callers with `auth`.
     pub fn new(store: Arc<VolumeStore>, auth: Authenticator, config: &AgentConfig) -> Self {
         let metrics = Metrics::new();
-        let clones = Clones::new(store.clone(), metrics.clones.clone(), config);
+        let clones = Clones::new(store.clone(), metrics.clones.clone(), &metrics.jobs, config);
         Self {
             archives: Arc::new(Archives::new(
                 store.clone(),
                 config.archive.clone(),
                 metrics.archives.clone(),
             )),
-            snapshots: Snapshots::new(store.clone(), metrics.snapshots.clone(), clones.slots()),
+            snapshots: Snapshots::new(
+                store.clone(),
+                metrics.snapshots.clone(),
+                clones.slots(),
+                Queues {
+                    snapshots: JobQueue::new(
+                        JobKind::Snapshot,
+                        config.max_queued_jobs,
+                        &metrics.jobs,
+                    ),
+                    restores: JobQueue::new(
+                        JobKind::Restore,
+                        config.max_queued_jobs,
+                        &metrics.jobs,
+                    ),
+                },
+            ),
             clones,
             exports: Arc::new(Exports::none(&config.nfs_path)),
             root_filesystem: RootFilesystem {
@@ -192,9 +209,16 @@ impl IntoResponse for Failure {
         let status = StatusCode::from_u16(self.0.code.http_status())
             .unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
         let message = self.0.message.clone();
+        let code = self.0.code;
         let mut response = (status, Json(self.0)).into_response();
         // Kept for the audit log, which runs outside the handler.
         response.extensions_mut().insert(FailureMessage(message));
+        if code == ErrorCode::JobQueueFull {
+            response.headers_mut().insert(
+                header::RETRY_AFTER,
+                HeaderValue::from(jobs::RETRY_AFTER.as_secs()),
+            );
+        }
         if status == StatusCode::UNAUTHORIZED {
             response
                 .headers_mut()
@@ -1290,6 +1314,7 @@ mod tests {
             body_read_timeout: Duration::from_secs(10),
             max_concurrent_requests: 4,
             max_clone_jobs: 1,
+            max_queued_jobs: 64,
             shutdown_grace: Duration::from_secs(1),
             min_free_bytes: 0,
             min_free_inodes: 0,

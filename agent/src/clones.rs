@@ -25,7 +25,8 @@ use tokio::sync::{Semaphore, watch};
 
 use crate::config::AgentConfig;
 use crate::holds;
-use crate::metrics::{CloneLabels, CloneMetrics};
+use crate::jobs::{JobKind, JobQueue, Ticket};
+use crate::metrics::{CloneLabels, CloneMetrics, JobMetrics};
 use crate::store::{COPY_DESCRIPTORS, Created, MAX_USAGE_DEPTH, VolumeStore};
 
 /// How a clone ended: the volume and whether this job made it, or why it failed.
@@ -54,6 +55,7 @@ pub struct Clones {
     metrics: CloneMetrics,
     running: Arc<Mutex<HashMap<VolumePath, Job>>>,
     slots: Arc<Semaphore>,
+    queue: JobQueue,
 }
 
 /// Usage walks at once: two for volumes and one for archives.
@@ -67,7 +69,12 @@ const BASE_DESCRIPTORS: u64 = 64;
 const JOB_DESCRIPTORS: usize = 32;
 
 impl Clones {
-    pub fn new(store: Arc<VolumeStore>, metrics: CloneMetrics, config: &AgentConfig) -> Self {
+    pub fn new(
+        store: Arc<VolumeStore>,
+        metrics: CloneMetrics,
+        jobs: &JobMetrics,
+        config: &AgentConfig,
+    ) -> Self {
         let descriptors = rustix::process::getrlimit(rustix::process::Resource::Nofile).current;
         let slots = slots(
             config.max_clone_jobs,
@@ -80,6 +87,7 @@ impl Clones {
             metrics,
             running: Arc::default(),
             slots: Arc::new(Semaphore::new(slots)),
+            queue: JobQueue::new(JobKind::Clone, config.max_queued_jobs, jobs),
         }
     }
 
@@ -90,7 +98,7 @@ impl Clones {
 
     /// Starts the clone of `request` at `path`, or joins the job already making it, and
     /// waits at most `wait` for it to end. A job making something else at `path` is a
-    /// conflict.
+    /// conflict; a new job when the clone queue is full is refused.
     pub async fn clone_volume(
         &self,
         path: &VolumePath,
@@ -111,7 +119,11 @@ impl Clones {
                     )));
                 }
                 None => {
-                    let done = self.start(path.clone(), request.clone());
+                    let ticket = match self.queue.admit() {
+                        Ok(ticket) => ticket,
+                        Err(full) => return CloneAnswer::Done(Err(full)),
+                    };
+                    let done = self.start(path.clone(), request.clone(), ticket);
                     let started = Instant::now();
                     running.insert(
                         path.clone(),
@@ -151,6 +163,7 @@ impl Clones {
         &self,
         path: VolumePath,
         request: CloneVolumeRequest,
+        mut ticket: Ticket,
     ) -> watch::Receiver<Option<CloneOutcome>> {
         let (tell, done) = watch::channel(None);
         let store = self.store.clone();
@@ -176,6 +189,7 @@ impl Clones {
                         .expect("the clone slots are never closed")
                 }
             };
+            ticket.run();
             // Both paths, in one order for every job, so two jobs never wait on each other.
             let (first, second) = if path <= request.source {
                 (&path, &request.source)
@@ -229,6 +243,7 @@ impl Clones {
             drop(second_guard);
             drop(first_guard);
             drop(slot);
+            drop(ticket);
             end.finish(outcome);
         });
         done

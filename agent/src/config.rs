@@ -374,6 +374,9 @@ pub struct LimitsSection {
     /// Clone jobs running at once. Jobs outlive their requests, so
     /// `max_concurrent_requests` does not count them; more wait for a slot.
     pub max_clone_jobs: usize,
+    /// Jobs of each kind (clones, snapshots, restores) waiting for a slot at once; a
+    /// request for one more is refused with 429 and `Retry-After`.
+    pub max_queued_jobs: usize,
 }
 
 impl Default for LimitsSection {
@@ -405,6 +408,9 @@ impl Default for LimitsSection {
             // Each deep copy may hold over a thousand descriptors and keeps the disks
             // busy: a few at a time finish sooner than many at once.
             max_clone_jobs: 2,
+            // Far more than a controller keeps going (its reconciles per agent), and a
+            // few hundred KiB of memory at most per kind.
+            max_queued_jobs: 64,
         }
     }
 }
@@ -460,6 +466,7 @@ pub struct AgentConfig {
     pub body_read_timeout: Duration,
     pub max_concurrent_requests: usize,
     pub max_clone_jobs: usize,
+    pub max_queued_jobs: usize,
     pub shutdown_grace: Duration,
     pub min_free_bytes: u64,
     pub min_free_inodes: u64,
@@ -612,9 +619,9 @@ impl AgentConfig {
                 "limits.max_body_bytes, limits.request_timeout_seconds and limits.max_concurrent_requests must be positive".into(),
             ));
         }
-        if limits.max_clone_jobs == 0 {
+        if limits.max_clone_jobs == 0 || limits.max_queued_jobs == 0 {
             return Err(ConfigError::Invalid(
-                "limits.max_clone_jobs must be positive".into(),
+                "limits.max_clone_jobs and limits.max_queued_jobs must be positive".into(),
             ));
         }
         if limits.max_connections == 0
@@ -673,6 +680,7 @@ impl AgentConfig {
             body_read_timeout: Duration::from_secs(limits.body_read_timeout_seconds),
             max_concurrent_requests: limits.max_concurrent_requests,
             max_clone_jobs: limits.max_clone_jobs,
+            max_queued_jobs: limits.max_queued_jobs,
             shutdown_grace: Duration::from_secs(limits.shutdown_grace_seconds),
             min_free_bytes: file.readiness.min_free_bytes,
             min_free_inodes: file.readiness.min_free_inodes,
@@ -959,7 +967,11 @@ mod tests {
             (format!("{good}[archive]\nretention = 7\n"), "unknown field"),
             (
                 format!("{good}[limits]\nmax_clone_jobs = 0\n"),
-                "limits.max_clone_jobs must be positive",
+                "limits.max_clone_jobs and limits.max_queued_jobs must be positive",
+            ),
+            (
+                format!("{good}[limits]\nmax_queued_jobs = 0\n"),
+                "limits.max_clone_jobs and limits.max_queued_jobs must be positive",
             ),
             (
                 format!("{good}[limits]\nmax_unauthenticated_per_source = 0\n"),

@@ -15,8 +15,8 @@
 //! 5. `metrics`, and `usage` (measured in the background, cached);
 //! 6. `archive`: how long archives are kept, and their catalog for the API and the sweep;
 //! 7. `config`: the settings file, checked into the settings of the layers below;
-//! 8. `auth`, `logging`, `init` (first-run setup), `clones` (clone jobs), `snapshots`
-//!    (snapshot and restore jobs);
+//! 8. `auth`, `logging`, `init` (first-run setup), `jobs` (how many jobs may wait),
+//!    `clones` (clone jobs), `snapshots` (snapshot and restore jobs);
 //! 9. `cli`: the command line;
 //! 10. `api`: the HTTPS API, its routes and handlers;
 //! 11. `server`: the accept loop, each connection admitted, its handshake and served.
@@ -31,6 +31,7 @@ pub(crate) mod connections;
 pub mod exports;
 pub(crate) mod holds;
 pub mod init;
+pub(crate) mod jobs;
 pub(crate) mod logging;
 pub(crate) mod metrics;
 pub(crate) mod mountinfo;

@@ -111,6 +111,25 @@ pub struct SnapshotMetrics {
     pub copy: CopyProgress,
 }
 
+/// A kind of job: `clone`, `snapshot` or `restore`.
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct JobLabels {
+    pub kind: &'static str,
+}
+
+/// The queues of the jobs that outlive their requests, by kind.
+#[derive(Debug, Clone, Default)]
+pub struct JobMetrics {
+    /// Jobs admitted that wait for a slot now.
+    pub queued: Family<JobLabels, Gauge>,
+    /// Jobs holding a slot now.
+    pub running: Family<JobLabels, Gauge>,
+    /// Requests refused because as many jobs waited as allowed.
+    pub refused: Family<JobLabels, Counter>,
+    /// Jobs allowed to wait at once.
+    pub limit: Family<JobLabels, Gauge>,
+}
+
 #[derive(Debug)]
 pub struct Metrics {
     registry: Registry,
@@ -129,6 +148,7 @@ pub struct Metrics {
     pub snapshots: SnapshotMetrics,
     pub connections: ConnectionMetrics,
     pub exports: ExportMetrics,
+    pub jobs: JobMetrics,
 }
 
 impl Default for Metrics {
@@ -302,11 +322,33 @@ impl Metrics {
             "Passes of the export reconciler that could not finish (the NFS server or its bus did not answer, or refused)",
             exports.failed_passes.clone(),
         );
+        let jobs = JobMetrics::default();
+        registry.register(
+            "jobs_queued",
+            "Clone, snapshot and restore jobs waiting for a slot now, by kind (their requests were answered 202 Accepted)",
+            jobs.queued.clone(),
+        );
+        registry.register(
+            "jobs_running",
+            "Clone, snapshot and restore jobs holding a slot now, by kind",
+            jobs.running.clone(),
+        );
+        registry.register(
+            "jobs_refused",
+            "Requests for a new job refused with 429 because limits.max_queued_jobs jobs of its kind waited already",
+            jobs.refused.clone(),
+        );
+        registry.register(
+            "job_queue_limit",
+            "Jobs of each kind allowed to wait for a slot at once: limits.max_queued_jobs",
+            jobs.limit.clone(),
+        );
         Self {
             clones,
             snapshots,
             connections,
             exports,
+            jobs,
             registry,
             requests,
             request_duration,

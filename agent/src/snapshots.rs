@@ -33,6 +33,7 @@ use nfsprov_api_types::{
 use prometheus_client::metrics::counter::Counter;
 use tokio::sync::{Semaphore, watch};
 
+use crate::jobs::{JobQueue, Ticket};
 use crate::metrics::{RestoreLabels, SnapshotLabels, SnapshotMetrics};
 use crate::store::snapshot::{Stage, deleted_while_taken};
 use crate::store::{Created, Deleted, PathGuard, StoreError, VolumeStore};
@@ -59,6 +60,13 @@ pub enum RestoreAnswer {
     Running(RestoreProgress),
 }
 
+/// How many snapshot jobs, and restore jobs, may wait for a slot.
+#[derive(Debug)]
+pub struct Queues {
+    pub snapshots: JobQueue,
+    pub restores: JobQueue,
+}
+
 /// The snapshot and restore jobs of one agent.
 #[derive(Debug)]
 pub struct Snapshots {
@@ -70,20 +78,25 @@ pub struct Snapshots {
 }
 
 impl Snapshots {
-    /// Jobs on `store`, running in `slots` (the clone jobs').
-    pub fn new(store: Arc<VolumeStore>, metrics: SnapshotMetrics, slots: Arc<Semaphore>) -> Self {
+    /// Jobs on `store`, running in `slots` (the clone jobs'), waiting in `queues`.
+    pub fn new(
+        store: Arc<VolumeStore>,
+        metrics: SnapshotMetrics,
+        slots: Arc<Semaphore>,
+        queues: Queues,
+    ) -> Self {
         Self {
             store,
             metrics,
             slots,
-            making: JobMap::default(),
-            restoring: JobMap::default(),
+            making: JobMap::new(queues.snapshots),
+            restoring: JobMap::new(queues.restores),
         }
     }
 
     /// Starts the snapshot `name` of `request.source`, or joins the job already taking
     /// it, and waits at most `wait` for it to end. A job taking `name` of another source
-    /// is a conflict.
+    /// is a conflict; a new job when the snapshot queue is full is refused.
     pub async fn create(
         &self,
         name: &SnapshotName,
@@ -115,12 +128,13 @@ impl Snapshots {
         };
         let joined = self
             .making
-            .join_or_start(name, &request, pending, |end, fate| {
-                self.start_snapshot(name.clone(), request.clone(), end, fate);
+            .join_or_start(name, &request, pending, |end, fate, ticket| {
+                self.start_snapshot(name.clone(), request.clone(), end, fate, ticket);
             });
         let (done, _, running) = match joined {
             Ok(joined) => joined,
-            Err(other) => {
+            Err(Refused::Full(full)) => return SnapshotAnswer::Done(Err(full)),
+            Err(Refused::Other(other)) => {
                 return SnapshotAnswer::Done(Err(ApiError::new(
                     ErrorCode::Conflict,
                     format!("snapshot {name} of {} is being taken", other.source),
@@ -152,6 +166,7 @@ impl Snapshots {
         request: CreateSnapshotRequest,
         end: JobEnd<SnapshotName, CreateSnapshotRequest, SnapshotOutcome, Snapshot>,
         fate: Arc<Fate>,
+        mut ticket: Ticket,
     ) {
         let store = self.store.clone();
         let metrics = self.metrics.clone();
@@ -162,6 +177,7 @@ impl Snapshots {
                 .acquire_owned()
                 .await
                 .expect("the job slots are never closed");
+            ticket.run();
             let name_guard = store.lock_snapshot(&name).await;
             let source_guard = store.lock(&request.source).await;
             metrics.in_progress.inc();
@@ -209,13 +225,15 @@ impl Snapshots {
             drop(source_guard);
             drop(name_guard);
             drop(slot);
+            drop(ticket);
             end.finish(outcome);
         });
     }
 
     /// Starts the restore of `request` (from `source`, its source) at `path`, or joins
     /// the job already making it, and waits at most `wait` for it to end. A job making
-    /// something else at `path` is a conflict.
+    /// something else at `path` is a conflict; a new job when the restore queue is full is
+    /// refused.
     pub async fn restore(
         &self,
         path: &VolumePath,
@@ -233,12 +251,15 @@ impl Snapshots {
                 ),
             )));
         }
-        let joined = self.restoring.join_or_start(path, &request, (), |end, _| {
-            self.start_restore(path.clone(), source.clone(), request.clone(), end);
-        });
+        let joined = self
+            .restoring
+            .join_or_start(path, &request, (), |end, _, ticket| {
+                self.start_restore(path.clone(), source.clone(), request.clone(), end, ticket);
+            });
         let (done, started, ()) = match joined {
             Ok(joined) => joined,
-            Err(other) => {
+            Err(Refused::Full(full)) => return RestoreAnswer::Done(Err(full)),
+            Err(Refused::Other(other)) => {
                 return RestoreAnswer::Done(Err(ApiError::new(
                     ErrorCode::Conflict,
                     format!(
@@ -265,6 +286,7 @@ impl Snapshots {
         source: RestoreSource,
         request: RestoreVolumeRequest,
         end: JobEnd<VolumePath, RestoreVolumeRequest, RestoreOutcome, ()>,
+        mut ticket: Ticket,
     ) {
         let store = self.store.clone();
         let metrics = self.metrics.clone();
@@ -274,6 +296,7 @@ impl Snapshots {
                 .acquire_owned()
                 .await
                 .expect("the job slots are never closed");
+            ticket.run();
             let guards = lock_restore(&store, &path, &source).await;
             metrics.in_progress.inc();
             let work = {
@@ -309,6 +332,7 @@ impl Snapshots {
             metrics.in_progress.dec();
             drop(guards);
             drop(slot);
+            drop(ticket);
             end.finish(outcome);
         });
     }
@@ -417,18 +441,29 @@ struct Job<R, O, I> {
 
 type Running<K, R, O, I> = Arc<Mutex<HashMap<K, Job<R, O, I>>>>;
 
-/// Jobs by what they make, at most one per key.
+/// Jobs by what they make, at most one per key; new ones admitted by their queue.
 #[derive(Debug)]
 struct JobMap<K, R, O, I> {
     running: Running<K, R, O, I>,
     ids: AtomicU64,
+    queue: JobQueue,
 }
 
-impl<K, R, O, I> Default for JobMap<K, R, O, I> {
-    fn default() -> Self {
+/// Why a request started no job and joined none.
+#[derive(Debug)]
+enum Refused<R> {
+    /// A job runs another request at the key: this one.
+    Other(R),
+    /// The queue is full: why, for the answer.
+    Full(ApiError),
+}
+
+impl<K, R, O, I> JobMap<K, R, O, I> {
+    fn new(queue: JobQueue) -> Self {
         Self {
             running: Arc::default(),
             ids: AtomicU64::new(0),
+            queue,
         }
     }
 }
@@ -440,22 +475,25 @@ where
     I: Clone,
 {
     /// Joins the job making `key` when it runs `request`, or starts one with `start`
-    /// (given the job's end and its fate). The job's receiver, start time
-    /// and info; the other request when a job runs another one at `key`.
+    /// (given the job's end, its fate and its place in the queue) when the queue admits
+    /// it. The job's receiver, start time and info; refused with the other request when a
+    /// job runs another one at `key`, or when the queue is full.
+    #[allow(clippy::type_complexity)]
     fn join_or_start(
         &self,
         key: &K,
         request: &R,
         info: I,
-        start: impl FnOnce(JobEnd<K, R, O, I>, Arc<Fate>),
-    ) -> Result<(watch::Receiver<Option<O>>, Instant, I), R> {
+        start: impl FnOnce(JobEnd<K, R, O, I>, Arc<Fate>, Ticket),
+    ) -> Result<(watch::Receiver<Option<O>>, Instant, I), Refused<R>> {
         let mut running = self.running.lock().unwrap_or_else(|e| e.into_inner());
         match running.get(key) {
             Some(job) if job.request == *request => {
                 Ok((job.done.clone(), job.started, job.info.clone()))
             }
-            Some(job) => Err(job.request.clone()),
+            Some(job) => Err(Refused::Other(job.request.clone())),
             None => {
+                let ticket = self.queue.admit().map_err(Refused::Full)?;
                 let (tell, done) = watch::channel(None);
                 let id = self.ids.fetch_add(1, Ordering::Relaxed);
                 let fate = Arc::new(Fate::default());
@@ -479,6 +517,7 @@ where
                         tell,
                     },
                     fate,
+                    ticket,
                 );
                 Ok((done, started, info))
             }
@@ -578,23 +617,62 @@ impl<K: Hash + Eq, R, O, I> Drop for JobEnd<K, R, O, I> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::jobs::JobKind;
+    use crate::metrics::JobMetrics;
+
+    fn queue(limit: usize) -> JobQueue {
+        JobQueue::new(JobKind::Snapshot, limit, &JobMetrics::default())
+    }
+
+    #[test]
+    fn a_full_queue_refuses_new_jobs_but_not_repeats_of_admitted_ones() {
+        let jobs: JobMap<&str, u32, u32, ()> = JobMap::new(queue(1));
+        let mut tickets = Vec::new();
+        let mut ends = Vec::new();
+        let first = jobs.join_or_start(&"a", &1, (), |end, _, ticket| {
+            ends.push(end);
+            tickets.push(ticket);
+        });
+        assert!(first.is_ok());
+        // Another key is a new job: refused, and nothing of it is kept.
+        match jobs.join_or_start(&"b", &1, (), |_, _, _| panic!("started past the limit")) {
+            Err(Refused::Full(full)) => assert_eq!(full.code, ErrorCode::JobQueueFull),
+            other => panic!("not refused as full: {other:?}"),
+        }
+        assert!(jobs.info(&"b").is_none());
+        // A repeat of the admitted job joins it.
+        assert!(
+            jobs.join_or_start(&"a", &1, (), |_, _, _| panic!("a second job at a"))
+                .is_ok()
+        );
+        // Once the first holds its slot, another may wait.
+        tickets[0].run();
+        let second = jobs.join_or_start(&"b", &1, (), |end, _, ticket| {
+            ends.push(end);
+            tickets.push(ticket);
+        });
+        assert!(second.is_ok());
+    }
 
     #[test]
     fn a_cancelled_job_leaves_a_newer_one_at_its_key() {
-        let jobs: JobMap<&str, u32, u32, ()> = JobMap::default();
+        let jobs: JobMap<&str, u32, u32, ()> = JobMap::new(queue(8));
         let mut ends = Vec::new();
         let mut fates = Vec::new();
-        let first = jobs.join_or_start(&"a", &1, (), |end, fate| {
+        let first = jobs.join_or_start(&"a", &1, (), |end, fate, _| {
             fates.push(fate);
             ends.push(end);
         });
         assert!(first.is_ok());
-        assert_eq!(jobs.join_or_start(&"a", &2, (), |_, _| {}).err(), Some(1));
+        assert!(matches!(
+            jobs.join_or_start(&"a", &2, (), |_, _, _| {}),
+            Err(Refused::Other(1))
+        ));
         // Still looking, so not settled by the cancel; forgotten all the same.
         assert!(!jobs.cancel(&"a"));
         assert!(jobs.info(&"a").is_none());
         assert!(!jobs.cancel(&"a"));
-        jobs.join_or_start(&"a", &2, (), |end, fate| {
+        jobs.join_or_start(&"a", &2, (), |end, fate, _| {
             fates.push(fate);
             ends.push(end);
         })

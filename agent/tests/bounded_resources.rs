@@ -550,3 +550,192 @@ async fn deep_clones_at_once_under_a_low_descriptor_limit_all_succeed() {
     assert_eq!(agent.metric("nfsprov_agent_clone_jobs_queued").await, 0.0);
     assert!(agent.metric("nfsprov_agent_clone_jobs_waited_total").await >= 1.0);
 }
+
+/// New jobs asked for by clients that hang up after 30 ms, per kind.
+const HUNG_UP_REQUESTS: usize = 30_000;
+/// The queue limit the test sets: small, so the requests past it are most of them.
+const QUEUE_LIMIT: usize = 8;
+/// What the agent may take however many jobs it was asked for.
+const RSS_BOUND: u64 = 64 << 20;
+
+/// Sends `HUNG_UP_REQUESTS` requests for new jobs (`request(n)` gives the n-th's method,
+/// path and body: a clone is a POST, a snapshot a PUT), 32 at a time, each abandoned after 30 ms; answers how many the test saw
+/// refused with 429 and `Retry-After`, and how many it hung up on. Any other answer fails
+/// the test: a job admitted past the limit would have answered 202 or 201.
+async fn flood(
+    agent: &Agent,
+    request: impl Fn(usize) -> (reqwest::Method, String, serde_json::Value),
+) -> (usize, usize) {
+    let https = agent.setup.https();
+    let token = agent.setup.token();
+    let slots = std::sync::Arc::new(tokio::sync::Semaphore::new(32));
+    let mut sent = tokio::task::JoinSet::new();
+    for n in 0..HUNG_UP_REQUESTS {
+        let permit = slots.clone().acquire_owned().await.unwrap();
+        let (method, path, body) = request(n);
+        let call = https
+            .request(
+                method,
+                format!("https://localhost:{}{path}", agent.setup.port),
+            )
+            .bearer_auth(&token)
+            .json(&body)
+            .timeout(Duration::from_millis(30));
+        sent.spawn(async move {
+            let answer = call.send().await;
+            drop(permit);
+            match answer {
+                // Hung up on after 30 ms, or on a connection the agent closed after
+                // too many streams hung up on (HTTP/2's guard against rapid resets): no
+                // answer either way.
+                Err(_) => None,
+                Ok(response) => Some((
+                    response.status().as_u16(),
+                    response
+                        .headers()
+                        .get("retry-after")
+                        .and_then(|v| v.to_str().ok())
+                        .map(str::to_owned),
+                    path,
+                )),
+            }
+        });
+    }
+    let (mut refused, mut hung_up) = (0, 0);
+    while let Some(done) = sent.join_next().await {
+        match done.unwrap() {
+            None => hung_up += 1,
+            Some((429, Some(retry_after), _)) => {
+                assert!(retry_after.parse::<u64>().unwrap() > 0, "{retry_after}");
+                refused += 1;
+            }
+            Some((status, retry_after, path)) => {
+                panic!("{path}: {status}, Retry-After {retry_after:?}: neither refused nor waiting")
+            }
+        }
+    }
+    (refused, hung_up)
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn jobs_past_the_queue_limit_are_refused_and_memory_stays_bounded() {
+    let agent = Agent::start("", Root::Disk, None, |text| {
+        text.replace(
+            "max_connections = 4096",
+            &format!("max_connections = 4096\nmax_clone_jobs = 1\nmax_queued_jobs = {QUEUE_LIMIT}"),
+        )
+    })
+    .await
+    .expect("no tmpfs needed");
+    let source = agent.create("team/source").await;
+    std::fs::write(source.join("file"), b"some data").unwrap();
+    // The one slot stays taken: every job admitted after this one waits.
+    let hold = CloneHold::new(&agent);
+    let busy = tokio::spawn({
+        let client = agent.client.clone();
+        async move { clone_until_ready(&client, "team/busy", &clone_request("team/source")).await }
+    });
+    agent
+        .await_metric(
+            "nfsprov_agent_jobs_running{kind=\"clone\"}",
+            Duration::from_secs(60),
+            |running| running == 1.0,
+        )
+        .await;
+    let before = agent.status_kib("VmRSS:") * 1024;
+
+    let clone_body = serde_json::to_value(clone_request("team/source")).unwrap();
+    let (refused, hung_up) = flood(&agent, |n| {
+        (
+            reqwest::Method::POST,
+            format!("/v1/clones/team/copy-{n}"),
+            clone_body.clone(),
+        )
+    })
+    .await;
+    eprintln!("clones: {refused} refused, {hung_up} hung up on");
+    let snapshot_body = serde_json::json!({"source": "team/source"});
+    let (snapshots_refused, snapshots_hung_up) = flood(&agent, |n| {
+        (
+            reqwest::Method::PUT,
+            format!("/v1/snapshots/snap-{n}"),
+            snapshot_body.clone(),
+        )
+    })
+    .await;
+    eprintln!("snapshots: {snapshots_refused} refused, {snapshots_hung_up} hung up on");
+
+    let rss = agent.status_kib("VmRSS:") * 1024;
+    let peak = agent.peak();
+    eprintln!(
+        "resident {} KiB before, {} KiB after, peak {} KiB",
+        before >> 10,
+        rss >> 10,
+        peak >> 10
+    );
+    assert!(
+        rss < RSS_BOUND,
+        "the agent holds {rss} bytes after the floods"
+    );
+    assert!(
+        peak < RSS_BOUND,
+        "the agent peaked at {peak} bytes during the floods"
+    );
+    for kind in ["clone", "snapshot"] {
+        let queued = agent
+            .metric(&format!("nfsprov_agent_jobs_queued{{kind=\"{kind}\"}}"))
+            .await;
+        assert_eq!(queued, QUEUE_LIMIT as f64, "{kind} jobs waiting");
+        let counted = agent
+            .metric(&format!(
+                "nfsprov_agent_jobs_refused_total{{kind=\"{kind}\"}}"
+            ))
+            .await;
+        let seen = if kind == "clone" {
+            refused
+        } else {
+            snapshots_refused
+        };
+        // Every refusal the test saw was counted; a request hung up on before the agent
+        // read it is neither.
+        assert!(
+            counted >= seen as f64,
+            "{kind}: {counted} counted, {seen} seen"
+        );
+        assert!(
+            counted + QUEUE_LIMIT as f64 <= HUNG_UP_REQUESTS as f64,
+            "{kind}: {counted} refused"
+        );
+    }
+    assert!(
+        refused + snapshots_refused >= HUNG_UP_REQUESTS,
+        "most requests must be refused, not hung up on: {refused} and {snapshots_refused} of {HUNG_UP_REQUESTS} each"
+    );
+
+    // Let go, the admitted jobs run and the queues empty.
+    drop(hold);
+    busy.await.unwrap().unwrap();
+    for kind in ["clone", "snapshot"] {
+        agent
+            .await_metric(
+                &format!("nfsprov_agent_jobs_queued{{kind=\"{kind}\"}}"),
+                Duration::from_secs(120),
+                |queued| queued == 0.0,
+            )
+            .await;
+    }
+    let copies = std::fs::read_dir(agent.setup.root.join("team"))
+        .unwrap()
+        .filter(|e| {
+            e.as_ref()
+                .unwrap()
+                .file_name()
+                .to_string_lossy()
+                .starts_with("copy-")
+        })
+        .count();
+    assert!(
+        copies <= QUEUE_LIMIT,
+        "{copies} clones made, more than were admitted"
+    );
+}

@@ -201,7 +201,12 @@ pub enum ClientError {
     /// Shown escaped and bounded: the message may name files a tenant chose, and it goes
     /// into the controller's log and the claim's events.
     #[error("agent answered {status}: {}: {}", .error.code, Clean(&.error.message))]
-    Api { status: u16, error: ApiError },
+    Api {
+        status: u16,
+        error: ApiError,
+        /// The answer's `Retry-After`, in seconds, when it had one.
+        retry_after: Option<Duration>,
+    },
     #[error("agent answered {status} with an unexpected body: {}", Clean(.body))]
     UnexpectedResponse { status: u16, body: String },
 }
@@ -244,6 +249,15 @@ impl ClientError {
         }
     }
 
+    /// How long the agent asked to wait before the same request (its `Retry-After`), when
+    /// it refused it for now: a full job queue says so.
+    pub fn retry_after(&self) -> Option<Duration> {
+        match self {
+            ClientError::Api { retry_after, .. } => *retry_after,
+            _ => None,
+        }
+    }
+
     /// Whether the same request may succeed later without anyone changing it.
     pub fn is_transient(&self) -> bool {
         match self {
@@ -257,6 +271,7 @@ impl ClientError {
                         code: ErrorCode::Unknown,
                         ..
                     },
+                ..
             } => *status >= 500 || matches!(status, 408 | 429),
             ClientError::Api { error, .. } => error.code.is_transient(),
             ClientError::Config(_) | ClientError::Io { .. } | ClientError::Tls(_) => false,
@@ -932,6 +947,7 @@ impl AgentClient {
         }
         let response = request.send().await?;
         let status = response.status();
+        let retry_after = retry_after(response.headers());
         let body = Vec::from(response.bytes().await?);
         if status.is_success() {
             return Ok(Answer { status, body });
@@ -940,10 +956,25 @@ impl AgentClient {
             Ok(error) => Err(ClientError::Api {
                 status: status.as_u16(),
                 error,
+                retry_after,
             }),
             Err(_) => Err(unexpected(status, &body)),
         }
     }
+}
+
+/// A `Retry-After` of whole seconds, as the agent sends it; an HTTP date (which the agent
+/// never sends) or anything else reads as none. Capped at an hour, so a wrong value
+/// cannot park a request for good.
+fn retry_after(headers: &reqwest::header::HeaderMap) -> Option<Duration> {
+    let seconds: u64 = headers
+        .get(reqwest::header::RETRY_AFTER)?
+        .to_str()
+        .ok()?
+        .trim()
+        .parse()
+        .ok()?;
+    Some(Duration::from_secs(seconds.min(3600)))
 }
 
 /// The cursor of the page after the one `query` asked for. A cursor that does not move
@@ -1206,6 +1237,36 @@ fn lookup<'a>(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_full_job_queue_is_transient_and_says_when_to_ask_again() {
+        let mut headers = reqwest::header::HeaderMap::new();
+        assert_eq!(retry_after(&headers), None);
+        headers.insert(reqwest::header::RETRY_AFTER, "5".parse().unwrap());
+        assert_eq!(retry_after(&headers), Some(Duration::from_secs(5)));
+        headers.insert(reqwest::header::RETRY_AFTER, "99999999".parse().unwrap());
+        assert_eq!(retry_after(&headers), Some(Duration::from_secs(3600)));
+        for unread in ["Wed, 21 Oct 2026 07:28:00 GMT", "-1", ""] {
+            headers.insert(reqwest::header::RETRY_AFTER, unread.parse().unwrap());
+            assert_eq!(retry_after(&headers), None, "{unread:?}");
+        }
+        let full = ClientError::Api {
+            status: 429,
+            error: ApiError::new(ErrorCode::JobQueueFull, "full"),
+            retry_after: Some(Duration::from_secs(5)),
+        };
+        assert!(full.is_transient());
+        assert_eq!(full.retry_after(), Some(Duration::from_secs(5)));
+        assert_eq!(full.code(), Some(ErrorCode::JobQueueFull));
+        // A newer agent's code sent as 429 is retried too, though it names no wait.
+        let newer = ClientError::Api {
+            status: 429,
+            error: ApiError::new(ErrorCode::Unknown, "later"),
+            retry_after: None,
+        };
+        assert!(newer.is_transient());
+        assert_eq!(newer.retry_after(), None);
+    }
 
     #[test]
     fn a_next_page_that_does_not_move_on_is_an_error() {

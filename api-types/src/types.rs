@@ -687,6 +687,10 @@ pub enum ErrorCode {
     /// The NFS server (or the bus the agent reaches it by) did not answer an export
     /// change in time; the change was not made and may be asked for again.
     NfsServerUnavailable,
+    /// Too many jobs of this kind (clones, snapshots or restores) wait already: the agent
+    /// started none for this request. Sent as 429 with `Retry-After`; the same request
+    /// later is welcome.
+    JobQueueFull,
     Internal,
     /// A code newer than the controller knows: the answer's HTTP status says what it is
     /// (see `client::ClientError::is_transient`).
@@ -711,6 +715,7 @@ impl ErrorCode {
             ErrorCode::Unsupported => 422,
             ErrorCode::PayloadTooLarge => 413,
             ErrorCode::UnsupportedMediaType => 415,
+            ErrorCode::JobQueueFull => 429,
             // Never sent: the agent knows its own codes.
             ErrorCode::Internal | ErrorCode::Unknown => 500,
             ErrorCode::NotReady | ErrorCode::NfsServerUnavailable => 503,
@@ -726,6 +731,7 @@ impl ErrorCode {
             ErrorCode::Timeout
                 | ErrorCode::NotReady
                 | ErrorCode::NfsServerUnavailable
+                | ErrorCode::JobQueueFull
                 | ErrorCode::Internal
                 | ErrorCode::InsufficientStorage
         )
@@ -1006,6 +1012,11 @@ mod tests {
             "insufficient_storage"
         );
         assert_eq!(ErrorCode::InsufficientStorage.http_status(), 507);
+        let full: ApiError =
+            serde_json::from_str(r#"{"code":"job_queue_full","message":"m"}"#).unwrap();
+        assert_eq!(full.code, ErrorCode::JobQueueFull);
+        assert_eq!(full.code.http_status(), 429);
+        assert!(full.code.is_transient());
     }
 
     fn volume_page(raw: Option<&str>) -> Result<Option<PageRequest<VolumePath>>, String> {

@@ -1,7 +1,7 @@
 //! Provisioning: which claims are ours, and turning one into an agent directory plus a PV.
 
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim};
 use k8s_openapi::api::storage::v1::StorageClass;
@@ -146,6 +146,13 @@ pub async fn reconcile(pvc: &PersistentVolumeClaim, ctx: &Context) -> Result<Act
             debug!(claim = %claim_key(pvc), %agent, "every reconcile slot of the agent is taken; waiting");
             Ok(Action::requeue(BUSY_RETRY))
         }
+        Ok(Provisioned::AgentQueueFull { agent, retry_after }) => {
+            debug!(
+                claim = %claim_key(pvc), %agent, ?retry_after,
+                "the agent's job queue is full; asking again when it says"
+            );
+            Ok(Action::requeue(retry_after))
+        }
         Ok(Provisioned::Cloning(progress)) => {
             debug!(
                 claim = %claim_key(pvc), source = %progress.source,
@@ -236,6 +243,13 @@ enum Provisioned {
     /// Not a failure: every reconcile slot of this agent is taken, so the claim waits its
     /// turn without holding one of the controller's.
     AgentBusy(String),
+    /// Not a failure either: the agent has as many clones or restores waiting as it
+    /// allows, started none for this claim, and asked to be asked again after
+    /// `retry_after`.
+    AgentQueueFull {
+        agent: String,
+        retry_after: Duration,
+    },
     /// The agent is still copying the source into the clone.
     Cloning(CloneProgress),
     /// The agent is still copying the snapshot into the restored volume.
@@ -454,6 +468,10 @@ async fn provision(
     match make(&plan, &calls, nfs, &rid).await? {
         Making::Cloning(progress) => Ok(Provisioned::Cloning(progress)),
         Making::Restoring(progress) => Ok(Provisioned::Restoring(progress)),
+        Making::QueueFull(retry_after) => Ok(Provisioned::AgentQueueFull {
+            agent: agent.name().to_owned(),
+            retry_after,
+        }),
         Making::Done(made) => save(ctx, pvc, class, &wanted, &plan, &calls, &made).await,
     }
 }
@@ -672,6 +690,8 @@ enum Making {
     /// The agent is still copying the source into the clone.
     Cloning(CloneProgress),
     Restoring(RestoreProgress),
+    /// The agent refused to start the job for now; ask again after this long.
+    QueueFull(Duration),
 }
 
 /// Asks the agent for its export and, when the class enforces quotas, whether it can;
@@ -715,6 +735,9 @@ async fn make(
             match agent.client().clone_volume(path, request, Some(rid)).await {
                 Ok(CloneOutcome::Ready(outcome)) => outcome,
                 Ok(CloneOutcome::InProgress(progress)) => return Ok(Making::Cloning(progress)),
+                Err(e) if e.code() == Some(ErrorCode::JobQueueFull) => {
+                    return Ok(Making::QueueFull(queue_retry(&e)));
+                }
                 // The request itself is wrong (the source is too large for the claim, or
                 // gone): only a change of the claim helps.
                 Err(e)
@@ -742,6 +765,9 @@ async fn make(
                 Ok(RestoreOutcome::InProgress(progress)) => {
                     return Ok(Making::Restoring(progress));
                 }
+                Err(e) if e.code() == Some(ErrorCode::JobQueueFull) => {
+                    return Ok(Making::QueueFull(queue_retry(&e)));
+                }
                 // The snapshot or archive is gone from the agent, or the agent cannot
                 // restore: only a change of the claim (or of the Snapshot, which triggers
                 // one) helps.
@@ -760,6 +786,12 @@ async fn make(
         request_id = %rid, "volume directory ready"
     );
     Ok(Making::Done(Box::new(Made { outcome, export })))
+}
+
+/// When to ask again an agent whose job queue was full: when it said, or as a running
+/// clone is polled.
+fn queue_retry(error: &ClientError) -> Duration {
+    error.retry_after().unwrap_or(CLONE_POLL)
 }
 
 /// Saves the PV of the volume the agent made.

@@ -15,7 +15,7 @@ use kube::api::{Api, Patch, PatchParams};
 use kube::runtime::controller::Action;
 use kube::runtime::events::EventType;
 use kube::{Resource, ResourceExt};
-use nfsprov_api_types::{CreateSnapshotRequest, SnapshotName, VolumePath};
+use nfsprov_api_types::{CreateSnapshotRequest, ErrorCode, SnapshotName, VolumePath};
 use nfsprov_vocabulary::snapshots::{
     CONDITION_READY, DeletionPolicy, SNAPSHOT_FINALIZER, Snapshot, agent_snapshot_name,
 };
@@ -79,7 +79,7 @@ pub async fn reconcile(snapshot: &Snapshot, ctx: &Context) -> Result<Action, Err
         return Ok(Action::await_change());
     }
     match take(snapshot, ctx).await {
-        Ok(Some(taken)) => {
+        Ok(Taking::Ready(taken)) => {
             info!(snapshot = %state_key(snapshot), agent = %taken.agent, method = %taken.method, "snapshot ready");
             ctx.metrics
                 .set_snapshot_state(&state_key(snapshot), Some(SnapshotState::Ready));
@@ -100,10 +100,17 @@ pub async fn reconcile(snapshot: &Snapshot, ctx: &Context) -> Result<Action, Err
             .await;
             Ok(Action::await_change())
         }
-        Ok(None) => {
+        Ok(Taking::Pending) => {
             ctx.metrics
                 .set_snapshot_state(&state_key(snapshot), Some(SnapshotState::Pending));
             Ok(Action::requeue(SNAPSHOT_POLL))
+        }
+        // Not a failure: the agent took nothing for now and said when to ask again.
+        Ok(Taking::QueueFull(retry_after)) => {
+            debug!(snapshot = %state_key(snapshot), ?retry_after, "the agent's snapshot queue is full; asking again when it says");
+            ctx.metrics
+                .set_snapshot_state(&state_key(snapshot), Some(SnapshotState::Pending));
+            Ok(Action::requeue(retry_after))
         }
         Err(message) => {
             ctx.metrics.snapshot_failed("create");
@@ -128,6 +135,16 @@ pub async fn reconcile(snapshot: &Snapshot, ctx: &Context) -> Result<Action, Err
     }
 }
 
+/// How far taking a snapshot came.
+enum Taking {
+    /// Ready, its status says so.
+    Ready(Taken),
+    /// Being made.
+    Pending,
+    /// Not started: the agent's queue of snapshot jobs is full; ask again after this.
+    QueueFull(Duration),
+}
+
 /// What a ready snapshot's event says.
 struct Taken {
     agent: String,
@@ -139,7 +156,7 @@ struct Taken {
 /// Takes the snapshot, or learns how far the agent is with it: `Some` once it is ready
 /// (its status then says so), `None` while it is being made. An error is the message
 /// the Snapshot's status and event give.
-async fn take(snapshot: &Snapshot, ctx: &Context) -> Result<Option<Taken>, String> {
+async fn take(snapshot: &Snapshot, ctx: &Context) -> Result<Taking, String> {
     let placement = match recorded(snapshot)? {
         Some(placement) => placement,
         None => {
@@ -168,16 +185,22 @@ async fn take(snapshot: &Snapshot, ctx: &Context) -> Result<Option<Taken>, Strin
     let request = CreateSnapshotRequest {
         source: placement.source.clone(),
     };
-    let made = agent
+    let made = match agent
         .client()
         .create_snapshot(&placement.name, &request, Some(&rid))
         .await
-        .map_err(|e| {
-            format!(
+    {
+        Ok(made) => made,
+        Err(e) if e.code() == Some(ErrorCode::JobQueueFull) => {
+            return Ok(Taking::QueueFull(e.retry_after().unwrap_or(SNAPSHOT_POLL)));
+        }
+        Err(e) => {
+            return Err(format!(
                 "agent {} could not snapshot volume {}: {e}",
                 placement.agent, placement.source
-            )
-        })?;
+            ));
+        }
+    };
     if !made.ready {
         debug!(snapshot = %state_key(snapshot), "the agent is still making the snapshot");
         let status = json!({"status": {
@@ -194,7 +217,7 @@ async fn take(snapshot: &Snapshot, ctx: &Context) -> Result<Option<Taken>, Strin
         patch_status(snapshot, ctx, &status)
             .await
             .map_err(|e| e.to_string())?;
-        return Ok(None);
+        return Ok(Taking::Pending);
     }
     let creation_time: Time = serde_json::from_value(Value::String(made.created_at.clone()))
         .map_err(|e| {
@@ -220,7 +243,7 @@ async fn take(snapshot: &Snapshot, ctx: &Context) -> Result<Option<Taken>, Strin
     patch_status(snapshot, ctx, &status)
         .await
         .map_err(|e| e.to_string())?;
-    Ok(Some(Taken {
+    Ok(Taking::Ready(Taken {
         agent: placement.agent,
         name: placement.name,
         method: made.method.to_string(),

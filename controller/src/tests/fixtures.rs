@@ -897,10 +897,21 @@ fn mock_handler(endpoint: Endpoint) -> Option<MethodRouter<MockShared>> {
     Some(handler)
 }
 
+/// How long a mock agent whose job queue is full asks to wait, as a real one does with
+/// `Retry-After`.
+pub const MOCK_RETRY_AFTER: Duration = Duration::from_secs(7);
+
 fn api_error(code: ErrorCode, message: &str) -> Response {
     let status =
         StatusCode::from_u16(code.http_status()).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
-    (status, Json(ApiError::new(code, message))).into_response()
+    let mut response = (status, Json(ApiError::new(code, message))).into_response();
+    if code == ErrorCode::JobQueueFull {
+        response.headers_mut().insert(
+            http::header::RETRY_AFTER,
+            http::HeaderValue::from(MOCK_RETRY_AFTER.as_secs()),
+        );
+    }
+    response
 }
 
 /// Authenticates, records the call and applies an injected failure; `Some` is the answer

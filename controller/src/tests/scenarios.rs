@@ -1338,6 +1338,55 @@ async fn a_clone_is_polled_until_the_agent_made_it_and_its_pv_names_the_source()
     assert_eq!(made.owner, owner());
 }
 
+/// An agent whose clone queue is full starts nothing and says when to ask again: the
+/// claim waits that long, with no failure counted or reported, then is cloned.
+#[tokio::test]
+async fn a_clone_refused_by_a_full_job_queue_is_asked_again_when_the_agent_says() {
+    let agent = MockAgent::start("nfs1").await;
+    agent.insert_volume(
+        SOURCE_PATH,
+        CreateVolumeRequest {
+            capacity_bytes: 1 << 30,
+            ..CreateVolumeRequest::default()
+        },
+    );
+    agent.fail_calls(Some(("POST clone", ErrorCode::JobQueueFull)));
+    let source = source_claim("nfs", "1Gi");
+    let (ctx, api) = context(
+        agent.registry(),
+        vec![class("nfs", &[("agent", "nfs1")])],
+        vec![source_pv("nfs1")],
+    );
+    let expected = expected_clone_pv("reflink");
+    let server = api.run(vec![
+        cloning_event(),
+        get_source(&source),
+        // Asked again: no failure event in between, no second Provisioning event.
+        get_source(&source),
+        Call::new(Method::POST, PVS, BodyCheck::Exact(expected)).status(201),
+        succeeded_event(),
+    ]);
+    let pvc = Arc::new(objects::CachedClaim::from(clone_claim()));
+    assert_eq!(
+        reconcile_claim(pvc.clone(), ctx.clone()).await.unwrap(),
+        Action::requeue(MOCK_RETRY_AFTER),
+        "refused for now: asked again after the agent's Retry-After, no failure"
+    );
+    agent.fail_calls(None);
+    assert_eq!(
+        reconcile_claim(pvc, ctx.clone()).await.unwrap(),
+        Action::await_change()
+    );
+    let metrics = ctx.metrics.encode().unwrap();
+    assert!(!metrics.contains("provision_failed_total{"), "{metrics}");
+    finish(ctx, server).await;
+    let clone_call = format!("POST clone {DEFAULT_PATH} from {SOURCE_PATH}");
+    assert_eq!(
+        agent.calls(),
+        ["GET info".to_owned(), clone_call.clone(), clone_call]
+    );
+}
+
 /// An agent a version newer than the controller answers with a clone method, a quota
 /// backend and fields the controller does not know: the claim is still provisioned, and
 /// its PV shows the method as `unknown`.

@@ -125,6 +125,7 @@ impl TestAgent {
             body_read_timeout: Duration::from_secs(10),
             max_concurrent_requests: 256,
             max_clone_jobs: 2,
+            max_queued_jobs: 64,
             shutdown_grace: Duration::from_secs(5),
             min_free_bytes: 0,
             min_free_inodes: 0,

@@ -32,6 +32,14 @@ pub(super) fn changed(rel: &str) -> StoreError {
     ))
 }
 
+/// A file that changed during every one of `copies` copies of it: a copy is a state the
+/// file really had, or none.
+pub(super) fn kept_changing(rel: &str, copies: u32) -> StoreError {
+    StoreError::Conflict(format!(
+        "{rel} changed while it was being copied, {copies} times in a row; a copy is never a mixture of its states, so none was kept: retry when it is written less often"
+    ))
+}
+
 pub(super) fn special_bits(rel: &str) -> StoreError {
     StoreError::Unsupported(format!(
         "{rel} has the set-user-ID or set-group-ID bit, which the agent is not allowed to set (it needs CAP_FSETID, and no RestrictSUIDSGID= in its unit); a clone is exact or fails"

@@ -10,9 +10,10 @@
 //! source. Where `FICLONE` works the data is shared instead of copied.
 //!
 //! What is not, and why:
-//! - No point-in-time consistency. Each file is copied as it is when the copy reaches it;
-//!   a volume in use gives a clone as inconsistent as a `cp -a` of it would be: only a
-//!   stopped workload (or a snapshotting filesystem) gives a consistent one.
+//! - No point-in-time consistency across files. Each file is copied as one state it
+//!   really had when the copy reached it (a file that changes during its copy is copied
+//!   again, see `data::copy_unchanged`), but two files may be from different moments: only
+//!   a stopped workload (or a snapshotting filesystem) gives a consistent volume.
 //! - Change and birth times, inode numbers and the order of directory entries: the kernel
 //!   sets them and nothing can set them back.
 //! - `user.nfsprov.volume`, the attribute in which old versions of the agent kept a
