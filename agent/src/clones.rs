@@ -78,7 +78,11 @@ impl Clones {
         let descriptors = rustix::process::getrlimit(rustix::process::Resource::Nofile).current;
         let slots = slots(
             config.max_clone_jobs,
-            config.max_connections + config.max_concurrent_requests * REQUEST_DESCRIPTORS,
+            // Every connection the admission budgets allow at once holds a descriptor.
+            config.max_connections
+                + config.max_tls_handshakes
+                + config.max_unauthenticated_connections
+                + config.max_concurrent_requests * REQUEST_DESCRIPTORS,
             descriptors,
         );
         metrics.slots.set(i64::try_from(slots).unwrap_or(i64::MAX));
