@@ -84,6 +84,15 @@ fn request(clients: &[&str]) -> ExportRequest {
     }
 }
 
+/// A create of a 1 MiB volume with `export`.
+fn exported_create(export: ExportRequest) -> nfsprov_api_types::CreateVolumeRequest {
+    nfsprov_api_types::CreateVolumeRequest {
+        capacity_bytes: 1 << 20,
+        export: Some(export),
+        ..Default::default()
+    }
+}
+
 const OPTIONS: &str =
     "rw,root_squash,anonuid=4321,anongid=4321,sec=sys,sync,no_subtree_check,secure";
 
@@ -227,11 +236,7 @@ async fn knfsd_recording_exportfs_stand_in_follows_every_volume_change_over_the_
     let client = agent.client();
     let info = client.info(None).await.unwrap();
     assert_eq!(info.capabilities.exports, ExportManager::Knfsd);
-    let create = |clients: &[&str]| CreateVolumeRequest {
-        capacity_bytes: 1 << 20,
-        export: Some(request(clients)),
-        ..Default::default()
-    };
+    let create = |clients: &[&str]| exported_create(request(clients));
 
     let a = VolumePath::parse("ns/a").unwrap();
     let refused = client
@@ -332,7 +337,7 @@ async fn knfsd_recording_exportfs_stand_in_never_sees_an_export_the_policy_or_th
  {
     use nfsprov_agent_testkit::TestAgent;
     use nfsprov_api_types::client::ClientError;
-    use nfsprov_api_types::{CloneVolumeRequest, CreateVolumeRequest, ErrorCode};
+    use nfsprov_api_types::{CloneVolumeRequest, ErrorCode};
 
     let stand_in = StandIn::new();
     let agent = TestAgent::start_with_exports(&stand_in.root, stand_in.settings.clone())
@@ -341,15 +346,7 @@ async fn knfsd_recording_exportfs_stand_in_never_sees_an_export_the_policy_or_th
     let client = agent.client();
     let a = VolumePath::parse("ns/a").unwrap();
     client
-        .create_volume(
-            &a,
-            &CreateVolumeRequest {
-                capacity_bytes: 1 << 20,
-                export: Some(request(&["127.0.0.2"])),
-                ..Default::default()
-            },
-            None,
-        )
+        .create_volume(&a, &exported_create(request(&["127.0.0.2"])), None)
         .await
         .unwrap();
     assert_eq!(stand_in.calls().len(), 1);
@@ -380,11 +377,7 @@ async fn knfsd_recording_exportfs_stand_in_never_sees_an_export_the_policy_or_th
             other => panic!("{what} was not refused: {other:?}"),
         };
         let b = VolumePath::parse("ns/b").unwrap();
-        let create = CreateVolumeRequest {
-            capacity_bytes: 1 << 20,
-            export: Some(export.clone()),
-            ..Default::default()
-        };
+        let create = exported_create(export.clone());
         expect(
             "create",
             client.create_volume(&b, &create, None).await.map(drop),
@@ -419,14 +412,10 @@ async fn knfsd_recording_exportfs_stand_in_never_sees_an_export_the_policy_or_th
 async fn knfsd_recording_exportfs_stand_in_gets_no_new_export_on_a_shared_filesystem_unless_accepted()
  {
     use nfsprov_agent_testkit::TestAgent;
+    use nfsprov_api_types::ErrorCode;
     use nfsprov_api_types::client::ClientError;
-    use nfsprov_api_types::{CreateVolumeRequest, ErrorCode};
 
-    let create = CreateVolumeRequest {
-        capacity_bytes: 1 << 20,
-        export: Some(request(&["127.0.0.2"])),
-        ..Default::default()
-    };
+    let create = exported_create(request(&["127.0.0.2"]));
     let a = VolumePath::parse("ns/a").unwrap();
 
     // A temporary directory is a directory of the machine's own filesystem.
@@ -493,7 +482,6 @@ async fn knfsd_recording_exportfs_stand_in_gets_no_new_export_on_a_shared_filesy
 #[tokio::test(flavor = "multi_thread")]
 async fn knfsd_recording_exportfs_stand_in_on_a_filesystem_of_its_own_needs_no_acceptance() {
     use nfsprov_agent_testkit::{LoopExt4, TestAgent};
-    use nfsprov_api_types::CreateVolumeRequest;
 
     const TEST: &str =
         "knfsd_recording_exportfs_stand_in_on_a_filesystem_of_its_own_needs_no_acceptance";
@@ -532,11 +520,7 @@ async fn knfsd_recording_exportfs_stand_in_on_a_filesystem_of_its_own_needs_no_a
     let made = client
         .create_volume(
             &VolumePath::parse("ns/a").unwrap(),
-            &CreateVolumeRequest {
-                capacity_bytes: 1 << 20,
-                export: Some(request(&["127.0.0.2"])),
-                ..Default::default()
-            },
+            &exported_create(request(&["127.0.0.2"])),
             None,
         )
         .await

@@ -42,7 +42,7 @@ pub fn agent_snapshot_name(snapshot_uid: &str) -> String {
 
 /// A volume's content at one point in time, kept by its agent.
 ///
-/// Serialized with its `apiVersion` and `kind` always (see [`namespaced_resource!`]): an
+/// Serialized with its `apiVersion` and `kind` always (see `namespaced_resource!` below): an
 /// API server refuses a custom object without them, so no caller may forget them.
 #[derive(Debug, Clone, Default, PartialEq, Deserialize)]
 pub struct Snapshot {
