@@ -84,6 +84,16 @@ fn request(clients: &[&str]) -> ExportRequest {
     }
 }
 
+/// The agent's `nfsprov_agent_export_root_shared_filesystem`, as `/metrics` shows it.
+fn shared_filesystem_gauge(agent: &nfsprov_agent_testkit::TestAgent) -> String {
+    let metrics = common::call(agent, "GET", "/metrics", None).body;
+    metrics
+        .lines()
+        .find_map(|line| line.strip_prefix("nfsprov_agent_export_root_shared_filesystem "))
+        .unwrap_or_else(|| panic!("no shared-filesystem gauge in:\n{metrics}"))
+        .to_owned()
+}
+
 /// A create of a 1 MiB volume with `export`.
 fn exported_create(export: ExportRequest) -> nfsprov_api_types::CreateVolumeRequest {
     nfsprov_api_types::CreateVolumeRequest {
@@ -433,13 +443,7 @@ async fn knfsd_recording_exportfs_stand_in_gets_no_new_export_on_a_shared_filesy
     assert!(!filesystem.accepted);
     let why = filesystem.shared.unwrap();
     assert!(why.contains(&filesystem.mount_point), "{why}");
-    let metrics = common::call(&agent, "GET", "/metrics", None).body;
-    assert!(
-        metrics
-            .lines()
-            .any(|line| line == "nfsprov_agent_export_root_shared_filesystem 1"),
-        "{metrics}"
-    );
+    assert_eq!(shared_filesystem_gauge(&agent), "1");
     let refused = client.create_volume(&a, &create, None).await;
     match refused {
         Err(ClientError::Api { error, .. }) => {
@@ -510,13 +514,7 @@ async fn knfsd_recording_exportfs_stand_in_on_a_filesystem_of_its_own_needs_no_a
         filesystem.mount_point,
         fs.mount_point().display().to_string()
     );
-    let metrics = common::call(&agent, "GET", "/metrics", None).body;
-    assert!(
-        metrics
-            .lines()
-            .any(|line| line == "nfsprov_agent_export_root_shared_filesystem 0"),
-        "{metrics}"
-    );
+    assert_eq!(shared_filesystem_gauge(&agent), "0");
     let made = client
         .create_volume(
             &VolumePath::parse("ns/a").unwrap(),
