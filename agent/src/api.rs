@@ -67,6 +67,8 @@ pub struct AppState {
     pub root_filesystem: RootFilesystem,
     /// New per-volume exports on a shared filesystem (`exports.allow_shared_filesystem`).
     allow_shared_filesystem: bool,
+    /// New per-volume exports where volumes share a filesystem (`exports.mount_control_only`).
+    mount_control_only: bool,
     usage: UsageCache,
     readiness: Mutex<Option<(Instant, Result<(), String>)>>,
     /// Audit lines of unauthenticated requests allowed per second.
@@ -114,6 +116,7 @@ impl AppState {
                 shared: None,
             },
             allow_shared_filesystem: config.exports.allow_shared_filesystem,
+            mount_control_only: config.exports.mount_control_only,
             store,
             auth,
             metrics,
@@ -823,6 +826,20 @@ fn check_new_export(
     export: Option<&ExportRequest>,
 ) -> ApiResult<()> {
     check_export(state, path, export)?;
+    if export.is_none() || state.store.backend().isolates_exports() {
+        // Each volume a filesystem of its own: what else shares the root's filesystem
+        // is out of every export's reach.
+        return Ok(());
+    }
+    if !state.mount_control_only {
+        return Err(Failure::new(
+            ErrorCode::Unsupported,
+            format!(
+                "{path}: this agent's volumes share one filesystem (quota backend {}), so a per-volume export would decide only who mounts the volume by name: a client admitted to any volume could reach every other by forging file handles; use quota backend image, whose volumes are filesystems of their own, or accept that with exports.mount_control_only = true in agent.toml",
+                state.store.backend().kind()
+            ),
+        ));
+    }
     match (export, state.root_filesystem.shared.as_deref()) {
         (Some(_), Some(why)) if !state.allow_shared_filesystem => Err(Failure::new(
             ErrorCode::Unsupported,

@@ -97,6 +97,9 @@ pub struct ExportsSection {
     pub allow_unprivileged_ports: bool,
     /// Make new per-volume exports although the export root shares its filesystem.
     pub allow_shared_filesystem: bool,
+    /// Make new per-volume exports on a quota backend whose volumes share a filesystem,
+    /// knowing that they control mounts by name only.
+    pub mount_control_only: bool,
     /// Longest wait for the NFS server (each answer of ganesha, a connection to its bus,
     /// a change's turn) before an export change is answered 503.
     pub server_timeout_seconds: u64,
@@ -131,6 +134,7 @@ impl Default for ExportsSection {
             knfsd_exportfs: defaults.knfsd_exportfs,
             allow_unprivileged_ports: defaults.allow_unprivileged_ports,
             allow_shared_filesystem: defaults.allow_shared_filesystem,
+            mount_control_only: defaults.mount_control_only,
             server_timeout_seconds: defaults.server_timeout.as_secs(),
             reconcile_interval_seconds: defaults.reconcile_interval.as_secs(),
         }
@@ -187,6 +191,7 @@ impl ExportsSection {
             knfsd_exportfs: self.knfsd_exportfs,
             allow_unprivileged_ports: self.allow_unprivileged_ports,
             allow_shared_filesystem: self.allow_shared_filesystem,
+            mount_control_only: self.mount_control_only,
             server_timeout: Duration::from_secs(self.server_timeout_seconds),
             reconcile_interval: Duration::from_secs(self.reconcile_interval_seconds),
         })
@@ -236,7 +241,7 @@ impl ArchiveSection {
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct QuotaSection {
-    /// `none`, `btrfs`, `zfs` or `xfs`.
+    /// `none`, `btrfs`, `zfs`, `xfs` or `image`.
     #[serde(deserialize_with = "known_backend")]
     pub backend: QuotaBackend,
     /// ZFS: the dataset mounted at the export root.
@@ -254,7 +259,7 @@ fn known_backend<'de, D: serde::Deserializer<'de>>(
 ) -> Result<QuotaBackend, D::Error> {
     let raw = String::deserialize(deserializer)?;
     QuotaBackend::known(&raw).ok_or_else(|| {
-        const NAMES: &[&str] = &["none", "btrfs", "zfs", "xfs"];
+        const NAMES: &[&str] = &["none", "btrfs", "zfs", "xfs", "image"];
         serde::de::Error::unknown_variant(&raw, NAMES)
     })
 }

@@ -133,7 +133,9 @@ impl Agent {
             &config.exports,
             &config.export_root,
             &config.nfs_path,
-            |volume| store.get(volume).is_ok(),
+            // A volume whose filesystem is not mounted is not served: its export would
+            // serve the bare mountpoint, and through it the root's filesystem.
+            |volume| store.get(volume).is_ok() && store.backend().is_servable(volume),
         )
         .map_err(|source| StartError::Exports {
             manager: config.exports.manager,

@@ -25,6 +25,7 @@ mod dataset;
 mod directory;
 mod durable;
 mod error;
+mod image;
 mod legacy;
 mod locks;
 mod mounts;
@@ -73,6 +74,7 @@ pub use self::copy::{
 pub use self::dataset::DatasetBackend;
 pub use self::directory::{DirectoryBackend, NoQuota, QuotaStrategy};
 pub use self::error::{Result, StoreError};
+pub use self::image::ImageBackend;
 pub use self::locks::PathGuard;
 pub use self::record::{ArchiveRecord, QuotaRecord, VolumeRecord};
 pub use self::tree::{MAX_USAGE_DEPTH, measure_tree, remove_tree};
@@ -124,6 +126,7 @@ pub fn backend_for(
             export_root,
             settings.xfs_project_ids.clone(),
         )?))),
+        QuotaBackend::Image => Box::new(ImageBackend::probe(runner, export_root)?),
         QuotaBackend::Unknown => return Err("quota.backend is not one this agent knows".into()),
         QuotaBackend::Zfs => {
             let dataset = settings
@@ -489,9 +492,14 @@ impl VolumeStore {
     ) -> Result<(Volume, Created)> {
         let staging = self.root.open_internal(&[STATE_DIR, STAGING_DIR], false)?;
         let staged = self.unique_name("new");
-        record.quota = self
-            .backend
-            .make(&self.root, staging.as_fd(), &staged, path, limit)?;
+        record.quota = self.backend.make(
+            &self.root,
+            staging.as_fd(),
+            &staged,
+            path,
+            limit,
+            record.capacity_bytes,
+        )?;
         let quota = record.quota.clone();
         self.place_staged(
             path,
@@ -659,6 +667,7 @@ impl VolumeStore {
                     name: &staged,
                     path,
                     limit,
+                    capacity_bytes: wanted.capacity_bytes,
                 };
                 // The copy's data is written back before the clone can reach its path:
                 // a size committed ahead of its data would read back as zeros.
@@ -705,6 +714,7 @@ impl VolumeStore {
                     name: leaf,
                     path,
                     limit,
+                    capacity_bytes: wanted.capacity_bytes,
                 };
                 let (quota, method) = match &wanted.origin {
                     Origin::Restore(RestoreSource::Snapshot(name)) => {
@@ -748,7 +758,9 @@ impl VolumeStore {
         limit: Option<u64>,
     ) -> Result<(Volume, Created)> {
         let leaf = path.file_name();
-        record.quota = self.backend.make(&self.root, parent, leaf, path, limit)?;
+        record.quota =
+            self.backend
+                .make(&self.root, parent, leaf, path, limit, record.capacity_bytes)?;
         let finished =
             open_child(parent, leaf, false).and_then(|dir| self.finish(dir.as_fd(), path, &record));
         match finished {

@@ -41,6 +41,8 @@ impl StandIn {
             knfsd_exportfs: script,
             // The export root is a temporary directory of the machine's filesystem.
             allow_shared_filesystem: true,
+            // Its volumes are directories of that filesystem.
+            mount_control_only: true,
             ..ExportSettings::default()
         };
         Self {

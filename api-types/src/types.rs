@@ -550,6 +550,9 @@ pub enum QuotaBackend {
     Btrfs,
     Zfs,
     Xfs,
+    /// Each volume a filesystem of its own in a sparse image file, loop-mounted at its
+    /// path: its size is the quota, and a forged file handle cannot leave it.
+    Image,
     /// A backend newer than the controller knows: shown as `unknown`; whether it
     /// enforces is what `quota_enforced` says.
     #[serde(other)]
@@ -558,11 +561,12 @@ pub enum QuotaBackend {
 
 impl QuotaBackend {
     /// The backends an agent can be configured with.
-    pub const KNOWN: [QuotaBackend; 4] = [
+    pub const KNOWN: [QuotaBackend; 5] = [
         QuotaBackend::None,
         QuotaBackend::Btrfs,
         QuotaBackend::Zfs,
         QuotaBackend::Xfs,
+        QuotaBackend::Image,
     ];
 
     /// The settings' and the API's spelling.
@@ -572,6 +576,7 @@ impl QuotaBackend {
             QuotaBackend::Btrfs => "btrfs",
             QuotaBackend::Zfs => "zfs",
             QuotaBackend::Xfs => "xfs",
+            QuotaBackend::Image => "image",
             QuotaBackend::Unknown => "unknown",
         }
     }
@@ -991,6 +996,7 @@ mod tests {
         assert!("unknown".parse::<QuotaPolicy>().is_err());
         assert_eq!(QuotaBackend::known("unknown"), None);
         assert_eq!(QuotaBackend::known("xfs"), Some(QuotaBackend::Xfs));
+        assert_eq!(QuotaBackend::known("image"), Some(QuotaBackend::Image));
         for backend in QuotaBackend::KNOWN {
             assert_eq!(QuotaBackend::known(backend.as_str()), Some(backend));
         }

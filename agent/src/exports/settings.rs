@@ -26,6 +26,10 @@ pub struct ExportSettings {
     /// Make new per-volume exports although the export root shares its filesystem with
     /// other data, which a client forging file handles can then reach.
     pub allow_shared_filesystem: bool,
+    /// Make per-volume exports on a backend whose volumes share a filesystem (the
+    /// directory backends): the export then decides who mounts a volume by name, but a
+    /// client forging file handles reaches every volume of that filesystem.
+    pub mount_control_only: bool,
     /// Longest wait for the NFS server: for each answer of ganesha's export manager, for
     /// its bus to accept a connection, and for a change to get its turn.
     pub server_timeout: Duration,
@@ -46,6 +50,7 @@ impl Default for ExportSettings {
             knfsd_exportfs: "/usr/sbin/exportfs".into(),
             allow_unprivileged_ports: false,
             allow_shared_filesystem: false,
+            mount_control_only: false,
             server_timeout: Duration::from_secs(10),
             reconcile_interval: Duration::from_secs(30),
         }

@@ -58,6 +58,8 @@ pub struct CloneTarget<'a> {
     pub path: &'a VolumePath,
     /// Bytes the clone is limited to, when a quota must hold it.
     pub limit: Option<u64>,
+    /// The clone's capacity, which storage that has no unlimited volumes sizes it to.
+    pub capacity_bytes: u64,
 }
 
 pub trait VolumeBackend: Debug + Send + Sync {
@@ -90,7 +92,8 @@ pub trait VolumeBackend: Debug + Send + Sync {
 
     /// Makes the empty volume `name` in `parent` for `path` (in staging for
     /// [`Layout::Directories`], at its path for [`Layout::Mounts`]), limited to `limit`
-    /// bytes when given. Answers the quota record to keep with the volume.
+    /// bytes when given; `capacity_bytes` sizes it where storage has no unlimited
+    /// volumes. Answers the quota record to keep with the volume.
     fn make(
         &self,
         root: &Root,
@@ -98,6 +101,7 @@ pub trait VolumeBackend: Debug + Send + Sync {
         name: &str,
         path: &VolumePath,
         limit: Option<u64>,
+        capacity_bytes: u64,
     ) -> Result<Option<QuotaRecord>>;
 
     /// Makes the target a volume holding everything the source holds, with the fastest
@@ -140,7 +144,12 @@ pub trait VolumeBackend: Debug + Send + Sync {
 
     /// [`Layout::Mounts`] only: takes the snapshot `name` of the volume at `source` as a
     /// snapshot of the storage's own, kept by it (not a tree in the snapshot area).
-    fn take_kept_snapshot(&self, source: &VolumePath, name: &SnapshotName) -> Result<()> {
+    /// Answers how it was taken.
+    fn take_kept_snapshot(
+        &self,
+        source: &VolumePath,
+        name: &SnapshotName,
+    ) -> Result<SnapshotMethod> {
         let _ = name;
         Err(StoreError::Unsupported(format!(
             "{source}: {} volumes are snapshotted into the snapshot area",
@@ -328,5 +337,20 @@ pub trait VolumeBackend: Debug + Send + Sync {
     /// made in place but never finished). Answers how many were removed.
     fn purge_unfinished(&self) -> Result<usize> {
         Ok(0)
+    }
+
+    /// Whether a file handle forged by a client admitted to one volume's export is
+    /// refused by the NFS server for every other volume, archive and file: true only
+    /// where each volume is a filesystem of its own to the server (see docs/security.md).
+    fn isolates_exports(&self) -> bool {
+        false
+    }
+
+    /// Whether the volume at `path` (a volume this backend found) can be served now:
+    /// where volumes are mounts, that its filesystem is mounted, so that an export never
+    /// serves the bare mountpoint beneath it.
+    fn is_servable(&self, path: &VolumePath) -> bool {
+        let _ = path;
+        true
     }
 }

@@ -11,7 +11,7 @@ use std::collections::BTreeMap;
 use std::os::fd::{AsFd, BorrowedFd};
 
 use nfsprov_api_types::{
-    ArchivePath, CloneMethod, QuotaBackend, SnapshotName, VolumePath, VolumeUsage,
+    ArchivePath, CloneMethod, QuotaBackend, SnapshotMethod, SnapshotName, VolumePath, VolumeUsage,
 };
 
 use super::archive::area::StoredArchive;
@@ -82,6 +82,7 @@ impl VolumeBackend for DatasetBackend {
         name: &str,
         path: &VolumePath,
         limit: Option<u64>,
+        _: u64,
     ) -> Result<Option<QuotaRecord>> {
         refuse_plain_directory(root, parent, name, path)?;
         self.zfs
@@ -117,10 +118,21 @@ impl VolumeBackend for DatasetBackend {
 
     /// A ZFS snapshot of the source's dataset: instant, point in time. What becomes of it
     /// when the source is deleted or archived is written down in `zfs::kept`.
-    fn take_kept_snapshot(&self, source: &VolumePath, name: &SnapshotName) -> Result<()> {
+    fn take_kept_snapshot(
+        &self,
+        source: &VolumePath,
+        name: &SnapshotName,
+    ) -> Result<SnapshotMethod> {
         self.zfs
             .take_snapshot(source, name.as_str())
-            .map_err(|e| zfs_error(format!("snapshot {source} as {name}"), e))
+            .map_err(|e| zfs_error(format!("snapshot {source} as {name}"), e))?;
+        Ok(SnapshotMethod::ZfsSnapshot)
+    }
+
+    /// Datasets are filesystems of their own to the NFS server (measured with zfs-fuse
+    /// only: docs/isolation-findings.md).
+    fn isolates_exports(&self) -> bool {
+        true
     }
 
     fn kept_snapshots(&self) -> Result<BTreeMap<String, KeptSnapshot>> {

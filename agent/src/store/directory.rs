@@ -524,6 +524,7 @@ impl VolumeBackend for DirectoryBackend {
         name: &str,
         path: &VolumePath,
         limit: Option<u64>,
+        _: u64,
     ) -> Result<Option<QuotaRecord>> {
         self.quota.make_dir(parent, name, path, limit.is_some())?;
         let Some(capacity) = limit else {
@@ -568,7 +569,14 @@ impl VolumeBackend for DirectoryBackend {
             let quota = self.quota.limit_new(dir.as_fd(), target.path, capacity)?;
             return Ok((Some(quota), CloneMethod::BtrfsSnapshot));
         }
-        let quota = self.make(root, target.parent, target.name, target.path, target.limit)?;
+        let quota = self.make(
+            root,
+            target.parent,
+            target.name,
+            target.path,
+            target.limit,
+            target.capacity_bytes,
+        )?;
         let dir = open_child(target.parent, target.name, false)?;
         let options = self.copy_options(target.parent);
         let stats = copy_tree(source.dir, dir.as_fd(), &options, progress)?;

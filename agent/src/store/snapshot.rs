@@ -410,7 +410,7 @@ impl VolumeStore {
         source_record: &VolumeRecord,
     ) -> Result<(Snapshot, Created)> {
         let created_at = now_rfc3339();
-        self.backend.take_kept_snapshot(source, name)?;
+        let method = self.backend.take_kept_snapshot(source, name)?;
         let recorded = self
             .backend
             .kept_snapshots()?
@@ -423,7 +423,7 @@ impl VolumeStore {
             .and_then(|kept| {
                 let record = SnapshotRecord {
                     source: source.clone(),
-                    method: SnapshotMethod::ZfsSnapshot,
+                    method,
                     created_at,
                     restore_size_bytes: source_record.capacity_bytes,
                     size_bytes: kept.referenced.unwrap_or(0),

@@ -274,7 +274,7 @@ impl Ganesha {
     /// machine's own filesystem, which the agent accepts only when told.
     pub fn agent_settings(&self) -> String {
         format!(
-            "[exports]\nmanager = \"ganesha\"\nganesha_config_dir = {:?}\nganesha_dbus_address = {:?}\nallow_shared_filesystem = true\n",
+            "[exports]\nmanager = \"ganesha\"\nganesha_config_dir = {:?}\nganesha_dbus_address = {:?}\nallow_shared_filesystem = true\nmount_control_only = true\n",
             self.config_dir.display().to_string(),
             self.bus
         )

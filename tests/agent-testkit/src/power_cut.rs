@@ -702,7 +702,7 @@ impl Server {
                 write!(
                     file,
                     // The export root is a directory of the filesystem under test.
-                    "\n[exports]\nmanager = \"knfsd\"\nknfsd_exports_file = {:?}\nknfsd_exportfs = {:?}\nallow_shared_filesystem = true\n",
+                    "\n[exports]\nmanager = \"knfsd\"\nknfsd_exports_file = {:?}\nknfsd_exportfs = {:?}\nallow_shared_filesystem = true\nmount_control_only = true\n",
                     exports_file(root).display().to_string(),
                     exportfs.display().to_string()
                 )?;

@@ -71,12 +71,13 @@ impl AgentProcess {
             String::from_utf8_lossy(&init.stderr)
         );
         std::fs::write(work.path().join("secret.yaml"), &init.stdout)?;
-        // Test export roots are directories of the machine's own filesystem: accepted by
-        // name, as an operator would, unless the test's own settings say otherwise.
+        // Test export roots are directories of the machine's own filesystem, and their
+        // volumes directories of it: both accepted by name, as an operator would, unless
+        // the test's own settings say otherwise.
         let accept_shared = if extra_settings.contains("[exports]") {
             ""
         } else {
-            "[exports]\nallow_shared_filesystem = true\n"
+            "[exports]\nallow_shared_filesystem = true\nmount_control_only = true\n"
         };
         let settings = etc.join("agent.toml");
         let written = std::fs::read_to_string(&settings)?;
