@@ -497,6 +497,36 @@ async fn knfsd_recording_exportfs_stand_in_on_a_filesystem_of_its_own_needs_no_a
     }
     let fs = LoopExt4::new(64).unwrap();
     let stand_in = StandIn::new();
+    let a = VolumePath::parse("ns/a").unwrap();
+    // Its volumes are directories of that one filesystem: an export would control
+    // mounts by name only, which the operator must accept by name.
+    let unaccepted = ExportSettings {
+        allow_shared_filesystem: false,
+        mount_control_only: false,
+        ..stand_in.settings.clone()
+    };
+    let agent = TestAgent::start_with_exports(fs.mount_point(), unaccepted)
+        .await
+        .unwrap();
+    match agent
+        .client()
+        .create_volume(&a, &exported_create(request(&["127.0.0.2"])), None)
+        .await
+    {
+        Err(nfsprov_api_types::client::ClientError::Api { error, .. }) => {
+            assert_eq!(error.code, nfsprov_api_types::ErrorCode::Unsupported);
+            assert!(
+                error.message.contains("exports.mount_control_only")
+                    && error.message.contains("quota backend image"),
+                "{error:?}"
+            );
+        }
+        other => panic!("an export controlling mounts only was not refused: {other:?}"),
+    }
+    assert_eq!(agent.client().get_volume(&a, None).await.unwrap(), None);
+    assert_eq!(stand_in.calls(), Vec::<String>::new());
+    drop(agent);
+
     let settings = ExportSettings {
         allow_shared_filesystem: false,
         ..stand_in.settings.clone()
@@ -518,13 +548,47 @@ async fn knfsd_recording_exportfs_stand_in_on_a_filesystem_of_its_own_needs_no_a
     );
     assert_eq!(shared_filesystem_gauge(&agent), "0");
     let made = client
-        .create_volume(
-            &VolumePath::parse("ns/a").unwrap(),
-            &exported_create(request(&["127.0.0.2"])),
-            None,
-        )
+        .create_volume(&a, &exported_create(request(&["127.0.0.2"])), None)
         .await
         .unwrap();
     assert!(made.created);
     assert_eq!(stand_in.calls().len(), 1);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn knfsd_recording_exportfs_stand_in_exports_image_volumes_without_any_acceptance() {
+    use nfsprov_agent::quota::QuotaSettings;
+    use nfsprov_agent_testkit::{LoopXfs, TestAgent};
+    use nfsprov_api_types::QuotaBackend;
+
+    const TEST: &str = "knfsd_recording_exportfs_stand_in_exports_image_volumes_without_any_acceptance";
+    if !rustix::process::geteuid().is_root() {
+        nfsprov_test_skip::skip(TEST, "needs root to loop-mount filesystems");
+        return;
+    }
+    // A directory of a filesystem that holds more, as a test's export root is: each
+    // volume a filesystem of its own, so nothing else on it is in an export's reach.
+    let fs = LoopXfs::new(1024, true).unwrap();
+    let stand_in = StandIn::new();
+    let settings = ExportSettings {
+        allow_shared_filesystem: false,
+        mount_control_only: false,
+        ..stand_in.settings.clone()
+    };
+    let quota = QuotaSettings {
+        backend: QuotaBackend::Image,
+        ..QuotaSettings::default()
+    };
+    let agent = TestAgent::start_with_quota_and_exports(&fs.root(), quota, settings)
+        .await
+        .unwrap();
+    let client = agent.client();
+    let a = VolumePath::parse("ns/a").unwrap();
+    let made = client
+        .create_volume(&a, &exported_create(request(&["127.0.0.2"])), None)
+        .await
+        .unwrap();
+    assert!(made.created);
+    assert_eq!(stand_in.calls().len(), 1);
+    client.delete_volume(&a, None).await.unwrap();
 }

@@ -71,6 +71,23 @@ impl TestAgent {
         .await
     }
 
+    /// An agent with the given quota settings whose volumes are exported by the
+    /// manager `exports` names.
+    pub async fn start_with_quota_and_exports(
+        root: &Path,
+        quota: QuotaSettings,
+        exports: ExportSettings,
+    ) -> anyhow::Result<TestAgent> {
+        Self::start_with_settings(
+            root,
+            quota,
+            Policy::default(),
+            ArchiveSettings::default(),
+            exports,
+        )
+        .await
+    }
+
     async fn start_with_settings(
         root: &Path,
         quota: QuotaSettings,
