@@ -561,7 +561,8 @@ async fn knfsd_recording_exportfs_stand_in_exports_image_volumes_without_any_acc
     use nfsprov_agent_testkit::{LoopXfs, TestAgent};
     use nfsprov_api_types::QuotaBackend;
 
-    const TEST: &str = "knfsd_recording_exportfs_stand_in_exports_image_volumes_without_any_acceptance";
+    const TEST: &str =
+        "knfsd_recording_exportfs_stand_in_exports_image_volumes_without_any_acceptance";
     if !rustix::process::geteuid().is_root() {
         nfsprov_test_skip::skip(TEST, "needs root to loop-mount filesystems");
         return;

@@ -51,7 +51,7 @@ use super::tree::remove_tree;
 use crate::quota::command::{ToolError, ToolRunner};
 use crate::zfs::KeptSnapshot;
 
-use self::tools::{ImageTools, superblock_capacity, superblock_usage};
+use self::tools::{ImageTools, superblock_usage};
 
 /// The image area, in the agent's state directory.
 const AREA: &str = "images";
@@ -220,28 +220,27 @@ impl ImageBackend {
         self.remove_mountpoint(parent.as_fd(), name)
     }
 
-    /// Grows the unmounted filesystem in `image` until it holds `capacity` bytes for its
-    /// users: what ext4 keeps for itself is not the tenant's. Offline, so it needs no
-    /// more privilege than making the filesystem did.
-    fn fit(&self, image: &Path, capacity: u64) -> Result<()> {
+    /// Mounts the filesystem in `image` at `mountpoint`, grown first until it holds
+    /// `capacity` bytes for its users (what ext4 keeps for itself is not the tenant's).
+    /// Its size is read once mounted (the superblock does not always say what the
+    /// filesystem keeps for itself); a short one is unmounted and grown offline, which
+    /// needs no more privilege than making it did.
+    fn mount_fitted(&self, image: &Path, mountpoint: &Path, capacity: u64) -> Result<()> {
         for _ in 0..4 {
-            let text = self
-                .tools
-                .superblock(image)
-                .map_err(|e| self.tool_error(format!("read {}", image.display()), e))?;
-            let usable = superblock_capacity(&text).ok_or_else(|| {
-                StoreError::Conflict(format!(
-                    "{}: its filesystem cannot be read",
-                    image.display()
-                ))
-            })?;
-            if usable >= capacity {
+            self.tools
+                .mount(image, mountpoint, false)
+                .map_err(|e| self.tool_error(format!("mount {}", image.display()), e))?;
+            let total = filesystem_bytes(mountpoint)?;
+            if total >= capacity {
                 return Ok(());
             }
+            self.tools
+                .unmount(mountpoint)
+                .map_err(|e| self.tool_error(format!("unmount {}", image.display()), e))?;
             let size = fs::metadata(image)
                 .map_err(|e| failed(format!("stat {}", image.display()), e))?
                 .len();
-            set_size(image, grown_size(size, capacity - usable))?;
+            set_size(image, grown_size(size, capacity - total))?;
             self.tools
                 .grow_unmounted(image)
                 .map_err(|e| self.tool_error(format!("grow {}", image.display()), e))?;
@@ -252,8 +251,8 @@ impl ImageBackend {
         )))
     }
 
-    /// Grows the filesystem mounted at `mountpoint` (from `image`), as [`Self::fit`] does
-    /// an unmounted one.
+    /// Grows the filesystem mounted at `mountpoint` (from `image`), as [`Self::mount_fitted`]
+    /// does an unmounted one.
     fn fit_mounted(&self, image: &Path, mountpoint: &Path, capacity: u64) -> Result<()> {
         for _ in 0..4 {
             let total = filesystem_bytes(mountpoint)?;
@@ -343,13 +342,7 @@ impl ImageBackend {
             .tools
             .new_uuid(&image)
             .map_err(|e| self.tool_error(format!("give {} its own UUID", target.path), e))
-            .and_then(|()| self.fit(&image, target.capacity_bytes))
-            .and_then(|()| sync_file(&image))
-            .and_then(|()| {
-                self.tools
-                    .mount(&image, &mountpoint, false)
-                    .map_err(|e| self.tool_error(format!("mount {}", target.path), e))
-            });
+            .and_then(|()| self.mount_fitted(&image, &mountpoint, target.capacity_bytes));
         if let Err(e) = made {
             self.discard(target.parent, target.name, key);
             return Err(e);
@@ -551,12 +544,9 @@ impl VolumeBackend for ImageBackend {
             self.tools
                 .make_filesystem(&image)
                 .map_err(|e| self.tool_error(format!("make the filesystem of {path}"), e))?;
-            self.fit(&image, capacity_bytes)?;
             sync_file(&image)?;
             sync_parent(&image)?;
-            self.tools
-                .mount(&image, &mountpoint, false)
-                .map_err(|e| self.tool_error(format!("mount {path}"), e))?;
+            self.mount_fitted(&image, &mountpoint, capacity_bytes)?;
             // A new volume is empty: the tenant has no use for ext4's lost+found, and
             // e2fsck makes it again when it needs one.
             let _ = fs::remove_dir(mountpoint.join("lost+found"));

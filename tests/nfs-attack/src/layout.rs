@@ -5,6 +5,7 @@
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 
+use crate::agent_volumes::AgentVolumes;
 use crate::filesystems::{FsKind, Mounted, make_image, path_str};
 use crate::setup::{Result, SetupError, run};
 
@@ -24,6 +25,9 @@ pub enum Mechanism {
     /// A zfs-fuse dataset of a pool in a file on the (ext4) host, mounted at the
     /// volume's path.
     ZfsDatasets,
+    /// Made by the agent's store with quota backend `image` on an XFS host: A and C
+    /// created, B a clone of A.
+    AgentImages,
 }
 
 impl Mechanism {
@@ -46,6 +50,9 @@ impl Mechanism {
             ),
             Mechanism::BtrfsSubvolumes => "btrfs subvolumes, each mounted with subvol=".into(),
             Mechanism::ZfsDatasets => "zfs-fuse datasets of one pool".into(),
+            Mechanism::AgentImages => {
+                "the agent's image volumes, B a clone of A made by the agent".into()
+            }
         }
     }
 
@@ -57,6 +64,7 @@ impl Mechanism {
             | Mechanism::ReflinkClone { kind, .. } => kind,
             Mechanism::BtrfsSubvolumes => FsKind::Btrfs,
             Mechanism::ZfsDatasets => FsKind::Zfs,
+            Mechanism::AgentImages => FsKind::Ext4,
         }
     }
 
@@ -64,7 +72,9 @@ impl Mechanism {
         match self {
             Mechanism::Directories(kind) => kind,
             // Reflinks, so that an image's copy is instant.
-            Mechanism::Images(_) | Mechanism::ReflinkClone { .. } => FsKind::Xfs,
+            Mechanism::Images(_) | Mechanism::ReflinkClone { .. } | Mechanism::AgentImages => {
+                FsKind::Xfs
+            }
             Mechanism::BtrfsSubvolumes => FsKind::Btrfs,
             Mechanism::ZfsDatasets => FsKind::Ext4,
         }
@@ -105,7 +115,8 @@ pub struct Layout {
     /// The root of the filesystem A lies on.
     pub a_fs_root: PathBuf,
     // Dropped in this order: volumes, then the host, then the directory holding it.
-    volumes: Vec<Mounted>,
+    _agent_volumes: Option<AgentVolumes>,
+    _volumes: Vec<Mounted>,
     _pool: Option<ZfsPool>,
     host: Mounted,
     _dir: tempfile::TempDir,
@@ -143,6 +154,7 @@ impl Layout {
         }
         let mut volumes = Vec::new();
         let mut pool = None;
+        let mut agent_volumes = None;
         let images = root.join("images");
         match mechanism {
             Mechanism::Directories(_) => {
@@ -205,6 +217,15 @@ impl Layout {
                     )?);
                 }
             }
+            Mechanism::AgentImages => {
+                let path = |v: &Volume| v.pseudo.join("/");
+                agent_volumes = Some(AgentVolumes::make(
+                    &root.join("exports"),
+                    &path(&a),
+                    &path(&b),
+                    &path(&c),
+                )?);
+            }
             Mechanism::ZfsDatasets => {
                 let made = ZfsPool::create(&root.join("pool.img"))?;
                 for (n, v) in [&a, &b, &c].into_iter().enumerate() {
@@ -248,7 +269,8 @@ impl Layout {
             outside_from_root: vec!["outside", "authorized_keys"],
             b_from_root,
             a_fs_root,
-            volumes,
+            _agent_volumes: agent_volumes,
+            _volumes: volumes,
             _pool: pool,
             host,
             _dir: dir,
@@ -288,9 +310,15 @@ impl Layout {
         }
     }
 
-    /// How many filesystems the volumes are mounted as (0: directories of the host).
+    /// How many of the volumes are filesystems mounted on the host (0: directories of
+    /// the host).
     pub fn volume_mounts(&self) -> usize {
-        self.volumes.len()
+        use std::os::unix::fs::MetadataExt;
+        let host = std::fs::metadata(self.host_root()).map(|m| m.dev()).ok();
+        [&self.a, &self.b, &self.c]
+            .iter()
+            .filter(|v| std::fs::metadata(&v.path).is_ok_and(|m| Some(m.dev()) != host))
+            .count()
     }
 }
 

@@ -4,8 +4,10 @@
 //! port with any AUTH_SYS identity; ganesha's handle layout to take handles apart and
 //! forge them ([`handle`]); the kernel's handle of a server path ([`kernel`]); and on
 //! the server side loop-mounted filesystems ([`filesystems`], [`layout`]), nfs-ganesha
-//! on a private D-Bus ([`ganesha`]) and the attacks themselves ([`attack`]).
+//! on a private D-Bus ([`ganesha`]), volumes made by the agent's own store
+//! ([`agent_volumes`]) and the attacks themselves ([`attack`]).
 
+pub mod agent_volumes;
 pub mod attack;
 pub mod filesystems;
 pub mod ganesha;

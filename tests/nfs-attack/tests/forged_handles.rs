@@ -60,6 +60,16 @@ fn assert_isolates(test: &str, mechanism: Mechanism) {
     );
 }
 
+/// What the agent ships: its store with quota backend `image` made the volumes, B a
+/// clone of A.
+#[test]
+fn the_agents_image_volumes_refuse_every_forged_handle() {
+    assert_isolates(
+        "the_agents_image_volumes_refuse_every_forged_handle",
+        Mechanism::AgentImages,
+    );
+}
+
 #[test]
 fn ext4_images_refuse_every_forged_handle() {
     assert_isolates(

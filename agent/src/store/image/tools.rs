@@ -144,14 +144,6 @@ fn superblock_field(text: &str, name: &str) -> Option<u64> {
         .and_then(|value| value.trim().parse().ok())
 }
 
-/// Bytes the filesystem holds for its users (what `statvfs` reports as its size once
-/// mounted), from a `dumpe2fs -h` superblock listing.
-pub fn superblock_capacity(text: &str) -> Option<u64> {
-    let field = |name: &str| superblock_field(text, name);
-    let blocks = field("Block count")?.checked_sub(field("Overhead clusters")?)?;
-    Some(blocks.saturating_mul(field("Block size")?))
-}
-
 /// Bytes and inodes in use, from a `dumpe2fs -h` superblock listing.
 pub fn superblock_usage(text: &str) -> Option<(u64, u64)> {
     let field = |name: &str| superblock_field(text, name);
@@ -177,11 +169,5 @@ mod tests {
             Some(((262_144 - 249_000) * 4096, 65_536 - 65_520 - 10))
         );
         assert_eq!(superblock_usage("Block size: 4096\n"), None);
-        let text = format!("{text}Overhead clusters:        1656\n");
-        assert_eq!(superblock_capacity(&text), Some((262_144 - 1656) * 4096));
-        assert_eq!(
-            superblock_capacity("Block count: 10\nBlock size: 4096\n"),
-            None
-        );
     }
 }

@@ -34,6 +34,7 @@ fn mechanism(name: &str) -> Option<Mechanism> {
             new_uuid: true,
         },
         "btrfs-subvolumes" => Mechanism::BtrfsSubvolumes,
+        "agent-images" => Mechanism::AgentImages,
         "zfs-datasets" => Mechanism::ZfsDatasets,
         _ => return None,
     })
