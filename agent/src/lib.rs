@@ -141,6 +141,13 @@ impl Agent {
             manager: config.exports.manager,
             source,
         })?;
+        // An NFS server that started before this agent (a boot) resolved these volumes'
+        // paths to the bare mountpoints beneath them: served again, it sees the mounts.
+        for volume in store.backend().mounted_at_open() {
+            if let Err(error) = exports.serve_again(&volume) {
+                tracing::warn!(%volume, %error, "could not export a volume again after mounting it; restart the agent once the NFS server answers");
+            }
+        }
         if exports.kind().per_volume() && !exports.health().is_degraded() {
             tracing::info!(
                 manager = %exports.kind(),

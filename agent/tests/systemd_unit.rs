@@ -6,8 +6,9 @@ use std::process::Command;
 const UNIT: &str = include_str!("../../deploy/agent/nfsprov-agent.service");
 /// The drop-ins for the quota backends, with the highest exposure each may reach (on
 /// systemd's 0-100 scale): btrfs and xfs add a capability and stay within 3.0; zfs lifts the
-/// mount namespace and stays within 5.0.
-const DROP_INS: [(&str, &str, u32); 3] = [
+/// mount namespace and stays within 5.0; image lifts it too and adds loop devices and
+/// three capabilities, within 5.5.
+const DROP_INS: [(&str, &str, u32); 4] = [
     (
         "quota-btrfs.conf",
         include_str!("../../deploy/agent/quota-btrfs.conf"),
@@ -22,6 +23,11 @@ const DROP_INS: [(&str, &str, u32); 3] = [
         "quota-zfs.conf",
         include_str!("../../deploy/agent/quota-zfs.conf"),
         50,
+    ),
+    (
+        "quota-image.conf",
+        include_str!("../../deploy/agent/quota-image.conf"),
+        55,
     ),
 ];
 

@@ -224,6 +224,33 @@ impl Exports {
         served.matches(request).then_some(served)
     }
 
+    /// Withdraws the export of `volume` from the server and serves it again as recorded:
+    /// for a volume whose filesystem was mounted after the server may have resolved its
+    /// path, which it would otherwise go on serving as the directory beneath the mount.
+    pub fn serve_again(&self, volume: &VolumePath) -> Result<(), ExportError> {
+        let Some(server) = self.server.as_ref() else {
+            return Ok(());
+        };
+        if !self.published.load().contains_key(volume) {
+            return Ok(());
+        }
+        let held = self.begin_change()?;
+        let table = self.published.load_full();
+        let result = match table.get(volume) {
+            Some(record) => {
+                let mut without = Table::clone(&table);
+                without.remove(volume);
+                server
+                    .remove(record, &without)
+                    .and_then(|()| server.apply(None, record, &table))
+            }
+            None => Ok(()),
+        };
+        drop(held);
+        self.note(&result);
+        result
+    }
+
     /// Stops exporting `volume` (nothing to do when it is not exported).
     pub fn remove(&self, volume: &VolumePath) -> Result<(), ExportError> {
         let Some(server) = self.server.as_ref() else {

@@ -353,4 +353,11 @@ pub trait VolumeBackend: Debug + Send + Sync {
         let _ = path;
         true
     }
+
+    /// The volumes whose filesystems [`Self::prepare`] mounted (after a reboot, all):
+    /// an NFS server that started first serves the directory beneath each until its
+    /// export is added again.
+    fn mounted_at_open(&self) -> Vec<VolumePath> {
+        Vec::new()
+    }
 }

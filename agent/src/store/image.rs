@@ -30,8 +30,8 @@ use std::io::{self, Write};
 use std::os::fd::{AsFd, BorrowedFd};
 use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::SystemTime;
 
 use nfsprov_api_types::{
@@ -96,6 +96,8 @@ pub struct ImageBackend {
     /// be creations under way.
     started: SystemTime,
     unique: AtomicU64,
+    /// What [`VolumeBackend::prepare`] mounted.
+    mounted_at_open: Mutex<Vec<VolumePath>>,
 }
 
 impl ImageBackend {
@@ -133,6 +135,7 @@ impl ImageBackend {
             root_device,
             started: SystemTime::now(),
             unique: AtomicU64::new(0),
+            mounted_at_open: Mutex::default(),
         })
     }
 
@@ -501,8 +504,15 @@ impl VolumeBackend for ImageBackend {
                         .mount(&self.image_of(&key), &mountpoint, false)
                         .map_err(|e| self.tool_error(format!("mount {key}"), e))
                 });
-            if let Err(error) = mounted {
-                tracing::error!(volume = %key, %error, "could not mount a volume's filesystem; it is not exported until it is");
+            match mounted {
+                Ok(()) => self
+                    .mounted_at_open
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .push(path),
+                Err(error) => {
+                    tracing::error!(volume = %key, %error, "could not mount a volume's filesystem; it is not exported until it is");
+                }
             }
         }
         Ok(0)
@@ -889,6 +899,13 @@ impl VolumeBackend for ImageBackend {
 
     fn is_servable(&self, path: &VolumePath) -> bool {
         self.is_mounted(&self.mountpoint(path.as_str()))
+    }
+
+    fn mounted_at_open(&self) -> Vec<VolumePath> {
+        self.mounted_at_open
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
     }
 }
 

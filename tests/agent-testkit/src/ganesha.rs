@@ -182,6 +182,9 @@ impl Ganesha {
             None => Command::new("ganesha.nfsd"),
         };
         command.env("DBUS_SYSTEM_BUS_ADDRESS", &self.bus);
+        // No libblkid cache, as docs/exports.md asks for image volumes: the shared one can
+        // give a reused loop device the UUID of the filesystem it held before.
+        command.env("BLKID_FILE", "/dev/null");
         self.child = Some(spawn(command, self.work.path())?);
         let bus = self.bus.clone();
         let deadline = std::time::Instant::now() + Duration::from_secs(60);
@@ -232,7 +235,17 @@ impl Ganesha {
 
     /// Stops ganesha (SIGKILL) and starts it again with the same configuration.
     pub async fn restart(&mut self) -> anyhow::Result<()> {
+        self.restart_after(|| Ok(())).await
+    }
+
+    /// Stops ganesha (SIGKILL), does `while_stopped` (what a reboot changes before the
+    /// NFS server starts), and starts ganesha again with the same configuration.
+    pub async fn restart_after(
+        &mut self,
+        while_stopped: impl FnOnce() -> anyhow::Result<()>,
+    ) -> anyhow::Result<()> {
         self.stop();
+        while_stopped()?;
         self.spawn().await
     }
 
