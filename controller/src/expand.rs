@@ -177,7 +177,10 @@ fn plan(
 }
 
 /// Reconciles one bound claim: expands its volume when it asks for more.
-pub async fn reconcile(pvc: &PersistentVolumeClaim, ctx: &Context) -> Result<Action, Error> {
+pub async fn reconcile_bound_claim(
+    pvc: &PersistentVolumeClaim,
+    ctx: &Context,
+) -> Result<Action, Error> {
     let planned = match wanted(pvc, ctx) {
         Ok(wanted) => {
             let volume = Api::<PersistentVolume>::all(ctx.client.clone())
