@@ -529,7 +529,7 @@ mod tests {
     use k8s_openapi::api::core::v1::PersistentVolumeClaimStatus;
 
     fn bound(request: &str, capacity: &str) -> PersistentVolumeClaim {
-        let mut pvc = crate::tests::fixtures::claim("nfs");
+        let mut pvc = crate::tests::builders::claim("nfs");
         pvc.spec.as_mut().unwrap().volume_name = Some("pvc-1".into());
         pvc.spec
             .as_mut()

@@ -944,7 +944,7 @@ mod tests {
     use super::*;
     use crate::datasource::SourceClaim;
     use crate::objects;
-    use crate::tests::fixtures::{CLAIM_UID, claim, class};
+    use crate::tests::builders::{CLAIM_UID, claim, class};
 
     fn wanted_of(parameters: &[(&str, &str)]) -> Wanted {
         wanted(&claim("nfs"), &class("nfs", parameters), "nfs").unwrap()

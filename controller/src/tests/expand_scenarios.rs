@@ -13,7 +13,9 @@ use serde_json::{Value, json};
 use crate::expand::{CONTROLLER_RESIZE_IN_PROGRESS, CONTROLLER_RESIZE_INFEASIBLE};
 use crate::objects::CachedClaim;
 use crate::reconciler::{error_policy, reconcile};
-use crate::tests::fixtures::*;
+use crate::tests::builders::*;
+use crate::tests::mock_agent::*;
+use crate::tests::mock_api::*;
 
 const CLAIM_STATUS: &str = "/api/v1/namespaces/team-a/persistentvolumeclaims/data/status?";
 const PATH: &str = "team-a/data";

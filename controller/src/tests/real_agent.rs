@@ -14,7 +14,8 @@ use crate::agents::AgentRegistry;
 use crate::metrics::Metrics;
 use crate::objects::{self, CachedClaim, CachedVolume};
 use crate::reconciler::reconcile;
-use crate::tests::fixtures::*;
+use crate::tests::builders::*;
+use crate::tests::mock_api::*;
 
 fn pv_uri() -> String {
     format!("/api/v1/persistentvolumes/{PV_NAME}?")

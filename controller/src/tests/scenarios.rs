@@ -13,7 +13,9 @@ use serde_json::json;
 use crate::agents::AgentRegistry;
 use crate::objects::{self, CachedClaim, CachedVolume};
 use crate::reconciler::{error_policy, reconcile};
-use crate::tests::fixtures::*;
+use crate::tests::builders::*;
+use crate::tests::mock_agent::*;
+use crate::tests::mock_api::*;
 
 const PVS: &str = "/api/v1/persistentvolumes?";
 const DEFAULT_PATH: &str = "team-a-data-pvc-6b1c8f3e-2d4a-4e5b-9c7d-0a1b2c3d4e5f";
