@@ -119,32 +119,21 @@ pub async fn run(
         (volumes.clone(), volume_writer),
         shutdown.clone(),
     );
-    let class_watch = watcher(Api::<StorageClass>::all(client.clone()), list_config())
-        .default_backoff()
-        .modify(cache::strip_meta)
-        .reflect(class_writer)
-        .applied_objects();
+    let class_watch = watch_all(&client, class_writer, cache::strip_meta);
     // Without the CRDs installed these two watches fail and back off; nothing else waits
     // for them.
     let (snapshots, snapshot_writer) = reflector::store::<Snapshot>();
     let (restores, restores_rx) = tokio::sync::mpsc::unbounded_channel();
-    let snapshot_watch = {
+    let snapshot_watch = watch_all(&client, snapshot_writer, |_| {}).inspect_ok({
         let claims = claims.clone();
-        watcher(Api::<Snapshot>::all(client.clone()), list_config())
-            .default_backoff()
-            .reflect(snapshot_writer)
-            .applied_objects()
-            .inspect_ok(move |snapshot| {
-                for pvc in claims_restoring_from(&claims, snapshot) {
-                    let _ = restores.send(pvc);
-                }
-            })
-    };
+        move |snapshot| {
+            for pvc in claims_restoring_from(&claims, snapshot) {
+                let _ = restores.send(pvc);
+            }
+        }
+    });
     let (schedules, schedule_writer) = reflector::store::<SnapshotSchedule>();
-    let schedule_watch = watcher(Api::<SnapshotSchedule>::all(client.clone()), list_config())
-        .default_backoff()
-        .reflect(schedule_writer)
-        .applied_objects();
+    let schedule_watch = watch_all(&client, schedule_writer, |_| {});
     // Any change of the agents (a Secret added, mended or removed) re-checks the claims
     // waiting, and so does their class appearing (or changing).
     let agent_changes = {
@@ -215,6 +204,22 @@ impl Controllers {
                 }
             })
     }
+}
+
+/// Every object of kind `K` in the cluster, changed by `modify` before `writer` caches it.
+fn watch_all<K>(
+    client: &Client,
+    writer: reflector::store::Writer<K>,
+    modify: impl FnMut(&mut K) + Send + 'static,
+) -> impl Stream<Item = Result<K, watcher::Error>> + Send + 'static
+where
+    K: Resource<DynamicType = ()> + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
+{
+    watcher(Api::<K>::all(client.clone()), list_config())
+        .default_backoff()
+        .modify(modify)
+        .reflect(writer)
+        .applied_objects()
 }
 
 /// Small list pages keep the transient cost of the first sync (whole objects decoded
