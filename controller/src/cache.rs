@@ -165,7 +165,7 @@ mod tests {
         ANN_AGENT, ANN_ARCHIVE_RETENTION_DAYS, ANN_ON_DELETE, ANN_PATH, ANN_PROVISIONED_BY,
         ANN_QUOTA,
     };
-    use crate::tests::fixtures::{CLAIM_UID, PROVISIONER, bound_claim, cached, claim, released_pv};
+    use crate::tests::builders::{CLAIM_UID, PROVISIONER, bound_claim, cached, claim, released_pv};
 
     #[test]
     fn unbound_claims_keep_what_provisioning_reads() {

@@ -33,7 +33,9 @@ fn awaits_deletion(volume: &CachedVolume, provisioner: &Provisioners) -> bool {
         && !done
 }
 
-pub async fn reconcile(volume: &CachedVolume, ctx: &Context) -> Result<Action, Error> {
+/// Reconciles one volume: deletes (or archives) a released PV of ours whose
+/// reclaimPolicy is Delete, and keeps our finalizer in step with that policy.
+pub async fn reconcile_volume(volume: &CachedVolume, ctx: &Context) -> Result<Action, Error> {
     if !is_ours(volume, &ctx.provisioner) {
         return Ok(Action::await_change());
     }

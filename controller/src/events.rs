@@ -250,7 +250,7 @@ mod tests {
 
     use serde_json::json;
 
-    use crate::tests::fixtures::{BodyCheck, Call, context, finish};
+    use crate::tests::mock_api::{BodyCheck, Call, context, finish};
 
     use super::{MAX_NOTE_BYTES, note_text};
 

@@ -177,7 +177,10 @@ fn plan(
 }
 
 /// Reconciles one bound claim: expands its volume when it asks for more.
-pub async fn reconcile(pvc: &PersistentVolumeClaim, ctx: &Context) -> Result<Action, Error> {
+pub async fn reconcile_bound_claim(
+    pvc: &PersistentVolumeClaim,
+    ctx: &Context,
+) -> Result<Action, Error> {
     let planned = match wanted(pvc, ctx) {
         Ok(wanted) => {
             let volume = Api::<PersistentVolume>::all(ctx.client.clone())
@@ -526,7 +529,7 @@ mod tests {
     use k8s_openapi::api::core::v1::PersistentVolumeClaimStatus;
 
     fn bound(request: &str, capacity: &str) -> PersistentVolumeClaim {
-        let mut pvc = crate::tests::fixtures::claim("nfs");
+        let mut pvc = crate::tests::builders::claim("nfs");
         pvc.spec.as_mut().unwrap().volume_name = Some("pvc-1".into());
         pvc.spec
             .as_mut()

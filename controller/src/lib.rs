@@ -17,7 +17,8 @@
 //!    `snapshots` (the `nfsprov.dev` Snapshots), `schedules` (their SnapshotSchedules),
 //!    and `agent_secrets` (the agents read
 //!    from their watched Secrets);
-//! 6. `reconcile`: the entry points kube-runtime calls, with per-object backoff;
+//! 6. `reconciler`: the one shape of every reconciled kind (the entry point and error
+//!    policy kube-runtime calls, with per-object backoff);
 //! 7. `controller` (wiring: watches, caches, controllers), `http`, `leader`;
 //! 8. `app`: the whole process.
 
@@ -42,7 +43,7 @@ pub mod objects;
 pub mod orphans;
 pub(crate) mod provision;
 pub(crate) mod pv;
-pub(crate) mod reconcile;
+pub(crate) mod reconciler;
 pub(crate) mod reported;
 pub(crate) mod schedules;
 pub(crate) mod snapshots;

@@ -129,8 +129,11 @@ fn source_kind(pvc: &PersistentVolumeClaim) -> &str {
 /// archive is named by annotations.
 const ARCHIVE_SOURCE_KIND: &str = "Archive";
 
-/// Reconciles one claim.
-pub async fn reconcile(pvc: &PersistentVolumeClaim, ctx: &Context) -> Result<Action, Error> {
+/// Reconciles one unbound claim: provisions it when it is ours.
+pub async fn reconcile_unbound_claim(
+    pvc: &PersistentVolumeClaim,
+    ctx: &Context,
+) -> Result<Action, Error> {
     let (class, class_name) = match should_provision(pvc, ctx) {
         Ok(found) => found,
         Err(skip) => {
@@ -941,7 +944,7 @@ mod tests {
     use super::*;
     use crate::datasource::SourceClaim;
     use crate::objects;
-    use crate::tests::fixtures::{CLAIM_UID, claim, class};
+    use crate::tests::builders::{CLAIM_UID, claim, class};
 
     fn wanted_of(parameters: &[(&str, &str)]) -> Wanted {
         wanted(&claim("nfs"), &class("nfs", parameters), "nfs").unwrap()

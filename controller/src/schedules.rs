@@ -82,7 +82,10 @@ fn due(schedule: &SnapshotSchedule, interval: SignedDuration) -> Timestamp {
 }
 
 /// Reconciles one schedule.
-pub async fn reconcile(schedule: &SnapshotSchedule, ctx: &Context) -> Result<Action, Error> {
+pub async fn reconcile_schedule(
+    schedule: &SnapshotSchedule,
+    ctx: &Context,
+) -> Result<Action, Error> {
     let namespace = schedule.namespace().unwrap_or_default();
     let name = schedule.name_any();
     if schedule.metadata.deletion_timestamp.is_some() {

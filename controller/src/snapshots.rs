@@ -60,7 +60,7 @@ struct Placement {
 }
 
 /// Reconciles one Snapshot.
-pub async fn reconcile(snapshot: &Snapshot, ctx: &Context) -> Result<Action, Error> {
+pub async fn reconcile_snapshot(snapshot: &Snapshot, ctx: &Context) -> Result<Action, Error> {
     if snapshot.metadata.deletion_timestamp.is_some() {
         if has_finalizer(snapshot) {
             release(snapshot, ctx).await?;

@@ -3,7 +3,7 @@
 
 use nfsprov_api_types::{CreateVolumeRequest, ErrorCode, VolumePath};
 
-use super::fixtures::MockAgent;
+use crate::tests::mock_agent::MockAgent;
 
 const GI: u64 = 1 << 30;
 

@@ -10,8 +10,10 @@ use kube::runtime::controller::Action;
 use serde_json::json;
 
 use crate::objects::{self, CachedClaim};
-use crate::reconcile::{claim_error_policy, reconcile_claim};
-use crate::tests::fixtures::*;
+use crate::reconciler::{error_policy, reconcile};
+use crate::tests::builders::*;
+use crate::tests::mock_agent::*;
+use crate::tests::mock_api::*;
 
 const PVS: &str = "/api/v1/persistentvolumes?";
 const DEFAULT_PATH: &str = "team-a-data-pvc-6b1c8f3e-2d4a-4e5b-9c7d-0a1b2c3d4e5f";
@@ -83,7 +85,7 @@ async fn a_class_without_agent_uses_the_default_agent() {
         create_pv_on("nfs2", PV_NAME, DEFAULT_PATH),
         succeeded_event("data", PV_NAME),
     ]);
-    let action = reconcile_claim(Arc::new(claim("nfs").into()), ctx.clone())
+    let action = reconcile::<CachedClaim>(Arc::new(claim("nfs").into()), ctx.clone())
         .await
         .unwrap();
     assert_eq!(action, Action::await_change());
@@ -104,7 +106,7 @@ async fn the_default_agent_flag_wins_over_the_connection_files() {
         create_pv_on("nfs1", PV_NAME, DEFAULT_PATH),
         succeeded_event("data", PV_NAME),
     ]);
-    reconcile_claim(Arc::new(claim("nfs").into()), ctx.clone())
+    reconcile::<CachedClaim>(Arc::new(claim("nfs").into()), ctx.clone())
         .await
         .unwrap();
     finish(ctx, server).await;
@@ -126,7 +128,9 @@ async fn a_class_without_agent_and_no_default_fails_clearly_once() {
     ]);
     let pvc = Arc::new(CachedClaim::from(claim("nfs")));
     for _ in 0..2 {
-        let action = reconcile_claim(pvc.clone(), ctx.clone()).await.unwrap();
+        let action = reconcile::<CachedClaim>(pvc.clone(), ctx.clone())
+            .await
+            .unwrap();
         assert_eq!(action, Action::await_change());
     }
     finish(ctx, server).await;
@@ -154,10 +158,12 @@ async fn agents_places_each_volume_on_the_most_available_space() {
         create_pv_on("nfs2", &logs_pv, &logs_path),
         succeeded_event("logs", &logs_pv),
     ]);
-    reconcile_claim(Arc::new(claim("nfs").into()), ctx.clone())
+    reconcile::<CachedClaim>(Arc::new(claim("nfs").into()), ctx.clone())
         .await
         .unwrap();
-    reconcile_claim(Arc::new(logs), ctx.clone()).await.unwrap();
+    reconcile::<CachedClaim>(Arc::new(logs), ctx.clone())
+        .await
+        .unwrap();
     finish(ctx, server).await;
     // Two claims, one /v1/info per agent: the answers are cached.
     assert_eq!(
@@ -183,7 +189,7 @@ async fn agents_places_each_volume_on_the_most_available_space() {
         create_pv_on("nfs1", PV_NAME, DEFAULT_PATH),
         succeeded_event("data", PV_NAME),
     ]);
-    reconcile_claim(Arc::new(claim("nfs").into()), ctx.clone())
+    reconcile::<CachedClaim>(Arc::new(claim("nfs").into()), ctx.clone())
         .await
         .unwrap();
     finish(ctx, server).await;
@@ -197,7 +203,7 @@ async fn assert_class_refused(parameters: &[(&str, &str)], note: &str) {
     let registry = MockAgent::registry_of(&[&nfs1, &nfs2], Some("nfs1"));
     let (ctx, api) = context(registry, vec![class("nfs", parameters)], vec![]);
     let server = api.run(vec![provisioning_event("data"), failed_event(note)]);
-    let action = reconcile_claim(Arc::new(claim("nfs").into()), ctx.clone())
+    let action = reconcile::<CachedClaim>(Arc::new(claim("nfs").into()), ctx.clone())
         .await
         .unwrap();
     assert_eq!(action, Action::await_change(), "{note}");
@@ -248,7 +254,7 @@ async fn an_unreachable_agent_is_skipped() {
         create_pv_on("nfs1", PV_NAME, DEFAULT_PATH),
         succeeded_event("data", PV_NAME),
     ]);
-    reconcile_claim(Arc::new(claim("nfs").into()), ctx.clone())
+    reconcile::<CachedClaim>(Arc::new(claim("nfs").into()), ctx.clone())
         .await
         .unwrap();
     finish(ctx, server).await;
@@ -272,14 +278,16 @@ async fn no_ready_agent_is_a_retriable_failure() {
         failed_event("none of the StorageClass's agents is ready: agent nfs1: agent unreachable"),
     ]);
     let pvc = Arc::new(CachedClaim::from(claim("nfs")));
-    let error = reconcile_claim(pvc.clone(), ctx.clone()).await.unwrap_err();
+    let error = reconcile::<CachedClaim>(pvc.clone(), ctx.clone())
+        .await
+        .unwrap_err();
     assert!(
         error.to_string().contains("agent nfs2: agent answered 503"),
         "{error}"
     );
     // Retried with backoff, not parked until a change.
     assert_eq!(
-        claim_error_policy(pvc, &error, ctx.clone()),
+        error_policy::<CachedClaim>(pvc, &error, ctx.clone()),
         Action::requeue(std::time::Duration::from_secs(1))
     );
     finish(ctx, server).await;
@@ -301,7 +309,7 @@ async fn an_empty_selected_node_is_no_node() {
         .insert(objects::ANN_SELECTED_NODE.into(), String::new());
     let (ctx, api) = context(agent.registry(), vec![wffc], vec![]);
     let server = api.run(vec![]);
-    let action = reconcile_claim(Arc::new(pvc.into()), ctx.clone())
+    let action = reconcile::<CachedClaim>(Arc::new(pvc.into()), ctx.clone())
         .await
         .unwrap();
     assert_eq!(action, Action::await_change());
@@ -328,7 +336,9 @@ async fn a_permanent_failure_is_reported_again_only_after_a_change() {
     // The first reconcile and a resync of the unchanged claim: one event.
     for _ in 0..2 {
         assert_eq!(
-            reconcile_claim(first.clone(), ctx.clone()).await.unwrap(),
+            reconcile::<CachedClaim>(first.clone(), ctx.clone())
+                .await
+                .unwrap(),
             Action::await_change()
         );
     }
@@ -336,7 +346,9 @@ async fn a_permanent_failure_is_reported_again_only_after_a_change() {
     let changed = Arc::new(CachedClaim::from(pvc));
     for _ in 0..2 {
         assert_eq!(
-            reconcile_claim(changed.clone(), ctx.clone()).await.unwrap(),
+            reconcile::<CachedClaim>(changed.clone(), ctx.clone())
+                .await
+                .unwrap(),
             Action::await_change()
         );
     }

@@ -13,7 +13,7 @@ use k8s_openapi::api::core::v1::Secret;
 use crate::agent_secrets::read;
 use crate::agents::{AgentRegistry, AgentSource, SelectError};
 use crate::metrics::Metrics;
-use crate::tests::fixtures::MockAgent;
+use crate::tests::mock_agent::MockAgent;
 
 fn secret(name: &str, data: &[(&str, &[u8])]) -> Arc<Secret> {
     let mut secret = Secret::default();

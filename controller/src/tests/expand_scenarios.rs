@@ -11,8 +11,11 @@ use nfsprov_api_types::{CreateVolumeRequest, ErrorCode, QuotaPolicy};
 use serde_json::{Value, json};
 
 use crate::expand::{CONTROLLER_RESIZE_IN_PROGRESS, CONTROLLER_RESIZE_INFEASIBLE};
-use crate::reconcile::{claim_error_policy, reconcile_claim};
-use crate::tests::fixtures::*;
+use crate::objects::CachedClaim;
+use crate::reconciler::{error_policy, reconcile};
+use crate::tests::builders::*;
+use crate::tests::mock_agent::*;
+use crate::tests::mock_api::*;
 
 const CLAIM_STATUS: &str = "/api/v1/namespaces/team-a/persistentvolumeclaims/data/status?";
 const PATH: &str = "team-a/data";
@@ -172,7 +175,7 @@ async fn expansion_with_an_enforced_quota() {
             "Resize volume succeeded: {PV_NAME} is now 2Gi, enforced by a quota on agent nfs1"
         )),
     ]);
-    let action = reconcile_claim(Arc::new(asked.into()), ctx.clone())
+    let action = reconcile::<CachedClaim>(Arc::new(asked.into()), ctx.clone())
         .await
         .unwrap();
     assert_eq!(action, Action::await_change());
@@ -214,7 +217,7 @@ async fn expansion_without_enforcement_says_so() {
                 "capacity of {PV_NAME} recorded as 2Gi but not enforced ({why})"
             )),
         ]);
-        reconcile_claim(Arc::new(asked.into()), ctx.clone())
+        reconcile::<CachedClaim>(Arc::new(asked.into()), ctx.clone())
             .await
             .unwrap();
         finish(ctx, server).await;
@@ -251,20 +254,22 @@ async fn transient_agent_failure_keeps_the_claim_in_progress_and_retries() {
         mark_finished("301", "2Gi", &finished),
         succeeded_event("recorded as 2Gi but not enforced"),
     ]);
-    let error = reconcile_claim(Arc::new(asked.into()), ctx.clone())
+    let error = reconcile::<CachedClaim>(Arc::new(asked.into()), ctx.clone())
         .await
         .unwrap_err();
     assert!(error.to_string().contains("not_ready"), "{error}");
-    let retry = Arc::new(crate::objects::CachedClaim::from(marked));
+    let retry = Arc::new(CachedClaim::from(marked));
     assert_eq!(
-        claim_error_policy(retry.clone(), &error, ctx.clone()),
+        error_policy::<CachedClaim>(retry.clone(), &error, ctx.clone()),
         Action::requeue(Duration::from_secs(1))
     );
     agent.fail_calls(None);
-    reconcile_claim(retry.clone(), ctx.clone()).await.unwrap();
+    reconcile::<CachedClaim>(retry.clone(), ctx.clone())
+        .await
+        .unwrap();
     // Success forgets the failure.
     assert_eq!(
-        claim_error_policy(retry, &error, ctx.clone()),
+        error_policy::<CachedClaim>(retry, &error, ctx.clone()),
         Action::requeue(Duration::from_secs(1))
     );
     finish(ctx, server).await;
@@ -311,7 +316,7 @@ async fn final_agent_failure_marks_the_claim_infeasible() {
             "unsupported: injected failure; retried when the claim changes or at the next resync",
         ),
     ]);
-    let action = reconcile_claim(Arc::new(asked.into()), ctx.clone())
+    let action = reconcile::<CachedClaim>(Arc::new(asked.into()), ctx.clone())
         .await
         .unwrap();
     // Retrying at once cannot help: it waits for a change (or the periodic resync).
@@ -345,7 +350,7 @@ async fn shrinking_below_the_volume_is_refused_without_calling_the_agent() {
             "cannot shrink volume {PV_NAME} from 2Gi to 1500Mi: NFS volumes can only grow; set the claim's storage request to at least 2Gi"
         )),
     ]);
-    let action = reconcile_claim(Arc::new(lowered.into()), ctx.clone())
+    let action = reconcile::<CachedClaim>(Arc::new(lowered.into()), ctx.clone())
         .await
         .unwrap();
     assert_eq!(action, Action::await_change());
@@ -372,7 +377,7 @@ async fn a_crash_after_the_pv_was_patched_resumes_with_the_claim_status() {
         mark_finished("301", "2Gi", &finished),
         succeeded_event("recorded as 2Gi but not enforced"),
     ]);
-    reconcile_claim(Arc::new(marked.into()), ctx.clone())
+    reconcile::<CachedClaim>(Arc::new(marked.into()), ctx.clone())
         .await
         .unwrap();
     finish(ctx, server).await;
@@ -409,12 +414,12 @@ async fn a_status_conflict_is_retried_from_the_fresh_claim() {
         succeeded_event("recorded as 2Gi"),
     ]);
     assert!(
-        reconcile_claim(Arc::new(asked.into()), ctx.clone())
+        reconcile::<CachedClaim>(Arc::new(asked.into()), ctx.clone())
             .await
             .is_err()
     );
     assert!(agent.calls().is_empty());
-    reconcile_claim(Arc::new(fresh.into()), ctx.clone())
+    reconcile::<CachedClaim>(Arc::new(fresh.into()), ctx.clone())
         .await
         .unwrap();
     finish(ctx, server).await;
@@ -493,7 +498,7 @@ async fn claims_that_cannot_or_need_not_expand_are_left_alone() {
     for (case, classes, volume, claim, calls) in cases {
         let (ctx, api) = context(agent.registry(), classes, vec![volume]);
         let server = api.run(calls);
-        let action = reconcile_claim(Arc::new(claim.into()), ctx.clone())
+        let action = reconcile::<CachedClaim>(Arc::new(claim.into()), ctx.clone())
             .await
             .unwrap();
         assert_eq!(action, Action::await_change(), "{case}");

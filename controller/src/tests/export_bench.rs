@@ -20,7 +20,9 @@ use serde_json::json;
 use crate::exports::Reconciler;
 use crate::mounters::{MountingPod, NodeAddresses};
 use crate::objects::{ANN_AGENT, ANN_PATH, ANN_PROVISIONED_BY};
-use crate::tests::fixtures::{MockAgent, PROVISIONER, class, context_with_volume_writer};
+use crate::tests::builders::{PROVISIONER, class};
+use crate::tests::mock_agent::MockAgent;
+use crate::tests::mock_api::context_with_volume_writer;
 
 fn node(name: &str, address: &str) -> NodeAddresses {
     serde_json::from_value(json!({

@@ -13,7 +13,9 @@ use serde_json::{Value, json};
 use crate::exports::Reconciler;
 use crate::mounters::{MountingPod, NodeAddresses};
 use crate::objects::{ANN_AGENT, ANN_PATH, ANN_PROVISIONED_BY};
-use crate::tests::fixtures::{BodyCheck, Call, MockAgent, PROVISIONER, class, context, finish};
+use crate::tests::builders::{PROVISIONER, class};
+use crate::tests::mock_agent::MockAgent;
+use crate::tests::mock_api::{BodyCheck, Call, context, finish};
 
 fn volume(name: &str, path: &str) -> PersistentVolume {
     serde_json::from_value(json!({

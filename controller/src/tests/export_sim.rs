@@ -15,8 +15,8 @@ use nfsprov_api_types::{
 };
 use serde_json::json;
 
-use crate::tests::fixtures::MockAgent;
 use crate::tests::harness::{Harness, HarnessOptions};
+use crate::tests::mock_agent::MockAgent;
 
 const WAIT: Duration = Duration::from_secs(30);
 /// How often a condition on the agent's in-memory state is looked at while awaited.

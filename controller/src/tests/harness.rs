@@ -24,7 +24,8 @@ use serde_json::{Value, json};
 use crate::agents::AgentRegistry;
 use crate::controller::{self, RunConfig};
 use crate::metrics::Metrics;
-use crate::tests::fixtures::{MockAgent, PROVISIONER};
+use crate::tests::builders::PROVISIONER;
+use crate::tests::mock_agent::MockAgent;
 
 /// How long the controller may take to stop (its in-flight reconciles finish first).
 const STOP: Duration = Duration::from_secs(60);
@@ -242,7 +243,7 @@ impl Harness {
             self.metrics.clone(),
             RunConfig::reconcilers_only(
                 self.provisioner.as_str(),
-                crate::tests::fixtures::test_reporter(),
+                crate::tests::mock_api::test_reporter(),
             ),
             Arc::new(AtomicBool::new(false)),
             stopped,

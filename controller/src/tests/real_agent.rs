@@ -12,9 +12,10 @@ use serde_json::json;
 
 use crate::agents::AgentRegistry;
 use crate::metrics::Metrics;
-use crate::objects;
-use crate::reconcile::{reconcile_claim, reconcile_volume};
-use crate::tests::fixtures::*;
+use crate::objects::{self, CachedClaim, CachedVolume};
+use crate::reconciler::reconcile;
+use crate::tests::builders::*;
+use crate::tests::mock_api::*;
 
 fn pv_uri() -> String {
     format!("/api/v1/persistentvolumes/{PV_NAME}?")
@@ -67,7 +68,7 @@ async fn provision(agent: &TestAgent, root: &Path, params: &[(&str, &str)], path
         .status(201),
         Call::event("team-a", "Normal", "ProvisioningSucceeded", "data", PV_NAME),
     ]);
-    reconcile_claim(Arc::new(claim("nfs").into()), ctx.clone())
+    reconcile::<CachedClaim>(Arc::new(claim("nfs").into()), ctx.clone())
         .await
         .unwrap();
     finish(ctx, server).await;
@@ -85,7 +86,7 @@ async fn delete(agent: &TestAgent, on_delete: &str, path: &str) {
         .unwrap()
         .insert(objects::ANN_AGENT.into(), "test".into());
     let server = api.run(finalize_and_delete(&volume));
-    reconcile_volume(Arc::new(cached(volume)), ctx.clone())
+    reconcile::<CachedVolume>(Arc::new(cached(volume)), ctx.clone())
         .await
         .unwrap();
     finish(ctx, server).await;

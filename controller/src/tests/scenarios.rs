@@ -11,11 +11,11 @@ use nfsprov_api_types::{CreateVolumeRequest, ErrorCode, Mode, QuotaPolicy, Volum
 use serde_json::json;
 
 use crate::agents::AgentRegistry;
-use crate::objects;
-use crate::reconcile::{
-    claim_error_policy, reconcile_claim, reconcile_volume, volume_error_policy,
-};
-use crate::tests::fixtures::*;
+use crate::objects::{self, CachedClaim, CachedVolume};
+use crate::reconciler::{error_policy, reconcile};
+use crate::tests::builders::*;
+use crate::tests::mock_agent::*;
+use crate::tests::mock_api::*;
 
 const PVS: &str = "/api/v1/persistentvolumes?";
 const DEFAULT_PATH: &str = "team-a-data-pvc-6b1c8f3e-2d4a-4e5b-9c7d-0a1b2c3d4e5f";
@@ -109,12 +109,14 @@ async fn an_additional_provisioner_name_is_served_and_the_pv_records_our_own() {
         .as_mut()
         .unwrap()
         .insert(objects::ANN_STORAGE_PROVISIONER.into(), REPLACED.into());
-    let pvc = Arc::new(objects::CachedClaim::from(pvc));
+    let pvc = Arc::new(CachedClaim::from(pvc));
 
     // Without the additional name the claim is not ours: no call at all.
     let (ctx, api) = context(agent.registry(), vec![replaced_class.clone()], vec![]);
     let server = api.run(vec![]);
-    reconcile_claim(pvc.clone(), ctx.clone()).await.unwrap();
+    reconcile::<CachedClaim>(pvc.clone(), ctx.clone())
+        .await
+        .unwrap();
     finish(ctx, server).await;
     assert!(agent.calls().is_empty());
 
@@ -129,7 +131,7 @@ async fn an_additional_provisioner_name_is_served_and_the_pv_records_our_own() {
         create_pv(DEFAULT_PATH, "archive"),
         succeeded_event(),
     ]);
-    reconcile_claim(pvc, ctx.clone()).await.unwrap();
+    reconcile::<CachedClaim>(pvc, ctx.clone()).await.unwrap();
     finish(ctx, server).await;
     assert_eq!(
         agent.calls(),
@@ -155,9 +157,11 @@ async fn a_claim_whose_agent_has_no_free_slot_steps_aside_without_failing() {
     // Busy: the attempt is announced once, however often it steps aside; no agent call,
     // no failure count; a retry soon.
     let server = api.run(vec![provisioning_event()]);
-    let pvc = Arc::new(objects::CachedClaim::from(claim("nfs")));
+    let pvc = Arc::new(CachedClaim::from(claim("nfs")));
     for _ in 0..2 {
-        let action = reconcile_claim(pvc.clone(), ctx.clone()).await.unwrap();
+        let action = reconcile::<CachedClaim>(pvc.clone(), ctx.clone())
+            .await
+            .unwrap();
         assert_eq!(action, Action::requeue(crate::agents::BUSY_RETRY));
     }
     assert!(agent.calls().is_empty(), "{:?}", agent.calls());
@@ -187,7 +191,7 @@ async fn a_claim_whose_agent_has_no_free_slot_steps_aside_without_failing() {
         succeeded_event(),
     ]);
     assert_eq!(
-        reconcile_claim(pvc, ctx.clone()).await.unwrap(),
+        reconcile::<CachedClaim>(pvc, ctx.clone()).await.unwrap(),
         Action::await_change()
     );
     finish(ctx, server).await;
@@ -202,7 +206,7 @@ async fn happy_path_creates_directory_then_the_exact_pv() {
         create_pv(DEFAULT_PATH, "archive"),
         succeeded_event(),
     ]);
-    let action = reconcile_claim(Arc::new(claim("nfs").into()), ctx.clone())
+    let action = reconcile::<CachedClaim>(Arc::new(claim("nfs").into()), ctx.clone())
         .await
         .unwrap();
     assert_eq!(action, Action::await_change());
@@ -253,7 +257,7 @@ async fn parameters_reach_the_agent_and_the_pv() {
         create_pv("team-a/db-data", "delete"),
         succeeded_event(),
     ]);
-    reconcile_claim(Arc::new(pvc.into()), ctx.clone())
+    reconcile::<CachedClaim>(Arc::new(pvc.into()), ctx.clone())
         .await
         .unwrap();
     finish(ctx, server).await;
@@ -281,9 +285,9 @@ async fn assert_refused(
     // Provisioning first, as the library publishes it before calling Provision; the
     // second attempt on the same claim and class says nothing again.
     let server = api.run(vec![provisioning_event(), failed_event(note)]);
-    let pvc = Arc::new(objects::CachedClaim::from(pvc));
+    let pvc = Arc::new(CachedClaim::from(pvc));
     for _ in 0..2 {
-        let result = reconcile_claim(pvc.clone(), ctx.clone()).await;
+        let result = reconcile::<CachedClaim>(pvc.clone(), ctx.clone()).await;
         assert_eq!(result.unwrap(), Action::await_change(), "{note}");
     }
     let metrics = ctx.metrics.encode().unwrap();
@@ -379,7 +383,7 @@ async fn wait_for_first_consumer_waits_for_the_selected_node() {
     // Before the scheduler picked a node: no call at all.
     let (ctx, api) = context(agent.registry(), vec![wffc.clone()], vec![]);
     let server = api.run(vec![]);
-    let action = reconcile_claim(Arc::new(claim("nfs").into()), ctx.clone())
+    let action = reconcile::<CachedClaim>(Arc::new(claim("nfs").into()), ctx.clone())
         .await
         .unwrap();
     assert_eq!(action, Action::await_change());
@@ -399,7 +403,7 @@ async fn wait_for_first_consumer_waits_for_the_selected_node() {
         create_pv(DEFAULT_PATH, "archive"),
         succeeded_event(),
     ]);
-    reconcile_claim(Arc::new(pvc.into()), ctx.clone())
+    reconcile::<CachedClaim>(Arc::new(pvc.into()), ctx.clone())
         .await
         .unwrap();
     finish(ctx, server).await;
@@ -423,17 +427,17 @@ async fn claims_that_are_not_ours_are_left_alone() {
         objects::ANN_STORAGE_PROVISIONER.into(),
         "example.com/other".into(),
     )]));
-    reconcile_claim(Arc::new(pvc.into()), ctx.clone())
+    reconcile::<CachedClaim>(Arc::new(pvc.into()), ctx.clone())
         .await
         .unwrap();
     // Annotated for us but its class belongs to someone else.
-    reconcile_claim(Arc::new(claim("other").into()), ctx.clone())
+    reconcile::<CachedClaim>(Arc::new(claim("other").into()), ctx.clone())
         .await
         .unwrap();
     // Already bound.
     let mut pvc = claim("nfs");
     pvc.spec.as_mut().unwrap().volume_name = Some("pv-static".into());
-    reconcile_claim(Arc::new(pvc.into()), ctx.clone())
+    reconcile::<CachedClaim>(Arc::new(pvc.into()), ctx.clone())
         .await
         .unwrap();
     // Only the legacy beta annotation: still ours (checked by provisioning it).
@@ -451,7 +455,7 @@ async fn claims_that_are_not_ours_are_left_alone() {
         create_pv(DEFAULT_PATH, "archive"),
         succeeded_event(),
     ]);
-    reconcile_claim(Arc::new(beta.into()), ctx.clone())
+    reconcile::<CachedClaim>(Arc::new(beta.into()), ctx.clone())
         .await
         .unwrap();
     finish(ctx, server).await;
@@ -464,7 +468,7 @@ async fn pv_already_exists() {
     let existing = released_pv(Some("archive"), DEFAULT_PATH);
     let (ctx, api) = context(agent.registry(), vec![class("nfs", &[])], vec![existing]);
     let server = api.run(vec![]);
-    reconcile_claim(Arc::new(claim("nfs").into()), ctx.clone())
+    reconcile::<CachedClaim>(Arc::new(claim("nfs").into()), ctx.clone())
         .await
         .unwrap();
     finish(ctx, server).await;
@@ -490,7 +494,7 @@ async fn pv_already_exists() {
         create_pv(DEFAULT_PATH, "archive").status(409),
         succeeded_event(),
     ]);
-    let action = reconcile_claim(Arc::new(claim("nfs").into()), ctx.clone())
+    let action = reconcile::<CachedClaim>(Arc::new(claim("nfs").into()), ctx.clone())
         .await
         .unwrap();
     assert_eq!(action, Action::await_change());
@@ -528,24 +532,30 @@ async fn agent_failure_reports_and_backs_off_then_succeeds() {
         create_pv(DEFAULT_PATH, "archive"),
         succeeded_event(),
     ]);
-    let pvc = Arc::new(objects::CachedClaim::from(claim("nfs")));
-    let error = reconcile_claim(pvc.clone(), ctx.clone()).await.unwrap_err();
+    let pvc = Arc::new(CachedClaim::from(claim("nfs")));
+    let error = reconcile::<CachedClaim>(pvc.clone(), ctx.clone())
+        .await
+        .unwrap_err();
     assert!(error.to_string().contains("not_ready"), "{error}");
     assert_eq!(
-        claim_error_policy(pvc.clone(), &error, ctx.clone()),
+        error_policy::<CachedClaim>(pvc.clone(), &error, ctx.clone()),
         Action::requeue(Duration::from_secs(1))
     );
-    let error = reconcile_claim(pvc.clone(), ctx.clone()).await.unwrap_err();
+    let error = reconcile::<CachedClaim>(pvc.clone(), ctx.clone())
+        .await
+        .unwrap_err();
     // Per-object exponential backoff.
     assert_eq!(
-        claim_error_policy(pvc.clone(), &error, ctx.clone()),
+        error_policy::<CachedClaim>(pvc.clone(), &error, ctx.clone()),
         Action::requeue(Duration::from_secs(2))
     );
     agent.fail_with(None);
-    reconcile_claim(pvc.clone(), ctx.clone()).await.unwrap();
+    reconcile::<CachedClaim>(pvc.clone(), ctx.clone())
+        .await
+        .unwrap();
     // Success forgets the failures.
     assert_eq!(
-        claim_error_policy(pvc, &error, ctx.clone()),
+        error_policy::<CachedClaim>(pvc, &error, ctx.clone()),
         Action::requeue(Duration::from_secs(1))
     );
     let metrics = ctx.metrics.encode().unwrap();
@@ -571,10 +581,14 @@ async fn pv_save_failure_names_the_directory_and_retry_reuses_it() {
         create_pv(DEFAULT_PATH, "archive"),
         succeeded_event(),
     ]);
-    let pvc = Arc::new(objects::CachedClaim::from(claim("nfs")));
-    assert!(reconcile_claim(pvc.clone(), ctx.clone()).await.is_err());
+    let pvc = Arc::new(CachedClaim::from(claim("nfs")));
+    assert!(
+        reconcile::<CachedClaim>(pvc.clone(), ctx.clone())
+            .await
+            .is_err()
+    );
     assert!(agent.has_volume(DEFAULT_PATH));
-    reconcile_claim(pvc, ctx.clone()).await.unwrap();
+    reconcile::<CachedClaim>(pvc, ctx.clone()).await.unwrap();
     finish(ctx, server).await;
     // One directory, created once then confirmed; the export is asked once (cached).
     assert_eq!(
@@ -602,7 +616,7 @@ async fn agent_conflict_is_reported() {
         provisioning_event(),
         failed_event("could not create directory"),
     ]);
-    let error = reconcile_claim(Arc::new(claim("nfs").into()), ctx.clone())
+    let error = reconcile::<CachedClaim>(Arc::new(claim("nfs").into()), ctx.clone())
         .await
         .unwrap_err();
     assert!(error.to_string().contains("conflict"), "{error}");
@@ -629,7 +643,7 @@ async fn provision_with_quota(agent: &MockAgent, quota: &str) {
         .status(201),
         succeeded_event(),
     ]);
-    reconcile_claim(Arc::new(claim("nfs").into()), ctx.clone())
+    reconcile::<CachedClaim>(Arc::new(claim("nfs").into()), ctx.clone())
         .await
         .unwrap();
     finish(ctx, server).await;
@@ -680,7 +694,7 @@ async fn enforce_on_an_agent_without_quotas_fails_before_any_directory() {
             "asks for quota enforce, but agent nfs1 cannot enforce quotas (it has no quota backend); no directory was created",
         ),
     ]);
-    let result = reconcile_claim(Arc::new(claim("nfs").into()), ctx.clone()).await;
+    let result = reconcile::<CachedClaim>(Arc::new(claim("nfs").into()), ctx.clone()).await;
     assert!(result.is_err(), "{result:?}");
     finish(ctx, server).await;
     assert_eq!(agent.calls(), ["GET info"]);
@@ -703,7 +717,7 @@ async fn enforce_refused_by_the_agent_is_reported_the_same_way() {
         provisioning_event(),
         failed_event("but agent nfs1 cannot enforce quotas (it refused: agent answered 422"),
     ]);
-    let result = reconcile_claim(Arc::new(claim("nfs").into()), ctx.clone()).await;
+    let result = reconcile::<CachedClaim>(Arc::new(claim("nfs").into()), ctx.clone()).await;
     assert!(result.is_err(), "{result:?}");
     finish(ctx, server).await;
     assert_eq!(
@@ -765,7 +779,7 @@ async fn on_delete_delete_removes_the_directory_then_the_pv() {
         remove_finalizer(),
         delete_pv(),
     ]);
-    reconcile_volume(
+    reconcile::<CachedVolume>(
         Arc::new(cached(released_pv(Some("delete"), "team-a/data"))),
         ctx.clone(),
     )
@@ -788,7 +802,7 @@ async fn on_delete_archive_archives_then_deletes_the_pv() {
         remove_finalizer(),
         delete_pv(),
     ]);
-    reconcile_volume(
+    reconcile::<CachedVolume>(
         Arc::new(cached(released_pv(Some("archive"), "team-a/data"))),
         ctx.clone(),
     )
@@ -828,14 +842,14 @@ async fn the_recorded_archive_retention_goes_with_the_archive_request() {
             "nfsprov.dev/archive-retention-days=\"soon\" is not a whole number of days",
         ),
     ]);
-    reconcile_volume(
+    reconcile::<CachedVolume>(
         Arc::new(cached(with_retention("team-a/data", "30"))),
         ctx.clone(),
     )
     .await
     .unwrap();
     // An unreadable retention stops the deletion: the data stays where it is.
-    let result = reconcile_volume(
+    let result = reconcile::<CachedVolume>(
         Arc::new(cached(with_retention("team-a/other", "soon"))),
         ctx.clone(),
     )
@@ -869,7 +883,7 @@ async fn volumes_of_an_additional_provisioner_wait_for_adoption() {
         // As the watch caches it.
         let mut volume = cached(theirs.clone());
         crate::cache::slim_volume(&mut volume, &provisioners());
-        reconcile_volume(Arc::new(volume), ctx.clone())
+        reconcile::<CachedVolume>(Arc::new(volume), ctx.clone())
             .await
             .unwrap();
         finish(ctx, server).await;
@@ -886,7 +900,7 @@ async fn volumes_of_an_additional_provisioner_wait_for_adoption() {
         .insert(objects::ANN_PROVISIONED_BY.into(), REPLACED.into());
     let (ctx, api, _) = context_with_provisioners(provisioners(), agent.registry(), vec![], vec![]);
     let server = api.run(vec![get_pv(&adopted), remove_finalizer(), delete_pv()]);
-    reconcile_volume(Arc::new(cached(adopted)), ctx.clone())
+    reconcile::<CachedVolume>(Arc::new(cached(adopted)), ctx.clone())
         .await
         .unwrap();
     finish(ctx, server).await;
@@ -903,7 +917,7 @@ async fn on_delete_retain_keeps_the_directory_and_deletes_the_pv() {
         remove_finalizer(),
         delete_pv(),
     ]);
-    reconcile_volume(
+    reconcile::<CachedVolume>(
         Arc::new(cached(released_pv(Some("retain"), "team-a/data"))),
         ctx.clone(),
     )
@@ -925,7 +939,7 @@ async fn class_gone_and_no_recorded_policy_archives() {
         remove_finalizer(),
         delete_pv(),
     ]);
-    reconcile_volume(
+    reconcile::<CachedVolume>(
         Arc::new(cached(released_pv(None, "team-a/data"))),
         ctx.clone(),
     )
@@ -949,7 +963,7 @@ async fn recorded_policy_wins_over_a_changed_class() {
         remove_finalizer(),
         delete_pv(),
     ]);
-    reconcile_volume(
+    reconcile::<CachedVolume>(
         Arc::new(cached(released_pv(Some("archive"), "team-a/data"))),
         ctx.clone(),
     )
@@ -976,7 +990,7 @@ async fn a_release_whose_agent_has_no_free_slot_waits_without_touching_anything(
         .expect("a free slot");
     let (ctx, api) = context(registry, vec![class("nfs", &[])], vec![]);
     let server = api.run(vec![get_pv(&released_pv(Some("delete"), "team-a/data"))]);
-    let action = reconcile_volume(
+    let action = reconcile::<CachedVolume>(
         Arc::new(cached(released_pv(Some("delete"), "team-a/data"))),
         ctx.clone(),
     )
@@ -1006,11 +1020,11 @@ async fn delete_failure_reports_on_the_pv_and_keeps_the_finalizer() {
         ),
     ]);
     let volume = Arc::new(cached(released_pv(Some("delete"), "team-a/data")));
-    let error = reconcile_volume(volume.clone(), ctx.clone())
+    let error = reconcile::<CachedVolume>(volume.clone(), ctx.clone())
         .await
         .unwrap_err();
     assert_eq!(
-        volume_error_policy(volume, &error, ctx.clone()),
+        error_policy::<CachedVolume>(volume, &error, ctx.clone()),
         Action::requeue(Duration::from_secs(1))
     );
     finish(ctx, server).await;
@@ -1031,7 +1045,7 @@ async fn retain_pvs_and_other_provisioners_pvs_are_untouched() {
         .unwrap()
         .persistent_volume_reclaim_policy = Some("Retain".into());
     retain.metadata.finalizers = Some(vec!["kubernetes.io/pv-protection".into()]);
-    reconcile_volume(Arc::new(cached(retain)), ctx.clone())
+    reconcile::<CachedVolume>(Arc::new(cached(retain)), ctx.clone())
         .await
         .unwrap();
     // Another provisioner's released Delete PV, even with our annotations and finalizer.
@@ -1040,7 +1054,7 @@ async fn retain_pvs_and_other_provisioners_pvs_are_untouched() {
         objects::ANN_PROVISIONED_BY.into(),
         "example.com/other".into(),
     );
-    reconcile_volume(Arc::new(cached(foreign)), ctx.clone())
+    reconcile::<CachedVolume>(Arc::new(cached(foreign)), ctx.clone())
         .await
         .unwrap();
     // Ours, Released, already deleted and our finalizer gone: nothing left to do.
@@ -1049,13 +1063,13 @@ async fn retain_pvs_and_other_provisioners_pvs_are_untouched() {
     done.metadata.deletion_timestamp = Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
         k8s_openapi::jiff::Timestamp::now(),
     ));
-    reconcile_volume(Arc::new(cached(done)), ctx.clone())
+    reconcile::<CachedVolume>(Arc::new(cached(done)), ctx.clone())
         .await
         .unwrap();
     // Ours, Delete, but still Bound.
     let mut bound = released_pv(Some("delete"), "team-a/data");
     bound.status.as_mut().unwrap().phase = Some("Bound".into());
-    reconcile_volume(Arc::new(cached(bound)), ctx.clone())
+    reconcile::<CachedVolume>(Arc::new(cached(bound)), ctx.clone())
         .await
         .unwrap();
     finish(ctx, server).await;
@@ -1075,7 +1089,7 @@ async fn switching_to_retain_only_removes_our_finalizer() {
         .as_mut()
         .unwrap()
         .persistent_volume_reclaim_policy = Some("Retain".into());
-    reconcile_volume(Arc::new(cached(retain)), ctx.clone())
+    reconcile::<CachedVolume>(Arc::new(cached(retain)), ctx.clone())
         .await
         .unwrap();
     finish(ctx, server).await;
@@ -1102,7 +1116,7 @@ async fn switching_to_delete_adds_our_finalizer_first() {
     // released: the data is not touched before the finalizer holds the PV.
     let mut switched = released_pv(Some("delete"), "team-a/data");
     switched.metadata.finalizers = Some(vec!["kubernetes.io/pv-protection".into()]);
-    reconcile_volume(Arc::new(cached(switched)), ctx.clone())
+    reconcile::<CachedVolume>(Arc::new(cached(switched)), ctx.clone())
         .await
         .unwrap();
     finish(ctx, server).await;
@@ -1125,8 +1139,14 @@ async fn finalizer_conflict_is_retried_not_forced() {
         delete_pv(),
     ]);
     let volume = Arc::new(cached(released_pv(Some("delete"), "team-a/data")));
-    assert!(reconcile_volume(volume.clone(), ctx.clone()).await.is_err());
-    reconcile_volume(volume, ctx.clone()).await.unwrap();
+    assert!(
+        reconcile::<CachedVolume>(volume.clone(), ctx.clone())
+            .await
+            .is_err()
+    );
+    reconcile::<CachedVolume>(volume, ctx.clone())
+        .await
+        .unwrap();
     finish(ctx, server).await;
     assert_eq!(agent.calls(), ["DELETE team-a/data", "DELETE team-a/data"]);
 }
@@ -1172,11 +1192,11 @@ async fn an_unreachable_agent_only_fails_its_own_classes() {
         succeeded_event(),
     ]);
     assert!(
-        reconcile_claim(Arc::new(stranded.into()), ctx.clone())
+        reconcile::<CachedClaim>(Arc::new(stranded.into()), ctx.clone())
             .await
             .is_err()
     );
-    reconcile_claim(Arc::new(claim("nfs").into()), ctx.clone())
+    reconcile::<CachedClaim>(Arc::new(claim("nfs").into()), ctx.clone())
         .await
         .unwrap();
     finish(ctx, server).await;
@@ -1205,8 +1225,10 @@ async fn a_stale_cache_never_repeats_a_finished_deletion() {
         .status(404),
     ]);
     let stale = Arc::new(cached(released_pv(Some("delete"), "team-a/data")));
-    reconcile_volume(stale.clone(), ctx.clone()).await.unwrap();
-    reconcile_volume(stale, ctx.clone()).await.unwrap();
+    reconcile::<CachedVolume>(stale.clone(), ctx.clone())
+        .await
+        .unwrap();
+    reconcile::<CachedVolume>(stale, ctx.clone()).await.unwrap();
     finish(ctx, server).await;
     assert!(agent.calls().is_empty());
     assert!(agent.has_volume("team-a/data"));
@@ -1306,14 +1328,16 @@ async fn a_clone_is_polled_until_the_agent_made_it_and_its_pv_names_the_source()
         Call::new(Method::POST, PVS, BodyCheck::Exact(expected)).status(201),
         succeeded_event(),
     ]);
-    let pvc = Arc::new(objects::CachedClaim::from(clone_claim()));
+    let pvc = Arc::new(CachedClaim::from(clone_claim()));
     assert_eq!(
-        reconcile_claim(pvc.clone(), ctx.clone()).await.unwrap(),
+        reconcile::<CachedClaim>(pvc.clone(), ctx.clone())
+            .await
+            .unwrap(),
         Action::requeue(Duration::from_secs(3)),
         "still cloning: asked again soon, no failure"
     );
     assert_eq!(
-        reconcile_claim(pvc, ctx.clone()).await.unwrap(),
+        reconcile::<CachedClaim>(pvc, ctx.clone()).await.unwrap(),
         Action::await_change()
     );
     let metrics = ctx.metrics.encode().unwrap();
@@ -1366,15 +1390,17 @@ async fn a_clone_refused_by_a_full_job_queue_is_asked_again_when_the_agent_says(
         Call::new(Method::POST, PVS, BodyCheck::Exact(expected)).status(201),
         succeeded_event(),
     ]);
-    let pvc = Arc::new(objects::CachedClaim::from(clone_claim()));
+    let pvc = Arc::new(CachedClaim::from(clone_claim()));
     assert_eq!(
-        reconcile_claim(pvc.clone(), ctx.clone()).await.unwrap(),
+        reconcile::<CachedClaim>(pvc.clone(), ctx.clone())
+            .await
+            .unwrap(),
         Action::requeue(MOCK_RETRY_AFTER),
         "refused for now: asked again after the agent's Retry-After, no failure"
     );
     agent.fail_calls(None);
     assert_eq!(
-        reconcile_claim(pvc, ctx.clone()).await.unwrap(),
+        reconcile::<CachedClaim>(pvc, ctx.clone()).await.unwrap(),
         Action::await_change()
     );
     let metrics = ctx.metrics.encode().unwrap();
@@ -1414,9 +1440,9 @@ async fn a_clone_by_a_method_newer_than_the_controller_is_provisioned_and_shown_
         Call::new(Method::POST, PVS, BodyCheck::Exact(expected)).status(201),
         succeeded_event(),
     ]);
-    let pvc = Arc::new(objects::CachedClaim::from(clone_claim()));
+    let pvc = Arc::new(CachedClaim::from(clone_claim()));
     assert_eq!(
-        reconcile_claim(pvc, ctx.clone()).await.unwrap(),
+        reconcile::<CachedClaim>(pvc, ctx.clone()).await.unwrap(),
         Action::await_change()
     );
     finish(ctx, server).await;
@@ -1466,9 +1492,9 @@ async fn a_clone_that_breaks_a_rule_is_refused_once_without_calling_the_agent() 
             // The second reconcile of the same claim reads the source, reports nothing.
             get_source(&source),
         ]);
-        let pvc = Arc::new(objects::CachedClaim::from(clone_claim()));
+        let pvc = Arc::new(CachedClaim::from(clone_claim()));
         for _ in 0..2 {
-            let result = reconcile_claim(pvc.clone(), ctx.clone()).await;
+            let result = reconcile::<CachedClaim>(pvc.clone(), ctx.clone()).await;
             assert_eq!(result.unwrap(), Action::await_change(), "{note}");
         }
         finish(ctx, server).await;
@@ -1492,8 +1518,8 @@ async fn a_clone_waits_with_backoff_for_a_source_that_is_not_bound_yet() {
         get_source(&pending),
         failed_event("the source claim team-a/source is Pending, not Bound"),
     ]);
-    let pvc = Arc::new(objects::CachedClaim::from(clone_claim()));
-    let result = reconcile_claim(pvc, ctx.clone()).await;
+    let pvc = Arc::new(CachedClaim::from(clone_claim()));
+    let result = reconcile::<CachedClaim>(pvc, ctx.clone()).await;
     assert!(
         result.is_err(),
         "retried with backoff, not given up: {result:?}"

@@ -17,8 +17,8 @@ use nfsprov_vocabulary::snapshots::{
 };
 use serde_json::{Value, json};
 
-use crate::tests::fixtures::{MockAgent, SNAPSHOT_CREATED_AT};
 use crate::tests::harness::{Harness, HarnessOptions, Tier};
+use crate::tests::mock_agent::{MockAgent, SNAPSHOT_CREATED_AT};
 
 const WAIT: Duration = Duration::from_secs(30);
 /// How often a condition on the agent's in-memory state, the events or the metrics is

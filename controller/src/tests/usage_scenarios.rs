@@ -5,7 +5,9 @@ use k8s_openapi::api::core::v1::PersistentVolume;
 use kube::runtime::watcher;
 use nfsprov_api_types::{CreateVolumeRequest, ErrorCode};
 
-use crate::tests::fixtures::*;
+use crate::tests::builders::*;
+use crate::tests::mock_agent::*;
+use crate::tests::mock_api::*;
 use crate::usage::{UsageTracker, poll_once};
 
 const GI: u64 = 1 << 30;

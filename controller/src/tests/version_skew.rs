@@ -8,7 +8,7 @@ use nfsprov_api_types::{
     VolumeOwner, VolumePath,
 };
 
-use super::fixtures::MockAgent;
+use crate::tests::mock_agent::MockAgent;
 
 const GI: u64 = 1 << 30;
 
