@@ -28,6 +28,8 @@
 //!   older agent then refuses that one request with a permanent, named error instead of
 //!   ignoring what was asked.
 
+#![warn(unreachable_pub)]
+
 mod answer;
 mod archive;
 pub mod endpoints;
