@@ -451,6 +451,7 @@ impl AgentClient {
     }
 
     /// The same client, with `observer` told of each of its calls.
+    #[must_use]
     pub fn observed_by(mut self, observer: Arc<dyn Observer>) -> Self {
         self.observer = Some(observer);
         self
