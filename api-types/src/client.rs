@@ -752,8 +752,6 @@ fn retry_after(headers: &reqwest::header::HeaderMap) -> Option<Duration> {
     Some(Duration::from_secs(seconds.min(3600)))
 }
 
-/// The cursor of the page after the one `query` asked for. A cursor that does not move
-/// on would page for ever: it is an error, not a loop.
 /// Sends a request once more when the kept-alive connection it went out on turns out to
 /// have been closed by the agent, which closes a connection left idle past its
 /// header-read timeout (10 s by default), while the pool keeps it for longer. A client
@@ -804,6 +802,8 @@ fn closed_before_any_answer(error: &(dyn std::error::Error + 'static)) -> bool {
     false
 }
 
+/// The cursor of the page after the one `query` asked for. A cursor that does not move
+/// on would page for ever: it is an error, not a loop.
 fn next_page(query: &ListQuery, next: Option<String>) -> Result<Option<String>, ClientError> {
     match next {
         Some(next) if query.after.as_ref() == Some(&next) => Err(ClientError::UnexpectedResponse {
