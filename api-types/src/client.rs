@@ -10,15 +10,15 @@ use reqwest::StatusCode;
 use rustls_pki_types::pem::PemObject;
 use rustls_pki_types::{CertificateDer, PrivateKeyDer};
 use serde::Deserialize;
-use serde::de::DeserializeOwned;
 
+use crate::endpoints::{self, ApiEndpoint, NoBody, PathArg};
 use crate::logsafe::Clean;
 use crate::{
     AdoptVolumeRequest, AgentInfo, ApiError, Archive, ArchiveList, ArchivePath, ArchiveRequest,
-    ArchiveResult, CloneProgress, CloneVolumeRequest, CreateSnapshotRequest, CreateVolumeRequest,
-    Endpoint, ErrorCode, ExportRequest, Health, ListQuery, MAX_PEM_BYTES, MAX_TOKEN_BYTES,
-    REQUEST_ID_HEADER, ReloadingFile, ResizeVolumeRequest, RestoreProgress, RestoreVolumeRequest,
-    Snapshot, SnapshotList, SnapshotName, Volume, VolumeList, VolumePath, read_bounded,
+    ArchiveResult, CloneVolumeRequest, CreateSnapshotRequest, CreateVolumeRequest, Endpoint,
+    ErrorCode, ExportRequest, Health, ListQuery, MAX_PEM_BYTES, MAX_TOKEN_BYTES, REQUEST_ID_HEADER,
+    ReadAnswer, ReloadingFile, ResizeVolumeRequest, RestoreVolumeRequest, Snapshot, SnapshotList,
+    SnapshotName, Volume, VolumeList, VolumePath, read_bounded,
 };
 
 /// How to reach one agent. Relative file names are resolved against the directory of the
@@ -279,36 +279,7 @@ impl ClientError {
     }
 }
 
-/// The outcome of `PUT /v1/volumes/{path}` and of `POST /v1/adoptions/{path}`.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct CreateOutcome {
-    pub volume: Volume,
-    /// `true` when this call made the volume (created the directory, or adopted it),
-    /// `false` when it was already a volume with the same settings.
-    pub created: bool,
-}
-
-/// The outcome of `POST /v1/clones/{path}`.
-// Returned once per call and never held in bulk, so the larger variant costs nothing.
-#[allow(clippy::large_enum_variant)]
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum CloneOutcome {
-    /// The clone is at its path: made by this call, by an earlier one, or found again.
-    Ready(CreateOutcome),
-    /// The agent is still making it; repeat the same request later.
-    InProgress(CloneProgress),
-}
-
-/// The outcome of `POST /v1/restores/{path}`.
-#[allow(clippy::large_enum_variant)]
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum RestoreOutcome {
-    /// The restored volume is at its path: made by this call, by an earlier one, or found
-    /// again.
-    Ready(CreateOutcome),
-    /// The agent is still making it; repeat the same request later.
-    InProgress(RestoreProgress),
-}
+pub use crate::answer::{CloneOutcome, CreateOutcome, RestoreOutcome};
 
 /// One call a client made, once its outcome is known.
 #[derive(Debug)]
@@ -346,11 +317,28 @@ struct Answer {
     body: Vec<u8>,
 }
 
-impl Answer {
-    fn json<T: DeserializeOwned>(&self) -> Result<T, ClientError> {
-        serde_json::from_slice(&self.body).map_err(|_| unexpected(self.status, &self.body))
-    }
+/// A list endpoint's answer: one page of entries and the cursor of the next.
+trait Page {
+    type Entry;
+    fn split(self) -> (Vec<Self::Entry>, Option<String>);
 }
+
+macro_rules! list_pages {
+    ($($list:ty => $entries:ident: $entry:ty),*) => {$(
+        impl Page for $list {
+            type Entry = $entry;
+            fn split(self) -> (Vec<$entry>, Option<String>) {
+                (self.$entries, self.next)
+            }
+        }
+    )*};
+}
+
+list_pages!(
+    VolumeList => volumes: Volume,
+    ArchiveList => archives: Archive,
+    SnapshotList => snapshots: Snapshot
+);
 
 fn unexpected(status: StatusCode, body: &[u8]) -> ClientError {
     ClientError::UnexpectedResponse {
@@ -463,6 +451,7 @@ impl AgentClient {
     }
 
     /// The same client, with `observer` told of each of its calls.
+    #[must_use]
     pub fn observed_by(mut self, observer: Arc<dyn Observer>) -> Self {
         self.observer = Some(observer);
         self
@@ -474,171 +463,20 @@ impl AgentClient {
     }
 
     pub async fn healthz(&self) -> Result<Health, ClientError> {
-        self.call(
-            Endpoint::Healthz,
-            Endpoint::Healthz.path(),
-            None::<&()>,
-            None,
-        )
-        .await
-        .map(|(_, body)| body)
+        self.call::<endpoints::Healthz>(&(), None, None).await
     }
 
     pub async fn readyz(&self) -> Result<Health, ClientError> {
-        self.call(Endpoint::Readyz, Endpoint::Readyz.path(), None::<&()>, None)
-            .await
-            .map(|(_, body)| body)
+        self.call::<endpoints::Readyz>(&(), None, None).await
     }
 
     pub async fn info(&self, request_id: Option<&str>) -> Result<AgentInfo, ClientError> {
-        self.call(
-            Endpoint::Info,
-            Endpoint::Info.path(),
-            None::<&()>,
-            request_id,
-        )
-        .await
-        .map(|(_, body)| body)
-    }
-
-    /// Creates the volume or confirms it exists with the same settings.
-    pub async fn create_volume(
-        &self,
-        path: &VolumePath,
-        request: &CreateVolumeRequest,
-        request_id: Option<&str>,
-    ) -> Result<CreateOutcome, ClientError> {
-        let (status, volume) = self
-            .call(
-                Endpoint::CreateVolume,
-                &Endpoint::CreateVolume.path_for(path),
-                Some(request),
-                request_id,
-            )
-            .await?;
-        Ok(CreateOutcome {
-            volume,
-            created: status == StatusCode::CREATED,
-        })
-    }
-
-    /// Makes the directory already at `path` a volume as it is (nothing on disk changes;
-    /// no quota enforces it), or confirms it already is one with the same owner and
-    /// capacity.
-    pub async fn adopt_volume(
-        &self,
-        path: &VolumePath,
-        request: &AdoptVolumeRequest,
-        request_id: Option<&str>,
-    ) -> Result<CreateOutcome, ClientError> {
-        let (status, volume) = self
-            .call(
-                Endpoint::AdoptVolume,
-                &Endpoint::AdoptVolume.path_for(path),
-                Some(request),
-                request_id,
-            )
-            .await?;
-        Ok(CreateOutcome {
-            volume,
-            created: status == StatusCode::CREATED,
-        })
-    }
-
-    /// Makes `path` a clone of `request.source`, or learns how far the agent is with it,
-    /// or confirms the clone is there.
-    pub async fn clone_volume(
-        &self,
-        path: &VolumePath,
-        request: &CloneVolumeRequest,
-        request_id: Option<&str>,
-    ) -> Result<CloneOutcome, ClientError> {
-        self.exchange(
-            Endpoint::CloneVolume,
-            &Endpoint::CloneVolume.path_for(path),
-            Some(request),
-            request_id,
-            |answer| {
-                let answer = answer?;
-                if answer.status == StatusCode::ACCEPTED {
-                    return Ok(CloneOutcome::InProgress(answer.json()?));
-                }
-                Ok(CloneOutcome::Ready(CreateOutcome {
-                    volume: answer.json()?,
-                    created: answer.status == StatusCode::CREATED,
-                }))
-            },
-        )
-        .await
-    }
-
-    /// Replaces the volume's export with `request` (who may mount it, and how); answers
-    /// the volume with the export the NFS server now serves.
-    pub async fn set_volume_export(
-        &self,
-        path: &VolumePath,
-        request: &ExportRequest,
-        request_id: Option<&str>,
-    ) -> Result<Volume, ClientError> {
-        self.call(
-            Endpoint::SetVolumeExport,
-            &Endpoint::SetVolumeExport.path_for(path),
-            Some(request),
-            request_id,
-        )
-        .await
-        .map(|(_, body)| body)
-    }
-
-    /// The volume, or `None` when the agent has no volume at that path.
-    pub async fn get_volume(
-        &self,
-        path: &VolumePath,
-        request_id: Option<&str>,
-    ) -> Result<Option<Volume>, ClientError> {
-        self.exchange(
-            Endpoint::GetVolume,
-            &Endpoint::GetVolume.path_for(path),
-            None::<&()>,
-            request_id,
-            |answer| match answer.and_then(|answer| answer.json()) {
-                Ok(volume) => Ok(Some(volume)),
-                Err(e) if e.code() == Some(ErrorCode::NotFound) => Ok(None),
-                Err(e) => Err(e),
-            },
-        )
-        .await
+        self.call::<endpoints::Info>(&(), None, request_id).await
     }
 
     pub async fn list_volumes(&self, request_id: Option<&str>) -> Result<Vec<Volume>, ClientError> {
-        let (_, list): (_, VolumeList) = self
-            .call(
-                Endpoint::ListVolumes,
-                Endpoint::ListVolumes.path(),
-                None::<&()>,
-                request_id,
-            )
-            .await?;
-        Ok(list.volumes)
-    }
-
-    /// Every volume, `limit` at a time in path order: `each` gets one page and returns
-    /// before the next is asked for, so no more than a page is ever held here. An agent
-    /// that predates paging answers everything as one page.
-    pub async fn for_each_volume_page(
-        &self,
-        limit: u32,
-        request_id: Option<&str>,
-        each: impl FnMut(Vec<Volume>),
-    ) -> Result<(), ClientError> {
-        self.for_each_page(
-            Endpoint::ListVolumes,
-            limit,
-            request_id,
-            |list: VolumeList| (list.volumes, list.next),
-            each,
-        )
-        .await
+        let list = self.call::<endpoints::ListVolumes>(&(), None, request_id);
+        Ok(list.await?.volumes)
     }
 
     /// Raises the volume's capacity (and its quota, where the agent enforces one).
@@ -648,30 +486,9 @@ impl AgentClient {
         capacity_bytes: u64,
         request_id: Option<&str>,
     ) -> Result<Volume, ClientError> {
-        self.call(
-            Endpoint::ResizeVolume,
-            &Endpoint::ResizeVolume.path_for(path),
-            Some(&ResizeVolumeRequest { capacity_bytes }),
-            request_id,
-        )
-        .await
-        .map(|(_, body)| body)
-    }
-
-    /// Removes the volume's tree; succeeds also when it is already gone.
-    pub async fn delete_volume(
-        &self,
-        path: &VolumePath,
-        request_id: Option<&str>,
-    ) -> Result<(), ClientError> {
-        self.exchange(
-            Endpoint::DeleteVolume,
-            &Endpoint::DeleteVolume.path_for(path),
-            None::<&()>,
-            request_id,
-            |answer| answer.map(drop),
-        )
-        .await
+        let request = ResizeVolumeRequest { capacity_bytes };
+        self.call::<endpoints::ResizeVolume>(path, Some(&request), request_id)
+            .await
     }
 
     /// Moves the volume into the archive area; a retry after success returns the same
@@ -683,17 +500,11 @@ impl AgentClient {
         retention_days: Option<u32>,
         request_id: Option<&str>,
     ) -> Result<ArchiveResult, ClientError> {
-        let body = retention_days.map(|days| ArchiveRequest {
+        let request = retention_days.map(|days| ArchiveRequest {
             retention_days: Some(days),
         });
-        self.call(
-            Endpoint::ArchiveVolume,
-            &Endpoint::ArchiveVolume.path_for(path),
-            body.as_ref(),
-            request_id,
-        )
-        .await
-        .map(|(_, body)| body)
+        self.call::<endpoints::ArchiveVolume>(path, request.as_ref(), request_id)
+            .await
     }
 
     /// Every archive the agent holds, sorted by id.
@@ -701,181 +512,29 @@ impl AgentClient {
         &self,
         request_id: Option<&str>,
     ) -> Result<Vec<Archive>, ClientError> {
-        let (_, list): (_, ArchiveList) = self
-            .call(
-                Endpoint::ListArchives,
-                Endpoint::ListArchives.path(),
-                None::<&()>,
-                request_id,
-            )
-            .await?;
-        Ok(list.archives)
+        let list = self.call::<endpoints::ListArchives>(&(), None, request_id);
+        Ok(list.await?.archives)
     }
 
-    /// Every archive, `limit` at a time in id order, as
-    /// [`for_each_volume_page`](Self::for_each_volume_page) pages volumes.
-    pub async fn for_each_archive_page(
+    /// Asks the list endpoint `E` for its list `limit` entries at a time, handing each
+    /// page to `each` before asking for the next.
+    async fn for_each_page<E>(
         &self,
         limit: u32,
         request_id: Option<&str>,
-        each: impl FnMut(Vec<Archive>),
-    ) -> Result<(), ClientError> {
-        self.for_each_page(
-            Endpoint::ListArchives,
-            limit,
-            request_id,
-            |list: ArchiveList| (list.archives, list.next),
-            each,
-        )
-        .await
-    }
-
-    /// The archive `id`, with the capacity its volume had (`not_found` when there is
-    /// none).
-    pub async fn get_archive(
-        &self,
-        id: &ArchivePath,
-        request_id: Option<&str>,
-    ) -> Result<Archive, ClientError> {
-        self.call(
-            Endpoint::GetArchive,
-            &Endpoint::GetArchive.path_for(id),
-            None::<&()>,
-            request_id,
-        )
-        .await
-        .map(|(_, archive)| archive)
-    }
-
-    /// Removes one archive with its quota; succeeds also when it is already gone.
-    pub async fn delete_archive(
-        &self,
-        id: &ArchivePath,
-        request_id: Option<&str>,
-    ) -> Result<(), ClientError> {
-        self.exchange(
-            Endpoint::DeleteArchive,
-            &Endpoint::DeleteArchive.path_for(id),
-            None::<&()>,
-            request_id,
-            |answer| answer.map(drop),
-        )
-        .await
-    }
-
-    /// Takes a snapshot of `request.source` named `name`, or learns how far the agent is
-    /// with it (`ready` is `false` while a reflink or copy runs: repeat the same call), or
-    /// finds it again.
-    pub async fn create_snapshot(
-        &self,
-        name: &SnapshotName,
-        request: &CreateSnapshotRequest,
-        request_id: Option<&str>,
-    ) -> Result<Snapshot, ClientError> {
-        self.call(
-            Endpoint::CreateSnapshot,
-            &Endpoint::CreateSnapshot.path_for(name),
-            Some(request),
-            request_id,
-        )
-        .await
-        .map(|(_, snapshot)| snapshot)
-    }
-
-    /// One snapshot; a [`ErrorCode::NotFound`] error when the agent has none by that name.
-    pub async fn get_snapshot(
-        &self,
-        name: &SnapshotName,
-        request_id: Option<&str>,
-    ) -> Result<Snapshot, ClientError> {
-        self.call(
-            Endpoint::GetSnapshot,
-            &Endpoint::GetSnapshot.path_for(name),
-            None::<&()>,
-            request_id,
-        )
-        .await
-        .map(|(_, snapshot)| snapshot)
-    }
-
-    /// Every snapshot, `limit` at a time in name order, as
-    /// [`for_each_volume_page`](Self::for_each_volume_page) pages volumes.
-    pub async fn for_each_snapshot_page(
-        &self,
-        limit: u32,
-        request_id: Option<&str>,
-        each: impl FnMut(Vec<Snapshot>),
-    ) -> Result<(), ClientError> {
-        self.for_each_page(
-            Endpoint::ListSnapshots,
-            limit,
-            request_id,
-            |list: SnapshotList| (list.snapshots, list.next),
-            each,
-        )
-        .await
-    }
-
-    /// Deletes a snapshot, freeing what only it holds; succeeds also when it is already
-    /// gone. A snapshot still being made is stopped and removed.
-    pub async fn delete_snapshot(
-        &self,
-        name: &SnapshotName,
-        request_id: Option<&str>,
-    ) -> Result<(), ClientError> {
-        self.exchange(
-            Endpoint::DeleteSnapshot,
-            &Endpoint::DeleteSnapshot.path_for(name),
-            None::<&()>,
-            request_id,
-            |answer| answer.map(drop),
-        )
-        .await
-    }
-
-    /// Makes the volume at `path` from `request.snapshot`, or learns how far the agent is
-    /// with it, or confirms it is there.
-    pub async fn restore_volume(
-        &self,
-        path: &VolumePath,
-        request: &RestoreVolumeRequest,
-        request_id: Option<&str>,
-    ) -> Result<RestoreOutcome, ClientError> {
-        self.exchange(
-            Endpoint::RestoreVolume,
-            &Endpoint::RestoreVolume.path_for(path),
-            Some(request),
-            request_id,
-            |answer| {
-                let answer = answer?;
-                if answer.status == StatusCode::ACCEPTED {
-                    return Ok(RestoreOutcome::InProgress(answer.json()?));
-                }
-                Ok(RestoreOutcome::Ready(CreateOutcome {
-                    volume: answer.json()?,
-                    created: answer.status == StatusCode::CREATED,
-                }))
-            },
-        )
-        .await
-    }
-
-    /// Asks `endpoint` for its list `limit` entries at a time, handing each page to
-    /// `each` before asking for the next; `split` takes a page's entries and cursor out of
-    /// the answer.
-    async fn for_each_page<L: DeserializeOwned, T>(
-        &self,
-        endpoint: Endpoint,
-        limit: u32,
-        request_id: Option<&str>,
-        split: impl Fn(L) -> (Vec<T>, Option<String>),
-        mut each: impl FnMut(Vec<T>),
-    ) -> Result<(), ClientError> {
+        mut each: impl FnMut(Vec<<E::Answer as Page>::Entry>),
+    ) -> Result<(), ClientError>
+    where
+        E: ApiEndpoint<Param = (), Request = NoBody>,
+        E::Answer: Page,
+    {
         let mut query = ListQuery::first(limit);
         loop {
-            let path = format!("{}?{}", endpoint.path(), query.to_query_string());
-            let (_, list): (_, L) = self.call(endpoint, &path, None::<&()>, request_id).await?;
-            let (entries, next) = split(list);
+            let path = format!("{}?{}", E::ENDPOINT.path(), query.to_query_string());
+            let page: E::Answer = self
+                .exchange(E::ENDPOINT, &path, None::<&NoBody>, request_id)
+                .await?;
+            let (entries, next) = page.split();
             each(entries);
             match next_page(&query, next)? {
                 Some(next) => query.after = Some(next),
@@ -884,34 +543,36 @@ impl AgentClient {
         }
     }
 
-    /// Sends a request to `endpoint` at `path` (its template filled in) and reads the
-    /// JSON answer.
-    async fn call<B: serde::Serialize, T: DeserializeOwned>(
+    /// The one call every typed method makes: `E`'s method and path (its template filled
+    /// with `param`), `body` as JSON, and the answer read as `E` answers.
+    async fn call<E: ApiEndpoint>(
         &self,
-        endpoint: Endpoint,
-        path: &str,
-        body: Option<&B>,
+        param: &E::Param,
+        body: Option<&E::Request>,
         request_id: Option<&str>,
-    ) -> Result<(StatusCode, T), ClientError> {
-        self.exchange(endpoint, path, body, request_id, |answer| {
-            let answer = answer?;
-            Ok((answer.status, answer.json()?))
-        })
-        .await
+    ) -> Result<E::Answer, ClientError> {
+        let path = param.path_of(E::ENDPOINT);
+        self.exchange(E::ENDPOINT, &path, body, request_id).await
     }
 
-    /// The one path every call takes: sends the request, lets `read` make the caller's
-    /// outcome of the answer, and tells the observer how it ended.
-    async fn exchange<B: serde::Serialize, T>(
+    /// The one path every call takes: sends the request, reads the answer as `A`, and
+    /// tells the observer how it ended.
+    async fn exchange<A: ReadAnswer>(
         &self,
         endpoint: Endpoint,
         path: &str,
-        body: Option<&B>,
+        body: Option<&impl serde::Serialize>,
         request_id: Option<&str>,
-        read: impl FnOnce(Result<Answer, ClientError>) -> Result<T, ClientError>,
-    ) -> Result<T, ClientError> {
+    ) -> Result<A, ClientError> {
         let started = Instant::now();
-        let outcome = read(self.send(endpoint, path, body, request_id).await);
+        let outcome = match self.send(endpoint, path, body, request_id).await {
+            Ok(answer) => A::read(answer.status, &answer.body)
+                .map_err(|_| unexpected(answer.status, &answer.body)),
+            Err(error) if error.code() == Some(ErrorCode::NotFound) => {
+                A::when_not_found().ok_or(error)
+            }
+            Err(error) => Err(error),
+        };
         if let Some(observer) = &self.observer {
             observer.finished(&Call {
                 agent: &self.name,
@@ -963,6 +624,120 @@ impl AgentClient {
     }
 }
 
+/// The typed methods that are their endpoint's call as it is: a path parameter, the
+/// request body when the endpoint takes one, the request id; and the answer as the
+/// endpoint table reads it. The types are written out for the reader; the compiler checks
+/// them against the table.
+macro_rules! calls {
+    ($(
+        $(#[$doc:meta])*
+        $method:ident($param:ident: $param_ty:ty $(, $body:ident: $body_ty:ty)?)
+            -> $answer:ty = $endpoint:ident;
+    )*) => {
+        impl AgentClient {$(
+            $(#[$doc])*
+            pub async fn $method(
+                &self,
+                $param: &$param_ty,
+                $($body: &$body_ty,)?
+                request_id: Option<&str>,
+            ) -> Result<$answer, ClientError> {
+                let body = calls!(@body $($body)?);
+                self.call::<endpoints::$endpoint>($param, body, request_id).await
+            }
+        )*}
+    };
+    (@body) => { None };
+    (@body $body:ident) => { Some($body) };
+}
+
+calls! {
+    /// Creates the volume or confirms it exists with the same settings.
+    create_volume(path: VolumePath, request: CreateVolumeRequest)
+        -> CreateOutcome = CreateVolume;
+
+    /// Makes the directory already at `path` a volume as it is (nothing on disk changes;
+    /// no quota enforces it), or confirms it already is one with the same owner and
+    /// capacity.
+    adopt_volume(path: VolumePath, request: AdoptVolumeRequest)
+        -> CreateOutcome = AdoptVolume;
+
+    /// Makes `path` a clone of `request.source`, or learns how far the agent is with it,
+    /// or confirms the clone is there.
+    clone_volume(path: VolumePath, request: CloneVolumeRequest)
+        -> CloneOutcome = CloneVolume;
+
+    /// Replaces the volume's export with `request` (who may mount it, and how); answers
+    /// the volume with the export the NFS server now serves.
+    set_volume_export(path: VolumePath, request: ExportRequest) -> Volume = SetVolumeExport;
+
+    /// The volume, or `None` when the agent has no volume at that path.
+    get_volume(path: VolumePath) -> Option<Volume> = GetVolume;
+
+    /// Removes the volume's tree; succeeds also when it is already gone.
+    delete_volume(path: VolumePath) -> () = DeleteVolume;
+
+    /// The archive `id`, with the capacity its volume had (`not_found` when there is
+    /// none).
+    get_archive(id: ArchivePath) -> Archive = GetArchive;
+
+    /// Removes one archive with its quota; succeeds also when it is already gone.
+    delete_archive(id: ArchivePath) -> () = DeleteArchive;
+
+    /// Takes a snapshot of `request.source` named `name`, or learns how far the agent is
+    /// with it (`ready` is `false` while a reflink or copy runs: repeat the same call), or
+    /// finds it again.
+    create_snapshot(name: SnapshotName, request: CreateSnapshotRequest)
+        -> Snapshot = CreateSnapshot;
+
+    /// One snapshot; a [`ErrorCode::NotFound`] error when the agent has none by that name.
+    get_snapshot(name: SnapshotName) -> Snapshot = GetSnapshot;
+
+    /// Deletes a snapshot, freeing what only it holds; succeeds also when it is already
+    /// gone. A snapshot still being made is stopped and removed.
+    delete_snapshot(name: SnapshotName) -> () = DeleteSnapshot;
+
+    /// Makes the volume at `path` from `request.snapshot`, or learns how far the agent is
+    /// with it, or confirms it is there.
+    restore_volume(path: VolumePath, request: RestoreVolumeRequest)
+        -> RestoreOutcome = RestoreVolume;
+}
+
+/// The methods that walk a list endpoint page by page.
+macro_rules! pages {
+    ($(
+        $(#[$doc:meta])*
+        $method:ident($entry:ty) = $endpoint:ident;
+    )*) => {
+        impl AgentClient {$(
+            $(#[$doc])*
+            pub async fn $method(
+                &self,
+                limit: u32,
+                request_id: Option<&str>,
+                each: impl FnMut(Vec<$entry>),
+            ) -> Result<(), ClientError> {
+                self.for_each_page::<endpoints::$endpoint>(limit, request_id, each).await
+            }
+        )*}
+    };
+}
+
+pages! {
+    /// Every volume, `limit` at a time in path order: `each` gets one page and returns
+    /// before the next is asked for, so no more than a page is ever held here. An agent
+    /// that predates paging answers everything as one page.
+    for_each_volume_page(Volume) = ListVolumes;
+
+    /// Every archive, `limit` at a time in id order, as
+    /// [`for_each_volume_page`](Self::for_each_volume_page) pages volumes.
+    for_each_archive_page(Archive) = ListArchives;
+
+    /// Every snapshot, `limit` at a time in name order, as
+    /// [`for_each_volume_page`](Self::for_each_volume_page) pages volumes.
+    for_each_snapshot_page(Snapshot) = ListSnapshots;
+}
+
 /// A `Retry-After` of whole seconds, as the agent sends it; an HTTP date (which the agent
 /// never sends) or anything else reads as none. Capped at an hour, so a wrong value
 /// cannot park a request for good.
@@ -977,8 +752,6 @@ fn retry_after(headers: &reqwest::header::HeaderMap) -> Option<Duration> {
     Some(Duration::from_secs(seconds.min(3600)))
 }
 
-/// The cursor of the page after the one `query` asked for. A cursor that does not move
-/// on would page for ever: it is an error, not a loop.
 /// Sends a request once more when the kept-alive connection it went out on turns out to
 /// have been closed by the agent, which closes a connection left idle past its
 /// header-read timeout (10 s by default), while the pool keeps it for longer. A client
@@ -1029,6 +802,8 @@ fn closed_before_any_answer(error: &(dyn std::error::Error + 'static)) -> bool {
     false
 }
 
+/// The cursor of the page after the one `query` asked for. A cursor that does not move
+/// on would page for ever: it is an error, not a loop.
 fn next_page(query: &ListQuery, next: Option<String>) -> Result<Option<String>, ClientError> {
     match next {
         Some(next) if query.after.as_ref() == Some(&next) => Err(ClientError::UnexpectedResponse {

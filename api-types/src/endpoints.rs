@@ -1,13 +1,22 @@
-//! Every endpoint of the agent API, its method and path template, written once. The
-//! agent routes from this table and labels its metrics with the templates; the client
-//! builds its URLs from it; test doubles of the agent route from it too. An endpoint
-//! added here is one the agent must serve (its router matches on [`Endpoint`]).
+//! Every endpoint of the agent API, written once: its method, path template, parameter,
+//! request body and answer. The agent routes from this table and labels its metrics with
+//! the templates; the client sends every request through one generic call over its
+//! [`ApiEndpoint`] types; test doubles of the agent route from it too. An endpoint added
+//! here is one the agent must serve (its router matches on [`Endpoint`]).
 
 use http::Method;
+use serde::Serialize;
 
+use crate::answer::{CloneOutcome, CreateOutcome, ReadAnswer, RestoreOutcome};
 use crate::archive::ArchivePath;
+use crate::export::ExportRequest;
 use crate::path::VolumePath;
+use crate::snapshot::{CreateSnapshotRequest, RestoreVolumeRequest, Snapshot, SnapshotList};
 use crate::snapshot_name::SnapshotName;
+use crate::types::{
+    AdoptVolumeRequest, AgentInfo, Archive, ArchiveList, ArchiveRequest, ArchiveResult,
+    CloneVolumeRequest, CreateVolumeRequest, Health, ResizeVolumeRequest, Volume, VolumeList,
+};
 
 /// Prepends the API version prefix to a literal path, so the prefix is spelled once.
 macro_rules! v1 {
@@ -23,104 +32,117 @@ pub const API_PREFIX: &str = v1!("");
 /// included (a volume path, an archive id or a snapshot name).
 pub const PATH_PARAM: &str = "{*path}";
 
-/// Declares [`Endpoint`] and its [`Endpoint::ALL`] from one list, so no endpoint can be
-/// left out of the table.
+/// Declares [`Endpoint`], its [`Endpoint::ALL`], its method and template, and for each
+/// endpoint a marker type of the same name implementing [`ApiEndpoint`], from one list:
+/// no endpoint can be left out of the table, and its types are written beside its path.
 macro_rules! endpoints {
-    ($($name:ident),* $(,)?) => {
+    ($(
+        $(#[$doc:meta])*
+        $name:ident = $method:ident $template:expr; $param:ty, $request:ty => $answer:ty;
+    )*) => {
         /// One endpoint of the agent API.
         #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
         pub enum Endpoint {
-            $($name),*
+            $($(#[$doc])* $name),*
         }
 
         impl Endpoint {
             /// The whole table, in declaration order.
             pub const ALL: [Endpoint; [$(stringify!($name)),*].len()] =
                 [$(Endpoint::$name),*];
+
+            /// The HTTP method. A `GET` endpoint answers `HEAD` too (without a body).
+            pub fn method(self) -> Method {
+                match self {
+                    $(Endpoint::$name => Method::$method),*
+                }
+            }
+
+            /// The path template, `{*path}` standing for a volume path, an archive id or
+            /// a snapshot name. Also the `route` label of the agent's request metrics.
+            pub fn template(self) -> &'static str {
+                match self {
+                    $(Endpoint::$name => $template),*
+                }
+            }
+        }
+
+        $(
+            #[doc = concat!("The types of [`Endpoint::", stringify!($name), "`].")]
+            #[derive(Debug, Clone, Copy)]
+            pub struct $name;
+
+            impl ApiEndpoint for $name {
+                const ENDPOINT: Endpoint = Endpoint::$name;
+                type Param = $param;
+                type Request = $request;
+                type Answer = $answer;
+            }
+        )*
+
+        /// Each endpoint with whether its parameter type fills a path exactly when its
+        /// template has a `{*path}` (for the table's own test).
+        #[cfg(test)]
+        fn params_match_templates() -> Vec<(Endpoint, bool)> {
+            vec![$((
+                Endpoint::$name,
+                <$param as PathArg>::IN_PATH == Endpoint::$name.takes_path(),
+            )),*]
         }
     };
 }
 
-endpoints![
-    Healthz,
-    Readyz,
-    Metrics,
-    Info,
-    ListVolumes,
-    CreateVolume,
-    GetVolume,
-    ResizeVolume,
-    DeleteVolume,
-    AdoptVolume,
-    CloneVolume,
-    SetVolumeExport,
-    ListArchives,
-    ArchiveVolume,
-    GetArchive,
-    DeleteArchive,
-    ListSnapshots,
-    CreateSnapshot,
-    GetSnapshot,
-    DeleteSnapshot,
-    RestoreVolume,
-];
+endpoints! {
+    /// Liveness probe, open to anyone.
+    Healthz = GET "/healthz"; (), NoBody => Health;
+    /// Readiness probe, open to anyone.
+    Readyz = GET "/readyz"; (), NoBody => Health;
+    /// Prometheus text, not JSON.
+    Metrics = GET "/metrics"; (), NoBody => String;
+    Info = GET v1!("/info"); (), NoBody => AgentInfo;
+    /// Every volume, or one page of them with a [`ListQuery`](crate::ListQuery).
+    ListVolumes = GET v1!("/volumes"); (), NoBody => VolumeList;
+    CreateVolume = PUT v1!("/volumes/{*path}"); VolumePath, CreateVolumeRequest => CreateOutcome;
+    /// A volume; `not_found` reads as `None`.
+    GetVolume = GET v1!("/volumes/{*path}"); VolumePath, NoBody => Option<Volume>;
+    ResizeVolume = PATCH v1!("/volumes/{*path}"); VolumePath, ResizeVolumeRequest => Volume;
+    DeleteVolume = DELETE v1!("/volumes/{*path}"); VolumePath, NoBody => ();
+    AdoptVolume = POST v1!("/adoptions/{*path}"); VolumePath, AdoptVolumeRequest => CreateOutcome;
+    CloneVolume = POST v1!("/clones/{*path}"); VolumePath, CloneVolumeRequest => CloneOutcome;
+    SetVolumeExport = PUT v1!("/exports/{*path}"); VolumePath, ExportRequest => Volume;
+    /// Every archive, or one page of them.
+    ListArchives = GET v1!("/archives"); (), NoBody => ArchiveList;
+    /// The body is optional: none leaves the retention to the agent's default.
+    ArchiveVolume = POST v1!("/archives/{*path}"); VolumePath, ArchiveRequest => ArchiveResult;
+    GetArchive = GET v1!("/archives/{*path}"); ArchivePath, NoBody => Archive;
+    DeleteArchive = DELETE v1!("/archives/{*path}"); ArchivePath, NoBody => ();
+    /// Every snapshot, or one page of them.
+    ListSnapshots = GET v1!("/snapshots"); (), NoBody => SnapshotList;
+    CreateSnapshot = PUT v1!("/snapshots/{*path}"); SnapshotName, CreateSnapshotRequest => Snapshot;
+    GetSnapshot = GET v1!("/snapshots/{*path}"); SnapshotName, NoBody => Snapshot;
+    DeleteSnapshot = DELETE v1!("/snapshots/{*path}"); SnapshotName, NoBody => ();
+    RestoreVolume = POST v1!("/restores/{*path}"); VolumePath, RestoreVolumeRequest => RestoreOutcome;
+}
+
+/// One endpoint with the types of its exchange: what fills its path, the JSON body it is
+/// sent, and what its success answer reads as. Implemented by the marker type of each
+/// endpoint of the table, so that one generic call serves every endpoint.
+pub trait ApiEndpoint {
+    const ENDPOINT: Endpoint;
+    /// What fills the template's `{*path}`; `()` when it has none.
+    type Param: PathArg;
+    /// The request body; [`NoBody`] when the endpoint takes none.
+    type Request: Serialize;
+    /// The success answer, as [`ReadAnswer`] reads it.
+    type Answer: ReadAnswer;
+}
+
+/// The request type of an endpoint that takes no body: it has no value, so no body can
+/// be given where none belongs.
+#[derive(Debug, Clone, Copy, Serialize)]
+pub enum NoBody {}
 
 impl Endpoint {
-    /// The HTTP method. A `GET` endpoint answers `HEAD` too (without a body).
-    pub fn method(self) -> Method {
-        match self {
-            Endpoint::Healthz
-            | Endpoint::Readyz
-            | Endpoint::Metrics
-            | Endpoint::Info
-            | Endpoint::ListVolumes
-            | Endpoint::GetVolume
-            | Endpoint::ListArchives
-            | Endpoint::GetArchive
-            | Endpoint::ListSnapshots
-            | Endpoint::GetSnapshot => Method::GET,
-            Endpoint::CreateVolume | Endpoint::SetVolumeExport | Endpoint::CreateSnapshot => {
-                Method::PUT
-            }
-            Endpoint::ResizeVolume => Method::PATCH,
-            Endpoint::DeleteVolume | Endpoint::DeleteArchive | Endpoint::DeleteSnapshot => {
-                Method::DELETE
-            }
-            Endpoint::AdoptVolume
-            | Endpoint::CloneVolume
-            | Endpoint::ArchiveVolume
-            | Endpoint::RestoreVolume => Method::POST,
-        }
-    }
-
-    /// The path template, `{*path}` standing for a volume path or an archive id. Also the
-    /// `route` label of the agent's request metrics.
-    pub fn template(self) -> &'static str {
-        match self {
-            Endpoint::Healthz => "/healthz",
-            Endpoint::Readyz => "/readyz",
-            Endpoint::Metrics => "/metrics",
-            Endpoint::Info => v1!("/info"),
-            Endpoint::ListVolumes => v1!("/volumes"),
-            Endpoint::CreateVolume
-            | Endpoint::GetVolume
-            | Endpoint::ResizeVolume
-            | Endpoint::DeleteVolume => v1!("/volumes/{*path}"),
-            Endpoint::AdoptVolume => v1!("/adoptions/{*path}"),
-            Endpoint::CloneVolume => v1!("/clones/{*path}"),
-            Endpoint::SetVolumeExport => v1!("/exports/{*path}"),
-            Endpoint::ListArchives => v1!("/archives"),
-            Endpoint::ArchiveVolume | Endpoint::GetArchive | Endpoint::DeleteArchive => {
-                v1!("/archives/{*path}")
-            }
-            Endpoint::ListSnapshots => v1!("/snapshots"),
-            Endpoint::CreateSnapshot | Endpoint::GetSnapshot | Endpoint::DeleteSnapshot => {
-                v1!("/snapshots/{*path}")
-            }
-            Endpoint::RestoreVolume => v1!("/restores/{*path}"),
-        }
-    }
-
     /// Whether the caller must present a client certificate or a token; the probes are
     /// open so that a kubelet or load balancer can ask them.
     pub fn authenticated(self) -> bool {
@@ -172,8 +194,41 @@ impl PathParam for VolumePath {}
 impl PathParam for ArchivePath {}
 impl PathParam for SnapshotName {}
 
+/// What an endpoint names as its parameter: a [`PathParam`] filling the template's
+/// `{*path}`, or `()` for a template without one.
+pub trait PathArg: sealed::Sealed {
+    /// Whether a value of this type fills a `{*path}`.
+    const IN_PATH: bool;
+
+    /// The path to request for `endpoint` with this parameter.
+    fn path_of(&self, endpoint: Endpoint) -> String;
+}
+
+impl PathArg for () {
+    const IN_PATH: bool = false;
+
+    fn path_of(&self, endpoint: Endpoint) -> String {
+        endpoint.path().to_owned()
+    }
+}
+
+macro_rules! path_args {
+    ($($param:ty),*) => {$(
+        impl PathArg for $param {
+            const IN_PATH: bool = true;
+
+            fn path_of(&self, endpoint: Endpoint) -> String {
+                endpoint.path_for(self)
+            }
+        }
+    )*};
+}
+
+path_args!(VolumePath, ArchivePath, SnapshotName);
+
 mod sealed {
     pub trait Sealed {}
+    impl Sealed for () {}
     impl Sealed for crate::path::VolumePath {}
     impl Sealed for crate::archive::ArchivePath {}
     impl Sealed for crate::snapshot_name::SnapshotName {}
@@ -245,6 +300,22 @@ mod tests {
         }
         assert_eq!(Endpoint::Info.path(), "/v1/info");
         assert_eq!(Endpoint::Healthz.path(), "/healthz");
+    }
+
+    #[test]
+    fn a_path_parameter_exactly_where_the_template_has_one() {
+        for (endpoint, agrees) in params_match_templates() {
+            assert!(
+                agrees,
+                "{endpoint:?}: its parameter type and template disagree"
+            );
+        }
+        let volume = VolumePath::parse("team/data").unwrap();
+        assert_eq!(
+            volume.path_of(CreateVolume::ENDPOINT),
+            "/v1/volumes/team/data"
+        );
+        assert_eq!(().path_of(Info::ENDPOINT), "/v1/info");
     }
 
     #[test]

@@ -4,8 +4,9 @@
 //! This crate depends on neither kube nor axum, so either side can change its framework
 //! without touching the contract.
 //!
-//! Every endpoint's method and path is in [`endpoints`]: the agent routes from that table
-//! and labels its metrics with its templates, the client builds its URLs from it.
+//! Every endpoint's method, path, request and answer types are in [`endpoints`]: the agent
+//! routes from that table and labels its metrics with its templates, the client sends
+//! every request through one generic call over its types.
 //!
 //! # Version skew
 //!
@@ -27,6 +28,9 @@
 //!   older agent then refuses that one request with a permanent, named error instead of
 //!   ignoring what was asked.
 
+#![warn(unreachable_pub)]
+
+mod answer;
 mod archive;
 pub mod endpoints;
 mod export;
@@ -41,6 +45,7 @@ mod types;
 #[cfg(feature = "client")]
 pub mod client;
 
+pub use answer::{CloneOutcome, CreateOutcome, JobOutcome, ReadAnswer, RestoreOutcome};
 pub use archive::{
     ARCHIVE_ENTRY_PREFIX, ArchiveEntry, ArchivePath, ArchivePathError, MAX_ARCHIVE_SUFFIX,
 };

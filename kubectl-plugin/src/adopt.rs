@@ -29,7 +29,7 @@ use crate::table::Table;
 
 /// What the operator asked for.
 #[derive(Debug, Clone)]
-pub struct AdoptOptions {
+pub(crate) struct AdoptOptions {
     /// Provisioner names whose PVs are taken over.
     pub from: Vec<String>,
     /// The agent whose export holds their directories.
@@ -45,7 +45,7 @@ pub struct AdoptOptions {
 
 /// One PV and what adoption does (or would do) with it.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
-pub struct AdoptRow {
+pub(crate) struct AdoptRow {
     pub pv: String,
     pub claim: Option<String>,
     pub phase: Option<String>,
@@ -58,7 +58,7 @@ pub struct AdoptRow {
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
-pub struct AdoptReport {
+pub(crate) struct AdoptReport {
     pub agent: String,
     pub nfs_server: String,
     pub nfs_path: String,
@@ -68,7 +68,7 @@ pub struct AdoptReport {
 
 /// A PV that can be adopted: where its directory is and what its class says.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Candidate {
+pub(crate) struct Candidate {
     pub pv: String,
     pub path: VolumePath,
     pub on_delete: OnDelete,
@@ -82,7 +82,7 @@ pub struct Candidate {
 
 /// Decides, for every PV of the `from` provisioners on `server:export`, whether it can be
 /// adopted; nothing is asked or changed here.
-pub fn plan(
+pub(crate) fn plan(
     volumes: &[PersistentVolume],
     classes: &[StorageClass],
     from: &[String],
@@ -225,7 +225,7 @@ pub(crate) async fn agent_client(
     agents.client(name).cloned()
 }
 
-pub async fn run(target: &Target, options: &AdoptOptions) -> anyhow::Result<AdoptReport> {
+pub(crate) async fn run(target: &Target, options: &AdoptOptions) -> anyhow::Result<AdoptReport> {
     anyhow::ensure!(
         !options.from.is_empty(),
         "name the provisioner whose volumes to adopt with --from"

@@ -8,7 +8,7 @@ use crate::probe::{AgentProbe, Volumes, probe_all};
 use crate::table::{Table, human_bytes};
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
-pub struct AgentRow {
+pub(crate) struct AgentRow {
     pub name: String,
     pub secret: String,
     pub url: Option<String>,
@@ -24,7 +24,7 @@ pub struct AgentRow {
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
-pub struct AgentsReport {
+pub(crate) struct AgentsReport {
     /// Where the agents' Secrets were found.
     pub source: String,
     pub agents: Vec<AgentRow>,
@@ -32,7 +32,7 @@ pub struct AgentsReport {
     pub missing_secrets: Vec<String>,
 }
 
-pub fn row(probe: &AgentProbe) -> AgentRow {
+pub(crate) fn row(probe: &AgentProbe) -> AgentRow {
     let info = probe.info.as_ref().ok();
     let health = match &probe.ready {
         _ if !probe.readable => "unreadable",
@@ -59,7 +59,7 @@ pub fn row(probe: &AgentProbe) -> AgentRow {
     }
 }
 
-pub async fn run(target: &Target) -> anyhow::Result<AgentsReport> {
+pub(crate) async fn run(target: &Target) -> anyhow::Result<AgentsReport> {
     let deployment = target.deployment().await?;
     let agents = crate::credentials::load(target, deployment.as_ref()).await?;
     let probes = probe_all(&agents, Volumes::COUNTED).await;

@@ -10,14 +10,14 @@ use crate::cluster::Target;
 use crate::table::{Table, human_age, human_bytes};
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
-pub struct ArchiveRow {
+pub(crate) struct ArchiveRow {
     pub agent: String,
     #[serde(flatten)]
     pub archive: Archive,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
-pub struct ArchivesReport {
+pub(crate) struct ArchivesReport {
     pub archives: Vec<ArchiveRow>,
     /// Agents whose archives could not be listed, with the reason.
     pub unchecked_agents: Vec<(String, String)>,
@@ -29,7 +29,7 @@ pub struct ArchivesReport {
 }
 
 /// Lists the archives of every agent, or of `only` when given.
-pub async fn list(target: &Target, only: Option<&str>) -> anyhow::Result<ArchivesReport> {
+pub(crate) async fn list(target: &Target, only: Option<&str>) -> anyhow::Result<ArchivesReport> {
     let deployment = target.deployment().await?;
     let agents = crate::credentials::load(target, deployment.as_ref()).await?;
     if let Some(name) = only {
@@ -78,14 +78,14 @@ pub async fn list(target: &Target, only: Option<&str>) -> anyhow::Result<Archive
 }
 
 /// An archive id as the agents' validator reads it; checked before anything is asked.
-pub fn parse_id(id: &str) -> anyhow::Result<ArchivePath> {
+pub(crate) fn parse_id(id: &str) -> anyhow::Result<ArchivePath> {
     ArchivePath::parse(id).with_context(|| {
         format!("{id:?} is not an archive id (`kubectl nfsprov archives` lists them)")
     })
 }
 
 /// Deletes one archive; what to print.
-pub async fn delete(target: &Target, agent: &str, id: &str) -> anyhow::Result<DeleteReport> {
+pub(crate) async fn delete(target: &Target, agent: &str, id: &str) -> anyhow::Result<DeleteReport> {
     let id = parse_id(id)?;
     let deployment = target.deployment().await?;
     let agents = crate::credentials::load(target, deployment.as_ref()).await?;
@@ -101,7 +101,7 @@ pub async fn delete(target: &Target, agent: &str, id: &str) -> anyhow::Result<De
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
-pub struct DeleteReport {
+pub(crate) struct DeleteReport {
     pub agent: String,
     pub deleted: String,
 }

@@ -16,7 +16,10 @@ use serde::de::DeserializeOwned;
 
 /// A client from `kubeconfig` (or `$KUBECONFIG`, then `~/.kube/config`), using `context`
 /// when given, the file's current context otherwise.
-pub async fn connect(kubeconfig: Option<&Path>, context: Option<&str>) -> anyhow::Result<Client> {
+pub(crate) async fn connect(
+    kubeconfig: Option<&Path>,
+    context: Option<&str>,
+) -> anyhow::Result<Client> {
     let options = KubeConfigOptions {
         context: context.map(str::to_owned),
         ..KubeConfigOptions::default()
@@ -35,7 +38,7 @@ pub async fn connect(kubeconfig: Option<&Path>, context: Option<&str>) -> anyhow
 
 /// One kind of API access, named as an RBAC rule names it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Access<'a> {
+pub(crate) struct Access<'a> {
     pub verb: &'a str,
     /// API group; empty for the core group.
     pub group: &'a str,
@@ -47,7 +50,7 @@ pub struct Access<'a> {
 impl Access<'_> {
     /// What to tell someone the API refused: the verb and resource it refused, and the
     /// rule that grants them.
-    pub fn forbidden_message(&self, server_message: &str) -> String {
+    pub(crate) fn forbidden_message(&self, server_message: &str) -> String {
         let group = if self.group.is_empty() {
             String::new()
         } else {
@@ -85,7 +88,7 @@ impl Access<'_> {
     }
 
     /// The error to report for a failed call.
-    pub fn error(&self, error: kube::Error) -> anyhow::Error {
+    pub(crate) fn error(&self, error: kube::Error) -> anyhow::Error {
         match &error {
             kube::Error::Api(status) if status.code == 403 => {
                 anyhow::anyhow!(self.forbidden_message(&status.message))
@@ -99,7 +102,7 @@ impl Access<'_> {
 pub const PV_PAGE: u32 = 500;
 
 /// Lists everything of a kind, refusals explained.
-pub async fn list<K>(
+pub(crate) async fn list<K>(
     api: &Api<K>,
     params: &ListParams,
     access: Access<'_>,
@@ -114,7 +117,11 @@ where
 }
 
 /// Reads one object, `None` when it does not exist.
-pub async fn get_opt<K>(api: &Api<K>, name: &str, access: Access<'_>) -> anyhow::Result<Option<K>>
+pub(crate) async fn get_opt<K>(
+    api: &Api<K>,
+    name: &str,
+    access: Access<'_>,
+) -> anyhow::Result<Option<K>>
 where
     K: Clone + DeserializeOwned + std::fmt::Debug,
 {
@@ -265,11 +272,11 @@ impl Target {
 }
 
 /// The provisioner that made a PV.
-pub fn provisioned_by(pv: &PersistentVolume) -> Option<&str> {
+pub(crate) fn provisioned_by(pv: &PersistentVolume) -> Option<&str> {
     annotation(&pv.metadata, ANN_PROVISIONED_BY)
 }
 
-pub fn annotation<'a>(
+pub(crate) fn annotation<'a>(
     meta: &'a k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta,
     key: &str,
 ) -> Option<&'a str> {

@@ -16,10 +16,10 @@ use nfsprov_api_types::client::{AGENT_SECRET_SELECTOR, AgentClient, agents_in_se
 use crate::cluster::{Access, Target, get_opt, list};
 
 /// The label `nfsprov-agent init` puts on the Secrets it prints.
-pub const CREDENTIALS_SELECTOR: &str = AGENT_SECRET_SELECTOR;
+pub(crate) const CREDENTIALS_SELECTOR: &str = AGENT_SECRET_SELECTOR;
 
 /// One agent as configured: its name and a client, or why none could be made.
-pub struct ConfiguredAgent {
+pub(crate) struct ConfiguredAgent {
     pub name: String,
     pub secret: String,
     pub url: Option<String>,
@@ -27,7 +27,7 @@ pub struct ConfiguredAgent {
 }
 
 /// Every configured agent, by name.
-pub struct Agents {
+pub(crate) struct Agents {
     pub agents: Vec<ConfiguredAgent>,
     /// Secrets the Deployment mounts that do not exist.
     pub missing_secrets: Vec<String>,
@@ -36,16 +36,16 @@ pub struct Agents {
 }
 
 impl Agents {
-    pub fn names(&self) -> BTreeSet<&str> {
+    pub(crate) fn names(&self) -> BTreeSet<&str> {
         self.agents.iter().map(|a| a.name.as_str()).collect()
     }
 
-    pub fn get(&self, name: &str) -> Option<&ConfiguredAgent> {
+    pub(crate) fn get(&self, name: &str) -> Option<&ConfiguredAgent> {
         self.agents.iter().find(|a| a.name == name)
     }
 
     /// Agent `name`, or an error naming the agents there are.
-    pub fn configured(&self, name: &str) -> anyhow::Result<&ConfiguredAgent> {
+    pub(crate) fn configured(&self, name: &str) -> anyhow::Result<&ConfiguredAgent> {
         self.get(name).ok_or_else(|| {
             anyhow::anyhow!(
                 "agent {name:?} is not configured; known agents: {}",
@@ -56,7 +56,7 @@ impl Agents {
 
     /// The client of agent `name`, or why there is none (not configured, or its Secret
     /// does not make a client).
-    pub fn client(&self, name: &str) -> anyhow::Result<&AgentClient> {
+    pub(crate) fn client(&self, name: &str) -> anyhow::Result<&AgentClient> {
         self.configured(name)?
             .client
             .as_ref()
@@ -67,7 +67,7 @@ impl Agents {
 /// The Secrets the controller's Deployment projects into its agents directory (the
 /// directory its `--agents-dir` flag or `NFSPROV_AGENTS_DIR` names), in mount order;
 /// empty when it names none, and the controller reads the labelled Secrets instead.
-pub fn secrets_of_deployment(deployment: &Deployment) -> Vec<String> {
+pub(crate) fn secrets_of_deployment(deployment: &Deployment) -> Vec<String> {
     let Some(pod) = deployment
         .spec
         .as_ref()
@@ -129,7 +129,7 @@ fn agents_dir_of(container: &k8s_openapi::api::core::v1::Container) -> Option<St
 }
 
 /// The agents of one Secret: each `*.toml` key is one agent.
-pub fn agents_in(secret: &Secret) -> Vec<ConfiguredAgent> {
+pub(crate) fn agents_in(secret: &Secret) -> Vec<ConfiguredAgent> {
     let secret_name = secret.metadata.name.clone().unwrap_or_default();
     let mut data: BTreeMap<String, Vec<u8>> = secret
         .data
@@ -179,7 +179,10 @@ pub fn agents_in(secret: &Secret) -> Vec<ConfiguredAgent> {
 /// Finds the agent Secrets (those the controller's Deployment mounts when it runs with an
 /// agents directory, otherwise those labelled as agent credentials, as the controller
 /// reads them) and makes a client for each agent.
-pub async fn load(target: &Target, deployment: Option<&Deployment>) -> anyhow::Result<Agents> {
+pub(crate) async fn load(
+    target: &Target,
+    deployment: Option<&Deployment>,
+) -> anyhow::Result<Agents> {
     let api = Api::<Secret>::namespaced(target.client.clone(), &target.namespace);
     let mut secrets = Vec::new();
     let mut missing_secrets = Vec::new();

@@ -18,11 +18,11 @@ use crate::cluster::{Target, annotation};
 use crate::probe::{AgentProbe, Volumes, probe_all};
 use crate::table::Table;
 
-pub const VOLUME_FAILED_DELETE: &str = "VolumeFailedDelete";
-pub const PROVISIONING_FAILED: &str = "ProvisioningFailed";
+pub(crate) const VOLUME_FAILED_DELETE: &str = "VolumeFailedDelete";
+pub(crate) const PROVISIONING_FAILED: &str = "ProvisioningFailed";
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
-pub struct Finding {
+pub(crate) struct Finding {
     /// What it is about, as `kind/name` (`agent/nfs1`, `pv/pvc-…`, `pvc/ns/name`).
     pub object: String,
     pub problem: String,
@@ -30,12 +30,12 @@ pub struct Finding {
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
-pub struct DoctorReport {
+pub(crate) struct DoctorReport {
     pub findings: Vec<Finding>,
 }
 
 /// Everything the rules look at.
-pub struct Facts<'a> {
+pub(crate) struct Facts<'a> {
     pub namespace: &'a str,
     pub deployment_name: &'a str,
     pub deployment: Option<&'a Deployment>,
@@ -54,7 +54,7 @@ pub struct Facts<'a> {
     pub cluster: &'a crate::exports::Cluster,
 }
 
-pub fn diagnose(facts: &Facts<'_>) -> Vec<Finding> {
+pub(crate) fn diagnose(facts: &Facts<'_>) -> Vec<Finding> {
     let mut findings = Vec::new();
     controller_rules(facts, &mut findings);
     agent_rules(facts, &mut findings);
@@ -387,7 +387,7 @@ fn pending_claim_rules(facts: &Facts<'_>, findings: &mut Vec<Finding>) {
     }
 }
 
-pub async fn run(target: &Target) -> anyhow::Result<DoctorReport> {
+pub(crate) async fn run(target: &Target) -> anyhow::Result<DoctorReport> {
     let deployment = target.deployment().await?;
     let lease = target.lease().await?;
     let classes = target.classes().await?;

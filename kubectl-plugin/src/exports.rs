@@ -15,13 +15,13 @@ use crate::cluster::{Access, list};
 
 /// The Nodes and Pods, listed only when a class follows them.
 #[derive(Debug, Default)]
-pub struct Cluster {
+pub(crate) struct Cluster {
     pub nodes: Vec<Node>,
     pub pods: Vec<Pod>,
 }
 
 impl Cluster {
-    pub async fn list(client: &Client) -> anyhow::Result<Self> {
+    pub(crate) async fn list(client: &Client) -> anyhow::Result<Self> {
         let access = |resource| Access {
             verb: "list",
             group: "",
@@ -69,7 +69,7 @@ fn uses(pod: &Pod, namespace: &str, name: &str) -> bool {
 }
 
 /// The clients a class admits for claim `namespace/name`, sorted.
-pub fn clients(
+pub(crate) fn clients(
     which: Option<&ExportClients>,
     namespace: &str,
     name: &str,
@@ -102,7 +102,11 @@ pub fn clients(
 
 /// The export the class asks for the volume `pv` now; its access from the PV's access
 /// modes, which are the claim's.
-pub fn wanted(params: &ClassParams, pv: &PersistentVolume, cluster: &Cluster) -> ExportRequest {
+pub(crate) fn wanted(
+    params: &ClassParams,
+    pv: &PersistentVolume,
+    cluster: &Cluster,
+) -> ExportRequest {
     let spec = pv.spec.as_ref();
     let claim = spec.and_then(|s| s.claim_ref.as_ref());
     let modes = spec

@@ -5,30 +5,37 @@
 //! `credentials` (the agents' Secrets, loaded with api-types' own settings type),
 //! `probe` (asking the agents), `report` (printing), `exports` (the export a class asks
 //! for), then one module per command;
-//! the crate root only parses the command line and dispatches.
+//! the crate root only parses the command line and dispatches. The modules are private:
+//! the crate exports the command line and the few pieces its tests drive directly.
 
-pub mod adopt;
-pub mod agents;
-pub mod archives;
-pub mod cluster;
-pub mod credentials;
-pub mod doctor;
-pub mod exports;
-pub mod orphans;
-pub mod probe;
-pub mod report;
-pub mod restore;
-pub mod snapshots;
-pub mod status;
-pub mod table;
-pub mod volumes;
+#![warn(unreachable_pub)]
+
+mod adopt;
+mod agents;
+mod archives;
+mod cluster;
+mod credentials;
+mod doctor;
+mod exports;
+mod orphans;
+mod probe;
+mod report;
+mod restore;
+mod snapshots;
+mod status;
+mod table;
+mod volumes;
 
 use std::path::PathBuf;
 
 use clap::{Parser, Subcommand};
+pub use cluster::{PV_PAGE, Target};
 use nfsprov_vocabulary::names::DEFAULT_PROVISIONER;
+pub use orphans::{OrphanKind, check_agent, pointers};
+pub use probe::list_volumes;
 pub use report::Output;
 use report::print;
+pub use restore::{Checked, wait_bound};
 
 #[derive(Debug, Clone, Parser)]
 #[command(

@@ -5,8 +5,8 @@ use std::time::Duration;
 
 use k8s_openapi::api::core::v1::PersistentVolume;
 use k8s_openapi::jiff::Timestamp;
+use nfsprov_api_types::MAX_PAGE_LIMIT;
 use nfsprov_api_types::client::AgentClient;
-use nfsprov_api_types::{MAX_PAGE_LIMIT, Volume};
 use nfsprov_vocabulary::names::{ANN_AGENT, ANN_PATH};
 use nfsprov_vocabulary::orphans::{Finding, Listing, PvPointer, expects_directory};
 use serde::Serialize;
@@ -34,7 +34,7 @@ pub struct Orphan {
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
-pub struct OrphansReport {
+pub(crate) struct OrphansReport {
     pub orphans: Vec<Orphan>,
     /// Agents whose volumes could not be listed, with the reason; nothing is said about
     /// their volumes or the PVs on them.
@@ -47,8 +47,14 @@ pub struct OrphansReport {
 
 /// Compares one agent's listing with the PVs that name it, as the controller's orphan
 /// check does, but reporting directories of any age: an operator asking wants to see a
-/// provisioning in flight too.
-pub fn compare(agent: &str, listed: &[Volume], volumes: &[PersistentVolume]) -> Vec<Orphan> {
+/// provisioning in flight too. [`check_agent`] does the same a page at a time; this whole
+/// listing form is what the unit tests drive.
+#[cfg(test)]
+fn compare(
+    agent: &str,
+    listed: &[nfsprov_api_types::Volume],
+    volumes: &[PersistentVolume],
+) -> Vec<Orphan> {
     let pointers = pointers(volumes);
     let mut listing = listing(agent, &pointers);
     listing.add(listed);
@@ -130,7 +136,7 @@ fn pointer(pv: &PersistentVolume) -> Option<PvPointer> {
 
 /// The report of each agent's check (its name, and its orphans or why it could not be
 /// checked).
-pub fn report(
+pub(crate) fn report(
     checks: Vec<(String, Result<Vec<Orphan>, String>)>,
     agents: &crate::credentials::Agents,
 ) -> OrphansReport {
@@ -163,7 +169,7 @@ pub fn report(
     }
 }
 
-pub async fn run(target: &Target) -> anyhow::Result<OrphansReport> {
+pub(crate) async fn run(target: &Target) -> anyhow::Result<OrphansReport> {
     let deployment = target.deployment().await?;
     // Only each PV's pointer is kept, a page of PVs at a time.
     let mut pointers = Vec::new();
@@ -240,8 +246,10 @@ impl crate::report::Report for OrphansReport {
 
 #[cfg(test)]
 mod tests {
-    use super::*;
+    use nfsprov_api_types::Volume;
     use serde_json::json;
+
+    use super::*;
 
     fn volume(path: &str, claim: Option<(&str, &str)>) -> Volume {
         let owner = claim.map_or(

@@ -7,7 +7,7 @@ use crate::credentials::Agents;
 
 /// One agent's answers; each call's failure is kept separately, so an agent that is up
 /// but not ready still shows its version.
-pub struct AgentProbe {
+pub(crate) struct AgentProbe {
     pub name: String,
     pub secret: String,
     pub url: Option<String>,
@@ -28,11 +28,11 @@ pub struct VolumeListing {
 }
 
 /// Which of an agent's volumes (the agent's name, then the volume) a command keeps.
-pub type Keep<'a> = &'a (dyn Fn(&str, &Volume) -> bool + Sync);
+pub(crate) type Keep<'a> = &'a (dyn Fn(&str, &Volume) -> bool + Sync);
 
 /// Whether the agents' volumes are listed, and which are kept of them.
 #[derive(Clone, Copy)]
-pub enum Volumes<'a> {
+pub(crate) enum Volumes<'a> {
     NotListed,
     /// Listed page by page; those `Keep` says yes to are kept.
     Listed(Keep<'a>),
@@ -40,7 +40,7 @@ pub enum Volumes<'a> {
 
 impl Volumes<'_> {
     /// Only counted.
-    pub const COUNTED: Volumes<'static> = Volumes::Listed(&|_, _| false);
+    pub(crate) const COUNTED: Volumes<'static> = Volumes::Listed(&|_, _| false);
 }
 
 /// Pages through the volumes of agent `agent`, `page_size` at a time, keeping those
@@ -65,13 +65,8 @@ pub async fn list_volumes(
 }
 
 impl AgentProbe {
-    /// Reachable and ready.
-    pub fn healthy(&self) -> bool {
-        self.ready.as_ref().is_ok_and(|h| h.status == "ok")
-    }
-
     /// Why it is not healthy, in one phrase.
-    pub fn problem(&self) -> Option<String> {
+    pub(crate) fn problem(&self) -> Option<String> {
         match &self.ready {
             Ok(h) if h.status == "ok" => None,
             Ok(h) => Some(format!(
@@ -137,7 +132,7 @@ async fn probe_one(
 }
 
 /// Asks every agent at once.
-pub async fn probe_all(agents: &Agents, volumes: Volumes<'_>) -> Vec<AgentProbe> {
+pub(crate) async fn probe_all(agents: &Agents, volumes: Volumes<'_>) -> Vec<AgentProbe> {
     futures::future::join_all(agents.agents.iter().map(|a| {
         probe_one(
             &a.name,

@@ -9,7 +9,7 @@ pub enum Output {
 }
 
 /// A command's answer: a table for people, JSON for scripts.
-pub trait Report: serde::Serialize {
+pub(crate) trait Report: serde::Serialize {
     fn table(&self) -> String;
     /// The process's exit status once printed.
     fn exit_code(&self) -> i32 {
@@ -18,7 +18,7 @@ pub trait Report: serde::Serialize {
 }
 
 /// Prints the report; the exit status it asks for.
-pub fn print(report: &impl Report, output: Output) -> anyhow::Result<i32> {
+pub(crate) fn print(report: &impl Report, output: Output) -> anyhow::Result<i32> {
     match output {
         Output::Table => print!("{}", report.table()),
         Output::Json => println!("{}", serde_json::to_string_pretty(report)?),

@@ -49,7 +49,7 @@ const ACCESS_MODES: [&str; 4] = [
 
 /// What the command line asked for.
 #[derive(Debug, Clone)]
-pub struct RestoreOptions {
+pub(crate) struct RestoreOptions {
     pub agent: String,
     pub id: String,
     /// `NAMESPACE/CLAIM`.
@@ -72,7 +72,7 @@ pub struct Checked {
     pub name: String,
 }
 
-pub fn check_options(options: &RestoreOptions) -> anyhow::Result<Checked> {
+pub(crate) fn check_options(options: &RestoreOptions) -> anyhow::Result<Checked> {
     let id = crate::archives::parse_id(&options.id)?;
     let (namespace, name) = options
         .to
@@ -105,7 +105,7 @@ pub fn check_options(options: &RestoreOptions) -> anyhow::Result<Checked> {
 
 /// The claim to create, decided from the archive and the classes; nothing is asked here.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Plan {
+pub(crate) struct Plan {
     pub class: String,
     /// The request as written in the claim.
     pub size: String,
@@ -115,7 +115,7 @@ pub struct Plan {
 /// Picks the class and the size, and applies the controller's rules: `--class`, else the
 /// cluster's default class when it is one of `provisioner`'s; `--size`, else the
 /// capacity the archived volume had.
-pub fn plan(
+pub(crate) fn plan(
     checked: &Checked,
     options: &RestoreOptions,
     archive: &Archive,
@@ -199,7 +199,11 @@ pub fn plan(
 }
 
 /// The claim the plan makes: the two annotations name the archive.
-pub fn claim(checked: &Checked, options: &RestoreOptions, plan: &Plan) -> PersistentVolumeClaim {
+pub(crate) fn claim(
+    checked: &Checked,
+    options: &RestoreOptions,
+    plan: &Plan,
+) -> PersistentVolumeClaim {
     let annotations = BTreeMap::from([
         (ANN_RESTORE_ARCHIVE, checked.source.id.to_string()),
         (ANN_RESTORE_ARCHIVE_AGENT, checked.source.agent.clone()),
@@ -220,7 +224,7 @@ pub fn claim(checked: &Checked, options: &RestoreOptions, plan: &Plan) -> Persis
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
-pub struct RestoreReport {
+pub(crate) struct RestoreReport {
     pub agent: String,
     pub archive: ArchivePath,
     /// `namespace/name`.
@@ -273,7 +277,10 @@ fn claims_access<'a>(namespace: &'a str, verb: &'static str) -> Access<'a> {
     }
 }
 
-pub async fn run(target: &Target, options: &RestoreOptions) -> anyhow::Result<RestoreReport> {
+pub(crate) async fn run(
+    target: &Target,
+    options: &RestoreOptions,
+) -> anyhow::Result<RestoreReport> {
     let checked = check_options(options)?;
     let source = &checked.source;
     let client =

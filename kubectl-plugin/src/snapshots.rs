@@ -13,7 +13,7 @@ use crate::cluster::{Access, list};
 use crate::table::{Table, human_bytes};
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
-pub struct SnapshotRow {
+pub(crate) struct SnapshotRow {
     /// `namespace/name`.
     pub snapshot: String,
     pub claim: String,
@@ -30,7 +30,7 @@ pub struct SnapshotRow {
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
-pub struct ScheduleRow {
+pub(crate) struct ScheduleRow {
     /// `namespace/name`.
     pub schedule: String,
     pub interval: String,
@@ -44,7 +44,7 @@ pub struct ScheduleRow {
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
-pub struct SnapshotsReport {
+pub(crate) struct SnapshotsReport {
     pub snapshots: Vec<SnapshotRow>,
     pub schedules: Vec<ScheduleRow>,
 }
@@ -53,7 +53,7 @@ fn key(namespace: Option<String>, name: String) -> String {
     format!("{}/{name}", namespace.unwrap_or_default())
 }
 
-pub fn snapshot_row(snapshot: &Snapshot) -> SnapshotRow {
+pub(crate) fn snapshot_row(snapshot: &Snapshot) -> SnapshotRow {
     let status = snapshot.status.clone().unwrap_or_default();
     SnapshotRow {
         snapshot: key(snapshot.namespace(), snapshot.name_any()),
@@ -76,7 +76,7 @@ pub fn snapshot_row(snapshot: &Snapshot) -> SnapshotRow {
     }
 }
 
-pub fn schedule_row(schedule: &SnapshotSchedule, snapshots: &[Snapshot]) -> ScheduleRow {
+pub(crate) fn schedule_row(schedule: &SnapshotSchedule, snapshots: &[Snapshot]) -> ScheduleRow {
     let status = schedule.status.clone().unwrap_or_default();
     let made = snapshots
         .iter()
@@ -110,7 +110,7 @@ fn access(resource: &'static str) -> Access<'static> {
 }
 
 /// Reads both kinds from every namespace. Without the CRDs installed, says so.
-pub async fn run(client: &Client) -> anyhow::Result<SnapshotsReport> {
+pub(crate) async fn run(client: &Client) -> anyhow::Result<SnapshotsReport> {
     let not_installed = |e: anyhow::Error| {
         let missing = e
             .chain()

@@ -12,7 +12,7 @@ use crate::cluster::Target;
 use crate::table::{Table, human_age};
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
-pub struct ControllerStatus {
+pub(crate) struct ControllerStatus {
     pub namespace: String,
     pub deployment: String,
     /// `false` when the Deployment does not exist (the numbers are then 0).
@@ -22,7 +22,7 @@ pub struct ControllerStatus {
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
-pub struct LeaderStatus {
+pub(crate) struct LeaderStatus {
     pub lease: String,
     pub holder: Option<String>,
     /// Seconds since the holder last renewed.
@@ -30,7 +30,7 @@ pub struct LeaderStatus {
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
-pub struct ClassStatus {
+pub(crate) struct ClassStatus {
     pub name: String,
     /// Agents the class may use; empty means the default (only) agent.
     pub agents: Vec<String>,
@@ -45,7 +45,7 @@ pub struct ClassStatus {
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
-pub struct StatusReport {
+pub(crate) struct StatusReport {
     pub provisioner: String,
     pub controller: ControllerStatus,
     pub leader: LeaderStatus,
@@ -54,7 +54,7 @@ pub struct StatusReport {
     pub classes: Vec<ClassStatus>,
 }
 
-pub fn controller_status(
+pub(crate) fn controller_status(
     namespace: &str,
     name: &str,
     deployment: Option<&Deployment>,
@@ -75,7 +75,7 @@ pub fn controller_status(
     }
 }
 
-pub fn leader_status(
+pub(crate) fn leader_status(
     name: &str,
     lease: Option<&Lease>,
     now: k8s_openapi::jiff::Timestamp,
@@ -92,7 +92,7 @@ pub fn leader_status(
     }
 }
 
-pub fn class_status(class: &StorageClass, known_agents: &BTreeSet<&str>) -> ClassStatus {
+pub(crate) fn class_status(class: &StorageClass, known_agents: &BTreeSet<&str>) -> ClassStatus {
     let parsed = ClassParams::parse(class.parameters.as_ref());
     let (agents, on_delete, quota, invalid) = match &parsed {
         Ok(p) => (
@@ -135,7 +135,7 @@ pub fn class_status(class: &StorageClass, known_agents: &BTreeSet<&str>) -> Clas
     }
 }
 
-pub async fn run(target: &Target) -> anyhow::Result<StatusReport> {
+pub(crate) async fn run(target: &Target) -> anyhow::Result<StatusReport> {
     let deployment = target.deployment().await?;
     let lease = target.lease().await?;
     let classes = target.classes().await?;

@@ -2,13 +2,13 @@
 
 /// Rows under upper-case headers; columns are padded to their widest cell.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct Table {
+pub(crate) struct Table {
     headers: Vec<String>,
     rows: Vec<Vec<String>>,
 }
 
 impl Table {
-    pub fn new(headers: &[&str]) -> Self {
+    pub(crate) fn new(headers: &[&str]) -> Self {
         Self {
             headers: headers.iter().map(|h| h.to_uppercase()).collect(),
             rows: Vec::new(),
@@ -17,19 +17,19 @@ impl Table {
 
     /// Adds a row; missing cells are printed empty and extra ones are dropped, so a
     /// mistake shows as a gap instead of a shifted column.
-    pub fn row<S: Into<String>>(&mut self, cells: impl IntoIterator<Item = S>) {
+    pub(crate) fn row<S: Into<String>>(&mut self, cells: impl IntoIterator<Item = S>) {
         let mut cells: Vec<String> = cells.into_iter().map(Into::into).collect();
         cells.resize(self.headers.len(), String::new());
         self.rows.push(cells);
     }
 
-    pub fn is_empty(&self) -> bool {
+    pub(crate) fn is_empty(&self) -> bool {
         self.rows.is_empty()
     }
 
     /// Three spaces between columns as kubectl does; no trailing spaces, so the output
     /// can be compared and grepped line by line.
-    pub fn render(&self) -> String {
+    pub(crate) fn render(&self) -> String {
         let mut widths: Vec<usize> = self.headers.iter().map(|h| h.chars().count()).collect();
         for row in &self.rows {
             for (width, cell) in widths.iter_mut().zip(row) {
@@ -54,7 +54,7 @@ impl Table {
 }
 
 /// Bytes in binary units as Kubernetes quantities are usually written (`1Gi`, `1.5Gi`).
-pub fn human_bytes(bytes: u64) -> String {
+pub(crate) fn human_bytes(bytes: u64) -> String {
     const UNITS: [&str; 6] = ["Ki", "Mi", "Gi", "Ti", "Pi", "Ei"];
     if bytes < 1024 {
         return format!("{bytes}B");
@@ -74,7 +74,7 @@ pub fn human_bytes(bytes: u64) -> String {
 }
 
 /// How long ago, coarsely, as kubectl's AGE column.
-pub fn human_age(seconds: i64) -> String {
+pub(crate) fn human_age(seconds: i64) -> String {
     match seconds {
         s if s < 0 => "in the future".to_owned(),
         s if s < 120 => format!("{s}s"),

@@ -16,7 +16,7 @@ use crate::credentials::Agents;
 use crate::table::{Table, human_bytes};
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
-pub struct VolumeRow {
+pub(crate) struct VolumeRow {
     /// `namespace/name` of the claim the PV is bound to.
     pub claim: Option<String>,
     pub pv: String,
@@ -46,7 +46,7 @@ pub struct VolumeRow {
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
-pub struct VolumesReport {
+pub(crate) struct VolumesReport {
     pub volumes: Vec<VolumeRow>,
     /// Agents whose Secret made no client or that did not answer, with the reason: the
     /// usage of their volumes is unknown.
@@ -54,7 +54,7 @@ pub struct VolumesReport {
 }
 
 /// The claim a PV is bound to, as `namespace/name`.
-pub fn claim_of(pv: &PersistentVolume) -> Option<String> {
+pub(crate) fn claim_of(pv: &PersistentVolume) -> Option<String> {
     let claim = pv.spec.as_ref()?.claim_ref.as_ref()?;
     Some(format!(
         "{}/{}",
@@ -64,7 +64,7 @@ pub fn claim_of(pv: &PersistentVolume) -> Option<String> {
 }
 
 /// The row of one PV before the agent is asked.
-pub fn base_row(pv: &PersistentVolume) -> VolumeRow {
+pub(crate) fn base_row(pv: &PersistentVolume) -> VolumeRow {
     let capacity = pv
         .spec
         .as_ref()
@@ -136,7 +136,7 @@ async fn with_usage(mut row: VolumeRow, agents: &Agents) -> VolumeRow {
     row
 }
 
-pub async fn run(target: &Target) -> anyhow::Result<VolumesReport> {
+pub(crate) async fn run(target: &Target) -> anyhow::Result<VolumesReport> {
     let deployment = target.deployment().await?;
     let volumes = target.volumes().await?;
     let agents = crate::credentials::load(target, deployment.as_ref()).await?;

@@ -5,7 +5,7 @@
 use k8s_openapi::api::core::v1::PersistentVolume;
 use nfsprov_agent_testkit::TestAgent;
 use nfsprov_api_types::{CreateVolumeRequest, VolumePath};
-use nfsprov_kubectl::orphans::{OrphanKind, check_agent, pointers};
+use nfsprov_kubectl::{OrphanKind, check_agent, pointers};
 use serde_json::json;
 
 fn pv(name: &str, path: &str) -> PersistentVolume {

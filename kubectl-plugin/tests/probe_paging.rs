@@ -4,7 +4,7 @@
 
 use nfsprov_agent_testkit::TestAgent;
 use nfsprov_api_types::{CreateVolumeRequest, Volume, VolumePath};
-use nfsprov_kubectl::probe::list_volumes;
+use nfsprov_kubectl::list_volumes;
 
 #[tokio::test(flavor = "multi_thread")]
 async fn volumes_are_counted_across_pages_and_only_the_asked_for_are_kept() {

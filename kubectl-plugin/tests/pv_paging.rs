@@ -9,7 +9,7 @@ use k8s_openapi::api::core::v1::PersistentVolume;
 use kube::Api;
 use kube::api::PostParams;
 use nfsprov_kube_sim::{SimOptions, Simulator};
-use nfsprov_kubectl::cluster::{PV_PAGE, Target};
+use nfsprov_kubectl::{PV_PAGE, Target};
 use serde_json::json;
 
 fn pv(name: &str, provisioner: &str) -> PersistentVolume {

@@ -301,6 +301,7 @@ impl Zfs {
     }
 
     /// How long destroy and rename retry while zfs reports the dataset busy.
+    #[must_use]
     pub fn with_busy_wait(mut self, busy_wait: Duration) -> Self {
         self.busy_wait = busy_wait;
         self

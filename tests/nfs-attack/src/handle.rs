@@ -94,6 +94,7 @@ impl GaneshaHandle {
     }
 
     /// This handle with export id `export_id` in place of its own.
+    #[must_use]
     pub fn with_export_id(&self, export_id: u16) -> Self {
         Self {
             export_id,
@@ -102,6 +103,7 @@ impl GaneshaHandle {
     }
 
     /// This handle with `kernel` in place of its kernel handle: same export, same fsid.
+    #[must_use]
     pub fn with_kernel(&self, kernel: KernelHandle) -> Self {
         let mut forged = self.clone();
         forged.fsal.kernel = kernel;

@@ -1005,7 +1005,7 @@ fn machine() -> String {
         .find_map(|line| line.strip_prefix("MemTotal:"))
         .and_then(|kib| kib.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
         .map_or("?".into(), |kib| {
-            format!("{:.1} GiB", kib as f64 / (1 << 20) as f64)
+            format!("{:.1} GiB", kib as f64 / f64::from(1 << 20))
         });
     let cpuinfo = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
     let cpu = cpuinfo

@@ -740,7 +740,7 @@ impl NfsClient {
     ) -> anyhow::Result<()> {
         let timeval = |t: Timestamp| libc::timeval {
             tv_sec: t.sec as libc::time_t,
-            tv_usec: (t.nsec / 1000) as libc::suseconds_t,
+            tv_usec: libc::suseconds_t::from(t.nsec / 1000),
         };
         let mut times = [timeval(atime), timeval(mtime)];
         let c = c_path(path)?;
