@@ -6,7 +6,8 @@
 //!
 //! Volumes that are directories of one filesystem, or btrfs subvolumes, do not isolate
 //! (`nfsprov-isolation-probe dirs-ext4` shows every attack through): no test here
-//! pretends otherwise.
+//! pretends otherwise, and one shows that the attacks do reach across such volumes, so
+//! that a refusal elsewhere means the layout refused, not that the attacks are blunt.
 
 use nfsprov_nfs_attack::attack::{EXPORT_B, Identity, attack, privileged_port_outcomes};
 use nfsprov_nfs_attack::filesystems::FsKind;
@@ -67,6 +68,28 @@ fn the_agents_image_volumes_refuse_every_forged_handle() {
     assert_isolates(
         "the_agents_image_volumes_refuse_every_forged_handle",
         Mechanism::AgentImages,
+    );
+}
+
+/// Directories of one ext4 filesystem, the layout of the agent's `none` backend: forged
+/// handles reach the other tenant's volume and the file outside the export root.
+#[test]
+fn forged_handles_reach_across_directory_volumes() {
+    const TEST: &str = "forged_handles_reach_across_directory_volumes";
+    if let Some(reason) = unable() {
+        nfsprov_test_skip::skip(TEST, &reason);
+        return;
+    }
+    let layout = Layout::build(Mechanism::Directories(FsKind::Ext4)).unwrap();
+    let report = attack(
+        &layout,
+        &[Identity::ROOT_RESERVED, Identity::NOBODY_UNPRIVILEGED],
+    )
+    .unwrap();
+    assert_eq!(report.attacks.len(), 14, "{report}");
+    assert!(
+        report.reached().len() >= 12,
+        "the attacks no longer reach across directory volumes:\n{report}"
     );
 }
 

@@ -1,7 +1,8 @@
 //! Runs the forged-handle attacks against one way of making volumes and prints what the
 //! server let through: `nfsprov-isolation-probe MECHANISM` (root), where MECHANISM is
 //! `dirs-ext4`, `dirs-xfs`, `images-ext4`, `images-xfs`, `clone-ext4`,
-//! `clone-ext4-new-uuid`, `clone-xfs`, `clone-xfs-new-uuid`, `btrfs-subvolumes`, `zfs-datasets` or
+//! `clone-ext4-new-uuid`, `clone-xfs`, `clone-xfs-new-uuid`, `btrfs-subvolumes`, `zfs-datasets`,
+//! `agent-images` (volumes made by the agent's own store) or
 //! `privileged-port`. A measurement, not a test: a layout that leaks is reported,
 //! not failed.
 
