@@ -29,6 +29,7 @@ mod legacy;
 mod locks;
 mod mounts;
 mod nesting;
+mod provisioned;
 mod reconcile;
 mod record;
 pub mod snapshot;
@@ -74,6 +75,7 @@ pub use self::dataset::DatasetBackend;
 pub use self::directory::{DirectoryBackend, NoQuota, QuotaStrategy};
 pub use self::error::{Result, StoreError};
 pub use self::locks::PathGuard;
+pub use self::provisioned::{OvercommitLimits, Provisioned, ratio as provisioned_ratio};
 pub use self::record::{ArchiveRecord, QuotaRecord, VolumeRecord};
 pub use self::tree::{MAX_USAGE_DEPTH, measure_tree, remove_tree};
 
@@ -161,6 +163,8 @@ pub struct VolumeStore {
     durable: Durability,
     /// Records of volumes found gone at open, and removed.
     stale_records: usize,
+    /// The capacity promised to the live volumes, and its bounds.
+    provisioned: Provisioned,
 }
 
 impl VolumeStore {
@@ -201,7 +205,34 @@ impl VolumeStore {
             locks: Arc::default(),
             archive_dirs: RwLock::new(()),
             nesting: nesting::Nesting::default(),
+            provisioned: Provisioned::default(),
         })
+    }
+
+    /// Counts the capacity of every volume, from the records, once, before the store
+    /// serves, and bounds new promises by `limits`. A store not counted (the crate's tests)
+    /// counts from zero without bounds.
+    pub fn count_provisioned(mut self, limits: OvercommitLimits) -> Result<Self> {
+        let bytes = self
+            .backend
+            .list(&self.root)?
+            .iter()
+            .map(|(_, record)| record.capacity_bytes)
+            .fold(0u64, u64::saturating_add);
+        self.provisioned = Provisioned::new(bytes, limits);
+        Ok(self)
+    }
+
+    /// The capacity promised to the live volumes, and its bounds.
+    pub fn provisioned(&self) -> &Provisioned {
+        &self.provisioned
+    }
+
+    /// Holds `more` bytes of capacity for what is made at `path`, or refuses it when
+    /// that would take the promises past `limits.max_overcommit_ratio`.
+    fn reserve(&self, path: &VolumePath, more: u64) -> Result<provisioned::Reservation<'_>> {
+        let total = self.filesystem_stats()?.total_bytes;
+        self.provisioned.reserve(more, total, path)
     }
 
     /// How many records of volumes that were gone (a deletion a crash interrupted) the
@@ -336,6 +367,7 @@ impl VolumeStore {
         let limit = self
             .enforcement(path, request.quota)?
             .then_some(request.capacity_bytes);
+        let reservation = self.reserve(path, request.capacity_bytes)?;
         let record = VolumeRecord {
             created_at: now_rfc3339(),
             ..wanted.clone()
@@ -346,6 +378,7 @@ impl VolumeStore {
             }
             Layout::Mounts => self.create_in_place(path, parent.as_fd(), record, limit),
         }?;
+        reservation.keep_if(made.1 == Created::New);
         self.settle(path, parent.as_fd())?;
         Ok(made)
     }
@@ -428,6 +461,7 @@ impl VolumeStore {
         self.refuse_mount_points_around(path)?;
         let record = record_as_found(dir.as_fd(), path, request.capacity_bytes, &request.owner)?;
         self.backend.write_record(dir.as_fd(), path, &record)?;
+        self.provisioned.add(record.capacity_bytes);
         drop(dir);
         self.settle(path, parent.as_fd())?;
         tracing::info!(
@@ -637,10 +671,26 @@ impl VolumeStore {
         progress: &CopyProgress,
         confirm_taken: impl FnOnce(VolumeRecord) -> Result<(Volume, Created)>,
     ) -> Result<(Volume, Created)> {
-        let path = wanted.path;
         let limit = self
-            .enforcement(path, wanted.quota)?
+            .enforcement(wanted.path, wanted.quota)?
             .then_some(wanted.capacity_bytes);
+        let reservation = self.reserve(wanted.path, wanted.capacity_bytes)?;
+        let made = self.make_from_within(parent, source, wanted, limit, progress, confirm_taken);
+        reservation.keep_if(matches!(made, Ok((_, Created::New))));
+        made
+    }
+
+    /// [`Self::make_from`] once its capacity is reserved, with its quota `limit`.
+    fn make_from_within(
+        &self,
+        parent: BorrowedFd<'_>,
+        source: &CloneSource<'_>,
+        wanted: &NewVolume<'_>,
+        limit: Option<u64>,
+        progress: &CopyProgress,
+        confirm_taken: impl FnOnce(VolumeRecord) -> Result<(Volume, Created)>,
+    ) -> Result<(Volume, Created)> {
+        let path = wanted.path;
         let made_record = |dir: BorrowedFd<'_>, quota, method| -> Result<VolumeRecord> {
             let mut record = VolumeRecord {
                 quota,
@@ -816,6 +866,8 @@ impl VolumeStore {
             self.settle(path, parent.as_fd())?;
             return Ok(record.to_volume(path));
         }
+        let reservation =
+            self.reserve(path, capacity_bytes.saturating_sub(record.capacity_bytes))?;
         let dir = open_child(parent.as_fd(), path.file_name(), false)?;
         if let Some(quota) = &record.quota {
             if quota.backend != self.backend.kind() {
@@ -832,6 +884,7 @@ impl VolumeStore {
         }
         record.capacity_bytes = capacity_bytes;
         self.backend.write_record(dir.as_fd(), path, &record)?;
+        reservation.keep();
         drop(dir);
         self.settle(path, parent.as_fd())?;
         Ok(record.to_volume(path))
@@ -859,6 +912,7 @@ impl VolumeStore {
                 Some(path),
                 KnownQuota::Known(record.quota.as_ref()),
             )?;
+            self.provisioned.release(record.capacity_bytes);
             let mut changes = Changes::new();
             changes.dir(parent.as_fd())?;
             self.durable.commit(changes)?;
@@ -879,7 +933,8 @@ impl VolumeStore {
             doomed.as_str(),
             RenameFlags::NOREPLACE,
         ) {
-            Ok(()) => {}
+            // Gone from its path: what is left in the trash is no volume any more.
+            Ok(()) => self.provisioned.release(record.capacity_bytes),
             Err(Errno::NOENT) => return Ok(Deleted::WasAbsent),
             Err(e) => return Err(io_error(format!("move {path} to the trash"), e)),
         }
@@ -978,6 +1033,7 @@ impl VolumeStore {
             };
             match moved {
                 Ok(()) => {
+                    self.provisioned.release(record.capacity_bytes);
                     let mut changes = Changes::new();
                     changes
                         .dir(parent.as_fd())?
