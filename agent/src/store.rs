@@ -235,6 +235,20 @@ impl VolumeStore {
         self.provisioned.reserve(more, total, path)
     }
 
+    /// Holds `capacity` for the volume a create, clone or restore is about to make at
+    /// `path`, before anything is made (its parents neither). A refused promise is
+    /// answered only when no volume is there: a repeated request is confirmed (or judged)
+    /// as ever, and promises nothing more.
+    fn promise(&self, path: &VolumePath, capacity: u64) -> Result<provisioned::Reservation<'_>> {
+        match self.reserve(path, capacity) {
+            Err(refused @ StoreError::Overcommitted(_)) if self.locate(path)?.is_none() => {
+                Err(refused)
+            }
+            Err(StoreError::Overcommitted(_)) => self.reserve(path, 0),
+            held => held,
+        }
+    }
+
     /// How many records of volumes that were gone (a deletion a crash interrupted) the
     /// store removed when it opened.
     pub fn stale_records_removed(&self) -> usize {
@@ -354,6 +368,7 @@ impl VolumeStore {
     ) -> Result<(Volume, Created)> {
         self.root.ensure_present()?;
         let _nesting = self.nesting.making(path.as_str());
+        let reservation = self.promise(path, request.capacity_bytes)?;
         let wanted = self.wanted_record(request);
         let parent = self
             .walk_parents(path, true)?
@@ -367,7 +382,6 @@ impl VolumeStore {
         let limit = self
             .enforcement(path, request.quota)?
             .then_some(request.capacity_bytes);
-        let reservation = self.reserve(path, request.capacity_bytes)?;
         let record = VolumeRecord {
             created_at: now_rfc3339(),
             ..wanted.clone()
@@ -617,6 +631,7 @@ impl VolumeStore {
             )));
         }
         let _nesting = self.nesting.making(path.as_str());
+        let reservation = self.promise(path, request.capacity_bytes)?;
         let parent = self
             .walk_parents(path, true)?
             .ok_or_else(|| not_found(path))?;
@@ -654,9 +669,11 @@ impl VolumeStore {
             quota: request.quota,
             origin: Origin::Clone(source_path),
         };
-        self.make_from(parent.as_fd(), &source, &wanted, progress, |existing| {
+        let made = self.make_from(parent.as_fd(), &source, &wanted, progress, |existing| {
             confirm_clone(path, existing, request)
-        })
+        });
+        reservation.keep_if(matches!(made, Ok((_, Created::New))));
+        made
     }
 
     /// Makes the volume `wanted` (whose parent directory is `parent`) holding a copy of
@@ -671,26 +688,10 @@ impl VolumeStore {
         progress: &CopyProgress,
         confirm_taken: impl FnOnce(VolumeRecord) -> Result<(Volume, Created)>,
     ) -> Result<(Volume, Created)> {
-        let limit = self
-            .enforcement(wanted.path, wanted.quota)?
-            .then_some(wanted.capacity_bytes);
-        let reservation = self.reserve(wanted.path, wanted.capacity_bytes)?;
-        let made = self.make_from_within(parent, source, wanted, limit, progress, confirm_taken);
-        reservation.keep_if(matches!(made, Ok((_, Created::New))));
-        made
-    }
-
-    /// [`Self::make_from`] once its capacity is reserved, with its quota `limit`.
-    fn make_from_within(
-        &self,
-        parent: BorrowedFd<'_>,
-        source: &CloneSource<'_>,
-        wanted: &NewVolume<'_>,
-        limit: Option<u64>,
-        progress: &CopyProgress,
-        confirm_taken: impl FnOnce(VolumeRecord) -> Result<(Volume, Created)>,
-    ) -> Result<(Volume, Created)> {
         let path = wanted.path;
+        let limit = self
+            .enforcement(path, wanted.quota)?
+            .then_some(wanted.capacity_bytes);
         let made_record = |dir: BorrowedFd<'_>, quota, method| -> Result<VolumeRecord> {
             let mut record = VolumeRecord {
                 quota,

@@ -393,7 +393,7 @@ mod tests {
             let refused = |err: StoreError| {
                 assert!(matches!(err, StoreError::Overcommitted(_)), "{err}");
             };
-            refused(store.create(&path("big"), &create(total)).unwrap_err());
+            refused(store.create(&path("team/big"), &create(total)).unwrap_err());
             refused(store.resize(&path("a"), total + 1).unwrap_err());
             let progress = CopyProgress::default();
             let clone = CloneVolumeRequest {
@@ -405,7 +405,7 @@ mod tests {
             };
             refused(
                 store
-                    .clone_volume(&path("copy"), &clone, &progress)
+                    .clone_volume(&path("team/copy"), &clone, &progress)
                     .unwrap_err(),
             );
             let name = SnapshotName::parse("snap").unwrap();
@@ -419,7 +419,12 @@ mod tests {
             );
             refused(
                 store
-                    .restore_volume(&path("r"), &restore.source().unwrap(), &restore, &progress)
+                    .restore_volume(
+                        &path("team/r"),
+                        &restore.source().unwrap(),
+                        &restore,
+                        &progress,
+                    )
                     .unwrap_err(),
             );
             assert_eq!(store.provisioned().bytes(), half);
@@ -431,12 +436,19 @@ mod tests {
                 .collect();
             assert_eq!(listed, ["a"]);
             assert_eq!(store.get(&path("a")).unwrap().capacity_bytes, half);
-            for gone in ["big", "copy", "r"] {
-                assert!(!dir.path().join(gone).exists(), "{gone}");
-            }
+            assert!(!dir.path().join("team").exists(), "not even a parent");
             assert_eq!(store.leftover_count().unwrap(), 0);
             // Up to the bound is allowed.
             store.create(&path("b"), &create(total - half)).unwrap();
+            assert_eq!(store.provisioned().bytes(), total);
+            // At the bound, a repeated request is still confirmed, and one for other
+            // settings still judged so.
+            assert_eq!(
+                store.create(&path("a"), &create(half)).unwrap().1,
+                Created::Existing
+            );
+            let err = store.create(&path("a"), &create(half + 1)).unwrap_err();
+            assert!(matches!(err, StoreError::Conflict(_)), "{err}");
             assert_eq!(store.provisioned().bytes(), total);
         }
     }
