@@ -16,9 +16,9 @@ use nfsprov_api_types::logsafe::{self, MAX_MESSAGE_BYTES};
 use nfsprov_api_types::{
     AdoptVolumeRequest, AgentInfo, ApiError, Archive, ArchiveList, ArchivePath, ArchiveRequest,
     Capabilities, CloneVolumeRequest, CreateSnapshotRequest, CreateVolumeRequest, Endpoint,
-    ErrorCode, ExportRequest, Health, ListQuery, NfsExport, REQUEST_ID_HEADER, ResizeVolumeRequest,
-    RestoreSource, RestoreVolumeRequest, SnapshotList, SnapshotName, Volume, VolumeList,
-    VolumePath,
+    ErrorCode, ExportRequest, FilesystemStats, Health, ListQuery, NfsExport, Provisioning,
+    REQUEST_ID_HEADER, ResizeVolumeRequest, RestoreSource, RestoreVolumeRequest, SnapshotList,
+    SnapshotName, Volume, VolumeList, VolumePath,
 };
 use tokio::sync::Semaphore;
 use tower_http::request_id::{MakeRequestUuid, PropagateRequestIdLayer, SetRequestIdLayer};
@@ -35,7 +35,7 @@ use crate::policy::Policy;
 use crate::ratelimit::RateLimit;
 use crate::root_filesystem::RootFilesystem;
 use crate::snapshots::{Queues, RestoreAnswer, SnapshotAnswer, Snapshots};
-use crate::store::{Archived, Created, Deleted, StoreError, VolumeStore};
+use crate::store::{self, Archived, Created, Deleted, StoreError, VolumeStore};
 use crate::tls::PeerCertificate;
 use crate::usage::UsageCache;
 
@@ -601,6 +601,19 @@ async fn metrics(State(state): State<Arc<AppState>>) -> Response {
             .metrics
             .filesystem_free_inodes
             .set(fs.free_inodes as i64);
+        let provisioning = provisioning(&state.store, &fs);
+        state
+            .metrics
+            .provisioned_bytes
+            .set(i64::try_from(provisioning.provisioned_bytes).unwrap_or(i64::MAX));
+        state
+            .metrics
+            .overcommit_ratio
+            .set(provisioning.overcommit_ratio);
+        state
+            .metrics
+            .overcommit_warn_ratio
+            .set(provisioning.warn_ratio);
     }
     if let Ok(count) = state.store.leftover_count() {
         state.metrics.leftover_entries.set(count as i64);
@@ -620,9 +633,23 @@ async fn metrics(State(state): State<Arc<AppState>>) -> Response {
         .into_response()
 }
 
+/// The capacity promised against the filesystem `fs` of the store's root.
+fn provisioning(store: &VolumeStore, fs: &FilesystemStats) -> Provisioning {
+    let provisioned = store.provisioned();
+    let limits = provisioned.limits();
+    let provisioned_bytes = provisioned.bytes();
+    Provisioning {
+        provisioned_bytes,
+        overcommit_ratio: store::provisioned_ratio(provisioned_bytes, fs.total_bytes),
+        warn_ratio: limits.warn_ratio,
+        max_ratio: limits.max_ratio,
+    }
+}
+
 async fn info(State(state): State<Arc<AppState>>) -> ApiResult<Json<AgentInfo>> {
     let filesystem = state.store.filesystem_stats()?;
     Ok(Json(AgentInfo {
+        provisioning: Some(provisioning(&state.store, &filesystem)),
         version: env!("CARGO_PKG_VERSION").to_owned(),
         nfs: state.nfs.clone(),
         capabilities: Capabilities {
@@ -1332,6 +1359,7 @@ mod tests {
             max_concurrent_requests: 4,
             max_clone_jobs: 1,
             max_queued_jobs: 64,
+            overcommit: Default::default(),
             shutdown_grace: Duration::from_secs(1),
             min_free_bytes: 0,
             min_free_inodes: 0,

@@ -14,6 +14,7 @@ use crate::connections::AdmissionSettings;
 use crate::exports::ExportSettings;
 use crate::policy::Policy;
 use crate::quota::QuotaSettings;
+use crate::store::OvercommitLimits;
 
 /// Default location of the agent's settings.
 pub const DEFAULT_CONFIG_PATH: &str = "/etc/nfsprov/agent.toml";
@@ -382,6 +383,12 @@ pub struct LimitsSection {
     /// Jobs of each kind (clones, snapshots, restores) waiting for a slot at once; a
     /// request for one more is refused with 429 and `Retry-After`.
     pub max_queued_jobs: usize,
+    /// The ratio of provisioned capacity (every volume's) to the filesystem's size past
+    /// which the agent warns: `/v1/info`, the metrics, `kubectl nfsprov doctor`.
+    pub overcommit_warn_ratio: f64,
+    /// The ratio past which a create, clone, restore or expansion is refused with 507
+    /// `overcommit_limit`; unset: never refused.
+    pub max_overcommit_ratio: Option<f64>,
 }
 
 impl Default for LimitsSection {
@@ -416,6 +423,10 @@ impl Default for LimitsSection {
             // Far more than a controller keeps going (its reconciles per agent), and a
             // few hundred KiB of memory at most per kind.
             max_queued_jobs: 64,
+            // Promising exactly the filesystem is where the promises stop being
+            // guaranteed; refusing is the operator's choice.
+            overcommit_warn_ratio: OvercommitLimits::default().warn_ratio,
+            max_overcommit_ratio: OvercommitLimits::default().max_ratio,
         }
     }
 }
@@ -472,6 +483,7 @@ pub struct AgentConfig {
     pub max_concurrent_requests: usize,
     pub max_clone_jobs: usize,
     pub max_queued_jobs: usize,
+    pub overcommit: OvercommitLimits,
     pub shutdown_grace: Duration,
     pub min_free_bytes: u64,
     pub min_free_inodes: u64,
@@ -686,6 +698,12 @@ impl AgentConfig {
             max_concurrent_requests: limits.max_concurrent_requests,
             max_clone_jobs: limits.max_clone_jobs,
             max_queued_jobs: limits.max_queued_jobs,
+            overcommit: OvercommitLimits {
+                warn_ratio: limits.overcommit_warn_ratio,
+                max_ratio: limits.max_overcommit_ratio,
+            }
+            .check()
+            .map_err(ConfigError::Invalid)?,
             shutdown_grace: Duration::from_secs(limits.shutdown_grace_seconds),
             min_free_bytes: file.readiness.min_free_bytes,
             min_free_inodes: file.readiness.min_free_inodes,
@@ -849,6 +867,27 @@ mod tests {
         assert_eq!(config.nfs_path, root.display().to_string());
         assert_eq!(config.archive, ArchiveSettings::default());
         assert_eq!(config.archive.default_retention, None, "kept forever");
+        assert_eq!(
+            config.overcommit,
+            OvercommitLimits {
+                warn_ratio: 1.0,
+                max_ratio: None
+            },
+            "warned past the filesystem's size, never refused"
+        );
+        std::fs::write(
+            &file,
+            format!("{good}[limits]\novercommit_warn_ratio = 1.5\nmax_overcommit_ratio = 2\n"),
+        )
+        .unwrap();
+        let config = AgentConfig::load(&args(&file)).unwrap();
+        assert_eq!(
+            config.overcommit,
+            OvercommitLimits {
+                warn_ratio: 1.5,
+                max_ratio: Some(2.0)
+            }
+        );
 
         std::fs::write(
             &file,
@@ -977,6 +1016,24 @@ mod tests {
             (
                 format!("{good}[limits]\nmax_queued_jobs = 0\n"),
                 "limits.max_clone_jobs and limits.max_queued_jobs must be positive",
+            ),
+            (
+                format!("{good}[limits]\novercommit_warn_ratio = 0.0\n"),
+                "limits.overcommit_warn_ratio (0) must be a positive number",
+            ),
+            (
+                format!("{good}[limits]\nmax_overcommit_ratio = -2.0\n"),
+                "limits.max_overcommit_ratio (-2) must be a positive number",
+            ),
+            (
+                format!(
+                    "{good}[limits]\novercommit_warn_ratio = 2.0\nmax_overcommit_ratio = 1.5\n"
+                ),
+                "limits.max_overcommit_ratio (1.5) must be at least limits.overcommit_warn_ratio (2)",
+            ),
+            (
+                format!("{good}[limits]\nmax_overcommit_ratio = \"none\"\n"),
+                "invalid type",
             ),
             (
                 format!("{good}[limits]\nmax_unauthenticated_per_source = 0\n"),

@@ -326,6 +326,10 @@ fn agent_config(args: &InitArgs, nfs_server: &str, nfs_path: &str) -> String {
          header_read_timeout_seconds = 10\n\
          idle_timeout_seconds = 300\n\
          body_read_timeout_seconds = 10\n\
+         # Warn past this ratio of provisioned capacity to the filesystem's size; refuse\n\
+         # creates, clones, restores and expansions past max_overcommit_ratio (unset: never).\n\
+         overcommit_warn_ratio = 1.0\n\
+         # max_overcommit_ratio = 2.0\n\
          \n\
          [readiness]\n\
          min_free_bytes = 16777216\n\

@@ -105,10 +105,10 @@ impl Agent {
                 reason,
             }
         })?;
-        let store = Arc::new(VolumeStore::open_with_backend(
-            &config.export_root,
-            backend,
-        )?);
+        let store = Arc::new(
+            VolumeStore::open_with_backend(&config.export_root, backend)?
+                .count_provisioned(config.overcommit)?,
+        );
         let auth = Authenticator::new(&config.auth)?;
         let certificate_optional = !config.auth.tokens.is_empty() || config.auth.disabled;
         let tls = tls::server_config(

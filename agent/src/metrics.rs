@@ -3,6 +3,8 @@
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
+use std::sync::atomic::AtomicU64;
+
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::registry::Registry;
@@ -138,6 +140,12 @@ pub struct Metrics {
     pub operations: Family<OperationLabels, Counter>,
     pub filesystem_available_bytes: Gauge,
     pub filesystem_free_inodes: Gauge,
+    /// The capacity promised to the live volumes.
+    pub provisioned_bytes: Gauge,
+    /// `provisioned_bytes` over the filesystem's size.
+    pub overcommit_ratio: Gauge<f64, AtomicU64>,
+    /// `limits.overcommit_warn_ratio`, so an alert compares each agent with its own.
+    pub overcommit_warn_ratio: Gauge<f64, AtomicU64>,
     pub leftover_entries: Gauge,
     /// Records of volumes found gone at start (a deletion a crash interrupted), removed.
     pub stale_records_removed: Counter,
@@ -190,6 +198,24 @@ impl Metrics {
             "filesystem_free_inodes",
             "Free inodes on the export root's filesystem at the last scrape",
             filesystem_free_inodes.clone(),
+        );
+        let provisioned_bytes = Gauge::default();
+        registry.register(
+            "provisioned_bytes",
+            "Capacity promised to the live volumes (the sum of their capacities; archives and snapshots not counted) at the last scrape",
+            provisioned_bytes.clone(),
+        );
+        let overcommit_ratio = Gauge::<f64, AtomicU64>::default();
+        registry.register(
+            "overcommit_ratio",
+            "Provisioned bytes over the size of the export root's filesystem at the last scrape; past 1 the volumes are promised more than the filesystem holds",
+            overcommit_ratio.clone(),
+        );
+        let overcommit_warn_ratio = Gauge::<f64, AtomicU64>::default();
+        registry.register(
+            "overcommit_warn_ratio",
+            "The overcommit ratio past which the agent warns: limits.overcommit_warn_ratio",
+            overcommit_warn_ratio.clone(),
         );
         let leftover_entries = Gauge::default();
         registry.register(
@@ -355,6 +381,9 @@ impl Metrics {
             operations,
             filesystem_available_bytes,
             filesystem_free_inodes,
+            provisioned_bytes,
+            overcommit_ratio,
+            overcommit_warn_ratio,
             leftover_entries,
             stale_records_removed,
             export_root_shared,

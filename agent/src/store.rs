@@ -30,6 +30,7 @@ mod legacy;
 mod locks;
 mod mounts;
 mod nesting;
+mod provisioned;
 mod reconcile;
 mod record;
 pub mod snapshot;
@@ -76,6 +77,7 @@ pub use self::directory::{DirectoryBackend, NoQuota, QuotaStrategy};
 pub use self::error::{Result, StoreError};
 pub use self::image::ImageBackend;
 pub use self::locks::PathGuard;
+pub use self::provisioned::{OvercommitLimits, Provisioned, ratio as provisioned_ratio};
 pub use self::record::{ArchiveRecord, QuotaRecord, VolumeRecord};
 pub use self::tree::{MAX_USAGE_DEPTH, measure_tree, remove_tree};
 
@@ -164,6 +166,8 @@ pub struct VolumeStore {
     durable: Durability,
     /// Records of volumes found gone at open, and removed.
     stale_records: usize,
+    /// The capacity promised to the live volumes, and its bounds.
+    provisioned: Provisioned,
 }
 
 impl VolumeStore {
@@ -204,7 +208,48 @@ impl VolumeStore {
             locks: Arc::default(),
             archive_dirs: RwLock::new(()),
             nesting: nesting::Nesting::default(),
+            provisioned: Provisioned::default(),
         })
+    }
+
+    /// Counts the capacity of every volume, from the records, once, before the store
+    /// serves, and bounds new promises by `limits`. A store not counted (the crate's tests)
+    /// counts from zero without bounds.
+    pub fn count_provisioned(mut self, limits: OvercommitLimits) -> Result<Self> {
+        let bytes = self
+            .backend
+            .list(&self.root)?
+            .iter()
+            .map(|(_, record)| record.capacity_bytes)
+            .fold(0u64, u64::saturating_add);
+        self.provisioned = Provisioned::new(bytes, limits);
+        Ok(self)
+    }
+
+    /// The capacity promised to the live volumes, and its bounds.
+    pub fn provisioned(&self) -> &Provisioned {
+        &self.provisioned
+    }
+
+    /// Holds `more` bytes of capacity for what is made at `path`, or refuses it when
+    /// that would take the promises past `limits.max_overcommit_ratio`.
+    fn reserve(&self, path: &VolumePath, more: u64) -> Result<provisioned::Reservation<'_>> {
+        let total = self.filesystem_stats()?.total_bytes;
+        self.provisioned.reserve(more, total, path)
+    }
+
+    /// Holds `capacity` for the volume a create, clone or restore is about to make at
+    /// `path`, before anything is made (its parents neither). A refused promise is
+    /// answered only when no volume is there: a repeated request is confirmed (or judged)
+    /// as ever, and promises nothing more.
+    fn promise(&self, path: &VolumePath, capacity: u64) -> Result<provisioned::Reservation<'_>> {
+        match self.reserve(path, capacity) {
+            Err(refused @ StoreError::Overcommitted(_)) if self.locate(path)?.is_none() => {
+                Err(refused)
+            }
+            Err(StoreError::Overcommitted(_)) => self.reserve(path, 0),
+            held => held,
+        }
     }
 
     /// How many records of volumes that were gone (a deletion a crash interrupted) the
@@ -326,6 +371,7 @@ impl VolumeStore {
     ) -> Result<(Volume, Created)> {
         self.root.ensure_present()?;
         let _nesting = self.nesting.making(path.as_str());
+        let reservation = self.promise(path, request.capacity_bytes)?;
         let wanted = self.wanted_record(request);
         let parent = self
             .walk_parents(path, true)?
@@ -349,6 +395,7 @@ impl VolumeStore {
             }
             Layout::Mounts => self.create_in_place(path, parent.as_fd(), record, limit),
         }?;
+        reservation.keep_if(made.1 == Created::New);
         self.settle(path, parent.as_fd())?;
         Ok(made)
     }
@@ -431,6 +478,7 @@ impl VolumeStore {
         self.refuse_mount_points_around(path)?;
         let record = record_as_found(dir.as_fd(), path, request.capacity_bytes, &request.owner)?;
         self.backend.write_record(dir.as_fd(), path, &record)?;
+        self.provisioned.add(record.capacity_bytes);
         drop(dir);
         self.settle(path, parent.as_fd())?;
         tracing::info!(
@@ -591,6 +639,7 @@ impl VolumeStore {
             )));
         }
         let _nesting = self.nesting.making(path.as_str());
+        let reservation = self.promise(path, request.capacity_bytes)?;
         let parent = self
             .walk_parents(path, true)?
             .ok_or_else(|| not_found(path))?;
@@ -628,9 +677,11 @@ impl VolumeStore {
             quota: request.quota,
             origin: Origin::Clone(source_path),
         };
-        self.make_from(parent.as_fd(), &source, &wanted, progress, |existing| {
+        let made = self.make_from(parent.as_fd(), &source, &wanted, progress, |existing| {
             confirm_clone(path, existing, request)
-        })
+        });
+        reservation.keep_if(matches!(made, Ok((_, Created::New))));
+        made
     }
 
     /// Makes the volume `wanted` (whose parent directory is `parent`) holding a copy of
@@ -828,6 +879,8 @@ impl VolumeStore {
             self.settle(path, parent.as_fd())?;
             return Ok(record.to_volume(path));
         }
+        let reservation =
+            self.reserve(path, capacity_bytes.saturating_sub(record.capacity_bytes))?;
         let dir = open_child(parent.as_fd(), path.file_name(), false)?;
         if let Some(quota) = &record.quota {
             if quota.backend != self.backend.kind() {
@@ -844,6 +897,7 @@ impl VolumeStore {
         }
         record.capacity_bytes = capacity_bytes;
         self.backend.write_record(dir.as_fd(), path, &record)?;
+        reservation.keep();
         drop(dir);
         self.settle(path, parent.as_fd())?;
         Ok(record.to_volume(path))
@@ -871,6 +925,7 @@ impl VolumeStore {
                 Some(path),
                 KnownQuota::Known(record.quota.as_ref()),
             )?;
+            self.provisioned.release(record.capacity_bytes);
             let mut changes = Changes::new();
             changes.dir(parent.as_fd())?;
             self.durable.commit(changes)?;
@@ -891,7 +946,8 @@ impl VolumeStore {
             doomed.as_str(),
             RenameFlags::NOREPLACE,
         ) {
-            Ok(()) => {}
+            // Gone from its path: what is left in the trash is no volume any more.
+            Ok(()) => self.provisioned.release(record.capacity_bytes),
             Err(Errno::NOENT) => return Ok(Deleted::WasAbsent),
             Err(e) => return Err(io_error(format!("move {path} to the trash"), e)),
         }
@@ -990,6 +1046,7 @@ impl VolumeStore {
             };
             match moved {
                 Ok(()) => {
+                    self.provisioned.release(record.capacity_bytes);
                     let mut changes = Changes::new();
                     changes
                         .dir(parent.as_fd())?

@@ -616,6 +616,12 @@ fn probe_checks_the_real_dataset() {
     assert!(err.contains("not mounted"), "{err}");
 }
 
+/// The capacity the agent reports promised to its volumes.
+async fn provisioned(client: &nfsprov_api_types::client::AgentClient) -> u64 {
+    let info = client.info(None).await.unwrap();
+    info.provisioning.expect("reported").provisioned_bytes
+}
+
 /// The whole agent over HTTPS with the zfs backend: what a controller sees.
 #[tokio::test(flavor = "multi_thread")]
 async fn the_agent_enforces_grows_archives_and_deletes_datasets() {
@@ -629,9 +635,13 @@ async fn the_agent_enforces_grows_archives_and_deletes_datasets() {
         allow_setgid: true,
         ..Default::default()
     };
-    let agent = nfsprov_agent_testkit::TestAgent::start_with(pool.export_root(), settings, policy)
-        .await
-        .unwrap();
+    let agent = nfsprov_agent_testkit::TestAgent::start_with(
+        pool.export_root(),
+        settings.clone(),
+        policy.clone(),
+    )
+    .await
+    .unwrap();
     let client = agent.client();
     let info = client.info(None).await.unwrap();
     assert!(info.capabilities.quota_enforced);
@@ -680,6 +690,7 @@ async fn the_agent_enforces_grows_archives_and_deletes_datasets() {
     );
     let grown = client.resize_volume(&path, 64 * MIB, None).await.unwrap();
     assert_eq!(grown.capacity_bytes, 64 * MIB);
+    assert_eq!(provisioned(&client).await, 64 * MIB);
     assert_eq!(
         pool.zfs(&[
             "get",
@@ -708,10 +719,24 @@ async fn the_agent_enforces_grows_archives_and_deletes_datasets() {
     let archived_data = pool.export_root().join(&archived.archive_path).join("data");
     assert_eq!(std::fs::metadata(&archived_data).unwrap().len(), 16 * MIB);
     assert!(client.get_volume(&path, None).await.unwrap().is_none());
+    assert_eq!(
+        provisioned(&client).await,
+        0,
+        "an archived dataset promises nothing"
+    );
     // The path is free for a new volume, which is a new, empty dataset.
     client.create_volume(&path, &request, None).await.unwrap();
     assert!(!dir.join("data").exists());
+    assert_eq!(provisioned(&client).await, 8 * MIB);
+    // A new start counts the datasets' records again.
+    agent.stop().await.unwrap();
+    let agent = nfsprov_agent_testkit::TestAgent::start_with(pool.export_root(), settings, policy)
+        .await
+        .unwrap();
+    let client = agent.client();
+    assert_eq!(provisioned(&client).await, 8 * MIB);
     client.delete_volume(&path, None).await.unwrap();
+    assert_eq!(provisioned(&client).await, 0);
     assert!(client.get_volume(&path, None).await.unwrap().is_none());
     assert!(client.list_volumes(None).await.unwrap().is_empty());
 

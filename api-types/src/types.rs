@@ -627,13 +627,40 @@ pub struct FilesystemStats {
     pub free_inodes: u64,
 }
 
+/// The capacity the agent has promised against the size of its filesystem. Volumes
+/// are sparse or share blocks, and quotas cap without setting space aside, so the
+/// promises can add up to more than the filesystem holds.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct Provisioning {
+    /// The sum of every live volume's capacity (archives and snapshots are not counted).
+    pub provisioned_bytes: u64,
+    /// `provisioned_bytes` over the filesystem's `total_bytes` (0 when it reports none).
+    pub overcommit_ratio: f64,
+    /// The ratio past which the agent warns (`limits.overcommit_warn_ratio`).
+    pub warn_ratio: f64,
+    /// The ratio past which creates, clones, restores and expansions are refused with
+    /// `overcommit_limit` (`limits.max_overcommit_ratio`); absent: never refused.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_ratio: Option<f64>,
+}
+
+impl Provisioning {
+    /// Whether the promises are past the warning ratio.
+    pub fn past_warning(&self) -> bool {
+        self.overcommit_ratio > self.warn_ratio
+    }
+}
+
 /// Answer to `GET /v1/info`.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct AgentInfo {
     pub version: String,
     pub nfs: NfsExport,
     pub capabilities: Capabilities,
     pub filesystem: FilesystemStats,
+    /// Provisioned capacity against the filesystem. Absent from older agents.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub provisioning: Option<Provisioning>,
     /// Whether the export root has its filesystem to itself. Absent from older agents.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub export_root_filesystem: Option<ExportRootFilesystem>,
@@ -688,6 +715,11 @@ pub enum ErrorCode {
     UnsupportedMediaType,
     Timeout,
     InsufficientStorage,
+    /// The create, clone, restore or expansion would take the capacity the agent has
+    /// promised past `limits.max_overcommit_ratio` times its filesystem's size: nothing
+    /// was made or changed. Sent as 507; the same request is welcome once capacity is
+    /// freed, the filesystem grown or the limit raised.
+    OvercommitLimit,
     NotReady,
     /// The NFS server (or the bus the agent reaches it by) did not answer an export
     /// change in time; the change was not made and may be asked for again.
@@ -724,7 +756,7 @@ impl ErrorCode {
             // Never sent: the agent knows its own codes.
             ErrorCode::Internal | ErrorCode::Unknown => 500,
             ErrorCode::NotReady | ErrorCode::NfsServerUnavailable => 503,
-            ErrorCode::InsufficientStorage => 507,
+            ErrorCode::InsufficientStorage | ErrorCode::OvercommitLimit => 507,
         }
     }
 
@@ -739,6 +771,7 @@ impl ErrorCode {
                 | ErrorCode::JobQueueFull
                 | ErrorCode::Internal
                 | ErrorCode::InsufficientStorage
+                | ErrorCode::OvercommitLimit
         )
     }
 }
@@ -978,6 +1011,7 @@ mod tests {
         assert!(!info.capabilities.snapshots);
         assert!(!info.capabilities.archive_restores);
         assert_eq!(info.capabilities.exports, ExportManager::default());
+        assert_eq!(info.provisioning, None);
     }
 
     /// The agent reads requests strictly: a new field is refused, never silently
@@ -1023,6 +1057,30 @@ mod tests {
         assert_eq!(full.code, ErrorCode::JobQueueFull);
         assert_eq!(full.code.http_status(), 429);
         assert!(full.code.is_transient());
+        let overcommitted: ApiError =
+            serde_json::from_str(r#"{"code":"overcommit_limit","message":"m"}"#).unwrap();
+        assert_eq!(overcommitted.code, ErrorCode::OvercommitLimit);
+        assert_eq!(overcommitted.code.http_status(), 507);
+        assert!(overcommitted.code.is_transient());
+    }
+
+    #[test]
+    fn provisioning_reads_without_a_maximum_and_says_when_past_the_warning() {
+        let info: Provisioning = serde_json::from_str(
+            r#"{"provisioned_bytes":30,"overcommit_ratio":1.5,"warn_ratio":1.0}"#,
+        )
+        .unwrap();
+        assert_eq!(info.max_ratio, None);
+        assert!(info.past_warning());
+        assert!(!serde_json::to_string(&info).unwrap().contains("max_ratio"));
+        let within = Provisioning {
+            overcommit_ratio: 1.0,
+            ..info
+        };
+        assert!(
+            !within.past_warning(),
+            "at the warning ratio is not past it"
+        );
     }
 
     fn volume_page(raw: Option<&str>) -> Result<Option<PageRequest<VolumePath>>, String> {

@@ -677,6 +677,14 @@ impl AgentCalls<'_> {
             Some(ErrorCode::Unsupported) if self.quota == QuotaPolicy::Enforce => {
                 self.cannot_enforce(&format!("it refused: {e}"))
             }
+            // Nothing was made; the same request succeeds once the agent has room.
+            Some(ErrorCode::OvercommitLimit) => {
+                let agent = self.agent.name().to_owned();
+                let cause = format!(
+                    "{e}; retried until the agent has room again (volumes deleted, its filesystem grown or its limits.max_overcommit_ratio raised)"
+                );
+                self.failure(what, &cause, Error::Agent { agent, source: e })
+            }
             _ => self.agent_failure(what, e),
         }
     }

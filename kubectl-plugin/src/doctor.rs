@@ -16,7 +16,7 @@ use serde::Serialize;
 
 use crate::cluster::{Target, annotation};
 use crate::probe::{AgentProbe, Volumes, probe_all};
-use crate::table::Table;
+use crate::table::{Table, human_bytes};
 
 pub(crate) const VOLUME_FAILED_DELETE: &str = "VolumeFailedDelete";
 pub(crate) const PROVISIONING_FAILED: &str = "ProvisioningFailed";
@@ -272,6 +272,35 @@ fn agent_rules(facts: &Facts<'_>, findings: &mut Vec<Finding>) {
             fix: "give the export root a filesystem of its own that holds nothing else (see the install guide), and admit only node addresses to the NFS port (a NetworkPolicy or the host firewall)".to_owned(),
         });
     }
+    for agent in facts.agents {
+        if let Ok(info) = &agent.info
+            && let Some(finding) = overcommitted(&agent.name, info)
+        {
+            findings.push(finding);
+        }
+    }
+}
+
+/// An agent whose volumes are promised more than its warning ratio of its filesystem.
+fn overcommitted(agent: &str, info: &nfsprov_api_types::AgentInfo) -> Option<Finding> {
+    let provisioning = info.provisioning.filter(|p| p.past_warning())?;
+    let bound = match provisioning.max_ratio {
+        Some(max) => format!(
+            "past {max} times it refuses new volumes and expansions (limits.max_overcommit_ratio)"
+        ),
+        None => "nothing refuses more (limits.max_overcommit_ratio is unset)".to_owned(),
+    };
+    Some(Finding {
+        object: format!("agent/{agent}"),
+        problem: format!(
+            "its volumes are promised {} on a filesystem of {}, {:.2} times its size and past its warning ratio {} (limits.overcommit_warn_ratio); {bound}. When tenants use what they were promised, writes inside volumes fail with ENOSPC",
+            human_bytes(provisioning.provisioned_bytes),
+            human_bytes(info.filesystem.total_bytes),
+            provisioning.overcommit_ratio,
+            provisioning.warn_ratio,
+        ),
+        fix: "grow the export root's filesystem, delete or move volumes, or set limits.max_overcommit_ratio in the agent's settings so it refuses new volumes and expansions past a bound".to_owned(),
+    })
 }
 
 fn class_rules(facts: &Facts<'_>, findings: &mut Vec<Finding>) {
@@ -923,6 +952,58 @@ mod tests {
             "{:?}",
             findings[2]
         );
+    }
+
+    fn with_provisioning(mut probe: AgentProbe, provisioning: serde_json::Value) -> AgentProbe {
+        probe.info = Ok(object(json!({
+            "version": "0.2.0",
+            "nfs": {"server": "s", "path": "/srv/nfs"},
+            "capabilities": {"quota": "none", "quota_enforced": false, "archive": true},
+            "filesystem": {"total_bytes": 1u64 << 40, "free_bytes": 1, "available_bytes": 1,
+                           "total_inodes": 1, "free_inodes": 1},
+            "provisioning": provisioning,
+        })));
+        probe
+    }
+
+    #[test]
+    fn an_agent_promising_past_its_warning_ratio_is_reported_with_its_bound() {
+        let mut fixture = Fixture::healthy();
+        fixture.agents = vec![
+            with_provisioning(
+                probe("nfs1", Ok("ok")),
+                json!({"provisioned_bytes": 3u64 << 39, "overcommit_ratio": 1.5, "warn_ratio": 1.0}),
+            ),
+            with_provisioning(
+                probe("nfs2", Ok("ok")),
+                json!({"provisioned_bytes": 5u64 << 39, "overcommit_ratio": 2.5, "warn_ratio": 2.0, "max_ratio": 3.0}),
+            ),
+            // At its warning ratio, not past it.
+            with_provisioning(
+                probe("nfs3", Ok("ok")),
+                json!({"provisioned_bytes": 1u64 << 40, "overcommit_ratio": 1.0, "warn_ratio": 1.0}),
+            ),
+            // An older agent says nothing of it.
+            probe("nfs4", Ok("ok")),
+        ];
+        fixture.classes.clear();
+        let findings = fixture.diagnose();
+        assert_eq!(objects(&findings), ["agent/nfs1", "agent/nfs2"]);
+        assert!(
+            findings[0].problem.starts_with(
+                "its volumes are promised 1.5Ti on a filesystem of 1Ti, 1.50 times its size and past its warning ratio 1 (limits.overcommit_warn_ratio); nothing refuses more (limits.max_overcommit_ratio is unset)"
+            ),
+            "{:?}",
+            findings[0]
+        );
+        assert!(
+            findings[1]
+                .problem
+                .contains("past 3 times it refuses new volumes and expansions"),
+            "{:?}",
+            findings[1]
+        );
+        assert!(findings[1].fix.contains("limits.max_overcommit_ratio"));
     }
 
     #[test]

@@ -30,6 +30,9 @@ pub enum StoreError {
     NoSpace(String),
     #[error("{}", Clean(.0))]
     NotReady(String),
+    /// A new promise of capacity past `limits.max_overcommit_ratio`.
+    #[error("{}", Clean(.0))]
+    Overcommitted(String),
     /// A quota the backend cannot give, or a shrink.
     #[error("{}", Clean(.0))]
     Unsupported(String),
@@ -60,6 +63,7 @@ impl StoreError {
             StoreError::NotFound(_) => ErrorCode::NotFound,
             StoreError::NoSpace(_) => ErrorCode::InsufficientStorage,
             StoreError::NotReady(_) => ErrorCode::NotReady,
+            StoreError::Overcommitted(_) => ErrorCode::OvercommitLimit,
             StoreError::Unsupported(_) => ErrorCode::Unsupported,
             StoreError::Invalid(_) => ErrorCode::InvalidBody,
             StoreError::Quota { source, .. } if source.timed_out() => ErrorCode::Timeout,

@@ -574,6 +574,7 @@ impl VolumeStore {
     ) -> Result<(Volume, Created)> {
         self.root.ensure_present()?;
         let _nesting = self.nesting.making(path.as_str());
+        let reservation = self.promise(path, request.capacity_bytes)?;
         let parent = self
             .walk_parents(path, true)?
             .ok_or_else(|| not_found(path))?;
@@ -582,14 +583,16 @@ impl VolumeStore {
             self.settle(path, parent.as_fd())?;
             return Ok(confirmed);
         }
-        match source {
+        let made = match source {
             RestoreSource::Snapshot(name) => {
                 self.restore_from_snapshot(parent.as_fd(), path, source, name, request, progress)
             }
             RestoreSource::Archive(id) => {
                 self.restore_from_archive(parent.as_fd(), path, source, id, request, progress)
             }
-        }
+        };
+        reservation.keep_if(matches!(made, Ok((_, Created::New))));
+        made
     }
 
     fn restore_from_snapshot(

@@ -284,6 +284,34 @@ async fn transient_agent_failure_keeps_the_claim_in_progress_and_retries() {
 }
 
 #[tokio::test]
+async fn an_expansion_past_the_agents_overcommit_limit_is_reported_and_retried() {
+    let agent = MockAgent::start("nfs1").await;
+    stored(&agent, ONE_GI, QuotaPolicy::BestEffort);
+    agent.fail_calls(Some(("PATCH", ErrorCode::OvercommitLimit)));
+    let (ctx, api) = context(
+        agent.registry(),
+        vec![expandable_class("nfs", &[])],
+        vec![bound_pv("1Gi", "bestEffort")],
+    );
+    let Steps { asked, marked, .. } = steps();
+    let server = api.run(vec![
+        get_pv(&bound_pv("1Gi", "bestEffort")),
+        // In progress, not infeasible: the agent may have room later.
+        mark_in_progress("300", "2Gi", &marked),
+        resizing_event(),
+        failed_event(&format!(
+            "agent nfs1 could not resize directory {PATH} to 2Gi ({TWO_GI} bytes): agent answered 507: overcommit_limit: injected failure; retrying"
+        )),
+    ]);
+    let error = reconcile_claim(Arc::new(asked.into()), ctx.clone())
+        .await
+        .unwrap_err();
+    assert!(error.to_string().contains("overcommit_limit"), "{error}");
+    finish(ctx, server).await;
+    assert_eq!(agent.volume(PATH).unwrap().capacity_bytes, ONE_GI);
+}
+
+#[tokio::test]
 async fn final_agent_failure_marks_the_claim_infeasible() {
     let agent = MockAgent::start("nfs1").await;
     stored(&agent, ONE_GI, QuotaPolicy::BestEffort);

@@ -614,6 +614,7 @@ async fn info(State(shared): State<MockShared>, headers: HeaderMap) -> Response 
             total_inodes: 1 << 20,
             free_inodes: 1 << 19,
         },
+        provisioning: None,
         export_root_filesystem: None,
     })
     .into_response()

@@ -727,6 +727,37 @@ async fn enforce_refused_by_the_agent_is_reported_the_same_way() {
     assert!(!agent.has_volume(DEFAULT_PATH));
 }
 
+#[tokio::test]
+async fn a_create_past_the_agents_overcommit_limit_is_reported_on_the_claim_and_retried() {
+    let agent = MockAgent::start("nfs1").await;
+    agent.fail_calls(Some(("PUT", ErrorCode::OvercommitLimit)));
+    let (ctx, api) = context(agent.registry(), vec![class("nfs", &[])], vec![]);
+    let server = api.run(vec![
+        provisioning_event(),
+        // A failure that is retried, not a refusal for good.
+        Call::new(
+            Method::POST,
+            "/apis/events.k8s.io/v1/namespaces/team-a/events?",
+            BodyCheck::Subset(json!({
+                "reason": "ProvisioningFailed",
+                "type": "Warning",
+                "action": "Provision",
+                "regarding": {"name": "data"},
+                "note": {"$contains": "agent answered 507: overcommit_limit: injected failure; retried until the agent has room again"},
+            })),
+        )
+        .status(201),
+    ]);
+    let result = reconcile_claim(Arc::new(claim("nfs").into()), ctx.clone()).await;
+    assert!(result.is_err(), "retried with backoff: {result:?}");
+    finish(ctx, server).await;
+    assert_eq!(
+        agent.calls(),
+        ["GET info".to_owned(), format!("PUT {DEFAULT_PATH}")]
+    );
+    assert!(!agent.has_volume(DEFAULT_PATH));
+}
+
 // ------------------------------------------------------------------- deletion
 
 /// The fresh read deletion makes before acting, answered with `volume`.

@@ -143,6 +143,7 @@ impl TestAgent {
             max_concurrent_requests: 256,
             max_clone_jobs: 2,
             max_queued_jobs: 64,
+            overcommit: Default::default(),
             shutdown_grace: Duration::from_secs(5),
             min_free_bytes: 0,
             min_free_inodes: 0,
