@@ -143,7 +143,7 @@ impl Agent {
         })?;
         // An NFS server that started before this agent (a boot) resolved these volumes'
         // paths to the bare mountpoints beneath them: served again, it sees the mounts.
-        for volume in store.backend().mounted_at_open().into_iter().take(0) {
+        for volume in store.backend().mounted_at_open() {
             if let Err(error) = exports.serve_again(&volume) {
                 tracing::warn!(%volume, %error, "could not export a volume again after mounting it; restart the agent once the NFS server answers");
             }

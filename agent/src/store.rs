@@ -221,7 +221,8 @@ impl VolumeStore {
             .list(&self.root)?
             .iter()
             .map(|(_, record)| record.capacity_bytes)
-            .fold(0u64, u64::saturating_add);
+            .fold(0u64, u64::saturating_add)
+            .saturating_add(self.snapshot_promises()?);
         self.provisioned = Provisioned::new(bytes, limits);
         Ok(self)
     }

@@ -84,6 +84,17 @@ fn fill(file: &Path, bytes: u64) -> (u64, Option<std::io::Error>) {
     (written, None)
 }
 
+/// The capacity the agent has promised, as it reports it.
+async fn promised(client: &AgentClient) -> u64 {
+    client
+        .info(None)
+        .await
+        .unwrap()
+        .provisioning
+        .expect("the agent reports its promises")
+        .provisioned_bytes
+}
+
 async fn clone_until_ready(
     client: &AgentClient,
     target: &VolumePath,
@@ -191,7 +202,10 @@ async fn image_volumes_are_filesystems_of_their_own_sized_to_their_capacity() {
         .collect();
     assert_eq!(uuids.len(), 3, "every volume has its own filesystem UUID");
 
-    // A snapshot holds the content of its moment; a restore is a volume of its own.
+    // A snapshot holds the content of its moment; a restore is a volume of its own. It
+    // may come to hold its source's whole capacity (a reflink diverges as the source is
+    // written), so it is counted in the capacity promised.
+    let before_snapshot = promised(&client).await;
     let snapshot = SnapshotName::parse("snap-1").unwrap();
     let taken = client
         .create_snapshot(
@@ -203,6 +217,7 @@ async fn image_volumes_are_filesystems_of_their_own_sized_to_their_capacity() {
         .unwrap();
     assert!(taken.ready);
     assert_eq!(taken.method, SnapshotMethod::Reflink);
+    assert_eq!(promised(&client).await, before_snapshot + 32 * MIB);
     std::fs::write(dir_a.join("data"), b"second").unwrap();
     let restored_path = path("team-a/restored");
     restore_until_ready(
@@ -274,7 +289,13 @@ async fn image_volumes_are_filesystems_of_their_own_sized_to_their_capacity() {
         assert!(!root.join(volume.as_str()).exists(), "{volume}");
     }
     assert!(client.list_volumes(None).await.unwrap().is_empty());
+    assert_eq!(
+        promised(&client).await,
+        32 * MIB,
+        "the snapshot's promise, after a restart"
+    );
     client.delete_snapshot(&snapshot, None).await.unwrap();
+    assert_eq!(promised(&client).await, 0);
     let images = root.join(".nfsprov/images");
     let left: Vec<_> = walk_files(&images);
     assert!(left.is_empty(), "left in the image area: {left:?}");

@@ -632,7 +632,9 @@ pub struct FilesystemStats {
 /// promises can add up to more than the filesystem holds.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
 pub struct Provisioning {
-    /// The sum of every live volume's capacity (archives and snapshots are not counted).
+    /// The sum of every live volume's capacity, and of the source capacity of each
+    /// snapshot that may come to hold it on its own (the `image` backend's); archives and
+    /// other snapshots are not counted.
     pub provisioned_bytes: u64,
     /// `provisioned_bytes` over the filesystem's `total_bytes` (0 when it reports none).
     pub overcommit_ratio: f64,

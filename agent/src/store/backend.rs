@@ -157,6 +157,14 @@ pub trait VolumeBackend: Debug + Send + Sync {
         )))
     }
 
+    /// Whether a kept snapshot may come to hold its source's whole capacity on its own:
+    /// a copy that shares the source's blocks only until the source is written (an
+    /// image's reflink). Such a snapshot is counted in the capacity promised, so that the
+    /// writes of a volume with snapshots never find the export root full.
+    fn snapshots_hold_capacity(&self) -> bool {
+        false
+    }
+
     /// The snapshots the storage keeps itself, by name.
     fn kept_snapshots(&self) -> Result<BTreeMap<String, KeptSnapshot>> {
         Ok(BTreeMap::new())

@@ -609,6 +609,10 @@ impl VolumeBackend for ImageBackend {
         })
     }
 
+    fn snapshots_hold_capacity(&self) -> bool {
+        true
+    }
+
     /// What each snapshot's image holds; the bytes it alone holds are not counted here
     /// (shared extents are not cheap to tell apart).
     fn kept_snapshots(&self) -> Result<BTreeMap<String, KeptSnapshot>> {

@@ -410,6 +410,12 @@ impl VolumeStore {
         source_record: &VolumeRecord,
     ) -> Result<(Snapshot, Created)> {
         let created_at = now_rfc3339();
+        let promised = if self.backend.snapshots_hold_capacity() {
+            source_record.capacity_bytes
+        } else {
+            0
+        };
+        let promise = self.reserve(source, promised)?;
         let method = self.backend.take_kept_snapshot(source, name)?;
         let recorded = self
             .backend
@@ -429,6 +435,7 @@ impl VolumeStore {
                     size_bytes: kept.referenced.unwrap_or(0),
                 };
                 area.write(name, &record)?;
+                promise.keep();
                 Ok(record.to_snapshot(name, kept.used))
             });
         match recorded {
@@ -521,15 +528,38 @@ impl VolumeStore {
         Ok((page, next))
     }
 
+    /// The capacity the kept snapshots promise, where they may come to hold their
+    /// source's whole capacity ([`VolumeBackend::snapshots_hold_capacity`]).
+    pub(super) fn snapshot_promises(&self) -> Result<u64> {
+        if !self.backend.snapshots_hold_capacity() {
+            return Ok(0);
+        }
+        let area = Area::open(&self.root)?;
+        let mut bytes = 0u64;
+        for name in area.names()? {
+            if let Some(record) = area.read(&name)? {
+                bytes = bytes.saturating_add(record.restore_size_bytes);
+            }
+        }
+        Ok(bytes)
+    }
+
     /// Deletes the snapshot `name`, freeing what only it holds: its record first (from
     /// then on it does not exist), then its tree, renamed aside and removed. Volumes
     /// restored from it are volumes of their own and stay. Callers hold its lock.
     pub fn delete_snapshot(&self, name: &SnapshotName) -> Result<Deleted> {
         self.root.ensure_present()?;
         let area = Area::open(&self.root)?;
+        let record = area.read(name)?;
         let had_record = area.remove_record(name)?;
         if self.backend.layout() == Layout::Mounts {
             let had_snapshot = self.backend.drop_kept_snapshot(name)?;
+            if had_record
+                && let Some(record) = record
+                && self.backend.snapshots_hold_capacity()
+            {
+                self.provisioned.release(record.restore_size_bytes);
+            }
             return Ok(if had_record || had_snapshot {
                 Deleted::Removed
             } else {
