@@ -19,9 +19,12 @@
 
 mod archive;
 mod backend;
+mod cloning;
 mod confine;
 mod copy;
+mod creation;
 mod dataset;
+mod deletion;
 mod directory;
 mod durable;
 mod error;
@@ -33,6 +36,7 @@ mod nesting;
 mod provisioned;
 mod reconcile;
 mod record;
+mod resizing;
 pub mod snapshot;
 mod tree;
 
@@ -42,23 +46,17 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, RwLock};
 
 use nfsprov_api_types::{
-    AdoptVolumeRequest, ArchiveEntry, ArchivePath, ArchiveResult, CloneMethod, CloneOrigin,
-    CloneVolumeRequest, CreateVolumeRequest, FilesystemStats, QuotaBackend, QuotaPolicy,
-    RestoreOrigin, RestoreSource, Volume, VolumeOwner, VolumePath, VolumeUsage,
+    CloneMethod, CloneOrigin, FilesystemStats, QuotaBackend, QuotaPolicy, RestoreOrigin,
+    RestoreSource, Volume, VolumeOwner, VolumePath, VolumeUsage,
 };
-use rustix::fs::{AtFlags, FileType, Mode, RenameFlags};
+use rustix::fs::{AtFlags, Mode};
 use rustix::io::Errno;
 use time::OffsetDateTime;
 
-use self::archive::area;
-use self::archive::naming::{
-    archive_components, archive_entries, archive_path, archive_result, latest_entry,
-};
-use self::confine::{Root, STAGING_DIR, TRASH_DIR, list_dir, open_child, open_or_create_dir};
+use self::confine::{Root, STAGING_DIR, TRASH_DIR, open_child, open_or_create_dir};
 use self::durable::{Changes, Durability};
 use self::error::{io_error, not_found, walk_error};
-use self::record::{now_rfc3339, rfc3339};
-use crate::holds;
+use self::record::now_rfc3339;
 use crate::quota::QuotaSettings;
 use crate::quota::btrfs::Btrfs;
 use crate::quota::command::{SystemRunner, ToolRunner};
@@ -272,38 +270,6 @@ impl VolumeStore {
         self.locks.lock(path.as_str()).await
     }
 
-    /// The record a create request asks for, to compare with an existing volume's.
-    fn wanted_record(&self, request: &CreateVolumeRequest) -> VolumeRecord {
-        VolumeRecord {
-            mode: request.mode,
-            uid: request.uid.unwrap_or(self.default_uid),
-            gid: request.gid.unwrap_or(self.default_gid),
-            capacity_bytes: request.capacity_bytes,
-            owner: request.owner.clone(),
-            created_at: String::new(),
-            quota: None,
-            archive: None,
-            clone: None,
-            restore: None,
-        }
-    }
-
-    /// Whether a new volume gets a quota, or why the request cannot be honoured.
-    fn enforcement(&self, path: &VolumePath, policy: QuotaPolicy) -> Result<bool> {
-        let can_enforce = self.backend.can_enforce();
-        match policy {
-            QuotaPolicy::Off => Ok(false),
-            QuotaPolicy::BestEffort => Ok(can_enforce),
-            QuotaPolicy::Enforce if can_enforce => Ok(true),
-            QuotaPolicy::Enforce => Err(StoreError::Unsupported(format!(
-                "{path}: quota enforcement was required, but this agent's quota backend is none, so capacity cannot be enforced; configure a quota backend on the agent or use quota bestEffort or off"
-            ))),
-            QuotaPolicy::Unknown => Err(StoreError::Unsupported(format!(
-                "{path}: the request asks for a quota policy this agent does not know (the controller is newer); upgrade the agent, or use quota enforce, bestEffort or off"
-            ))),
-        }
-    }
-
     /// Why the root cannot serve right now, if it cannot: missing, replaced (e.g. the
     /// filesystem was unmounted under the agent), read-only, unwritable or full.
     pub fn readiness(
@@ -364,43 +330,6 @@ impl VolumeStore {
         })
     }
 
-    /// Creates the volume, or confirms it exists with the same settings.
-    pub fn create(
-        &self,
-        path: &VolumePath,
-        request: &CreateVolumeRequest,
-    ) -> Result<(Volume, Created)> {
-        self.root.ensure_present()?;
-        let _nesting = self.nesting.making(path.as_str());
-        let reservation = self.promise(path, request.capacity_bytes)?;
-        let wanted = self.wanted_record(request);
-        let parent = self
-            .walk_parents(path, true)?
-            .ok_or_else(|| not_found(path))?;
-        if let Some(existing) = self.backend.find(&self.root, parent.as_fd(), path)? {
-            // Confirmed only once durable: it may be what a request that failed to sync made.
-            let confirmed = confirm(path, existing, &wanted, request.quota)?;
-            self.settle(path, parent.as_fd())?;
-            return Ok(confirmed);
-        }
-        let limit = self
-            .enforcement(path, request.quota)?
-            .then_some(request.capacity_bytes);
-        let record = VolumeRecord {
-            created_at: now_rfc3339(),
-            ..wanted.clone()
-        };
-        let made = match self.backend.layout() {
-            Layout::Directories => {
-                self.create_staged(path, parent.as_fd(), record, limit, &wanted, request.quota)
-            }
-            Layout::Mounts => self.create_in_place(path, parent.as_fd(), record, limit),
-        }?;
-        reservation.keep_if(made.1 == Created::New);
-        self.settle(path, parent.as_fd())?;
-        Ok(made)
-    }
-
     /// Syncs what making, finding or changing the volume at `path` (in `parent`) touched:
     /// the directories from the root down to it (a rename or new parent changed their
     /// entries), the volume's own directory, the staging area it left, and its record.
@@ -443,407 +372,6 @@ impl VolumeStore {
         Ok(dirs)
     }
 
-    /// Makes the directory already at `path` a volume as it is, by writing a record of it:
-    /// mode, uid and gid as found, the request's capacity and owner, no quota. Nothing
-    /// inside is read or changed and nothing moves, so data a tenant reaches over NFS
-    /// stays exactly where and what it was. A volume already there with the same owner
-    /// and capacity is confirmed.
-    pub fn adopt(
-        &self,
-        path: &VolumePath,
-        request: &AdoptVolumeRequest,
-    ) -> Result<(Volume, Created)> {
-        self.root.ensure_present()?;
-        self.backend.check_adoptable(path)?;
-        let _nesting = self.nesting.adopting(path.as_str());
-        let parent = self
-            .walk_parents(path, false)?
-            .ok_or_else(|| no_directory(path))?;
-        let dir = open_adoptable(parent.as_fd(), path)?;
-        if self.backend.is_volume(&self.root, dir.as_fd())? {
-            let existing = self
-                .backend
-                .find(&self.root, parent.as_fd(), path)?
-                .ok_or_else(|| no_directory(path))?;
-            let wanted = VolumeRecord {
-                capacity_bytes: request.capacity_bytes,
-                owner: request.owner.clone(),
-                ..existing.clone()
-            };
-            let confirmed = confirm(path, existing, &wanted, QuotaPolicy::BestEffort)?;
-            drop(dir);
-            self.settle(path, parent.as_fd())?;
-            return Ok(confirmed);
-        }
-        self.refuse_volumes_below(path)?;
-        self.refuse_mount_points_around(path)?;
-        let record = record_as_found(dir.as_fd(), path, request.capacity_bytes, &request.owner)?;
-        self.backend.write_record(dir.as_fd(), path, &record)?;
-        self.provisioned.add(record.capacity_bytes);
-        drop(dir);
-        self.settle(path, parent.as_fd())?;
-        tracing::info!(
-            %path,
-            capacity_bytes = record.capacity_bytes,
-            quota_backend = %self.backend.kind(),
-            "adopted an existing directory as a volume; no quota enforces its capacity"
-        );
-        Ok((record.to_volume(path), Created::New))
-    }
-
-    /// Refuses to adopt a directory that holds volumes: they would be nested in it.
-    fn refuse_volumes_below(&self, path: &VolumePath) -> Result<()> {
-        let prefix = format!("{path}/");
-        let below: Vec<String> = self
-            .backend
-            .list(&self.root)?
-            .into_iter()
-            .map(|(volume, _)| volume.to_string())
-            .filter(|volume| volume.starts_with(&prefix))
-            .collect();
-        if below.is_empty() {
-            return Ok(());
-        }
-        let shown = below.iter().take(5).cloned().collect::<Vec<_>>().join(", ");
-        let more = below.len().saturating_sub(5);
-        let more = if more > 0 {
-            format!(" and {more} more")
-        } else {
-            String::new()
-        };
-        Err(StoreError::Conflict(format!(
-            "{path} holds volumes ({shown}{more}); volumes cannot be nested, so it cannot be adopted"
-        )))
-    }
-
-    /// Refuses to adopt a directory that is, holds or lies beneath a mount point: its
-    /// volume would span filesystems, and could then be neither deleted nor archived.
-    fn refuse_mount_points_around(&self, path: &VolumePath) -> Result<()> {
-        let points = self.mount_points(path.as_str(), mounts::MountTable::mount_points_around)?;
-        if points.is_empty() {
-            return Ok(());
-        }
-        Err(StoreError::Conflict(format!(
-            "{path} is, holds or lies beneath mount points ({}); a volume never spans a mount point, so it cannot be adopted; unmount them and retry",
-            points.join(", ")
-        )))
-    }
-
-    /// Sets a directory volume up in staging, then renames it into place.
-    fn create_staged(
-        &self,
-        path: &VolumePath,
-        parent: BorrowedFd<'_>,
-        mut record: VolumeRecord,
-        limit: Option<u64>,
-        wanted: &VolumeRecord,
-        policy: QuotaPolicy,
-    ) -> Result<(Volume, Created)> {
-        let staging = self.root.open_internal(&[STATE_DIR, STAGING_DIR], false)?;
-        let staged = self.unique_name("new");
-        record.quota = self.backend.make(
-            &self.root,
-            staging.as_fd(),
-            &staged,
-            path,
-            limit,
-            record.capacity_bytes,
-        )?;
-        let quota = record.quota.clone();
-        self.place_staged(
-            path,
-            parent,
-            Staged {
-                dir: staging.as_fd(),
-                name: &staged,
-                quota: quota.as_ref(),
-            },
-            |dir| {
-                self.finish(dir, path, &record)?;
-                Ok(record)
-            },
-            |existing| confirm(path, existing, wanted, policy),
-        )
-    }
-
-    /// Finishes the volume made in staging (`finish` sets it up, writes its record and
-    /// answers it) and renames it into place. When anything fails it is removed; when the
-    /// path was taken meanwhile, what is there is judged by `confirm_taken`.
-    fn place_staged(
-        &self,
-        path: &VolumePath,
-        parent: BorrowedFd<'_>,
-        staged: Staged<'_>,
-        finish: impl FnOnce(BorrowedFd<'_>) -> Result<VolumeRecord>,
-        confirm_taken: impl FnOnce(VolumeRecord) -> Result<(Volume, Created)>,
-    ) -> Result<(Volume, Created)> {
-        let result = (|| -> Result<(VolumeRecord, rustix::io::Result<()>)> {
-            let dir = open_child(staged.dir, staged.name, false)?;
-            let record = finish(dir.as_fd())?;
-            let moved = rustix::fs::renameat_with(
-                staged.dir,
-                staged.name,
-                parent,
-                path.file_name(),
-                RenameFlags::NOREPLACE,
-            );
-            Ok((record, moved))
-        })();
-        let discard = || {
-            self.backend.remove(
-                staged.dir,
-                staged.name,
-                None,
-                KnownQuota::Known(staged.quota),
-            )
-        };
-        match result {
-            Ok((record, Ok(()))) => Ok((record.to_volume(path), Created::New)),
-            Ok((_, Err(Errno::EXIST))) => {
-                // Someone (another request, or a stray file) took the name meanwhile.
-                discard()?;
-                match self.backend.find(&self.root, parent, path)? {
-                    Some(existing) => confirm_taken(existing),
-                    None => Err(StoreError::Conflict(format!(
-                        "{path} was created concurrently"
-                    ))),
-                }
-            }
-            Ok((_, Err(e))) => {
-                discard()?;
-                Err(io_error(format!("move new volume {path} into place"), e))
-            }
-            Err(e) => {
-                discard()?;
-                Err(e)
-            }
-        }
-    }
-
-    /// Makes a new volume at `path` holding a copy of the volume `request.source`, by the
-    /// fastest exact method the backend has (snapshot, clone, reflinks or a local copy),
-    /// or confirms the clone is already there. The copy is made beside its path (in
-    /// staging, or as an unfinished dataset) and becomes the volume only when complete,
-    /// so a crash or a failure leaves no partial clone at the path. The new root keeps
-    /// the source root's owner and mode. Callers hold the locks of both paths.
-    pub fn clone_volume(
-        &self,
-        path: &VolumePath,
-        request: &CloneVolumeRequest,
-        progress: &CopyProgress,
-    ) -> Result<(Volume, Created)> {
-        self.root.ensure_present()?;
-        let source_path = &request.source;
-        if source_path == path {
-            return Err(StoreError::Unsupported(format!(
-                "{path}: a volume cannot be cloned onto itself"
-            )));
-        }
-        let _nesting = self.nesting.making(path.as_str());
-        let reservation = self.promise(path, request.capacity_bytes)?;
-        let parent = self
-            .walk_parents(path, true)?
-            .ok_or_else(|| not_found(path))?;
-        if let Some(existing) = self.backend.find(&self.root, parent.as_fd(), path)? {
-            let confirmed = confirm_clone(path, existing, request)?;
-            self.settle(path, parent.as_fd())?;
-            return Ok(confirmed);
-        }
-        let Some((source_parent, source_record)) = self.locate(source_path)? else {
-            return Err(StoreError::NotFound(format!(
-                "{path}: the source volume {source_path} does not exist; nothing was created"
-            )));
-        };
-        if request.capacity_bytes < source_record.capacity_bytes {
-            return Err(StoreError::Unsupported(format!(
-                "{path}: a clone of {source_path} needs at least its capacity of {} bytes; {} bytes were asked for",
-                source_record.capacity_bytes, request.capacity_bytes
-            )));
-        }
-        self.refuse_mount_points(
-            &format_args!("{path}: the source volume {source_path}"),
-            source_path.as_str(),
-            "clone",
-        )?;
-        let source_dir = open_child(source_parent.as_fd(), source_path.file_name(), false)?;
-        let source = CloneSource {
-            path: source_path,
-            dir: source_dir.as_fd(),
-            record: &source_record,
-        };
-        let wanted = NewVolume {
-            path,
-            capacity_bytes: request.capacity_bytes,
-            owner: &request.owner,
-            quota: request.quota,
-            origin: Origin::Clone(source_path),
-        };
-        let made = self.make_from(parent.as_fd(), &source, &wanted, progress, |existing| {
-            confirm_clone(path, existing, request)
-        });
-        reservation.keep_if(matches!(made, Ok((_, Created::New))));
-        made
-    }
-
-    /// Makes the volume `wanted` (whose parent directory is `parent`) holding a copy of
-    /// `source`, by the fastest exact method the backend has, beside its path first (in
-    /// staging, or as an unfinished dataset), so that only a complete copy ever reaches
-    /// the path. What is found at the path meanwhile is judged by `confirm_taken`.
-    fn make_from(
-        &self,
-        parent: BorrowedFd<'_>,
-        source: &CloneSource<'_>,
-        wanted: &NewVolume<'_>,
-        progress: &CopyProgress,
-        confirm_taken: impl FnOnce(VolumeRecord) -> Result<(Volume, Created)>,
-    ) -> Result<(Volume, Created)> {
-        let path = wanted.path;
-        let limit = self
-            .enforcement(path, wanted.quota)?
-            .then_some(wanted.capacity_bytes);
-        let made_record = |dir: BorrowedFd<'_>, quota, method| -> Result<VolumeRecord> {
-            let mut record = VolumeRecord {
-                quota,
-                ..record_as_found(dir, path, wanted.capacity_bytes, wanted.owner)?
-            };
-            wanted.origin.record(&mut record, method);
-            self.backend.write_record(dir, path, &record)?;
-            Ok(record)
-        };
-        match self.backend.layout() {
-            Layout::Directories => {
-                let staging = self.root.open_internal(&[STATE_DIR, STAGING_DIR], false)?;
-                let staged = self.unique_name("clone");
-                let target = CloneTarget {
-                    parent: staging.as_fd(),
-                    name: &staged,
-                    path,
-                    limit,
-                    capacity_bytes: wanted.capacity_bytes,
-                };
-                // The copy's data is written back before the clone can reach its path:
-                // a size committed ahead of its data would read back as zeros.
-                let made = self
-                    .backend
-                    .clone_volume(&self.root, source, &target, progress)
-                    .and_then(|made| self.durable.sync_filesystem().map(|()| made));
-                let (quota, method) = match made {
-                    Ok(made) => {
-                        if matches!(wanted.origin, Origin::Restore(_)) {
-                            holds::wait_if_asked(holds::RESTORES);
-                        }
-                        made
-                    }
-                    Err(e) => {
-                        // Whatever the backend left goes now, not at the next start.
-                        if let Err(left) =
-                            self.backend
-                                .remove(staging.as_fd(), &staged, None, KnownQuota::Unknown)
-                        {
-                            tracing::warn!(%path, error = %left, "could not remove a failed clone from staging; it goes at the next start");
-                        }
-                        return Err(e);
-                    }
-                };
-                let placed = self.place_staged(
-                    path,
-                    parent,
-                    Staged {
-                        dir: staging.as_fd(),
-                        name: &staged,
-                        quota: quota.as_ref(),
-                    },
-                    |dir| made_record(dir, quota.clone(), method),
-                    confirm_taken,
-                )?;
-                self.settle(path, parent)?;
-                Ok(placed)
-            }
-            Layout::Mounts => {
-                let leaf = path.file_name();
-                let target = CloneTarget {
-                    parent,
-                    name: leaf,
-                    path,
-                    limit,
-                    capacity_bytes: wanted.capacity_bytes,
-                };
-                let (quota, method) = match &wanted.origin {
-                    Origin::Restore(RestoreSource::Snapshot(name)) => {
-                        self.backend.clone_kept_snapshot(name, &target)?
-                    }
-                    Origin::Restore(RestoreSource::Archive(id)) => {
-                        self.backend.clone_archive(&self.root, id, &target)?
-                    }
-                    Origin::Clone(_) => self
-                        .backend
-                        .clone_volume(&self.root, source, &target, progress)?,
-                };
-                let finished = open_child(parent, leaf, false)
-                    .and_then(|dir| made_record(dir.as_fd(), quota.clone(), method));
-                match finished {
-                    Ok(record) => {
-                        self.settle(path, parent)?;
-                        Ok((record.to_volume(path), Created::New))
-                    }
-                    Err(e) => {
-                        // Unfinished: nothing refers to it yet, so it goes at once.
-                        let _ = self.backend.remove(
-                            parent,
-                            leaf,
-                            Some(path),
-                            KnownQuota::Known(quota.as_ref()),
-                        );
-                        Err(e)
-                    }
-                }
-            }
-        }
-    }
-
-    /// Makes a volume at its path; writing its record last finishes it.
-    fn create_in_place(
-        &self,
-        path: &VolumePath,
-        parent: BorrowedFd<'_>,
-        mut record: VolumeRecord,
-        limit: Option<u64>,
-    ) -> Result<(Volume, Created)> {
-        let leaf = path.file_name();
-        record.quota =
-            self.backend
-                .make(&self.root, parent, leaf, path, limit, record.capacity_bytes)?;
-        let finished =
-            open_child(parent, leaf, false).and_then(|dir| self.finish(dir.as_fd(), path, &record));
-        match finished {
-            Ok(()) => Ok((record.to_volume(path), Created::New)),
-            Err(e) => {
-                // Unfinished: nothing refers to it yet, so it goes at once.
-                let _ = self.backend.remove(
-                    parent,
-                    leaf,
-                    Some(path),
-                    KnownQuota::Known(record.quota.as_ref()),
-                );
-                Err(e)
-            }
-        }
-    }
-
-    /// Gives a new volume its owner and mode, then its record.
-    fn finish(&self, dir: BorrowedFd<'_>, path: &VolumePath, record: &VolumeRecord) -> Result<()> {
-        // chown before chmod: chown clears the setuid and setgid bits.
-        rustix::fs::fchown(
-            dir,
-            Some(rustix::fs::Uid::from_raw(record.uid)),
-            Some(rustix::fs::Gid::from_raw(record.gid)),
-        )
-        .map_err(|e| io_error(format!("chown {path} to {}:{}", record.uid, record.gid), e))?;
-        rustix::fs::fchmod(dir, Mode::from_raw_mode(record.mode.bits()))
-            .map_err(|e| io_error(format!("chmod {path}"), e))?;
-        self.backend.write_record(dir, path, record)
-    }
-
     /// The volume at `path` with the parent directory it is in.
     fn locate(&self, path: &VolumePath) -> Result<Option<(OwnedFd, VolumeRecord)>> {
         let Some(parent) = self.walk_parents(path, false)? else {
@@ -868,295 +396,6 @@ impl VolumeStore {
         let (parent, record) = self.locate(path)?.ok_or_else(|| not_found(path))?;
         let dir = open_child(parent.as_fd(), path.file_name(), false)?;
         self.backend.measure(dir.as_fd(), path, &record)
-    }
-
-    /// Raises the volume's capacity, and its quota when one enforces it. The same
-    /// capacity again is a success that changes nothing; shrinking is refused.
-    pub fn resize(&self, path: &VolumePath, capacity_bytes: u64) -> Result<Volume> {
-        self.root.ensure_present()?;
-        let (parent, mut record) = self.locate(path)?.ok_or_else(|| not_found(path))?;
-        if !is_growth(path, &record, capacity_bytes)? {
-            // Perhaps a retry of a resize whose sync failed: confirmed once durable.
-            self.settle(path, parent.as_fd())?;
-            return Ok(record.to_volume(path));
-        }
-        let reservation =
-            self.reserve(path, capacity_bytes.saturating_sub(record.capacity_bytes))?;
-        let dir = open_child(parent.as_fd(), path.file_name(), false)?;
-        if let Some(quota) = &record.quota {
-            if quota.backend != self.backend.kind() {
-                return Err(StoreError::Unsupported(format!(
-                    "{path} is limited by a {} quota, but the agent runs with quota backend {}; its quota cannot be changed",
-                    quota.backend,
-                    self.backend.kind()
-                )));
-            }
-            // The quota first: a crash before the record is updated leaves a quota at
-            // least as large as recorded, and the retried request sets it again.
-            self.backend
-                .resize(dir.as_fd(), path, quota, capacity_bytes)?;
-        }
-        record.capacity_bytes = capacity_bytes;
-        self.backend.write_record(dir.as_fd(), path, &record)?;
-        reservation.keep();
-        drop(dir);
-        self.settle(path, parent.as_fd())?;
-        Ok(record.to_volume(path))
-    }
-
-    /// Removes the volume's whole tree; symlinks inside it are removed, never followed.
-    pub fn delete(&self, path: &VolumePath) -> Result<Deleted> {
-        self.root.ensure_present()?;
-        let Some((parent, record)) = self.locate(path)? else {
-            // Perhaps a retry of a delete whose sync failed: confirmed once durable.
-            if let Some(parent) = self.walk_parents(path, false)? {
-                let mut changes = Changes::new();
-                changes.owned(parent);
-                if self.backend.layout() == Layout::Directories {
-                    changes.owned(self.root.open_internal(&[STATE_DIR, TRASH_DIR], false)?);
-                }
-                self.durable.commit(changes)?;
-            }
-            return Ok(Deleted::WasAbsent);
-        };
-        if self.backend.layout() == Layout::Mounts {
-            self.backend.remove(
-                parent.as_fd(),
-                path.file_name(),
-                Some(path),
-                KnownQuota::Known(record.quota.as_ref()),
-            )?;
-            self.provisioned.release(record.capacity_bytes);
-            let mut changes = Changes::new();
-            changes.dir(parent.as_fd())?;
-            self.durable.commit(changes)?;
-            return Ok(Deleted::Removed);
-        }
-        self.refuse_mount_points(path, path.as_str(), "delete")?;
-        let trash = self.root.open_internal(&[STATE_DIR, TRASH_DIR], false)?;
-        // Known while the directory is there: where its record's removal is to be synced.
-        let record_dirs = {
-            let dir = open_child(parent.as_fd(), path.file_name(), false)?;
-            self.backend.record_dirs(dir.as_fd())?
-        };
-        let doomed = self.unique_name("del");
-        match rustix::fs::renameat_with(
-            &parent,
-            path.file_name(),
-            &trash,
-            doomed.as_str(),
-            RenameFlags::NOREPLACE,
-        ) {
-            // Gone from its path: what is left in the trash is no volume any more.
-            Ok(()) => self.provisioned.release(record.capacity_bytes),
-            Err(Errno::NOENT) => return Ok(Deleted::WasAbsent),
-            Err(e) => return Err(io_error(format!("move {path} to the trash"), e)),
-        }
-        self.backend.remove(
-            trash.as_fd(),
-            &doomed,
-            None,
-            KnownQuota::Known(record.quota.as_ref()),
-        )?;
-        let mut changes = Changes::new();
-        changes
-            .dir(parent.as_fd())?
-            .dir(trash.as_fd())?
-            .extend(record_dirs);
-        self.durable.commit(changes)?;
-        Ok(Deleted::Removed)
-    }
-
-    /// Moves the volume into the archive area under `.archive/<path>/@<UTC time>`, with the
-    /// retention the request asked for recorded. When the volume is already gone but was
-    /// archived before, reports the latest archive, so a retried request gets the same
-    /// answer (and the first request's retention stays).
-    pub fn archive(
-        &self,
-        path: &VolumePath,
-        retention_days: Option<u32>,
-    ) -> Result<(ArchiveResult, Archived)> {
-        self.archive_at(path, retention_days, OffsetDateTime::now_utc())
-    }
-
-    /// [`Self::archive`] as if it were `at`: the present, except in tests of retention.
-    pub(crate) fn archive_at(
-        &self,
-        path: &VolumePath,
-        retention_days: Option<u32>,
-        at: OffsetDateTime,
-    ) -> Result<(ArchiveResult, Archived)> {
-        self.root.ensure_present()?;
-        let components = archive_components(path);
-        let _dirs = self.archive_dirs.read().unwrap_or_else(|e| e.into_inner());
-        let Some((parent, mut record)) = self.locate(path)? else {
-            return match self.latest_archive(&components)? {
-                Some(entry) => {
-                    // Perhaps a retry of an archive whose sync failed: confirmed once
-                    // durable.
-                    let mut changes = Changes::new();
-                    let dirs = self.dirs_along(&components)?;
-                    if dirs.len() == components.len() + 1
-                        && let Some(archive_dir) = dirs.last()
-                        && let Ok(archived) = open_child(archive_dir.as_fd(), entry.as_str(), false)
-                    {
-                        changes.extend(self.backend.record_dirs(archived.as_fd())?);
-                    }
-                    changes.extend(dirs);
-                    if let Some(parent) = self.walk_parents(path, false)? {
-                        changes.owned(parent);
-                    }
-                    self.durable.commit(changes)?;
-                    Ok((archive_result(path, &entry), Archived::Earlier))
-                }
-                None => Err(StoreError::NotFound(format!(
-                    "no volume at {path} and no archive of it"
-                ))),
-            };
-        };
-        record.archive = Some(ArchiveRecord {
-            archived_at: rfc3339(at),
-            retention_days,
-        });
-        // Recorded before the move (which keeps the directory's identity, or the dataset),
-        // so an archive never exists without its time and retention.
-        let record_dirs = {
-            let dir = open_child(parent.as_fd(), path.file_name(), false)?;
-            self.backend.write_record(dir.as_fd(), path, &record)?;
-            self.backend.record_dirs(dir.as_fd())?
-            // Closed before the move: a dataset held open cannot be unmounted.
-        };
-        let target = self.root.open_internal(&components, true)?;
-        for entry in archive_entries(at) {
-            let moved = match self.backend.layout() {
-                Layout::Directories => rustix::fs::renameat_with(
-                    &parent,
-                    path.file_name(),
-                    &target,
-                    entry.as_str(),
-                    RenameFlags::NOREPLACE,
-                ),
-                Layout::Mounts if open_child(target.as_fd(), entry.as_str(), false).is_ok() => {
-                    Err(Errno::EXIST)
-                }
-                Layout::Mounts => {
-                    let id = ArchivePath::new(path.clone(), entry.clone());
-                    self.backend.archive_in_place(path, &archive_path(&id))?;
-                    Ok(())
-                }
-            };
-            match moved {
-                Ok(()) => {
-                    self.provisioned.release(record.capacity_bytes);
-                    let mut changes = Changes::new();
-                    changes
-                        .dir(parent.as_fd())?
-                        .extend(self.dirs_along(&components)?)
-                        .extend(record_dirs);
-                    self.durable.commit(changes)?;
-                    return Ok((archive_result(path, &entry), Archived::New));
-                }
-                Err(Errno::EXIST) => continue,
-                Err(e) => return Err(io_error(format!("move {path} to the archive"), e)),
-            }
-        }
-        Err(StoreError::Conflict(format!(
-            "could not find a free archive name for {path}"
-        )))
-    }
-
-    /// Every archive the agent made, sorted by id.
-    pub fn list_archives(&self) -> Result<Vec<StoredArchive>> {
-        let mut found = self.backend.list_archives(&self.root)?;
-        found.sort_by(|a, b| a.id.cmp(&b.id));
-        Ok(found)
-    }
-
-    /// At most `limit` archives whose ids follow `after`, in id order, and the cursor of
-    /// the next page (the page's last id) when more may follow.
-    pub fn list_archives_page(
-        &self,
-        after: Option<&ArchivePath>,
-        limit: usize,
-    ) -> Result<(Vec<StoredArchive>, Option<String>)> {
-        let (found, more) = self.backend.list_archives_page(&self.root, after, limit)?;
-        let next = more
-            .then(|| found.last().map(|archive| archive.id.to_string()))
-            .flatten();
-        Ok((found, next))
-    }
-
-    /// Removes the archive `id` with its quota and record, the way a volume is deleted
-    /// (through the trash for directories). Only the archive area is reached: an id
-    /// cannot name a live volume, and its directories are walked without following links.
-    pub fn delete_archive(&self, id: &ArchivePath) -> Result<Deleted> {
-        self.root.ensure_present()?;
-        let Some(parent) = self.root.open_existing(&archive_components(id.volume()))? else {
-            return Ok(Deleted::WasAbsent);
-        };
-        let deleted = match self.backend.find_archive(&self.root, parent.as_fd(), id)? {
-            None => Deleted::WasAbsent,
-            Some(_) if self.backend.layout() == Layout::Mounts => {
-                self.backend.remove_archive_in_place(id)?;
-                Deleted::Removed
-            }
-            Some(record) => {
-                self.refuse_mount_points(&id, &archive_path(id), "delete")?;
-                let trash = self.root.open_internal(&[STATE_DIR, TRASH_DIR], false)?;
-                let record_dirs = match area::open_entry(parent.as_fd(), id)? {
-                    Some(dir) => self.backend.record_dirs(dir.as_fd())?,
-                    None => Vec::new(),
-                };
-                let doomed = self.unique_name("del");
-                match rustix::fs::renameat_with(
-                    &parent,
-                    id.entry().as_str(),
-                    &trash,
-                    doomed.as_str(),
-                    RenameFlags::NOREPLACE,
-                ) {
-                    Ok(()) => {
-                        self.backend.remove(
-                            trash.as_fd(),
-                            &doomed,
-                            None,
-                            KnownQuota::Known(record.quota.as_ref()),
-                        )?;
-                        let mut changes = Changes::new();
-                        changes
-                            .dir(parent.as_fd())?
-                            .dir(trash.as_fd())?
-                            .extend(record_dirs);
-                        self.durable.commit(changes)?;
-                        Deleted::Removed
-                    }
-                    Err(Errno::NOENT) => Deleted::WasAbsent,
-                    Err(e) => return Err(io_error(format!("move archive {id} to the trash"), e)),
-                }
-            }
-        };
-        drop(parent);
-        let _dirs = self.archive_dirs.write().unwrap_or_else(|e| e.into_inner());
-        // What is left is tidiness, not the archive: a failure leaves empty directories.
-        if let Err(error) = area::prune(&self.root, id.volume()) {
-            tracing::warn!(archive = %id, %error, "could not remove empty archive directories");
-        }
-        Ok(deleted)
-    }
-
-    /// Space and inodes the archive uses, as its backend counts them.
-    pub fn measure_archive(&self, id: &ArchivePath) -> Result<VolumeUsage> {
-        let missing = || StoreError::NotFound(format!("no archive {id}"));
-        let parent = self
-            .root
-            .open_existing(&archive_components(id.volume()))?
-            .ok_or_else(missing)?;
-        let record = self
-            .backend
-            .find_archive(&self.root, parent.as_fd(), id)?
-            .ok_or_else(missing)?;
-        let dir = area::open_entry(parent.as_fd(), id)?.ok_or_else(missing)?;
-        self.backend.measure_archive(dir.as_fd(), id, &record)
     }
 
     /// Every volume beneath the root, sorted by path.
@@ -1187,60 +426,6 @@ impl VolumeStore {
             .map(|(path, record)| record.to_volume(&path))
             .collect();
         Ok((page, next))
-    }
-
-    /// Removes whatever a crash left in the staging, trash and snapshot areas, and volumes made in
-    /// place but never finished. An entry that cannot be removed is reported and left
-    /// for the next start: it never keeps the agent from serving.
-    pub fn purge_leftovers(&self) -> Purge {
-        let mut purge = Purge::default();
-        self.purge_snapshot_leftovers(&mut purge);
-        match self.backend.purge_unfinished() {
-            Ok(n) => purge.removed += n,
-            Err(e) => purge.failed.push(("unfinished volumes".to_owned(), e)),
-        }
-        for area in [STAGING_DIR, TRASH_DIR] {
-            let listed = self
-                .root
-                .open_internal(&[STATE_DIR, area], false)
-                .and_then(|dir| {
-                    let names =
-                        list_dir(dir.as_fd()).map_err(|e| io_error(format!("list {area}"), e))?;
-                    Ok((dir, names))
-                });
-            let (dir, names) = match listed {
-                Ok(listed) => listed,
-                Err(e) => {
-                    purge.failed.push((format!("{STATE_DIR}/{area}"), e));
-                    continue;
-                }
-            };
-            for (name, _) in names {
-                match self
-                    .backend
-                    .remove(dir.as_fd(), &name, None, KnownQuota::Unknown)
-                {
-                    Ok(()) => purge.removed += 1,
-                    Err(e) => purge.failed.push((format!("{STATE_DIR}/{area}/{name}"), e)),
-                }
-            }
-        }
-        purge
-    }
-
-    /// How many entries the staging and trash areas hold: work in flight, or leftovers
-    /// that could not be removed (the log names them). Absent areas hold none.
-    pub fn leftover_count(&self) -> Result<usize> {
-        let mut count = 0;
-        for area in [STAGING_DIR, TRASH_DIR] {
-            let Some(dir) = self.root.open_existing(&[STATE_DIR, area])? else {
-                continue;
-            };
-            count += list_dir(dir.as_fd())
-                .map_err(|e| io_error(format!("list {area}"), e))?
-                .len();
-        }
-        Ok(count)
     }
 
     /// Opens the parent directory of `path`, creating missing parents when `create` is set.
@@ -1310,46 +495,10 @@ impl VolumeStore {
         )))
     }
 
-    /// The newest archive entry under the given archive directory, if any.
-    fn latest_archive(&self, components: &[&str]) -> Result<Option<ArchiveEntry>> {
-        let Some(dir) = self.root.open_existing(components)? else {
-            return Ok(None);
-        };
-        let names = list_dir(dir.as_fd()).map_err(|e| io_error("list archives", e))?;
-        Ok(latest_entry(names.into_iter().map(|(name, _)| name)))
-    }
-
     fn unique_name(&self, kind: &str) -> String {
         let n = self.unique.fetch_add(1, Ordering::Relaxed);
         let nanos = OffsetDateTime::now_utc().unix_timestamp_nanos();
         format!("{kind}-{}-{nanos}-{n}", std::process::id())
-    }
-}
-
-fn no_directory(path: &VolumePath) -> StoreError {
-    StoreError::NotFound(format!("no directory at {path} to adopt"))
-}
-
-/// The directory at `path` in `parent`, opened without following a link. A link there is
-/// refused as on every path (never followed, whatever it points to); anything else that is
-/// not a directory is a conflict, as a foreign directory is for a create.
-fn open_adoptable(parent: BorrowedFd<'_>, path: &VolumePath) -> Result<OwnedFd> {
-    let name = path.file_name();
-    match open_or_create_dir(parent, name, false) {
-        Ok(dir) => Ok(dir),
-        Err(Errno::NOENT) => Err(no_directory(path)),
-        Err(Errno::NOTDIR | Errno::LOOP) => {
-            let is_link = rustix::fs::statat(parent, name, AtFlags::SYMLINK_NOFOLLOW)
-                .is_ok_and(|st| FileType::from_raw_mode(st.st_mode) == FileType::Symlink);
-            if is_link {
-                Err(walk_error(path.as_str(), Errno::LOOP))
-            } else {
-                Err(StoreError::Conflict(format!(
-                    "{path} is not a directory; only a directory can be adopted"
-                )))
-            }
-        }
-        Err(e) => Err(walk_error(path.as_str(), e)),
     }
 }
 
@@ -1377,17 +526,6 @@ fn record_as_found(
         clone: None,
         restore: None,
     })
-}
-
-/// Whether a resize to `capacity_bytes` changes anything; an error for a shrink.
-fn is_growth(path: &VolumePath, record: &VolumeRecord, capacity_bytes: u64) -> Result<bool> {
-    if capacity_bytes < record.capacity_bytes {
-        return Err(StoreError::Unsupported(format!(
-            "{path} has a capacity of {} bytes; shrinking it to {capacity_bytes} bytes is not supported",
-            record.capacity_bytes
-        )));
-    }
-    Ok(capacity_bytes > record.capacity_bytes)
 }
 
 /// A volume made in the staging area, not yet in place.
@@ -1432,35 +570,6 @@ impl Origin<'_> {
     }
 }
 
-/// A repeated clone is confirmed only when the volume there is a clone of the same source
-/// with the same capacity, owner and quota. Mode and owner come from the source, so they
-/// are not compared.
-fn confirm_clone(
-    path: &VolumePath,
-    existing: VolumeRecord,
-    request: &CloneVolumeRequest,
-) -> Result<(Volume, Created)> {
-    let origin = match &existing.clone {
-        Some(origin) if origin.source == request.source => None,
-        Some(origin) => Some(format!(
-            "a clone of {} (requested a clone of {})",
-            origin.source, request.source
-        )),
-        None => Some(format!(
-            "not a clone (requested a clone of {})",
-            request.source
-        )),
-    };
-    confirm_made(
-        path,
-        existing,
-        origin,
-        request.quota,
-        request.capacity_bytes,
-        &request.owner,
-    )
-}
-
 /// A volume made from another's data (a clone, a restore) found again: confirmed only when
 /// it came from the same origin (`origin_difference` says how it did not) with the same
 /// quota, capacity and owner.
@@ -1475,34 +584,6 @@ fn confirm_made(
     let mut differences: Vec<String> = origin_difference.into_iter().collect();
     differences.extend(quota_difference(&existing, quota));
     differences.extend(claim_differences(&existing, capacity_bytes, owner));
-    confirmed(path, existing, differences)
-}
-
-/// A repeated create is confirmed only when the volume has exactly the settings asked for.
-fn confirm(
-    path: &VolumePath,
-    existing: VolumeRecord,
-    wanted: &VolumeRecord,
-    policy: QuotaPolicy,
-) -> Result<(Volume, Created)> {
-    let mut differences: Vec<String> = quota_difference(&existing, policy).into_iter().collect();
-    if existing.mode != wanted.mode {
-        differences.push(format!(
-            "mode {} (requested {})",
-            existing.mode, wanted.mode
-        ));
-    }
-    if existing.uid != wanted.uid {
-        differences.push(format!("uid {} (requested {})", existing.uid, wanted.uid));
-    }
-    if existing.gid != wanted.gid {
-        differences.push(format!("gid {} (requested {})", existing.gid, wanted.gid));
-    }
-    differences.extend(claim_differences(
-        &existing,
-        wanted.capacity_bytes,
-        &wanted.owner,
-    ));
     confirmed(path, existing, differences)
 }
 
@@ -1549,6 +630,8 @@ fn confirmed(
 #[cfg(test)]
 mod tests {
     use std::os::unix::fs::{MetadataExt, PermissionsExt};
+
+    use nfsprov_api_types::{AdoptVolumeRequest, ArchivePath, CreateVolumeRequest};
 
     use super::*;
     use crate::quota::xfs::tests::{FakeXfsQuota, xfs_backend_for_tests};

@@ -80,7 +80,9 @@ fn first_size(capacity: u64) -> u64 {
     let size = capacity
         .saturating_add(journal_blocks * BLOCK)
         .saturating_add(capacity / 64)
-        .saturating_add(2 << 20);
+        // Bitmaps, group descriptors and the blocks reserved for growing them.
+        .saturating_add(capacity / 256)
+        .saturating_add(4 << 20);
     size.div_ceil(1 << 20) << 20
 }
 
