@@ -133,6 +133,7 @@ impl Agent {
             &config.exports,
             &config.export_root,
             &config.nfs_path,
+            store.backend().layout(),
             |volume| store.get(volume).is_ok(),
         )
         .map_err(|source| StartError::Exports {
