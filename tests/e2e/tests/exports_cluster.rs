@@ -298,6 +298,9 @@ async fn root_is_squashed_to_the_class_owner_and_read_only_claims_refuse_writes(
         (Squash::Root, Some(OWNER), Some(OWNER))
     );
     assert_eq!(export.access, ExportAccess::ReadWrite);
+    // The PV mounts the opaque path the agent reported, which names no claim.
+    assert_eq!(mount_path(&volume), export.path);
+    assert!(!export.path.contains("squashed"), "{}", export.path);
     listed.write(
         &system.file_url(&volume, "by-root"),
         b"root on the client",
