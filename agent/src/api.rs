@@ -659,6 +659,7 @@ async fn info(State(state): State<Arc<AppState>>) -> ApiResult<Json<AgentInfo>> 
             exports: state.exports.kind(),
             snapshots: state.store.takes_snapshots(),
             archive_restores: true,
+            opaque_export_paths: state.exports.opaque_paths(),
         },
         filesystem,
         export_root_filesystem: Some(state.root_filesystem.to_info(state.allow_shared_filesystem)),

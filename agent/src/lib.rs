@@ -133,6 +133,7 @@ impl Agent {
             &config.exports,
             &config.export_root,
             &config.nfs_path,
+            store.backend().layout(),
             // A volume whose filesystem is not mounted is not served: its export would
             // serve the bare mountpoint, and through it the root's filesystem.
             |volume| store.get(volume).is_ok() && store.backend().is_servable(volume),

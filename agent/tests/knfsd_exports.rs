@@ -7,6 +7,7 @@ mod common;
 use std::path::PathBuf;
 
 use nfsprov_agent::exports::{ExportSettings, Exports};
+use nfsprov_agent::store::Layout;
 use nfsprov_api_types::{ExportManager, ExportRequest, Squash, VolumePath};
 
 struct StandIn {
@@ -53,9 +54,14 @@ impl StandIn {
         }
     }
 
+    /// The table over volumes that are directories of the export root's filesystem.
     fn open(&self) -> Exports {
+        self.open_over(Layout::Directories)
+    }
+
+    fn open_over(&self, layout: Layout) -> Exports {
         let root = self.root.display().to_string();
-        Exports::open(&self.settings, &self.root, &root, |_| true)
+        Exports::open(&self.settings, &self.root, &root, layout, |_| true)
             .unwrap()
             .0
     }
@@ -105,8 +111,9 @@ fn exported_create(export: ExportRequest) -> nfsprov_api_types::CreateVolumeRequ
     }
 }
 
-const OPTIONS: &str =
-    "rw,root_squash,anonuid=4321,anongid=4321,sec=sys,sync,no_subtree_check,secure";
+/// The options of a volume that is a directory of a shared filesystem (the stand-in's
+/// export root is one): subtree checking confines handles to the export.
+const OPTIONS: &str = "rw,root_squash,anonuid=4321,anongid=4321,sec=sys,sync,subtree_check,secure";
 
 #[test]
 fn knfsd_recording_exportfs_stand_in_sees_one_call_per_client_change_and_the_file_the_set() {
@@ -168,7 +175,7 @@ fn knfsd_recording_exportfs_stand_in_sees_one_call_per_client_change_and_the_fil
     };
     exports.set(&other, &everyone).unwrap();
     let b = stand_in.path("ns/b");
-    let ro = "ro,no_root_squash,sec=sys,sync,no_subtree_check,secure";
+    let ro = "ro,no_root_squash,sec=sys,sync,subtree_check,secure";
     assert_eq!(stand_in.calls(), vec![format!("-o {ro} *:{b}")]);
 
     // A restart restores exactly the recorded set from the file, with the same calls.
@@ -592,4 +599,52 @@ async fn knfsd_recording_exportfs_stand_in_exports_image_volumes_without_any_acc
     assert!(made.created);
     assert_eq!(stand_in.calls().len(), 1);
     client.delete_volume(&a, None).await.unwrap();
+}
+
+#[test]
+fn knfsd_recording_exportfs_stand_in_gives_a_volume_of_its_own_filesystem_a_lasting_fsid() {
+    let stand_in = StandIn::new();
+    let exports = stand_in.open_over(Layout::Mounts);
+    let volume = VolumePath::parse("ns/a").unwrap();
+    let path = stand_in.path("ns/a");
+    let asked = ExportRequest {
+        // knfsd serves the real path: the ask changes nothing.
+        opaque_path: true,
+        ..request(&["127.0.0.2"])
+    };
+    let export = exports.set(&volume, &asked).unwrap();
+    assert_eq!(export.path, path, "clients mount the real path");
+    let calls = stand_in.calls();
+    let [call] = calls.as_slice() else {
+        panic!("one call: {calls:?}")
+    };
+    let options = call
+        .strip_prefix("-o ")
+        .and_then(|rest| rest.strip_suffix(&format!(" 127.0.0.2:{path}")))
+        .unwrap_or_else(|| panic!("{call}"));
+    let fsid = options
+        .strip_prefix(
+            "rw,root_squash,anonuid=4321,anongid=4321,sec=sys,sync,no_subtree_check,fsid=",
+        )
+        .and_then(|rest| rest.strip_suffix(",secure"))
+        .unwrap_or_else(|| panic!("{options}"));
+    assert_eq!(fsid.len(), 36, "a UUID: {fsid}");
+    assert!(
+        stand_in.file().contains(&format!("127.0.0.2({options})")),
+        "{}",
+        stand_in.file()
+    );
+
+    // Another client, and a restart: the same fsid, so handles clients hold stay good.
+    exports.set(&volume, &request(&["127.0.0.3"])).unwrap();
+    assert_eq!(
+        stand_in.calls()[0],
+        format!("-o {options} 127.0.0.3:{path}")
+    );
+    drop(exports);
+    let _exports = stand_in.open_over(Layout::Mounts);
+    assert_eq!(
+        stand_in.calls(),
+        vec![format!("-o {options} 127.0.0.3:{path}")]
+    );
 }

@@ -234,6 +234,15 @@ pub struct ExportRequest {
     /// Flavours accepted, in order of preference; `[sys]` when absent.
     #[serde(default = "default_sec")]
     pub sec: Vec<SecFlavor>,
+    /// Serve the volume's first export at a random name below the export root instead of
+    /// at its volume path: NFSv4 clients browse the server's pseudo-filesystem, and a
+    /// path of the volume's own would show its namespace and claim to every client,
+    /// admitted or not. The answer's `export.path` is then the path to mount. Sent only
+    /// to agents whose capabilities say `opaque_export_paths` (older agents refuse the
+    /// field); once a volume is exported its path never changes (a PV's `spec.nfs.path`
+    /// cannot), so a later request's value is not looked at.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub opaque_path: bool,
 }
 
 impl Default for ExportRequest {
@@ -246,6 +255,7 @@ impl Default for ExportRequest {
             anon_uid: None,
             anon_gid: None,
             sec: default_sec(),
+            opaque_path: false,
         }
     }
 }

@@ -614,6 +614,11 @@ pub struct Capabilities {
     /// with an `archive`). Absent from older agents, which cannot.
     #[serde(default)]
     pub archive_restores: bool,
+    /// New exports may be served at an opaque path (`opaque_path` of an export request):
+    /// true with the ganesha manager. Absent from older agents, which serve each volume
+    /// at its volume path.
+    #[serde(default)]
+    pub opaque_export_paths: bool,
 }
 
 /// Size and inode figures of the filesystem holding the export root.

@@ -119,7 +119,11 @@ pub async fn for_new_volume(
         .as_ref()
         .and_then(|spec| spec.access_modes.as_deref())
         .unwrap_or_default();
-    Ok(Some(export_request(params, read_only(modes), clients)))
+    let mut request = export_request(params, read_only(modes), clients);
+    // An agent that can serves the new volume at a path naming neither its namespace nor
+    // its claim; the PV mounts the path it answers.
+    request.opaque_path = capabilities.opaque_export_paths;
+    Ok(Some(request))
 }
 
 /// A request in a form compared cheaply: clients as a set, then every option. Two requests

@@ -540,6 +540,17 @@ impl Request {
             Request::Restore { request, .. } => request.export = export,
         }
     }
+
+    /// Whether the volume's export was asked for at an opaque path: the PV must then
+    /// mount the path the agent answers, which nothing here can work out.
+    fn opaque_export(&self) -> bool {
+        let export = match self {
+            Request::Create(request) => &request.export,
+            Request::Clone { request, .. } => &request.export,
+            Request::Restore { request, .. } => &request.export,
+        };
+        export.as_ref().is_some_and(|export| export.opaque_path)
+    }
 }
 
 /// The volume's name, its path on the agent and the request that makes it, from the
@@ -829,6 +840,11 @@ async fn save(
             Some((from.as_str(), method))
         }
     };
+    let export_path = if plan.request.opaque_export() {
+        Some(reported_export_path(made, calls, path)?)
+    } else {
+        None
+    };
     let volume = build_pv(&NewVolume {
         pvc,
         class,
@@ -843,6 +859,7 @@ async fn save(
         quota: wanted.params.quota,
         archive_retention_days: wanted.params.archive_retention_days,
         export: &made.export,
+        export_path: export_path.as_deref(),
         capacity: &wanted.capacity,
         cloned_from,
     });
@@ -891,6 +908,23 @@ async fn save(
                 permanent: false,
             })
         }
+    }
+}
+
+/// The path the agent reports clients mount the volume's own export by. An answer
+/// without one (or not an absolute path) leaves the PV unsaved and the claim retried:
+/// a PV's path can never be corrected once saved.
+fn reported_export_path(
+    made: &Made,
+    calls: &AgentCalls<'_>,
+    path: &VolumePath,
+) -> Result<String, Failure> {
+    match made.outcome.volume.export.as_ref().map(|e| e.path.as_str()) {
+        Some(reported) if reported.starts_with('/') => Ok(reported.to_owned()),
+        reported => Err(Failure::new(format!(
+            "agent {} made volume \"{path}\" but reported no path to mount its export by ({reported:?}); retrying",
+            calls.agent.name()
+        ))),
     }
 }
 

@@ -36,6 +36,10 @@ pub struct NewVolume<'a> {
     pub quota: QuotaPolicy,
     pub archive_retention_days: Option<u32>,
     pub export: &'a NfsExport,
+    /// The path of the volume's own export as the agent reported it, when the agent
+    /// gave it an opaque one (ganesha's pseudo path): mounted instead of the export
+    /// root's path and the volume path, which would show the namespace and claim.
+    pub export_path: Option<&'a str>,
     pub capacity: &'a Quantity,
     /// The claim (`namespace/name`) it was cloned from, and how.
     pub cloned_from: Option<(&'a str, CloneMethod)>,
@@ -83,7 +87,10 @@ pub fn build_pv(v: &NewVolume<'_>) -> PersistentVolume {
             mount_options: v.class.mount_options.clone(),
             nfs: Some(NFSVolumeSource {
                 server: v.export.server.clone(),
-                path: nfs_path(&v.export.path, v.path),
+                path: match v.export_path {
+                    Some(reported) => reported.to_owned(),
+                    None => nfs_path(&v.export.path, v.path),
+                },
                 read_only: None,
             }),
             persistent_volume_reclaim_policy: Some(reclaim),
@@ -139,7 +146,7 @@ mod tests {
     }
 
     fn build(class: &StorageClass, on_delete: OnDelete, root: &str) -> serde_json::Value {
-        build_with_retention(class, on_delete, root, None)
+        build_with_retention(class, on_delete, root, None, None)
     }
 
     fn build_with_retention(
@@ -147,6 +154,7 @@ mod tests {
         on_delete: OnDelete,
         root: &str,
         archive_retention_days: Option<u32>,
+        export_path: Option<&str>,
     ) -> serde_json::Value {
         let pvc = claim();
         let path = VolumePath::parse("team-a/data").unwrap();
@@ -166,6 +174,7 @@ mod tests {
             quota: QuotaPolicy::Enforce,
             archive_retention_days,
             export: &export,
+            export_path,
             capacity: &Quantity("5Gi".into()),
             cloned_from: None,
         });
@@ -214,13 +223,31 @@ mod tests {
 
     #[test]
     fn the_archive_retention_is_recorded_only_when_the_class_sets_one() {
-        let pv = build_with_retention(&class(None), OnDelete::Archive, "/srv/nfs", Some(30));
+        let pv = build_with_retention(&class(None), OnDelete::Archive, "/srv/nfs", Some(30), None);
         assert_eq!(
             pv["metadata"]["annotations"]["nfsprov.dev/archive-retention-days"],
             "30"
         );
         let pv = build(&class(None), OnDelete::Archive, "/srv/nfs");
         assert!(pv["metadata"]["annotations"]["nfsprov.dev/archive-retention-days"].is_null());
+    }
+
+    #[test]
+    fn an_opaque_export_is_mounted_by_the_path_the_agent_reported() {
+        let reported = "/srv/nfs/0123456789abcdef0123456789abcdef";
+        let pv = build_with_retention(
+            &class(None),
+            OnDelete::Archive,
+            "/srv/nfs",
+            None,
+            Some(reported),
+        );
+        assert_eq!(pv["spec"]["nfs"]["path"], reported);
+        // Where the data is stays in the annotation, for everything that acts on it.
+        assert_eq!(
+            pv["metadata"]["annotations"]["nfsprov.dev/path"],
+            "team-a/data"
+        );
     }
 
     #[test]

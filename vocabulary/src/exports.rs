@@ -133,6 +133,7 @@ mod tests {
                 anon_uid: Some(1000),
                 anon_gid: Some(2000),
                 sec: vec![SecFlavor::Sys],
+                opaque_path: false,
             }
         );
         // Root is squashed unless the class says otherwise; ids only where given.

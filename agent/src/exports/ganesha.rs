@@ -269,10 +269,12 @@ impl Ganesha {
         let _ = writeln!(text, "EXPORT {{");
         let _ = writeln!(text, "  Export_Id = {id};");
         let _ = writeln!(text, "  Path = \"{}\";", path.display());
+        // Where clients find it in the pseudo-filesystem, which every client can
+        // browse: an opaque name, unless the export predates them (see the record).
         let _ = writeln!(
             text,
-            "  Pseudo = \"{}/{}\";",
-            self.mount_root, record.volume
+            "  Pseudo = \"{}\";",
+            record.mount_path(&self.mount_root)
         );
         let _ = writeln!(text, "  Protocols = 4;");
         let _ = writeln!(text, "  Transports = TCP;");
@@ -358,6 +360,10 @@ impl NfsServer for Ganesha {
     }
 
     fn needs_id(&self) -> bool {
+        true
+    }
+
+    fn serves_opaque_paths(&self) -> bool {
         true
     }
 
@@ -543,6 +549,7 @@ mod tests {
                 anon_uid: Some(2000),
                 anon_gid: Some(3000),
                 sec: vec![SecFlavor::Krb5p, SecFlavor::Sys],
+                opaque_path: false,
             },
         );
         let block = ganesha.block(&record, 1234);
@@ -564,6 +571,40 @@ mod tests {
                 "{line:?} missing:\n{block}"
             );
         }
+        let read_back = ExportRecord::from_comments(&block, "test").unwrap();
+        assert_eq!(read_back, vec![record]);
+    }
+
+    #[test]
+    fn an_opaque_export_is_found_in_the_pseudo_filesystem_by_a_name_that_tells_nothing() {
+        let dir = tempfile::tempdir().unwrap();
+        let ganesha = ganesha(dir.path());
+        let asked = ExportRequest {
+            clients: vec!["127.0.0.2".parse().unwrap()],
+            opaque_path: true,
+            ..ExportRequest::default()
+        };
+        let record =
+            ExportRecord::new(VolumePath::parse("team-a/data").unwrap(), Some(1000), asked)
+                .named(None, ganesha.serves_opaque_paths(), ganesha.gives_fsids())
+                .unwrap();
+        let name = record.pseudo.clone().expect("ganesha names new exports");
+        let block = ganesha.block(&record, 1000);
+        let pseudo = format!("  Pseudo = \"/exports/{name}\";");
+        assert!(
+            block.lines().any(|l| l == pseudo),
+            "{pseudo:?} missing:\n{block}"
+        );
+        // The data stays where it is; only what clients browse changes.
+        assert!(
+            block.contains("  Path = \"/srv/nfs/team-a/data\";\n"),
+            "{block}"
+        );
+        assert!(!block.contains("fsid"), "ganesha gives no fsids: {block}");
+        assert_eq!(
+            record.to_volume_export("/exports/").path,
+            format!("/exports/{name}")
+        );
         let read_back = ExportRecord::from_comments(&block, "test").unwrap();
         assert_eq!(read_back, vec![record]);
     }

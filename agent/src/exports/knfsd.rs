@@ -9,8 +9,10 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
-use nfsprov_api_types::{ExportAccess, ExportClient, ExportManager, ExportRequest, Squash};
+use nfsprov_api_types::{ExportAccess, ExportClient, ExportManager, Squash};
 use wait_timeout::ChildExt as _;
+
+use crate::store::Layout;
 
 use super::files;
 use super::record::ExportRecord;
@@ -28,15 +30,19 @@ pub struct Knfsd {
     export_root: PathBuf,
     /// `secure` (reserved source ports only) or `insecure`.
     secure: bool,
+    /// How volumes sit on the export root's filesystem, which decides the options that
+    /// confine a client to its export (see [`options`]).
+    layout: Layout,
 }
 
 impl Knfsd {
-    pub fn new(settings: &ExportSettings, export_root: &Path) -> Self {
+    pub fn new(settings: &ExportSettings, export_root: &Path, layout: Layout) -> Self {
         Self {
             file: settings.knfsd_exports_file.clone(),
             exportfs: settings.knfsd_exportfs.clone(),
             export_root: export_root.to_owned(),
             secure: !settings.allow_unprivileged_ports,
+            layout,
         }
     }
 
@@ -53,7 +59,7 @@ impl Knfsd {
             if record.request.clients.is_empty() {
                 continue;
             }
-            let options = options(&record.request, self.secure);
+            let options = options(record, self.secure, self.layout);
             let _ = write!(text, "\"{}\"", self.path_of(record).display());
             for client in &record.request.clients {
                 let _ = write!(text, " {}({options})", file_client(client));
@@ -128,7 +134,7 @@ impl Knfsd {
     fn export(&self, record: &ExportRecord, client: &ExportClient) -> Result<(), ExportError> {
         self.exportfs(&[
             "-o".into(),
-            options(&record.request, self.secure),
+            options(record, self.secure, self.layout),
             target(client, &self.path_of(record)),
         ])
     }
@@ -139,10 +145,24 @@ impl Knfsd {
 }
 
 /// The options of every client of an export: what the request says, the rest fixed to
-/// safe choices (writes on stable storage before the reply, no subtree checking, which
-/// misbehaves on renames), and requests from privileged ports only unless `secure` is
-/// lifted by `exports.allow_unprivileged_ports`.
-pub fn options(request: &ExportRequest, secure: bool) -> String {
+/// safe choices: writes on stable storage before the reply (`sync`), requests from
+/// privileged ports only (`secure`) unless lifted by `exports.allow_unprivileged_ports`,
+/// and the confinement of a client to its export, which depends on `layout`:
+///
+/// - [`Layout::Directories`]: each volume is a directory of one filesystem shared by
+///   every volume. knfsd confines a handle to the export's filesystem, not to its
+///   directory, so a client forging handles could reach every other volume;
+///   `subtree_check` makes knfsd check that the object of each handle lies below the
+///   export. Its cost, a handle going stale when a file open on one client is renamed
+///   into another directory, is the price of that check.
+/// - [`Layout::Mounts`]: each volume is a filesystem of its own, and the filesystem is
+///   the confinement: `no_subtree_check` (the check would add nothing but the stale
+///   handles), and an `fsid=` of the export's own (a UUID drawn when it was first made,
+///   kept in its record) so that knfsd never needs the filesystem's device UUID, which
+///   not every filesystem has, to make its handles. Exports recorded before keep none:
+///   a new fsid would turn every handle their clients hold stale.
+fn options(record: &ExportRecord, secure: bool, layout: Layout) -> String {
+    let request = &record.request;
     let mut options = vec![
         match request.access {
             ExportAccess::ReadWrite => "rw",
@@ -166,7 +186,16 @@ pub fn options(request: &ExportRequest, secure: bool) -> String {
     }
     let sec: Vec<&str> = request.sec.iter().map(|flavor| flavor.as_str()).collect();
     options.push(format!("sec={}", sec.join(":")));
-    options.extend(["sync", "no_subtree_check"].map(String::from));
+    options.push("sync".to_owned());
+    match layout {
+        Layout::Directories => options.push("subtree_check".to_owned()),
+        Layout::Mounts => {
+            options.push("no_subtree_check".to_owned());
+            if let Some(fsid) = &record.fsid {
+                options.push(format!("fsid={fsid}"));
+            }
+        }
+    }
     options.push(if secure { "secure" } else { "insecure" }.to_owned());
     options.join(",")
 }
@@ -196,6 +225,10 @@ impl NfsServer for Knfsd {
 
     fn needs_id(&self) -> bool {
         false
+    }
+
+    fn gives_fsids(&self) -> bool {
+        self.layout == Layout::Mounts
     }
 
     fn load(&self) -> Result<Vec<ExportRecord>, ExportError> {
@@ -266,5 +299,76 @@ impl NfsServer for Knfsd {
             restored.kept += 1;
         }
         Ok(restored)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use nfsprov_api_types::{ExportRequest, VolumePath};
+
+    use super::*;
+
+    fn knfsd(layout: Layout) -> Knfsd {
+        let settings = ExportSettings {
+            manager: ExportManager::Knfsd,
+            ..ExportSettings::default()
+        };
+        Knfsd::new(&settings, Path::new("/srv/nfs"), layout)
+    }
+
+    fn record(knfsd: &Knfsd) -> ExportRecord {
+        let request = ExportRequest {
+            clients: vec!["10.0.0.2".parse().unwrap()],
+            // knfsd has no pseudo paths of its own: asked, nothing changes.
+            opaque_path: true,
+            ..ExportRequest::default()
+        };
+        ExportRecord::new(VolumePath::parse("ns/claim").unwrap(), None, request)
+            .named(None, knfsd.serves_opaque_paths(), knfsd.gives_fsids())
+            .unwrap()
+    }
+
+    #[test]
+    fn volumes_sharing_a_filesystem_are_exported_with_subtree_checking_and_no_fsid() {
+        let knfsd = knfsd(Layout::Directories);
+        let record = record(&knfsd);
+        assert_eq!(record.fsid, None);
+        assert_eq!(
+            options(&record, true, Layout::Directories),
+            "rw,root_squash,sec=sys,sync,subtree_check,secure"
+        );
+        let table = Table::from([(record.volume.clone(), record)]);
+        let file = knfsd.file_text(&table);
+        assert!(
+            file.contains(
+                "\"/srv/nfs/ns/claim\" 10.0.0.2(rw,root_squash,sec=sys,sync,subtree_check,secure)\n"
+            ),
+            "{file}"
+        );
+    }
+
+    #[test]
+    fn a_volume_that_is_its_own_filesystem_gets_an_fsid_of_its_own_and_keeps_it() {
+        let knfsd = knfsd(Layout::Mounts);
+        let record = record(&knfsd);
+        let fsid = record.fsid.clone().expect("a new export gets an fsid");
+        assert_eq!(
+            options(&record, true, Layout::Mounts),
+            format!("rw,root_squash,sec=sys,sync,no_subtree_check,fsid={fsid},secure")
+        );
+        assert_eq!(record.pseudo, None, "clients mount the real path");
+        assert_eq!(
+            record.to_volume_export("/srv/nfs").path,
+            "/srv/nfs/ns/claim"
+        );
+        let other = super::tests::record(&knfsd);
+        assert_ne!(other.fsid, record.fsid, "each export its own");
+        // A record from before fsids keeps the kernel's own handles.
+        let mut legacy = record.clone();
+        legacy.fsid = None;
+        assert_eq!(
+            options(&legacy, true, Layout::Mounts),
+            "rw,root_squash,sec=sys,sync,no_subtree_check,secure"
+        );
     }
 }

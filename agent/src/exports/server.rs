@@ -27,6 +27,16 @@ pub trait NfsServer: Send + Sync + fmt::Debug {
     fn kind(&self) -> ExportManager;
     /// Whether each export needs an id of its own (ganesha's `Export_Id`).
     fn needs_id(&self) -> bool;
+    /// Whether an export can be served at a path other than its volume's (ganesha's
+    /// `Pseudo`), so that new exports can be given opaque names.
+    fn serves_opaque_paths(&self) -> bool {
+        false
+    }
+    /// Whether each new export gets an `fsid` of its own (knfsd over volumes that are
+    /// filesystems of their own).
+    fn gives_fsids(&self) -> bool {
+        false
+    }
     /// The exports an earlier run recorded.
     fn load(&self) -> Result<Vec<ExportRecord>, ExportError>;
     /// Serves `next` in place of `previous`, persisting it; `all` is the table with

@@ -7,6 +7,8 @@ use arc_swap::ArcSwap;
 use nfsprov_api_types::{ExportManager, ExportRequest, Volume, VolumeExport, VolumePath};
 use tokio::sync::{Mutex as ChangeLock, Notify, OwnedMutexGuard};
 
+use crate::store::Layout;
+
 use super::ganesha::Ganesha;
 use super::knfsd::Knfsd;
 use super::record::ExportRecord;
@@ -73,10 +75,13 @@ impl Exports {
     /// A server or bus that does not answer does not stop the start: the table is
     /// read from the agent's own records, the exports are reported degraded and the
     /// reconciler repairs them when the server answers ([`Exports::health`]).
+    /// `layout` is how the store's volumes sit on the export root's filesystem, which
+    /// decides knfsd's options.
     pub fn open(
         settings: &ExportSettings,
         export_root: &Path,
         mount_root: &str,
+        layout: Layout,
         volume_exists: impl Fn(&VolumePath) -> bool,
     ) -> Result<(Self, Restored), ExportError> {
         let server: Arc<dyn NfsServer> = match settings.manager {
@@ -84,7 +89,7 @@ impl Exports {
                 return Ok((Self::none(mount_root), Restored::default()));
             }
             ExportManager::Ganesha => Arc::new(Ganesha::new(settings, export_root, mount_root)?),
-            ExportManager::Knfsd => Arc::new(Knfsd::new(settings, export_root)),
+            ExportManager::Knfsd => Arc::new(Knfsd::new(settings, export_root, layout)),
         };
         Self::open_with(server, settings, mount_root, volume_exists)
     }
@@ -151,6 +156,13 @@ impl Exports {
             .map_or(ExportManager::None, |server| server.kind())
     }
 
+    /// Whether new exports can be given an opaque path (`opaque_path` of a request).
+    pub fn opaque_paths(&self) -> bool {
+        self.server
+            .as_ref()
+            .is_some_and(|server| server.serves_opaque_paths())
+    }
+
     /// How many volumes are exported.
     pub fn len(&self) -> usize {
         self.published.load().len()
@@ -205,7 +217,13 @@ impl Exports {
                 (None, true) => Some(self.free_id(&table)?),
                 (None, false) => None,
             };
-            let next = ExportRecord::new(volume.clone(), id, request.clone());
+            let next = ExportRecord::new(volume.clone(), id, request.clone())
+                .named(
+                    previous.as_ref(),
+                    request.opaque_path && server.serves_opaque_paths(),
+                    server.gives_fsids(),
+                )
+                .map_err(ExportError::io("drawing the export's names"))?;
             table.insert(volume.clone(), next.clone());
             server.apply(previous.as_ref(), &next, &table)?;
             self.published.store(Arc::new(table));

@@ -6,7 +6,7 @@
 
 use std::time::Duration;
 
-use k8s_openapi::api::core::v1::{Node, PersistentVolumeClaim, Pod};
+use k8s_openapi::api::core::v1::{Node, PersistentVolume, PersistentVolumeClaim, Pod};
 use k8s_openapi::api::events::v1::Event;
 use kube::api::{Api, DeleteParams, ListParams, PostParams};
 use kube::runtime::wait::await_condition;
@@ -94,6 +94,29 @@ impl Cluster {
         .await
         .expect("claim bound in time")
         .unwrap();
+    }
+
+    /// The PV bound to the claim `name`.
+    async fn volume_of(&self, name: &str) -> PersistentVolume {
+        let claim = self.claims().get(name).await.unwrap();
+        let pv = claim
+            .spec
+            .and_then(|spec| spec.volume_name)
+            .expect("a bound claim names its PV");
+        Api::<PersistentVolume>::all(self.client.clone())
+            .get(&pv)
+            .await
+            .unwrap()
+    }
+
+    /// The `spec.nfs.path` of the PV bound to the claim `name`.
+    async fn mounted_path(&self, name: &str) -> String {
+        self.volume_of(name)
+            .await
+            .spec
+            .and_then(|spec| spec.nfs)
+            .map(|nfs| nfs.path)
+            .expect("an NFS PV")
     }
 
     async fn node(&self, name: &str, address: &str) {
@@ -391,6 +414,7 @@ async fn squash_and_read_only_many_make_the_request() {
             anon_uid: Some(1000),
             anon_gid: Some(2000),
             sec: vec![SecFlavor::Sys],
+            opaque_path: false,
         })
     );
     cluster.claim("data", "ReadWriteOnce").await;
@@ -400,6 +424,53 @@ async fn squash_and_read_only_many_make_the_request() {
         .export(&cluster.in_ns("default/data"))
         .unwrap();
     assert_eq!(export.access, ExportAccess::ReadWrite);
+    cluster.finish().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_volume_exported_at_an_opaque_path_is_mounted_by_the_path_the_agent_reported() {
+    let cluster = Cluster::start(ExportManager::Ganesha).await;
+    cluster.agent().serve_opaque_paths();
+    cluster.class(json!({"exportClients": "10.0.0.0/8"})).await;
+    cluster.claim("data", "ReadWriteMany").await;
+    cluster.bound("data").await;
+    let path = cluster.in_ns("default/data");
+    let reported = cluster
+        .agent()
+        .export_path(&path)
+        .expect("the volume is exported");
+    assert_ne!(reported, format!("/srv/nfs/{path}"), "an opaque path");
+    assert!(
+        !reported.contains(cluster.namespace.as_str()) && !reported.contains("data"),
+        "{reported} names the claim"
+    );
+    assert_eq!(cluster.mounted_path("data").await, reported);
+    // Where the data lies stays in the annotation everything acting on the volume reads.
+    let pv = cluster.volume_of("data").await;
+    assert_eq!(
+        pv.metadata
+            .annotations
+            .as_ref()
+            .and_then(|a| a.get("nfsprov.dev/path")),
+        Some(&path)
+    );
+    cluster.finish().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_agent_without_opaque_paths_is_not_asked_for_one_and_its_pv_mounts_the_volume_path() {
+    // The mock refuses `opaque_path` unless it reports the capability, as an older
+    // agent refuses a field it does not know: the claim binds only if it is not sent.
+    let cluster = Cluster::start(ExportManager::Ganesha).await;
+    cluster.class(json!({"exportClients": "10.0.0.0/8"})).await;
+    cluster.claim("data", "ReadWriteMany").await;
+    cluster.bound("data").await;
+    let path = cluster.in_ns("default/data");
+    assert!(!cluster.agent().export(&path).unwrap().opaque_path);
+    assert_eq!(
+        cluster.mounted_path("data").await,
+        format!("/srv/nfs/{path}")
+    );
     cluster.finish().await;
 }
 

@@ -58,6 +58,11 @@ pub struct MockAgentState {
     /// clone must carry an export and `PUT /v1/exports/{path}` replaces it (the export
     /// store is each volume's `export`); without, a request with one is refused.
     pub exports: nfsprov_api_types::ExportManager,
+    /// Whether `/v1/info` reports `opaque_export_paths`; without, an export request
+    /// asking for one is refused, as an older agent refuses a field it does not know.
+    pub opaque_export_paths: bool,
+    /// The opaque name each volume's export was given when first made, by volume path.
+    pub opaque_names: BTreeMap<String, String>,
     /// Whether `/v1/info` reports `snapshots`; without, the snapshot endpoints answer
     /// `unsupported`, as an agent of an older version or with snapshots off does.
     pub snapshots_supported: bool,
@@ -254,6 +259,19 @@ impl MockAgent {
     /// Reports `manager` as the agent's export manager from now on.
     pub fn manage_exports(&self, manager: nfsprov_api_types::ExportManager) {
         self.state.lock().expect("lock").exports = manager;
+    }
+
+    /// Reports `opaque_export_paths` (ganesha's pseudo paths) from now on.
+    pub fn serve_opaque_paths(&self) {
+        self.state.lock().expect("lock").opaque_export_paths = true;
+    }
+
+    /// The path the agent reports clients mount `path` by, from its export.
+    pub fn export_path(&self, path: &str) -> Option<String> {
+        let state = self.state.lock().expect("lock");
+        let request = state.volumes.get(path)?;
+        let volume = volume_of(&state, VolumePath::parse(path).ok()?, request);
+        volume.export.map(|export| export.path)
     }
 
     /// The export the agent serves for `path`, as the export store holds it.
@@ -518,7 +536,10 @@ fn volume_of(state: &MockAgentState, path: VolumePath, request: &CreateVolumeReq
         clone: None,
         restore: None,
         export: request.export.as_ref().map(|export| VolumeExport {
-            path: format!("/srv/nfs/{}", path.as_str()),
+            path: match state.opaque_names.get(path.as_str()) {
+                Some(name) => format!("/srv/nfs/{name}"),
+                None => format!("/srv/nfs/{}", path.as_str()),
+            },
             clients: export.clients.clone(),
             access: export.access,
             squash: export.squash,
@@ -541,11 +562,23 @@ fn check_export(state: &MockAgentState, export: Option<&ExportRequest>) -> Optio
             ErrorCode::Unsupported,
             "this agent has no export manager",
         )),
+        Some(export) if export.opaque_path && !state.opaque_export_paths => Some(api_error(
+            ErrorCode::InvalidBody,
+            "unknown field `opaque_path`",
+        )),
         Some(export) => export
             .validate()
             .err()
             .map(|e| api_error(ErrorCode::InvalidBody, &e.to_string())),
         None => None,
+    }
+}
+
+/// Gives a volume's first export its opaque name, when it asks for one.
+fn name_export(state: &mut MockAgentState, path: &str, export: Option<&ExportRequest>) {
+    if export.is_some_and(|export| export.opaque_path) && !state.opaque_names.contains_key(path) {
+        let name = format!("{:032x}", state.opaque_names.len() + 1);
+        state.opaque_names.insert(path.to_owned(), name);
     }
 }
 
@@ -570,8 +603,12 @@ async fn set_export(
     let Some(stored) = state.volumes.get_mut(&path) else {
         return api_error(ErrorCode::NotFound, "no such volume");
     };
+    let first = stored.export.is_none();
     stored.export = Some(request);
     let stored = stored.clone();
+    if first {
+        name_export(&mut state, &path, stored.export.as_ref());
+    }
     Json(volume_of(&state, volume_path, &stored)).into_response()
 }
 
@@ -579,7 +616,7 @@ async fn info(State(shared): State<MockShared>, headers: HeaderMap) -> Response 
     if let Some(response) = enter(&shared, &headers, "GET info".to_owned()) {
         return response;
     }
-    let (quota_enforced, available, exports, snapshots, archive_restores) = {
+    let (quota_enforced, available, exports, snapshots, archive_restores, opaque_export_paths) = {
         let state = shared.state.lock().expect("lock");
         (
             state.quota_enforced,
@@ -587,6 +624,7 @@ async fn info(State(shared): State<MockShared>, headers: HeaderMap) -> Response 
             state.exports,
             state.snapshots_supported,
             !state.predates_archive_restores,
+            state.opaque_export_paths,
         )
     };
     Json(AgentInfo {
@@ -606,6 +644,7 @@ async fn info(State(shared): State<MockShared>, headers: HeaderMap) -> Response 
             exports,
             snapshots,
             archive_restores,
+            opaque_export_paths,
         },
         filesystem: FilesystemStats {
             total_bytes: 1 << 40,
@@ -652,6 +691,7 @@ async fn create(
         Some(_) => return api_error(ErrorCode::Conflict, "exists with other settings"),
         None => {
             state.volumes.insert(path.clone(), request.clone());
+            name_export(&mut state, &path, request.export.as_ref());
             StatusCode::CREATED
         }
     };
@@ -728,6 +768,7 @@ fn keep_made(
         StatusCode::OK
     } else {
         state.volumes.insert(path.as_str().to_owned(), made.clone());
+        name_export(state, path.as_str(), made.export.as_ref());
         StatusCode::CREATED
     };
     (status, volume_of(state, path, &made))

@@ -315,7 +315,7 @@ const READ_WRITE: ExportCase = ExportCase {
     access: ExportAccess::ReadWrite,
     squash: Squash::Root,
     anon_id: None,
-    options: "rw,root_squash,sec=sys,sync,no_subtree_check,secure",
+    options: "rw,root_squash,sec=sys,sync,subtree_check,secure",
     ganesha_access: "RW",
     ganesha_squash: "Root_Squash",
 };
@@ -326,7 +326,7 @@ const READ_ONLY: ExportCase = ExportCase {
     access: ExportAccess::ReadOnly,
     squash: Squash::All,
     anon_id: Some(2000),
-    options: "ro,all_squash,anonuid=2000,anongid=2000,sec=sys,sync,no_subtree_check,secure",
+    options: "ro,all_squash,anonuid=2000,anongid=2000,sec=sys,sync,subtree_check,secure",
     ganesha_access: "RO",
     ganesha_squash: "All_Squash",
 };
@@ -337,7 +337,7 @@ const CHANGED: ExportCase = ExportCase {
     access: ExportAccess::ReadWrite,
     squash: Squash::None,
     anon_id: None,
-    options: "rw,no_root_squash,sec=sys,sync,no_subtree_check,secure",
+    options: "rw,no_root_squash,sec=sys,sync,subtree_check,secure",
     ganesha_access: "RW",
     ganesha_squash: "No_Root_Squash",
 };

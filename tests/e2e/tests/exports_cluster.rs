@@ -72,22 +72,23 @@ fn mount_path(volume: &PersistentVolume) -> String {
         .unwrap_or_default()
 }
 
-/// The volume's directory on the NFS server.
+/// The volume's directory on the NFS server, from where the PV says the data lies (its
+/// `spec.nfs.path` may be an opaque name that says nothing of it).
 fn directory(system: &System, volume: &PersistentVolume) -> PathBuf {
-    PathBuf::from(mount_path(volume))
-        .strip_prefix(&system.agents[0].export)
-        .map(|relative| system.agents[0].root.join(relative))
+    volume_path(volume)
+        .map(|path| system.agents[0].root.join(path.as_str()))
         .unwrap_or_default()
 }
 
-/// The volume's path on its agent.
-fn volume_path(system: &System, volume: &PersistentVolume) -> anyhow::Result<VolumePath> {
-    let path = mount_path(volume);
-    let relative = path
-        .strip_prefix(&system.agents[0].export)
-        .map(|r| r.trim_start_matches('/'))
-        .ok_or_else(|| anyhow::anyhow!("{path} is not under the agent's export root"))?;
-    Ok(VolumePath::parse(relative)?)
+/// The volume's path on its agent, as the PV's annotation records it.
+fn volume_path(volume: &PersistentVolume) -> anyhow::Result<VolumePath> {
+    let recorded = volume
+        .metadata
+        .annotations
+        .as_ref()
+        .and_then(|a| a.get("nfsprov.dev/path"))
+        .ok_or_else(|| anyhow::anyhow!("the PV records no volume path"))?;
+    Ok(VolumePath::parse(recorded)?)
 }
 
 fn host(address: Ipv4Addr) -> ExportClient {
@@ -103,7 +104,7 @@ async fn await_export(
     wanted: impl Fn(&VolumeExport) -> bool,
 ) -> anyhow::Result<VolumeExport> {
     let client = system.agents[0].process.client()?;
-    let path = volume_path(system, volume)?;
+    let path = volume_path(volume)?;
     let deadline = Instant::now() + WAIT;
     loop {
         let export = client.get_volume(&path, None).await?.and_then(|v| v.export);
@@ -297,6 +298,9 @@ async fn root_is_squashed_to_the_class_owner_and_read_only_claims_refuse_writes(
         (Squash::Root, Some(OWNER), Some(OWNER))
     );
     assert_eq!(export.access, ExportAccess::ReadWrite);
+    // The PV mounts the opaque path the agent reported, which names no claim.
+    assert_eq!(mount_path(&volume), export.path);
+    assert!(!export.path.contains("squashed"), "{}", export.path);
     listed.write(
         &system.file_url(&volume, "by-root"),
         b"root on the client",

@@ -347,12 +347,16 @@ fn mount(system: &System, volume: &PersistentVolume) -> anyhow::Result<(NfsClien
 
 /// The volume's directory on the NFS server.
 fn server_dir(system: &System, volume: &PersistentVolume) -> PathBuf {
-    let path = mount_path(volume);
-    let relative = path
-        .strip_prefix(&system.agents[0].export)
-        .unwrap_or(&path)
-        .trim_start_matches('/');
-    system.agents[0].root.join(relative)
+    // Where the data lies is the PV's annotation: its `spec.nfs.path` may be an opaque
+    // name that says nothing of it.
+    let recorded = volume
+        .metadata
+        .annotations
+        .as_ref()
+        .and_then(|a| a.get("nfsprov.dev/path"))
+        .cloned()
+        .unwrap_or_default();
+    system.agents[0].root.join(recorded)
 }
 
 /// `name` in the directory `dir` of an NFS client.

@@ -12,6 +12,7 @@ use std::time::{Duration, Instant};
 
 use clap::Parser;
 use nfsprov_agent::exports::{ExportSettings, Exports};
+use nfsprov_agent::store::Layout;
 use nfsprov_api_types::{ExportManager, ExportRequest, VolumePath};
 use nfsprov_e2e::ganesha_dbus::{Ganesha, PrivateBus};
 
@@ -45,7 +46,9 @@ fn percentile(sorted: &[Duration], p: f64) -> Duration {
 fn open(settings: &ExportSettings, root: &Path) -> anyhow::Result<(Exports, Duration)> {
     let started = Instant::now();
     let mount_root = root.display().to_string();
-    let (exports, restored) = Exports::open(settings, root, &mount_root, |_| true)?;
+    // The benchmark's root is a directory of the machine's filesystem.
+    let (exports, restored) =
+        Exports::open(settings, root, &mount_root, Layout::Directories, |_| true)?;
     let took = started.elapsed();
     println!(
         "  restore: kept {} added {} repaired {} removed {}",
