@@ -303,7 +303,7 @@ async fn an_expansion_past_the_agents_overcommit_limit_is_reported_and_retried()
             "agent nfs1 could not resize directory {PATH} to 2Gi ({TWO_GI} bytes): agent answered 507: overcommit_limit: injected failure; retrying"
         )),
     ]);
-    let error = reconcile_claim(Arc::new(asked.into()), ctx.clone())
+    let error = reconcile::<CachedClaim>(Arc::new(asked.into()), ctx.clone())
         .await
         .unwrap_err();
     assert!(error.to_string().contains("overcommit_limit"), "{error}");

@@ -748,7 +748,7 @@ async fn a_create_past_the_agents_overcommit_limit_is_reported_on_the_claim_and_
         )
         .status(201),
     ]);
-    let result = reconcile_claim(Arc::new(claim("nfs").into()), ctx.clone()).await;
+    let result = reconcile::<CachedClaim>(Arc::new(claim("nfs").into()), ctx.clone()).await;
     assert!(result.is_err(), "retried with backoff: {result:?}");
     finish(ctx, server).await;
     assert_eq!(
