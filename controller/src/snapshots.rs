@@ -73,6 +73,8 @@ pub async fn reconcile_snapshot(snapshot: &Snapshot, ctx: &Context) -> Result<Ac
         // Before anything is made on the agent, so nothing made can be left behind.
         patch_finalizers(snapshot, ctx, true).await?;
     }
+    // A ready Snapshot is not asked about again: its status, cost included, is what the
+    // agent answered when it became ready.
     if snapshot.ready() {
         ctx.metrics
             .set_snapshot_state(&state_key(snapshot), Some(SnapshotState::Ready));
@@ -232,6 +234,10 @@ async fn take(snapshot: &Snapshot, ctx: &Context) -> Result<Taking, String> {
         "creationTime": creation_time,
         "restoreSize": restore_size,
         "method": made.method.as_str(),
+        // What the snapshot costs, as the agent counts it; `null` (no field) where it
+        // does not.
+        "sizeBytes": made.size_bytes,
+        "exclusiveBytes": made.exclusive_bytes,
         "error": null,
         "conditions": [ready_condition(
             snapshot,

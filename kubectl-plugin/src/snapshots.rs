@@ -1,5 +1,5 @@
-//! `snapshots`: the `nfsprov.dev` Snapshots of every namespace (claim, readiness, size,
-//! method, agent, the schedule that made them) and the SnapshotSchedules (interval,
+//! `snapshots`: the `nfsprov.dev` Snapshots of every namespace (claim, readiness, restore
+//! size, what each holds and holds alone, method, agent, the schedule that made them) and the SnapshotSchedules (interval,
 //! retention, last and next run), as the API holds them; no agent is asked.
 
 use kube::api::{Api, ListParams};
@@ -20,6 +20,11 @@ pub(crate) struct SnapshotRow {
     pub ready: bool,
     /// The least a restore from it may request, in bytes.
     pub restore_size_bytes: Option<u64>,
+    /// What it holds, in bytes, as its agent counts them.
+    pub size_bytes: Option<u64>,
+    /// What only it holds, in bytes: what deleting it frees; unknown on storage that
+    /// does not count it.
+    pub exclusive_bytes: Option<u64>,
     pub method: Option<String>,
     pub agent: Option<String>,
     pub deletion_policy: String,
@@ -63,6 +68,8 @@ pub(crate) fn snapshot_row(snapshot: &Snapshot) -> SnapshotRow {
             .restore_size
             .as_ref()
             .and_then(nfsprov_vocabulary::quantity::bytes),
+        size_bytes: status.size_bytes,
+        exclusive_bytes: status.exclusive_bytes,
         method: status.method,
         agent: status.agent,
         deletion_policy: match snapshot.spec.deletion_policy {
@@ -162,7 +169,16 @@ impl crate::report::Report for SnapshotsReport {
             out.push_str("No Snapshot.\n");
         } else {
             let mut table = Table::new(&[
-                "snapshot", "claim", "ready", "size", "method", "agent", "policy", "schedule",
+                "snapshot",
+                "claim",
+                "ready",
+                "restore size",
+                "size",
+                "exclusive",
+                "method",
+                "agent",
+                "policy",
+                "schedule",
             ]);
             for s in &self.snapshots {
                 let ready = match (s.deleting, s.ready, &s.error) {
@@ -176,6 +192,8 @@ impl crate::report::Report for SnapshotsReport {
                     s.claim.clone(),
                     ready.to_owned(),
                     or_dash(s.restore_size_bytes.map(human_bytes)),
+                    or_dash(s.size_bytes.map(human_bytes)),
+                    or_dash(s.exclusive_bytes.map(human_bytes)),
                     or_dash(s.method.clone()),
                     or_dash(s.agent.clone()),
                     s.deletion_policy.clone(),
@@ -238,6 +256,7 @@ mod tests {
                              "labels": {LABEL_SCHEDULE: "hourly"}},
                 "spec": {"source": {"persistentVolumeClaimName": "data"}},
                 "status": {"readyToUse": true, "restoreSize": "1073741824",
+                           "sizeBytes": 314572800u64, "exclusiveBytes": 104857600u64,
                            "method": "btrfs-snapshot", "agent": "nfs1"},
             },
             {
@@ -270,6 +289,8 @@ mod tests {
                 "data",
                 "yes",
                 "1Gi",
+                "300Mi",
+                "100Mi",
                 "btrfs-snapshot",
                 "nfs1",
                 "Delete",
@@ -283,6 +304,8 @@ mod tests {
                 "team/manual",
                 "gone",
                 "failed",
+                "-",
+                "-",
                 "-",
                 "-",
                 "-",

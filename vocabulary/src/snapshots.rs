@@ -91,6 +91,14 @@ pub struct SnapshotStatus {
     /// How the agent keeps it: `btrfs-snapshot`, `zfs-snapshot`, `reflink` or `copy`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub method: Option<String>,
+    /// Bytes of data the snapshot holds, as its agent counts them (see
+    /// `docs/snapshots.md` for what each storage backend counts).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub size_bytes: Option<u64>,
+    /// Bytes only this snapshot holds, which deleting it would free; absent where the
+    /// storage does not count them.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub exclusive_bytes: Option<u64>,
     /// Why the snapshot is not (yet) ready; absent once it is.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub error: Option<String>,

@@ -70,6 +70,9 @@ pub struct MockAgentState {
     pub snapshots: BTreeMap<String, (Snapshot, CreateVolumeRequest)>,
     /// Create requests of a snapshot answered `ready: false` before it is ready.
     pub snapshot_polls: u32,
+    /// What a ready snapshot reports it holds and holds alone (`size_bytes`,
+    /// `exclusive_bytes`); neither when unset.
+    pub snapshot_cost: (Option<u64>, Option<u64>),
     /// Create requests seen so far, by snapshot name.
     pub snapshot_requests: BTreeMap<String, u32>,
     /// Restore requests answered `202` before the volume is made, per request.
@@ -336,6 +339,12 @@ impl MockAgent {
     /// Snapshot creates are answered `ready: false` this many times per snapshot.
     pub fn set_snapshot_polls(&self, polls: u32) {
         self.state.lock().expect("lock").snapshot_polls = polls;
+    }
+
+    /// What every ready snapshot is answered with from now on as the bytes it holds and
+    /// the bytes only it holds.
+    pub fn set_snapshot_cost(&self, size_bytes: Option<u64>, exclusive_bytes: Option<u64>) {
+        self.state.lock().expect("lock").snapshot_cost = (size_bytes, exclusive_bytes);
     }
 
     /// Restore requests for a path are answered `202` this many times first.
@@ -903,10 +912,18 @@ async fn create_snapshot(
         *seen
     };
     let ready = seen > state.snapshot_polls;
+    // As the agent, the cost is known once the snapshot is ready.
+    let (size_bytes, exclusive_bytes) = if ready {
+        state.snapshot_cost
+    } else {
+        (None, None)
+    };
     let (snapshot, kept) = match state.snapshots.get(&name) {
         Some((existing, kept)) => (
             Snapshot {
                 ready,
+                size_bytes,
+                exclusive_bytes,
                 ..existing.clone()
             },
             kept.clone(),
@@ -919,8 +936,8 @@ async fn create_snapshot(
                 ready,
                 created_at: SNAPSHOT_CREATED_AT.to_owned(),
                 restore_size_bytes: volume.capacity_bytes,
-                size_bytes: None,
-                exclusive_bytes: None,
+                size_bytes,
+                exclusive_bytes,
             },
             volume,
         ),

@@ -256,6 +256,10 @@ async fn a_snapshot_of_a_bound_claim_becomes_ready_and_its_deletion_deletes_it()
     cluster.bound("data").await;
     // Two answers of "still being made" first, as a reflink walk gives.
     cluster.agent().set_snapshot_polls(2);
+    // What a btrfs or ZFS agent reports: what the snapshot holds, and what only it holds.
+    cluster
+        .agent()
+        .set_snapshot_cost(Some(300 << 20), Some(100 << 20));
     cluster.snapshot("nightly", "data", "Delete").await;
     let snapshot = cluster.ready("nightly").await;
 
@@ -279,6 +283,8 @@ async fn a_snapshot_of_a_bound_claim_becomes_ready_and_its_deletion_deletes_it()
             "creationTime": SNAPSHOT_CREATED_AT,
             "restoreSize": "1073741824",
             "method": "reflink",
+            "sizeBytes": 300u64 << 20,
+            "exclusiveBytes": 100u64 << 20,
             "agent": "nfs1",
             "snapshotName": name,
             "sourcePath": cluster.in_ns("default/data"),
@@ -320,11 +326,20 @@ async fn retain_keeps_the_agents_snapshot_and_deleting_the_claim_touches_no_snap
     let cluster = Cluster::start().await;
     cluster.claim("data", "nfs", "1Gi", None).await;
     cluster.bound("data").await;
+    // What an agent on storage that does not count a snapshot's own bytes reports.
+    cluster.agent().set_snapshot_cost(Some(64 << 20), None);
     cluster.snapshot("kept", "data", "Retain").await;
     cluster.snapshot("dropped", "data", "Delete").await;
     let kept = cluster.ready("kept").await;
     let dropped = cluster.ready("dropped").await;
-    let kept_name = kept.status.unwrap().snapshot_name.unwrap();
+    // The status says what the agent counts and leaves out what it does not.
+    let kept_status = kept.status.unwrap();
+    assert_eq!(
+        (kept_status.size_bytes, kept_status.exclusive_bytes),
+        (Some(64 << 20), None),
+        "{kept_status:?}"
+    );
+    let kept_name = kept_status.snapshot_name.unwrap();
     let dropped_name = dropped.status.unwrap().snapshot_name.unwrap();
 
     // The source claim goes, and its volume with it (the class deletes): both snapshots
