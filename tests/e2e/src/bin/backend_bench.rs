@@ -369,7 +369,8 @@ async fn exports(args: &Args, sides: &[Side; 2], capacity: u64) -> anyhow::Resul
             ..ExportSettings::default()
         };
         let mount_root = side.root.display().to_string();
-        let (table, _) = Exports::open(&settings, &side.root, &mount_root, |_| true)?;
+        let layout = side.store.backend().layout();
+        let (table, _) = Exports::open(&settings, &side.root, &mount_root, layout, |_| true)?;
         servers.push((bus, ganesha, table));
     }
     let request = ExportRequest {
