@@ -1,5 +1,5 @@
 //! Wiring only: the watches and their caches, one kube-runtime controller per reconciled
-//! kind (each run the same way, through [`crate::reconciler`]), the periodic resync, the
+//! kind (each run the same way, through `reconciler`), the periodic resync, the
 //! usage poll, the orphan check, the agent Secrets and the exports.
 
 use std::fmt::Debug;
