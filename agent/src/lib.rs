@@ -133,7 +133,10 @@ impl Agent {
             &config.exports,
             &config.export_root,
             &config.nfs_path,
-            store.backend().layout(),
+            match store.backend().layout() {
+                store::Layout::Directories => exports::VolumeLayout::SharedFilesystem,
+                store::Layout::Mounts => exports::VolumeLayout::OwnFilesystem,
+            },
             // A volume whose filesystem is not mounted is not served: its export would
             // serve the bare mountpoint, and through it the root's filesystem.
             |volume| store.get(volume).is_ok() && store.backend().is_servable(volume),

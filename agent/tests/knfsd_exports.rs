@@ -6,8 +6,8 @@ mod common;
 
 use std::path::PathBuf;
 
+use nfsprov_agent::exports::VolumeLayout;
 use nfsprov_agent::exports::{ExportSettings, Exports};
-use nfsprov_agent::store::Layout;
 use nfsprov_api_types::{ExportManager, ExportRequest, Squash, VolumePath};
 
 struct StandIn {
@@ -56,10 +56,10 @@ impl StandIn {
 
     /// The table over volumes that are directories of the export root's filesystem.
     fn open(&self) -> Exports {
-        self.open_over(Layout::Directories)
+        self.open_over(VolumeLayout::SharedFilesystem)
     }
 
-    fn open_over(&self, layout: Layout) -> Exports {
+    fn open_over(&self, layout: VolumeLayout) -> Exports {
         let root = self.root.display().to_string();
         Exports::open(&self.settings, &self.root, &root, layout, |_| true)
             .unwrap()
@@ -604,7 +604,7 @@ async fn knfsd_recording_exportfs_stand_in_exports_image_volumes_without_any_acc
 #[test]
 fn knfsd_recording_exportfs_stand_in_gives_a_volume_of_its_own_filesystem_a_lasting_fsid() {
     let stand_in = StandIn::new();
-    let exports = stand_in.open_over(Layout::Mounts);
+    let exports = stand_in.open_over(VolumeLayout::OwnFilesystem);
     let volume = VolumePath::parse("ns/a").unwrap();
     let path = stand_in.path("ns/a");
     let asked = ExportRequest {
@@ -642,7 +642,7 @@ fn knfsd_recording_exportfs_stand_in_gives_a_volume_of_its_own_filesystem_a_last
         format!("-o {options} 127.0.0.3:{path}")
     );
     drop(exports);
-    let _exports = stand_in.open_over(Layout::Mounts);
+    let _exports = stand_in.open_over(VolumeLayout::OwnFilesystem);
     assert_eq!(
         stand_in.calls(),
         vec![format!("-o {options} 127.0.0.3:{path}")]

@@ -62,7 +62,8 @@ async fn snapshots_and_schedules_are_listed_with_their_state() {
                          "labels": {"nfsprov.dev/snapshot-schedule": "hourly"}},
             "spec": {"source": {"persistentVolumeClaimName": "data"}},
         }),
-        json!({"readyToUse": true, "restoreSize": "2147483648", "method": "reflink", "agent": "nfs1"}),
+        json!({"readyToUse": true, "restoreSize": "2147483648", "sizeBytes": 1073741824u64,
+               "exclusiveBytes": 4096, "method": "reflink", "agent": "nfs1"}),
     )
     .await;
     let dir = tempfile::tempdir().unwrap();
@@ -87,6 +88,8 @@ async fn snapshots_and_schedules_are_listed_with_their_state() {
                 "claim": "data",
                 "ready": true,
                 "restore_size_bytes": 2147483648u64,
+                "size_bytes": 1073741824u64,
+                "exclusive_bytes": 4096,
                 "method": "reflink",
                 "agent": "nfs1",
                 "deletion_policy": "Delete",

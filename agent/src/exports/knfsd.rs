@@ -12,7 +12,7 @@ use std::time::Duration;
 use nfsprov_api_types::{ExportAccess, ExportClient, ExportManager, Squash};
 use wait_timeout::ChildExt as _;
 
-use crate::store::Layout;
+use super::settings::VolumeLayout;
 
 use super::files;
 use super::record::ExportRecord;
@@ -32,11 +32,11 @@ pub struct Knfsd {
     secure: bool,
     /// How volumes sit on the export root's filesystem, which decides the options that
     /// confine a client to its export (see [`options`]).
-    layout: Layout,
+    layout: VolumeLayout,
 }
 
 impl Knfsd {
-    pub fn new(settings: &ExportSettings, export_root: &Path, layout: Layout) -> Self {
+    pub fn new(settings: &ExportSettings, export_root: &Path, layout: VolumeLayout) -> Self {
         Self {
             file: settings.knfsd_exports_file.clone(),
             exportfs: settings.knfsd_exportfs.clone(),
@@ -149,19 +149,19 @@ impl Knfsd {
 /// privileged ports only (`secure`) unless lifted by `exports.allow_unprivileged_ports`,
 /// and the confinement of a client to its export, which depends on `layout`:
 ///
-/// - [`Layout::Directories`]: each volume is a directory of one filesystem shared by
+/// - [`VolumeLayout::SharedFilesystem`]: each volume is a directory of one filesystem shared by
 ///   every volume. knfsd confines a handle to the export's filesystem, not to its
 ///   directory, so a client forging handles could reach every other volume;
 ///   `subtree_check` makes knfsd check that the object of each handle lies below the
 ///   export. Its cost, a handle going stale when a file open on one client is renamed
 ///   into another directory, is the price of that check.
-/// - [`Layout::Mounts`]: each volume is a filesystem of its own, and the filesystem is
+/// - [`VolumeLayout::OwnFilesystem`]: each volume is a filesystem of its own, and the filesystem is
 ///   the confinement: `no_subtree_check` (the check would add nothing but the stale
 ///   handles), and an `fsid=` of the export's own (a UUID drawn when it was first made,
 ///   kept in its record) so that knfsd never needs the filesystem's device UUID, which
 ///   not every filesystem has, to make its handles. Exports recorded before keep none:
 ///   a new fsid would turn every handle their clients hold stale.
-fn options(record: &ExportRecord, secure: bool, layout: Layout) -> String {
+fn options(record: &ExportRecord, secure: bool, layout: VolumeLayout) -> String {
     let request = &record.request;
     let mut options = vec![
         match request.access {
@@ -188,8 +188,8 @@ fn options(record: &ExportRecord, secure: bool, layout: Layout) -> String {
     options.push(format!("sec={}", sec.join(":")));
     options.push("sync".to_owned());
     match layout {
-        Layout::Directories => options.push("subtree_check".to_owned()),
-        Layout::Mounts => {
+        VolumeLayout::SharedFilesystem => options.push("subtree_check".to_owned()),
+        VolumeLayout::OwnFilesystem => {
             options.push("no_subtree_check".to_owned());
             if let Some(fsid) = &record.fsid {
                 options.push(format!("fsid={fsid}"));
@@ -228,7 +228,7 @@ impl NfsServer for Knfsd {
     }
 
     fn gives_fsids(&self) -> bool {
-        self.layout == Layout::Mounts
+        self.layout == VolumeLayout::OwnFilesystem
     }
 
     fn load(&self) -> Result<Vec<ExportRecord>, ExportError> {
@@ -308,7 +308,7 @@ mod tests {
 
     use super::*;
 
-    fn knfsd(layout: Layout) -> Knfsd {
+    fn knfsd(layout: VolumeLayout) -> Knfsd {
         let settings = ExportSettings {
             manager: ExportManager::Knfsd,
             ..ExportSettings::default()
@@ -330,11 +330,11 @@ mod tests {
 
     #[test]
     fn volumes_sharing_a_filesystem_are_exported_with_subtree_checking_and_no_fsid() {
-        let knfsd = knfsd(Layout::Directories);
+        let knfsd = knfsd(VolumeLayout::SharedFilesystem);
         let record = record(&knfsd);
         assert_eq!(record.fsid, None);
         assert_eq!(
-            options(&record, true, Layout::Directories),
+            options(&record, true, VolumeLayout::SharedFilesystem),
             "rw,root_squash,sec=sys,sync,subtree_check,secure"
         );
         let table = Table::from([(record.volume.clone(), record)]);
@@ -349,11 +349,11 @@ mod tests {
 
     #[test]
     fn a_volume_that_is_its_own_filesystem_gets_an_fsid_of_its_own_and_keeps_it() {
-        let knfsd = knfsd(Layout::Mounts);
+        let knfsd = knfsd(VolumeLayout::OwnFilesystem);
         let record = record(&knfsd);
         let fsid = record.fsid.clone().expect("a new export gets an fsid");
         assert_eq!(
-            options(&record, true, Layout::Mounts),
+            options(&record, true, VolumeLayout::OwnFilesystem),
             format!("rw,root_squash,sec=sys,sync,no_subtree_check,fsid={fsid},secure")
         );
         assert_eq!(record.pseudo, None, "clients mount the real path");
@@ -367,7 +367,7 @@ mod tests {
         let mut legacy = record.clone();
         legacy.fsid = None;
         assert_eq!(
-            options(&legacy, true, Layout::Mounts),
+            options(&legacy, true, VolumeLayout::OwnFilesystem),
             "rw,root_squash,sec=sys,sync,no_subtree_check,secure"
         );
     }

@@ -24,5 +24,5 @@ pub use reconciler::{Pass, Reconciler};
 pub use record::ExportRecord;
 pub use server::Restored;
 pub use server::{ExportError, NfsServer, Table};
-pub use settings::ExportSettings;
+pub use settings::{ExportSettings, VolumeLayout};
 pub use table::{ExportHealth, Exports};

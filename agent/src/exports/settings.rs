@@ -38,6 +38,16 @@ pub struct ExportSettings {
     pub reconcile_interval: Duration,
 }
 
+/// How the volumes sit on the server, which decides what knfsd must check of a file
+/// handle; the agent reads it from its store's backend.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum VolumeLayout {
+    /// Directories of one filesystem that every volume shares.
+    SharedFilesystem,
+    /// Each volume a filesystem of its own, mounted at its path.
+    OwnFilesystem,
+}
+
 impl Default for ExportSettings {
     fn default() -> Self {
         Self {

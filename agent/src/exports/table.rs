@@ -7,7 +7,7 @@ use arc_swap::ArcSwap;
 use nfsprov_api_types::{ExportManager, ExportRequest, Volume, VolumeExport, VolumePath};
 use tokio::sync::{Mutex as ChangeLock, Notify, OwnedMutexGuard};
 
-use crate::store::Layout;
+use super::settings::VolumeLayout;
 
 use super::ganesha::Ganesha;
 use super::knfsd::Knfsd;
@@ -81,7 +81,7 @@ impl Exports {
         settings: &ExportSettings,
         export_root: &Path,
         mount_root: &str,
-        layout: Layout,
+        layout: VolumeLayout,
         volume_exists: impl Fn(&VolumePath) -> bool,
     ) -> Result<(Self, Restored), ExportError> {
         let server: Arc<dyn NfsServer> = match settings.manager {

@@ -21,9 +21,9 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, ensure};
 use clap::Parser;
-use nfsprov_agent::exports::{ExportSettings, Exports};
+use nfsprov_agent::exports::{ExportSettings, Exports, VolumeLayout};
 use nfsprov_agent::quota::QuotaSettings;
-use nfsprov_agent::store::{CopyProgress, STATE_DIR, VolumeStore, backend_for};
+use nfsprov_agent::store::{CopyProgress, Layout, STATE_DIR, VolumeStore, backend_for};
 use nfsprov_agent_testkit::LoopXfs;
 use nfsprov_api_types::{
     CloneMethod, CloneVolumeRequest, CreateVolumeRequest, ExportManager, ExportRequest,
@@ -369,7 +369,10 @@ async fn exports(args: &Args, sides: &[Side; 2], capacity: u64) -> anyhow::Resul
             ..ExportSettings::default()
         };
         let mount_root = side.root.display().to_string();
-        let layout = side.store.backend().layout();
+        let layout = match side.store.backend().layout() {
+            Layout::Directories => VolumeLayout::SharedFilesystem,
+            Layout::Mounts => VolumeLayout::OwnFilesystem,
+        };
         let (table, _) = Exports::open(&settings, &side.root, &mount_root, layout, |_| true)?;
         servers.push((bus, ganesha, table));
     }

@@ -11,8 +11,8 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 use clap::Parser;
+use nfsprov_agent::exports::VolumeLayout;
 use nfsprov_agent::exports::{ExportSettings, Exports};
-use nfsprov_agent::store::Layout;
 use nfsprov_api_types::{ExportManager, ExportRequest, VolumePath};
 use nfsprov_e2e::ganesha_dbus::{Ganesha, PrivateBus};
 
@@ -47,8 +47,13 @@ fn open(settings: &ExportSettings, root: &Path) -> anyhow::Result<(Exports, Dura
     let started = Instant::now();
     let mount_root = root.display().to_string();
     // The benchmark's root is a directory of the machine's filesystem.
-    let (exports, restored) =
-        Exports::open(settings, root, &mount_root, Layout::Directories, |_| true)?;
+    let (exports, restored) = Exports::open(
+        settings,
+        root,
+        &mount_root,
+        VolumeLayout::SharedFilesystem,
+        |_| true,
+    )?;
     let took = started.elapsed();
     println!(
         "  restore: kept {} added {} repaired {} removed {}",
