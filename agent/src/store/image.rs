@@ -81,8 +81,8 @@ fn first_size(capacity: u64) -> u64 {
         .saturating_add(journal_blocks * BLOCK)
         .saturating_add(capacity / 64)
         // Bitmaps, group descriptors and the blocks reserved for growing them.
-        .saturating_add(capacity / 256)
-        .saturating_add(4 << 20);
+        .saturating_add(capacity / 128)
+        .saturating_add(1 << 20);
     size.div_ceil(1 << 20) << 20
 }
 

@@ -84,7 +84,15 @@ fn the_printed_commands_write_and_read_back_a_one_mebibyte_file() -> anyhow::Res
         Some(child)
     };
 
-    let mut demo = Command::new(binary("nfsprov-demo")?);
+    let demo_binary = binary("nfsprov-demo")?;
+    let mut demo = Command::new(&demo_binary);
+    // The binaries beside it were just built, as the test suite builds them: the demo
+    // finds them there instead of building the workspace again its own way (a build of
+    // the binaries alone resolves features apart from the tests' and, on a machine
+    // busy with the rest of the suite, took longer than READY).
+    if let Some(dir) = demo_binary.parent() {
+        demo.env("NFSPROV_BIN_DIR", dir);
+    }
     demo.env_remove("KUBECONFIG")
         .stdout(Stdio::piped())
         .stderr(Stdio::null());

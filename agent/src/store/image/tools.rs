@@ -30,7 +30,9 @@ impl ImageTools {
 
     /// An empty ext4 filesystem filling `image`. `metadata_csum_seed` lets a copy be given
     /// a UUID of its own at once (`tune2fs -U` rewrites no checksum); no blocks are
-    /// reserved for root, so the whole size is the tenant's.
+    /// reserved for root, so the whole size is the tenant's; an inode per 16 KiB at every
+    /// size (mke2fs would give a volume under 512 MiB one per 4 KiB), so that what the
+    /// filesystem keeps for itself is what the image's first size allows for.
     pub fn make_filesystem(&self, image: &Path) -> Result<(), ToolError> {
         self.run(
             "mkfs.ext4",
@@ -39,6 +41,10 @@ impl ImageTools {
                 "-F".into(),
                 "-b".into(),
                 "4096".into(),
+                "-i".into(),
+                "16384".into(),
+                "-I".into(),
+                "256".into(),
                 "-m".into(),
                 "0".into(),
                 "-O".into(),
