@@ -322,9 +322,10 @@ impl ImageBackend {
         ));
         make_parents(&mark)?;
         write_synced(&mark, mountpoint.to_string_lossy().as_bytes())?;
-        self.tools
-            .freeze(&mountpoint)
-            .map_err(|e| self.tool_error(format!("freeze {source}"), e))?;
+        if let Err(e) = self.tools.freeze(&mountpoint) {
+            let _ = fs::remove_file(&mark);
+            return Err(self.tool_error(format!("freeze {source}"), e));
+        }
         let copied = self.copy_image(&self.image_of(source.as_str()), target);
         let thawed = self.tools.thaw(&mountpoint);
         if let Err(e) = thawed {
