@@ -8,15 +8,17 @@
 //! half-made: a create, a clone of a volume holding a file, a snapshot, a restore from
 //! it, an archive and a delete.
 
+mod common;
+
 use std::collections::BTreeSet;
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::PathBuf;
 use std::process::Command;
-use std::time::{Duration, Instant};
 
+use common::jobs::{clone_until_ready, restore_until_ready};
 use nfsprov_agent::quota::QuotaSettings;
 use nfsprov_agent_testkit::{LoopXfs, TestAgent};
-use nfsprov_api_types::client::{AgentClient, CloneOutcome, RestoreOutcome};
+use nfsprov_api_types::client::AgentClient;
 use nfsprov_api_types::{
     CloneVolumeRequest, CreateSnapshotRequest, CreateVolumeRequest, Mode, QuotaBackend,
     QuotaPolicy, RestoreVolumeRequest, SnapshotName, VolumeOwner, VolumePath,
@@ -133,26 +135,6 @@ impl Drop for AfterTheCut {
     }
 }
 
-async fn until_cloned(client: &AgentClient, target: &VolumePath, request: &CloneVolumeRequest) {
-    let deadline = Instant::now() + Duration::from_secs(120);
-    while let CloneOutcome::InProgress(_) =
-        client.clone_volume(target, request, None).await.unwrap()
-    {
-        assert!(Instant::now() < deadline, "clone still running");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-}
-
-async fn until_restored(client: &AgentClient, target: &VolumePath, request: &RestoreVolumeRequest) {
-    let deadline = Instant::now() + Duration::from_secs(120);
-    while let RestoreOutcome::InProgress(_) =
-        client.restore_volume(target, request, None).await.unwrap()
-    {
-        assert!(Instant::now() < deadline, "restore still running");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-}
-
 fn names(list: &[&str]) -> BTreeSet<String> {
     list.iter().map(|s| (*s).to_owned()).collect()
 }
@@ -206,7 +188,7 @@ async fn acknowledged_image_volume_operations_survive_a_power_cut() {
         quota: QuotaPolicy::Enforce,
         export: None,
     };
-    until_cloned(&client, &b, &clone).await;
+    clone_until_ready(&client, &b, &clone).await.unwrap();
     {
         let cut = AfterTheCut::take(&original).await;
         assert_eq!(cut.volumes().await, names(&["team/a", "team/b"]));
@@ -240,7 +222,7 @@ async fn acknowledged_image_volume_operations_survive_a_power_cut() {
         quota: QuotaPolicy::Enforce,
         export: None,
     };
-    until_restored(&client, &c, &restore).await;
+    restore_until_ready(&client, &c, &restore).await.unwrap();
     {
         let cut = AfterTheCut::take(&original).await;
         assert_eq!(cut.volumes().await, names(&["team/a", "team/b", "team/c"]));

@@ -12,14 +12,12 @@ use std::collections::HashSet;
 use std::io::Write;
 use std::os::unix::fs::MetadataExt;
 use std::path::Path;
-use std::time::{Duration, Instant};
 
 use common::backing::xfs_or_skip;
+use common::jobs::{clone_until_ready, restore_until_ready};
 use nfsprov_agent::quota::QuotaSettings;
 use nfsprov_agent_testkit::TestAgent;
-use nfsprov_api_types::client::{
-    AgentClient, ClientError, CloneOutcome, CreateOutcome, RestoreOutcome,
-};
+use nfsprov_api_types::client::AgentClient;
 use nfsprov_api_types::{
     CloneMethod, CloneVolumeRequest, CreateSnapshotRequest, CreateVolumeRequest, QuotaBackend,
     QuotaPolicy, RestoreVolumeRequest, SnapshotMethod, SnapshotName, VolumeOwner, VolumePath,
@@ -93,43 +91,6 @@ async fn promised(client: &AgentClient) -> u64 {
         .provisioning
         .expect("the agent reports its promises")
         .provisioned_bytes
-}
-
-async fn clone_until_ready(
-    client: &AgentClient,
-    target: &VolumePath,
-    request: &CloneVolumeRequest,
-) -> Result<CreateOutcome, ClientError> {
-    let deadline = Instant::now() + Duration::from_secs(120);
-    loop {
-        match client.clone_volume(target, request, None).await? {
-            CloneOutcome::Ready(outcome) => return Ok(outcome),
-            CloneOutcome::InProgress(_) => {
-                assert!(Instant::now() < deadline, "clone still running after 120 s");
-                tokio::time::sleep(Duration::from_millis(100)).await;
-            }
-        }
-    }
-}
-
-async fn restore_until_ready(
-    client: &AgentClient,
-    target: &VolumePath,
-    request: &RestoreVolumeRequest,
-) -> Result<CreateOutcome, ClientError> {
-    let deadline = Instant::now() + Duration::from_secs(120);
-    loop {
-        match client.restore_volume(target, request, None).await? {
-            RestoreOutcome::Ready(outcome) => return Ok(outcome),
-            RestoreOutcome::InProgress(_) => {
-                assert!(
-                    Instant::now() < deadline,
-                    "restore still running after 120 s"
-                );
-                tokio::time::sleep(Duration::from_millis(100)).await;
-            }
-        }
-    }
 }
 
 #[tokio::test(flavor = "multi_thread")]

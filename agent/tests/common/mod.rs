@@ -6,6 +6,7 @@
 
 pub mod agent_process;
 pub mod backing;
+pub mod jobs;
 pub mod logged_agent;
 pub mod tree;
 pub mod zfs_pool;
