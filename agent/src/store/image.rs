@@ -24,7 +24,7 @@
 
 mod tools;
 
-use std::collections::{BTreeMap, HashSet};
+use std::collections::BTreeMap;
 use std::fs::{self, File, OpenOptions};
 use std::io::{self, Write};
 use std::os::fd::{AsFd, BorrowedFd};
@@ -486,10 +486,9 @@ impl VolumeBackend for ImageBackend {
         fs::create_dir_all(&self.area)
             .map_err(|e| failed(format!("make {}", self.area.display()), e))?;
         self.thaw_left_frozen();
-        let mounted = mount_points();
         for (key, _) in self.records_below("", &[ARCHIVE_DIR, SNAPSHOTS, FREEZING])? {
             let mountpoint = self.mountpoint(&key);
-            if mounted.contains(&mountpoint) || self.is_mounted(&mountpoint) {
+            if self.is_mounted(&mountpoint) {
                 continue;
             }
             let Ok(path) = VolumePath::parse(&key) else {
@@ -961,37 +960,6 @@ fn filesystem_bytes(mountpoint: &Path) -> Result<u64> {
     Ok(vfs.f_blocks.saturating_mul(vfs.f_frsize.max(1)))
 }
 
-/// The mountpoints of this mount namespace.
-fn mount_points() -> HashSet<PathBuf> {
-    let Ok(text) = fs::read_to_string("/proc/self/mountinfo") else {
-        return HashSet::new();
-    };
-    text.lines()
-        .filter_map(|line| line.split(' ').nth(4))
-        .map(|field| PathBuf::from(unescape_mountinfo(field)))
-        .collect()
-}
-
-/// mountinfo writes space, tab, newline and backslash as octal escapes.
-fn unescape_mountinfo(field: &str) -> String {
-    let bytes = field.as_bytes();
-    let mut out = Vec::with_capacity(bytes.len());
-    let mut i = 0;
-    while i < bytes.len() {
-        if bytes[i] == b'\\'
-            && i + 3 < bytes.len()
-            && let Ok(code) = u8::from_str_radix(&field[i + 1..i + 4], 8)
-        {
-            out.push(code);
-            i += 4;
-        } else {
-            out.push(bytes[i]);
-            i += 1;
-        }
-    }
-    String::from_utf8_lossy(&out).into_owned()
-}
-
 /// Sets or clears the immutable flag where the filesystem has one (ext4, XFS, btrfs);
 /// elsewhere mode 000 and root's ownership are what keep a bare mountpoint unwritten.
 fn set_immutable(dir: BorrowedFd<'_>, on: bool) {
@@ -1113,11 +1081,5 @@ mod tests {
             assert!(size > capacity, "{capacity}");
             assert_eq!(size % (1 << 20), 0);
         }
-    }
-
-    #[test]
-    fn mountinfo_escapes_are_read_back() {
-        assert_eq!(unescape_mountinfo("/srv/a\\040b"), "/srv/a b");
-        assert_eq!(unescape_mountinfo("/plain"), "/plain");
     }
 }
