@@ -15,7 +15,7 @@ use nfsprov_api_types::{ExportAccess, ExportClient, Squash, VolumeExport, Volume
 use nfsprov_e2e::bind_shim::{BindShim, NodeClient};
 use nfsprov_e2e::cluster::KubeApi;
 use nfsprov_e2e::libnfs::NfsClient;
-use nfsprov_e2e::quota::assert_write_stops_at_capacity;
+use nfsprov_e2e::quota::{Limit, assert_write_stops_at_capacity};
 use nfsprov_e2e::system::{AgentSpec, System};
 use serde_json::json;
 
@@ -372,7 +372,7 @@ async fn a_btrfs_claim_refuses_writes_past_its_size_through_nfs_until_it_is_expa
 
     // Twice the claim's size, within the size it is expanded to.
     let payload = vec![0x5a_u8; 20_000_000];
-    assert_write_stops_at_capacity(&nfs, &dir, "big", &payload, 10 * MIB)?;
+    assert_write_stops_at_capacity(Limit::Quota, &nfs, &dir, "big", &payload, 10 * MIB)?;
     btrfs.sync()?;
 
     // Expanded through the claim: the controller raises the quota through the agent.

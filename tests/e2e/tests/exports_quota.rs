@@ -2,14 +2,16 @@
 //! client (libnfs 4.0's NFSv4 client, in 2 KiB writes: `nfs-cp` cannot encode larger ones), stops at its capacity and takes more once the volume is resized. ganesha can
 //! export a subvolume only when it is mounted by itself, so the agent mounts each one
 //! over its own path; the test follows that mount through archive, delete and restart.
+//! An image volume (quota backend `image`, a filesystem of its own) stops the same
+//! write with its filesystem full.
 
 use std::path::Path;
 
-use nfsprov_api_types::{CreateVolumeRequest, ExportRequest, Squash, VolumePath};
+use nfsprov_api_types::{CreateVolumeRequest, ExportRequest, QuotaPolicy, Squash, VolumePath};
 use nfsprov_e2e::agent::AgentProcess;
 use nfsprov_e2e::ganesha_dbus::{Ganesha, PrivateBus};
 use nfsprov_e2e::libnfs::NfsClient;
-use nfsprov_e2e::quota::assert_write_stops_at_capacity;
+use nfsprov_e2e::quota::{Limit, assert_write_stops_at_capacity};
 
 const MIB: u64 = 1 << 20;
 /// What the write tries: twice the first capacity, within the second.
@@ -100,7 +102,7 @@ async fn a_write_through_ganesha_stops_at_the_btrfs_volumes_capacity() -> anyhow
     nfs.unlink("within")?;
     fs.sync()?;
 
-    assert_write_stops_at_capacity(&nfs, &dir, "big", &payload, 10 * MIB)?;
+    assert_write_stops_at_capacity(Limit::Quota, &nfs, &dir, "big", &payload, 10 * MIB)?;
 
     // Grown to 30 MiB through the API: the same write goes through.
     fs.sync()?;
@@ -196,6 +198,80 @@ async fn a_write_through_ganesha_stops_at_the_btrfs_volumes_capacity() -> anyhow
     assert!(!is_mount_point(&other_dir)?, "no mount left after delete");
     assert_eq!(client.get_volume(&other, None).await?, None);
     assert!(ours(&ganesha)?.is_empty());
+    drop(agent);
+    drop(ganesha);
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_write_through_ganesha_stops_at_the_image_volumes_capacity() -> anyhow::Result<()> {
+    const TEST: &str = "a_write_through_ganesha_stops_at_the_image_volumes_capacity";
+    if !nfsprov_e2e::requirements::ganesha_exports(TEST) {
+        return Ok(());
+    }
+    if let Err(reason) = nfsprov_e2e::libnfs::available() {
+        nfsprov_test_skip::skip(TEST, &reason);
+        return Ok(());
+    }
+    let fs = match nfsprov_agent_testkit::LoopXfs::new(1024, true) {
+        Ok(fs) => fs,
+        Err(e) => {
+            nfsprov_test_skip::skip(TEST, &format!("no XFS loop filesystem: {e}"));
+            return Ok(());
+        }
+    };
+    let root = fs.root();
+    let base = tempfile::tempdir()?;
+    let config_dir = base.path().join("ganesha.d");
+    let bus = PrivateBus::start().await?;
+    let ganesha = Ganesha::start(&bus, &config_dir).await?;
+    let settings = format!(
+        "[quota]\nbackend = \"image\"\n\n{}",
+        ganesha.agent_settings()
+    );
+    let agent = AgentProcess::start_with_settings(
+        "quota-image",
+        &root,
+        "127.0.0.1",
+        &root.display().to_string(),
+        &settings,
+    )
+    .await?;
+    let client = agent.client()?;
+
+    let path = VolumePath::parse("ns/limited")?;
+    let dir = root.join("ns/limited");
+    let created = client
+        .create_volume(
+            &path,
+            &CreateVolumeRequest {
+                quota: QuotaPolicy::Enforce,
+                ..create_request(10 * MIB)
+            },
+            None,
+        )
+        .await?;
+    let export = created
+        .volume
+        .export
+        .expect("the volume reports its export");
+    assert!(is_mount_point(&dir)?, "the image is mounted at the path");
+    let nfs = NfsClient::connect("127.0.0.1", ganesha.port(), &export.path)?;
+
+    let within = vec![0xa5_u8; MIB as usize];
+    nfs.write_file("within", &within, 0o644)?;
+    assert_eq!(std::fs::read(dir.join("within"))?, within);
+    nfs.unlink("within")?;
+
+    let payload = vec![0x5a_u8; WRITE_BYTES];
+    assert_write_stops_at_capacity(Limit::OwnFilesystem, &nfs, &dir, "big", &payload, 10 * MIB)?;
+
+    // Full once, the volume takes writes again once the partial file is gone.
+    nfs.write_file("after", b"after the refusal", 0o644)?;
+    assert_eq!(std::fs::read(dir.join("after"))?, b"after the refusal");
+    drop(nfs);
+    client.delete_volume(&path, None).await?;
+    assert!(!is_mount_point(&dir)?, "no mount left after delete");
     drop(agent);
     drop(ganesha);
     Ok(())
