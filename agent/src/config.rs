@@ -389,6 +389,10 @@ pub struct LimitsSection {
     /// The ratio past which a create, clone, restore or expansion is refused with 507
     /// `overcommit_limit`; unset: never refused.
     pub max_overcommit_ratio: Option<f64>,
+    /// The bytes one namespace's snapshots may hold at most, each counted at what it
+    /// referenced when taken; a snapshot past it is refused with 507 `snapshot_limit`.
+    /// Unset: never refused.
+    pub max_snapshot_bytes_per_namespace: Option<u64>,
 }
 
 impl Default for LimitsSection {
@@ -427,6 +431,9 @@ impl Default for LimitsSection {
             // guaranteed; refusing is the operator's choice.
             overcommit_warn_ratio: OvercommitLimits::default().warn_ratio,
             max_overcommit_ratio: OvercommitLimits::default().max_ratio,
+            // Whether tenants may snapshot without bound is the operator's choice, as
+            // overcommit is.
+            max_snapshot_bytes_per_namespace: None,
         }
     }
 }
@@ -484,6 +491,8 @@ pub struct AgentConfig {
     pub max_clone_jobs: usize,
     pub max_queued_jobs: usize,
     pub overcommit: OvercommitLimits,
+    /// `limits.max_snapshot_bytes_per_namespace`.
+    pub max_snapshot_bytes_per_namespace: Option<u64>,
     pub shutdown_grace: Duration,
     pub min_free_bytes: u64,
     pub min_free_inodes: u64,
@@ -704,6 +713,7 @@ impl AgentConfig {
             }
             .check()
             .map_err(ConfigError::Invalid)?,
+            max_snapshot_bytes_per_namespace: limits.max_snapshot_bytes_per_namespace,
             shutdown_grace: Duration::from_secs(limits.shutdown_grace_seconds),
             min_free_bytes: file.readiness.min_free_bytes,
             min_free_inodes: file.readiness.min_free_inodes,
@@ -875,9 +885,10 @@ mod tests {
             },
             "warned past the filesystem's size, never refused"
         );
+        assert_eq!(config.max_snapshot_bytes_per_namespace, None);
         std::fs::write(
             &file,
-            format!("{good}[limits]\novercommit_warn_ratio = 1.5\nmax_overcommit_ratio = 2\n"),
+            format!("{good}[limits]\novercommit_warn_ratio = 1.5\nmax_overcommit_ratio = 2\nmax_snapshot_bytes_per_namespace = 1073741824\n"),
         )
         .unwrap();
         let config = AgentConfig::load(&args(&file)).unwrap();
@@ -888,6 +899,7 @@ mod tests {
                 max_ratio: Some(2.0)
             }
         );
+        assert_eq!(config.max_snapshot_bytes_per_namespace, Some(1 << 30));
 
         std::fs::write(
             &file,

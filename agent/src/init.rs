@@ -330,6 +330,9 @@ fn agent_config(args: &InitArgs, nfs_server: &str, nfs_path: &str) -> String {
          # creates, clones, restores and expansions past max_overcommit_ratio (unset: never).\n\
          overcommit_warn_ratio = 1.0\n\
          # max_overcommit_ratio = 2.0\n\
+         # Refuse a snapshot that would take its namespace's snapshots past this many\n\
+         # bytes, each counted at what it referenced when taken (unset: never).\n\
+         # max_snapshot_bytes_per_namespace = 107374182400\n\
          \n\
          [readiness]\n\
          min_free_bytes = 16777216\n\

@@ -107,7 +107,8 @@ impl Agent {
         })?;
         let store = Arc::new(
             VolumeStore::open_with_backend(&config.export_root, backend)?
-                .count_provisioned(config.overcommit)?,
+                .count_provisioned(config.overcommit)?
+                .count_snapshots(config.max_snapshot_bytes_per_namespace)?,
         );
         let auth = Authenticator::new(&config.auth)?;
         let certificate_optional = !config.auth.tokens.is_empty() || config.auth.disabled;

@@ -38,6 +38,7 @@ mod reconcile;
 mod record;
 mod resizing;
 pub mod snapshot;
+mod snapshot_budget;
 mod tree;
 
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
@@ -77,6 +78,7 @@ pub use self::image::ImageBackend;
 pub use self::locks::PathGuard;
 pub use self::provisioned::{OvercommitLimits, Provisioned, ratio as provisioned_ratio};
 pub use self::record::{ArchiveRecord, QuotaRecord, VolumeRecord};
+pub use self::snapshot_budget::SnapshotBudget;
 pub use self::tree::{MAX_USAGE_DEPTH, measure_tree, remove_tree};
 
 /// Whether [`VolumeStore::create`] or [`VolumeStore::adopt`] made the volume or found it.
@@ -166,6 +168,7 @@ pub struct VolumeStore {
     stale_records: usize,
     /// The capacity promised to the live volumes, and its bounds.
     provisioned: Provisioned,
+    snapshot_budget: SnapshotBudget,
 }
 
 impl VolumeStore {
@@ -207,6 +210,7 @@ impl VolumeStore {
             archive_dirs: RwLock::new(()),
             nesting: nesting::Nesting::default(),
             provisioned: Provisioned::default(),
+            snapshot_budget: SnapshotBudget::default(),
         })
     }
 

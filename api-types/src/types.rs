@@ -727,6 +727,11 @@ pub enum ErrorCode {
     /// was made or changed. Sent as 507; the same request is welcome once capacity is
     /// freed, the filesystem grown or the limit raised.
     OvercommitLimit,
+    /// The snapshot would take the bytes its namespace's snapshots hold past
+    /// `limits.max_snapshot_bytes_per_namespace`: nothing of it was kept. Sent as 507;
+    /// the same request is welcome once snapshots of the namespace are deleted or the
+    /// limit raised.
+    SnapshotLimit,
     NotReady,
     /// The NFS server (or the bus the agent reaches it by) did not answer an export
     /// change in time; the change was not made and may be asked for again.
@@ -763,7 +768,9 @@ impl ErrorCode {
             // Never sent: the agent knows its own codes.
             ErrorCode::Internal | ErrorCode::Unknown => 500,
             ErrorCode::NotReady | ErrorCode::NfsServerUnavailable => 503,
-            ErrorCode::InsufficientStorage | ErrorCode::OvercommitLimit => 507,
+            ErrorCode::InsufficientStorage
+            | ErrorCode::OvercommitLimit
+            | ErrorCode::SnapshotLimit => 507,
         }
     }
 
@@ -779,6 +786,7 @@ impl ErrorCode {
                 | ErrorCode::Internal
                 | ErrorCode::InsufficientStorage
                 | ErrorCode::OvercommitLimit
+                | ErrorCode::SnapshotLimit
         )
     }
 }
@@ -1069,6 +1077,11 @@ mod tests {
         assert_eq!(overcommitted.code, ErrorCode::OvercommitLimit);
         assert_eq!(overcommitted.code.http_status(), 507);
         assert!(overcommitted.code.is_transient());
+        let limited: ApiError =
+            serde_json::from_str(r#"{"code":"snapshot_limit","message":"m"}"#).unwrap();
+        assert_eq!(limited.code, ErrorCode::SnapshotLimit);
+        assert_eq!(limited.code.http_status(), 507);
+        assert!(limited.code.is_transient());
     }
 
     #[test]

@@ -33,6 +33,9 @@ pub enum StoreError {
     /// A new promise of capacity past `limits.max_overcommit_ratio`.
     #[error("{}", Clean(.0))]
     Overcommitted(String),
+    /// A snapshot past `limits.max_snapshot_bytes_per_namespace`.
+    #[error("{}", Clean(.0))]
+    SnapshotLimit(String),
     /// A quota the backend cannot give, or a shrink.
     #[error("{}", Clean(.0))]
     Unsupported(String),
@@ -64,6 +67,7 @@ impl StoreError {
             StoreError::NoSpace(_) => ErrorCode::InsufficientStorage,
             StoreError::NotReady(_) => ErrorCode::NotReady,
             StoreError::Overcommitted(_) => ErrorCode::OvercommitLimit,
+            StoreError::SnapshotLimit(_) => ErrorCode::SnapshotLimit,
             StoreError::Unsupported(_) => ErrorCode::Unsupported,
             StoreError::Invalid(_) => ErrorCode::InvalidBody,
             StoreError::Quota { source, .. } if source.timed_out() => ErrorCode::Timeout,

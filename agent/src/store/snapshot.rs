@@ -27,7 +27,10 @@
 //! a ZFS snapshot's space is charged to its dataset's `used`, never to the volume's
 //! `refquota` (its exclusive bytes are its `used`).
 //! Either way a snapshot takes space of the filesystem, which the agent's readiness
-//! checks watch like any other.
+//! checks watch like any other, and which no volume's quota bounds. What bounds it is
+//! the snapshots' own budget: each is charged what it references when taken (the most it
+//! can ever hold alone) to its source claim's namespace, and a namespace's snapshots
+//! stop at `limits.max_snapshot_bytes_per_namespace` ([`SnapshotBudget`]).
 //!
 //! A snapshot outlives its source: it shares no entry with it (a btrfs snapshot is a
 //! subvolume of its own, a copy is a copy), so deleting or archiving the source leaves
@@ -48,6 +51,7 @@ use super::confine::{Root, STATE_DIR, list_dir, open_child};
 use super::durable::Changes;
 use super::error::{Result, StoreError, io_error, not_found};
 use super::record::{VolumeRecord, now_rfc3339};
+use super::snapshot_budget::SnapshotBudget;
 use super::tree::measure_tree;
 use super::{
     Created, Deleted, NewVolume, Origin, PathGuard, VolumeStore, confirm_made, record_as_found,
@@ -93,6 +97,10 @@ struct SnapshotRecord {
     created_at: String,
     restore_size_bytes: u64,
     size_bytes: u64,
+    /// The namespace the snapshot is charged to ([`SnapshotBudget`]); absent in records
+    /// written before snapshots were charged, which count with their source's owner.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    namespace: Option<String>,
 }
 
 impl SnapshotRecord {
@@ -330,12 +338,14 @@ impl VolumeStore {
                 "snapshot {name}: the source volume {source} does not exist; nothing was taken"
             )));
         };
+        let namespace = charged_namespace(&source_record);
+        self.snapshot_budget.check_room(name, &namespace)?;
         if mounts {
             // Taken and recorded at once: nothing is made before.
             if !wanted(Stage::Recording) {
                 return Err(deleted_while_taken(name));
             }
-            return self.take_kept_snapshot(&area, name, source, &source_record);
+            return self.take_kept_snapshot(&area, name, source, &source_record, namespace);
         }
         self.refuse_mount_points(
             &format_args!("snapshot {name}: the source volume {source}"),
@@ -369,6 +379,13 @@ impl VolumeStore {
                 return Err(e);
             }
         };
+        let charge = match self.snapshot_budget.charge(name, &namespace, size_bytes) {
+            Ok(charge) => charge,
+            Err(e) => {
+                self.discard(&area, &making, name);
+                return Err(e);
+            }
+        };
         holds::wait_if_asked(holds::SNAPSHOTS);
         if !wanted(Stage::Recording) {
             self.discard(&area, &making, name);
@@ -395,8 +412,10 @@ impl VolumeStore {
             created_at,
             restore_size_bytes: source_record.capacity_bytes,
             size_bytes,
+            namespace: Some(namespace),
         };
         area.write(name, &record)?;
+        charge.keep();
         let exclusive = self.exclusive_bytes(&area, name);
         Ok((record.to_snapshot(name, exclusive), Created::New))
     }
@@ -408,6 +427,7 @@ impl VolumeStore {
         name: &SnapshotName,
         source: &VolumePath,
         source_record: &VolumeRecord,
+        namespace: String,
     ) -> Result<(Snapshot, Created)> {
         let created_at = now_rfc3339();
         let promised = if self.backend.snapshots_hold_capacity() {
@@ -427,15 +447,19 @@ impl VolumeStore {
                 ))
             })
             .and_then(|kept| {
+                let size_bytes = kept.referenced.unwrap_or(0);
+                let charge = self.snapshot_budget.charge(name, &namespace, size_bytes)?;
                 let record = SnapshotRecord {
                     source: source.clone(),
                     method,
                     created_at,
                     restore_size_bytes: source_record.capacity_bytes,
-                    size_bytes: kept.referenced.unwrap_or(0),
+                    size_bytes,
+                    namespace: Some(namespace),
                 };
                 area.write(name, &record)?;
                 promise.keep();
+                charge.keep();
                 Ok(record.to_snapshot(name, kept.used))
             });
         match recorded {
@@ -544,6 +568,37 @@ impl VolumeStore {
         Ok(bytes)
     }
 
+    /// Counts what every snapshot holds at most against its namespace, from the records,
+    /// once, before the store serves, and bounds new snapshots by `limit` bytes per
+    /// namespace ([`SnapshotBudget`]). A store not counted (the crate's tests) counts from
+    /// zero without a limit.
+    pub fn count_snapshots(mut self, limit: Option<u64>) -> Result<Self> {
+        let budget = SnapshotBudget::new(limit);
+        let area = Area::open(&self.root)?;
+        for name in area.names()? {
+            let Some(record) = area.read(&name)? else {
+                continue;
+            };
+            let namespace = match record.namespace {
+                Some(namespace) => namespace,
+                // Taken before snapshots were charged: its source's owner, while the
+                // source is there.
+                None => self
+                    .locate(&record.source)?
+                    .map(|(_, source)| charged_namespace(&source))
+                    .unwrap_or_default(),
+            };
+            budget.count(&name, &namespace, record.size_bytes);
+        }
+        self.snapshot_budget = budget;
+        Ok(self)
+    }
+
+    /// What the snapshots of each namespace hold at most, and their limit.
+    pub fn snapshot_budget(&self) -> &SnapshotBudget {
+        &self.snapshot_budget
+    }
+
     /// Deletes the snapshot `name`, freeing what only it holds: its record first (from
     /// then on it does not exist), then its tree, renamed aside and removed. Volumes
     /// restored from it are volumes of their own and stay. Callers hold its lock.
@@ -552,6 +607,9 @@ impl VolumeStore {
         let area = Area::open(&self.root)?;
         let record = area.read(name)?;
         let had_record = area.remove_record(name)?;
+        if had_record {
+            self.snapshot_budget.release(name);
+        }
         if self.backend.layout() == Layout::Mounts {
             let had_snapshot = self.backend.drop_kept_snapshot(name)?;
             if had_record
@@ -789,6 +847,11 @@ impl VolumeStore {
 }
 
 /// A restore smaller than what the snapshot held could not take its data back.
+/// The namespace a snapshot of the volume `source` is charged to: its claim's, or none.
+fn charged_namespace(source: &VolumeRecord) -> String {
+    source.owner.pvc_namespace.clone().unwrap_or_default()
+}
+
 fn check_restore_size(
     path: &VolumePath,
     name: &SnapshotName,

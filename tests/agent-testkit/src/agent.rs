@@ -144,6 +144,7 @@ impl TestAgent {
             max_clone_jobs: 2,
             max_queued_jobs: 64,
             overcommit: Default::default(),
+            max_snapshot_bytes_per_namespace: None,
             shutdown_grace: Duration::from_secs(5),
             min_free_bytes: 0,
             min_free_inodes: 0,
