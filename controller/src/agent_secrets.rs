@@ -20,22 +20,22 @@ use tracing::{info, warn};
 use crate::agents::{Agent, AgentRegistry};
 use crate::context::{Context, stopped};
 
-pub const REASON_INVALID: &str = "AgentSecretInvalid";
+pub(crate) const REASON_INVALID: &str = "AgentSecretInvalid";
 const ACTION: &str = "ReadAgent";
 
 /// What one reading of the Secrets gave.
 #[derive(Debug, Default)]
-pub struct Reading {
-    pub agents: BTreeMap<String, Arc<Agent>>,
+pub(crate) struct Reading {
+    pub(crate) agents: BTreeMap<String, Arc<Agent>>,
     /// Why an agent a Secret meant to configure is missing, by agent name.
-    pub problems: BTreeMap<String, String>,
+    pub(crate) problems: BTreeMap<String, String>,
     /// What is wrong with each Secret that configures no agent (or not all of its).
-    pub invalid: BTreeMap<String, String>,
+    pub(crate) invalid: BTreeMap<String, String>,
 }
 
 /// Reads every Secret; an agent whose Secret reads as before is kept as it is (with its
 /// cached facts and its reconcile slots).
-pub fn read(secrets: &[Arc<Secret>], registry: &AgentRegistry) -> Reading {
+pub(crate) fn read(secrets: &[Arc<Secret>], registry: &AgentRegistry) -> Reading {
     let mut sorted: Vec<&Arc<Secret>> = secrets.iter().collect();
     sorted.sort_by_key(|s| s.name_any());
     let mut reading = Reading::default();
@@ -127,7 +127,7 @@ fn secret_reference(namespace: &str, name: &str, secrets: &Store<Secret>) -> Obj
 
 /// Watches the agent Secrets of `namespace` into `ctx.agents` until `shutdown`. The
 /// agents count as known only once the first complete list is in.
-pub async fn run(ctx: Arc<Context>, namespace: String, shutdown: watch::Receiver<bool>) {
+pub(crate) async fn run(ctx: Arc<Context>, namespace: String, shutdown: watch::Receiver<bool>) {
     ctx.agents.mark_unready();
     let api = Api::<Secret>::namespaced(ctx.client.clone(), &namespace);
     let (store, writer) = reflector::store::<Secret>();

@@ -47,7 +47,7 @@ pub(crate) fn request_id(subject: &str) -> String {
 }
 
 #[derive(Debug, thiserror::Error)]
-pub enum SelectError {
+pub(crate) enum SelectError {
     #[error(
         "StorageClass names agent {wanted:?}, which is not configured ({why}); known agents: {known}"
     )]
@@ -69,7 +69,7 @@ pub enum SelectError {
 
 impl SelectError {
     /// Whether trying again without a change to the class can help.
-    pub fn is_retriable(&self) -> bool {
+    pub(crate) fn is_retriable(&self) -> bool {
         matches!(self, SelectError::NoneReady { .. })
     }
 }
@@ -78,10 +78,10 @@ impl SelectError {
 /// while the failure was remembered.
 #[derive(Debug, Clone, thiserror::Error)]
 #[error("{0}")]
-pub struct InfoError(Arc<ClientError>);
+pub(crate) struct InfoError(Arc<ClientError>);
 
 impl InfoError {
-    pub fn client_error(&self) -> &ClientError {
+    pub(crate) fn client_error(&self) -> &ClientError {
         &self.0
     }
 }
@@ -122,7 +122,7 @@ impl InfoState {
 
 /// One agent: client, export overrides and the cached `/v1/info` facts.
 #[derive(Debug)]
-pub struct Agent {
+pub(crate) struct Agent {
     name: String,
     client: AgentClient,
     nfs_server: Option<String>,
@@ -138,7 +138,7 @@ pub struct Agent {
 }
 
 impl Agent {
-    pub fn new(
+    pub(crate) fn new(
         config: &AgentConnectionConfig,
         metrics: Arc<Metrics>,
         max_in_flight: usize,
@@ -157,7 +157,7 @@ impl Agent {
 
     /// The agent of one Secret's key; `slots` carries over the reconciles already working
     /// with an earlier version of it, so a changed Secret never doubles the limit.
-    pub fn from_secret(
+    pub(crate) fn from_secret(
         secret: &str,
         agent: SecretAgent,
         metrics: Arc<Metrics>,
@@ -177,37 +177,37 @@ impl Agent {
     }
 
     /// The Secret this agent was read from, and what it read there.
-    pub fn secret(&self) -> Option<(&str, &SecretAgent)> {
+    pub(crate) fn secret(&self) -> Option<(&str, &SecretAgent)> {
         self.secret
             .as_ref()
             .map(|(name, agent)| (name.as_str(), agent))
     }
 
     /// Its reconcile slots, to hand on to the agent a changed Secret makes.
-    pub fn slots(&self) -> Arc<tokio::sync::Semaphore> {
+    pub(crate) fn slots(&self) -> Arc<tokio::sync::Semaphore> {
         self.slots.clone()
     }
 
-    pub fn name(&self) -> &str {
+    pub(crate) fn name(&self) -> &str {
         &self.name
     }
 
     /// The agent's API; every call is timed and counted in the metrics under the agent's
     /// name.
-    pub fn client(&self) -> &AgentClient {
+    pub(crate) fn client(&self) -> &AgentClient {
         &self.client
     }
 
     /// A reconcile slot of this agent, held while the reconcile works with it; `None`
     /// when all are taken, and the reconcile should step aside (retry after
     /// `BUSY_RETRY`) rather than wait and hold one of the controller's own slots.
-    pub fn try_slot(&self) -> Option<tokio::sync::OwnedSemaphorePermit> {
+    pub(crate) fn try_slot(&self) -> Option<tokio::sync::OwnedSemaphorePermit> {
         self.slots.clone().try_acquire_owned().ok()
     }
 
     /// What PVs mount: the agent's `/v1/info` answer with the configured overrides applied.
     /// With both overrides set the agent is not asked at all.
-    pub async fn export(&self, request_id: &str) -> Result<NfsExport, InfoError> {
+    pub(crate) async fn export(&self, request_id: &str) -> Result<NfsExport, InfoError> {
         if let (Some(server), Some(path)) = (&self.nfs_server, &self.nfs_path) {
             return Ok(NfsExport {
                 server: server.clone(),
@@ -222,12 +222,12 @@ impl Agent {
     }
 
     /// What the agent says it can do (quota enforcement, archiving).
-    pub async fn capabilities(&self, request_id: &str) -> Result<Capabilities, InfoError> {
+    pub(crate) async fn capabilities(&self, request_id: &str) -> Result<Capabilities, InfoError> {
         Ok(self.info(request_id).await?.capabilities)
     }
 
     /// Bytes still available on the agent's export filesystem.
-    pub async fn available_bytes(&self, request_id: &str) -> Result<u64, InfoError> {
+    pub(crate) async fn available_bytes(&self, request_id: &str) -> Result<u64, InfoError> {
         Ok(self.info(request_id).await?.available_bytes)
     }
 
@@ -356,7 +356,7 @@ fn error_label(error: &ClientError) -> String {
 
 /// Where the agents come from, for messages naming what to fix.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum AgentSource {
+pub(crate) enum AgentSource {
     /// Connection files (`--agents-dir`), read once at start.
     Files,
     /// The labelled Secrets of this namespace, watched.
@@ -414,7 +414,7 @@ impl AgentRegistry {
     }
 
     /// As [`AgentRegistry::new`], with at most `max_in_flight` reconciles per agent.
-    pub fn with_max_in_flight(
+    pub(crate) fn with_max_in_flight(
         configs: &[AgentConnectionConfig],
         metrics: Arc<Metrics>,
         max_in_flight: usize,
@@ -434,7 +434,7 @@ impl AgentRegistry {
     }
 
     /// No agent yet: the agent Secrets' watch fills it ([`AgentRegistry::install`]).
-    pub fn empty(source: AgentSource, metrics: Arc<Metrics>, max_in_flight: usize) -> Self {
+    pub(crate) fn empty(source: AgentSource, metrics: Arc<Metrics>, max_in_flight: usize) -> Self {
         Self {
             shared: Arc::new(RegistryState {
                 snapshot: RwLock::default(),
@@ -447,15 +447,15 @@ impl AgentRegistry {
         }
     }
 
-    pub fn source(&self) -> &AgentSource {
+    pub(crate) fn source(&self) -> &AgentSource {
         &self.shared.source
     }
 
-    pub fn metrics(&self) -> &Arc<Metrics> {
+    pub(crate) fn metrics(&self) -> &Arc<Metrics> {
         &self.shared.metrics
     }
 
-    pub fn max_in_flight(&self) -> usize {
+    pub(crate) fn max_in_flight(&self) -> usize {
         self.shared.max_in_flight
     }
 
@@ -469,7 +469,7 @@ impl AgentRegistry {
 
     /// Replaces the agents (and why others are missing); claims waiting for an agent are
     /// looked at again.
-    pub fn install(
+    pub(crate) fn install(
         &self,
         agents: BTreeMap<String, Arc<Agent>>,
         mut problems: BTreeMap<String, String>,
@@ -517,24 +517,24 @@ impl AgentRegistry {
     }
 
     /// The agents are known: reconciles waiting in [`AgentRegistry::ready`] go on.
-    pub fn mark_ready(&self) {
+    pub(crate) fn mark_ready(&self) {
         self.shared.changes.send_modify(|(ready, _)| *ready = true);
     }
 
     /// Back to unknown, until a new watch has listed the Secrets again.
-    pub fn mark_unready(&self) {
+    pub(crate) fn mark_unready(&self) {
         self.shared.changes.send_modify(|(ready, _)| *ready = false);
     }
 
     /// Resolves once the agents are known, so no claim is refused for an agent whose
     /// Secret is simply not read yet.
-    pub async fn ready(&self) {
+    pub(crate) async fn ready(&self) {
         let mut changes = self.shared.changes.subscribe();
         let _ = changes.wait_for(|(ready, _)| *ready).await;
     }
 
     /// Yields once for every change of the agents after the first complete set.
-    pub fn changes(&self) -> impl futures::Stream<Item = ()> + Send + 'static {
+    pub(crate) fn changes(&self) -> impl futures::Stream<Item = ()> + Send + 'static {
         let mut changes = self.shared.changes.subscribe();
         changes.mark_unchanged();
         futures::stream::unfold(changes, |mut changes| async move {
@@ -546,7 +546,7 @@ impl AgentRegistry {
     /// Makes `name` the default, overriding any `default = true`. With connection files
     /// an unknown name is a configuration error, refused at start-up rather than at the
     /// first claim; with Secrets its Secret may simply not be there yet.
-    pub fn set_default(&mut self, name: &str) -> Result<(), ClientError> {
+    pub(crate) fn set_default(&mut self, name: &str) -> Result<(), ClientError> {
         let snapshot = self.snapshot();
         if self.shared.source == AgentSource::Files && !snapshot.agents.contains_key(name) {
             return Err(ClientError::Config(format!(
@@ -566,7 +566,7 @@ impl AgentRegistry {
     }
 
     /// The agent classes without an agent parameter use, if there is one.
-    pub fn default_name(&self) -> Option<String> {
+    pub(crate) fn default_name(&self) -> Option<String> {
         let snapshot = self.snapshot();
         match &snapshot.default {
             Some(name) => Some(name.clone()),
@@ -575,21 +575,21 @@ impl AgentRegistry {
         }
     }
 
-    pub fn get(&self, name: &str) -> Option<Arc<Agent>> {
+    pub(crate) fn get(&self, name: &str) -> Option<Arc<Agent>> {
         self.snapshot().agents.get(name).cloned()
     }
 
-    pub fn names(&self) -> Vec<String> {
+    pub(crate) fn names(&self) -> Vec<String> {
         self.snapshot().agents.keys().cloned().collect()
     }
 
     /// Every agent now configured.
-    pub fn all(&self) -> Vec<Arc<Agent>> {
+    pub(crate) fn all(&self) -> Vec<Arc<Agent>> {
         self.snapshot().agents.values().cloned().collect()
     }
 
     /// Why `name` is not configured, in words naming what to fix.
-    pub fn why_missing(&self, name: &str) -> String {
+    pub(crate) fn why_missing(&self, name: &str) -> String {
         if let Some(problem) = self.snapshot().problems.get(name) {
             return problem.clone();
         }
@@ -621,7 +621,7 @@ impl AgentRegistry {
     /// The agent a new volume goes to. `wanted` is what the class names: nothing (the
     /// default agent), one agent, or several, of which the one with the most available
     /// space among those answering wins (ties go to the first named).
-    pub async fn select(
+    pub(crate) async fn select(
         &self,
         wanted: &[String],
         request_id: &str,

@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 /// that still exists and still fails is retried at least once per maximum wait, which
 /// refreshes its entry.
 #[derive(Debug)]
-pub struct Backoff {
+pub(crate) struct Backoff {
     base: Duration,
     max: Duration,
     state: Mutex<State>,
@@ -38,7 +38,7 @@ struct Failures {
 }
 
 impl Backoff {
-    pub fn new(base: Duration, max: Duration) -> Self {
+    pub(crate) fn new(base: Duration, max: Duration) -> Self {
         Self {
             base,
             max,
@@ -50,17 +50,17 @@ impl Backoff {
     }
 
     /// Records a failure of `key` and returns how long to wait before the next attempt.
-    pub fn failed(&self, key: &str) -> Duration {
+    pub(crate) fn failed(&self, key: &str) -> Duration {
         self.failed_at(key, Instant::now())
     }
 
-    pub fn succeeded(&self, key: &str) {
+    pub(crate) fn succeeded(&self, key: &str) {
         self.lock().failures.remove(key);
     }
 
     /// How many objects currently have failures on record.
     #[cfg(test)]
-    pub fn tracked(&self) -> usize {
+    pub(crate) fn tracked(&self) -> usize {
         self.lock().failures.len()
     }
 

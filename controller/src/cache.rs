@@ -12,7 +12,7 @@ use crate::objects::{
 };
 
 /// Drops server-side bookkeeping no reconciler reads.
-pub fn strip_meta<K: Resource>(object: &mut K) {
+pub(crate) fn strip_meta<K: Resource>(object: &mut K) {
     let meta = object.meta_mut();
     meta.managed_fields = None;
     if let Some(annotations) = meta.annotations.as_mut() {
@@ -51,7 +51,7 @@ impl ClaimFilter {
     /// whose PV exists waits for the binder only, so it costs no more than a bound one;
     /// should that PV go before the binder binds it, [`ClaimFilter::unparked`] says to
     /// read the claim again.
-    pub fn needs(&self, claim: &CachedClaim) -> bool {
+    pub(crate) fn needs(&self, claim: &CachedClaim) -> bool {
         if claim_is_bound(claim) {
             return !claim_is_done(claim);
         }
@@ -80,7 +80,7 @@ impl ClaimFilter {
     /// For a PV of ours just seen: the deletion that takes its claim out of the claim
     /// cache, when the cache holds that claim unbound. The claim's own watch events say
     /// nothing until the binder binds it, which can take many minutes in a burst.
-    pub fn parked(
+    pub(crate) fn parked(
         &self,
         pv: &CachedVolume,
         claims: &Store<CachedClaim>,
@@ -104,7 +104,7 @@ impl ClaimFilter {
     /// For a PV of ours just deleted before any claim was bound to it: the claim it was
     /// made for (namespace, name, uid), which must be read again, as it may be waiting
     /// for a PV once more and no watch event of its own will say so.
-    pub fn unparked(&self, pv: &CachedVolume) -> Option<(String, String, String)> {
+    pub(crate) fn unparked(&self, pv: &CachedVolume) -> Option<(String, String, String)> {
         if !matches!(phase(pv), "" | "Pending" | "Available") {
             return None;
         }

@@ -35,7 +35,7 @@ pub struct OrphanSettings {
 pub struct Args {
     /// Provisioner name StorageClasses must name for this controller to act.
     #[arg(long, env = "NFSPROV_PROVISIONER_NAME", default_value = DEFAULT_PROVISIONER)]
-    pub provisioner_name: String,
+    pub(crate) provisioner_name: String,
 
     /// More provisioner names to act for, comma-separated, as the library's
     /// additionalProvisionerNames: the classes and PVs of a provisioner this controller
@@ -46,11 +46,11 @@ pub struct Args {
         value_delimiter = ',',
         num_args = 0..
     )]
-    pub additional_provisioner_names: Vec<String>,
+    pub(crate) additional_provisioner_names: Vec<String>,
 
     /// kubeconfig file; in-cluster configuration (or ~/.kube/config) when absent.
     #[arg(long, env = "KUBECONFIG")]
-    pub kubeconfig: Option<PathBuf>,
+    pub(crate) kubeconfig: Option<PathBuf>,
 
     /// Directory with one `*.toml` connection file per agent, read once at start. When
     /// absent, the agents are the Secrets labelled
@@ -58,61 +58,61 @@ pub struct Args {
     /// `nfsprov-agent init` prints them), watched: a Secret added, changed or deleted
     /// takes effect without a restart.
     #[arg(long, env = "NFSPROV_AGENTS_DIR")]
-    pub agents_dir: Option<PathBuf>,
+    pub(crate) agents_dir: Option<PathBuf>,
 
     /// Agent for StorageClasses without an `agent` or `agents` parameter; overrides
     /// `default = true` in the connection files. Needed only with several agents.
     #[arg(long, env = "NFSPROV_DEFAULT_AGENT")]
-    pub default_agent: Option<String>,
+    pub(crate) default_agent: Option<String>,
 
     /// Address of the /livez, /readyz and /metrics server.
     #[arg(long, env = "NFSPROV_HTTP_ADDR", default_value = "0.0.0.0:8080")]
-    pub http_addr: SocketAddr,
+    pub(crate) http_addr: SocketAddr,
 
     #[arg(long, env = "NFSPROV_LOG_FORMAT", value_enum, default_value = "text")]
     pub log_format: LogFormat,
 
     /// Elect a leader through a Lease so several replicas can run safely.
     #[arg(long, env = "NFSPROV_LEADER_ELECT", default_value_t = true, action = ArgAction::Set)]
-    pub leader_elect: bool,
+    pub(crate) leader_elect: bool,
 
     #[arg(long, env = "NFSPROV_LEASE_NAME", default_value = "nfsprov-controller")]
-    pub lease_name: String,
+    pub(crate) lease_name: String,
 
     /// Namespace of the Lease and of the agent Secrets; the client's default namespace
     /// when absent.
     #[arg(long, env = "POD_NAMESPACE")]
-    pub lease_namespace: Option<String>,
+    pub(crate) lease_namespace: Option<String>,
 
     /// This replica's identity in the Lease and in events; the host name when absent.
     #[arg(long, env = "POD_NAME")]
-    pub identity: Option<String>,
+    pub(crate) identity: Option<String>,
 
     /// How long a Lease stays valid without renewal.
     #[arg(long, env = "NFSPROV_LEASE_DURATION_SECONDS", default_value_t = 15)]
-    pub lease_duration_seconds: u64,
+    pub(crate) lease_duration_seconds: u64,
 
     /// Most claims (and, separately, volumes) reconciled at once; 0 for no limit. Not a
     /// rate limit: each slot is freed as soon as its reconcile finishes. 32 keeps well
     /// ahead of what a control plane binds per second, while every slot beyond that is
     /// one more API and agent connection with its buffers during a burst.
     #[arg(long, env = "NFSPROV_MAX_CONCURRENT_RECONCILES", default_value_t = 32)]
-    pub max_concurrent_reconciles: u16,
+    pub(crate) max_concurrent_reconciles: u16,
 
     /// Most reconciles working with one agent at once (at least 1): when an agent's are
     /// all taken, others step aside and retry shortly, so one slow agent never holds every
     /// reconcile slot and the classes of the other agents keep provisioning.
     #[arg(long, env = "NFSPROV_MAX_RECONCILES_PER_AGENT", default_value_t = 16)]
-    pub max_reconciles_per_agent: u16,
+    pub(crate) max_reconciles_per_agent: u16,
 
     /// Every object is reconciled again this often.
     #[arg(long, env = "NFSPROV_RESYNC_SECONDS", default_value_t = 600)]
-    pub resync_seconds: u64,
+    pub(crate) resync_seconds: u64,
 
     /// How often the usage of every bound volume is asked from its agent (for the
     /// nfsprov_volume_* gauges and VolumeNearlyFull events); 0 turns measuring off.
     #[arg(long, env = "NFSPROV_USAGE_INTERVAL_SECONDS", default_value_t = 60)]
-    pub usage_interval_seconds: u64,
+    pub(crate) usage_interval_seconds: u64,
 
     /// How often the leader compares each agent's volumes with the PVs (directories no
     /// PV points to, PVs whose directory is gone); 0 turns the check off.
@@ -121,27 +121,27 @@ pub struct Args {
         env = "NFSPROV_ORPHAN_CHECK_INTERVAL_SECONDS",
         default_value_t = 600
     )]
-    pub orphan_check_interval_seconds: u64,
+    pub(crate) orphan_check_interval_seconds: u64,
 
     /// Directories younger than this are never reported or archived as orphans: their
     /// PV may be on its way.
     #[arg(long, env = "NFSPROV_ORPHAN_GRACE_SECONDS", default_value_t = 600)]
-    pub orphan_grace_seconds: u64,
+    pub(crate) orphan_grace_seconds: u64,
 
     /// Archive orphaned directories (never delete them) once the API server confirms no
     /// PV holds them and no pending claim can still get them.
     #[arg(long, env = "NFSPROV_ARCHIVE_ORPHANS", default_value_t = false, action = ArgAction::Set, num_args = 0..=1, default_missing_value = "true")]
-    pub archive_orphans: bool,
+    pub(crate) archive_orphans: bool,
 }
 
 impl Args {
     /// The usage poll interval, `None` when it is off.
-    pub fn usage_interval(&self) -> Option<Duration> {
+    pub(crate) fn usage_interval(&self) -> Option<Duration> {
         (self.usage_interval_seconds > 0).then(|| Duration::from_secs(self.usage_interval_seconds))
     }
 
     /// The orphan check's settings, `None` when it is off.
-    pub fn orphan_check(&self) -> Option<OrphanSettings> {
+    pub(crate) fn orphan_check(&self) -> Option<OrphanSettings> {
         (self.orphan_check_interval_seconds > 0).then(|| OrphanSettings {
             every: Duration::from_secs(self.orphan_check_interval_seconds),
             grace: Duration::from_secs(self.orphan_grace_seconds),

@@ -21,7 +21,7 @@ use crate::objects::{CachedVolume, Provisioners};
 use crate::reported::ReportedFailures;
 
 #[derive(Debug, thiserror::Error)]
-pub enum Error {
+pub(crate) enum Error {
     #[error("Kubernetes API: {0}")]
     Kube(#[from] kube::Error),
     #[error("agent {agent}: {source}")]
@@ -42,27 +42,27 @@ pub enum Error {
 }
 
 /// Everything a reconcile needs.
-pub struct Context {
-    pub client: Client,
+pub(crate) struct Context {
+    pub(crate) client: Client,
     /// The provisioner names classes and PVs carry (`nfsprov.dev/nfs` by default, plus
     /// any additional names).
-    pub provisioner: Provisioners,
-    pub agents: AgentRegistry,
-    pub classes: Store<StorageClass>,
-    pub volumes: Store<CachedVolume>,
-    pub recorder: EventRecorder,
-    pub metrics: Arc<Metrics>,
-    pub backoff: Backoff,
+    pub(crate) provisioner: Provisioners,
+    pub(crate) agents: AgentRegistry,
+    pub(crate) classes: Store<StorageClass>,
+    pub(crate) volumes: Store<CachedVolume>,
+    pub(crate) recorder: EventRecorder,
+    pub(crate) metrics: Arc<Metrics>,
+    pub(crate) backoff: Backoff,
     /// Permanent provisioning failures already reported, so resyncs do not repeat them.
-    pub reported: ReportedFailures,
+    pub(crate) reported: ReportedFailures,
     /// Whether this replica leads (always, without leader election): nothing acts before.
-    pub leading: watch::Receiver<bool>,
+    pub(crate) leading: watch::Receiver<bool>,
     /// Nodes and scheduled Pods, for the exports that follow them.
-    pub mounters: Mounters,
+    pub(crate) mounters: Mounters,
 }
 
 impl Context {
-    pub fn new(
+    pub(crate) fn new(
         client: Client,
         provisioner: Provisioners,
         agents: AgentRegistry,
@@ -88,7 +88,7 @@ impl Context {
 
     /// Returns once this replica leads. A standby's reconciles wait here; its controllers
     /// are dropped, not shut down gracefully, should it stop before leading.
-    pub async fn leading(&self) {
+    pub(crate) async fn leading(&self) {
         let mut leading = self.leading.clone();
         if leading.wait_for(|leader| *leader).await.is_err() {
             // The election is over without this replica leading: it never acts.
@@ -97,19 +97,19 @@ impl Context {
     }
 
     /// Returns true once this replica leads, false if `shutdown` comes first.
-    pub async fn leading_or(&self, shutdown: &watch::Receiver<bool>) -> bool {
+    pub(crate) async fn leading_or(&self, shutdown: &watch::Receiver<bool>) -> bool {
         tokio::select! {
             () = self.leading() => true,
             () = stopped(shutdown.clone()) => false,
         }
     }
 
-    pub fn class(&self, name: &str) -> Option<Arc<StorageClass>> {
+    pub(crate) fn class(&self, name: &str) -> Option<Arc<StorageClass>> {
         self.classes.get(&ObjectRef::new(name))
     }
 
     /// Publishes an event; a failure to do so is logged, never fatal to the reconcile.
-    pub async fn event(
+    pub(crate) async fn event(
         &self,
         regarding: &ObjectReference,
         type_: EventType,
@@ -131,6 +131,6 @@ impl Context {
 }
 
 /// Resolves once `shutdown` turns true (or its sender is gone).
-pub async fn stopped(mut shutdown: watch::Receiver<bool>) {
+pub(crate) async fn stopped(mut shutdown: watch::Receiver<bool>) {
     let _ = shutdown.wait_for(|stop| *stop).await;
 }

@@ -25,9 +25,9 @@ const CLAIM_KIND: &str = "PersistentVolumeClaim";
 
 /// The claim a new claim asks to be cloned from.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct SourceClaim {
-    pub namespace: String,
-    pub name: String,
+pub(crate) struct SourceClaim {
+    pub(crate) namespace: String,
+    pub(crate) name: String,
 }
 
 impl std::fmt::Display for SourceClaim {
@@ -38,9 +38,9 @@ impl std::fmt::Display for SourceClaim {
 
 /// The Snapshot a new claim asks to be restored from.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct SourceSnapshot {
-    pub namespace: String,
-    pub name: String,
+pub(crate) struct SourceSnapshot {
+    pub(crate) namespace: String,
+    pub(crate) name: String,
 }
 
 impl std::fmt::Display for SourceSnapshot {
@@ -51,7 +51,7 @@ impl std::fmt::Display for SourceSnapshot {
 
 /// What a claim's data source names.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Requested {
+pub(crate) enum Requested {
     Claim(SourceClaim),
     Snapshot(SourceSnapshot),
     /// Named by the claim's annotations, not its data source: an archive id is no object
@@ -71,28 +71,28 @@ impl std::fmt::Display for Requested {
 
 /// A ready snapshot, where the restore is made.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ReadySnapshot {
-    pub snapshot: SourceSnapshot,
-    pub agent: String,
+pub(crate) struct ReadySnapshot {
+    pub(crate) snapshot: SourceSnapshot,
+    pub(crate) agent: String,
     /// The snapshot's name on its agent.
-    pub name: SnapshotName,
+    pub(crate) name: SnapshotName,
 }
 
 /// The source's volume, where the clone is made.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct SourceVolume {
-    pub claim: SourceClaim,
-    pub agent: String,
-    pub path: VolumePath,
+pub(crate) struct SourceVolume {
+    pub(crate) claim: SourceClaim,
+    pub(crate) agent: String,
+    pub(crate) path: VolumePath,
 }
 
 /// Why a claim cannot be cloned from its source (yet).
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct SourceProblem {
-    pub message: String,
+pub(crate) struct SourceProblem {
+    pub(crate) message: String,
     /// The source may still come right by itself (it is created, or binds); otherwise
     /// only a change of the claim can help.
-    pub may_resolve: bool,
+    pub(crate) may_resolve: bool,
 }
 
 impl SourceProblem {
@@ -114,7 +114,9 @@ impl SourceProblem {
 /// The claim's data source, when it has one: `dataSourceRef` where set (it is the
 /// newer field and may name a namespace), else `dataSource`. Only claims and `nfsprov.dev`
 /// Snapshots of the same namespace can be sources; other kinds are refused.
-pub fn requested_source(pvc: &PersistentVolumeClaim) -> Result<Option<Requested>, SourceProblem> {
+pub(crate) fn requested_source(
+    pvc: &PersistentVolumeClaim,
+) -> Result<Option<Requested>, SourceProblem> {
     let archive = archive_restore::requested(pvc.metadata.annotations.as_ref())
         .map_err(SourceProblem::permanent)?;
     let Some(spec) = pvc.spec.as_ref() else {
@@ -162,13 +164,13 @@ pub fn requested_source(pvc: &PersistentVolumeClaim) -> Result<Option<Requested>
 }
 
 /// Whether the claim asks to be restored from the Snapshot `name` of its namespace.
-pub fn restores_from(pvc: &PersistentVolumeClaim, name: &str) -> bool {
+pub(crate) fn restores_from(pvc: &PersistentVolumeClaim, name: &str) -> bool {
     matches!(requested_source(pvc), Ok(Some(Requested::Snapshot(s))) if s.name == name)
 }
 
 /// Checks the snapshot a claim is restored from: it must exist, be ready (both may come
 /// right by themselves) and be no larger than the claim (which only the claim can cure).
-pub async fn resolve_snapshot(
+pub(crate) async fn resolve_snapshot(
     ctx: &Context,
     source: &SourceSnapshot,
     requested_bytes: u64,
@@ -230,7 +232,7 @@ fn check_snapshot(
 /// restore archives (an older one is only cured by an upgrade), the archive must exist (an
 /// agent that does not answer may yet), be of the claim's namespace and fit in
 /// `requested_bytes` (which only a change of the claim can cure).
-pub async fn resolve_archive(
+pub(crate) async fn resolve_archive(
     agent: &Agent,
     source: &ArchiveSource,
     namespace: &str,
@@ -268,7 +270,7 @@ pub async fn resolve_archive(
 
 /// Checks the source claim and finds its volume. `class_name` and `requested_bytes` are
 /// the new claim's.
-pub async fn resolve(
+pub(crate) async fn resolve(
     ctx: &Context,
     source: &SourceClaim,
     class_name: &str,
@@ -288,7 +290,7 @@ pub async fn resolve(
 }
 
 /// The volume of this provisioner a Bound claim is bound to, with its agent and path.
-pub fn claim_volume(
+pub(crate) fn claim_volume(
     ctx: &Context,
     claim: &PersistentVolumeClaim,
     source: &SourceClaim,

@@ -19,7 +19,7 @@ use crate::objects::{
     set_finalizers,
 };
 
-pub const REASON_FAILED_DELETE: &str = "VolumeFailedDelete";
+pub(crate) const REASON_FAILED_DELETE: &str = "VolumeFailedDelete";
 const ACTION: &str = "Delete";
 
 /// Ours, reclaimPolicy Delete, Released, and our part not yet done.
@@ -35,7 +35,10 @@ fn awaits_deletion(volume: &CachedVolume, provisioner: &Provisioners) -> bool {
 
 /// Reconciles one volume: deletes (or archives) a released PV of ours whose
 /// reclaimPolicy is Delete, and keeps our finalizer in step with that policy.
-pub async fn reconcile_volume(volume: &CachedVolume, ctx: &Context) -> Result<Action, Error> {
+pub(crate) async fn reconcile_volume(
+    volume: &CachedVolume,
+    ctx: &Context,
+) -> Result<Action, Error> {
     if !is_ours(volume, &ctx.provisioner) {
         return Ok(Action::await_change());
     }

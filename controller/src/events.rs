@@ -27,13 +27,13 @@ use kube::runtime::events::{Event, EventType, Reporter};
 use nfsprov_api_types::logsafe;
 
 /// The longest note the events API accepts is 1 kB; a margin is kept for UTF-8 boundaries.
-pub const MAX_NOTE_BYTES: usize = 1000;
+pub(crate) const MAX_NOTE_BYTES: usize = 1000;
 
 /// A note fit to publish. Much of a note comes from an agent's error, which can name
 /// files a tenant chose: control and invisible characters are shown escaped (a name
 /// cannot add lines or drive the terminal of whoever reads the events) and the note is
 /// cut, marked, to what the API accepts.
-pub fn note_text(note: &str) -> String {
+pub(crate) fn note_text(note: &str) -> String {
     let escaped = logsafe::escape(note);
     if escaped.len() <= MAX_NOTE_BYTES {
         return escaped.into_owned();
@@ -93,7 +93,7 @@ struct Sent {
     count: i32,
 }
 
-pub struct EventRecorder {
+pub(crate) struct EventRecorder {
     client: Client,
     reporter: Reporter,
     recent: Mutex<Recent>,
@@ -109,7 +109,7 @@ struct Recent {
 }
 
 impl EventRecorder {
-    pub fn new(client: Client, reporter: Reporter) -> Self {
+    pub(crate) fn new(client: Client, reporter: Reporter) -> Self {
         Self {
             client,
             reporter,
@@ -123,7 +123,7 @@ impl EventRecorder {
 
     /// Creates the event, or counts it in the series of the same event published less than
     /// six minutes ago. Events of cluster-scoped objects go to the `default` namespace.
-    pub async fn publish(
+    pub(crate) async fn publish(
         &self,
         event: &Event,
         regarding: &ObjectReference,

@@ -37,9 +37,9 @@ use crate::objects::{
 };
 
 /// Event reasons, as external-resizer spells them.
-pub const REASON_RESIZING: &str = "Resizing";
-pub const REASON_RESIZE_FAILED: &str = "VolumeResizeFailed";
-pub const REASON_RESIZE_SUCCEEDED: &str = "VolumeResizeSuccessful";
+pub(crate) const REASON_RESIZING: &str = "Resizing";
+pub(crate) const REASON_RESIZE_FAILED: &str = "VolumeResizeFailed";
+pub(crate) const REASON_RESIZE_SUCCEEDED: &str = "VolumeResizeSuccessful";
 const ACTION: &str = "Resize";
 
 /// `PersistentVolumeClaimConditionType`s.
@@ -55,12 +55,12 @@ const RESIZE_CONDITIONS: [&str; 4] = [
 ];
 
 /// `ClaimResourceStatus` values of `status.allocatedResourceStatuses["storage"]`.
-pub const CONTROLLER_RESIZE_IN_PROGRESS: &str = "ControllerResizeInProgress";
-pub const CONTROLLER_RESIZE_INFEASIBLE: &str = "ControllerResizeInfeasible";
+pub(crate) const CONTROLLER_RESIZE_IN_PROGRESS: &str = "ControllerResizeInProgress";
+pub(crate) const CONTROLLER_RESIZE_INFEASIBLE: &str = "ControllerResizeInfeasible";
 
 /// Why a bound claim is left alone (debug level: nearly every bound claim is).
 #[derive(Debug, PartialEq, Eq)]
-pub enum Skip {
+pub(crate) enum Skip {
     NotBound,
     NoResizeRequested,
     VolumeNotFound(String),
@@ -177,7 +177,7 @@ fn plan(
 }
 
 /// Reconciles one bound claim: expands its volume when it asks for more.
-pub async fn reconcile_bound_claim(
+pub(crate) async fn reconcile_bound_claim(
     pvc: &PersistentVolumeClaim,
     ctx: &Context,
 ) -> Result<Action, Error> {

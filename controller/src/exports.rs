@@ -35,8 +35,8 @@ use crate::context::{Context, Error, stopped};
 use crate::mounters::{MountingPod, NodeAddresses};
 use crate::objects::{CachedVolume, VolumeClaimRef, bound_claim_of, class_name, is_ours, phase};
 
-pub const REASON_EXPORT_UPDATED: &str = "ExportUpdated";
-pub const REASON_EXPORT_FAILED: &str = "ExportUpdateFailed";
+pub(crate) const REASON_EXPORT_UPDATED: &str = "ExportUpdated";
+pub(crate) const REASON_EXPORT_FAILED: &str = "ExportUpdateFailed";
 const ACTION: &str = "UpdateExport";
 
 /// Most agent requests in flight at once: a node joining reaches thousands of exports in
@@ -57,15 +57,15 @@ const LISTED_CLIENTS: usize = 8;
 
 /// Why a new volume cannot be given its export yet. Retried: the agent may be given a
 /// manager, and the Node and Pod lists complete.
-pub struct Refusal {
-    pub message: String,
-    pub error: Option<Error>,
+pub(crate) struct Refusal {
+    pub(crate) message: String,
+    pub(crate) error: Option<Error>,
 }
 
 /// The export to create or clone a volume with: `None` for an agent without a
 /// per-volume manager (the share exported by hand decides), refused there when the
 /// class asks for something only a manager can give.
-pub async fn for_new_volume(
+pub(crate) async fn for_new_volume(
     ctx: &Context,
     agent: &Agent,
     pvc: &PersistentVolumeClaim,
@@ -532,7 +532,7 @@ fn pod_event(event: Event<MountingPod>) -> Option<Event<MountingPod>> {
 /// `nodes` and `pods` classes in step until `shutdown`. Everything the agent was seen
 /// serving is looked at again every `resync`, so an export changed behind the
 /// controller's back is put right.
-pub async fn run(ctx: Arc<Context>, resync: Duration, shutdown: watch::Receiver<bool>) {
+pub(crate) async fn run(ctx: Arc<Context>, resync: Duration, shutdown: watch::Receiver<bool>) {
     let Some((node_writer, pod_writer)) = ctx.mounters.take_writers() else {
         return;
     };

@@ -12,12 +12,12 @@ use axum::routing::get;
 use crate::metrics::Metrics;
 
 #[derive(Debug, Clone)]
-pub struct HttpState {
-    pub ready: Arc<AtomicBool>,
-    pub metrics: Arc<Metrics>,
+pub(crate) struct HttpState {
+    pub(crate) ready: Arc<AtomicBool>,
+    pub(crate) metrics: Arc<Metrics>,
 }
 
-pub fn router(state: HttpState) -> Router {
+pub(crate) fn router(state: HttpState) -> Router {
     Router::new()
         .route("/livez", get(|| async { "ok\n" }))
         .route("/readyz", get(readyz))

@@ -21,33 +21,42 @@
 //!    policy kube-runtime calls, with per-object backoff);
 //! 7. `controller` (wiring: watches, caches, controllers), `http`, `leader`;
 //! 8. `app`: the whole process.
+//!
+//! Modules are private, except those whose paths the binary and the integration tests use
+//! (`app`, `config`, `controller`, `leader`, `agents`, `metrics`, `cache`, `objects`,
+//! `orphans`). In those, only what they use is `pub`; everywhere else `unreachable_pub`
+//! asks for `pub(crate)`.
 
-pub(crate) mod agent_secrets;
+#![warn(unreachable_pub)]
+
+mod agent_secrets;
 pub mod agents;
 pub mod app;
-pub(crate) mod backoff;
+mod backoff;
 pub mod cache;
 pub mod config;
-pub(crate) mod context;
+mod context;
 pub mod controller;
-pub(crate) mod datasource;
-pub(crate) mod delete;
-pub(crate) mod events;
-pub(crate) mod expand;
-pub(crate) mod exports;
-pub(crate) mod http;
+mod datasource;
+mod delete;
+mod events;
+mod expand;
+mod exports;
+mod http;
 pub mod leader;
 pub mod metrics;
-pub(crate) mod mounters;
+mod mounters;
 pub mod objects;
 pub mod orphans;
-pub(crate) mod provision;
-pub(crate) mod pv;
-pub(crate) mod reconciler;
-pub(crate) mod reported;
-pub(crate) mod schedules;
-pub(crate) mod snapshots;
-pub(crate) mod usage;
+mod provision;
+mod pv;
+mod reconciler;
+mod reported;
+mod schedules;
+mod snapshots;
+mod usage;
 
+// Test-only code is linked into no other crate: its `pub` is not the crate's interface.
 #[cfg(test)]
+#[allow(unreachable_pub)]
 mod tests;

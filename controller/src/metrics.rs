@@ -18,11 +18,11 @@ use prometheus_client::registry::Registry;
 
 /// The `operation` label values of `nfsprov_snapshot_failures_total`: taking a snapshot
 /// on its agent, and deleting it there.
-pub const SNAPSHOT_OPERATIONS: [&str; 2] = ["create", "delete"];
+pub(crate) const SNAPSHOT_OPERATIONS: [&str; 2] = ["create", "delete"];
 
 /// Where a Snapshot stands, as the `state` label of `nfsprov_snapshots`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum SnapshotState {
+pub(crate) enum SnapshotState {
     Pending,
     Ready,
     Failed,
@@ -40,71 +40,71 @@ impl SnapshotState {
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub(crate) struct StateLabels {
-    pub state: String,
+    pub(crate) state: String,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub(crate) struct OperationLabels {
-    pub operation: String,
+    pub(crate) operation: String,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub(crate) struct ScheduleLabels {
-    pub namespace: String,
-    pub schedule: String,
+    pub(crate) namespace: String,
+    pub(crate) schedule: String,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub(crate) struct ClassLabels {
-    pub class: String,
+    pub(crate) class: String,
 }
 
 /// The provisioning metrics' labels, as the library has them: the class and the kind of
 /// the claim's data source (empty for a new, empty volume).
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub(crate) struct ProvisionLabels {
-    pub class: String,
-    pub source: String,
+    pub(crate) class: String,
+    pub(crate) source: String,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub(crate) struct AgentLabels {
-    pub agent: String,
-    pub operation: String,
+    pub(crate) agent: String,
+    pub(crate) operation: String,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub(crate) struct AgentErrorLabels {
-    pub agent: String,
-    pub operation: String,
-    pub code: String,
+    pub(crate) agent: String,
+    pub(crate) operation: String,
+    pub(crate) code: String,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub(crate) struct SecretLabels {
-    pub secret: String,
+    pub(crate) secret: String,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub(crate) struct OrphanLabels {
-    pub agent: String,
+    pub(crate) agent: String,
 }
 
 /// One claim's volume. `agent` adds no cardinality (a volume lives on one agent) and lets
 /// dashboards group by NFS server.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct VolumeLabels {
-    pub namespace: String,
-    pub persistentvolumeclaim: String,
-    pub agent: String,
+pub(crate) struct VolumeLabels {
+    pub(crate) namespace: String,
+    pub(crate) persistentvolumeclaim: String,
+    pub(crate) agent: String,
 }
 
 /// The last figures of one claim's volume.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct VolumeFigures {
-    pub capacity_bytes: u64,
+pub(crate) struct VolumeFigures {
+    pub(crate) capacity_bytes: u64,
     /// Bytes and inodes used: `None` until the agent has measured the tree once.
-    pub used: Option<(u64, u64)>,
+    pub(crate) used: Option<(u64, u64)>,
 }
 
 /// The per-claim usage gauges: one map by PV name, encoded as the three `nfsprov_volume_*`
@@ -367,7 +367,7 @@ impl Metrics {
     }
 
     /// Counts the Snapshot `key` in `state` (`None`: it is gone).
-    pub fn set_snapshot_state(&self, key: &str, state: Option<SnapshotState>) {
+    pub(crate) fn set_snapshot_state(&self, key: &str, state: Option<SnapshotState>) {
         let mut states = self
             .snapshot_states
             .lock()
@@ -393,7 +393,7 @@ impl Metrics {
     }
 
     /// `operation` is one of [`SNAPSHOT_OPERATIONS`].
-    pub fn snapshot_failed(&self, operation: &str) {
+    pub(crate) fn snapshot_failed(&self, operation: &str) {
         self.snapshot_failures
             .get_or_create(&OperationLabels {
                 operation: operation.to_owned(),
@@ -401,7 +401,7 @@ impl Metrics {
             .inc();
     }
 
-    pub fn schedule_ran(&self, namespace: &str, schedule: &str, lag: Duration) {
+    pub(crate) fn schedule_ran(&self, namespace: &str, schedule: &str, lag: Duration) {
         self.schedule_lag
             .get_or_create(&ScheduleLabels {
                 namespace: namespace.to_owned(),
@@ -410,7 +410,7 @@ impl Metrics {
             .set(lag.as_secs_f64());
     }
 
-    pub fn schedule_gone(&self, namespace: &str, schedule: &str) {
+    pub(crate) fn schedule_gone(&self, namespace: &str, schedule: &str) {
         self.schedule_lag.remove(&ScheduleLabels {
             namespace: namespace.to_owned(),
             schedule: schedule.to_owned(),
@@ -418,7 +418,7 @@ impl Metrics {
     }
 
     /// A volume's export was changed on `agent`.
-    pub fn export_updated(&self, agent: &str) {
+    pub(crate) fn export_updated(&self, agent: &str) {
         self.exports_updated
             .get_or_create(&OrphanLabels {
                 agent: agent.to_owned(),
@@ -427,7 +427,7 @@ impl Metrics {
     }
 
     /// An attempt to change a volume's export on `agent` failed.
-    pub fn export_update_failed(&self, agent: &str) {
+    pub(crate) fn export_update_failed(&self, agent: &str) {
         self.export_update_failures
             .get_or_create(&OrphanLabels {
                 agent: agent.to_owned(),
@@ -436,7 +436,7 @@ impl Metrics {
     }
 
     /// An agent's client was made anew from its Secret.
-    pub fn agent_loaded(&self, agent: &str) {
+    pub(crate) fn agent_loaded(&self, agent: &str) {
         self.agents_loaded
             .get_or_create(&OrphanLabels {
                 agent: agent.to_owned(),
@@ -447,7 +447,7 @@ impl Metrics {
     /// The agents configured now; the series of the others go.
     /// Each configured agent's export counters start at zero, so that an alert on their
     /// increase sees the first failure (a series born at 1 shows no increase).
-    pub fn set_configured_agents<'a>(&self, agents: impl IntoIterator<Item = &'a str>) {
+    pub(crate) fn set_configured_agents<'a>(&self, agents: impl IntoIterator<Item = &'a str>) {
         self.configured_agents.clear();
         for agent in agents {
             let labels = OrphanLabels {
@@ -460,7 +460,7 @@ impl Metrics {
     }
 
     /// The agent Secrets that configure no agent now; the others' series go.
-    pub fn set_invalid_agent_secrets<'a>(&self, secrets: impl IntoIterator<Item = &'a str>) {
+    pub(crate) fn set_invalid_agent_secrets<'a>(&self, secrets: impl IntoIterator<Item = &'a str>) {
         self.invalid_agent_secrets.clear();
         for secret in secrets {
             self.invalid_agent_secrets
@@ -478,7 +478,7 @@ impl Metrics {
     }
 
     /// `source` is the kind of the claim's data source, empty for none.
-    pub fn provision_succeeded(&self, class: &str, source: &str, took: Duration) {
+    pub(crate) fn provision_succeeded(&self, class: &str, source: &str, took: Duration) {
         let labels = ProvisionLabels {
             class: class.to_owned(),
             source: source.to_owned(),
@@ -489,7 +489,7 @@ impl Metrics {
             .observe(took.as_secs_f64());
     }
 
-    pub fn provision_failed(&self, class: &str, source: &str) {
+    pub(crate) fn provision_failed(&self, class: &str, source: &str) {
         self.provision_failed
             .get_or_create(&ProvisionLabels {
                 class: class.to_owned(),
@@ -498,18 +498,24 @@ impl Metrics {
             .inc();
     }
 
-    pub fn delete_succeeded(&self, class: &str, took: Duration) {
+    pub(crate) fn delete_succeeded(&self, class: &str, took: Duration) {
         self.delete_total.get_or_create(&Self::class(class)).inc();
         self.delete_duration
             .get_or_create(&Self::class(class))
             .observe(took.as_secs_f64());
     }
 
-    pub fn delete_failed(&self, class: &str) {
+    pub(crate) fn delete_failed(&self, class: &str) {
         self.delete_failed.get_or_create(&Self::class(class)).inc();
     }
 
-    pub fn agent_request(&self, agent: &str, operation: &str, took: Duration, error: Option<&str>) {
+    pub(crate) fn agent_request(
+        &self,
+        agent: &str,
+        operation: &str,
+        took: Duration,
+        error: Option<&str>,
+    ) {
         let labels = AgentLabels {
             agent: agent.to_owned(),
             operation: operation.to_owned(),
@@ -529,7 +535,12 @@ impl Metrics {
     }
 
     /// What the last orphan check of `agent` found.
-    pub fn set_orphans(&self, agent: &str, orphaned_directories: u64, missing_directories: u64) {
+    pub(crate) fn set_orphans(
+        &self,
+        agent: &str,
+        orphaned_directories: u64,
+        missing_directories: u64,
+    ) {
         let labels = OrphanLabels {
             agent: agent.to_owned(),
         };
@@ -542,7 +553,7 @@ impl Metrics {
             .set(gauge(missing_directories));
     }
 
-    pub fn orphans_archived(&self, agent: &str, count: u64) {
+    pub(crate) fn orphans_archived(&self, agent: &str, count: u64) {
         self.orphans_archived
             .get_or_create(&OrphanLabels {
                 agent: agent.to_owned(),
@@ -551,7 +562,7 @@ impl Metrics {
     }
 
     /// Publishes the figures of the volume `pv_name`, replacing its previous ones.
-    pub fn set_volume(&self, pv_name: &str, labels: &VolumeLabels, figures: VolumeFigures) {
+    pub(crate) fn set_volume(&self, pv_name: &str, labels: &VolumeLabels, figures: VolumeFigures) {
         let mut volumes = self
             .volume_usage
             .0
@@ -572,7 +583,7 @@ impl Metrics {
 
     /// Drops the figures of every volume `keep` says no to, so a deleted claim does not
     /// linger in dashboards with its last figures.
-    pub fn retain_volumes(&self, mut keep: impl FnMut(&str) -> bool) {
+    pub(crate) fn retain_volumes(&self, mut keep: impl FnMut(&str) -> bool) {
         let mut volumes = self
             .volume_usage
             .0

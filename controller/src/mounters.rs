@@ -45,9 +45,9 @@ fn slim_meta<'de, D: Deserializer<'de>>(deserializer: D) -> Result<ObjectMeta, D
 /// A Node reduced to its name and InternalIP addresses.
 #[derive(Debug, Clone, Default, PartialEq, Deserialize)]
 #[serde(from = "DecodedNode")]
-pub struct NodeAddresses {
-    pub metadata: ObjectMeta,
-    pub addresses: Vec<IpAddr>,
+pub(crate) struct NodeAddresses {
+    pub(crate) metadata: ObjectMeta,
+    pub(crate) addresses: Vec<IpAddr>,
 }
 
 #[derive(Deserialize)]
@@ -94,13 +94,13 @@ impl From<DecodedNode> for NodeAddresses {
 /// A Pod reduced to its node and the claims it mounts.
 #[derive(Debug, Clone, Default, PartialEq, Deserialize)]
 #[serde(from = "DecodedPod")]
-pub struct MountingPod {
-    pub metadata: ObjectMeta,
+pub(crate) struct MountingPod {
+    pub(crate) metadata: ObjectMeta,
     /// `spec.nodeName`: set once the pod is bound to a node, never changed after.
-    pub node: Option<Box<str>>,
+    pub(crate) node: Option<Box<str>>,
     /// The claims of its `persistentVolumeClaim` volumes and of its generic ephemeral
     /// volumes (whose claim is named `<pod>-<volume>`).
-    pub claims: Box<[Box<str>]>,
+    pub(crate) claims: Box<[Box<str>]>,
 }
 
 #[derive(Deserialize)]
@@ -163,7 +163,7 @@ impl From<DecodedPod> for MountingPod {
 
 impl MountingPod {
     /// Whether the pod mounts claim `namespace/name`.
-    pub fn uses(&self, namespace: &str, name: &str) -> bool {
+    pub(crate) fn uses(&self, namespace: &str, name: &str) -> bool {
         self.metadata.namespace.as_deref() == Some(namespace)
             && self.claims.iter().any(|claim| &**claim == name)
     }
@@ -207,12 +207,12 @@ slim_resource!(MountingPod, NamespaceResourceScope, "Pod", "pods");
 
 /// The Node and Pod caches, shared by provisioning (the first export of a volume) and the
 /// export reconciler (every later change). Their writers are taken by the watches once.
-pub struct Mounters {
+pub(crate) struct Mounters {
     nodes: Store<NodeAddresses>,
     pods: Store<MountingPod>,
     writers: Mutex<Option<(Writer<NodeAddresses>, Writer<MountingPod>)>>,
     /// Woken at every change of either cache.
-    pub changed: Notify,
+    pub(crate) changed: Notify,
 }
 
 impl Default for Mounters {
@@ -239,7 +239,7 @@ impl std::fmt::Debug for Mounters {
 
 impl Mounters {
     /// The writers of both caches, for the one task that watches; `None` after the first call.
-    pub fn take_writers(&self) -> Option<(Writer<NodeAddresses>, Writer<MountingPod>)> {
+    pub(crate) fn take_writers(&self) -> Option<(Writer<NodeAddresses>, Writer<MountingPod>)> {
         self.writers
             .lock()
             .unwrap_or_else(|e| e.into_inner())
@@ -248,25 +248,25 @@ impl Mounters {
 
     /// Whether both caches hold a complete list: before that, `nodes` would admit too few
     /// nodes and `pods` would miss pods already running.
-    pub fn ready(&self) -> bool {
+    pub(crate) fn ready(&self) -> bool {
         self.nodes.wait_until_ready().now_or_never().is_some()
             && self.pods.wait_until_ready().now_or_never().is_some()
     }
 
-    pub async fn wait_until_ready(&self) {
+    pub(crate) async fn wait_until_ready(&self) {
         let _ =
             futures::future::try_join(self.nodes.wait_until_ready(), self.pods.wait_until_ready())
                 .await;
     }
 
     /// The cluster as it stands, indexed for many volumes at once.
-    pub fn snapshot(&self) -> Snapshot {
+    pub(crate) fn snapshot(&self) -> Snapshot {
         Snapshot::build(&self.nodes.state(), &self.pods.state())
     }
 
     /// The clients `which` admits for the one claim `namespace/name`, without indexing
     /// every pod's claims.
-    pub fn clients_of(
+    pub(crate) fn clients_of(
         &self,
         which: &ExportClients,
         namespace: &str,
@@ -285,13 +285,13 @@ type ClaimKey = (Box<str>, Box<str>);
 
 /// Node addresses by node name, and the nodes where each claim's pods are scheduled.
 #[derive(Debug, Default)]
-pub struct Snapshot {
+pub(crate) struct Snapshot {
     addresses: HashMap<Box<str>, Vec<IpAddr>>,
     claim_nodes: HashMap<ClaimKey, BTreeSet<Box<str>>>,
 }
 
 impl Snapshot {
-    pub fn build(nodes: &[Arc<NodeAddresses>], pods: &[Arc<MountingPod>]) -> Self {
+    pub(crate) fn build(nodes: &[Arc<NodeAddresses>], pods: &[Arc<MountingPod>]) -> Self {
         let addresses = nodes
             .iter()
             .filter_map(|node| {
@@ -322,7 +322,12 @@ impl Snapshot {
     /// every address of every node, or of the nodes where a pod using the claim is
     /// scheduled. A node whose Node object is gone (or has no InternalIP) adds nobody.
     /// Fixed lists are not the cluster's: they come back as they are.
-    pub fn clients(&self, which: &ExportClients, namespace: &str, name: &str) -> Vec<ExportClient> {
+    pub(crate) fn clients(
+        &self,
+        which: &ExportClients,
+        namespace: &str,
+        name: &str,
+    ) -> Vec<ExportClient> {
         let mut addresses: Vec<IpAddr> = match which {
             ExportClients::Nodes => self.addresses.values().flatten().copied().collect(),
             ExportClients::Pods => self

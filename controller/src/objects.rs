@@ -20,7 +20,7 @@ use nfsprov_vocabulary::quantity::bytes;
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Deserializer, Serialize};
 
-pub use nfsprov_vocabulary::names::{
+pub(crate) use nfsprov_vocabulary::names::{
     ANN_AGENT, ANN_ARCHIVE_RETENTION_DAYS, ANN_BETA_STORAGE_CLASS, ANN_BETA_STORAGE_PROVISIONER,
     ANN_CLONE_METHOD, ANN_CLONED_FROM, ANN_ON_DELETE, ANN_PATH, ANN_PROVISIONED_BY, ANN_QUOTA,
     ANN_SELECTED_NODE, ANN_STORAGE_PROVISIONER, FINALIZER, RECLAIM_DELETE, RECLAIM_RETAIN, STORAGE,
@@ -29,63 +29,63 @@ pub use nfsprov_vocabulary::names::{
 
 /// The claim's class: the beta annotation wins over `spec.storageClassName`, as in
 /// Kubernetes' own helper.
-pub fn claim_class(pvc: &impl ClaimParts) -> Option<&str> {
+pub(crate) fn claim_class(pvc: &impl ClaimParts) -> Option<&str> {
     pvc.claim_annotation(ANN_BETA_STORAGE_CLASS)
         .or_else(|| pvc.claim_spec()?.storage_class_name.as_deref())
         .filter(|c| !c.is_empty())
 }
 
 /// Whether the claim names its volume (the binder sets it; provisioning is then over).
-pub fn claim_is_bound(pvc: &impl ClaimParts) -> bool {
+pub(crate) fn claim_is_bound(pvc: &impl ClaimParts) -> bool {
     volume_name(pvc).is_some()
 }
 
 /// `namespace/name`, for logs.
-pub fn claim_key(pvc: &impl ClaimParts) -> String {
+pub(crate) fn claim_key(pvc: &impl ClaimParts) -> String {
     let namespace = pvc.claim_meta().namespace.as_deref().unwrap_or_default();
     let name = pvc.claim_meta().name.as_deref().unwrap_or_default();
     format!("{namespace}/{name}")
 }
 
 /// The provisioner the PV controller asked to act on the claim.
-pub fn claim_provisioner(pvc: &impl ClaimParts) -> Option<&str> {
+pub(crate) fn claim_provisioner(pvc: &impl ClaimParts) -> Option<&str> {
     pvc.claim_annotation(ANN_STORAGE_PROVISIONER)
         .or_else(|| pvc.claim_annotation(ANN_BETA_STORAGE_PROVISIONER))
 }
 
 /// The class's reclaim policy; Kubernetes defaults it to Delete.
-pub fn class_reclaim_policy(class: &StorageClass) -> &str {
+pub(crate) fn class_reclaim_policy(class: &StorageClass) -> &str {
     class.reclaim_policy.as_deref().unwrap_or(RECLAIM_DELETE)
 }
 
 /// `pvc/namespace/name`: the claim's key among per-object state such as backoff.
-pub fn claim_state_key(pvc: &impl ClaimParts) -> String {
+pub(crate) fn claim_state_key(pvc: &impl ClaimParts) -> String {
     format!("pvc/{}", claim_key(pvc))
 }
 
 /// `pv/name`: the volume's key among per-object state such as backoff.
-pub fn volume_state_key(pv: &CachedVolume) -> String {
+pub(crate) fn volume_state_key(pv: &CachedVolume) -> String {
     format!("pv/{}", pv.name_any())
 }
 
 /// The storage entry of a resource map.
-pub fn storage_of(map: Option<&BTreeMap<String, Quantity>>) -> Option<&Quantity> {
+pub(crate) fn storage_of(map: Option<&BTreeMap<String, Quantity>>) -> Option<&Quantity> {
     map?.get(STORAGE)
 }
 
-pub fn requested(pvc: &impl ClaimParts) -> Option<&Quantity> {
+pub(crate) fn requested(pvc: &impl ClaimParts) -> Option<&Quantity> {
     storage_of(pvc.claim_spec()?.resources.as_ref()?.requests.as_ref())
 }
 
-pub fn status_capacity(pvc: &impl ClaimParts) -> Option<&Quantity> {
+pub(crate) fn status_capacity(pvc: &impl ClaimParts) -> Option<&Quantity> {
     storage_of(pvc.claim_status()?.capacity.as_ref())
 }
 
-pub fn allocated(pvc: &impl ClaimParts) -> Option<&Quantity> {
+pub(crate) fn allocated(pvc: &impl ClaimParts) -> Option<&Quantity> {
     storage_of(pvc.claim_status()?.allocated_resources.as_ref())
 }
 
-pub fn resize_status(pvc: &impl ClaimParts) -> Option<&str> {
+pub(crate) fn resize_status(pvc: &impl ClaimParts) -> Option<&str> {
     pvc.claim_status()?
         .allocated_resource_statuses
         .as_ref()?
@@ -94,13 +94,13 @@ pub fn resize_status(pvc: &impl ClaimParts) -> Option<&str> {
 }
 
 /// The volume the claim is bound to (the binder sets it; provisioning is then over).
-pub fn volume_name(pvc: &impl ClaimParts) -> Option<&str> {
+pub(crate) fn volume_name(pvc: &impl ClaimParts) -> Option<&str> {
     pvc.bound_volume_name().filter(|v| !v.is_empty())
 }
 
 /// Whether a bound claim asks for more than it has, or carries resize state: the claim cache
 /// keeps such claims whole, because expansion reads their request, class and status.
-pub fn resize_in_play(pvc: &impl ClaimParts) -> bool {
+pub(crate) fn resize_in_play(pvc: &impl ClaimParts) -> bool {
     if volume_name(pvc).is_none() {
         return false;
     }
@@ -119,7 +119,7 @@ pub fn resize_in_play(pvc: &impl ClaimParts) -> bool {
 }
 
 /// What the claim predicates read, from a whole claim or from the claim cache's form.
-pub trait ClaimParts {
+pub(crate) trait ClaimParts {
     fn claim_meta(&self) -> &ObjectMeta;
     fn claim_spec(&self) -> Option<&PersistentVolumeClaimSpec>;
     fn claim_status(&self) -> Option<&PersistentVolumeClaimStatus>;
@@ -157,11 +157,11 @@ impl ClaimParts for PersistentVolumeClaim {
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct CachedClaim {
     #[serde(default, deserialize_with = "meta_without_managed_fields")]
-    pub metadata: ObjectMeta,
+    pub(crate) metadata: ObjectMeta,
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub spec: Option<Box<PersistentVolumeClaimSpec>>,
+    pub(crate) spec: Option<Box<PersistentVolumeClaimSpec>>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub status: Option<Box<PersistentVolumeClaimStatus>>,
+    pub(crate) status: Option<Box<PersistentVolumeClaimStatus>>,
     /// The labels, annotations and storage requests of a claim [`CachedClaim::pack`]ed
     /// for the cache; their maps in `metadata` and `spec` are then `None`.
     #[serde(skip)]
@@ -199,7 +199,7 @@ fn unpack(pairs: &Option<Pairs>) -> Option<BTreeMap<String, String>> {
 
 impl CachedClaim {
     /// The claim as the reconcilers read it.
-    pub fn to_claim(&self) -> PersistentVolumeClaim {
+    pub(crate) fn to_claim(&self) -> PersistentVolumeClaim {
         let mut metadata = self.metadata.clone();
         let mut spec = self.spec.as_deref().cloned();
         if self.packed != PackedMaps::default() {
@@ -226,7 +226,7 @@ impl CachedClaim {
     /// that is read whole only through [`CachedClaim::to_claim`] (an unbound one: the
     /// predicates read its annotations through [`ClaimParts::claim_annotation`], and its
     /// class, name and volume name, which stay where they are).
-    pub fn pack(&mut self) {
+    pub(crate) fn pack(&mut self) {
         self.packed.labels = pack(self.metadata.labels.take());
         self.packed.annotations = pack(self.metadata.annotations.take());
         let requests = self
@@ -313,7 +313,7 @@ impl Resource for CachedClaim {
 /// for 10,000 volumes.
 ///
 /// The annotations this controller reads are moved out of the metadata into
-/// [`RecordedAnnotations`] as the object is decoded, and the rest are dropped:
+/// `RecordedAnnotations` as the object is decoded, and the rest are dropped:
 /// `metadata.annotations` of a `CachedVolume` is always `None`. A map of a PV's six
 /// annotations costs about 1 kB (a B-tree node plus a string per key and value), the
 /// fields about a quarter of that, and every decode (watch, get, patch answer) gives the
@@ -321,27 +321,27 @@ impl Resource for CachedClaim {
 #[derive(Debug, Clone, Default, PartialEq, Deserialize)]
 #[serde(from = "DecodedVolume")]
 pub struct CachedVolume {
-    pub metadata: ObjectMeta,
-    pub recorded: RecordedAnnotations,
-    pub spec: Option<CachedVolumeSpec>,
-    pub status: Option<CachedVolumeStatus>,
+    pub(crate) metadata: ObjectMeta,
+    pub(crate) recorded: RecordedAnnotations,
+    pub(crate) spec: Option<CachedVolumeSpec>,
+    pub(crate) status: Option<CachedVolumeStatus>,
 }
 
 /// The annotations of a PV that this controller reads, each by its constant's name.
 #[derive(Debug, Clone, Default, PartialEq)]
-pub struct RecordedAnnotations {
+pub(crate) struct RecordedAnnotations {
     /// [`ANN_PROVISIONED_BY`]
-    pub provisioned_by: Option<Box<str>>,
+    pub(crate) provisioned_by: Option<Box<str>>,
     /// [`ANN_AGENT`]
-    pub agent: Option<Box<str>>,
+    pub(crate) agent: Option<Box<str>>,
     /// [`ANN_PATH`]
-    pub path: Option<Box<str>>,
+    pub(crate) path: Option<Box<str>>,
     /// [`ANN_ON_DELETE`]
-    pub on_delete: Option<Box<str>>,
+    pub(crate) on_delete: Option<Box<str>>,
     /// [`ANN_QUOTA`]
-    pub quota: Option<Box<str>>,
+    pub(crate) quota: Option<Box<str>>,
     /// [`ANN_ARCHIVE_RETENTION_DAYS`]
-    pub archive_retention_days: Option<Box<str>>,
+    pub(crate) archive_retention_days: Option<Box<str>>,
 }
 
 impl RecordedAnnotations {
@@ -431,31 +431,31 @@ impl From<DecodedVolume> for CachedVolume {
 
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
-pub struct CachedVolumeSpec {
+pub(crate) struct CachedVolumeSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub persistent_volume_reclaim_policy: Option<String>,
+    pub(crate) persistent_volume_reclaim_policy: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub storage_class_name: Option<String>,
+    pub(crate) storage_class_name: Option<String>,
     /// The claim a bound volume belongs to: the usage poll labels and warns by it, so the
     /// claim cache need not keep bound claims at all.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub claim_ref: Option<VolumeClaimRef>,
+    pub(crate) claim_ref: Option<VolumeClaimRef>,
 }
 
 /// `spec.claimRef` of a PV, reduced to what names the claim.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
-pub struct VolumeClaimRef {
+pub(crate) struct VolumeClaimRef {
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub namespace: Option<String>,
+    pub(crate) namespace: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub name: Option<String>,
+    pub(crate) name: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub uid: Option<String>,
+    pub(crate) uid: Option<String>,
 }
 
 impl VolumeClaimRef {
     /// The claim as events refer to it.
-    pub fn object_reference(&self) -> ObjectReference {
+    pub(crate) fn object_reference(&self) -> ObjectReference {
         ObjectReference {
             api_version: Some("v1".to_owned()),
             kind: Some("PersistentVolumeClaim".to_owned()),
@@ -468,9 +468,9 @@ impl VolumeClaimRef {
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
-pub struct CachedVolumeStatus {
+pub(crate) struct CachedVolumeStatus {
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub phase: Option<String>,
+    pub(crate) phase: Option<String>,
 }
 
 impl Resource for CachedVolume {
@@ -512,7 +512,10 @@ pub struct Provisioners {
 }
 
 impl Provisioners {
-    pub fn new(own: impl Into<String>, additional: impl IntoIterator<Item = String>) -> Self {
+    pub(crate) fn new(
+        own: impl Into<String>,
+        additional: impl IntoIterator<Item = String>,
+    ) -> Self {
         let mut names = vec![own.into()];
         for name in additional {
             if !names.contains(&name) {
@@ -523,16 +526,12 @@ impl Provisioners {
     }
 
     /// The controller's own name: what the PVs it adopts are marked with.
-    pub fn own(&self) -> &str {
+    pub(crate) fn own(&self) -> &str {
         &self.names[0]
     }
 
-    pub fn contains(&self, name: &str) -> bool {
+    pub(crate) fn contains(&self, name: &str) -> bool {
         self.names.iter().any(|n| n == name)
-    }
-
-    pub fn all(&self) -> &[String] {
-        &self.names
     }
 }
 
@@ -553,7 +552,7 @@ impl std::fmt::Display for Provisioners {
 /// and path of this project (made or adopted here). A PV the replaced provisioner made
 /// stays that provisioner's until adopted: no finalizer, no deletion, so scaling the old
 /// provisioner back up finds its PVs as it left them.
-pub fn is_ours(pv: &CachedVolume, provisioners: &Provisioners) -> bool {
+pub(crate) fn is_ours(pv: &CachedVolume, provisioners: &Provisioners) -> bool {
     let recorded = &pv.recorded;
     match recorded.provisioned_by.as_deref() {
         Some(name) if name == provisioners.own() => true,
@@ -565,19 +564,19 @@ pub fn is_ours(pv: &CachedVolume, provisioners: &Provisioners) -> bool {
 }
 
 /// Whether our finalizer still holds the PV.
-pub fn has_finalizer(pv: &CachedVolume) -> bool {
+pub(crate) fn has_finalizer(pv: &CachedVolume) -> bool {
     pv.finalizers().iter().any(|f| f == FINALIZER)
 }
 
 /// The PV's reclaim policy; absent means Retain (nothing is ever deleted by mistake).
-pub fn reclaim_policy(pv: &CachedVolume) -> &str {
+pub(crate) fn reclaim_policy(pv: &CachedVolume) -> &str {
     pv.spec
         .as_ref()
         .and_then(|s| s.persistent_volume_reclaim_policy.as_deref())
         .unwrap_or(RECLAIM_RETAIN)
 }
 
-pub fn phase(pv: &CachedVolume) -> &str {
+pub(crate) fn phase(pv: &CachedVolume) -> &str {
     pv.status
         .as_ref()
         .and_then(|s| s.phase.as_deref())
@@ -585,12 +584,12 @@ pub fn phase(pv: &CachedVolume) -> &str {
 }
 
 /// The claim a volume is bound to, when its `claimRef` names one.
-pub fn bound_claim_of(pv: &CachedVolume) -> Option<&VolumeClaimRef> {
+pub(crate) fn bound_claim_of(pv: &CachedVolume) -> Option<&VolumeClaimRef> {
     let claim = pv.spec.as_ref()?.claim_ref.as_ref()?;
     (claim.namespace.is_some() && claim.name.is_some()).then_some(claim)
 }
 
-pub fn class_name(pv: &CachedVolume) -> &str {
+pub(crate) fn class_name(pv: &CachedVolume) -> &str {
     pv.spec
         .as_ref()
         .and_then(|s| s.storage_class_name.as_deref())
@@ -601,7 +600,7 @@ pub fn class_name(pv: &CachedVolume) -> &str {
 /// at so another writer's finalizers are never lost (a conflict means: retry with a fresh
 /// copy). An object that is gone meanwhile holds nothing any more: that is done, not a
 /// failure.
-pub async fn set_finalizers<K>(
+pub(crate) async fn set_finalizers<K>(
     api: &Api<K>,
     object: &K,
     finalizers: &[&str],

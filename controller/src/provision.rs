@@ -37,16 +37,16 @@ use crate::objects::{
 };
 use crate::pv::{NewVolume, build_pv};
 
-pub const REASON_PROVISIONING: &str = "Provisioning";
-pub const REASON_SUCCEEDED: &str = "ProvisioningSucceeded";
-pub const REASON_FAILED: &str = "ProvisioningFailed";
+pub(crate) const REASON_PROVISIONING: &str = "Provisioning";
+pub(crate) const REASON_SUCCEEDED: &str = "ProvisioningSucceeded";
+pub(crate) const REASON_FAILED: &str = "ProvisioningFailed";
 const ACTION: &str = "Provision";
 /// How often a claim asks the agent again about a clone it is still copying.
 const CLONE_POLL: std::time::Duration = std::time::Duration::from_secs(3);
 
 /// Why a claim is left alone (logged at debug level only: most claims are not ours).
 #[derive(Debug, PartialEq, Eq)]
-pub enum Skip {
+pub(crate) enum Skip {
     Deleting,
     Bound,
     NotOurs,
@@ -58,7 +58,7 @@ pub enum Skip {
 }
 
 /// Decides whether to provision `pvc` now: the library's `shouldProvision`.
-pub fn should_provision(
+pub(crate) fn should_provision(
     pvc: &PersistentVolumeClaim,
     ctx: &Context,
 ) -> Result<(Arc<StorageClass>, String), Skip> {
@@ -130,7 +130,7 @@ fn source_kind(pvc: &PersistentVolumeClaim) -> &str {
 const ARCHIVE_SOURCE_KIND: &str = "Archive";
 
 /// Reconciles one unbound claim: provisions it when it is ours.
-pub async fn reconcile_unbound_claim(
+pub(crate) async fn reconcile_unbound_claim(
     pvc: &PersistentVolumeClaim,
     ctx: &Context,
 ) -> Result<Action, Error> {

@@ -17,37 +17,37 @@ use crate::objects::{
 };
 
 /// `spec.nfs.path` for a volume: the export root as clients mount it, then the volume path.
-pub fn nfs_path(export_root: &str, path: &VolumePath) -> String {
+pub(crate) fn nfs_path(export_root: &str, path: &VolumePath) -> String {
     let root = export_root.trim_end_matches('/');
     format!("{root}/{path}")
 }
 
 /// Everything that goes into a new PV.
 #[derive(Debug, Clone, Copy)]
-pub struct NewVolume<'a> {
-    pub pvc: &'a PersistentVolumeClaim,
-    pub class: &'a StorageClass,
-    pub class_name: &'a str,
-    pub provisioner: &'a str,
-    pub pv_name: &'a str,
-    pub agent: &'a str,
-    pub path: &'a VolumePath,
-    pub on_delete: OnDelete,
-    pub quota: QuotaPolicy,
-    pub archive_retention_days: Option<u32>,
-    pub export: &'a NfsExport,
+pub(crate) struct NewVolume<'a> {
+    pub(crate) pvc: &'a PersistentVolumeClaim,
+    pub(crate) class: &'a StorageClass,
+    pub(crate) class_name: &'a str,
+    pub(crate) provisioner: &'a str,
+    pub(crate) pv_name: &'a str,
+    pub(crate) agent: &'a str,
+    pub(crate) path: &'a VolumePath,
+    pub(crate) on_delete: OnDelete,
+    pub(crate) quota: QuotaPolicy,
+    pub(crate) archive_retention_days: Option<u32>,
+    pub(crate) export: &'a NfsExport,
     /// The path of the volume's own export as the agent reported it, when the agent
     /// gave it an opaque one (ganesha's pseudo path): mounted instead of the export
     /// root's path and the volume path, which would show the namespace and claim.
-    pub export_path: Option<&'a str>,
-    pub capacity: &'a Quantity,
+    pub(crate) export_path: Option<&'a str>,
+    pub(crate) capacity: &'a Quantity,
     /// The claim (`namespace/name`) it was cloned from, and how.
-    pub cloned_from: Option<(&'a str, CloneMethod)>,
+    pub(crate) cloned_from: Option<(&'a str, CloneMethod)>,
 }
 
 /// Builds the PV bound to the claim, as sig-storage-lib-external-provisioner does, plus our
 /// annotations recording where the data is.
-pub fn build_pv(v: &NewVolume<'_>) -> PersistentVolume {
+pub(crate) fn build_pv(v: &NewVolume<'_>) -> PersistentVolume {
     let reclaim = class_reclaim_policy(v.class).to_owned();
     let mut annotations = BTreeMap::from([
         (ANN_PROVISIONED_BY.to_owned(), v.provisioner.to_owned()),

@@ -19,7 +19,7 @@ use nfsprov_vocabulary::snapshots::{Snapshot, SnapshotSchedule};
 
 /// A kind the controller reconciles: which work an object goes to, its key among the
 /// per-object backoff, and how a failure is logged.
-pub trait Reconciled: Send + Sync + 'static {
+pub(crate) trait Reconciled: Send + Sync + 'static {
     /// The name of its controller in the logs.
     const CONTROLLER: &'static str;
     /// Whether a reconcile waits for the agents read from Secrets: no object is refused
@@ -39,7 +39,10 @@ pub trait Reconciled: Send + Sync + 'static {
 }
 
 /// Reconciles one object once this replica leads, forgetting its backoff on success.
-pub async fn reconcile<K: Reconciled>(object: Arc<K>, ctx: Arc<Context>) -> Result<Action, Error> {
+pub(crate) async fn reconcile<K: Reconciled>(
+    object: Arc<K>,
+    ctx: Arc<Context>,
+) -> Result<Action, Error> {
     ctx.leading().await;
     if K::WAITS_FOR_AGENTS {
         ctx.agents.ready().await;
@@ -52,7 +55,11 @@ pub async fn reconcile<K: Reconciled>(object: Arc<K>, ctx: Arc<Context>) -> Resu
 }
 
 /// Retries a failed object after its next backoff delay.
-pub fn error_policy<K: Reconciled>(object: Arc<K>, error: &Error, ctx: Arc<Context>) -> Action {
+pub(crate) fn error_policy<K: Reconciled>(
+    object: Arc<K>,
+    error: &Error,
+    ctx: Arc<Context>,
+) -> Action {
     let delay = ctx.backoff.failed(&object.backoff_key());
     object.warn_failed(error, delay);
     Action::requeue(delay)

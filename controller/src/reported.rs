@@ -13,7 +13,7 @@ const REPORT_AGAIN_AFTER: Duration = Duration::from_secs(24 * 60 * 60);
 /// The permanent failures already reported, by claim: each one is reported (event and
 /// metric) once per version of the claim and its class, whatever the resyncs.
 #[derive(Debug)]
-pub struct ReportedFailures {
+pub(crate) struct ReportedFailures {
     state: Mutex<ReportedState>,
 }
 
@@ -36,7 +36,7 @@ impl Default for ReportedFailures {
 
 impl ReportedFailures {
     /// Records `fingerprint` for `key`; true when it was not already the one on record.
-    pub fn first_time(&self, key: &str, fingerprint: String) -> bool {
+    pub(crate) fn first_time(&self, key: &str, fingerprint: String) -> bool {
         let now = Instant::now();
         let mut state = self.state.lock().unwrap_or_else(|e| e.into_inner());
         // Claims deleted while failing are never reconciled again; their entries go here.
@@ -62,14 +62,14 @@ impl ReportedFailures {
 
     /// Whether the failure on record for `key` was recorded under a fingerprint starting
     /// with `version` (and is still fresh): that version was refused already.
-    pub fn holds_version(&self, key: &str, version: &str) -> bool {
+    pub(crate) fn holds_version(&self, key: &str, version: &str) -> bool {
         let state = self.state.lock().unwrap_or_else(|e| e.into_inner());
         state.entries.get(key).is_some_and(|(known, at)| {
             known.starts_with(version) && at.elapsed() < REPORT_AGAIN_AFTER
         })
     }
 
-    pub fn forget(&self, key: &str) {
+    pub(crate) fn forget(&self, key: &str) {
         self.state
             .lock()
             .unwrap_or_else(|e| e.into_inner())
@@ -79,7 +79,7 @@ impl ReportedFailures {
 
     /// How many claims have a permanent failure on record.
     #[cfg(test)]
-    pub fn tracked(&self) -> usize {
+    pub(crate) fn tracked(&self) -> usize {
         self.state
             .lock()
             .unwrap_or_else(|e| e.into_inner())

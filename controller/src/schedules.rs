@@ -30,13 +30,13 @@ use tracing::info;
 use crate::context::{Context, Error};
 use crate::objects::claim_is_bound;
 
-pub const REASON_FAILED: &str = "SnapshotScheduleFailed";
+pub(crate) const REASON_FAILED: &str = "SnapshotScheduleFailed";
 const ACTION: &str = "Schedule";
 /// The longest name the API accepts for a Snapshot (a DNS subdomain).
 const MAX_NAME: usize = 253;
 
 /// `schedule/namespace/name`: the schedule's key among per-object state such as backoff.
-pub fn state_key(schedule: &SnapshotSchedule) -> String {
+pub(crate) fn state_key(schedule: &SnapshotSchedule) -> String {
     format!(
         "schedule/{}/{}",
         schedule.namespace().unwrap_or_default(),
@@ -82,7 +82,7 @@ fn due(schedule: &SnapshotSchedule, interval: SignedDuration) -> Timestamp {
 }
 
 /// Reconciles one schedule.
-pub async fn reconcile_schedule(
+pub(crate) async fn reconcile_schedule(
     schedule: &SnapshotSchedule,
     ctx: &Context,
 ) -> Result<Action, Error> {

@@ -28,15 +28,15 @@ use crate::datasource::{SourceClaim, claim_volume};
 use crate::metrics::SnapshotState;
 use crate::objects::{set_finalizers, volume_name};
 
-pub const REASON_READY: &str = "SnapshotReady";
-pub const REASON_FAILED: &str = "SnapshotFailed";
-pub const REASON_DELETED: &str = "SnapshotDeleted";
+pub(crate) const REASON_READY: &str = "SnapshotReady";
+pub(crate) const REASON_FAILED: &str = "SnapshotFailed";
+pub(crate) const REASON_DELETED: &str = "SnapshotDeleted";
 const ACTION: &str = "Snapshot";
 /// How often a Snapshot asks its agent again about a snapshot still being made.
 const SNAPSHOT_POLL: Duration = Duration::from_secs(3);
 
 /// `snapshot/namespace/name`: the Snapshot's key among per-object state such as backoff.
-pub fn state_key(snapshot: &Snapshot) -> String {
+pub(crate) fn state_key(snapshot: &Snapshot) -> String {
     format!(
         "snapshot/{}/{}",
         snapshot.namespace().unwrap_or_default(),
@@ -60,7 +60,10 @@ struct Placement {
 }
 
 /// Reconciles one Snapshot.
-pub async fn reconcile_snapshot(snapshot: &Snapshot, ctx: &Context) -> Result<Action, Error> {
+pub(crate) async fn reconcile_snapshot(
+    snapshot: &Snapshot,
+    ctx: &Context,
+) -> Result<Action, Error> {
     if snapshot.metadata.deletion_timestamp.is_some() {
         if has_finalizer(snapshot) {
             release(snapshot, ctx).await?;

@@ -19,7 +19,7 @@ use crate::context::{Context, stopped};
 use crate::metrics::{VolumeFigures, VolumeLabels};
 use crate::objects::{ANN_PATH, CachedVolume, VolumeClaimRef, bound_claim_of, is_ours};
 
-pub const REASON_NEARLY_FULL: &str = "VolumeNearlyFull";
+pub(crate) const REASON_NEARLY_FULL: &str = "VolumeNearlyFull";
 const ACTION: &str = "MeasureUsage";
 
 /// Warn when a volume reaches this share of its capacity...
@@ -85,13 +85,13 @@ fn targets(ctx: &Context) -> Vec<Target> {
 
 /// `VolumeNearlyFull` hysteresis, per PV: warn on crossing 90 %, re-arm below 85 %.
 #[derive(Debug, Default)]
-pub struct NearlyFull {
+pub(crate) struct NearlyFull {
     warned: BTreeSet<String>,
 }
 
 impl NearlyFull {
     /// Records a measurement; `true` when it is a crossing to warn about.
-    pub fn observe(&mut self, pv_name: &str, used_bytes: u64, capacity_bytes: u64) -> bool {
+    pub(crate) fn observe(&mut self, pv_name: &str, used_bytes: u64, capacity_bytes: u64) -> bool {
         if capacity_bytes == 0 {
             return false;
         }
@@ -116,7 +116,7 @@ impl NearlyFull {
 /// What one poll leaves for the next. The published figures themselves live in
 /// [`crate::metrics::Metrics`], which drops those of volumes a poll no longer finds.
 #[derive(Debug, Default)]
-pub struct UsageTracker {
+pub(crate) struct UsageTracker {
     nearly_full: NearlyFull,
 }
 
@@ -152,7 +152,7 @@ async fn measure(ctx: &Context, target: &Target) -> Result<Option<Volume>, Measu
 }
 
 /// Measures every bound volume of ours once and publishes the figures.
-pub async fn poll_once(ctx: &Context, tracker: &mut UsageTracker) {
+pub(crate) async fn poll_once(ctx: &Context, tracker: &mut UsageTracker) {
     let targets = targets(ctx);
     // Answers are handled as they arrive, so only the rare crossing is held until the end.
     // By index: a stream borrowing the targets themselves would not be `Send` for every
@@ -266,7 +266,7 @@ fn human_bytes(bytes: u64) -> String {
 /// Polls every `every` until `shutdown` turns true (or the future is dropped, as when the
 /// Lease is lost). The first poll comes one interval after the caches are synced, so a
 /// restart or a handover does not add a burst of agent requests to the initial sync.
-pub async fn run(ctx: Arc<Context>, every: Duration, shutdown: watch::Receiver<bool>) {
+pub(crate) async fn run(ctx: Arc<Context>, every: Duration, shutdown: watch::Receiver<bool>) {
     let work = async {
         if ctx.volumes.wait_until_ready().await.is_err() {
             return;
