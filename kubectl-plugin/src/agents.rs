@@ -1,5 +1,6 @@
-//! `agents`: each agent's health, version, quota backend, free space and volume count,
-//! asked with the controller's own credentials.
+//! `agents`: each agent's health, version, quota backend, free space, volume count and
+//! the capacity it has promised (with its ratio to the filesystem), asked with the
+//! controller's own credentials.
 
 use serde::Serialize;
 
@@ -7,7 +8,7 @@ use crate::cluster::Target;
 use crate::probe::{AgentProbe, Volumes, probe_all};
 use crate::table::{Table, human_bytes};
 
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize)]
 pub(crate) struct AgentRow {
     pub name: String,
     pub secret: String,
@@ -21,9 +22,15 @@ pub(crate) struct AgentRow {
     pub available_bytes: Option<u64>,
     pub total_bytes: Option<u64>,
     pub volumes: Option<usize>,
+    /// The capacity the agent has promised, and its ratio to the filesystem's size
+    /// (agents that report it).
+    pub provisioned_bytes: Option<u64>,
+    pub overcommit_ratio: Option<f64>,
+    /// Whether the ratio is past the agent's warning (`limits.overcommit_warn_ratio`).
+    pub overcommitted: Option<bool>,
 }
 
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize)]
 pub(crate) struct AgentsReport {
     /// Where the agents' Secrets were found.
     pub source: String,
@@ -56,6 +63,15 @@ pub(crate) fn row(probe: &AgentProbe) -> AgentRow {
             .as_ref()
             .and_then(|v| v.as_ref().ok())
             .map(|listing| listing.count),
+        provisioned_bytes: info
+            .and_then(|i| i.provisioning.as_ref())
+            .map(|p| p.provisioned_bytes),
+        overcommit_ratio: info
+            .and_then(|i| i.provisioning.as_ref())
+            .map(|p| p.overcommit_ratio),
+        overcommitted: info
+            .and_then(|i| i.provisioning.as_ref())
+            .map(|p| p.past_warning()),
     }
 }
 
@@ -92,6 +108,7 @@ impl crate::report::Report for AgentsReport {
             "quota",
             "available",
             "volumes",
+            "provisioned",
             "url",
         ]);
         for a in &self.agents {
@@ -105,6 +122,17 @@ impl crate::report::Report for AgentsReport {
                 }
                 _ => None,
             };
+            let provisioned = match (a.provisioned_bytes, a.overcommit_ratio) {
+                (Some(bytes), Some(ratio)) => {
+                    let past = if a.overcommitted == Some(true) {
+                        ",overcommitted"
+                    } else {
+                        ""
+                    };
+                    Some(format!("{}({ratio:.2}x{past})", human_bytes(bytes)))
+                }
+                _ => None,
+            };
             table.row([
                 a.name.clone(),
                 a.health.clone(),
@@ -112,6 +140,7 @@ impl crate::report::Report for AgentsReport {
                 or_dash(quota),
                 or_dash(available),
                 or_dash(a.volumes.map(|v| v.to_string())),
+                or_dash(provisioned),
                 or_dash(a.url.clone()),
             ]);
         }

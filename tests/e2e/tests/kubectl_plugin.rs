@@ -344,6 +344,14 @@ async fn status_agents_volumes_doctor_and_orphans() -> anyhow::Result<()> {
         agent["available_bytes"].as_u64().unwrap_or(0) > 0,
         "{agent}"
     );
+    // The one claim's 1Gi is what the agent has promised.
+    assert_eq!(agent["provisioned_bytes"], 1u64 << 30, "{agent}");
+    let total = agent["total_bytes"].as_f64().unwrap_or(0.0);
+    let ratio = agent["overcommit_ratio"].as_f64().unwrap_or(-1.0);
+    assert!(
+        (ratio - (1u64 << 30) as f64 / total).abs() < 1e-6,
+        "{agent}"
+    );
     let table = plugin.run(&["agents"]).await?;
     let row: Vec<&str> = table
         .stdout
@@ -359,6 +367,15 @@ async fn status_agents_volumes_doctor_and_orphans() -> anyhow::Result<()> {
         table.stdout
     );
     assert_eq!(row[5], "1", "{}", table.stdout);
+    assert_eq!(
+        row[6],
+        format!(
+            "1Gi({ratio:.2}x{})",
+            if ratio > 1.0 { ",overcommitted" } else { "" }
+        ),
+        "{}",
+        table.stdout
+    );
 
     // volumes: claim, agent, path and the usage the agent measured.
     let volumes = plugin
