@@ -118,7 +118,7 @@ impl Harness {
         for name in &options.agents {
             agents.push(Agent::start(name).await);
         }
-        #[allow(unused_mut)]
+        #[cfg_attr(not(feature = "controller"), allow(unused_mut))]
         let mut harness = Self {
             cluster,
             agents,
