@@ -23,8 +23,7 @@ use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim};
 use k8s_openapi::api::storage::v1::StorageClass;
 use kube::api::{Api, PostParams};
 use kube::runtime::{WatchStreamExt, watcher};
-use nfsprov_agent_testkit::TestAgent;
-use nfsprov_kube_sim::{SimOptions, Simulator};
+use nfsprov_test_harness::{Harness, HarnessOptions, SimOptions};
 use serde_json::json;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
@@ -120,20 +119,6 @@ impl ControllerProcess {
     }
 }
 
-fn write_agent_config(dir: &Path, agent: &TestAgent) {
-    let c = agent.connection();
-    let text = format!(
-        "name = \"{}\"\nurl = \"{}\"\nca_file = \"{}\"\ntoken_file = \"{}\"\nclient_cert_file = \"{}\"\nclient_key_file = \"{}\"\n",
-        c.name,
-        c.url,
-        c.ca_file.display(),
-        c.token_file.unwrap().display(),
-        c.client_cert_file.unwrap().display(),
-        c.client_key_file.unwrap().display(),
-    );
-    std::fs::write(dir.join("test.toml"), text).unwrap();
-}
-
 async fn create_all<K>(api: &Api<K>, objects: Vec<K>)
 where
     K: kube::Resource + Clone + serde::Serialize + serde::de::DeserializeOwned + std::fmt::Debug,
@@ -163,24 +148,17 @@ fn class(name: &str) -> StorageClass {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "benchmark"]
 async fn memory() {
-    let _ = rustls::crypto::ring::default_provider().install_default();
     let n = env_count("NFSPROV_BENCH_OBJECTS", 10_000);
-    let sim = Simulator::start(SimOptions {
-        binder: false,
-        watch_history: n * 3,
-        ..SimOptions::default()
+    let harness = Harness::start(HarnessOptions {
+        agents: vec!["test"],
+        ..HarnessOptions::simulator(SimOptions {
+            binder: false,
+            watch_history: n * 3,
+            ..SimOptions::default()
+        })
     })
-    .await
-    .unwrap();
-    let client = sim.client().await;
-    let dir = tempfile::tempdir().unwrap();
-    let kubeconfig = dir.path().join("kubeconfig");
-    sim.write_kubeconfig(&kubeconfig).unwrap();
-    let agents = dir.path().join("agents");
-    std::fs::create_dir(&agents).unwrap();
-    let root = tempfile::tempdir().unwrap();
-    let agent = TestAgent::start(root.path()).await.unwrap();
-    write_agent_config(&agents, &agent);
+    .await;
+    let client = harness.client.clone();
 
     Api::<StorageClass>::all(client.clone())
         .create(&PostParams::default(), &class("nfs"))
@@ -237,7 +215,7 @@ async fn memory() {
     create_all(&Api::all(client.clone()), volumes).await;
     println!("created {n} PVCs and {n} PVs in {:.1?}", started.elapsed());
 
-    let controller = ControllerProcess::start(&kubeconfig, &agents);
+    let controller = ControllerProcess::start(&harness.kubeconfig(), &harness.agents_dir());
     let took = controller.wait_ready().await;
     let mut peak: f64 = 0.0;
     let mut current = 0.0;
@@ -252,34 +230,27 @@ async fn memory() {
         "BENCH memory: {n} PVCs + {n} PVs cached; ready after {took:.1?}; RSS {current:.1} MiB, peak {peak:.1} MiB (target <= 64 MiB)"
     );
     drop(controller);
-    sim.shutdown().await;
+    harness.finish().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "benchmark"]
 async fn throughput() {
-    let _ = rustls::crypto::ring::default_provider().install_default();
     let m = env_count("NFSPROV_BENCH_CLAIMS", 1_000);
-    let sim = Simulator::start(SimOptions {
-        watch_history: m * 20,
-        ..SimOptions::default()
+    let harness = Harness::start(HarnessOptions {
+        agents: vec!["test"],
+        ..HarnessOptions::simulator(SimOptions {
+            watch_history: m * 20,
+            ..SimOptions::default()
+        })
     })
-    .await
-    .unwrap();
-    let client = sim.client().await;
-    let dir = tempfile::tempdir().unwrap();
-    let kubeconfig = dir.path().join("kubeconfig");
-    sim.write_kubeconfig(&kubeconfig).unwrap();
-    let agents = dir.path().join("agents");
-    std::fs::create_dir(&agents).unwrap();
-    let root = tempfile::tempdir().unwrap();
-    let agent = TestAgent::start(root.path()).await.unwrap();
-    write_agent_config(&agents, &agent);
+    .await;
+    let client = harness.client.clone();
     Api::<StorageClass>::all(client.clone())
         .create(&PostParams::default(), &class("nfs"))
         .await
         .unwrap();
-    let controller = ControllerProcess::start(&kubeconfig, &agents);
+    let controller = ControllerProcess::start(&harness.kubeconfig(), &harness.agents_dir());
     controller.wait_ready().await;
 
     // Count PVs as they appear (a watch: no polling).
@@ -326,7 +297,7 @@ async fn throughput() {
     }
     let took = started.elapsed();
     counter.abort();
-    let dirs = std::fs::read_dir(root.path())
+    let dirs = std::fs::read_dir(harness.agents[0].root())
         .unwrap()
         .filter_map(Result::ok)
         .filter(|e| {
@@ -342,5 +313,5 @@ async fn throughput() {
     );
     assert_eq!(dirs, m);
     drop(controller);
-    sim.shutdown().await;
+    harness.finish().await;
 }

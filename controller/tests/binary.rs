@@ -10,8 +10,7 @@ use k8s_openapi::api::core::v1::PersistentVolumeClaim;
 use k8s_openapi::api::storage::v1::StorageClass;
 use kube::api::{Api, PostParams};
 use kube::runtime::wait::await_condition;
-use nfsprov_agent_testkit::TestAgent;
-use nfsprov_kube_sim::{SimOptions, Simulator};
+use nfsprov_test_harness::{Harness, HarnessOptions};
 use serde_json::json;
 
 const WAIT: Duration = Duration::from_secs(60);
@@ -30,43 +29,14 @@ impl Drop for Running {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn binary_leads_provisions_and_hands_back_the_lease_on_sigterm() {
-    let _ = rustls::crypto::ring::default_provider().install_default();
-    let sim = Simulator::start(SimOptions::default()).await.unwrap();
-    let client = sim.client().await;
-    let dir = tempfile::tempdir().unwrap();
-    let kubeconfig = dir.path().join("kubeconfig");
-    sim.write_kubeconfig(&kubeconfig).unwrap();
-    let root = tempfile::tempdir().unwrap();
-    let agent = TestAgent::start(root.path()).await.unwrap();
-    let c = agent.connection();
-    let agents = dir.path().join("agents");
-    std::fs::create_dir(&agents).unwrap();
-    std::fs::write(
-        agents.join("test.toml"),
-        format!(
-            "name = \"test\"\nurl = \"{}\"\nca_file = \"{}\"\ntoken_file = \"{}\"\n",
-            c.url,
-            c.ca_file.display(),
-            c.token_file.unwrap().display()
-        ),
-    )
-    .unwrap();
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
-    let mut running = Running(Some(
-        Command::new(env!("CARGO_BIN_EXE_nfsprov-controller"))
-            .arg(format!("--kubeconfig={}", kubeconfig.display()))
-            .arg(format!("--agents-dir={}", agents.display()))
-            .arg(format!("--http-addr=127.0.0.1:{port}"))
-            .args(["--lease-namespace=default", "--identity=replica-1"])
-            .env("RUST_LOG", "warn")
-            .stdout(Stdio::null())
-            .spawn()
-            .unwrap(),
-    ));
+    let harness = Harness::start(HarnessOptions {
+        agents: vec!["test"],
+        ..HarnessOptions::default()
+    })
+    .await;
+    let client = harness.client.clone();
+    let root = harness.agents[0].root();
+    let (mut running, _) = replica_1(&harness);
 
     let claims = class_and_claim(&client).await;
     let bound = tokio::time::timeout(
@@ -83,7 +53,7 @@ async fn binary_leads_provisions_and_hands_back_the_lease_on_sigterm() {
     .unwrap();
     let pv = bound.spec.unwrap().volume_name.unwrap();
     // The default pathPattern: namespace-claim-pv.
-    assert!(root.path().join(format!("default-data-{pv}")).is_dir());
+    assert!(root.join(format!("default-data-{pv}")).is_dir());
     let leases: Api<Lease> = Api::namespaced(client.clone(), "default");
     let lease = leases.get("nfsprov-controller").await.unwrap();
     assert_eq!(
@@ -109,7 +79,27 @@ async fn binary_leads_provisions_and_hands_back_the_lease_on_sigterm() {
     assert!(exit.success(), "{exit:?}");
     let lease = leases.get("nfsprov-controller").await.unwrap();
     assert_eq!(lease.spec.and_then(|s| s.holder_identity), None);
-    sim.shutdown().await;
+    harness.finish().await;
+}
+
+/// The binary as deployed, replica `replica-1` with its Lease in `default`, against the
+/// harness' API and agents; its HTTP port.
+fn replica_1(harness: &Harness) -> (Running, u16) {
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let child = Command::new(env!("CARGO_BIN_EXE_nfsprov-controller"))
+        .arg(format!("--kubeconfig={}", harness.kubeconfig().display()))
+        .arg(format!("--agents-dir={}", harness.agents_dir().display()))
+        .arg(format!("--http-addr=127.0.0.1:{port}"))
+        .args(["--lease-namespace=default", "--identity=replica-1"])
+        .env("RUST_LOG", "warn")
+        .stdout(Stdio::null())
+        .spawn()
+        .unwrap();
+    (Running(Some(child)), port)
 }
 
 /// Runs the binary against `agents` until it exits by itself; its status and stderr.
@@ -180,27 +170,13 @@ fn http_status(port: u16, path: &str) -> Option<u16> {
 /// nothing meanwhile, and provisions what is waiting as soon as it leads.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_standby_is_ready_with_synced_caches_and_acts_once_it_leads() {
-    let _ = rustls::crypto::ring::default_provider().install_default();
-    let sim = Simulator::start(SimOptions::default()).await.unwrap();
-    let client = sim.client().await;
-    let dir = tempfile::tempdir().unwrap();
-    let kubeconfig = dir.path().join("kubeconfig");
-    sim.write_kubeconfig(&kubeconfig).unwrap();
-    let root = tempfile::tempdir().unwrap();
-    let agent = TestAgent::start(root.path()).await.unwrap();
-    let c = agent.connection();
-    let agents = dir.path().join("agents");
-    std::fs::create_dir(&agents).unwrap();
-    std::fs::write(
-        agents.join("test.toml"),
-        format!(
-            "name = \"test\"\nurl = \"{}\"\nca_file = \"{}\"\ntoken_file = \"{}\"\n",
-            c.url,
-            c.ca_file.display(),
-            c.token_file.unwrap().display()
-        ),
-    )
-    .unwrap();
+    let harness = Harness::start(HarnessOptions {
+        agents: vec!["test"],
+        ..HarnessOptions::default()
+    })
+    .await;
+    let client = harness.client.clone();
+    let root = harness.agents[0].root();
 
     // Another replica leads: it renews its Lease until told to stop.
     let leases: Api<Lease> = Api::namespaced(client.clone(), "default");
@@ -242,22 +218,7 @@ async fn a_standby_is_ready_with_synced_caches_and_acts_once_it_leads() {
 
     let claims = class_and_claim(&client).await;
 
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
-    let _running = Running(Some(
-        Command::new(env!("CARGO_BIN_EXE_nfsprov-controller"))
-            .arg(format!("--kubeconfig={}", kubeconfig.display()))
-            .arg(format!("--agents-dir={}", agents.display()))
-            .arg(format!("--http-addr=127.0.0.1:{port}"))
-            .args(["--lease-namespace=default", "--identity=replica-1"])
-            .env("RUST_LOG", "warn")
-            .stdout(Stdio::null())
-            .spawn()
-            .unwrap(),
-    ));
+    let (running, port) = replica_1(&harness);
     let deadline = std::time::Instant::now() + WAIT;
     while http_status(port, "/readyz") != Some(200) {
         assert!(
@@ -275,7 +236,7 @@ async fn a_standby_is_ready_with_synced_caches_and_acts_once_it_leads() {
     let claim = claims.get("data").await.unwrap();
     assert_eq!(claim.spec.and_then(|s| s.volume_name), None);
     assert!(
-        std::fs::read_dir(root.path())
+        std::fs::read_dir(root)
             .unwrap()
             .all(|e| { e.unwrap().file_name().to_string_lossy().starts_with('.') })
     );
@@ -299,7 +260,8 @@ async fn a_standby_is_ready_with_synced_caches_and_acts_once_it_leads() {
         lease.spec.and_then(|s| s.holder_identity).as_deref(),
         Some("replica-1")
     );
-    sim.shutdown().await;
+    drop(running);
+    harness.finish().await;
 }
 
 /// The class `nfs` of this provisioner and the claim `default/data` of 1Mi in it; the

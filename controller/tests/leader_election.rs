@@ -6,7 +6,7 @@ use std::time::Duration;
 use k8s_openapi::api::coordination::v1::Lease;
 use kube::api::Api;
 use nfsprov_controller::leader::{LeaseSettings, run_as_leader, run_standing_by};
-use nfsprov_kube_sim::{SimOptions, Simulator};
+use nfsprov_test_harness::{Harness, HarnessOptions};
 use tokio::sync::{mpsc, watch};
 
 /// Short, so that the standby's next look at the Lease (kube-lease-manager checks a held
@@ -55,14 +55,8 @@ async fn next(events: &mut mpsc::UnboundedReceiver<String>) -> String {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn one_leader_and_handover_on_shutdown() {
-    let _ = rustls::crypto::ring::default_provider().install_default();
-    let sim = Simulator::start(SimOptions {
-        binder: false,
-        ..SimOptions::default()
-    })
-    .await
-    .unwrap();
-    let client = sim.client().await;
+    let harness = Harness::start(HarnessOptions::without_binder()).await;
+    let client = harness.client.clone();
     let (events_tx, mut events) = mpsc::unbounded_channel();
 
     let (stop_a, task_a) = replica(client.clone(), "a", events_tx.clone());
@@ -100,19 +94,13 @@ async fn one_leader_and_handover_on_shutdown() {
         .unwrap();
     let lease = leases.get("nfsprov-controller").await.unwrap();
     assert_eq!(lease.spec.and_then(|s| s.holder_identity), None);
-    sim.shutdown().await;
+    harness.finish().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn losing_the_lease_stops_work_at_once() {
-    let _ = rustls::crypto::ring::default_provider().install_default();
-    let sim = Simulator::start(SimOptions {
-        binder: false,
-        ..SimOptions::default()
-    })
-    .await
-    .unwrap();
-    let client = sim.client().await;
+    let harness = Harness::start(HarnessOptions::without_binder()).await;
+    let client = harness.client.clone();
     let (events_tx, mut events) = mpsc::unbounded_channel();
     let (_stop_a, task_a) = replica(client.clone(), "a", events_tx);
     assert_eq!(next(&mut events).await, "a leads");
@@ -141,21 +129,15 @@ async fn losing_the_lease_stops_work_at_once() {
     assert!(result.unwrap_err().contains("lost the lease"));
     // The work was dropped, not wound down: it never reported stopping.
     assert_eq!(events.recv().await, None);
-    sim.shutdown().await;
+    harness.finish().await;
 }
 
 /// A standby runs its work from the start (its caches fill) but is told it leads only once
 /// it holds the lease; stopped while standing by, its work is dropped and it never leads.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_standby_prepares_before_it_leads() {
-    let _ = rustls::crypto::ring::default_provider().install_default();
-    let sim = Simulator::start(SimOptions {
-        binder: false,
-        ..SimOptions::default()
-    })
-    .await
-    .unwrap();
-    let client = sim.client().await;
+    let harness = Harness::start(HarnessOptions::without_binder()).await;
+    let client = harness.client.clone();
     let (events_tx, mut events) = mpsc::unbounded_channel();
     let standby = |identity: &'static str, events: mpsc::UnboundedSender<String>| {
         let client = client.clone();
@@ -208,5 +190,5 @@ async fn a_standby_prepares_before_it_leads() {
         .unwrap();
     drop(events_tx);
     assert_eq!(events.recv().await, None, "b never led");
-    sim.shutdown().await;
+    harness.finish().await;
 }

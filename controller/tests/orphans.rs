@@ -4,24 +4,19 @@
 //! whose claim is gone is archived (never deleted) and a PV whose directory was removed
 //! behind the agent's back is reported with an event.
 
-use std::sync::Arc;
-use std::sync::atomic::AtomicBool;
 use std::time::Duration;
 
 use k8s_openapi::api::core::v1::PersistentVolumeClaim;
 use k8s_openapi::api::events::v1::Event;
 use k8s_openapi::api::storage::v1::StorageClass;
 use kube::api::{Api, ListParams, PostParams};
-use kube::runtime::events::Reporter;
 use kube::runtime::wait::await_condition;
-use nfsprov_agent_testkit::TestAgent;
 use nfsprov_api_types::{CreateVolumeRequest, VolumeOwner, VolumePath};
-use nfsprov_controller::agents::AgentRegistry;
 use nfsprov_controller::config::OrphanSettings;
-use nfsprov_controller::controller::{self, RunConfig};
+use nfsprov_controller::controller::RunConfig;
 use nfsprov_controller::metrics::Metrics;
 use nfsprov_controller::orphans::REASON_DIRECTORY_MISSING;
-use nfsprov_kube_sim::{SimOptions, Simulator};
+use nfsprov_test_harness::{Harness, HarnessOptions};
 use serde_json::json;
 
 const WAIT: Duration = Duration::from_secs(30);
@@ -68,14 +63,15 @@ async fn metrics_show(metrics: &Metrics, wanted: &[&str]) -> String {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn orphans_are_reported_and_archived_and_wanted_directories_are_kept() {
-    let _ = rustls::crypto::ring::default_provider().install_default();
-    let sim = Simulator::start(SimOptions::default()).await.unwrap();
-    let client = sim.client().await;
-    let root = tempfile::tempdir().unwrap();
-    let agent = TestAgent::start(root.path()).await.unwrap();
-    let agent_client = agent.client();
-    let metrics = Arc::new(Metrics::new());
-    let agents = AgentRegistry::new(&[agent.connection()], metrics.clone()).unwrap();
+    let mut harness = Harness::start(HarnessOptions {
+        agents: vec!["test"],
+        ..HarnessOptions::default()
+    })
+    .await;
+    let client = harness.client.clone();
+    let root = harness.agents[0].root().to_owned();
+    let agent_client = harness.agents[0].client();
+    let metrics = harness.metrics.clone();
 
     let classes: Api<StorageClass> = Api::all(client.clone());
     let claims: Api<PersistentVolumeClaim> = Api::namespaced(client.clone(), "default");
@@ -136,31 +132,18 @@ async fn orphans_are_reported_and_archived_and_wanted_directories_are_kept() {
     )
     .await;
 
-    let (stop, stopped) = tokio::sync::watch::channel(false);
-    let running = tokio::spawn(controller::run(
-        client.clone(),
-        agents,
-        metrics.clone(),
-        RunConfig {
-            orphan_check: Some(OrphanSettings {
-                every: Duration::from_millis(200),
-                grace: Duration::ZERO,
-                archive: true,
-                // Smaller than the three volumes listed: the check pages through, and a
-                // directory missing is only known once every page was seen.
-                page_size: 2,
-            }),
-            ..RunConfig::reconcilers_only(
-                "nfsprov.dev/nfs",
-                Reporter {
-                    controller: "nfsprov-controller".into(),
-                    instance: Some("test".into()),
-                },
-            )
-        },
-        Arc::new(AtomicBool::new(false)),
-        stopped,
-    ));
+    let config = harness.run_config();
+    harness.start_controller(RunConfig {
+        orphan_check: Some(OrphanSettings {
+            every: Duration::from_millis(200),
+            grace: Duration::ZERO,
+            archive: true,
+            // Smaller than the three volumes listed: the check pages through, and a
+            // directory missing is only known once every page was seen.
+            page_size: 2,
+        }),
+        ..config
+    });
 
     // A bound claim of ours, then its directory removed behind the agent's back.
     claims
@@ -192,10 +175,10 @@ async fn orphans_are_reported_and_archived_and_wanted_directories_are_kept() {
         .unwrap()
         .volume_name
         .unwrap();
-    std::fs::remove_dir_all(root.path().join("default/lost")).unwrap();
+    std::fs::remove_dir_all(root.join("default/lost")).unwrap();
 
     // Both counts come from the same check, after every finding of it was handled.
-    let name = agent.connection().name;
+    let name = harness.agents[0].connection().name;
     let archived_line =
         format!("nfsprov_orphaned_directories_archived_total{{agent=\"{name}\"}} 1");
     metrics_show(
@@ -206,18 +189,18 @@ async fn orphans_are_reported_and_archived_and_wanted_directories_are_kept() {
         ],
     )
     .await;
-    let archived: Vec<_> = std::fs::read_dir(root.path().join(".archive/default/gone"))
+    let archived: Vec<_> = std::fs::read_dir(root.join(".archive/default/gone"))
         .unwrap()
         .collect();
     assert_eq!(archived.len(), 1, "the orphan is archived, not deleted");
-    assert!(!root.path().join("default/gone").exists());
+    assert!(!root.join("default/gone").exists());
     assert!(
-        root.path().join("default/pending").is_dir(),
+        root.join("default/pending").is_dir(),
         "a directory whose claim still waits for its PV is never touched"
     );
-    assert!(root.path().join("default/kept").is_dir());
-    assert!(!root.path().join(".archive/default/pending").exists());
-    assert!(!root.path().join(".archive/default/kept").exists());
+    assert!(root.join("default/kept").is_dir());
+    assert!(!root.join(".archive/default/pending").exists());
+    assert!(!root.join(".archive/default/kept").exists());
 
     // More checks change nothing: the archived orphan is gone from the count.
     let text = metrics_show(
@@ -256,10 +239,5 @@ async fn orphans_are_reported_and_archived_and_wanted_directories_are_kept() {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
 
-    stop.send(true).unwrap();
-    tokio::time::timeout(WAIT, running)
-        .await
-        .expect("controller stops on shutdown")
-        .unwrap();
-    sim.shutdown().await;
+    harness.finish().await;
 }

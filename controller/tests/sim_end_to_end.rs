@@ -3,20 +3,14 @@
 //! kube-controller-manager, and the REAL agent on a temp-dir export root: a claim gets a
 //! directory and a bound PV; deleting the claim deletes the directory and the PV.
 
-use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim};
 use k8s_openapi::api::storage::v1::StorageClass;
 use kube::api::{Api, DeleteParams, PostParams};
-use kube::runtime::events::Reporter;
 use kube::runtime::wait::{await_condition, conditions};
-use nfsprov_agent_testkit::TestAgent;
-use nfsprov_controller::agents::AgentRegistry;
-use nfsprov_controller::controller::{self, RunConfig};
-use nfsprov_controller::metrics::Metrics;
-use nfsprov_kube_sim::{SimOptions, Simulator};
+use nfsprov_test_harness::{Harness, HarnessOptions};
 use serde_json::json;
 
 const WAIT: Duration = Duration::from_secs(30);
@@ -29,29 +23,14 @@ fn is_bound(pvc: Option<&PersistentVolumeClaim>) -> bool {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn claim_to_directory_and_back() {
-    let _ = rustls::crypto::ring::default_provider().install_default();
-    let sim = Simulator::start(SimOptions::default()).await.unwrap();
-    let client = sim.client().await;
-    let root = tempfile::tempdir().unwrap();
-    let agent = TestAgent::start(root.path()).await.unwrap();
-    let metrics = Arc::new(Metrics::new());
-    let agents = AgentRegistry::new(&[agent.connection()], metrics.clone()).unwrap();
-    let ready = Arc::new(AtomicBool::new(false));
-    let (stop, stopped) = tokio::sync::watch::channel(false);
-    let running = tokio::spawn(controller::run(
-        client.clone(),
-        agents,
-        metrics.clone(),
-        RunConfig::reconcilers_only(
-            "nfsprov.dev/nfs",
-            Reporter {
-                controller: "nfsprov-controller".into(),
-                instance: Some("test".into()),
-            },
-        ),
-        ready.clone(),
-        stopped,
-    ));
+    let harness = Harness::start(HarnessOptions {
+        agents: vec!["test"],
+        controller: true,
+        ..HarnessOptions::default()
+    })
+    .await;
+    let client = harness.client.clone();
+    let root = harness.agents[0].root();
 
     let classes: Api<StorageClass> = Api::all(client.clone());
     let class: StorageClass = serde_json::from_value(json!({
@@ -99,16 +78,16 @@ async fn claim_to_directory_and_back() {
         Some(pv_name.as_str())
     );
     assert!(
-        ready.load(Ordering::SeqCst),
+        harness.ready.load(Ordering::SeqCst),
         "caches synced before work was done"
     );
-    let dir = root.path().join("default/data");
+    let dir = root.join("default/data");
     assert!(dir.is_dir(), "{} missing", dir.display());
     let volumes: Api<PersistentVolume> = Api::all(client.clone());
     let volume = volumes.get(&pv_name).await.unwrap();
     assert_eq!(
         volume.spec.as_ref().unwrap().nfs.as_ref().unwrap().path,
-        format!("{}/default/data", root.path().display())
+        format!("{}/default/data", root.display())
     );
 
     claims
@@ -125,11 +104,8 @@ async fn claim_to_directory_and_back() {
     .unwrap();
     assert!(!dir.exists(), "{} still there", dir.display());
 
-    stop.send(true).unwrap();
-    tokio::time::timeout(WAIT, running)
-        .await
-        .expect("controller stops on shutdown")
-        .unwrap();
+    let metrics = harness.metrics.clone();
+    harness.finish().await;
     let text = metrics.encode().unwrap();
     assert!(
         text.contains(
@@ -141,5 +117,4 @@ async fn claim_to_directory_and_back() {
         text.contains("controller_persistentvolume_delete_total{class=\"nfs\"} 1"),
         "{text}"
     );
-    sim.shutdown().await;
 }

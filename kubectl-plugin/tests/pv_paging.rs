@@ -8,8 +8,8 @@ use futures::{StreamExt, TryStreamExt};
 use k8s_openapi::api::core::v1::PersistentVolume;
 use kube::Api;
 use kube::api::PostParams;
-use nfsprov_kube_sim::{SimOptions, Simulator};
 use nfsprov_kubectl::{PV_PAGE, Target};
+use nfsprov_test_harness::{Harness, HarnessOptions};
 use serde_json::json;
 
 fn pv(name: &str, provisioner: &str) -> PersistentVolume {
@@ -27,13 +27,8 @@ fn pv(name: &str, provisioner: &str) -> PersistentVolume {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn every_pv_of_ours_is_read_once_across_pages() {
-    let sim = Simulator::start(SimOptions {
-        binder: false,
-        ..SimOptions::default()
-    })
-    .await
-    .unwrap();
-    let client = sim.client().await;
+    let harness = Harness::start(HarnessOptions::without_binder()).await;
+    let client = harness.client.clone();
     let api: Api<PersistentVolume> = Api::all(client.clone());
     // Two and a half pages of ours, interleaved with others' by name.
     let ours = PV_PAGE as usize * 5 / 2;
@@ -81,5 +76,5 @@ async fn every_pv_of_ours_is_read_once_across_pages() {
         seen.into_iter().collect::<BTreeSet<_>>(),
         expected.into_iter().collect::<BTreeSet<_>>()
     );
-    sim.shutdown().await;
+    harness.finish().await;
 }

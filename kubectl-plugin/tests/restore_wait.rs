@@ -14,10 +14,9 @@ use k8s_openapi::api::storage::v1::StorageClass;
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{Api, PostParams};
 use kube::runtime::wait::await_condition;
-use nfsprov_agent_testkit::TestAgent;
 use nfsprov_api_types::{ArchivePath, CreateVolumeRequest, VolumeOwner, VolumePath};
-use nfsprov_kube_sim::{SimOptions, Simulator};
 use nfsprov_kubectl::{Checked, Target, wait_bound};
+use nfsprov_test_harness::{Harness, HarnessOptions};
 use nfsprov_vocabulary::archive_restore::ArchiveSource;
 use nfsprov_vocabulary::names::{ACTION_REFUSE, DEFAULT_PROVISIONER};
 use serde_json::json;
@@ -26,17 +25,6 @@ const RETRIED: &str =
     "cannot read archive nfs1:x: agent unreachable; the volume is made once the agent answers";
 const REFUSED: &str = "archive nfs1:x holds a volume of namespace other, not default: a claim is made only from an archive of its own namespace";
 const EARLIER: &str = "a refusal of an earlier claim of the same name";
-
-async fn simulator() -> (Simulator, kube::Client) {
-    let sim = Simulator::start(SimOptions {
-        binder: false,
-        ..SimOptions::default()
-    })
-    .await
-    .unwrap();
-    let client = sim.client().await;
-    (sim, client)
-}
 
 /// A `ProvisioningFailed` event about the claim `default/back` of UID `uid`, as the
 /// controller publishes it.
@@ -77,7 +65,8 @@ fn target(client: kube::Client) -> Target {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn only_a_refusal_of_this_very_claim_ends_the_wait_before_its_time() {
-    let (_sim, client) = simulator().await;
+    let harness = Harness::start(HarnessOptions::without_binder()).await;
+    let client = harness.client.clone();
     let claims = Api::<PersistentVolumeClaim>::namespaced(client.clone(), "default");
     let claim: PersistentVolumeClaim = serde_json::from_value(json!({
         "metadata": {"name": "back", "namespace": "default"},
@@ -121,6 +110,7 @@ async fn only_a_refusal_of_this_very_claim_ends_the_wait_before_its_time() {
         waited,
         format!("claim default/back stays Pending, refused by the controller: {REFUSED}")
     );
+    harness.finish().await;
 }
 
 /// The plugin binary, as kubectl runs it, in its own thread so the test can act meanwhile.
@@ -132,11 +122,13 @@ fn plugin(args: Vec<String>, kubeconfig: &Path) -> std::thread::JoinHandle<Outpu
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn restore_wait_stops_at_the_controllers_refusal_of_the_claim_it_made() {
-    let _ = rustls::crypto::ring::default_provider().install_default();
-    let (sim, client) = simulator().await;
-    let dir = tempfile::tempdir().unwrap();
-    let kubeconfig = dir.path().join("kubeconfig");
-    sim.write_kubeconfig(&kubeconfig).unwrap();
+    let harness = Harness::start(HarnessOptions {
+        agents: vec!["nfs1"],
+        ..HarnessOptions::without_binder()
+    })
+    .await;
+    let client = harness.client.clone();
+    let kubeconfig = harness.kubeconfig();
     let class: StorageClass = serde_json::from_value(json!({
         "metadata": {"name": "nfs"},
         "provisioner": DEFAULT_PROVISIONER,
@@ -149,8 +141,7 @@ async fn restore_wait_stops_at_the_controllers_refusal_of_the_claim_it_made() {
         .unwrap();
 
     // An archive of a volume of namespace default, on a real agent.
-    let root = tempfile::tempdir().unwrap();
-    let agent = TestAgent::start(root.path()).await.unwrap();
+    let agent = harness.agent("nfs1");
     let volume = VolumePath::parse("default/old").unwrap();
     let owner = VolumeOwner {
         pvc_namespace: Some("default".into()),
@@ -176,19 +167,7 @@ async fn restore_wait_stops_at_the_controllers_refusal_of_the_claim_it_made() {
     let [archive] = archives.as_slice() else {
         panic!("one archive: {archives:?}");
     };
-    let agents = dir.path().join("agents");
-    std::fs::create_dir(&agents).unwrap();
-    let connection = agent.connection();
-    std::fs::write(
-        agents.join("nfs1.toml"),
-        format!(
-            "name = \"nfs1\"\nurl = {:?}\nca_file = {:?}\ntoken_file = {:?}\n",
-            connection.url,
-            connection.ca_file,
-            connection.token_file.unwrap()
-        ),
-    )
-    .unwrap();
+    let agents = harness.agents_dir();
     // Left by an earlier claim of the same name.
     failed(&client, "an-earlier-uid", ACTION_REFUSE, EARLIER).await;
 
@@ -238,5 +217,5 @@ async fn restore_wait_stops_at_the_controllers_refusal_of_the_claim_it_made() {
     // The claim stays for the controller to make once it or its class changes.
     let claim = claims.get("back").await.unwrap();
     assert_eq!(claim.metadata.uid.as_deref(), Some(uid.as_str()));
-    agent.stop().await.unwrap();
+    harness.finish().await;
 }

@@ -6,7 +6,7 @@ use std::process::Command;
 use kube::api::{
     Api, ApiResource, DynamicObject, GroupVersionKind, Patch, PatchParams, PostParams,
 };
-use nfsprov_kube_sim::{SimOptions, Simulator};
+use nfsprov_test_harness::{Harness, HarnessOptions};
 use serde_json::{Value, json};
 
 async fn create(client: &kube::Client, kind: &str, plural: &str, body: Value, status: Value) {
@@ -33,13 +33,8 @@ async fn create(client: &kube::Client, kind: &str, plural: &str, body: Value, st
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn snapshots_and_schedules_are_listed_with_their_state() {
-    let sim = Simulator::start(SimOptions {
-        binder: false,
-        ..SimOptions::default()
-    })
-    .await
-    .unwrap();
-    let client = sim.client().await;
+    let harness = Harness::start(HarnessOptions::without_binder()).await;
+    let client = harness.client.clone();
     create(
         &client,
         "SnapshotSchedule",
@@ -66,9 +61,7 @@ async fn snapshots_and_schedules_are_listed_with_their_state() {
                "exclusiveBytes": 4096, "method": "reflink", "agent": "nfs1"}),
     )
     .await;
-    let dir = tempfile::tempdir().unwrap();
-    let kubeconfig = dir.path().join("kubeconfig");
-    sim.write_kubeconfig(&kubeconfig).unwrap();
+    let kubeconfig = harness.kubeconfig();
     let out = tokio::task::spawn_blocking(move || {
         Command::new(env!("CARGO_BIN_EXE_kubectl-nfsprov"))
             .args(["snapshots", "-o", "json"])
@@ -109,5 +102,5 @@ async fn snapshots_and_schedules_are_listed_with_their_state() {
             }],
         })
     );
-    sim.shutdown().await;
+    harness.finish().await;
 }
