@@ -1053,12 +1053,9 @@ async fn list_volumes(
 ) -> ApiResult<Json<VolumeList>> {
     let page = ListQuery::parse(query.as_deref(), VolumePath::parse).map_err(invalid_query)?;
     let store = state.store.clone();
-    let (mut volumes, next) = tokio::task::spawn_blocking(move || match page {
-        Some(page) => store.list_page(page.after.as_ref(), page.limit),
-        None => store.list().map(|all| (all, None)),
-    })
-    .await
-    .map_err(|e| Failure::new(ErrorCode::Internal, format!("filesystem task failed: {e}")))??;
+    let (mut volumes, next) = tokio::task::spawn_blocking(move || store.list(page.as_ref()))
+        .await
+        .map_err(|e| Failure::new(ErrorCode::Internal, format!("filesystem task failed: {e}")))??;
     for volume in &mut volumes {
         state.exports.describe(volume);
     }
@@ -1122,10 +1119,7 @@ async fn list_archives(
     RawQuery(query): RawQuery,
 ) -> ApiResult<Json<ArchiveList>> {
     let page = ListQuery::parse(query.as_deref(), ArchivePath::parse).map_err(invalid_query)?;
-    let (archives, next) = match page {
-        Some(page) => state.archives.page(page.after, page.limit).await?,
-        None => (state.archives.list().await?, None),
-    };
+    let (archives, next) = state.archives.list(page).await?;
     Ok(Json(ArchiveList { archives, next }))
 }
 
