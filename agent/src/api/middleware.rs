@@ -3,7 +3,7 @@
 //! request with its time limit.
 
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use axum::Extension;
 use axum::body::HttpBody;
@@ -45,19 +45,7 @@ pub(super) async fn authenticate(
             if let Some(Extension(ticket)) = connection
                 && ticket.authenticate().is_err()
             {
-                let mut refused = Failure::new(
-                    ErrorCode::NotReady,
-                    "too many authenticated connections (limits.max_connections); retry on a connection already open or later",
-                )
-                .into_response();
-                // HTTP/2 has no such header: its connection is closed at the stranger's
-                // deadline instead.
-                if request.version() < http::Version::HTTP_2 {
-                    refused
-                        .headers_mut()
-                        .insert(header::CONNECTION, HeaderValue::from_static("close"));
-                }
-                return refused;
+                return no_connection_left(request.version());
             }
             request.extensions_mut().insert(caller.clone());
             // Never closed, so acquiring only waits.
@@ -69,27 +57,45 @@ pub(super) async fn authenticate(
             response.extensions_mut().insert(caller);
             response
         }
-        None => {
-            // Answered at once, whatever of the body is still to come. What does come is
-            // read and thrown away in the background for a little while (bounded in size,
-            // time and number, holding no slot): a client still uploading would otherwise
-            // meet a closed connection or a reset stream before it reads why it was
-            // refused.
-            let body = request.into_body();
-            if let Ok(drain) = state.refused_drains.clone().try_acquire_owned() {
-                let deadline = state.body_read_timeout;
-                tokio::spawn(async move {
-                    let _ = tokio::time::timeout(deadline, read_body(body, 0)).await;
-                    drop(drain);
-                });
-            }
-            Failure::new(
-                ErrorCode::Unauthenticated,
-                "authentication required: a client certificate from the agent's CA or a valid bearer token",
-            )
-            .into_response()
-        }
+        None => refuse_unauthenticated(&state, request),
     }
+}
+
+/// The answer to an authenticated caller whose connection found no authenticated place.
+fn no_connection_left(version: http::Version) -> Response {
+    let mut refused = Failure::new(
+        ErrorCode::NotReady,
+        "too many authenticated connections (limits.max_connections); retry on a connection already open or later",
+    )
+    .into_response();
+    // HTTP/2 has no such header: its connection is closed at the stranger's deadline instead.
+    if version < http::Version::HTTP_2 {
+        refused
+            .headers_mut()
+            .insert(header::CONNECTION, HeaderValue::from_static("close"));
+    }
+    refused
+}
+
+/// The answer to a request that did not authenticate, given at once whatever of the body
+/// is still to come. What does come is read and thrown away in the background for a
+/// little while (bounded in size, time and number, holding no slot): a client still
+/// uploading would otherwise meet a closed connection or a reset stream before it reads
+/// why it was refused.
+fn refuse_unauthenticated(state: &AppState, request: Request) -> Response {
+    let body = request.into_body();
+    if let Ok(drain) = state.refused_drains.clone().try_acquire_owned() {
+        let deadline = state.body_read_timeout;
+        tokio::spawn(async move {
+            let _ = tokio::time::timeout(deadline, read_body(body, 0)).await;
+            drop(drain);
+        });
+    }
+    Failure::new(
+        ErrorCode::Unauthenticated,
+        "authentication required: a client certificate from the agent's CA or a valid bearer token",
+    )
+    .into_response()
 }
 
 /// An HTTP/1 connection that has not authenticated is closed after each answer (a
@@ -147,25 +153,54 @@ pub(super) async fn observe(
         .into_response(),
     };
     let elapsed = started.elapsed();
-    let status = response.status();
-    state
-        .metrics
-        .requests
-        .get_or_create(&RequestLabels {
-            method: method_label,
-            route,
-            status: status.as_u16(),
-        })
-        .inc();
+    let labels = RequestLabels {
+        method: method_label,
+        route,
+        status: response.status().as_u16(),
+    };
+    count(&state, &labels, elapsed);
+    let request = Audited {
+        method,
+        uri_path,
+        request_id,
+        elapsed,
+    };
+    audit(&state, &request, &response);
+    response
+}
+
+/// Counts a request answered, and the time it took.
+fn count(state: &AppState, labels: &RequestLabels, elapsed: Duration) {
+    state.metrics.requests.get_or_create(labels).inc();
     state
         .metrics
         .request_duration
         .get_or_create(&RouteLabels {
-            method: method_label,
-            route,
+            method: labels.method,
+            route: labels.route,
         })
         .observe(elapsed.as_secs_f64());
+}
 
+/// What the audit line of a request says of it besides its answer.
+struct Audited {
+    method: Method,
+    /// Cleaned and bounded.
+    uri_path: String,
+    request_id: String,
+    elapsed: Duration,
+}
+
+/// Writes the audit line of `request`, answered with `response`.
+fn audit(state: &AppState, request: &Audited, response: &Response) {
+    let Audited {
+        method,
+        uri_path,
+        request_id,
+        elapsed,
+    } = request;
+    let (uri_path, request_id) = (uri_path.as_str(), request_id.as_str());
+    let status = response.status();
     let caller = response
         .extensions()
         .get::<Caller>()
@@ -178,7 +213,7 @@ pub(super) async fn observe(
         .unwrap_or_default();
     let error = error_text.as_str();
     let duration_ms = elapsed.as_secs_f64() * 1000.0;
-    let mutation = matches!(method, Method::PUT | Method::DELETE | Method::POST);
+    let mutation = matches!(*method, Method::PUT | Method::DELETE | Method::POST);
     let method = logsafe::clean(method.as_str(), MAX_LOGGED_BYTES);
     let unauthenticated = response.extensions().get::<Caller>().is_none();
     if unauthenticated && !status.is_server_error() && !state.unauthenticated_log.allow() {
@@ -190,7 +225,6 @@ pub(super) async fn observe(
     } else {
         tracing::debug!(target: "audit", request_id, %caller, %method, path = uri_path, status = status.as_u16(), duration_ms, "request");
     }
-    response
 }
 
 /// The longest path or method the audit log keeps of a request.
