@@ -47,8 +47,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, RwLock};
 
 use nfsprov_api_types::{
-    CloneMethod, CloneOrigin, FilesystemStats, QuotaBackend, QuotaPolicy, RestoreOrigin,
-    RestoreSource, Volume, VolumeOwner, VolumePath, VolumeUsage,
+    CloneMethod, CloneOrigin, FilesystemStats, PageRequest, QuotaBackend, QuotaPolicy,
+    RestoreOrigin, RestoreSource, Volume, VolumeOwner, VolumePath, VolumeUsage,
 };
 use rustix::fs::{AtFlags, Mode};
 use rustix::io::Errno;
@@ -402,34 +402,34 @@ impl VolumeStore {
         self.backend.measure(dir.as_fd(), path, &record)
     }
 
-    /// Every volume beneath the root, sorted by path.
-    pub fn list(&self) -> Result<Vec<Volume>> {
-        let mut found: Vec<Volume> = self
-            .backend
-            .list(&self.root)?
-            .into_iter()
-            .map(|(path, record)| record.to_volume(&path))
-            .collect();
-        found.sort_by(|a, b| a.path.cmp(&b.path));
-        Ok(found)
-    }
-
-    /// At most `limit` volumes whose paths follow `after`, in path order, and the cursor
-    /// of the next page (the page's last path) when more may follow.
-    pub fn list_page(
+    /// The volumes beneath the root in path order: every one, or with a `page` at most its
+    /// limit of those whose paths follow its cursor; and the cursor of the next page (the
+    /// page's last path) when more may follow.
+    pub fn list(
         &self,
-        after: Option<&VolumePath>,
-        limit: usize,
+        page: Option<&PageRequest<VolumePath>>,
     ) -> Result<(Vec<Volume>, Option<String>)> {
-        let (found, more) = self.backend.list_page(&self.root, after, limit)?;
+        let Some(page) = page else {
+            let mut found: Vec<Volume> = self
+                .backend
+                .list(&self.root)?
+                .into_iter()
+                .map(|(path, record)| record.to_volume(&path))
+                .collect();
+            found.sort_by(|a, b| a.path.cmp(&b.path));
+            return Ok((found, None));
+        };
+        let (found, more) = self
+            .backend
+            .list_page(&self.root, page.after.as_ref(), page.limit)?;
         let next = more
             .then(|| found.last().map(|(path, _)| path.to_string()))
             .flatten();
-        let page = found
+        let found = found
             .into_iter()
             .map(|(path, record)| record.to_volume(&path))
             .collect();
-        Ok((page, next))
+        Ok((found, next))
     }
 
     /// Opens the parent directory of `path`, creating missing parents when `create` is set.
@@ -701,7 +701,7 @@ mod tests {
         assert!(other != kept_id && other != gone_id, "{other}");
 
         // Deleting the archive frees its id at last.
-        let [archive] = &store.list_archives().unwrap()[..] else {
+        let [archive] = &store.list_archives(None).unwrap().0[..] else {
             panic!("one archive");
         };
         assert_eq!(fake.limit_kib(kept_id), Some(4096));
@@ -777,8 +777,9 @@ mod tests {
 
     fn ids(store: &VolumeStore) -> Vec<String> {
         store
-            .list_archives()
+            .list_archives(None)
             .unwrap()
+            .0
             .into_iter()
             .map(|a| a.id.to_string())
             .collect()
@@ -790,10 +791,14 @@ mod tests {
         store.create(&path("a"), &owned_request("first")).unwrap();
         store.archive(&path("a"), None).unwrap();
         store.create(&path("a"), &owned_request("second")).unwrap();
-        let listed = store.list().unwrap();
+        let (listed, _) = store.list(None).unwrap();
         assert_eq!(listed.len(), 1, "{listed:?}");
         assert_eq!(listed[0].owner.pvc_name.as_deref(), Some("second"));
-        assert_eq!(store.list_page(None, 10).unwrap().0, listed);
+        let first = PageRequest {
+            limit: 10,
+            after: None,
+        };
+        assert_eq!(store.list(Some(&first)).unwrap().0, listed);
     }
 
     #[test]
@@ -817,7 +822,7 @@ mod tests {
             second.archive_path,
             ".archive/a/@20260102T030405.000000006Z-1"
         );
-        let listed = store.list_archives().unwrap();
+        let (listed, _) = store.list_archives(None).unwrap();
         assert_eq!(listed.len(), 3, "{listed:?}");
         assert_eq!(listed[0].archive_path(), first.archive_path);
         assert_eq!(listed[0].record.owner.pvc_name.as_deref(), Some("first"));
@@ -857,8 +862,9 @@ mod tests {
             b"tenant"
         );
         let volumes: Vec<String> = store
-            .list()
+            .list(None)
             .unwrap()
+            .0
             .into_iter()
             .map(|v| v.path.to_string())
             .collect();
@@ -879,7 +885,7 @@ mod tests {
         drop(store);
 
         let store = VolumeStore::open(dir.path()).unwrap();
-        let [archive] = &store.list_archives().unwrap()[..] else {
+        let [archive] = &store.list_archives(None).unwrap().0[..] else {
             panic!("one archive");
         };
         assert_eq!(archive.retention_days(), Some(9));
@@ -908,7 +914,7 @@ mod tests {
             false,
         )
         .unwrap();
-        let [listed] = &store.list_archives().unwrap()[..] else {
+        let [listed] = &store.list_archives(None).unwrap().0[..] else {
             panic!("one archive");
         };
         let mut record = listed.record.clone();
@@ -918,7 +924,7 @@ mod tests {
             .write_record(entry.as_fd(), &path("old"), &record)
             .unwrap();
 
-        let [listed] = &store.list_archives().unwrap()[..] else {
+        let [listed] = &store.list_archives(None).unwrap().0[..] else {
             panic!("one archive");
         };
         assert_eq!(listed.record.archive, None);
@@ -1030,8 +1036,9 @@ mod tests {
 
     fn listed(store: &VolumeStore) -> Vec<String> {
         store
-            .list()
+            .list(None)
             .unwrap()
+            .0
             .into_iter()
             .map(|v| v.path.to_string())
             .collect()
@@ -1238,8 +1245,9 @@ mod tests {
         std::fs::create_dir_all(dir.path().join("plain/dir")).unwrap();
         store.archive(&path("b"), None).unwrap();
         let listed: Vec<String> = store
-            .list()
+            .list(None)
             .unwrap()
+            .0
             .into_iter()
             .map(|v| v.path.to_string())
             .collect();

@@ -7,7 +7,7 @@ use std::collections::HashSet;
 use std::sync::Arc;
 use std::time::Duration;
 
-use nfsprov_api_types::{Archive, ArchivePath, VolumeUsage};
+use nfsprov_api_types::{Archive, ArchivePath, PageRequest, VolumeUsage};
 use time::OffsetDateTime;
 
 use super::retention::{ArchiveSettings, is_expired};
@@ -48,39 +48,31 @@ impl Archives {
         }
     }
 
-    /// Every archive with its owner, time, expiry and size. An archive not measured yet
-    /// is waited for a little, then listed without a size.
-    pub async fn list(&self) -> Result<Vec<Archive>, StoreError> {
-        let stored = self.stored().await?;
-        let sizes = self.sizes_of(&stored).await;
-        self.observe(&stored, &sizes);
-        Ok(stored
-            .iter()
-            .zip(sizes)
-            .map(|(archive, usage)| self.describe(archive, usage))
-            .collect())
-    }
-
-    /// At most `limit` archives after `after` in id order, described as [`Self::list`]
-    /// describes them, and the next page's cursor. Only the page is measured; the
-    /// metrics of all archives are left to the whole list and the sweep.
-    pub async fn page(
+    /// The archives with their owner, time, expiry and size, in id order: every one, or
+    /// with a `page` at most its limit of those after its cursor, and the next page's
+    /// cursor. An archive not measured yet is waited for a little, then listed without a
+    /// size. Only what is listed is measured: the whole list refreshes the archive
+    /// metrics, a page leaves them to the whole list and the sweep.
+    pub async fn list(
         &self,
-        after: Option<ArchivePath>,
-        limit: usize,
+        page: Option<PageRequest<ArchivePath>>,
     ) -> Result<(Vec<Archive>, Option<String>), StoreError> {
+        let whole = page.is_none();
         let store = self.store.clone();
         let (stored, next) =
-            tokio::task::spawn_blocking(move || store.list_archives_page(after.as_ref(), limit))
+            tokio::task::spawn_blocking(move || store.list_archives(page.as_ref()))
                 .await
                 .unwrap_or_else(|e| Err(task_failed(e)))?;
         let sizes = self.sizes_of(&stored).await;
-        let page = stored
+        if whole {
+            self.observe(&stored, &sizes);
+        }
+        let listed = stored
             .iter()
             .zip(sizes)
             .map(|(archive, usage)| self.describe(archive, usage))
             .collect();
-        Ok((page, next))
+        Ok((listed, next))
     }
 
     /// The archive `id`, described as [`Self::list`] describes it, or `None`: only it
@@ -203,9 +195,10 @@ impl Archives {
 
     async fn stored(&self) -> Result<Vec<StoredArchive>, StoreError> {
         let store = self.store.clone();
-        tokio::task::spawn_blocking(move || store.list_archives())
+        tokio::task::spawn_blocking(move || store.list_archives(None))
             .await
             .unwrap_or_else(|e| Err(task_failed(e)))
+            .map(|(all, _)| all)
     }
 
     fn expires_at(&self, archive: &StoredArchive) -> Option<OffsetDateTime> {
@@ -314,9 +307,10 @@ mod tests {
         deleted.sort();
         assert_eq!(deleted, ["old", "short"]);
         let left: Vec<String> = archives
-            .list()
+            .list(None)
             .await
             .unwrap()
+            .0
             .into_iter()
             .map(|a| a.path.to_string())
             .collect();
@@ -350,7 +344,7 @@ mod tests {
         let archives = Archives::new(store, ArchiveSettings::default(), Default::default());
         let far = OffsetDateTime::now_utc() + Days::days(365 * 100);
         assert!(archives.sweep(far).await.unwrap().deleted.is_empty());
-        let listed = archives.list().await.unwrap();
+        let (listed, _) = archives.list(None).await.unwrap();
         assert_eq!(listed.len(), 1);
         assert_eq!(listed[0].expires_at, None);
         assert_eq!(listed[0].archived_at, "1970-01-01T00:00:00Z");

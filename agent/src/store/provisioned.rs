@@ -429,8 +429,9 @@ mod tests {
             );
             assert_eq!(store.provisioned().bytes(), half);
             let listed: Vec<String> = store
-                .list()
+                .list(None)
                 .unwrap()
+                .0
                 .into_iter()
                 .map(|v| v.path.to_string())
                 .collect();

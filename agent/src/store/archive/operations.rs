@@ -3,7 +3,9 @@
 
 use std::os::fd::AsFd;
 
-use nfsprov_api_types::{ArchiveEntry, ArchivePath, ArchiveResult, VolumePath, VolumeUsage};
+use nfsprov_api_types::{
+    ArchiveEntry, ArchivePath, ArchiveResult, PageRequest, VolumePath, VolumeUsage,
+};
 use rustix::fs::RenameFlags;
 use rustix::io::Errno;
 use time::OffsetDateTime;
@@ -121,21 +123,21 @@ impl VolumeStore {
         )))
     }
 
-    /// Every archive the agent made, sorted by id.
-    pub fn list_archives(&self) -> Result<Vec<StoredArchive>> {
-        let mut found = self.backend.list_archives(&self.root)?;
-        found.sort_by(|a, b| a.id.cmp(&b.id));
-        Ok(found)
-    }
-
-    /// At most `limit` archives whose ids follow `after`, in id order, and the cursor of
-    /// the next page (the page's last id) when more may follow.
-    pub fn list_archives_page(
+    /// The archives the agent made in id order: every one, or with a `page` at most its
+    /// limit of those whose ids follow its cursor; and the cursor of the next page (the
+    /// page's last id) when more may follow.
+    pub fn list_archives(
         &self,
-        after: Option<&ArchivePath>,
-        limit: usize,
+        page: Option<&PageRequest<ArchivePath>>,
     ) -> Result<(Vec<StoredArchive>, Option<String>)> {
-        let (found, more) = self.backend.list_archives_page(&self.root, after, limit)?;
+        let Some(page) = page else {
+            let mut found = self.backend.list_archives(&self.root)?;
+            found.sort_by(|a, b| a.id.cmp(&b.id));
+            return Ok((found, None));
+        };
+        let (found, more) =
+            self.backend
+                .list_archives_page(&self.root, page.after.as_ref(), page.limit)?;
         let next = more
             .then(|| found.last().map(|archive| archive.id.to_string()))
             .flatten();

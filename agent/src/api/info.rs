@@ -1,0 +1,138 @@
+//! What the agent says of itself: liveness, readiness, metrics and its capabilities.
+
+use std::sync::Arc;
+
+use axum::extract::State;
+use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use axum::{Extension, Json};
+use nfsprov_api_types::{AgentInfo, Capabilities, FilesystemStats, Health, Provisioning};
+
+use super::failure::ApiResult;
+use super::state::AppState;
+use crate::store::{self, VolumeStore};
+use crate::tls::PeerCertificate;
+
+pub(super) async fn healthz() -> Json<Health> {
+    Json(Health {
+        status: "ok".into(),
+        reason: None,
+    })
+}
+
+/// Says whether the agent is ready. The reason it is not (the export path, free bytes) is
+/// given only to authenticated callers and the log; anyone else learns only that it is
+/// not ready.
+pub(super) async fn readyz(
+    State(state): State<Arc<AppState>>,
+    peer: Option<Extension<PeerCertificate>>,
+    headers: HeaderMap,
+) -> Response {
+    let certificate = peer
+        .as_ref()
+        .and_then(|Extension(PeerCertificate(name))| name.as_deref());
+    let authorization = headers
+        .get(header::AUTHORIZATION)
+        .map(HeaderValue::as_bytes);
+    let authenticated = state
+        .auth
+        .authenticate(certificate, authorization)
+        .is_some();
+    match state.readiness().await {
+        Ok(()) => Json(Health {
+            status: "ok".into(),
+            reason: None,
+        })
+        .into_response(),
+        Err(reason) => {
+            tracing::debug!(%reason, "not ready");
+            (
+                StatusCode::SERVICE_UNAVAILABLE,
+                Json(Health {
+                    status: "unavailable".into(),
+                    reason: Some(if authenticated {
+                        reason
+                    } else {
+                        "the agent cannot serve everything now; the agent's log says why".into()
+                    }),
+                }),
+            )
+                .into_response()
+        }
+    }
+}
+
+pub(super) async fn metrics(State(state): State<Arc<AppState>>) -> Response {
+    if let Ok(fs) = state.store.filesystem_stats() {
+        state
+            .metrics
+            .filesystem_available_bytes
+            .set(fs.available_bytes as i64);
+        state
+            .metrics
+            .filesystem_free_inodes
+            .set(fs.free_inodes as i64);
+        let provisioning = provisioning(&state.store, &fs);
+        state
+            .metrics
+            .provisioned_bytes
+            .set(i64::try_from(provisioning.provisioned_bytes).unwrap_or(i64::MAX));
+        state
+            .metrics
+            .overcommit_ratio
+            .set(provisioning.overcommit_ratio);
+        state
+            .metrics
+            .overcommit_warn_ratio
+            .set(provisioning.warn_ratio);
+    }
+    if let Ok(count) = state.store.leftover_count() {
+        state.metrics.leftover_entries.set(count as i64);
+    }
+    state
+        .metrics
+        .exports
+        .degraded
+        .set(i64::from(state.exports.health().is_degraded()));
+    (
+        [(
+            header::CONTENT_TYPE,
+            "application/openmetrics-text; version=1.0.0; charset=utf-8",
+        )],
+        state.metrics.encode(),
+    )
+        .into_response()
+}
+
+/// The capacity promised against the filesystem `fs` of the store's root.
+fn provisioning(store: &VolumeStore, fs: &FilesystemStats) -> Provisioning {
+    let provisioned = store.provisioned();
+    let limits = provisioned.limits();
+    let provisioned_bytes = provisioned.bytes();
+    Provisioning {
+        provisioned_bytes,
+        overcommit_ratio: store::provisioned_ratio(provisioned_bytes, fs.total_bytes),
+        warn_ratio: limits.warn_ratio,
+        max_ratio: limits.max_ratio,
+    }
+}
+
+pub(super) async fn info(State(state): State<Arc<AppState>>) -> ApiResult<Json<AgentInfo>> {
+    let filesystem = state.store.filesystem_stats()?;
+    Ok(Json(AgentInfo {
+        provisioning: Some(provisioning(&state.store, &filesystem)),
+        version: env!("CARGO_PKG_VERSION").to_owned(),
+        nfs: state.nfs.clone(),
+        capabilities: Capabilities {
+            quota: state.store.backend().kind(),
+            quota_enforced: state.store.backend().can_enforce(),
+            archive: true,
+            exports: state.exports.kind(),
+            snapshots: state.store.takes_snapshots(),
+            archive_restores: true,
+            opaque_export_paths: state.exports.opaque_paths(),
+        },
+        filesystem,
+        export_root_filesystem: Some(state.root_filesystem.to_info(state.allow_shared_filesystem)),
+    }))
+}

@@ -1,0 +1,133 @@
+//! The snapshot endpoints: a snapshot made as a job, looked up, listed and deleted.
+
+use std::sync::Arc;
+
+use axum::Json;
+use axum::body::Body;
+use axum::extract::rejection::PathRejection;
+use axum::extract::{Path, RawQuery, State};
+use axum::http::{HeaderMap, StatusCode};
+use axum::response::{IntoResponse, Response};
+use nfsprov_api_types::{CreateSnapshotRequest, ErrorCode, ListQuery, SnapshotList, SnapshotName};
+
+use super::blocking::{clone_answer_wait, off_workers};
+use super::failure::{ApiResult, Failure, outcome};
+use super::input::{invalid_query, json_body, read_body_in_time};
+use super::state::AppState;
+use crate::snapshots::SnapshotAnswer;
+use crate::store::{Created, Deleted};
+
+/// The snapshot name of a snapshot endpoint: validated before anything is touched, so
+/// traversal or a hidden name never reaches the store.
+fn snapshot_name(raw: Result<Path<String>, PathRejection>) -> ApiResult<SnapshotName> {
+    let Path(raw) =
+        raw.map_err(|e| Failure::new(ErrorCode::InvalidPath, format!("invalid path: {e}")))?;
+    SnapshotName::parse(&raw).map_err(|e| {
+        Failure::new(
+            ErrorCode::InvalidPath,
+            format!("invalid snapshot name: {e}"),
+        )
+    })
+}
+
+/// Refuses snapshot work on an agent whose volumes cannot be snapshotted.
+pub(super) fn check_snapshots(state: &AppState) -> ApiResult<()> {
+    if state.store.takes_snapshots() {
+        return Ok(());
+    }
+    Err(Failure::new(
+        ErrorCode::Unsupported,
+        format!(
+            "this agent's {} volumes cannot be snapshotted",
+            state.store.backend().kind()
+        ),
+    ))
+}
+
+pub(super) async fn create_snapshot(
+    State(state): State<Arc<AppState>>,
+    raw_name: Result<Path<String>, PathRejection>,
+    headers: HeaderMap,
+    body: Body,
+) -> ApiResult<Response> {
+    let body = read_body_in_time(&state, body, state.max_body_bytes).await;
+    let name = snapshot_name(raw_name)?;
+    let request: CreateSnapshotRequest = json_body(&headers, &body?)?;
+    check_snapshots(&state)?;
+    let wait = clone_answer_wait(state.request_timeout);
+    let result = match state.snapshots.create(&name, request, wait).await {
+        SnapshotAnswer::Running(snapshot) => {
+            return Ok((StatusCode::ACCEPTED, Json(snapshot)).into_response());
+        }
+        SnapshotAnswer::Done(outcome) => outcome.map_err(Failure),
+    };
+    state.metrics.count_operation("snapshot", outcome(&result));
+    let (snapshot, created) = result?;
+    let status = match created {
+        Created::New => StatusCode::CREATED,
+        Created::Existing => StatusCode::OK,
+    };
+    Ok((status, Json(snapshot)).into_response())
+}
+
+pub(super) async fn get_snapshot(
+    State(state): State<Arc<AppState>>,
+    raw_name: Result<Path<String>, PathRejection>,
+) -> ApiResult<Response> {
+    let name = snapshot_name(raw_name)?;
+    let store = state.store.clone();
+    let lookup = name.clone();
+    let found = off_workers(move || store.snapshot(&lookup)).await?;
+    match found.or_else(|| state.snapshots.pending(&name)) {
+        Some(snapshot) => Ok(Json(snapshot).into_response()),
+        None => Err(Failure::new(
+            ErrorCode::NotFound,
+            format!("no snapshot {name}"),
+        )),
+    }
+}
+
+/// The ready snapshots; one being made is found by its name only.
+pub(super) async fn list_snapshots(
+    State(state): State<Arc<AppState>>,
+    RawQuery(query): RawQuery,
+) -> ApiResult<Json<SnapshotList>> {
+    let page = ListQuery::parse(query.as_deref(), |raw| {
+        SnapshotName::parse(raw).map_err(|e| e.to_string())
+    })
+    .map_err(invalid_query)?;
+    let store = state.store.clone();
+    let (snapshots, next) = off_workers(move || match page {
+        Some(page) => store.list_snapshots(page.after.as_ref(), Some(page.limit)),
+        None => store.list_snapshots(None, None),
+    })
+    .await?;
+    Ok(Json(SnapshotList { snapshots, next }))
+}
+
+pub(super) async fn delete_snapshot(
+    State(state): State<Arc<AppState>>,
+    raw_name: Result<Path<String>, PathRejection>,
+) -> ApiResult<StatusCode> {
+    let name = snapshot_name(raw_name)?;
+    if state.snapshots.cancel(&name) {
+        // Its job records nothing and removes what it made once its copy ends: no record
+        // of it is on disk to outlive a power cut. Otherwise the job's lock is awaited below.
+        state.metrics.count_operation("delete_snapshot", "success");
+        return Ok(StatusCode::NO_CONTENT);
+    }
+    let guard = state.store.lock_snapshot(&name).await;
+    let store = state.store.clone();
+    let result = off_workers(move || {
+        let deleted = store.delete_snapshot(&name);
+        drop(guard);
+        deleted
+    })
+    .await;
+    state
+        .metrics
+        .count_operation("delete_snapshot", outcome(&result));
+    match result? {
+        Deleted::Removed | Deleted::WasAbsent => Ok(StatusCode::NO_CONTENT),
+    }
+}

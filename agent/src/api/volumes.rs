@@ -1,0 +1,152 @@
+//! The volume endpoints: made, adopted or cloned, read, listed, resized and deleted.
+
+use std::sync::Arc;
+
+use axum::Json;
+use axum::body::Body;
+use axum::extract::rejection::PathRejection;
+use axum::extract::{Path, RawQuery, State};
+use axum::http::{HeaderMap, StatusCode};
+use axum::response::{IntoResponse, Response};
+use nfsprov_api_types::{
+    AdoptVolumeRequest, CloneVolumeRequest, CreateVolumeRequest, ErrorCode, ListQuery,
+    ResizeVolumeRequest, Volume, VolumeList, VolumePath,
+};
+
+use super::blocking::{clone_answer_wait, off_workers, with_path_lock};
+use super::exports::{check_new_export, export_made, exported, made_or_found, unexported};
+use super::failure::{ApiResult, Failure, outcome};
+use super::input::{invalid_query, volume_path, volume_request};
+use super::state::AppState;
+use crate::clones::CloneAnswer;
+use crate::store::Deleted;
+
+pub(super) async fn create_volume(
+    State(state): State<Arc<AppState>>,
+    raw_path: Result<Path<String>, PathRejection>,
+    headers: HeaderMap,
+    body: Body,
+) -> ApiResult<Response> {
+    let (path, request): (VolumePath, CreateVolumeRequest) =
+        volume_request(&state, raw_path, &headers, body).await?;
+    check_new_export(&state, &path, request.export.as_ref())?;
+    if let Err(refusal) = state.policy.check(&request) {
+        state.metrics.count_operation("create", "rejected");
+        return Err(Failure::new(
+            ErrorCode::Forbidden,
+            format!("{path}: {refusal}"),
+        ));
+    }
+    let exports = state.exports.clone();
+    let result = with_path_lock(&state, &path.clone(), move |store| {
+        let (volume, created) = store.create(&path, &request)?;
+        let volume = exported(&exports, volume, request.export.as_ref())?;
+        Ok::<_, Failure>((volume, created))
+    })
+    .await;
+    state.metrics.count_operation("create", outcome(&result));
+    let (volume, created) = result?;
+    Ok(made_or_found(volume, created))
+}
+
+pub(super) async fn get_volume(
+    State(state): State<Arc<AppState>>,
+    raw_path: Result<Path<String>, PathRejection>,
+) -> ApiResult<Response> {
+    let path = volume_path(raw_path)?;
+    let store = state.store.clone();
+    let lookup = path.clone();
+    let mut volume = off_workers(move || store.get(&lookup)).await?;
+    volume.usage = state.usage.get(&state.store, &path).await;
+    state.exports.describe(&mut volume);
+    Ok(Json(volume).into_response())
+}
+
+pub(super) async fn list_volumes(
+    State(state): State<Arc<AppState>>,
+    RawQuery(query): RawQuery,
+) -> ApiResult<Json<VolumeList>> {
+    let page = ListQuery::parse(query.as_deref(), VolumePath::parse).map_err(invalid_query)?;
+    let store = state.store.clone();
+    let (mut volumes, next) = off_workers(move || store.list(page.as_ref())).await?;
+    for volume in &mut volumes {
+        state.exports.describe(volume);
+    }
+    Ok(Json(VolumeList { volumes, next }))
+}
+
+pub(super) async fn resize_volume(
+    State(state): State<Arc<AppState>>,
+    raw_path: Result<Path<String>, PathRejection>,
+    headers: HeaderMap,
+    body: Body,
+) -> ApiResult<Json<Volume>> {
+    let (path, request): (VolumePath, ResizeVolumeRequest) =
+        volume_request(&state, raw_path, &headers, body).await?;
+    let result = with_path_lock(&state, &path.clone(), move |store| {
+        store.resize(&path, request.capacity_bytes)
+    })
+    .await;
+    state.metrics.count_operation("resize", outcome(&result));
+    let mut volume = result?;
+    state.exports.describe(&mut volume);
+    Ok(Json(volume))
+}
+
+pub(super) async fn delete_volume(
+    State(state): State<Arc<AppState>>,
+    raw_path: Result<Path<String>, PathRejection>,
+) -> ApiResult<StatusCode> {
+    let path = volume_path(raw_path)?;
+    let exports = state.exports.clone();
+    let result = with_path_lock(&state, &path.clone(), move |store| {
+        unexported(&exports, &path)?;
+        Ok::<_, Failure>(store.delete(&path)?)
+    })
+    .await;
+    state.metrics.count_operation("delete", outcome(&result));
+    match result? {
+        Deleted::Removed | Deleted::WasAbsent => Ok(StatusCode::NO_CONTENT),
+    }
+}
+
+pub(super) async fn adopt_volume(
+    State(state): State<Arc<AppState>>,
+    raw_path: Result<Path<String>, PathRejection>,
+    headers: HeaderMap,
+    body: Body,
+) -> ApiResult<Response> {
+    let (path, request): (VolumePath, AdoptVolumeRequest) =
+        volume_request(&state, raw_path, &headers, body).await?;
+    check_new_export(&state, &path, request.export.as_ref())?;
+    let exports = state.exports.clone();
+    let result = with_path_lock(&state, &path.clone(), move |store| {
+        let (volume, adopted) = store.adopt(&path, &request)?;
+        let volume = exported(&exports, volume, request.export.as_ref())?;
+        Ok::<_, Failure>((volume, adopted))
+    })
+    .await;
+    state.metrics.count_operation("adopt", outcome(&result));
+    let (volume, adopted) = result?;
+    Ok(made_or_found(volume, adopted))
+}
+
+pub(super) async fn clone_volume(
+    State(state): State<Arc<AppState>>,
+    raw_path: Result<Path<String>, PathRejection>,
+    headers: HeaderMap,
+    body: Body,
+) -> ApiResult<Response> {
+    let (path, request): (VolumePath, CloneVolumeRequest) =
+        volume_request(&state, raw_path, &headers, body).await?;
+    check_new_export(&state, &path, request.export.as_ref())?;
+    let export = request.export.clone();
+    let wait = clone_answer_wait(state.request_timeout);
+    let result = match state.clones.clone_volume(&path, request, wait).await {
+        CloneAnswer::Running(progress) => {
+            return Ok((StatusCode::ACCEPTED, Json(progress)).into_response());
+        }
+        CloneAnswer::Done(outcome) => outcome.map_err(Failure),
+    };
+    export_made(&state, &path, result, export, "clone").await
+}
