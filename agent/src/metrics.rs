@@ -29,6 +29,13 @@ pub struct RouteLabels {
     pub route: &'static str,
 }
 
+/// The namespace of a claim, as the controller recorded it on its volume (empty for
+/// volumes made without an owner). Names of the cluster, never of files.
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct NamespaceLabels {
+    pub namespace: String,
+}
+
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct OperationLabels {
     pub operation: &'static str,
@@ -146,6 +153,10 @@ pub struct Metrics {
     pub overcommit_ratio: Gauge<f64, AtomicU64>,
     /// `limits.overcommit_warn_ratio`, so an alert compares each agent with its own.
     pub overcommit_warn_ratio: Gauge<f64, AtomicU64>,
+    /// What each namespace's snapshots hold at most (`SnapshotBudget`).
+    pub snapshot_bytes: Family<NamespaceLabels, Gauge>,
+    /// `limits.max_snapshot_bytes_per_namespace`, 0 when unset.
+    pub snapshot_bytes_limit: Gauge,
     pub leftover_entries: Gauge,
     /// Records of volumes found gone at start (a deletion a crash interrupted), removed.
     pub stale_records_removed: Counter,
@@ -216,6 +227,18 @@ impl Metrics {
             "overcommit_warn_ratio",
             "The overcommit ratio past which the agent warns: limits.overcommit_warn_ratio",
             overcommit_warn_ratio.clone(),
+        );
+        let snapshot_bytes = Family::<NamespaceLabels, Gauge>::default();
+        registry.register(
+            "snapshot_bytes",
+            "Bytes the snapshots of each namespace hold at most (what each referenced when taken) at the last scrape",
+            snapshot_bytes.clone(),
+        );
+        let snapshot_bytes_limit = Gauge::default();
+        registry.register(
+            "snapshot_bytes_limit",
+            "limits.max_snapshot_bytes_per_namespace: the bytes one namespace's snapshots may hold; 0 when unset",
+            snapshot_bytes_limit.clone(),
         );
         let leftover_entries = Gauge::default();
         registry.register(
@@ -384,6 +407,8 @@ impl Metrics {
             provisioned_bytes,
             overcommit_ratio,
             overcommit_warn_ratio,
+            snapshot_bytes,
+            snapshot_bytes_limit,
             leftover_entries,
             stale_records_removed,
             export_root_shared,

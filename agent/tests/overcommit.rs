@@ -2,7 +2,9 @@
 //! process on a temp export root: creates, growths and deletions move the figure in
 //! `/v1/info` and the metrics, a restart counts it again from the records, and with
 //! `limits.max_overcommit_ratio` set a create or growth past it is refused with 507
-//! `overcommit_limit`, naming the figures and the setting, and makes nothing.
+//! `overcommit_limit`, naming the figures and the setting, and makes nothing. Likewise
+//! `limits.max_snapshot_bytes_per_namespace` bounds what a namespace's snapshots hold:
+//! past it a snapshot is refused with 507 `snapshot_limit`, and the metrics show the sums.
 
 mod common;
 
@@ -10,7 +12,11 @@ use common::agent_process::{Setup, setup};
 use common::logged_agent::LoggedAgent;
 use nfsprov_agent::init::files;
 use nfsprov_api_types::client::AgentClient;
-use nfsprov_api_types::{CreateVolumeRequest, ErrorCode, Provisioning, VolumePath};
+use nfsprov_api_types::client::ClientError;
+use nfsprov_api_types::{
+    CreateSnapshotRequest, CreateVolumeRequest, ErrorCode, Provisioning, Snapshot, SnapshotName,
+    VolumeOwner, VolumePath,
+};
 
 fn path(p: &str) -> VolumePath {
     VolumePath::parse(p).unwrap()
@@ -177,4 +183,98 @@ async fn past_the_maximum_creates_and_growths_are_refused_and_make_nothing() {
         .await
         .unwrap();
     assert_eq!(provisioning(&client).await.0.provisioned_bytes, total);
+}
+
+/// Takes the snapshot `name` of `source`, asking again while a copy runs.
+async fn snapshot(client: &AgentClient, name: &str, source: &str) -> Result<Snapshot, ClientError> {
+    let name = SnapshotName::parse(name).unwrap();
+    let request = CreateSnapshotRequest {
+        source: path(source),
+    };
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    loop {
+        let taken = client.create_snapshot(&name, &request, None).await?;
+        if taken.ready {
+            return Ok(taken);
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "{name} never became ready"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn snapshots_past_their_namespaces_limit_are_refused_and_the_metrics_show_the_sums() {
+    const MIB: u64 = 1 << 20;
+    let setup = setup();
+    // Two snapshots of 1 MiB of data, with room for their metadata; not a third.
+    limit(
+        &setup,
+        "max_snapshot_bytes_per_namespace",
+        &(2 * MIB + MIB / 2).to_string(),
+    );
+    let (_agent, client) = started(&setup).await;
+    for (volume, namespace) in [("team-a/app", "team-a"), ("team-b/app", "team-b")] {
+        let request = CreateVolumeRequest {
+            capacity_bytes: 10 * MIB,
+            owner: VolumeOwner {
+                pvc_namespace: Some(namespace.to_owned()),
+                ..VolumeOwner::default()
+            },
+            ..Default::default()
+        };
+        client
+            .create_volume(&path(volume), &request, None)
+            .await
+            .unwrap();
+        std::fs::write(
+            setup.root.join(volume).join("data"),
+            vec![0x5a_u8; MIB as usize],
+        )
+        .unwrap();
+    }
+    let first = snapshot(&client, "a1", "team-a/app").await.unwrap();
+    let second = snapshot(&client, "a2", "team-a/app").await.unwrap();
+    let held = first.size_bytes.unwrap() + second.size_bytes.unwrap();
+    let refused = snapshot(&client, "a3", "team-a/app").await.unwrap_err();
+    assert_eq!(refused.code(), Some(ErrorCode::SnapshotLimit), "{refused}");
+    assert!(refused.is_transient(), "retried later: {refused}");
+    let message = refused.to_string();
+    for part in [
+        "507",
+        "namespace team-a",
+        &format!("hold {held} bytes"),
+        "limits.max_snapshot_bytes_per_namespace",
+    ] {
+        assert!(message.contains(part), "{part:?} not in {message:?}");
+    }
+    let absent = client
+        .get_snapshot(&SnapshotName::parse("a3").unwrap(), None)
+        .await
+        .unwrap_err();
+    assert_eq!(
+        absent.code(),
+        Some(ErrorCode::NotFound),
+        "nothing of the refused snapshot: {absent}"
+    );
+    snapshot(&client, "b1", "team-b/app").await.unwrap();
+
+    let team_a = r#"nfsprov_agent_snapshot_bytes{namespace="team-a"}"#;
+    assert_eq!(metric(&setup, team_a).await, held as f64);
+    assert_eq!(
+        metric(&setup, "nfsprov_agent_snapshot_bytes_limit").await,
+        (2 * MIB + MIB / 2) as f64
+    );
+    // Deleting a snapshot gives its bytes back.
+    client
+        .delete_snapshot(&SnapshotName::parse("a1").unwrap(), None)
+        .await
+        .unwrap();
+    assert_eq!(
+        metric(&setup, team_a).await,
+        second.size_bytes.unwrap() as f64
+    );
+    snapshot(&client, "a3", "team-a/app").await.unwrap();
 }

@@ -10,6 +10,7 @@ use nfsprov_api_types::{AgentInfo, Capabilities, FilesystemStats, Health, Provis
 
 use super::failure::ApiResult;
 use super::state::AppState;
+use crate::metrics::NamespaceLabels;
 use crate::store::{self, VolumeStore};
 use crate::tls::PeerCertificate;
 
@@ -86,6 +87,21 @@ pub(super) async fn metrics(State(state): State<Arc<AppState>>) -> Response {
             .overcommit_warn_ratio
             .set(provisioning.warn_ratio);
     }
+    let budget = state.store.snapshot_budget();
+    // Set afresh at each scrape: a namespace whose snapshots are all gone disappears.
+    state.metrics.snapshot_bytes.clear();
+    for (namespace, bytes) in budget.sums() {
+        state
+            .metrics
+            .snapshot_bytes
+            .get_or_create(&NamespaceLabels { namespace })
+            .set(i64::try_from(bytes).unwrap_or(i64::MAX));
+    }
+    state.metrics.snapshot_bytes_limit.set(
+        budget
+            .limit()
+            .map_or(0, |l| i64::try_from(l).unwrap_or(i64::MAX)),
+    );
     if let Ok(count) = state.store.leftover_count() {
         state.metrics.leftover_entries.set(count as i64);
     }

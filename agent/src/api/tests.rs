@@ -55,6 +55,7 @@ fn state(dir: &FsPath) -> Arc<AppState> {
         max_clone_jobs: 1,
         max_queued_jobs: 64,
         overcommit: Default::default(),
+        max_snapshot_bytes_per_namespace: None,
         shutdown_grace: Duration::from_secs(1),
         min_free_bytes: 0,
         min_free_inodes: 0,

@@ -49,7 +49,7 @@ impl SnapshotBudget {
         self.limit
     }
 
-    fn sums(&self) -> std::sync::MutexGuard<'_, Sums> {
+    fn locked(&self) -> std::sync::MutexGuard<'_, Sums> {
         // Sums are plain numbers, consistent after every statement: a panic elsewhere
         // while the lock was held leaves nothing half-changed.
         self.sums.lock().unwrap_or_else(|e| e.into_inner())
@@ -57,7 +57,7 @@ impl SnapshotBudget {
 
     /// Counts a snapshot found in its record when the store opens.
     pub fn count(&self, name: &SnapshotName, namespace: &str, bytes: u64) {
-        let mut sums = self.sums();
+        let mut sums = self.locked();
         let held = sums.by_namespace.entry(namespace.to_owned()).or_default();
         *held = held.saturating_add(bytes);
         sums.by_snapshot
@@ -66,11 +66,20 @@ impl SnapshotBudget {
 
     /// The bytes the snapshots of `namespace` hold at most.
     pub fn bytes(&self, namespace: &str) -> u64 {
-        self.sums()
+        self.locked()
             .by_namespace
             .get(namespace)
             .copied()
             .unwrap_or(0)
+    }
+
+    /// Each namespace with snapshots, and what they hold at most.
+    pub fn sums(&self) -> Vec<(String, u64)> {
+        self.locked()
+            .by_namespace
+            .iter()
+            .map(|(namespace, bytes)| (namespace.clone(), *bytes))
+            .collect()
     }
 
     /// Refuses a snapshot of `namespace` at once when its snapshots are at the limit
@@ -89,7 +98,7 @@ impl SnapshotBudget {
     /// would take the namespace past the limit. The charge lasts once
     /// [kept](Charge::keep); dropped, it is given back.
     pub fn charge(&self, name: &SnapshotName, namespace: &str, bytes: u64) -> Result<Charge<'_>> {
-        let mut sums = self.sums();
+        let mut sums = self.locked();
         let held = sums.by_namespace.get(namespace).copied().unwrap_or(0);
         if let Some(limit) = self.limit
             && held.saturating_add(bytes) > limit
@@ -109,7 +118,7 @@ impl SnapshotBudget {
 
     /// Gives back what the snapshot `name` was charged, once it is deleted.
     pub fn release(&self, name: &SnapshotName) {
-        let mut sums = self.sums();
+        let mut sums = self.locked();
         if let Some((namespace, bytes)) = sums.by_snapshot.remove(name) {
             Self::subtract(&mut sums, &namespace, bytes);
         }
@@ -157,7 +166,7 @@ impl Charge<'_> {
     /// The snapshot is recorded: its charge lasts until it is deleted.
     pub fn keep(mut self) {
         self.kept = true;
-        let mut sums = self.budget.sums();
+        let mut sums = self.budget.locked();
         let entry = (std::mem::take(&mut self.namespace), self.bytes);
         sums.by_snapshot.insert(self.name.clone(), entry);
     }
@@ -166,7 +175,7 @@ impl Charge<'_> {
 impl Drop for Charge<'_> {
     fn drop(&mut self) {
         if !self.kept {
-            SnapshotBudget::subtract(&mut self.budget.sums(), &self.namespace, self.bytes);
+            SnapshotBudget::subtract(&mut self.budget.locked(), &self.namespace, self.bytes);
         }
     }
 }
