@@ -25,16 +25,14 @@ use tower_http::request_id::{MakeRequestUuid, PropagateRequestIdLayer, SetReques
 
 use crate::archive::catalog::Archives;
 use crate::auth::{Authenticator, Caller};
-use crate::clones::{CloneAnswer, Clones};
 use crate::config::AgentConfig;
 use crate::connections::Ticket;
 use crate::exports::{ExportError, ExportHealth, Exports, FaultPoint, crash_if_asked};
-use crate::jobs::{self, JobKind, JobQueue};
+use crate::jobs::{self, CloneAnswer, Clones, JobRunner, RestoreAnswer, SnapshotAnswer, Snapshots};
 use crate::metrics::{Metrics, RequestLabels, RouteLabels};
 use crate::policy::Policy;
 use crate::ratelimit::RateLimit;
 use crate::root_filesystem::RootFilesystem;
-use crate::snapshots::{Queues, RestoreAnswer, SnapshotAnswer, Snapshots};
 use crate::store::{self, Archived, Created, Deleted, StoreError, VolumeStore};
 use crate::tls::PeerCertificate;
 use crate::usage::UsageCache;
@@ -85,31 +83,15 @@ impl AppState {
     /// The state for `config`'s agent, serving `store` and checking callers with `auth`.
     pub fn new(store: Arc<VolumeStore>, auth: Authenticator, config: &AgentConfig) -> Self {
         let metrics = Metrics::new();
-        let clones = Clones::new(store.clone(), metrics.clones.clone(), &metrics.jobs, config);
+        let job_runner = JobRunner::new(config, &metrics);
         Self {
             archives: Arc::new(Archives::new(
                 store.clone(),
                 config.archive.clone(),
                 metrics.archives.clone(),
             )),
-            snapshots: Snapshots::new(
-                store.clone(),
-                metrics.snapshots.clone(),
-                clones.slots(),
-                Queues {
-                    snapshots: JobQueue::new(
-                        JobKind::Snapshot,
-                        config.max_queued_jobs,
-                        &metrics.jobs,
-                    ),
-                    restores: JobQueue::new(
-                        JobKind::Restore,
-                        config.max_queued_jobs,
-                        &metrics.jobs,
-                    ),
-                },
-            ),
-            clones,
+            snapshots: Snapshots::new(store.clone(), metrics.snapshots.clone(), &job_runner),
+            clones: Clones::new(store.clone(), metrics.clones.clone(), &job_runner),
             exports: Arc::new(Exports::none(&config.nfs_path)),
             root_filesystem: RootFilesystem {
                 mount_point: config.export_root.clone(),
