@@ -15,8 +15,8 @@
 //! 5. `metrics`, and `usage` (measured in the background, cached);
 //! 6. `archive`: how long archives are kept, and their catalog for the API and the sweep;
 //! 7. `config`: the settings file, checked into the settings of the layers below;
-//! 8. `auth`, `logging`, `init` (first-run setup), `jobs` (how many jobs may wait),
-//!    `clones` (clone jobs), `snapshots` (snapshot and restore jobs);
+//! 8. `auth`, `logging`, `init` (first-run setup), `jobs` (the clone, snapshot and
+//!    restore jobs, and the one runner of them all);
 //! 9. `cli`: the command line;
 //! 10. `api`: the HTTPS API, its routes and handlers;
 //! 11. `server`: the accept loop, each connection admitted, its handshake and served.
@@ -25,7 +25,6 @@ pub(crate) mod api;
 pub mod archive;
 pub(crate) mod auth;
 pub mod cli;
-pub(crate) mod clones;
 pub mod config;
 pub(crate) mod connections;
 pub mod exports;
@@ -40,7 +39,6 @@ pub mod quota;
 pub(crate) mod ratelimit;
 pub(crate) mod root_filesystem;
 pub(crate) mod server;
-pub(crate) mod snapshots;
 pub mod store;
 pub(crate) mod tls;
 pub(crate) mod usage;

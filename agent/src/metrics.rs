@@ -76,6 +76,8 @@ pub struct CloneLabels {
 pub struct CloneMetrics {
     /// Clones finished, by method.
     pub made: Family<CloneLabels, Counter>,
+    /// Clones that failed to be made.
+    pub failed: Counter,
     /// Clone jobs running now (holding a slot and the locks of their paths).
     pub in_progress: Gauge,
     /// Clone jobs waiting for a slot now.
@@ -284,6 +286,11 @@ impl Metrics {
             "clones",
             "Clones made, by method (btrfs-snapshot, zfs-clone, reflink, copy)",
             clones.made.clone(),
+        );
+        registry.register(
+            "clones_failed",
+            "Clones that could not be made (the log says why)",
+            clones.failed.clone(),
         );
         registry.register(
             "clones_in_progress",

@@ -678,6 +678,52 @@ async fn concurrent_mixed_requests_leave_a_consistent_tree() {
     }
 }
 
+/// Clones, snapshots and restores run as jobs of one runner: a job that fails is
+/// answered as its request would be and counted as a failure of its kind.
+#[tokio::test(flavor = "multi_thread")]
+async fn clone_snapshot_and_restore_jobs_that_fail_are_counted_alike() {
+    let (_root, agent) = agent().await;
+    let clone = call(
+        &agent,
+        "POST",
+        "/v1/clones/team/copy",
+        Some(r#"{"source":"team/missing","capacity_bytes":1048576}"#),
+    );
+    assert_eq!((clone.status, clone.code()), (404, "not_found".to_owned()));
+    let snapshot = call(
+        &agent,
+        "PUT",
+        "/v1/snapshots/snap-1",
+        Some(r#"{"source":"team/missing"}"#),
+    );
+    assert_eq!(
+        (snapshot.status, snapshot.code()),
+        (404, "not_found".to_owned())
+    );
+    let restore = call(
+        &agent,
+        "POST",
+        "/v1/restores/team/restored",
+        Some(r#"{"snapshot":"snap-missing","capacity_bytes":1048576}"#),
+    );
+    assert_eq!(
+        (restore.status, restore.code()),
+        (404, "not_found".to_owned())
+    );
+    let metrics = curl(&agent, &["-H", &bearer(&agent), &url(&agent, "/metrics")]);
+    for failed in [
+        "nfsprov_agent_clones_failed_total 1",
+        "nfsprov_agent_snapshots_failed_total 1",
+        "nfsprov_agent_restores_failed_total 1",
+    ] {
+        assert!(
+            metrics.body.lines().any(|line| line == failed),
+            "{failed} not in:\n{}",
+            metrics.body
+        );
+    }
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn request_ids_are_echoed_and_metrics_count_requests() {
     let (_root, agent) = agent().await;

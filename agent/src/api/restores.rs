@@ -16,7 +16,7 @@ use super::failure::{ApiResult, Failure};
 use super::input::volume_request;
 use super::snapshots::check_snapshots;
 use super::state::AppState;
-use crate::snapshots::RestoreAnswer;
+use crate::jobs::RestoreAnswer;
 
 pub(super) async fn restore_volume(
     State(state): State<Arc<AppState>>,

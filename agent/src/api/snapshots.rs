@@ -14,7 +14,7 @@ use super::blocking::{clone_answer_wait, off_workers};
 use super::failure::{ApiResult, Failure, outcome};
 use super::input::{invalid_query, json_body, read_body_in_time};
 use super::state::AppState;
-use crate::snapshots::SnapshotAnswer;
+use crate::jobs::SnapshotAnswer;
 use crate::store::{Created, Deleted};
 
 /// The snapshot name of a snapshot endpoint: validated before anything is touched, so

@@ -8,15 +8,13 @@ use tokio::sync::Semaphore;
 
 use crate::archive::catalog::Archives;
 use crate::auth::Authenticator;
-use crate::clones::Clones;
 use crate::config::AgentConfig;
 use crate::exports::{ExportHealth, Exports};
-use crate::jobs::{JobKind, JobQueue};
+use crate::jobs::{Clones, JobRunner, Snapshots};
 use crate::metrics::Metrics;
 use crate::policy::Policy;
 use crate::ratelimit::RateLimit;
 use crate::root_filesystem::RootFilesystem;
-use crate::snapshots::{Queues, Snapshots};
 use crate::store::VolumeStore;
 use crate::usage::UsageCache;
 
@@ -67,31 +65,15 @@ impl AppState {
     /// The state for `config`'s agent, serving `store` and checking callers with `auth`.
     pub(crate) fn new(store: Arc<VolumeStore>, auth: Authenticator, config: &AgentConfig) -> Self {
         let metrics = Metrics::new();
-        let clones = Clones::new(store.clone(), metrics.clones.clone(), &metrics.jobs, config);
+        let job_runner = JobRunner::new(config, &metrics);
         Self {
             archives: Arc::new(Archives::new(
                 store.clone(),
                 config.archive.clone(),
                 metrics.archives.clone(),
             )),
-            snapshots: Snapshots::new(
-                store.clone(),
-                metrics.snapshots.clone(),
-                clones.slots(),
-                Queues {
-                    snapshots: JobQueue::new(
-                        JobKind::Snapshot,
-                        config.max_queued_jobs,
-                        &metrics.jobs,
-                    ),
-                    restores: JobQueue::new(
-                        JobKind::Restore,
-                        config.max_queued_jobs,
-                        &metrics.jobs,
-                    ),
-                },
-            ),
-            clones,
+            snapshots: Snapshots::new(store.clone(), metrics.snapshots.clone(), &job_runner),
+            clones: Clones::new(store.clone(), metrics.clones.clone(), &job_runner),
             exports: Arc::new(Exports::none(&config.nfs_path)),
             root_filesystem: RootFilesystem {
                 mount_point: config.export_root.clone(),

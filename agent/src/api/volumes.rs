@@ -18,7 +18,7 @@ use super::exports::{check_new_export, export_made, exported, made_or_found, une
 use super::failure::{ApiResult, Failure, outcome};
 use super::input::{invalid_query, volume_path, volume_request};
 use super::state::AppState;
-use crate::clones::CloneAnswer;
+use crate::jobs::CloneAnswer;
 use crate::store::Deleted;
 
 pub(super) async fn create_volume(
