@@ -97,11 +97,7 @@ pub(super) async fn list_snapshots(
     })
     .map_err(invalid_query)?;
     let store = state.store.clone();
-    let (snapshots, next) = off_workers(move || match page {
-        Some(page) => store.list_snapshots(page.after.as_ref(), Some(page.limit)),
-        None => store.list_snapshots(None, None),
-    })
-    .await?;
+    let (snapshots, next) = off_workers(move || store.list_snapshots(page.as_ref())).await?;
     Ok(Json(SnapshotList { snapshots, next }))
 }
 

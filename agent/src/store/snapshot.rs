@@ -40,7 +40,8 @@ use std::io::Write;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 
 use nfsprov_api_types::{
-    RestoreSource, RestoreVolumeRequest, Snapshot, SnapshotMethod, SnapshotName, Volume, VolumePath,
+    PageRequest, RestoreSource, RestoreVolumeRequest, Snapshot, SnapshotMethod, SnapshotName,
+    Volume, VolumePath,
 };
 use rustix::fs::{AtFlags, Mode, OFlags, RenameFlags};
 use rustix::io::Errno;
@@ -506,14 +507,15 @@ impl VolumeStore {
             .map(|record| record.to_snapshot(name, self.exclusive_bytes(&area, name))))
     }
 
-    /// At most `limit` ready snapshots whose names follow `after`, in name order, and the
-    /// cursor of the next page (the page's last name) when more may follow; without a
-    /// limit, all of them.
+    /// One page of ready snapshots in name order (those after its cursor, at most its
+    /// limit) and the cursor of the next page (the page's last name) when more may
+    /// follow; without a page, all of them.
     pub fn list_snapshots(
         &self,
-        after: Option<&SnapshotName>,
-        limit: Option<usize>,
+        page: Option<&PageRequest<SnapshotName>>,
     ) -> Result<(Vec<Snapshot>, Option<String>)> {
+        let after = page.and_then(|page| page.after.as_ref());
+        let limit = page.map(|page| page.limit);
         let area = Area::open(&self.root)?;
         let mut names: Vec<SnapshotName> = area
             .names()?

@@ -96,7 +96,7 @@ impl SnapshotBudget {
 
     /// Charges `bytes` for the snapshot `name` to `namespace`, or refuses it when that
     /// would take the namespace past the limit. The charge lasts once
-    /// [kept](Charge::keep); dropped, it is given back.
+    /// kept (`Charge::keep`); dropped, it is given back.
     pub fn charge(&self, name: &SnapshotName, namespace: &str, bytes: u64) -> Result<Charge<'_>> {
         let mut sums = self.locked();
         let held = sums.by_namespace.get(namespace).copied().unwrap_or(0);
@@ -272,7 +272,7 @@ mod tests {
         }
 
         fn names(store: &VolumeStore) -> Vec<String> {
-            let (snapshots, _) = store.list_snapshots(None, None).unwrap();
+            let (snapshots, _) = store.list_snapshots(None).unwrap();
             snapshots.iter().map(|s| s.name.to_string()).collect()
         }
 
