@@ -5,7 +5,8 @@
 //!
 //! 1. leaves: `mountinfo` (the kernel's mount table), `policy` (what a create may ask
 //!    for), `connections` (limits on connections), `ratelimit` (of log lines), `holds`
-//!    (where a debug build waits for a test);
+//!    (where a debug build waits for a test), `subvolume` (what a btrfs subvolume is, for
+//!    the store's records, the exports and the btrfs tool);
 //! 2. `quota` (the quota tools, the runner of every filesystem tool, the quota settings),
 //!    `tls` (the server's TLS settings and its acceptor) and `root_filesystem` (whether
 //!    the export root has its filesystem to itself);
@@ -42,6 +43,7 @@ pub(crate) mod root_filesystem;
 pub(crate) mod server;
 pub(crate) mod snapshots;
 pub mod store;
+pub(crate) mod subvolume;
 pub(crate) mod tls;
 pub(crate) mod usage;
 pub mod zfs;

@@ -22,8 +22,9 @@ use super::legacy::{self, Area};
 use super::reconcile;
 use super::record::{Identity, QuotaRecord, RecordStore, VolumeRecord};
 use super::tree::{MAX_USAGE_DEPTH, measure_tree, remove_tree};
-use crate::quota::btrfs::{self, Btrfs, SnapshotKind};
+use crate::quota::btrfs::{Btrfs, SnapshotKind};
 use crate::quota::xfs::Xfs;
+use crate::subvolume;
 
 /// How a directory volume is held to its capacity.
 pub trait QuotaStrategy: Debug + Send + Sync {
@@ -201,7 +202,7 @@ impl QuotaStrategy for Btrfs {
         path: &VolumePath,
         kind: SnapshotKind,
     ) -> Result<bool> {
-        if !btrfs::is_subvolume(source) {
+        if !subvolume::is_subvolume(source) {
             return Ok(false);
         }
         self.snapshot_subvolume(source, parent, name, kind)
@@ -216,7 +217,7 @@ impl QuotaStrategy for Btrfs {
     }
 
     fn exclusive_bytes(&self, dir: BorrowedFd<'_>) -> Option<u64> {
-        if !btrfs::is_subvolume(dir) {
+        if !subvolume::is_subvolume(dir) {
             return None;
         }
         match Btrfs::exclusive_bytes(self, dir) {
@@ -245,8 +246,8 @@ impl QuotaStrategy for Btrfs {
 
     /// A subvolume is deleted as such, never emptied file by file and left behind.
     fn remove(&self, parent: BorrowedFd<'_>, name: &str, _: Option<&QuotaRecord>) -> Result<()> {
-        let is_subvolume =
-            open_child(parent, name, false).is_ok_and(|entry| btrfs::is_subvolume(entry.as_fd()));
+        let is_subvolume = open_child(parent, name, false)
+            .is_ok_and(|entry| subvolume::is_subvolume(entry.as_fd()));
         if is_subvolume {
             return self
                 .delete_subvolume(parent, name)
