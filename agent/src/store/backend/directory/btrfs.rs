@@ -10,7 +10,7 @@ use std::os::fd::BorrowedFd;
 use std::path::Path;
 use std::sync::Arc;
 
-use super::command::{ToolCommand, ToolError, ToolRunner, path_through_fd};
+use crate::quota::command::{ToolCommand, ToolError, ToolRunner, path_through_fd};
 use crate::subvolume::is_btrfs_magic;
 
 /// What a subvolume snapshot is for.

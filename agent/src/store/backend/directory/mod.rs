@@ -3,6 +3,9 @@
 //! limit, or an XFS (or ext4) project quota. Records live in the agent's own record store
 //! (see `record`), keyed by each volume directory's identity.
 
+pub(in crate::store) mod btrfs;
+pub(in crate::store) mod xfs;
+
 use std::fmt::Debug;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::sync::OnceLock;
@@ -12,18 +15,18 @@ use nfsprov_api_types::{
 };
 use rustix::fs::Mode;
 
-use super::archive::area::{self, StoredArchive};
-use super::archive::naming::{ARCHIVE_DIR, archive_components};
-use super::backend::{CloneSource, CloneTarget, KnownQuota, Layout, VolumeBackend};
-use super::confine::{Root, STAGING_DIR, STATE_DIR, TRASH_DIR, open_child};
-use super::copy::{CopyOptions, CopyProgress, copy_tree, reflink_supported};
-use super::error::{Result, StoreError, io_error, quota_error};
-use super::legacy::{self, Area};
-use super::reconcile;
-use super::record::{Identity, QuotaRecord, RecordStore, VolumeRecord};
-use super::tree::{MAX_USAGE_DEPTH, measure_tree, remove_tree};
-use crate::quota::btrfs::{Btrfs, SnapshotKind};
-use crate::quota::xfs::Xfs;
+use self::btrfs::{Btrfs, SnapshotKind};
+use self::xfs::Xfs;
+use crate::store::archive::area::{self, StoredArchive};
+use crate::store::archive::naming::{ARCHIVE_DIR, archive_components};
+use crate::store::backend::{CloneSource, CloneTarget, KnownQuota, Layout, VolumeBackend};
+use crate::store::confine::{Root, STAGING_DIR, STATE_DIR, TRASH_DIR, open_child};
+use crate::store::copy::{CopyOptions, CopyProgress, copy_tree, reflink_supported};
+use crate::store::error::{Result, StoreError, io_error, quota_error};
+use crate::store::legacy::{self, Area};
+use crate::store::reconcile;
+use crate::store::record::{Identity, QuotaRecord, RecordStore, VolumeRecord};
+use crate::store::tree::{MAX_USAGE_DEPTH, measure_tree, remove_tree};
 use crate::subvolume;
 
 /// How a directory volume is held to its capacity.
