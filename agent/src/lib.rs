@@ -5,13 +5,16 @@
 //!
 //! 1. leaves: `mountinfo` (the kernel's mount table), `policy` (what a create may ask
 //!    for), `connections` (limits on connections), `ratelimit` (of log lines), `holds`
-//!    (where a debug build waits for a test);
-//! 2. `quota` (the quota tools, the runner of every filesystem tool, the quota settings),
+//!    (where a debug build waits for a test), `subvolume` (what a btrfs subvolume is, for
+//!    the store's records, the exports and the btrfs tool);
+//! 2. `quota` (the quota settings and the runner of every filesystem tool),
 //!    `tls` (the server's TLS settings and its acceptor) and `root_filesystem` (whether
 //!    the export root has its filesystem to itself);
-//! 3. `zfs`: the ZFS datasets volumes can be; `exports`: each volume's own NFS export,
-//!    through knfsd or nfs-ganesha (a btrfs volume mounted on its own for ganesha);
-//! 4. `store`: the volume store, confined beneath the export root, on its backends;
+//! 3. `exports`: each volume's own NFS export, through knfsd or nfs-ganesha (a btrfs
+//!    volume mounted on its own for ganesha);
+//! 4. `store`: the volume store, confined beneath the export root, on its backends
+//!    (directories with btrfs or XFS quotas, ZFS datasets, filesystem images) and the
+//!    tools each drives;
 //! 5. `metrics`, and `usage` (measured in the background, cached);
 //! 6. `archive`: how long archives are kept, and their catalog for the API and the sweep;
 //! 7. `config`: the settings file, checked into the settings of the layers below;
@@ -40,9 +43,9 @@ pub(crate) mod ratelimit;
 pub(crate) mod root_filesystem;
 pub(crate) mod server;
 pub mod store;
+pub(crate) mod subvolume;
 pub(crate) mod tls;
 pub(crate) mod usage;
-pub mod zfs;
 
 use std::future::Future;
 use std::net::SocketAddr;

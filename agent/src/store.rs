@@ -23,12 +23,9 @@ mod cloning;
 mod confine;
 mod copy;
 mod creation;
-mod dataset;
 mod deletion;
-mod directory;
 mod durable;
 mod error;
-mod image;
 mod legacy;
 mod locks;
 mod mounts;
@@ -54,27 +51,27 @@ use rustix::fs::{AtFlags, Mode};
 use rustix::io::Errno;
 use time::OffsetDateTime;
 
+use self::backend::directory::btrfs::Btrfs;
 use self::confine::{Root, STAGING_DIR, TRASH_DIR, open_child, open_or_create_dir};
 use self::durable::{Changes, Durability};
 use self::error::{io_error, not_found, walk_error};
 use self::record::now_rfc3339;
 use crate::quota::QuotaSettings;
-use crate::quota::btrfs::Btrfs;
 use crate::quota::command::{SystemRunner, ToolRunner};
-use crate::quota::xfs::Xfs;
-use crate::zfs::Zfs;
 
 pub use self::archive::area::StoredArchive;
 pub use self::archive::naming::ARCHIVE_DIR;
+pub use self::backend::directory::xfs::{Xfs, XfsError};
+pub use self::backend::directory::{DirectoryBackend, NoQuota, QuotaStrategy};
+pub use self::backend::image::ImageBackend;
+pub use self::backend::zfs::dataset_backend::DatasetBackend;
+pub use self::backend::zfs::{Zfs, ZfsError};
 pub use self::backend::{CloneSource, CloneTarget, KnownQuota, Layout, VolumeBackend};
 pub use self::confine::{STATE_DIR, is_dot};
 pub use self::copy::{
     COPY_DESCRIPTORS, CopyOptions, CopyProgress, CopyStats, copy_tree, reflink_supported,
 };
-pub use self::dataset::DatasetBackend;
-pub use self::directory::{DirectoryBackend, NoQuota, QuotaStrategy};
 pub use self::error::{Result, StoreError};
-pub use self::image::ImageBackend;
 pub use self::locks::PathGuard;
 pub use self::provisioned::{OvercommitLimits, Provisioned, ratio as provisioned_ratio};
 pub use self::record::{ArchiveRecord, QuotaRecord, VolumeRecord};
@@ -638,7 +635,7 @@ mod tests {
     use nfsprov_api_types::{AdoptVolumeRequest, ArchivePath, CreateVolumeRequest};
 
     use super::*;
-    use crate::quota::xfs::tests::{FakeXfsQuota, xfs_backend_for_tests};
+    use crate::store::backend::directory::xfs::tests::{FakeXfsQuota, xfs_backend_for_tests};
 
     fn store() -> (tempfile::TempDir, VolumeStore) {
         let dir = tempfile::tempdir().unwrap();

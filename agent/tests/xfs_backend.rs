@@ -19,7 +19,7 @@ use std::time::Duration;
 
 use common::run;
 use nfsprov_agent::quota::command::{SystemRunner, ToolCommand, ToolError, ToolRunner};
-use nfsprov_agent::quota::xfs::{Xfs, XfsError};
+use nfsprov_agent::store::{Xfs, XfsError};
 
 /// xfsprogs refuses to make a filesystem smaller than 300 MiB; the file stays sparse.
 const IMAGE_BYTES: u64 = 300 << 20;

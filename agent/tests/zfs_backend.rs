@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 
 use common::zfs_pool::ZfsPool;
 use nfsprov_agent::quota::command::SystemRunner;
-use nfsprov_agent::zfs::{Zfs, ZfsError};
+use nfsprov_agent::store::{Zfs, ZfsError};
 use nfsprov_api_types::VolumePath;
 use rustix::io::Errno;
 

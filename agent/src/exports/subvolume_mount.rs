@@ -20,7 +20,7 @@ use rustix::mount::{MountFlags, UnmountFlags};
 
 use super::server::ExportError;
 use crate::mountinfo::unescape;
-use crate::quota::btrfs;
+use crate::subvolume::{is_btrfs_magic, is_subvolume, subvolume_id};
 
 const MOUNT_TABLE: &str = "/proc/self/mountinfo";
 
@@ -57,7 +57,7 @@ impl SubvolumeMounts {
             Err(Errno::NOENT) => return Ok(None),
             Err(e) => return Err(ExportError::io(what())(e.into())),
         };
-        let on_btrfs = rustix::fs::fstatfs(&root_fd).is_ok_and(|s| btrfs::is_btrfs_magic(s.f_type));
+        let on_btrfs = rustix::fs::fstatfs(&root_fd).is_ok_and(|s| is_btrfs_magic(s.f_type));
         if !on_btrfs {
             return Ok(None);
         }
@@ -124,10 +124,10 @@ impl SubvolumeMounts {
                 "{volume}: no directory to mount its subvolume on"
             )));
         };
-        if !btrfs::is_subvolume(dir.as_fd()) {
+        if !is_subvolume(dir.as_fd()) {
             return Ok(false);
         }
-        let id = btrfs::subvolume_id(dir.as_fd()).ok_or_else(|| {
+        let id = subvolume_id(dir.as_fd()).ok_or_else(|| {
             ExportError::Corrupt(format!("{volume}: btrfs did not name its subvolume"))
         })?;
         let options = std::ffi::CString::new(format!("subvolid={id}"))

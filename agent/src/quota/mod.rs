@@ -1,12 +1,9 @@
-//! Quota tools: how the filesystem under the export root is asked to enforce a volume's
-//! capacity (btrfs qgroups, XFS project quotas), each a thin layer over its command-line
-//! tool, and the settings of every quota backend. `command` runs those tools (and `zfs`,
-//! whose datasets are a backend of their own, not only a quota). The volume store's
-//! backends (`store`) decide when to call them.
+//! The settings of every quota backend, and `command`, which runs every filesystem tool
+//! the store's backends drive (`btrfs`, `xfs_quota`, `zfs`, the image tools) with a time
+//! limit and never through a shell. The tools themselves live beside the backend that uses
+//! them, under `store::backend`.
 
-pub(crate) mod btrfs;
 pub mod command;
-pub mod xfs;
 
 use std::ops::RangeInclusive;
 use std::time::Duration;

@@ -12,9 +12,9 @@ use nfsprov_api_types::logsafe::Clean;
 use nfsprov_api_types::{ApiError, ErrorCode, VolumePath};
 use rustix::io::Errno;
 
+use super::backend::directory::xfs::XfsError;
+use super::backend::zfs::ZfsError;
 use crate::quota::command::ToolError;
-use crate::quota::xfs::XfsError;
-use crate::zfs::ZfsError;
 
 /// What went wrong, in terms the API maps to its error codes.
 #[derive(Debug, thiserror::Error)]

@@ -160,8 +160,8 @@ impl Identity {
         )?;
         let birth = (stat.stx_mask & StatxFlags::BTIME.bits() != 0)
             .then_some((stat.stx_btime.tv_sec, stat.stx_btime.tv_nsec));
-        let subvolume = (stat.stx_ino == crate::quota::btrfs::SUBVOLUME_ROOT_INODE)
-            .then(|| crate::quota::btrfs::subvolume_id(dir))
+        let subvolume = (stat.stx_ino == crate::subvolume::SUBVOLUME_ROOT_INODE)
+            .then(|| crate::subvolume::subvolume_id(dir))
             .flatten();
         Ok(Self {
             ino: stat.stx_ino,

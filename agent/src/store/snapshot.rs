@@ -13,7 +13,7 @@
 //!
 //! How each is made, the fastest exact way the source allows:
 //! - a ZFS snapshot of a dataset volume, kept by ZFS (its record only is in the area;
-//!   what becomes of it when its source is deleted or archived is in `zfs::kept`);
+//!   what becomes of it when its source is deleted or archived is in `backend::zfs::kept`);
 //! - a read-only btrfs snapshot of a subvolume volume (every volume a btrfs quota limits).
 //!   Such a snapshot cannot be renamed into another directory, so it is made in `data`
 //!   under a name no snapshot can have (a leading `.`) and renamed to its own name there;

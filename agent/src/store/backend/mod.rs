@@ -1,8 +1,19 @@
 //! What a kind of volume storage must do for the store. The store (`store.rs`) owns
 //! confinement, locking, staging, the trash, archive naming and the comparison of
 //! requests with records; a backend only makes, limits, measures, records and removes
-//! volumes of its kind. Two backends exist: directories of the root's filesystem (with a
-//! quota strategy: none, btrfs or xfs) and ZFS datasets.
+//! volumes of its kind. Three backends exist, each in a module of its own here with the
+//! tools it drives beside it (all run through `quota::command`):
+//! - `directory`: directories of the root's filesystem, with a quota strategy (none,
+//!   btrfs or xfs); the btrfs subvolume and qgroup tool in `directory::btrfs`, XFS project
+//!   quotas in `directory::xfs`.
+//! - `zfs`: ZFS datasets; the `zfs` tool in `zfs` itself (command lines, parsing, kept
+//!   snapshots), the backend over it in `zfs::dataset_backend`.
+//! - `image`: ext4 filesystem images loop-mounted one per volume; their tools in
+//!   `image::tools`.
+
+pub(super) mod directory;
+pub(super) mod image;
+pub(super) mod zfs;
 
 use std::collections::BTreeMap;
 use std::fmt::Debug;
@@ -12,12 +23,12 @@ use nfsprov_api_types::{
     ArchivePath, CloneMethod, QuotaBackend, SnapshotMethod, SnapshotName, VolumePath, VolumeUsage,
 };
 
-use super::archive::area::StoredArchive;
-use super::confine::Root;
-use super::copy::CopyProgress;
-use super::error::{Result, StoreError};
-use super::record::{QuotaRecord, VolumeRecord};
-use crate::zfs::KeptSnapshot;
+use self::zfs::KeptSnapshot;
+use crate::store::archive::area::StoredArchive;
+use crate::store::confine::Root;
+use crate::store::copy::CopyProgress;
+use crate::store::error::{Result, StoreError};
+use crate::store::record::{QuotaRecord, VolumeRecord};
 
 /// How a backend's volumes sit beneath the root, which decides how the store moves them.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

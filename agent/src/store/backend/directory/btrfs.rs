@@ -10,12 +10,8 @@ use std::os::fd::BorrowedFd;
 use std::path::Path;
 use std::sync::Arc;
 
-use super::command::{ToolCommand, ToolError, ToolRunner, path_through_fd};
-
-/// `statfs` magic of btrfs.
-const BTRFS_SUPER_MAGIC: i64 = 0x9123_683E;
-/// Inode number of every subvolume's root directory.
-pub const SUBVOLUME_ROOT_INODE: u64 = 256;
+use crate::quota::command::{ToolCommand, ToolError, ToolRunner, path_through_fd};
+use crate::subvolume::is_btrfs_magic;
 
 /// What a subvolume snapshot is for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -129,57 +125,6 @@ impl Btrfs {
         all.push(path.display().to_string());
         self.runner.run(&ToolCommand::new("btrfs", all))
     }
-}
-
-/// Whether the directory is the root of a btrfs subvolume.
-pub fn is_subvolume(dir: BorrowedFd<'_>) -> bool {
-    let on_btrfs = rustix::fs::fstatfs(dir).is_ok_and(|s| is_btrfs_magic(s.f_type));
-    on_btrfs && rustix::fs::fstat(dir).is_ok_and(|s| s.st_ino == SUBVOLUME_ROOT_INODE)
-}
-
-/// `struct btrfs_ioctl_ino_lookup_args` of `linux/btrfs.h`.
-#[repr(C)]
-struct InoLookupArgs {
-    treeid: u64,
-    objectid: u64,
-    name: [u8; 4080],
-}
-
-/// `BTRFS_IOC_INO_LOOKUP`: `_IOWR(0x94, 18, struct btrfs_ioctl_ino_lookup_args)`.
-const INO_LOOKUP: rustix::ioctl::Opcode =
-    rustix::ioctl::opcode::read_write::<InoLookupArgs>(0x94, 18);
-
-/// The id of the subvolume `dir` is in: for a subvolume's root (inode 256, which the
-/// caller has checked), its own id; `None` off btrfs. A snapshot's root has its source's
-/// inode number and birth time; this id is what tells them apart, and it stays the same
-/// across remounts (unlike the device number).
-pub fn subvolume_id(dir: BorrowedFd<'_>) -> Option<u64> {
-    if !rustix::fs::fstatfs(dir).is_ok_and(|s| is_btrfs_magic(s.f_type)) {
-        return None;
-    }
-    // Asking for the subvolume root's own object id answers the tree id without any
-    // capability: the kernel checks CAP_SYS_ADMIN only for other lookups.
-    let mut args = InoLookupArgs {
-        treeid: 0,
-        objectid: SUBVOLUME_ROOT_INODE,
-        name: [0; 4080],
-    };
-    // SAFETY: the opcode's argument is `InoLookupArgs`, laid out as the kernel's struct
-    // (4096 bytes), which the kernel reads and fills in place and which outlives the call.
-    #[allow(unsafe_code)]
-    let looked_up = unsafe {
-        rustix::ioctl::ioctl(
-            dir,
-            rustix::ioctl::Updater::<INO_LOOKUP, InoLookupArgs>::new(&mut args),
-        )
-    };
-    looked_up.ok().map(|()| args.treeid)
-}
-
-/// `f_type`'s width differs between architectures, hence the cast.
-#[allow(clippy::unnecessary_cast)]
-pub(crate) fn is_btrfs_magic(f_type: rustix::fs::FsWord) -> bool {
-    f_type as i64 == BTRFS_SUPER_MAGIC
 }
 
 /// The referenced bytes of the level-0 qgroup in `btrfs qgroup show --raw -f` output.

@@ -40,16 +40,16 @@ use nfsprov_api_types::{
 use rustix::fs::{AtFlags, IFlags, Mode};
 use rustix::io::Errno;
 
-use super::archive::area::StoredArchive;
-use super::archive::naming::{ARCHIVE_DIR, archive_path};
-use super::backend::{CloneSource, CloneTarget, KnownQuota, Layout, VolumeBackend};
-use super::confine::{Root, STATE_DIR, open_child};
-use super::copy::CopyProgress;
-use super::error::{Result, StoreError, quota_error};
-use super::record::{QuotaRecord, VolumeRecord};
-use super::tree::remove_tree;
 use crate::quota::command::{ToolError, ToolRunner};
-use crate::zfs::KeptSnapshot;
+use crate::store::archive::area::StoredArchive;
+use crate::store::archive::naming::{ARCHIVE_DIR, archive_path};
+use crate::store::backend::zfs::KeptSnapshot;
+use crate::store::backend::{CloneSource, CloneTarget, KnownQuota, Layout, VolumeBackend};
+use crate::store::confine::{Root, STATE_DIR, open_child};
+use crate::store::copy::CopyProgress;
+use crate::store::error::{Result, StoreError, quota_error};
+use crate::store::record::{QuotaRecord, VolumeRecord};
+use crate::store::tree::remove_tree;
 
 use self::tools::{ImageTools, superblock_usage};
 
@@ -183,7 +183,7 @@ impl ImageBackend {
                 .map_err(|e| self.tool_error(format!("unmount what is left at {path}"), e))?;
             return self.mountpoint_dir(parent, name, path);
         }
-        let empty = super::confine::list_dir(dir.as_fd())
+        let empty = crate::store::confine::list_dir(dir.as_fd())
             .map_err(|e| failed(format!("list {path}"), e))?
             .is_empty();
         if !empty {

@@ -2,7 +2,8 @@
 //! snapshot, promote, archive, destroy, mount) through the `zfs` tool. Every volume is a
 //! dataset of its own, a child of one configured dataset that is mounted at the export
 //! root, and its capacity is the dataset's `refquota` (snapshots and descendants do not
-//! count against it). The store's `DatasetBackend` makes these datasets volumes.
+//! count against it). `dataset_backend` (the store's `DatasetBackend`) makes these datasets
+//! volumes.
 //!
 //! # Dataset names
 //!
@@ -130,6 +131,7 @@
 //! the properties and limits both use; this module orchestrates.
 
 mod commands;
+pub(in crate::store) mod dataset_backend;
 mod kept;
 mod names;
 mod parse;
@@ -152,8 +154,7 @@ use self::parse::{
 use crate::quota::command::{ToolCommand, ToolError, ToolRunner, one_line};
 
 pub use self::names::{
-    ARCHIVE_NAME_PREFIX, CLONE_SNAPSHOT_PREFIX, HELD_NAME_PREFIX, META_PROPERTY, PATH_PROPERTY,
-    SNAPSHOT_PREFIX,
+    ARCHIVE_NAME_PREFIX, CLONE_SNAPSHOT_PREFIX, META_PROPERTY, PATH_PROPERTY, SNAPSHOT_PREFIX,
 };
 use self::names::{MAX_DATASET_NAME_LEN, MAX_GUID_DIGITS, MAX_PROPERTY_VALUE_BYTES};
 pub use self::parse::KeptSnapshot;

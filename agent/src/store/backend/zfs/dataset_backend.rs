@@ -14,15 +14,15 @@ use nfsprov_api_types::{
     ArchivePath, CloneMethod, QuotaBackend, SnapshotMethod, SnapshotName, VolumePath, VolumeUsage,
 };
 
-use super::archive::area::StoredArchive;
-use super::archive::naming::{ARCHIVE_DIR, archive_path};
-use super::backend::{CloneSource, CloneTarget, KnownQuota, Layout, VolumeBackend};
-use super::confine::{Root, open_child};
-use super::copy::CopyProgress;
-use super::error::{Result, StoreError, io_error, quota_error};
-use super::record::{QuotaRecord, VolumeRecord};
-use super::tree::{measure_tree, remove_tree};
-use crate::zfs::{ArchivedDataset, KeptSnapshot, Zfs, ZfsError};
+use super::{ArchivedDataset, KeptSnapshot, Zfs, ZfsError};
+use crate::store::archive::area::StoredArchive;
+use crate::store::archive::naming::{ARCHIVE_DIR, archive_path};
+use crate::store::backend::{CloneSource, CloneTarget, KnownQuota, Layout, VolumeBackend};
+use crate::store::confine::{Root, open_child};
+use crate::store::copy::CopyProgress;
+use crate::store::error::{Result, StoreError, io_error, quota_error};
+use crate::store::record::{QuotaRecord, VolumeRecord};
+use crate::store::tree::{measure_tree, remove_tree};
 
 #[derive(Debug)]
 pub struct DatasetBackend {

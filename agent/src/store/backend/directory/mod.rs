@@ -3,6 +3,9 @@
 //! limit, or an XFS (or ext4) project quota. Records live in the agent's own record store
 //! (see `record`), keyed by each volume directory's identity.
 
+pub(in crate::store) mod btrfs;
+pub(in crate::store) mod xfs;
+
 use std::fmt::Debug;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::sync::OnceLock;
@@ -12,18 +15,19 @@ use nfsprov_api_types::{
 };
 use rustix::fs::Mode;
 
-use super::archive::area::{self, StoredArchive};
-use super::archive::naming::{ARCHIVE_DIR, archive_components};
-use super::backend::{CloneSource, CloneTarget, KnownQuota, Layout, VolumeBackend};
-use super::confine::{Root, STAGING_DIR, STATE_DIR, TRASH_DIR, open_child};
-use super::copy::{CopyOptions, CopyProgress, copy_tree, reflink_supported};
-use super::error::{Result, StoreError, io_error, quota_error};
-use super::legacy::{self, Area};
-use super::reconcile;
-use super::record::{Identity, QuotaRecord, RecordStore, VolumeRecord};
-use super::tree::{MAX_USAGE_DEPTH, measure_tree, remove_tree};
-use crate::quota::btrfs::{self, Btrfs, SnapshotKind};
-use crate::quota::xfs::Xfs;
+use self::btrfs::{Btrfs, SnapshotKind};
+use self::xfs::Xfs;
+use crate::store::archive::area::{self, StoredArchive};
+use crate::store::archive::naming::{ARCHIVE_DIR, archive_components};
+use crate::store::backend::{CloneSource, CloneTarget, KnownQuota, Layout, VolumeBackend};
+use crate::store::confine::{Root, STAGING_DIR, STATE_DIR, TRASH_DIR, open_child};
+use crate::store::copy::{CopyOptions, CopyProgress, copy_tree, reflink_supported};
+use crate::store::error::{Result, StoreError, io_error, quota_error};
+use crate::store::legacy::{self, Area};
+use crate::store::reconcile;
+use crate::store::record::{Identity, QuotaRecord, RecordStore, VolumeRecord};
+use crate::store::tree::{MAX_USAGE_DEPTH, measure_tree, remove_tree};
+use crate::subvolume;
 
 /// How a directory volume is held to its capacity.
 pub trait QuotaStrategy: Debug + Send + Sync {
@@ -201,7 +205,7 @@ impl QuotaStrategy for Btrfs {
         path: &VolumePath,
         kind: SnapshotKind,
     ) -> Result<bool> {
-        if !btrfs::is_subvolume(source) {
+        if !subvolume::is_subvolume(source) {
             return Ok(false);
         }
         self.snapshot_subvolume(source, parent, name, kind)
@@ -216,7 +220,7 @@ impl QuotaStrategy for Btrfs {
     }
 
     fn exclusive_bytes(&self, dir: BorrowedFd<'_>) -> Option<u64> {
-        if !btrfs::is_subvolume(dir) {
+        if !subvolume::is_subvolume(dir) {
             return None;
         }
         match Btrfs::exclusive_bytes(self, dir) {
@@ -245,8 +249,8 @@ impl QuotaStrategy for Btrfs {
 
     /// A subvolume is deleted as such, never emptied file by file and left behind.
     fn remove(&self, parent: BorrowedFd<'_>, name: &str, _: Option<&QuotaRecord>) -> Result<()> {
-        let is_subvolume =
-            open_child(parent, name, false).is_ok_and(|entry| btrfs::is_subvolume(entry.as_fd()));
+        let is_subvolume = open_child(parent, name, false)
+            .is_ok_and(|entry| subvolume::is_subvolume(entry.as_fd()));
         if is_subvolume {
             return self
                 .delete_subvolume(parent, name)

@@ -29,7 +29,7 @@ use self::parse::{
     FilesystemKind, QuotaRecord, QuotaState, filesystem_kind, find_mount, parse_quota_record,
     parse_state,
 };
-use super::command::{ToolCommand, ToolError, ToolRunner, one_line, path_through_fd};
+use crate::quota::command::{ToolCommand, ToolError, ToolRunner, one_line, path_through_fd};
 
 /// What went wrong while managing a project quota.
 #[derive(Debug, Clone, thiserror::Error)]
