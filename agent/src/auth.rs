@@ -13,7 +13,7 @@ use crate::config::AuthConfig;
 
 /// The authenticated caller, as written to the audit log. Never holds a secret.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Caller {
+pub(crate) enum Caller {
     Certificate(String),
     Token(String),
     /// Development mode without authentication.
@@ -49,7 +49,7 @@ struct NamedToken {
 }
 
 /// Decides who a request comes from.
-pub struct Authenticator {
+pub(crate) struct Authenticator {
     tokens: Vec<NamedToken>,
     disabled: bool,
 }
@@ -65,7 +65,7 @@ impl fmt::Debug for Authenticator {
 }
 
 impl Authenticator {
-    pub fn new(config: &AuthConfig) -> Result<Self, AuthSetupError> {
+    pub(crate) fn new(config: &AuthConfig) -> Result<Self, AuthSetupError> {
         let mut tokens = Vec::with_capacity(config.tokens.len());
         for token in &config.tokens {
             let path = token.file.display().to_string();
@@ -94,7 +94,7 @@ impl Authenticator {
     }
 
     /// The caller, or `None` when the request carries no valid credential.
-    pub fn authenticate(
+    pub(crate) fn authenticate(
         &self,
         peer_certificate: Option<&str>,
         authorization: Option<&[u8]>,

@@ -41,7 +41,7 @@ use tokio::time::{Instant, Sleep};
 
 /// The budgets and deadlines of [`Admission`].
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct AdmissionSettings {
+pub(crate) struct AdmissionSettings {
     pub max_connections: usize,
     pub max_tls_handshakes: usize,
     pub tls_handshake_timeout: Duration,
@@ -54,7 +54,7 @@ pub struct AdmissionSettings {
 /// Why a connection was refused or closed by the agent (never what a client sent).
 #[derive(Debug, Clone, Copy, Hash, PartialEq, Eq, EncodeLabelValue)]
 #[allow(non_camel_case_types)]
-pub enum CloseReason {
+pub(crate) enum CloseReason {
     /// Its source address already had `max_unauthenticated_per_source` strangers.
     source_limit,
     /// Dropped, the oldest handshake in progress, to make room for a new one.
@@ -72,39 +72,39 @@ pub enum CloseReason {
 }
 
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct CloseLabels {
+pub(crate) struct CloseLabels {
     pub reason: CloseReason,
 }
 
 #[derive(Debug, Clone, Copy, Hash, PartialEq, Eq, EncodeLabelValue)]
 #[allow(non_camel_case_types)]
-pub enum Stage {
+pub(crate) enum Stage {
     handshake,
     unauthenticated,
     authenticated,
 }
 
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct StageLabels {
+pub(crate) struct StageLabels {
     pub stage: Stage,
 }
 
 /// What admission reports: connections open by stage, and those refused or closed.
 #[derive(Debug, Clone, Default)]
-pub struct ConnectionMetrics {
+pub(crate) struct ConnectionMetrics {
     pub open: Family<StageLabels, Gauge>,
     pub closed: Family<CloseLabels, Counter>,
 }
 
 impl ConnectionMetrics {
-    pub fn count(&self, reason: CloseReason) {
+    pub(crate) fn count(&self, reason: CloseReason) {
         self.closed.get_or_create(&CloseLabels { reason }).inc();
     }
 }
 
 /// Hands out the places of [`AdmissionSettings`]' budgets, one [`Ticket`] per connection.
 #[derive(Debug, Clone)]
-pub struct Admission {
+pub(crate) struct Admission {
     shared: Arc<Shared>,
 }
 
@@ -192,7 +192,7 @@ impl StageMembers {
 }
 
 impl Admission {
-    pub fn new(settings: AdmissionSettings, metrics: ConnectionMetrics) -> Self {
+    pub(crate) fn new(settings: AdmissionSettings, metrics: ConnectionMetrics) -> Self {
         Self {
             shared: Arc::new(Shared {
                 authenticated: Arc::new(Semaphore::new(settings.max_connections)),
@@ -203,17 +203,17 @@ impl Admission {
         }
     }
 
-    pub fn settings(&self) -> &AdmissionSettings {
+    pub(crate) fn settings(&self) -> &AdmissionSettings {
         &self.shared.settings
     }
 
-    pub fn metrics(&self) -> &ConnectionMetrics {
+    pub(crate) fn metrics(&self) -> &ConnectionMetrics {
         &self.shared.metrics
     }
 
     /// A ticket for a new connection from `source`, at the handshake stage, or `None`
     /// when that source has as many strangers as it may (counted).
-    pub fn admit(&self, source: IpAddr) -> Option<Arc<Ticket>> {
+    pub(crate) fn admit(&self, source: IpAddr) -> Option<Arc<Ticket>> {
         let source = source.to_canonical();
         let settings = &self.shared.settings;
         let mut strangers = self.shared.lock();
@@ -275,7 +275,7 @@ impl Shared {
 /// One connection's place: a stranger's until [`Ticket::authenticate`], then one of the
 /// authenticated connections'. Dropping it gives the place back.
 #[derive(Debug)]
-pub struct Ticket {
+pub(crate) struct Ticket {
     shared: Arc<Shared>,
     id: u64,
     source: IpAddr,
@@ -289,7 +289,7 @@ impl Ticket {
     /// The handshake is done without a client certificate: the connection becomes an
     /// unauthenticated one (making room by closing the oldest if need be). `false` when
     /// it was evicted meanwhile.
-    pub fn handshake_done(&self) -> bool {
+    pub(crate) fn handshake_done(&self) -> bool {
         let mut strangers = self.shared.lock();
         if !strangers.handshakes.remove(self.source, self.id) {
             return false;
@@ -315,7 +315,7 @@ impl Ticket {
     /// The connection authenticated (a verified certificate, a valid token): it takes
     /// one of the authenticated places for the rest of its life, or is refused (counted)
     /// when they are all taken or it was evicted meanwhile.
-    pub fn authenticate(&self) -> Result<(), CloseReason> {
+    pub(crate) fn authenticate(&self) -> Result<(), CloseReason> {
         if self.is_authenticated() {
             return Ok(());
         }
@@ -343,12 +343,12 @@ impl Ticket {
         Ok(())
     }
 
-    pub fn is_authenticated(&self) -> bool {
+    pub(crate) fn is_authenticated(&self) -> bool {
         self.authenticated.load(Ordering::Acquire)
     }
 
     /// Completes once the connection was evicted to make room for a newer stranger.
-    pub async fn evicted(&self) {
+    pub(crate) async fn evicted(&self) {
         self.gone.notified().await;
     }
 }
@@ -370,14 +370,14 @@ impl Drop for Ticket {
 /// A stream that fails once idle too long: no traffic in either direction for the idle
 /// timeout. Together with the header-read timeout (hyper's) and the deadlines of
 /// strangers, a client cannot hold the agent's descriptors by connecting and going quiet.
-pub struct Limited<S> {
+pub(crate) struct Limited<S> {
     inner: S,
     idle: Duration,
     deadline: Pin<Box<Sleep>>,
 }
 
 impl<S> Limited<S> {
-    pub fn new(inner: S, idle: Duration) -> Self {
+    pub(crate) fn new(inner: S, idle: Duration) -> Self {
         Self {
             inner,
             idle,

@@ -5,14 +5,14 @@
 //! switches and never waits.
 
 /// A finished clone copy waits before its job ends.
-pub const CLONES: &str = "NFSPROV_AGENT_HOLD_CLONES";
+pub(crate) const CLONES: &str = "NFSPROV_AGENT_HOLD_CLONES";
 /// A finished snapshot tree waits before it is placed.
-pub const SNAPSHOTS: &str = "NFSPROV_AGENT_HOLD_SNAPSHOTS";
+pub(crate) const SNAPSHOTS: &str = "NFSPROV_AGENT_HOLD_SNAPSHOTS";
 /// A restore's finished copy waits before it is placed at its path.
-pub const RESTORES: &str = "NFSPROV_AGENT_HOLD_RESTORES";
+pub(crate) const RESTORES: &str = "NFSPROV_AGENT_HOLD_RESTORES";
 
 /// Waits while the test holding the file `switch` names keeps it locked.
-pub fn wait_if_asked(switch: &str) {
+pub(crate) fn wait_if_asked(switch: &str) {
     #[cfg(debug_assertions)]
     if let Some(held) = std::env::var_os(switch)
         && let Ok(file) = std::fs::File::open(held)

@@ -24,6 +24,10 @@
 //! 10. `api`: the HTTPS API, its routes and handlers;
 //! 11. `server`: the accept loop, each connection admitted, its handshake and served.
 
+// Reachable from outside is what the binary, the integration tests and the test crates
+// use; everything else is `pub(crate)`, which the lint holds to.
+#![warn(unreachable_pub)]
+
 pub(crate) mod api;
 pub mod archive;
 pub(crate) mod auth;

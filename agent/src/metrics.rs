@@ -13,7 +13,7 @@ use crate::connections::ConnectionMetrics;
 use crate::store::CopyProgress;
 
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct RequestLabels {
+pub(crate) struct RequestLabels {
     /// A known method or `other`: never what a client sent.
     pub method: &'static str,
     /// The endpoint table's template of the route (`/v1/volumes/{*path}`, see
@@ -24,7 +24,7 @@ pub struct RequestLabels {
 }
 
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct RouteLabels {
+pub(crate) struct RouteLabels {
     pub method: &'static str,
     pub route: &'static str,
 }
@@ -32,19 +32,19 @@ pub struct RouteLabels {
 /// The namespace of a claim, as the controller recorded it on its volume (empty for
 /// volumes made without an owner). Names of the cluster, never of files.
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct NamespaceLabels {
+pub(crate) struct NamespaceLabels {
     pub namespace: String,
 }
 
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct OperationLabels {
+pub(crate) struct OperationLabels {
     pub operation: &'static str,
     pub outcome: &'static str,
 }
 
 /// What the archive listing and the retention sweep report.
 #[derive(Debug, Clone, Default)]
-pub struct ArchiveMetrics {
+pub(crate) struct ArchiveMetrics {
     /// Archives at the last listing or sweep.
     pub count: Gauge,
     /// Their bytes as of the last measurement of each.
@@ -57,7 +57,7 @@ pub struct ArchiveMetrics {
 
 /// The export reconciler's figures (see `exports::Reconciler`).
 #[derive(Debug, Clone, Default)]
-pub struct ExportMetrics {
+pub(crate) struct ExportMetrics {
     /// 1 while the NFS server does not serve the table as far as the agent knows.
     pub degraded: Gauge,
     /// Exports the reconciler added, set back or withdrawn on the server.
@@ -67,13 +67,13 @@ pub struct ExportMetrics {
 }
 
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct CloneLabels {
+pub(crate) struct CloneLabels {
     pub method: &'static str,
 }
 
 /// What clones report: how many, by which method, and how far the copies in flight are.
 #[derive(Debug, Clone, Default)]
-pub struct CloneMetrics {
+pub(crate) struct CloneMetrics {
     /// Clones finished, by method.
     pub made: Family<CloneLabels, Counter>,
     /// Clones that failed to be made.
@@ -92,20 +92,20 @@ pub struct CloneMetrics {
 
 /// A restore: what kind of source it was made from (`snapshot`, `archive`), and how.
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct RestoreLabels {
+pub(crate) struct RestoreLabels {
     pub source: &'static str,
     pub method: &'static str,
 }
 
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct SnapshotLabels {
+pub(crate) struct SnapshotLabels {
     pub method: &'static str,
 }
 
 /// What snapshots and restores report: how many, by which method, and how far the
 /// copies in flight are.
 #[derive(Debug, Clone, Default)]
-pub struct SnapshotMetrics {
+pub(crate) struct SnapshotMetrics {
     /// Snapshots made, by method.
     pub made: Family<SnapshotLabels, Counter>,
     /// Snapshots that failed to be made.
@@ -124,13 +124,13 @@ pub struct SnapshotMetrics {
 
 /// A kind of job: `clone`, `snapshot` or `restore`.
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct JobLabels {
+pub(crate) struct JobLabels {
     pub kind: &'static str,
 }
 
 /// The queues of the jobs that outlive their requests, by kind.
 #[derive(Debug, Clone, Default)]
-pub struct JobMetrics {
+pub(crate) struct JobMetrics {
     /// Jobs admitted that wait for a slot now.
     pub queued: Family<JobLabels, Gauge>,
     /// Jobs holding a slot now.
@@ -142,7 +142,7 @@ pub struct JobMetrics {
 }
 
 #[derive(Debug)]
-pub struct Metrics {
+pub(crate) struct Metrics {
     registry: Registry,
     pub requests: Family<RequestLabels, Counter>,
     pub request_duration: Family<RouteLabels, Histogram>,
@@ -179,7 +179,7 @@ impl Default for Metrics {
 }
 
 impl Metrics {
-    pub fn new() -> Self {
+    pub(crate) fn new() -> Self {
         let mut registry = Registry::with_prefix("nfsprov_agent");
         let requests = Family::<RequestLabels, Counter>::default();
         registry.register("http_requests", "HTTP requests answered", requests.clone());
@@ -423,14 +423,14 @@ impl Metrics {
         }
     }
 
-    pub fn count_operation(&self, operation: &'static str, outcome: &'static str) {
+    pub(crate) fn count_operation(&self, operation: &'static str, outcome: &'static str) {
         self.operations
             .get_or_create(&OperationLabels { operation, outcome })
             .inc();
     }
 
     /// The text exposition format.
-    pub fn encode(&self) -> String {
+    pub(crate) fn encode(&self) -> String {
         let mut out = String::new();
         // Writing into a String cannot fail.
         let _ = prometheus_client::encoding::text::encode(&mut out, &self.registry);

@@ -1,7 +1,7 @@
 //! The kernel's mount table (`/proc/self/mountinfo`) as text: the fields it escapes.
 
 /// mountinfo writes space, tab, newline and backslash in names as octal escapes (`\040`).
-pub fn unescape(field: &str) -> String {
+pub(crate) fn unescape(field: &str) -> String {
     let bytes = field.as_bytes();
     let mut out = Vec::with_capacity(bytes.len());
     let mut i = 0;
@@ -27,7 +27,7 @@ pub fn unescape(field: &str) -> String {
 }
 
 /// The mount point field (the fifth) of each line of a mount table, unescaped.
-pub fn mount_points(table: &str) -> impl Iterator<Item = std::path::PathBuf> + '_ {
+pub(crate) fn mount_points(table: &str) -> impl Iterator<Item = std::path::PathBuf> + '_ {
     table
         .lines()
         .filter_map(|line| line.split(' ').nth(4))

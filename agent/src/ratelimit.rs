@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 /// At most `per_second` events a second; the ones over it are counted, and the count is
 /// logged with the next allowed one.
 #[derive(Debug)]
-pub struct RateLimit {
+pub(crate) struct RateLimit {
     per_second: u32,
     /// What is counted, for the line that says how many were not logged.
     what: &'static str,
@@ -16,7 +16,7 @@ pub struct RateLimit {
 }
 
 impl RateLimit {
-    pub fn new(per_second: u32, what: &'static str) -> Self {
+    pub(crate) fn new(per_second: u32, what: &'static str) -> Self {
         Self {
             per_second,
             what,
@@ -25,7 +25,7 @@ impl RateLimit {
     }
 
     /// Whether one more event may be logged now.
-    pub fn allow(&self) -> bool {
+    pub(crate) fn allow(&self) -> bool {
         let mut window = self.window.lock().unwrap_or_else(|e| e.into_inner());
         let (started, _, suppressed) = &mut *window;
         if started.elapsed() >= Duration::from_secs(1) {

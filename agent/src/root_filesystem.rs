@@ -15,7 +15,7 @@ use crate::mountinfo::unescape;
 
 /// Where the export root's filesystem is mounted, and whether it holds anything else.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct RootFilesystem {
+pub(crate) struct RootFilesystem {
     /// The mount point of the filesystem holding the export root.
     pub mount_point: PathBuf,
     /// Why the filesystem holds more than the export root's tree; `None`: it does not.
@@ -24,7 +24,7 @@ pub struct RootFilesystem {
 
 impl RootFilesystem {
     /// The export root's filesystem, from this process's mount table.
-    pub fn probe(export_root: &Path) -> std::io::Result<Self> {
+    pub(crate) fn probe(export_root: &Path) -> std::io::Result<Self> {
         let export_root = export_root.canonicalize()?;
         let table = std::fs::read_to_string("/proc/self/mountinfo")?;
         Ok(Self::classify(&export_root, &table))
@@ -35,7 +35,7 @@ impl RootFilesystem {
     /// there, which hides those before it). The root has the filesystem to itself only
     /// when it is that mount point and the mount shows the filesystem's own root, not a
     /// subdirectory of it (a bind mount, a btrfs `subvol=`).
-    pub fn classify(export_root: &Path, table: &str) -> Self {
+    pub(crate) fn classify(export_root: &Path, table: &str) -> Self {
         let mut best: Option<(PathBuf, String)> = None;
         for line in table.lines() {
             let mut fields = line.split(' ');
@@ -77,12 +77,12 @@ impl RootFilesystem {
         }
     }
 
-    pub fn is_shared(&self) -> bool {
+    pub(crate) fn is_shared(&self) -> bool {
         self.shared.is_some()
     }
 
     /// The answer of `/v1/info`; `accepted`: the operator accepted a shared filesystem.
-    pub fn to_info(&self, accepted: bool) -> nfsprov_api_types::ExportRootFilesystem {
+    pub(crate) fn to_info(&self, accepted: bool) -> nfsprov_api_types::ExportRootFilesystem {
         nfsprov_api_types::ExportRootFilesystem {
             mount_point: self.mount_point.display().to_string(),
             shared: self.shared.clone(),

@@ -37,7 +37,7 @@ struct Serving {
 
 /// Serves `app` on `listener` until `shutdown` completes, then lets the connections
 /// finish their requests for up to `grace`.
-pub async fn serve(
+pub(crate) async fn serve(
     listener: TcpListener,
     tls: Arc<rustls::ServerConfig>,
     admission: Admission,

@@ -34,7 +34,7 @@ mod provisioned;
 mod reconcile;
 mod record;
 mod resizing;
-pub mod snapshot;
+pub(crate) mod snapshot;
 mod snapshot_budget;
 mod tree;
 

@@ -9,10 +9,10 @@ use std::os::fd::BorrowedFd;
 /// `statfs` magic of btrfs.
 const BTRFS_SUPER_MAGIC: i64 = 0x9123_683E;
 /// Inode number of every subvolume's root directory.
-pub const SUBVOLUME_ROOT_INODE: u64 = 256;
+pub(crate) const SUBVOLUME_ROOT_INODE: u64 = 256;
 
 /// Whether the directory is the root of a btrfs subvolume.
-pub fn is_subvolume(dir: BorrowedFd<'_>) -> bool {
+pub(crate) fn is_subvolume(dir: BorrowedFd<'_>) -> bool {
     let on_btrfs = rustix::fs::fstatfs(dir).is_ok_and(|s| is_btrfs_magic(s.f_type));
     on_btrfs && rustix::fs::fstat(dir).is_ok_and(|s| s.st_ino == SUBVOLUME_ROOT_INODE)
 }
@@ -33,7 +33,7 @@ const INO_LOOKUP: rustix::ioctl::Opcode =
 /// caller has checked), its own id; `None` off btrfs. A snapshot's root has its source's
 /// inode number and birth time; this id is what tells them apart, and it stays the same
 /// across remounts (unlike the device number).
-pub fn subvolume_id(dir: BorrowedFd<'_>) -> Option<u64> {
+pub(crate) fn subvolume_id(dir: BorrowedFd<'_>) -> Option<u64> {
     if !rustix::fs::fstatfs(dir).is_ok_and(|s| is_btrfs_magic(s.f_type)) {
         return None;
     }

@@ -27,7 +27,7 @@ pub enum TlsError {
 /// The identity of a client that presented a certificate the CA verified: its subject's
 /// common name (or the whole subject when it has none).
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct PeerCertificate(pub Option<String>);
+pub(crate) struct PeerCertificate(pub Option<String>);
 
 /// A certificate or key file: a regular file of bounded size only, so nothing put in its
 /// place (a FIFO, a device) can hang or exhaust the agent at start.
@@ -67,7 +67,7 @@ fn load_key(path: &Path) -> Result<PrivateKeyDer<'static>, TlsError> {
 /// `client_ca` when given (see `ClientPurposeVerifier` for what else they need). When
 /// tokens are also accepted, a client may connect without a certificate (it then needs a
 /// token); a certificate it does present must still verify.
-pub fn server_config(
+pub(crate) fn server_config(
     cert_file: &Path,
     key_file: &Path,
     client_ca: Option<&Path>,
@@ -217,7 +217,7 @@ impl ClientCertVerifier for ClientPurposeVerifier {
 }
 
 /// The identity of the verified client certificate a handshake ended with, if any.
-pub fn peer_identity(connection: &rustls::ServerConnection) -> Option<String> {
+pub(crate) fn peer_identity(connection: &rustls::ServerConnection) -> Option<String> {
     connection
         .peer_certificates()
         .and_then(|chain| chain.first())

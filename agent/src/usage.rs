@@ -18,7 +18,7 @@ use tokio::sync::Semaphore;
 use crate::store::{self, VolumeStore};
 
 /// What a cache measures: a volume by its path, or an archive by its id.
-pub trait Measured: Clone + Eq + Hash + Display + Send + Sync + 'static {
+pub(crate) trait Measured: Clone + Eq + Hash + Display + Send + Sync + 'static {
     fn measure(&self, store: &VolumeStore) -> store::Result<VolumeUsage>;
 }
 
@@ -47,7 +47,7 @@ struct Entry {
 type Entries<K> = Arc<Mutex<HashMap<K, Entry>>>;
 
 /// Cached usage per volume path (or archive id).
-pub struct UsageCache<K: Measured = VolumePath> {
+pub(crate) struct UsageCache<K: Measured = VolumePath> {
     entries: Entries<K>,
     generations: AtomicU64,
     walks: Arc<Semaphore>,
@@ -68,7 +68,7 @@ impl<K: Measured> UsageCache<K> {
     /// `fresh_for`: how long a figure is served before it is measured again (in the
     /// background). `first_wait`: how long a request without any figure yet waits for
     /// the first walk before answering without one.
-    pub fn new(fresh_for: Duration, first_wait: Duration, parallel_walks: usize) -> Self {
+    pub(crate) fn new(fresh_for: Duration, first_wait: Duration, parallel_walks: usize) -> Self {
         Self {
             entries: Arc::default(),
             generations: AtomicU64::new(0),
@@ -79,7 +79,7 @@ impl<K: Measured> UsageCache<K> {
     }
 
     /// The latest figure for `path`, starting a new walk when it is stale.
-    pub async fn get(&self, store: &Arc<VolumeStore>, path: &K) -> Option<VolumeUsage> {
+    pub(crate) async fn get(&self, store: &Arc<VolumeStore>, path: &K) -> Option<VolumeUsage> {
         match self.current(store, path) {
             (Some(usage), _) => Some(usage),
             (None, Some(walk)) => tokio::time::timeout(self.first_wait, walk)
@@ -92,7 +92,7 @@ impl<K: Measured> UsageCache<K> {
 
     /// The latest figure for `path` without waiting for one, starting a new walk when it
     /// is stale.
-    pub fn latest(&self, store: &Arc<VolumeStore>, path: &K) -> Option<VolumeUsage> {
+    pub(crate) fn latest(&self, store: &Arc<VolumeStore>, path: &K) -> Option<VolumeUsage> {
         self.current(store, path).0
     }
 
@@ -117,7 +117,7 @@ impl<K: Measured> UsageCache<K> {
     }
 
     /// Drops what is known about `path` (after it was created, deleted or archived).
-    pub fn forget(&self, path: &K) {
+    pub(crate) fn forget(&self, path: &K) {
         self.entries
             .lock()
             .unwrap_or_else(|e| e.into_inner())
@@ -126,7 +126,7 @@ impl<K: Measured> UsageCache<K> {
 
     /// Drops what is known about every key but those `keep` accepts (what no longer
     /// exists, found by a listing).
-    pub fn retain(&self, keep: impl Fn(&K) -> bool) {
+    pub(crate) fn retain(&self, keep: impl Fn(&K) -> bool) {
         self.entries
             .lock()
             .unwrap_or_else(|e| e.into_inner())

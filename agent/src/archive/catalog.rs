@@ -17,7 +17,7 @@ use crate::usage::UsageCache;
 
 /// The archives of one store, with their measured sizes.
 #[derive(Debug)]
-pub struct Archives {
+pub(crate) struct Archives {
     store: Arc<VolumeStore>,
     settings: ArchiveSettings,
     sizes: UsageCache<ArchivePath>,
@@ -26,13 +26,13 @@ pub struct Archives {
 
 /// What one sweep did.
 #[derive(Debug, Default)]
-pub struct Sweep {
+pub(crate) struct Sweep {
     pub deleted: Vec<ArchivePath>,
     pub failed: Vec<(ArchivePath, StoreError)>,
 }
 
 impl Archives {
-    pub fn new(
+    pub(crate) fn new(
         store: Arc<VolumeStore>,
         settings: ArchiveSettings,
         metrics: ArchiveMetrics,
@@ -53,7 +53,7 @@ impl Archives {
     /// cursor. An archive not measured yet is waited for a little, then listed without a
     /// size. Only what is listed is measured: the whole list refreshes the archive
     /// metrics, a page leaves them to the whole list and the sweep.
-    pub async fn list(
+    pub(crate) async fn list(
         &self,
         page: Option<PageRequest<ArchivePath>>,
     ) -> Result<(Vec<Archive>, Option<String>), StoreError> {
@@ -77,7 +77,7 @@ impl Archives {
 
     /// The archive `id`, described as [`Self::list`] describes it, or `None`: only it
     /// is looked up and measured.
-    pub async fn get(&self, id: &ArchivePath) -> Result<Option<Archive>, StoreError> {
+    pub(crate) async fn get(&self, id: &ArchivePath) -> Result<Option<Archive>, StoreError> {
         let store = self.store.clone();
         let target = id.clone();
         let found = tokio::task::spawn_blocking(move || store.find_stored_archive(&target))
@@ -105,7 +105,7 @@ impl Archives {
     }
 
     /// Deletes one archive with its quota and record; absent already is success.
-    pub async fn delete(&self, id: &ArchivePath) -> Result<Deleted, StoreError> {
+    pub(crate) async fn delete(&self, id: &ArchivePath) -> Result<Deleted, StoreError> {
         // Under the lock of the path it was archived from, so a new archive of that path,
         // or a retried archive request looking for the latest one, never meets it half
         // gone. The guard travels into the blocking task: a request that times out keeps
@@ -130,7 +130,7 @@ impl Archives {
     /// Deletes every archive whose expiry has passed at `now`, each as [`Self::delete`]
     /// does, and logs each. Refreshes the archive metrics, starting the measurement of
     /// what is stale without waiting for it.
-    pub async fn sweep(&self, now: OffsetDateTime) -> Result<Sweep, StoreError> {
+    pub(crate) async fn sweep(&self, now: OffsetDateTime) -> Result<Sweep, StoreError> {
         let mut sweep = Sweep::default();
         let mut kept = Vec::new();
         for archive in self.stored().await? {
@@ -182,7 +182,7 @@ impl Archives {
 
     /// Sweeps at every interval of the settings, the first at once, for as long as the
     /// task runs.
-    pub async fn sweep_forever(self: Arc<Self>) {
+    pub(crate) async fn sweep_forever(self: Arc<Self>) {
         let mut ticks = tokio::time::interval(self.settings.sweep_interval);
         ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {

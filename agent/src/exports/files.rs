@@ -7,14 +7,14 @@ use std::io::Write as _;
 use std::path::{Path, PathBuf};
 
 /// Replaces `path` with `contents`.
-pub fn replace(path: &Path, contents: &[u8]) -> std::io::Result<()> {
+pub(super) fn replace(path: &Path, contents: &[u8]) -> std::io::Result<()> {
     let staged = stage(path, contents)?;
     commit(&staged, path)
 }
 
 /// Where the next contents of `path` are written before they become current: a hidden
 /// name beside it, so a leftover tells of an interrupted change.
-pub fn staged_name(path: &Path) -> std::io::Result<PathBuf> {
+pub(super) fn staged_name(path: &Path) -> std::io::Result<PathBuf> {
     let name = path
         .file_name()
         .ok_or_else(|| std::io::Error::other("a file name is needed"))?;
@@ -25,7 +25,7 @@ pub fn staged_name(path: &Path) -> std::io::Result<PathBuf> {
 }
 
 /// Writes the next contents of `path` beside it, synced, without making them current.
-pub fn stage(path: &Path, contents: &[u8]) -> std::io::Result<PathBuf> {
+pub(super) fn stage(path: &Path, contents: &[u8]) -> std::io::Result<PathBuf> {
     let staged = staged_name(path)?;
     let mut file = File::create(&staged)?;
     file.write_all(contents)?;
@@ -34,13 +34,13 @@ pub fn stage(path: &Path, contents: &[u8]) -> std::io::Result<PathBuf> {
 }
 
 /// Makes the staged contents current.
-pub fn commit(staged: &Path, path: &Path) -> std::io::Result<()> {
+pub(super) fn commit(staged: &Path, path: &Path) -> std::io::Result<()> {
     std::fs::rename(staged, path)?;
     sync_dir(parent(path)?)
 }
 
 /// Removes `path` if it is there, durably.
-pub fn remove(path: &Path) -> std::io::Result<()> {
+pub(super) fn remove(path: &Path) -> std::io::Result<()> {
     match std::fs::remove_file(path) {
         Ok(()) => sync_dir(parent(path)?),
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),

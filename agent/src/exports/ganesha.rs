@@ -22,7 +22,7 @@ const DESTINATION: &str = "org.ganesha.nfsd";
 const OBJECT: &str = "/org/ganesha/nfsd/ExportMgr";
 const INTERFACE: &str = "org.ganesha.nfsd.exportmgr";
 /// The file ganesha.conf includes.
-pub const INCLUDE_FILE: &str = "exports.conf";
+pub(super) const INCLUDE_FILE: &str = "exports.conf";
 
 /// One export as ganesha's `ShowExports` lists it.
 #[derive(Debug, Clone, PartialEq, Eq)]

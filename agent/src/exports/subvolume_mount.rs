@@ -26,7 +26,7 @@ const MOUNT_TABLE: &str = "/proc/self/mountinfo";
 
 /// The per-volume mounts of an export root on btrfs.
 #[derive(Debug)]
-pub struct SubvolumeMounts {
+pub(super) struct SubvolumeMounts {
     /// The export root with symlinks resolved, as the mount table names it.
     root: PathBuf,
     root_fd: OwnedFd,
@@ -45,7 +45,7 @@ struct MountEntry {
 impl SubvolumeMounts {
     /// The mounts of `export_root`'s volumes, or `None` when it is not on btrfs (nothing
     /// else needs them: knfsd crosses into subvolumes itself, ZFS datasets are mounted).
-    pub fn probe(export_root: &Path) -> Result<Option<Self>, ExportError> {
+    pub(super) fn probe(export_root: &Path) -> Result<Option<Self>, ExportError> {
         let what = || format!("export root {}", export_root.display());
         let root_fd = match rustix::fs::open(
             export_root,
@@ -84,7 +84,7 @@ impl SubvolumeMounts {
     }
 
     /// Whether a mount sits at the volume's path.
-    pub fn is_mounted(&self, volume: &VolumePath) -> Result<bool, ExportError> {
+    pub(super) fn is_mounted(&self, volume: &VolumePath) -> Result<bool, ExportError> {
         let path = self.path_of(volume);
         Ok(parse_table(&read_table()?).any(|entry| entry.point == path))
     }
@@ -92,7 +92,7 @@ impl SubvolumeMounts {
     /// Mounts the volume's subvolume over its own path, unless it is mounted already or
     /// is no subvolume (a directory volume needs no mount of its own). Answers whether
     /// it made the mount.
-    pub fn mount(&self, volume: &VolumePath) -> Result<bool, ExportError> {
+    pub(super) fn mount(&self, volume: &VolumePath) -> Result<bool, ExportError> {
         if self.is_mounted(volume)? {
             return Ok(false);
         }
@@ -102,7 +102,7 @@ impl SubvolumeMounts {
     /// As [`Self::mount`] for many volumes, the mount table read once (a start with
     /// thousands of volumes would otherwise read it once per volume). Answers the
     /// volumes whose mount it made.
-    pub fn mount_all<'a>(
+    pub(super) fn mount_all<'a>(
         &self,
         volumes: impl IntoIterator<Item = &'a VolumePath>,
     ) -> Result<Vec<&'a VolumePath>, ExportError> {
@@ -153,7 +153,7 @@ impl SubvolumeMounts {
 
     /// Takes the volume's own mount away (nothing to do when there is none), so the
     /// volume can be renamed into the archive or deleted.
-    pub fn unmount(&self, volume: &VolumePath) -> Result<(), ExportError> {
+    pub(super) fn unmount(&self, volume: &VolumePath) -> Result<(), ExportError> {
         if !self.is_mounted(volume)? {
             return Ok(());
         }

@@ -18,20 +18,20 @@ use crate::metrics::{CloneLabels, CloneMetrics};
 use crate::store::{Created, PathGuard, StoreError, VolumeStore};
 
 /// How a clone ended: the volume and whether this job made it, or why it failed.
-pub type CloneOutcome = Result<(Volume, Created), ApiError>;
+pub(super) type CloneOutcome = Result<(Volume, Created), ApiError>;
 
 /// What a clone request comes to.
 // One per request, never held in bulk, so the larger variant costs nothing.
 #[allow(clippy::large_enum_variant)]
 #[derive(Debug)]
-pub enum CloneAnswer {
+pub(crate) enum CloneAnswer {
     Done(CloneOutcome),
     Running(CloneProgress),
 }
 
 /// The clone jobs of one agent, by target path.
 #[derive(Debug)]
-pub struct Clones {
+pub(crate) struct Clones {
     store: Arc<VolumeStore>,
     metrics: CloneMetrics,
     jobs: Jobs<VolumePath, CloneVolumeRequest, (Volume, Created), ()>,
@@ -39,7 +39,7 @@ pub struct Clones {
 
 impl Clones {
     /// Clone jobs on `store`, run by `runner`, counted in `metrics`.
-    pub fn new(store: Arc<VolumeStore>, metrics: CloneMetrics, runner: &JobRunner) -> Self {
+    pub(crate) fn new(store: Arc<VolumeStore>, metrics: CloneMetrics, runner: &JobRunner) -> Self {
         let counters = Counters {
             in_progress: metrics.in_progress.clone(),
             failed: metrics.failed.clone(),
@@ -58,7 +58,7 @@ impl Clones {
     /// Starts the clone of `request` at `path`, or joins the job already making it, and
     /// waits at most `wait` for it to end. A job making something else at `path` is a
     /// conflict; a new job when the clone queue is full is refused.
-    pub async fn clone_volume(
+    pub(crate) async fn clone_volume(
         &self,
         path: &VolumePath,
         request: CloneVolumeRequest,

@@ -30,7 +30,7 @@ type Running<K, R, O, I> = Arc<Mutex<HashMap<K, Job<R, O, I>>>>;
 
 /// Jobs by what they make, at most one per key; new ones admitted by their queue.
 #[derive(Debug)]
-pub struct JobMap<K, R, O, I> {
+pub(super) struct JobMap<K, R, O, I> {
     running: Running<K, R, O, I>,
     ids: AtomicU64,
     queue: JobQueue,
@@ -38,7 +38,7 @@ pub struct JobMap<K, R, O, I> {
 
 /// Why a request started no job and joined none.
 #[derive(Debug)]
-pub enum Refused<R> {
+pub(crate) enum Refused<R> {
     /// A job runs another request at the key: this one.
     Other(R),
     /// The queue is full: why, for the answer.
@@ -48,7 +48,7 @@ pub enum Refused<R> {
 impl<R> Refused<R> {
     /// The answer to the refused request: the queue's refusal, or a conflict that
     /// `conflict` describes from the other request.
-    pub fn into_error(self, conflict: impl FnOnce(R) -> String) -> ApiError {
+    pub(crate) fn into_error(self, conflict: impl FnOnce(R) -> String) -> ApiError {
         match self {
             Refused::Full(full) => full,
             Refused::Other(other) => ApiError::new(ErrorCode::Conflict, conflict(other)),
@@ -59,7 +59,7 @@ impl<R> Refused<R> {
 /// A job joined or started: when it started, what is said of it while it runs, and its
 /// outcome to wait for.
 #[derive(Debug)]
-pub struct Joined<O, I> {
+pub(crate) struct Joined<O, I> {
     pub started: Instant,
     pub info: I,
     done: watch::Receiver<Option<O>>,
@@ -69,7 +69,11 @@ impl<T: Clone, I> Joined<Result<T, ApiError>, I> {
     /// The job's outcome when it ends within `wait`, `None` while it runs. A job that died
     /// without one (it panicked) is already forgotten, so the next request starts over;
     /// this one is told so, `job` naming what died.
-    pub async fn outcome(&mut self, wait: Duration, job: &str) -> Option<Result<T, ApiError>> {
+    pub(crate) async fn outcome(
+        &mut self,
+        wait: Duration,
+        job: &str,
+    ) -> Option<Result<T, ApiError>> {
         let died = || {
             Err(ApiError::new(
                 ErrorCode::Internal,
@@ -85,7 +89,7 @@ impl<T: Clone, I> Joined<Result<T, ApiError>, I> {
 }
 
 impl<K, R, O, I> JobMap<K, R, O, I> {
-    pub fn new(queue: JobQueue) -> Self {
+    pub(super) fn new(queue: JobQueue) -> Self {
         Self {
             running: Arc::default(),
             ids: AtomicU64::new(0),
@@ -104,7 +108,7 @@ where
     /// (given the job's end, its fate and its place in the queue) when the queue admits
     /// it. Refused with the other request when a job runs another one at `key`, or when
     /// the queue is full.
-    pub fn join_or_start(
+    pub(super) fn join_or_start(
         &self,
         key: &K,
         request: &R,
@@ -155,7 +159,7 @@ where
         }
     }
 
-    pub fn info(&self, key: &K) -> Option<I> {
+    pub(super) fn info(&self, key: &K) -> Option<I> {
         self.running
             .lock()
             .unwrap_or_else(|e| e.into_inner())
@@ -166,7 +170,7 @@ where
     /// Cancels the job making `key` (see [`Fate::cancel`]) and forgets it, so a new
     /// request for `key` starts afresh (and waits for the old job's locks). Whether the
     /// cancel settled what the job makes; false without a job.
-    pub fn cancel(&self, key: &K) -> bool {
+    pub(super) fn cancel(&self, key: &K) -> bool {
         let job = self
             .running
             .lock()
@@ -178,7 +182,7 @@ where
 
 /// How far a job has come, as a delete of what it makes sees it.
 #[derive(Debug, Default)]
-pub struct Fate(AtomicU8);
+pub(crate) struct Fate(AtomicU8);
 
 impl Fate {
     /// It has not yet looked whether what it makes is there already.
@@ -191,7 +195,7 @@ impl Fate {
     const CANCELLED: u8 = 3;
 
     /// Moves the job on to `stage`; false once it is cancelled.
-    pub fn reach(&self, stage: Stage) -> bool {
+    pub(crate) fn reach(&self, stage: Stage) -> bool {
         let (from, to) = match stage {
             Stage::Making => (Self::LOOKING, Self::MAKING),
             Stage::Recording => (Self::MAKING, Self::RECORDING),
@@ -212,7 +216,7 @@ impl Fate {
         before == Ok(Self::MAKING)
     }
 
-    pub fn cancelled(&self) -> bool {
+    pub(crate) fn cancelled(&self) -> bool {
         self.0.load(Ordering::SeqCst) == Self::CANCELLED
     }
 }
@@ -220,7 +224,7 @@ impl Fate {
 /// The end of a job: dropped, also when the job panics, it takes the job out of the
 /// running ones, unless a newer job runs at its key already (it was cancelled). Only the
 /// job itself does, so a waiter never removes a newer job that a retry started.
-pub struct JobEnd<K: Hash + Eq, R, O, I> {
+pub(super) struct JobEnd<K: Hash + Eq, R, O, I> {
     running: Running<K, R, O, I>,
     key: K,
     id: u64,
@@ -230,7 +234,7 @@ pub struct JobEnd<K: Hash + Eq, R, O, I> {
 impl<K: Hash + Eq, R, O, I> JobEnd<K, R, O, I> {
     /// Leaves the running jobs, then tells `outcome` to whoever waits, so a request after
     /// the outcome never joins the finished job.
-    pub fn finish(self, outcome: O) {
+    pub(super) fn finish(self, outcome: O) {
         let tell = self.tell.clone();
         drop(self);
         let _ = tell.send(Some(outcome));

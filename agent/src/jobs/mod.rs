@@ -20,8 +20,8 @@ mod runner;
 mod slots;
 mod snapshot_jobs;
 
-pub use clone_jobs::{CloneAnswer, Clones};
-pub use queue::RETRY_AFTER;
-pub use restore_jobs::RestoreAnswer;
-pub use runner::JobRunner;
-pub use snapshot_jobs::{SnapshotAnswer, Snapshots};
+pub(crate) use clone_jobs::{CloneAnswer, Clones};
+pub(crate) use queue::RETRY_AFTER;
+pub(crate) use restore_jobs::RestoreAnswer;
+pub(crate) use runner::JobRunner;
+pub(crate) use snapshot_jobs::{SnapshotAnswer, Snapshots};

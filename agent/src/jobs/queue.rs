@@ -24,18 +24,18 @@ use crate::metrics::{JobLabels, JobMetrics};
 /// What a refusal asks a client to wait before the same request: about what a small copy
 /// takes, so a queue that drains is refilled soon, and long enough that a refused client
 /// costs the agent little.
-pub const RETRY_AFTER: Duration = Duration::from_secs(5);
+pub(crate) const RETRY_AFTER: Duration = Duration::from_secs(5);
 
 /// The kinds of jobs, each with a queue of its own.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum JobKind {
+pub(crate) enum JobKind {
     Clone,
     Snapshot,
     Restore,
 }
 
 impl JobKind {
-    pub fn as_str(self) -> &'static str {
+    pub(crate) fn as_str(self) -> &'static str {
         match self {
             JobKind::Clone => "clone",
             JobKind::Snapshot => "snapshot",
@@ -46,7 +46,7 @@ impl JobKind {
 
 /// The jobs of one kind that wait for a slot: at most `limit` at once.
 #[derive(Debug, Clone)]
-pub struct JobQueue {
+pub(super) struct JobQueue {
     kind: JobKind,
     limit: usize,
     waiting: Arc<AtomicUsize>,
@@ -57,7 +57,7 @@ pub struct JobQueue {
 
 impl JobQueue {
     /// The queue of `kind` jobs, at most `limit` waiting, reported in `metrics`.
-    pub fn new(kind: JobKind, limit: usize, metrics: &JobMetrics) -> Self {
+    pub(super) fn new(kind: JobKind, limit: usize, metrics: &JobMetrics) -> Self {
         let labels = JobLabels {
             kind: kind.as_str(),
         };
@@ -77,7 +77,7 @@ impl JobQueue {
 
     /// Admits one more job, counted as waiting until [`Ticket::run`]; refused when
     /// `limit` jobs wait already.
-    pub fn admit(&self) -> Result<Ticket, ApiError> {
+    pub(super) fn admit(&self) -> Result<Ticket, ApiError> {
         let admitted = self
             .waiting
             .fetch_update(Ordering::AcqRel, Ordering::Acquire, |waiting| {
@@ -106,14 +106,14 @@ impl JobQueue {
 /// One admitted job's place: waiting, then running once it holds a slot; given back when
 /// dropped, however the job ends.
 #[derive(Debug)]
-pub struct Ticket {
+pub(super) struct Ticket {
     queue: JobQueue,
     running: bool,
 }
 
 impl Ticket {
     /// The job holds its slot: it waits no more.
-    pub fn run(&mut self) {
+    pub(super) fn run(&mut self) {
         if !self.running {
             self.running = true;
             self.queue.waiting.fetch_sub(1, Ordering::AcqRel);

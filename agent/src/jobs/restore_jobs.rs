@@ -22,20 +22,20 @@ use crate::metrics::{RestoreLabels, SnapshotMetrics};
 use crate::store::{Created, PathGuard, StoreError, VolumeStore};
 
 /// How a restore job ended: the volume and whether this job made it, or why not.
-pub type RestoreOutcome = Result<(Volume, Created), ApiError>;
+pub(super) type RestoreOutcome = Result<(Volume, Created), ApiError>;
 
 /// What a restore request comes to.
 // One per request, never held in bulk, so the larger variant costs nothing.
 #[allow(clippy::large_enum_variant)]
 #[derive(Debug)]
-pub enum RestoreAnswer {
+pub(crate) enum RestoreAnswer {
     Done(RestoreOutcome),
     Running(RestoreProgress),
 }
 
 /// The restore jobs of one agent, by target path.
 #[derive(Debug)]
-pub struct Restores {
+pub(super) struct Restores {
     store: Arc<VolumeStore>,
     metrics: SnapshotMetrics,
     jobs: Jobs<VolumePath, RestoreVolumeRequest, (Volume, Created), ()>,
@@ -43,7 +43,11 @@ pub struct Restores {
 
 impl Restores {
     /// Restore jobs on `store`, run by `runner`, counted in `metrics` (beside snapshots).
-    pub fn new(store: Arc<VolumeStore>, metrics: SnapshotMetrics, runner: &JobRunner) -> Self {
+    pub(super) fn new(
+        store: Arc<VolumeStore>,
+        metrics: SnapshotMetrics,
+        runner: &JobRunner,
+    ) -> Self {
         let counters = Counters {
             in_progress: metrics.in_progress.clone(),
             failed: metrics.restores_failed.clone(),
@@ -60,7 +64,7 @@ impl Restores {
     /// the job already making it, and waits at most `wait` for it to end. A snapshot
     /// still `being_taken` is not ready to restore from; a job making something else at
     /// `path` is a conflict; a new job when the restore queue is full is refused.
-    pub async fn restore(
+    pub(super) async fn restore(
         &self,
         path: &VolumePath,
         source: &RestoreSource,

@@ -20,11 +20,11 @@ use crate::metrics::{JobMetrics, Metrics};
 use crate::store::{PathGuard, StoreError};
 
 /// How a job ended: what it made, or why not.
-pub type Outcome<T> = Result<T, ApiError>;
+pub(super) type Outcome<T> = Result<T, ApiError>;
 
 /// One job's own part. Shown, it names its blocking task in the answer when that task
 /// dies (`<what it makes>: the <kind> task`).
-pub trait JobTask: Display + Send + Sync + 'static {
+pub(crate) trait JobTask: Display + Send + Sync + 'static {
     /// What the job makes, told to every waiter.
     type Made: Clone + Send + Sync + 'static;
 
@@ -45,7 +45,7 @@ pub trait JobTask: Display + Send + Sync + 'static {
 
 /// What the runner counts of one kind's jobs, in that kind's own metrics.
 #[derive(Debug, Clone, Default)]
-pub struct Counters {
+pub(crate) struct Counters {
     /// Jobs holding their locks and working now.
     pub in_progress: Gauge,
     /// Jobs whose work failed or died; what a cancelled job leaves is no failure.
@@ -57,7 +57,7 @@ pub struct Counters {
 /// What every kind's jobs share: the slots they run in, and how many of each kind may
 /// wait for one.
 #[derive(Debug, Clone)]
-pub struct JobRunner {
+pub(crate) struct JobRunner {
     slots: Slots,
     max_queued: usize,
     queues: JobMetrics,
@@ -65,7 +65,7 @@ pub struct JobRunner {
 
 impl JobRunner {
     /// The runner of `config`'s limits, its slots and queues shown in `metrics`.
-    pub fn new(config: &AgentConfig, metrics: &Metrics) -> Self {
+    pub(crate) fn new(config: &AgentConfig, metrics: &Metrics) -> Self {
         Self {
             slots: Slots::new(config, &metrics.clones.slots),
             max_queued: config.max_queued_jobs,
@@ -74,7 +74,7 @@ impl JobRunner {
     }
 
     /// The jobs of `kind`, with a queue of their own, counted in `counters`.
-    pub fn jobs<K, R, T, I>(&self, kind: JobKind, counters: Counters) -> Jobs<K, R, T, I> {
+    pub(crate) fn jobs<K, R, T, I>(&self, kind: JobKind, counters: Counters) -> Jobs<K, R, T, I> {
         Jobs {
             map: JobMap::new(JobQueue::new(kind, self.max_queued, &self.queues)),
             slots: self.slots.clone(),
@@ -86,7 +86,7 @@ impl JobRunner {
 /// The jobs of one kind: at most one by key `K` (what it makes), running request `R`,
 /// making `T`, said to be `I` while it runs.
 #[derive(Debug)]
-pub struct Jobs<K, R, T, I> {
+pub(crate) struct Jobs<K, R, T, I> {
     map: JobMap<K, R, Outcome<T>, I>,
     slots: Slots,
     counters: Counters,
@@ -102,7 +102,7 @@ where
     /// Joins the job making `key` when it runs `request`, or starts the one `task` makes
     /// when the kind's queue admits it; refused when a job runs another request at
     /// `key`, or when the queue is full.
-    pub fn join_or_start<J: JobTask<Made = T>>(
+    pub(crate) fn join_or_start<J: JobTask<Made = T>>(
         &self,
         key: &K,
         request: &R,
@@ -116,13 +116,13 @@ where
     }
 
     /// What is said of the job making `key`, while it runs.
-    pub fn info(&self, key: &K) -> Option<I> {
+    pub(crate) fn info(&self, key: &K) -> Option<I> {
         self.map.info(key)
     }
 
     /// Cancels the job making `key`: whether that settled what it makes (see
     /// [`JobMap::cancel`]).
-    pub fn cancel(&self, key: &K) -> bool {
+    pub(crate) fn cancel(&self, key: &K) -> bool {
         self.map.cancel(key)
     }
 

@@ -28,19 +28,19 @@ const JOB_DESCRIPTORS: usize = 32;
 
 /// The jobs that found every slot taken, and those waiting for one now.
 #[derive(Debug, Clone, Default)]
-pub struct SlotWaits {
+pub(crate) struct SlotWaits {
     pub waited: Counter,
     pub waiting: Gauge,
 }
 
 /// The slots of every kind's jobs.
 #[derive(Debug, Clone)]
-pub struct Slots(Arc<Semaphore>);
+pub(super) struct Slots(Arc<Semaphore>);
 
 impl Slots {
     /// As many slots as `config` allows beside its connection and request limits, their
     /// number shown in `count`.
-    pub fn new(config: &AgentConfig, count: &Gauge) -> Self {
+    pub(super) fn new(config: &AgentConfig, count: &Gauge) -> Self {
         let descriptors = rustix::process::getrlimit(rustix::process::Resource::Nofile).current;
         let slots = slots(
             config.max_clone_jobs,
@@ -61,7 +61,7 @@ impl Slots {
     }
 
     /// A slot for `job`, once one is free; a wait for it is counted in `waits`.
-    pub async fn acquire<J: Display + Sync + ?Sized>(
+    pub(super) async fn acquire<J: Display + Sync + ?Sized>(
         &self,
         job: &J,
         waits: Option<&SlotWaits>,

@@ -30,11 +30,11 @@ use crate::store::snapshot::deleted_while_taken;
 use crate::store::{Created, Deleted, PathGuard, StoreError, VolumeStore};
 
 /// How a snapshot job ended: the snapshot and whether this job took it, or why not.
-pub type SnapshotOutcome = Result<(Snapshot, Created), ApiError>;
+pub(super) type SnapshotOutcome = Result<(Snapshot, Created), ApiError>;
 
 /// What a snapshot request comes to.
 #[derive(Debug)]
-pub enum SnapshotAnswer {
+pub(crate) enum SnapshotAnswer {
     Done(SnapshotOutcome),
     /// Still being made: the snapshot as it will be, `ready` false.
     Running(Snapshot),
@@ -43,7 +43,7 @@ pub enum SnapshotAnswer {
 /// The snapshot jobs of one agent, by name, and the restores, which must not read a
 /// snapshot still being taken.
 #[derive(Debug)]
-pub struct Snapshots {
+pub(crate) struct Snapshots {
     store: Arc<VolumeStore>,
     metrics: SnapshotMetrics,
     jobs: Jobs<SnapshotName, CreateSnapshotRequest, (Snapshot, Created), Snapshot>,
@@ -52,7 +52,11 @@ pub struct Snapshots {
 
 impl Snapshots {
     /// Snapshot and restore jobs on `store`, run by `runner`, counted in `metrics`.
-    pub fn new(store: Arc<VolumeStore>, metrics: SnapshotMetrics, runner: &JobRunner) -> Self {
+    pub(crate) fn new(
+        store: Arc<VolumeStore>,
+        metrics: SnapshotMetrics,
+        runner: &JobRunner,
+    ) -> Self {
         let counters = Counters {
             in_progress: metrics.in_progress.clone(),
             failed: metrics.failed.clone(),
@@ -69,7 +73,7 @@ impl Snapshots {
     /// Starts the snapshot `name` of `request.source`, or joins the job already taking
     /// it, and waits at most `wait` for it to end. A job taking `name` of another source
     /// is a conflict; a new job when the snapshot queue is full is refused.
-    pub async fn create(
+    pub(crate) async fn create(
         &self,
         name: &SnapshotName,
         request: CreateSnapshotRequest,
@@ -121,7 +125,7 @@ impl Snapshots {
     }
 
     /// The snapshot `name` while a job is still taking it.
-    pub fn pending(&self, name: &SnapshotName) -> Option<Snapshot> {
+    pub(crate) fn pending(&self, name: &SnapshotName) -> Option<Snapshot> {
         self.jobs.info(name)
     }
 
@@ -129,14 +133,14 @@ impl Snapshots {
     /// settles a delete of `name`: the job makes a snapshot it found unrecorded, and now
     /// records nothing. Otherwise the delete is to wait for the job (its lock) and remove
     /// whatever it left.
-    pub fn cancel(&self, name: &SnapshotName) -> bool {
+    pub(crate) fn cancel(&self, name: &SnapshotName) -> bool {
         self.jobs.cancel(name)
     }
 
     /// Starts the restore of `request` (from `source`, its source) at `path`, or joins
     /// the job already making it: see [`Restores::restore`]. A snapshot still being
     /// taken is not ready to restore from.
-    pub async fn restore(
+    pub(crate) async fn restore(
         &self,
         path: &VolumePath,
         source: &RestoreSource,

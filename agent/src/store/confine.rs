@@ -16,9 +16,9 @@ use super::error::{Result, StoreError, io_error, walk_error};
 /// Hidden directory beneath the root holding the agent's work areas.
 pub const STATE_DIR: &str = ".nfsprov";
 /// Where volumes are set up before being renamed into place (in [`STATE_DIR`]).
-pub const STAGING_DIR: &str = "staging";
+pub(super) const STAGING_DIR: &str = "staging";
 /// Where deleted volumes wait for their tree to be removed (in [`STATE_DIR`]).
-pub const TRASH_DIR: &str = "trash";
+pub(super) const TRASH_DIR: &str = "trash";
 
 /// Mode of parent directories the agent creates for nested paths: traversable by the
 /// pods' users, writable only by the agent.
@@ -146,14 +146,14 @@ impl Root {
 
 /// Opens `name` in `dir` as a directory without following a symlink; with `create`,
 /// makes it first when missing.
-pub fn open_child(dir: BorrowedFd<'_>, name: &str, create: bool) -> Result<OwnedFd> {
+pub(super) fn open_child(dir: BorrowedFd<'_>, name: &str, create: bool) -> Result<OwnedFd> {
     open_or_create_dir(dir, name, create).map_err(|e| match e {
         Errno::NOENT => StoreError::NotFound(format!("{name} does not exist")),
         e => walk_error(name, e),
     })
 }
 
-pub fn open_or_create_dir(
+pub(super) fn open_or_create_dir(
     dir: BorrowedFd<'_>,
     name: &str,
     create: bool,
@@ -179,7 +179,7 @@ pub fn open_or_create_dir(
 }
 
 /// Names and types of the entries of a directory, without `.` and `..`.
-pub fn list_dir(dir: BorrowedFd<'_>) -> rustix::io::Result<Vec<(String, FileType)>> {
+pub(super) fn list_dir(dir: BorrowedFd<'_>) -> rustix::io::Result<Vec<(String, FileType)>> {
     let mut entries = Vec::new();
     for entry in rustix::fs::Dir::read_from(dir)? {
         let entry = entry?;
@@ -199,6 +199,6 @@ pub fn is_dot(name: &CStr) -> bool {
 }
 
 /// Whether a listed entry may be a directory (the type is not always reported).
-pub fn may_be_directory(kind: FileType) -> bool {
+pub(super) fn may_be_directory(kind: FileType) -> bool {
     matches!(kind, FileType::Directory | FileType::Unknown)
 }

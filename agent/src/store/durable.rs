@@ -33,7 +33,7 @@ const BTRFS_MAGIC: i64 = 0x9123_683e;
 const MAX_SYNC_THREADS: usize = 32;
 
 #[derive(Debug)]
-pub struct Durability {
+pub(super) struct Durability {
     /// A descriptor of the export root, for `syncfs`.
     root: OwnedFd,
     /// Whether a group is synced by committing the whole filesystem (btrfs).
@@ -60,18 +60,18 @@ struct Groups {
 
 /// What a request changed and must be durable before it answers.
 #[derive(Debug, Default)]
-pub struct Changes {
+pub(super) struct Changes {
     dirs: Vec<OwnedFd>,
     whole: bool,
 }
 
 impl Changes {
-    pub fn new() -> Self {
+    pub(super) fn new() -> Self {
         Self::default()
     }
 
     /// A directory whose entries or attributes changed.
-    pub fn dir(&mut self, dir: BorrowedFd<'_>) -> Result<&mut Self> {
+    pub(super) fn dir(&mut self, dir: BorrowedFd<'_>) -> Result<&mut Self> {
         let owned = dir.try_clone_to_owned().map_err(|source| StoreError::Io {
             context: "keep a directory to sync".into(),
             source,
@@ -80,19 +80,19 @@ impl Changes {
         Ok(self)
     }
 
-    pub fn owned(&mut self, dir: OwnedFd) -> &mut Self {
+    pub(super) fn owned(&mut self, dir: OwnedFd) -> &mut Self {
         self.dirs.push(dir);
         self
     }
 
-    pub fn extend(&mut self, dirs: impl IntoIterator<Item = OwnedFd>) -> &mut Self {
+    pub(super) fn extend(&mut self, dirs: impl IntoIterator<Item = OwnedFd>) -> &mut Self {
         self.dirs.extend(dirs);
         self
     }
 }
 
 impl Durability {
-    pub fn new(root: BorrowedFd<'_>) -> Result<Self> {
+    pub(super) fn new(root: BorrowedFd<'_>) -> Result<Self> {
         let root = root.try_clone_to_owned().map_err(|source| StoreError::Io {
             context: "keep the export root to sync".into(),
             source,
@@ -111,7 +111,7 @@ impl Durability {
 
     /// Writes back every file's data and commits the filesystem of the export root: what
     /// a copy wrote is on disk before the copy is renamed into place.
-    pub fn sync_filesystem(&self) -> Result<()> {
+    pub(super) fn sync_filesystem(&self) -> Result<()> {
         self.commit(Changes {
             dirs: Vec::new(),
             whole: true,
@@ -120,7 +120,7 @@ impl Durability {
 
     /// Returns once everything `changes` names is durable, synced together with the
     /// changes of the requests waiting at the same time.
-    pub fn commit(&self, changes: Changes) -> Result<()> {
+    pub(super) fn commit(&self, changes: Changes) -> Result<()> {
         if changes.dirs.is_empty() && !changes.whole {
             return Ok(());
         }

@@ -106,7 +106,7 @@ impl QuotaError {
 
 pub type Result<T> = std::result::Result<T, StoreError>;
 
-pub fn quota_error(context: impl Into<String>, source: impl Into<QuotaError>) -> StoreError {
+pub(super) fn quota_error(context: impl Into<String>, source: impl Into<QuotaError>) -> StoreError {
     StoreError::Quota {
         context: context.into(),
         source: source.into(),
@@ -114,7 +114,7 @@ pub fn quota_error(context: impl Into<String>, source: impl Into<QuotaError>) ->
 }
 
 /// A failed system call; a full filesystem or quota becomes [`StoreError::NoSpace`].
-pub fn io_error(context: impl Into<String>, errno: Errno) -> StoreError {
+pub(super) fn io_error(context: impl Into<String>, errno: Errno) -> StoreError {
     let context = context.into();
     match errno {
         Errno::NOSPC | Errno::DQUOT => StoreError::NoSpace(format!("{context}: no space left")),
@@ -125,12 +125,12 @@ pub fn io_error(context: impl Into<String>, errno: Errno) -> StoreError {
     }
 }
 
-pub fn not_found(path: &VolumePath) -> StoreError {
+pub(super) fn not_found(path: &VolumePath) -> StoreError {
     StoreError::NotFound(format!("no volume at {path}"))
 }
 
 /// A step of a walk that met a symlink or a non-directory is refused, never followed.
-pub fn walk_error(walked: &str, errno: Errno) -> StoreError {
+pub(super) fn walk_error(walked: &str, errno: Errno) -> StoreError {
     match errno {
         Errno::LOOP | Errno::NOTDIR | Errno::MLINK => StoreError::Unsafe(format!(
             "{walked} is a symlink or not a directory; the agent never follows links"

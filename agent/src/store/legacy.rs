@@ -23,7 +23,7 @@ const LEGACY_XATTR: &str = "user.nfsprov.volume";
 const LEGACY_MAX_BYTES: usize = 4096;
 
 /// Where to search, below the root, and how many levels deep volumes can sit there.
-pub struct Area<'a> {
+pub(super) struct Area<'a> {
     pub components: &'a [&'a str],
     pub depth: usize,
 }
@@ -34,7 +34,7 @@ pub struct Area<'a> {
 const MIGRATED_MARKER: &str = "legacy-records-migrated";
 
 /// [`migrate`], at the first start that gets to the end of it, never again.
-pub fn migrate_once(
+pub(super) fn migrate_once(
     state: BorrowedFd<'_>,
     root: &Root,
     store: &RecordStore,

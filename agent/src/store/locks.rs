@@ -9,7 +9,7 @@ use tokio::sync::OwnedMutexGuard;
 /// Serializes requests on the same volume path, so two mutations of one path never
 /// interleave; different paths proceed in parallel.
 #[derive(Debug, Default)]
-pub struct PathLocks {
+pub(super) struct PathLocks {
     held: Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
 }
 
@@ -22,7 +22,7 @@ pub struct PathGuard {
 }
 
 impl PathLocks {
-    pub async fn lock(self: &Arc<Self>, key: &str) -> PathGuard {
+    pub(super) async fn lock(self: &Arc<Self>, key: &str) -> PathGuard {
         let mutex = self
             .held
             .lock()

@@ -19,7 +19,7 @@ const MOUNT_TABLE: &str = "/proc/self/mountinfo";
 
 /// The mount points below one directory (the export root), kept current.
 #[derive(Debug)]
-pub struct MountTable {
+pub(super) struct MountTable {
     below: PathBuf,
     state: Mutex<Option<Cached>>,
 }
@@ -32,7 +32,7 @@ struct Cached {
 
 impl MountTable {
     /// Watches the mount points below `dir` (an absolute path without symlinks).
-    pub fn new(dir: &Path) -> Self {
+    pub(super) fn new(dir: &Path) -> Self {
         Self {
             below: dir.to_owned(),
             state: Mutex::new(None),
@@ -40,13 +40,13 @@ impl MountTable {
     }
 
     /// The mount points strictly below `dir`, which must lie below the watched directory.
-    pub fn mount_points_below(&self, dir: &Path) -> io::Result<Vec<PathBuf>> {
+    pub(super) fn mount_points_below(&self, dir: &Path) -> io::Result<Vec<PathBuf>> {
         self.matching(|point| is_below(dir, point))
     }
 
     /// The mount points a tree at `dir` would span: below `dir`, at it, or on the way to
     /// it. The watched directory itself does not count (an export root is often a mount).
-    pub fn mount_points_around(&self, dir: &Path) -> io::Result<Vec<PathBuf>> {
+    pub(super) fn mount_points_around(&self, dir: &Path) -> io::Result<Vec<PathBuf>> {
         self.matching(|point| is_around(&self.below, dir, point))
     }
 

@@ -14,7 +14,7 @@ use std::sync::{Condvar, Mutex, MutexGuard};
 
 /// The creates, clones and adoptions in flight, by path.
 #[derive(Debug, Default)]
-pub struct Nesting {
+pub(super) struct Nesting {
     state: Mutex<State>,
     changed: Condvar,
 }
@@ -38,7 +38,7 @@ fn related(a: &str, b: &str) -> bool {
 
 /// What a caller holds while it makes or adopts `path`; dropping it lets the others go.
 #[must_use]
-pub struct NestingGuard<'a> {
+pub(super) struct NestingGuard<'a> {
     nesting: &'a Nesting,
     role: Role,
 }
@@ -59,7 +59,7 @@ impl Nesting {
 
     /// Waits until no adoption at a path related to `path` runs or waits, and holds
     /// `path` as being made. Blocks the thread: call it off the async workers.
-    pub fn making(&self, path: &str) -> NestingGuard<'_> {
+    pub(super) fn making(&self, path: &str) -> NestingGuard<'_> {
         let mut state = self.lock();
         while state
             .adopting
@@ -77,7 +77,7 @@ impl Nesting {
 
     /// Waits until nothing at a path related to `path` is being made or adopted, and
     /// holds `path` as being adopted. Blocks the thread: call it off the async workers.
-    pub fn adopting(&self, path: &str) -> NestingGuard<'_> {
+    pub(super) fn adopting(&self, path: &str) -> NestingGuard<'_> {
         let mut state = self.lock();
         let id = state.next;
         state.next += 1;

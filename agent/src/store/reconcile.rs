@@ -24,7 +24,10 @@ use super::record::{Identity, RecordKey, RecordStore, VolumeRecord};
 type Keys = HashSet<RecordKey>;
 
 /// Removes the records whose volume is gone; answers them, with the path each was for.
-pub fn remove_stale(root: &Root, records: &RecordStore) -> Result<Vec<(String, VolumeRecord)>> {
+pub(super) fn remove_stale(
+    root: &Root,
+    records: &RecordStore,
+) -> Result<Vec<(String, VolumeRecord)>> {
     let mut in_work_areas = Keys::new();
     for area in [STAGING_DIR, TRASH_DIR] {
         if let Some(dir) = root.open_existing(&[STATE_DIR, area])? {

@@ -122,16 +122,16 @@ impl VolumeRecord {
     }
 }
 
-pub fn now_rfc3339() -> String {
+pub(super) fn now_rfc3339() -> String {
     rfc3339(OffsetDateTime::now_utc())
 }
 
-pub fn rfc3339(at: OffsetDateTime) -> String {
+pub(super) fn rfc3339(at: OffsetDateTime) -> String {
     at.format(&time::format_description::well_known::Rfc3339)
         .unwrap_or_default()
 }
 
-pub fn parse_rfc3339(text: &str) -> Option<OffsetDateTime> {
+pub(super) fn parse_rfc3339(text: &str) -> Option<OffsetDateTime> {
     OffsetDateTime::parse(text, &time::format_description::well_known::Rfc3339).ok()
 }
 
@@ -144,14 +144,14 @@ pub fn parse_rfc3339(text: &str) -> Option<OffsetDateTime> {
 /// that id was part of the key are still found under the old key ([`Self::legacy_key`])
 /// and move to the new one when next written.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Identity {
+pub(super) struct Identity {
     ino: u64,
     birth: Option<(i64, u32)>,
     subvolume: Option<u64>,
 }
 
 impl Identity {
-    pub fn of(dir: BorrowedFd<'_>) -> rustix::io::Result<Self> {
+    pub(super) fn of(dir: BorrowedFd<'_>) -> rustix::io::Result<Self> {
         let stat = rustix::fs::statx(
             dir,
             c"",
@@ -196,7 +196,7 @@ impl Identity {
 }
 
 /// Where a record is kept: its shard and its name there.
-pub type RecordKey = (usize, String);
+pub(super) type RecordKey = (usize, String);
 
 /// A record as stored: the volume's record, the path it was made for, and the identity
 /// of its directory (checked again on every read).
@@ -284,7 +284,7 @@ fn path_in(target: &[u8]) -> Option<String> {
 
 /// The agent's own store of directory volumes' records.
 #[derive(Debug)]
-pub struct RecordStore {
+pub(super) struct RecordStore {
     /// The shards, by the two hex digits of their name.
     shards: Vec<OwnedFd>,
     /// Held while a shard's links change, so `paths` changes with them.
@@ -311,7 +311,7 @@ fn private_dir(parent: BorrowedFd<'_>, name: &str) -> Result<OwnedFd> {
 
 impl RecordStore {
     /// Opens (making it when missing) the store in `state`, the agent's own directory.
-    pub fn open(state: BorrowedFd<'_>) -> Result<Self> {
+    pub(super) fn open(state: BorrowedFd<'_>) -> Result<Self> {
         let top = private_dir(state, RECORDS_DIR)?;
         let shards: Vec<OwnedFd> = (0..SHARDS)
             .map(|n| private_dir(top.as_fd(), &format!("{n:02x}")))
@@ -361,7 +361,7 @@ impl RecordStore {
     }
 
     /// The record of the volume whose directory is `dir`, with the path it was made for.
-    pub fn read(&self, dir: BorrowedFd<'_>) -> Result<Option<(String, VolumeRecord)>> {
+    pub(super) fn read(&self, dir: BorrowedFd<'_>) -> Result<Option<(String, VolumeRecord)>> {
         let identity = Identity::of(dir).map_err(|e| io_error("identify a directory", e))?;
         let (shard, name) = self.shard(&identity);
         let mut stored = read_stored(shard, &name)?;
@@ -383,7 +383,10 @@ impl RecordStore {
         Ok(Some((stored.path, stored.record)))
     }
 
-    pub fn read_identity(&self, identity: &Identity) -> Result<Option<(String, VolumeRecord)>> {
+    pub(super) fn read_identity(
+        &self,
+        identity: &Identity,
+    ) -> Result<Option<(String, VolumeRecord)>> {
         let (shard, name) = self.shard(identity);
         if let Some(found) = read_link(shard, &name)? {
             return Ok(Some(found));
@@ -397,7 +400,7 @@ impl RecordStore {
     /// Moves the record of a subvolume kept under its legacy key to its own key, before
     /// the subvolume is snapshotted: the snapshot's legacy key is the same, and must not
     /// lead to its source's record.
-    pub fn settle(&self, dir: BorrowedFd<'_>) -> Result<()> {
+    pub(super) fn settle(&self, dir: BorrowedFd<'_>) -> Result<()> {
         let identity = Identity::of(dir).map_err(|e| io_error("identify a directory", e))?;
         let Some((shard, legacy)) = identity.legacy_key() else {
             return Ok(());
@@ -413,7 +416,12 @@ impl RecordStore {
     }
 
     /// Records (or replaces) the record of the volume whose directory is `dir`.
-    pub fn write(&self, dir: BorrowedFd<'_>, path: &str, record: &VolumeRecord) -> Result<()> {
+    pub(super) fn write(
+        &self,
+        dir: BorrowedFd<'_>,
+        path: &str,
+        record: &VolumeRecord,
+    ) -> Result<()> {
         let identity = Identity::of(dir).map_err(|e| io_error("identify a directory", e))?;
         let stored = serde_json::to_string(&StoredRecord {
             path: path.to_owned(),
@@ -497,7 +505,7 @@ impl RecordStore {
 
     /// Forgets the record of `identity` (absent already is fine), under either key. A
     /// record under the legacy key for another path is a snapshot source's, and stays.
-    pub fn remove(&self, identity: &Identity) -> Result<()> {
+    pub(super) fn remove(&self, identity: &Identity) -> Result<()> {
         let (number, name) = identity.key();
         let own = read_link(self.shards[number].as_fd(), &name)?;
         self.unlink_counted(number, &name)?;
@@ -515,7 +523,7 @@ impl RecordStore {
     }
 
     /// Every record, with the path its volume was made for.
-    pub fn all(&self) -> Result<Vec<(String, VolumeRecord)>> {
+    pub(super) fn all(&self) -> Result<Vec<(String, VolumeRecord)>> {
         let mut records = Vec::new();
         for shard in &self.shards {
             for (name, _) in list_dir(shard.as_fd()).map_err(|e| io_error("list records", e))? {
@@ -536,7 +544,7 @@ impl RecordStore {
     /// The first `keep` distinct volume paths the records name after `after`, sorted,
     /// and whether more follow: read from the index, so the cost is the page's, whatever
     /// the number of records.
-    pub fn paths_after(
+    pub(super) fn paths_after(
         &self,
         after: Option<&VolumePath>,
         keep: usize,
@@ -546,7 +554,7 @@ impl RecordStore {
 
     /// The shard directories where the record of the volume whose directory is `dir`
     /// is, or would be, kept: what to sync once it is written or removed.
-    pub fn dirs_of(&self, dir: BorrowedFd<'_>) -> Result<Vec<OwnedFd>> {
+    pub(super) fn dirs_of(&self, dir: BorrowedFd<'_>) -> Result<Vec<OwnedFd>> {
         let identity = Identity::of(dir).map_err(|e| io_error("identify a directory", e))?;
         let (shard, _) = identity.key();
         let mut shards = vec![shard];
@@ -565,7 +573,7 @@ impl RecordStore {
 
     /// Every record with where it is kept (shard and name), for the reconciliation at
     /// start.
-    pub fn entries(&self) -> Result<Vec<(RecordKey, String, VolumeRecord)>> {
+    pub(super) fn entries(&self) -> Result<Vec<(RecordKey, String, VolumeRecord)>> {
         let mut entries = Vec::new();
         for (n, shard) in self.shards.iter().enumerate() {
             for (name, _) in list_dir(shard.as_fd()).map_err(|e| io_error("list records", e))? {
@@ -581,12 +589,12 @@ impl RecordStore {
     }
 
     /// Forgets the record kept at `key` (as [`Self::entries`] named it).
-    pub fn remove_entry(&self, key: &RecordKey) -> Result<()> {
+    pub(super) fn remove_entry(&self, key: &RecordKey) -> Result<()> {
         self.unlink_counted(key.0, &key.1)
     }
 
     /// Whether the store holds a record of the volume whose directory is `dir`.
-    pub fn contains(&self, dir: BorrowedFd<'_>) -> Result<bool> {
+    pub(super) fn contains(&self, dir: BorrowedFd<'_>) -> Result<bool> {
         Ok(self.read(dir)?.is_some())
     }
 }

@@ -61,7 +61,7 @@ use crate::holds;
 use crate::store::copy::CopyProgress;
 
 /// The snapshot area, in the agent's state directory.
-pub const SNAPSHOTS_DIR: &str = "snapshots";
+pub(crate) const SNAPSHOTS_DIR: &str = "snapshots";
 const DATA_DIR: &str = "data";
 const RECORDS_DIR: &str = "records";
 const RECORD_SUFFIX: &str = ".json";
@@ -84,7 +84,7 @@ pub enum Stage {
 }
 
 /// The answer to the taking of a snapshot deleted meanwhile.
-pub fn deleted_while_taken(name: &SnapshotName) -> StoreError {
+pub(crate) fn deleted_while_taken(name: &SnapshotName) -> StoreError {
     StoreError::NotFound(format!(
         "snapshot {name} was deleted while it was being taken"
     ))
@@ -284,7 +284,7 @@ impl VolumeStore {
 
     /// Takes the snapshot `name` of the volume `source`, or finds it taken already (the
     /// same source; another source is a conflict). Callers hold the locks of `name` and
-    /// `source`, in that order. `wanted` is asked at each [`Stage`]; once it says no,
+    /// `source`, in that order. `wanted` is asked at each `Stage`; once it says no,
     /// what was made goes and nothing is recorded.
     pub fn take_snapshot(
         &self,

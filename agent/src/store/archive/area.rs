@@ -55,7 +55,7 @@ impl StoredArchive {
 
 /// Every archive entry beneath the archive area, by the name it has: what is there is
 /// not checked against any record (the backend does that).
-pub fn walk(root: &Root) -> Result<Vec<ArchivePath>> {
+pub(crate) fn walk(root: &Root) -> Result<Vec<ArchivePath>> {
     let mut found = Vec::new();
     // Components below the archive area; each directory is reopened from the root, so
     // a wide tree costs no descriptor per pending directory.
@@ -92,7 +92,7 @@ pub fn walk(root: &Root) -> Result<Vec<ArchivePath>> {
 /// Removes the directories of `volume`'s path in the archive area that no longer hold
 /// anything, deepest first, up to (not including) the archive area itself. A directory
 /// that is not empty, or not a directory, stops it.
-pub fn prune(root: &Root, volume: &VolumePath) -> Result<()> {
+pub(crate) fn prune(root: &Root, volume: &VolumePath) -> Result<()> {
     let components: Vec<&str> = volume.components().collect();
     for depth in (1..=components.len()).rev() {
         let mut parent = vec![ARCHIVE_DIR];
@@ -116,7 +116,7 @@ pub fn prune(root: &Root, volume: &VolumePath) -> Result<()> {
 }
 
 /// Opens the entry of `id` in its archive directory `parent`: `None` when absent.
-pub fn open_entry(
+pub(crate) fn open_entry(
     parent: std::os::fd::BorrowedFd<'_>,
     id: &ArchivePath,
 ) -> Result<Option<std::os::fd::OwnedFd>> {

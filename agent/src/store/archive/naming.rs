@@ -18,7 +18,7 @@ const ARCHIVE_STAMP: &[time::format_description::FormatItem<'static>] = time::ma
 );
 
 /// The components of the archive directory of `path`, below the root.
-pub fn archive_components(path: &VolumePath) -> Vec<&str> {
+pub(crate) fn archive_components(path: &VolumePath) -> Vec<&str> {
     let mut components = vec![ARCHIVE_DIR];
     components.extend(path.components());
     components
@@ -26,7 +26,7 @@ pub fn archive_components(path: &VolumePath) -> Vec<&str> {
 
 /// The archive entry names to try, in order, for an archive made at `at`: the time, then
 /// the time with a counter for archives of the same path within the same nanosecond.
-pub fn archive_entries(at: OffsetDateTime) -> impl Iterator<Item = ArchiveEntry> {
+pub(crate) fn archive_entries(at: OffsetDateTime) -> impl Iterator<Item = ArchiveEntry> {
     let stamp = at.format(ARCHIVE_STAMP).unwrap_or_default();
     // A time the grammar cannot hold (beyond year 9999) yields no name at all, and the
     // archive is refused rather than named otherwise.
@@ -41,7 +41,7 @@ pub fn archive_entries(at: OffsetDateTime) -> impl Iterator<Item = ArchiveEntry>
 
 /// The newest of the given entry names of one archive directory; names that are not
 /// archive entries are left out.
-pub fn latest_entry(names: impl IntoIterator<Item = String>) -> Option<ArchiveEntry> {
+pub(crate) fn latest_entry(names: impl IntoIterator<Item = String>) -> Option<ArchiveEntry> {
     names
         .into_iter()
         .filter_map(|name| ArchiveEntry::parse(&name).ok())
@@ -49,11 +49,11 @@ pub fn latest_entry(names: impl IntoIterator<Item = String>) -> Option<ArchiveEn
 }
 
 /// Where the archive is, relative to the root.
-pub fn archive_path(id: &ArchivePath) -> String {
+pub(crate) fn archive_path(id: &ArchivePath) -> String {
     format!("{ARCHIVE_DIR}/{id}")
 }
 
-pub fn archive_result(path: &VolumePath, entry: &ArchiveEntry) -> ArchiveResult {
+pub(crate) fn archive_result(path: &VolumePath, entry: &ArchiveEntry) -> ArchiveResult {
     ArchiveResult {
         path: path.clone(),
         archive_path: archive_path(&ArchivePath::new(path.clone(), entry.clone())),
@@ -62,7 +62,7 @@ pub fn archive_result(path: &VolumePath, entry: &ArchiveEntry) -> ArchiveResult 
 }
 
 /// The time an entry's name carries.
-pub fn archived_at(entry: &ArchiveEntry) -> Option<OffsetDateTime> {
+pub(crate) fn archived_at(entry: &ArchiveEntry) -> Option<OffsetDateTime> {
     // Only a validated entry reaches the parser: a stray byte below '0' in the digits
     // overflows inside `time` and panics a debug build.
     time::PrimitiveDateTime::parse(entry.stamp(), ARCHIVE_STAMP)

@@ -25,13 +25,13 @@ pub enum SnapshotKind {
 }
 
 #[derive(Debug, Clone)]
-pub struct Btrfs {
+pub(crate) struct Btrfs {
     runner: Arc<dyn ToolRunner>,
 }
 
 impl Btrfs {
     /// Checks that the export root is on btrfs with quotas enabled.
-    pub fn probe(runner: Arc<dyn ToolRunner>, export_root: &Path) -> Result<Self, String> {
+    pub(crate) fn probe(runner: Arc<dyn ToolRunner>, export_root: &Path) -> Result<Self, String> {
         let stats = rustix::fs::statfs(export_root)
             .map_err(|e| format!("cannot statfs {}: {e}", export_root.display()))?;
         if !is_btrfs_magic(stats.f_type) {
@@ -59,13 +59,17 @@ impl Btrfs {
     }
 
     /// Makes `name` in `dir` a new, empty subvolume.
-    pub fn create_subvolume(&self, dir: BorrowedFd<'_>, name: &str) -> Result<(), ToolError> {
+    pub(crate) fn create_subvolume(
+        &self,
+        dir: BorrowedFd<'_>,
+        name: &str,
+    ) -> Result<(), ToolError> {
         self.btrfs(&["subvolume", "create"], &path_through_fd(dir, Some(name)))
             .map(drop)
     }
 
     /// Makes `name` in `dir` a snapshot of the subvolume `source`, of `kind`.
-    pub fn snapshot_subvolume(
+    pub(crate) fn snapshot_subvolume(
         &self,
         source: BorrowedFd<'_>,
         dir: BorrowedFd<'_>,
@@ -82,7 +86,11 @@ impl Btrfs {
     }
 
     /// Limits the bytes the subvolume `volume` references (its data and metadata).
-    pub fn set_limit(&self, volume: BorrowedFd<'_>, capacity_bytes: u64) -> Result<(), ToolError> {
+    pub(crate) fn set_limit(
+        &self,
+        volume: BorrowedFd<'_>,
+        capacity_bytes: u64,
+    ) -> Result<(), ToolError> {
         self.btrfs(
             &["qgroup", "limit", &capacity_bytes.to_string()],
             &path_through_fd(volume, None),
@@ -92,7 +100,7 @@ impl Btrfs {
 
     /// Bytes the subvolume references, as its qgroup counts them (updated by the kernel at
     /// each transaction commit).
-    pub fn used_bytes(&self, volume: BorrowedFd<'_>) -> Result<u64, ToolError> {
+    pub(crate) fn used_bytes(&self, volume: BorrowedFd<'_>) -> Result<u64, ToolError> {
         let command = ["qgroup", "show", "--raw", "-r", "-f"];
         let report = self.btrfs(&command, &path_through_fd(volume, None))?;
         parse_referenced(&report).ok_or_else(|| ToolError::Failed {
@@ -104,7 +112,7 @@ impl Btrfs {
 
     /// Bytes only the subvolume references (its qgroup's exclusive count): what deleting
     /// it would free.
-    pub fn exclusive_bytes(&self, volume: BorrowedFd<'_>) -> Result<u64, ToolError> {
+    pub(crate) fn exclusive_bytes(&self, volume: BorrowedFd<'_>) -> Result<u64, ToolError> {
         let command = ["qgroup", "show", "--raw", "-f"];
         let report = self.btrfs(&command, &path_through_fd(volume, None))?;
         parse_level_zero(&report, 1).ok_or_else(|| ToolError::Failed {
@@ -115,7 +123,11 @@ impl Btrfs {
     }
 
     /// Deletes the subvolume `name` in `dir` with everything in it.
-    pub fn delete_subvolume(&self, dir: BorrowedFd<'_>, name: &str) -> Result<(), ToolError> {
+    pub(crate) fn delete_subvolume(
+        &self,
+        dir: BorrowedFd<'_>,
+        name: &str,
+    ) -> Result<(), ToolError> {
         self.btrfs(&["subvolume", "delete"], &path_through_fd(dir, Some(name)))
             .map(drop)
     }

@@ -7,10 +7,10 @@ use std::sync::Arc;
 use crate::quota::command::{ToolCommand, ToolError, ToolRunner};
 
 /// The filesystem inside each image.
-pub const FILESYSTEM: &str = "ext4";
+pub(super) const FILESYSTEM: &str = "ext4";
 
 #[derive(Debug, Clone)]
-pub struct ImageTools {
+pub(super) struct ImageTools {
     runner: Arc<dyn ToolRunner>,
 }
 
@@ -19,7 +19,7 @@ fn arg(path: &Path) -> String {
 }
 
 impl ImageTools {
-    pub fn new(runner: Arc<dyn ToolRunner>) -> Self {
+    pub(super) fn new(runner: Arc<dyn ToolRunner>) -> Self {
         Self { runner }
     }
 
@@ -33,7 +33,7 @@ impl ImageTools {
     /// reserved for root, so the whole size is the tenant's; an inode per 16 KiB at every
     /// size (mke2fs would give a volume under 512 MiB one per 4 KiB), so that what the
     /// filesystem keeps for itself is what the image's first size allows for.
-    pub fn make_filesystem(&self, image: &Path) -> Result<(), ToolError> {
+    pub(super) fn make_filesystem(&self, image: &Path) -> Result<(), ToolError> {
         self.run(
             "mkfs.ext4",
             &[
@@ -59,7 +59,12 @@ impl ImageTools {
 
     /// Mounts `image` at `mountpoint` through a loop device that goes with the mount.
     /// Device files and setuid bits inside a tenant's filesystem mean nothing here.
-    pub fn mount(&self, image: &Path, mountpoint: &Path, read_only: bool) -> Result<(), ToolError> {
+    pub(super) fn mount(
+        &self,
+        image: &Path,
+        mountpoint: &Path,
+        read_only: bool,
+    ) -> Result<(), ToolError> {
         let options = if read_only {
             "loop,nodev,nosuid,ro"
         } else {
@@ -81,7 +86,7 @@ impl ImageTools {
 
     /// Unmounts `mountpoint`; when something still holds it (an NFS server that has not
     /// yet dropped its export), detaches it now and lets the kernel finish once released.
-    pub fn unmount(&self, mountpoint: &Path) -> Result<(), ToolError> {
+    pub(super) fn unmount(&self, mountpoint: &Path) -> Result<(), ToolError> {
         match self.run("umount", &[arg(mountpoint)]) {
             Ok(_) => Ok(()),
             Err(e) if e.stderr().contains("busy") => self
@@ -93,13 +98,13 @@ impl ImageTools {
 
     /// Gives the unmounted filesystem in `image` a new random UUID: an NFS server tells
     /// filesystems apart by it, and a copy keeping its original's would not be exported.
-    pub fn new_uuid(&self, image: &Path) -> Result<(), ToolError> {
+    pub(super) fn new_uuid(&self, image: &Path) -> Result<(), ToolError> {
         self.run("tune2fs", &["-U".into(), "random".into(), arg(image)])
             .map(drop)
     }
 
     /// The loop device mounted at `mountpoint`.
-    pub fn device_of(&self, mountpoint: &Path) -> Result<String, ToolError> {
+    pub(super) fn device_of(&self, mountpoint: &Path) -> Result<String, ToolError> {
         let out = self.run(
             "findmnt",
             &[
@@ -115,31 +120,31 @@ impl ImageTools {
 
     /// Grows the mounted filesystem on `device` to its image's new size. The kernel lets
     /// only a process with `CAP_SYS_RESOURCE` resize a mounted ext4.
-    pub fn grow(&self, device: &str) -> Result<(), ToolError> {
+    pub(super) fn grow(&self, device: &str) -> Result<(), ToolError> {
         self.run("losetup", &["-c".into(), device.to_owned()])?;
         self.run("resize2fs", &[device.to_owned()]).map(drop)
     }
 
     /// Grows the unmounted filesystem in `image` to the image's size. Forced: a copy of
     /// a frozen filesystem is consistent but not marked as freshly checked.
-    pub fn grow_unmounted(&self, image: &Path) -> Result<(), ToolError> {
+    pub(super) fn grow_unmounted(&self, image: &Path) -> Result<(), ToolError> {
         self.run("resize2fs", &["-f".into(), arg(image)]).map(drop)
     }
 
     /// Holds every write to the filesystem at `mountpoint` (`thaw` releases them), so
     /// that its image reads as a clean, consistent filesystem.
-    pub fn freeze(&self, mountpoint: &Path) -> Result<(), ToolError> {
+    pub(super) fn freeze(&self, mountpoint: &Path) -> Result<(), ToolError> {
         self.run("fsfreeze", &["-f".into(), arg(mountpoint)])
             .map(drop)
     }
 
-    pub fn thaw(&self, mountpoint: &Path) -> Result<(), ToolError> {
+    pub(super) fn thaw(&self, mountpoint: &Path) -> Result<(), ToolError> {
         self.run("fsfreeze", &["-u".into(), arg(mountpoint)])
             .map(drop)
     }
 
     /// The superblock of the unmounted filesystem in `image`, as `dumpe2fs -h` prints it.
-    pub fn superblock(&self, image: &Path) -> Result<String, ToolError> {
+    pub(super) fn superblock(&self, image: &Path) -> Result<String, ToolError> {
         self.run("dumpe2fs", &["-h".into(), arg(image)])
     }
 }
@@ -151,7 +156,7 @@ fn superblock_field(text: &str, name: &str) -> Option<u64> {
 }
 
 /// Bytes and inodes in use, from a `dumpe2fs -h` superblock listing.
-pub fn superblock_usage(text: &str) -> Option<(u64, u64)> {
+pub(super) fn superblock_usage(text: &str) -> Option<(u64, u64)> {
     let field = |name: &str| superblock_field(text, name);
     let block_size = field("Block size")?;
     let used_blocks = field("Block count")?.checked_sub(field("Free blocks")?)?;

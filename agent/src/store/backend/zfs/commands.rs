@@ -4,10 +4,10 @@
 use super::names::{META_PROPERTY, PATH_PROPERTY};
 use crate::quota::command::ToolCommand;
 
-pub const ZFS: &str = "zfs";
+pub(super) const ZFS: &str = "zfs";
 
 /// `zfs get` of some properties of one dataset, in the form `parse_properties` reads.
-pub fn get_properties(properties: &[&str], name: &str) -> ToolCommand {
+pub(super) fn get_properties(properties: &[&str], name: &str) -> ToolCommand {
     ToolCommand::new(
         ZFS,
         [
@@ -23,13 +23,13 @@ pub fn get_properties(properties: &[&str], name: &str) -> ToolCommand {
 }
 
 /// The children of `dataset` with the properties that classify them.
-pub fn get_children(dataset: &str) -> ToolCommand {
+pub(super) fn get_children(dataset: &str) -> ToolCommand {
     get_child_properties(dataset, &format!("mounted,{PATH_PROPERTY},{META_PROPERTY}"))
 }
 
 /// The children of `dataset` with what describes an archive: where it is mounted, the
 /// bytes it references, and the agent's marks.
-pub fn get_archives(dataset: &str) -> ToolCommand {
+pub(super) fn get_archives(dataset: &str) -> ToolCommand {
     get_child_properties(
         dataset,
         &format!("mountpoint,referenced,{PATH_PROPERTY},{META_PROPERTY}"),
@@ -39,7 +39,7 @@ pub fn get_archives(dataset: &str) -> ToolCommand {
 /// The children of `dataset` with the snapshot each was cloned from (`-` for none) and
 /// the agent's mark; `-d 2` lists the children's snapshots too, whose names say which
 /// children hold kept snapshots.
-pub fn get_origins(dataset: &str) -> ToolCommand {
+pub(super) fn get_origins(dataset: &str) -> ToolCommand {
     ToolCommand::new(
         ZFS,
         [
@@ -59,13 +59,13 @@ pub fn get_origins(dataset: &str) -> ToolCommand {
 
 /// The transaction group each snapshot of `name` was taken in (`-r -d 1` reaches a
 /// dataset's snapshots; zfs-fuse's `zfs get` has no `-t`).
-pub fn get_snapshot_txgs(name: &str) -> ToolCommand {
+pub(super) fn get_snapshot_txgs(name: &str) -> ToolCommand {
     get_child_properties(name, "createtxg")
 }
 
 /// The size of every snapshot of `dataset`'s children: what only it holds (`used`) and
 /// what it references; `-d 2` reaches the children's snapshots.
-pub fn get_child_snapshots(dataset: &str) -> ToolCommand {
+pub(super) fn get_child_snapshots(dataset: &str) -> ToolCommand {
     ToolCommand::new(
         ZFS,
         [
@@ -103,14 +103,19 @@ fn get_child_properties(dataset: &str, properties: &str) -> ToolCommand {
 }
 
 /// A volume's dataset, marked as the agent's for `path`, mounted at `mountpoint`.
-pub fn create(name: &str, mountpoint: &str, path: &str, refquota: Option<&str>) -> ToolCommand {
+pub(super) fn create(
+    name: &str,
+    mountpoint: &str,
+    path: &str,
+    refquota: Option<&str>,
+) -> ToolCommand {
     let mut args = volume_options("create", mountpoint, path, refquota);
     args.push(name.to_owned());
     ToolCommand::new(ZFS, args)
 }
 
 /// A clone of `snapshot`, made and marked like [`create`] makes a volume's dataset.
-pub fn clone(
+pub(super) fn clone(
     snapshot: &str,
     name: &str,
     mountpoint: &str,
@@ -144,38 +149,38 @@ fn volume_options(
 }
 
 /// `snapshot` is `<dataset>@<name>`.
-pub fn snapshot(snapshot: &str) -> ToolCommand {
+pub(super) fn snapshot(snapshot: &str) -> ToolCommand {
     ToolCommand::new(ZFS, ["snapshot", snapshot])
 }
 
 /// Makes the clone `name` independent of its origin: the origin's snapshots up to the
 /// one it was cloned from move onto it.
-pub fn promote(name: &str) -> ToolCommand {
+pub(super) fn promote(name: &str) -> ToolCommand {
     ToolCommand::new(ZFS, ["promote", name])
 }
 
-pub fn set(name: &str, property: &str, value: &str) -> ToolCommand {
+pub(super) fn set(name: &str, property: &str, value: &str) -> ToolCommand {
     ToolCommand::new(ZFS, ["set", &format!("{property}={value}"), name])
 }
 
-pub fn rename(from: &str, to: &str) -> ToolCommand {
+pub(super) fn rename(from: &str, to: &str) -> ToolCommand {
     ToolCommand::new(ZFS, ["rename", from, to])
 }
 
 /// The dataset with its snapshots and descendants.
-pub fn destroy(name: &str) -> ToolCommand {
+pub(super) fn destroy(name: &str) -> ToolCommand {
     ToolCommand::new(ZFS, ["destroy", "-r", name])
 }
 
 /// One snapshot (`<dataset>@<name>`), refused while a clone depends on it.
-pub fn destroy_snapshot(snapshot: &str) -> ToolCommand {
+pub(super) fn destroy_snapshot(snapshot: &str) -> ToolCommand {
     ToolCommand::new(ZFS, ["destroy", snapshot])
 }
 
-pub fn mount(name: &str) -> ToolCommand {
+pub(super) fn mount(name: &str) -> ToolCommand {
     ToolCommand::new(ZFS, ["mount", name])
 }
 
-pub fn unmount(name: &str) -> ToolCommand {
+pub(super) fn unmount(name: &str) -> ToolCommand {
     ToolCommand::new(ZFS, ["umount", name])
 }

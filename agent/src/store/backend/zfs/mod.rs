@@ -153,11 +153,11 @@ use self::parse::{
 };
 use crate::quota::command::{ToolCommand, ToolError, ToolRunner, one_line};
 
-pub use self::names::{
+pub(crate) use self::names::{
     ARCHIVE_NAME_PREFIX, CLONE_SNAPSHOT_PREFIX, META_PROPERTY, PATH_PROPERTY, SNAPSHOT_PREFIX,
 };
 use self::names::{MAX_DATASET_NAME_LEN, MAX_GUID_DIGITS, MAX_PROPERTY_VALUE_BYTES};
-pub use self::parse::KeptSnapshot;
+pub(crate) use self::parse::KeptSnapshot;
 
 /// How long destroy and rename keep retrying while zfs calls a dataset busy.
 const DEFAULT_BUSY_WAIT: Duration = Duration::from_secs(3);

@@ -9,18 +9,18 @@ use super::names::{ARCHIVE_NAME_PREFIX, HELD_NAME_PREFIX, META_PROPERTY, PATH_PR
 use crate::quota::command::ToolError;
 
 /// Property values of one dataset; user properties only when set on it (not inherited).
-pub type Properties = HashMap<String, String>;
+pub(super) type Properties = HashMap<String, String>;
 
 /// A direct child of the configured dataset, as a listing shows it.
 #[derive(Debug)]
-pub struct Child {
+pub(super) struct Child {
     pub name: String,
     pub kind: ChildKind,
     pub properties: Properties,
 }
 
 #[derive(Debug, PartialEq, Eq)]
-pub enum ChildKind {
+pub(super) enum ChildKind {
     Active(VolumePath),
     Archived,
     /// A deleted volume's dataset kept, unmounted, for its snapshots.
@@ -30,7 +30,7 @@ pub enum ChildKind {
 }
 
 impl Child {
-    pub fn is_ours(&self) -> bool {
+    pub(super) fn is_ours(&self) -> bool {
         match &self.kind {
             ChildKind::Active(path) => {
                 self.properties.get(PATH_PROPERTY).map(String::as_str) == Some(path.as_str())
@@ -40,16 +40,16 @@ impl Child {
         }
     }
 
-    pub fn meta(&self) -> Option<&String> {
+    pub(super) fn meta(&self) -> Option<&String> {
         self.properties.get(META_PROPERTY)
     }
 
-    pub fn is_mounted(&self) -> bool {
+    pub(super) fn is_mounted(&self) -> bool {
         self.properties.get("mounted").map(String::as_str) == Some("yes")
     }
 
     /// The snapshot it was cloned from, when it is a clone.
-    pub fn origin(&self) -> Option<&str> {
+    pub(super) fn origin(&self) -> Option<&str> {
         self.properties
             .get("origin")
             .map(String::as_str)
@@ -71,7 +71,7 @@ pub struct KeptSnapshot {
 /// The agent's snapshots of the children of `dataset` (those named with
 /// `SNAPSHOT_PREFIX`), each with the properties listed for it, in `zfs get -H -p -r -d 2
 /// -o name,property,value,source` output.
-pub fn parse_kept_snapshots(output: &str, dataset: &str) -> BTreeMap<String, Properties> {
+pub(super) fn parse_kept_snapshots(output: &str, dataset: &str) -> BTreeMap<String, Properties> {
     let prefix = format!("{dataset}/");
     let mut found: BTreeMap<String, Properties> = BTreeMap::new();
     for line in output.lines() {
@@ -97,13 +97,13 @@ pub fn parse_kept_snapshots(output: &str, dataset: &str) -> BTreeMap<String, Pro
 
 /// A snapshot of a dataset, by the whole name (`<dataset>@<snapshot>`).
 #[derive(Debug, PartialEq, Eq)]
-pub struct Snapshot {
+pub(super) struct Snapshot {
     pub name: String,
     /// The transaction group it was taken in: later snapshots have higher ones.
     pub createtxg: u64,
 }
 
-pub fn classify(child: &str) -> ChildKind {
+pub(super) fn classify(child: &str) -> ChildKind {
     if child.starts_with(ARCHIVE_NAME_PREFIX) {
         return ChildKind::Archived;
     }
@@ -117,13 +117,13 @@ pub fn classify(child: &str) -> ChildKind {
 }
 
 /// Reads `property<TAB>value<TAB>source` lines into a map.
-pub fn parse_properties(output: &str) -> Properties {
+pub(super) fn parse_properties(output: &str) -> Properties {
     output.lines().filter_map(parse_property_line).collect()
 }
 
 /// One `property<TAB>value<TAB>source` line. A user property counts only when set on
 /// the dataset itself: an inherited or unset one is left out.
-pub fn parse_property_line(line: &str) -> Option<(String, String)> {
+pub(super) fn parse_property_line(line: &str) -> Option<(String, String)> {
     let (property, rest) = line.split_once('\t')?;
     let (value, source) = rest.rsplit_once('\t')?;
     if property.contains(':') && source != "local" {
@@ -132,13 +132,13 @@ pub fn parse_property_line(line: &str) -> Option<(String, String)> {
     Some((property.to_owned(), value.to_owned()))
 }
 
-pub fn is_missing_dataset(error: &ToolError) -> bool {
+pub(super) fn is_missing_dataset(error: &ToolError) -> bool {
     error.stderr().contains("dataset does not exist")
 }
 
 /// The direct children of `dataset` in `zfs get -H -p -r -d 1 -o name,property,value,source`
 /// output; `Err` with the first line that cannot be read.
-pub fn parse_children(output: &str, dataset: &str) -> Result<Vec<Child>, String> {
+pub(super) fn parse_children(output: &str, dataset: &str) -> Result<Vec<Child>, String> {
     let prefix = format!("{dataset}/");
     let mut by_name: BTreeMap<String, Properties> = BTreeMap::new();
     for line in output.lines().filter(|l| !l.is_empty()) {
@@ -167,7 +167,7 @@ pub fn parse_children(output: &str, dataset: &str) -> Result<Vec<Child>, String>
 
 /// The snapshots of `dataset` in `zfs get -H -p -r -d 1 -o name,property,value,source
 /// createtxg` output, oldest first; `Err` with the first line that cannot be read.
-pub fn parse_snapshots(output: &str, dataset: &str) -> Result<Vec<Snapshot>, String> {
+pub(super) fn parse_snapshots(output: &str, dataset: &str) -> Result<Vec<Snapshot>, String> {
     let prefix = format!("{dataset}@");
     let mut snapshots = Vec::new();
     for line in output.lines().filter(|l| !l.is_empty()) {

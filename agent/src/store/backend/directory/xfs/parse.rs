@@ -11,13 +11,13 @@ const XFS_SUPER_MAGIC: u32 = 0x5846_5342;
 const EXT4_SUPER_MAGIC: u32 = 0xEF53;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum FilesystemKind {
+pub(super) enum FilesystemKind {
     Xfs,
     /// Driven through xfs_quota's foreign-filesystem mode.
     Ext4,
 }
 
-pub fn filesystem_kind(magic: u32) -> Option<FilesystemKind> {
+pub(super) fn filesystem_kind(magic: u32) -> Option<FilesystemKind> {
     match magic {
         XFS_SUPER_MAGIC => Some(FilesystemKind::Xfs),
         EXT4_SUPER_MAGIC => Some(FilesystemKind::Ext4),
@@ -26,7 +26,7 @@ pub fn filesystem_kind(magic: u32) -> Option<FilesystemKind> {
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct MountEntry {
+pub(super) struct MountEntry {
     pub mount_point: PathBuf,
     pub fstype: String,
     pub source: String,
@@ -36,7 +36,12 @@ pub struct MountEntry {
 /// the one with the longest mount point above `path`, the later one when two are equal
 /// (it was mounted over the other). Checking the device keeps a different filesystem
 /// mounted on a parent directory from being taken for ours.
-pub fn find_mount(mountinfo: &str, path: &Path, major: u32, minor: u32) -> Option<MountEntry> {
+pub(super) fn find_mount(
+    mountinfo: &str,
+    path: &Path,
+    major: u32,
+    minor: u32,
+) -> Option<MountEntry> {
     let device = format!("{major}:{minor}");
     let mut best: Option<MountEntry> = None;
     for line in mountinfo.lines() {
@@ -68,7 +73,7 @@ pub fn find_mount(mountinfo: &str, path: &Path, major: u32, minor: u32) -> Optio
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum QuotaState {
+pub(super) enum QuotaState {
     Enforced,
     Accounted {
         accounting: bool,
@@ -80,7 +85,7 @@ pub enum QuotaState {
 }
 
 /// Reads the answer of `state -p -v`.
-pub fn parse_state(output: &str) -> QuotaState {
+pub(super) fn parse_state(output: &str) -> QuotaState {
     let mut lines = output
         .lines()
         .map(str::trim)
@@ -109,7 +114,7 @@ pub fn parse_state(output: &str) -> QuotaState {
 
 /// One project's line of `quota -p -v -N -n -b -i`, blocks in KiB.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct QuotaRecord {
+pub(super) struct QuotaRecord {
     pub used_kib: u64,
     pub hard_kib: u64,
     pub used_inodes: u64,
@@ -120,7 +125,7 @@ pub struct QuotaRecord {
 /// The line is: device, then for blocks and for inodes each "used soft hard warnings
 /// [timer]", then the mount point. A long device name is followed by a line break. The
 /// timer may contain spaces ("[6 days 23:59:58]") but is always in brackets.
-pub fn parse_quota_record(output: &str) -> Option<Option<QuotaRecord>> {
+pub(super) fn parse_quota_record(output: &str) -> Option<Option<QuotaRecord>> {
     if output.trim().is_empty() {
         return Some(None);
     }
