@@ -2,7 +2,7 @@
 //! any of it says so by name through `nfsprov_test_skip::skip` and returns, rather than
 //! passing without doing its real part.
 
-use nfsprov_agent_testkit::LoopBtrfs;
+use nfsprov_agent_testkit::{LoopBtrfs, LoopXfs};
 
 /// The tools of the tests that run ganesha with its D-Bus export manager and reach it
 /// from several loopback addresses through the bind shim.
@@ -68,6 +68,22 @@ pub fn btrfs_over_nfs(test: &str, size_mib: u64) -> Option<LoopBtrfs> {
             let reason =
                 format!("the kernel gives no loop-mounted btrfs with quotas here: {error}");
             nfsprov_test_skip::skip(test, &reason);
+            None
+        }
+    }
+}
+
+/// A loop-mounted XFS with reflinks (1 GiB) for `test` to keep image volumes on, and
+/// ganesha to export them with: `None`, the test skipped by name, when this machine
+/// cannot run ganesha's exports or give such a filesystem.
+pub fn images_over_nfs(test: &str) -> Option<LoopXfs> {
+    if !ganesha_exports(test) {
+        return None;
+    }
+    match LoopXfs::new(1024, true) {
+        Ok(fs) => Some(fs),
+        Err(e) => {
+            nfsprov_test_skip::skip(test, &format!("no XFS loop filesystem: {e}"));
             None
         }
     }

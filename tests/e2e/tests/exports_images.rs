@@ -17,15 +17,8 @@ const NODE_A: Ipv4Addr = Ipv4Addr::new(127, 0, 0, 2);
 #[tokio::test(flavor = "multi_thread")]
 async fn ganesha_serves_image_volumes_mounted_after_it_started() -> anyhow::Result<()> {
     const TEST: &str = "ganesha_serves_image_volumes_mounted_after_it_started";
-    if !nfsprov_e2e::requirements::ganesha_exports(TEST) {
+    let Some(fs) = nfsprov_e2e::requirements::images_over_nfs(TEST) else {
         return Ok(());
-    }
-    let fs = match nfsprov_agent_testkit::LoopXfs::new(1024, true) {
-        Ok(fs) => fs,
-        Err(e) => {
-            nfsprov_test_skip::skip(TEST, &format!("no XFS loop filesystem: {e}"));
-            return Ok(());
-        }
     };
     let root = fs.root();
     let base = tempfile::tempdir()?;

@@ -206,20 +206,13 @@ async fn a_write_through_ganesha_stops_at_the_btrfs_volumes_capacity() -> anyhow
 #[tokio::test(flavor = "multi_thread")]
 async fn a_write_through_ganesha_stops_at_the_image_volumes_capacity() -> anyhow::Result<()> {
     const TEST: &str = "a_write_through_ganesha_stops_at_the_image_volumes_capacity";
-    if !nfsprov_e2e::requirements::ganesha_exports(TEST) {
+    let Some(fs) = nfsprov_e2e::requirements::images_over_nfs(TEST) else {
         return Ok(());
-    }
+    };
     if let Err(reason) = nfsprov_e2e::libnfs::available() {
         nfsprov_test_skip::skip(TEST, &reason);
         return Ok(());
     }
-    let fs = match nfsprov_agent_testkit::LoopXfs::new(1024, true) {
-        Ok(fs) => fs,
-        Err(e) => {
-            nfsprov_test_skip::skip(TEST, &format!("no XFS loop filesystem: {e}"));
-            return Ok(());
-        }
-    };
     let root = fs.root();
     let base = tempfile::tempdir()?;
     let config_dir = base.path().join("ganesha.d");
