@@ -578,17 +578,29 @@ impl VolumeStore {
         let budget = SnapshotBudget::new(limit);
         let area = Area::open(&self.root)?;
         for name in area.names()? {
-            let Some(record) = area.read(&name)? else {
-                continue;
+            // One unreadable record must not stop the agent: it is left out of listings
+            // as well, and its snapshot cannot be restored from until it is mended.
+            let record = match area.read(&name) {
+                Ok(Some(record)) => record,
+                Ok(None) => continue,
+                Err(error) => {
+                    tracing::warn!(snapshot = %name, %error, "snapshot not counted against its namespace");
+                    continue;
+                }
             };
             let namespace = match record.namespace {
                 Some(namespace) => namespace,
                 // Taken before snapshots were charged: its source's owner, while the
                 // source is there.
-                None => self
-                    .locate(&record.source)?
-                    .map(|(_, source)| charged_namespace(&source))
-                    .unwrap_or_default(),
+                None => match self.locate(&record.source) {
+                    Ok(found) => found
+                        .map(|(_, source)| charged_namespace(&source))
+                        .unwrap_or_default(),
+                    Err(error) => {
+                        tracing::warn!(snapshot = %name, source = %record.source, %error, "the source of a snapshot recorded without a namespace cannot be read; counted without one");
+                        String::new()
+                    }
+                },
             };
             budget.count(&name, &namespace, record.size_bytes);
         }
@@ -848,12 +860,12 @@ impl VolumeStore {
     }
 }
 
-/// A restore smaller than what the snapshot held could not take its data back.
 /// The namespace a snapshot of the volume `source` is charged to: its claim's, or none.
 fn charged_namespace(source: &VolumeRecord) -> String {
     source.owner.pvc_namespace.clone().unwrap_or_default()
 }
 
+/// A restore smaller than what the snapshot held could not take its data back.
 fn check_restore_size(
     path: &VolumePath,
     name: &SnapshotName,

@@ -146,8 +146,13 @@ impl SnapshotBudget {
         } else {
             format!("namespace {namespace}")
         };
+        let past = if bytes == 0 {
+            "which is limits.max_snapshot_bytes_per_namespace or more".to_owned()
+        } else {
+            format!("{bytes} more would pass limits.max_snapshot_bytes_per_namespace")
+        };
         StoreError::SnapshotLimit(format!(
-            "snapshot {name}: the snapshots of {whose} hold {held} bytes; {bytes} more would pass limits.max_snapshot_bytes_per_namespace ({limit} bytes); nothing was kept. Delete snapshots of the namespace, or raise the limit"
+            "snapshot {name}: the snapshots of {whose} hold {held} bytes; {past} ({limit} bytes); nothing was kept. Delete snapshots of the namespace, or raise the limit"
         ))
     }
 }
