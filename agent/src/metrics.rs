@@ -156,9 +156,9 @@ pub(crate) struct Metrics {
     /// `limits.overcommit_warn_ratio`, so an alert compares each agent with its own.
     pub overcommit_warn_ratio: Gauge<f64, AtomicU64>,
     /// What each namespace's snapshots hold at most (`SnapshotBudget`).
-    pub snapshot_bytes: Family<NamespaceLabels, Gauge>,
+    pub namespace_snapshot_bytes: Family<NamespaceLabels, Gauge>,
     /// `limits.max_snapshot_bytes_per_namespace`, 0 when unset.
-    pub snapshot_bytes_limit: Gauge,
+    pub namespace_snapshot_bytes_limit: Gauge,
     pub leftover_entries: Gauge,
     /// Records of volumes found gone at start (a deletion a crash interrupted), removed.
     pub stale_records_removed: Counter,
@@ -230,17 +230,19 @@ impl Metrics {
             "The overcommit ratio past which the agent warns: limits.overcommit_warn_ratio",
             overcommit_warn_ratio.clone(),
         );
-        let snapshot_bytes = Family::<NamespaceLabels, Gauge>::default();
+        // Not `snapshot_bytes`: that is the counter of what snapshots held when made, and
+        // two families of one name make a scrape no parser accepts.
+        let namespace_snapshot_bytes = Family::<NamespaceLabels, Gauge>::default();
         registry.register(
-            "snapshot_bytes",
+            "namespace_snapshot_bytes",
             "Bytes the snapshots of each namespace hold at most (what each referenced when taken) at the last scrape",
-            snapshot_bytes.clone(),
+            namespace_snapshot_bytes.clone(),
         );
-        let snapshot_bytes_limit = Gauge::default();
+        let namespace_snapshot_bytes_limit = Gauge::default();
         registry.register(
-            "snapshot_bytes_limit",
+            "namespace_snapshot_bytes_limit",
             "limits.max_snapshot_bytes_per_namespace: the bytes one namespace's snapshots may hold; 0 when unset",
-            snapshot_bytes_limit.clone(),
+            namespace_snapshot_bytes_limit.clone(),
         );
         let leftover_entries = Gauge::default();
         registry.register(
@@ -414,8 +416,8 @@ impl Metrics {
             provisioned_bytes,
             overcommit_ratio,
             overcommit_warn_ratio,
-            snapshot_bytes,
-            snapshot_bytes_limit,
+            namespace_snapshot_bytes,
+            namespace_snapshot_bytes_limit,
             leftover_entries,
             stale_records_removed,
             export_root_shared,

@@ -261,10 +261,25 @@ async fn snapshots_past_their_namespaces_limit_are_refused_and_the_metrics_show_
     );
     snapshot(&client, "b1", "team-b/app").await.unwrap();
 
-    let team_a = r#"nfsprov_agent_snapshot_bytes{namespace="team-a"}"#;
+    // Every family is declared once: two of one name make a scrape Prometheus refuses.
+    let text = setup.metrics().await;
+    let mut families: Vec<&str> = text
+        .lines()
+        .filter_map(|line| line.strip_prefix("# TYPE "))
+        .filter_map(|line| line.split(' ').next())
+        .collect();
+    let declared = families.len();
+    families.sort_unstable();
+    families.dedup();
+    assert_eq!(
+        families.len(),
+        declared,
+        "a family declared twice in:\n{text}"
+    );
+    let team_a = r#"nfsprov_agent_namespace_snapshot_bytes{namespace="team-a"}"#;
     assert_eq!(metric(&setup, team_a).await, held as f64);
     assert_eq!(
-        metric(&setup, "nfsprov_agent_snapshot_bytes_limit").await,
+        metric(&setup, "nfsprov_agent_namespace_snapshot_bytes_limit").await,
         (2 * MIB + MIB / 2) as f64
     );
     // Deleting a snapshot gives its bytes back.

@@ -89,15 +89,15 @@ pub(super) async fn metrics(State(state): State<Arc<AppState>>) -> Response {
     }
     let budget = state.store.snapshot_budget();
     // Set afresh at each scrape: a namespace whose snapshots are all gone disappears.
-    state.metrics.snapshot_bytes.clear();
+    state.metrics.namespace_snapshot_bytes.clear();
     for (namespace, bytes) in budget.sums() {
         state
             .metrics
-            .snapshot_bytes
+            .namespace_snapshot_bytes
             .get_or_create(&NamespaceLabels { namespace })
             .set(i64::try_from(bytes).unwrap_or(i64::MAX));
     }
-    state.metrics.snapshot_bytes_limit.set(
+    state.metrics.namespace_snapshot_bytes_limit.set(
         budget
             .limit()
             .map_or(0, |l| i64::try_from(l).unwrap_or(i64::MAX)),
