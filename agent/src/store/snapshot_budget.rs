@@ -86,12 +86,14 @@ impl SnapshotBudget {
     /// already, before anything is copied; whether it fits is known only once it is made
     /// ([`SnapshotBudget::charge`]).
     pub fn check_room(&self, name: &SnapshotName, namespace: &str) -> Result<()> {
-        match self.limit {
-            Some(limit) if self.bytes(namespace) >= limit => {
-                Err(self.refusal(name, namespace, 0, self.bytes(namespace), limit))
-            }
-            _ => Ok(()),
+        let Some(limit) = self.limit else {
+            return Ok(());
+        };
+        let held = self.bytes(namespace);
+        if held >= limit {
+            return Err(self.refusal(name, namespace, 0, held, limit));
         }
+        Ok(())
     }
 
     /// Charges `bytes` for the snapshot `name` to `namespace`, or refuses it when that
