@@ -5,27 +5,59 @@
 //! path (see `ReloadingFile`), so no file put in a token's place can hold a request.
 
 use std::fmt;
+use std::sync::Arc;
 
 use nfsprov_api_types::{MAX_TOKEN_BYTES, ReloadingFile};
 use subtle::ConstantTimeEq;
 
 use crate::config::AuthConfig;
+use crate::credentials::{CredentialsError, WatchedCredentials, scope_of};
+use crate::scope::Scope;
 
-/// The authenticated caller, as written to the audit log. Never holds a secret.
+/// The authenticated caller, as written to the audit log, and what it may reach. Never
+/// holds a secret.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) enum Caller {
+pub(crate) struct Caller {
+    identity: Identity,
+    scope: Arc<Scope>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Identity {
     Certificate(String),
     Token(String),
     /// Development mode without authentication.
     Anonymous,
 }
 
+impl Caller {
+    pub(crate) fn scope(&self) -> &Scope {
+        &self.scope
+    }
+
+    /// The credential's name alone: the label of its metrics.
+    pub(crate) fn name(&self) -> &str {
+        match &self.identity {
+            Identity::Certificate(name) | Identity::Token(name) => name,
+            Identity::Anonymous => "anonymous",
+        }
+    }
+
+    #[cfg(test)]
+    pub(crate) fn token(name: &str, scope: Scope) -> Self {
+        Self {
+            identity: Identity::Token(name.into()),
+            scope: Arc::new(scope),
+        }
+    }
+}
+
 impl fmt::Display for Caller {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            Caller::Certificate(name) => write!(f, "cert:{name}"),
-            Caller::Token(name) => write!(f, "token:{name}"),
-            Caller::Anonymous => f.write_str("anonymous"),
+        match &self.identity {
+            Identity::Certificate(name) => write!(f, "cert:{name}"),
+            Identity::Token(name) => write!(f, "token:{name}"),
+            Identity::Anonymous => f.write_str("anonymous"),
         }
     }
 }
@@ -41,16 +73,24 @@ pub enum AuthSetupError {
     },
     #[error("token {name:?} file {path} is empty")]
     EmptyToken { name: String, path: String },
+    #[error("token {name:?}: {message}")]
+    Scope { name: String, message: String },
+    #[error("scoped credentials: {0}")]
+    Credentials(#[from] CredentialsError),
 }
 
 struct NamedToken {
     name: String,
     file: ReloadingFile,
+    scope: Arc<Scope>,
 }
 
-/// Decides who a request comes from.
+/// Decides who a request comes from, and what it may reach.
 pub(crate) struct Authenticator {
     tokens: Vec<NamedToken>,
+    certificate_scopes: Vec<(String, Arc<Scope>)>,
+    credentials: WatchedCredentials,
+    whole_root: Arc<Scope>,
     disabled: bool,
 }
 
@@ -59,6 +99,7 @@ impl fmt::Debug for Authenticator {
         let names: Vec<&str> = self.tokens.iter().map(|t| t.name.as_str()).collect();
         f.debug_struct("Authenticator")
             .field("tokens", &names)
+            .field("credentials_file", &self.credentials.path())
             .field("disabled", &self.disabled)
             .finish()
     }
@@ -82,13 +123,31 @@ impl Authenticator {
                     path,
                 });
             }
+            let scope = scope_of(
+                token.prefix.as_deref(),
+                token.operations,
+                token.export_clients.as_deref(),
+            )
+            .map_err(|message| AuthSetupError::Scope {
+                name: token.name.clone(),
+                message,
+            })?;
             tokens.push(NamedToken {
                 name: token.name.clone(),
                 file,
+                scope: Arc::new(scope),
             });
         }
+        let certificate_scopes = config
+            .certificate_scopes
+            .iter()
+            .map(|(name, scope)| (name.clone(), Arc::new(scope.clone())))
+            .collect();
         Ok(Self {
             tokens,
+            certificate_scopes,
+            credentials: WatchedCredentials::open(config.credentials_file.clone())?,
+            whole_root: Arc::new(Scope::whole_root()),
             disabled: config.disabled,
         })
     }
@@ -100,19 +159,30 @@ impl Authenticator {
         authorization: Option<&[u8]>,
     ) -> Option<Caller> {
         if let Some(name) = peer_certificate {
-            return Some(Caller::Certificate(name.to_owned()));
+            let scope = self
+                .certificate_scopes
+                .iter()
+                .find(|(named, _)| named == name)
+                .map_or(&self.whole_root, |(_, scope)| scope);
+            return Some(Caller {
+                identity: Identity::Certificate(name.to_owned()),
+                scope: scope.clone(),
+            });
         }
         if let Some(presented) = authorization.and_then(bearer_token)
-            && let Some(name) = self.match_token(presented)
+            && let Some(caller) = self.match_token(presented)
         {
-            return Some(Caller::Token(name));
+            return Some(caller);
         }
-        self.disabled.then_some(Caller::Anonymous)
+        self.disabled.then(|| Caller {
+            identity: Identity::Anonymous,
+            scope: self.whole_root.clone(),
+        })
     }
 
     /// Compares against every token without stopping early, so the time taken does not
     /// reveal which token (or how much of one) matched.
-    fn match_token(&self, presented: &[u8]) -> Option<String> {
+    fn match_token(&self, presented: &[u8]) -> Option<Caller> {
         let mut matched = None;
         for token in &self.tokens {
             let current = match token.file.trimmed() {
@@ -122,10 +192,18 @@ impl Authenticator {
                 _ => continue,
             };
             if bool::from(current.as_bytes().ct_eq(presented)) && matched.is_none() {
-                matched = Some(token.name.clone());
+                matched = Some(Caller {
+                    identity: Identity::Token(token.name.clone()),
+                    scope: token.scope.clone(),
+                });
             }
         }
-        matched
+        let credentials = self.credentials.current();
+        let scoped = credentials.find(presented).map(|credential| Caller {
+            identity: Identity::Token(credential.name.clone()),
+            scope: credential.scope.clone(),
+        });
+        matched.or(scoped)
     }
 }
 
@@ -143,6 +221,10 @@ mod tests {
     use super::*;
     use crate::config::TokenSection;
 
+    fn token(name: &str) -> Caller {
+        Caller::token(name, Scope::whole_root())
+    }
+
     #[test]
     fn tokens_match_exactly_and_rotate() {
         let dir = tempfile::tempdir().unwrap();
@@ -151,22 +233,15 @@ mod tests {
         let auth = Authenticator::new(&AuthConfig {
             client_ca_file: None,
             allowed_client_names: Vec::new(),
-            tokens: vec![TokenSection {
-                name: "controller".into(),
-                file: file.clone(),
-            }],
+            tokens: vec![TokenSection::whole_root("controller", file.clone())],
+            certificate_scopes: Vec::new(),
+            credentials_file: dir.path().join("credentials.toml"),
             disabled: false,
         })
         .unwrap();
         let caller = |h: &str| auth.authenticate(None, Some(h.as_bytes()));
-        assert_eq!(
-            caller("Bearer s3cret-token"),
-            Some(Caller::Token("controller".into()))
-        );
-        assert_eq!(
-            caller("bearer s3cret-token"),
-            Some(Caller::Token("controller".into()))
-        );
+        assert_eq!(caller("Bearer s3cret-token"), Some(token("controller")));
+        assert_eq!(caller("bearer s3cret-token"), Some(token("controller")));
         for wrong in [
             "Bearer s3cret-toke",
             "Bearer s3cret-token2",
@@ -179,7 +254,10 @@ mod tests {
         assert_eq!(auth.authenticate(None, None), None);
         assert_eq!(
             auth.authenticate(Some("cn=controller"), None),
-            Some(Caller::Certificate("cn=controller".into()))
+            Some(Caller {
+                identity: Identity::Certificate("cn=controller".into()),
+                scope: Arc::new(Scope::whole_root()),
+            })
         );
         let staged = dir.path().join("token.new");
         std::fs::write(&staged, "rotated\n").unwrap();
@@ -191,10 +269,7 @@ mod tests {
             std::thread::sleep(std::time::Duration::from_millis(20));
         }
         assert_eq!(caller("Bearer s3cret-token"), None);
-        assert_eq!(
-            caller("Bearer rotated"),
-            Some(Caller::Token("controller".into()))
-        );
+        assert_eq!(caller("Bearer rotated"), Some(token("controller")));
     }
 
     #[test]
@@ -205,10 +280,9 @@ mod tests {
         let err = Authenticator::new(&AuthConfig {
             client_ca_file: None,
             allowed_client_names: Vec::new(),
-            tokens: vec![TokenSection {
-                name: "c".into(),
-                file,
-            }],
+            tokens: vec![TokenSection::whole_root("c", file)],
+            certificate_scopes: Vec::new(),
+            credentials_file: dir.path().join("credentials.toml"),
             disabled: false,
         })
         .unwrap_err();

@@ -4,6 +4,7 @@
 use clap::{Parser, Subcommand};
 
 use crate::config::RunArgs;
+use crate::credential::CredentialArgs;
 use crate::init::InitArgs;
 
 #[derive(Debug, Parser)]
@@ -23,4 +24,6 @@ pub enum Command {
     Run(RunArgs),
     /// Generate the CA, certificates, token and settings, and print the controller's Secret.
     Init(InitArgs),
+    /// Add, rotate, revoke or list the scoped credentials, while the agent runs.
+    Credential(CredentialArgs),
 }

@@ -11,15 +11,19 @@ use serde::Deserialize;
 
 use crate::archive::retention::{self, ArchiveSettings};
 use crate::connections::AdmissionSettings;
+use crate::credentials::scope_of;
 use crate::exports::ExportSettings;
 use crate::policy::Policy;
 use crate::quota::QuotaSettings;
+use crate::scope::{Operations, Scope};
 use crate::store::OvercommitLimits;
 
 /// Default location of the agent's settings.
 pub const DEFAULT_CONFIG_PATH: &str = "/etc/nfsprov/agent.toml";
 /// Default HTTPS port.
 pub const DEFAULT_PORT: u16 = 8443;
+/// The scoped credentials' file, beside the settings file unless they name another.
+pub const DEFAULT_CREDENTIALS_FILE: &str = "credentials.toml";
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, Deserialize, Default)]
 #[serde(rename_all = "lowercase")]
@@ -60,6 +64,12 @@ pub struct FileConfig {
     pub tls: TlsSection,
     #[serde(default)]
     pub tokens: Vec<TokenSection>,
+    /// Scopes of client certificates, by the name the certificate carries.
+    #[serde(default)]
+    pub client_certificates: Vec<ClientCertificateSection>,
+    /// The scoped credentials `nfsprov-agent credential` writes; absent:
+    /// `credentials.toml` beside this file.
+    pub credentials_file: Option<PathBuf>,
     #[serde(default)]
     pub limits: LimitsSection,
     #[serde(default)]
@@ -342,6 +352,42 @@ pub struct TokenSection {
     /// Name logged as the caller's identity (the token itself never is).
     pub name: String,
     pub file: PathBuf,
+    /// The volumes this token acts on lie beneath this path; absent: the whole root.
+    #[serde(default)]
+    pub prefix: Option<String>,
+    #[serde(default)]
+    pub operations: Operations,
+    /// The clients this token's exports may admit lie within one of these; absent: any.
+    #[serde(default)]
+    pub export_clients: Option<Vec<String>>,
+}
+
+impl TokenSection {
+    /// A token of the whole export root, as `init` writes it.
+    pub fn whole_root(name: impl Into<String>, file: impl Into<PathBuf>) -> Self {
+        Self {
+            name: name.into(),
+            file: file.into(),
+            prefix: None,
+            operations: Operations::All,
+            export_clients: None,
+        }
+    }
+}
+
+/// `[[client_certificates]]`: the scope of the client certificate named `name` (its
+/// subject common name or a DNS subject alternative name). A certificate named by no
+/// entry keeps the whole export root.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ClientCertificateSection {
+    pub name: String,
+    #[serde(default)]
+    pub prefix: Option<String>,
+    #[serde(default)]
+    pub operations: Operations,
+    #[serde(default)]
+    pub export_clients: Option<Vec<String>>,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -461,6 +507,10 @@ pub struct AuthConfig {
     /// Empty: any client certificate the CA signed for client authentication.
     pub allowed_client_names: Vec<String>,
     pub tokens: Vec<TokenSection>,
+    /// The scopes of client certificates, by name.
+    pub certificate_scopes: Vec<(String, Scope)>,
+    /// The scoped credentials' file, watched while the agent runs.
+    pub credentials_file: PathBuf,
     /// Development mode: no authentication at all (loopback only).
     pub disabled: bool,
 }
@@ -596,11 +646,47 @@ impl AgentConfig {
             let path = resolve(&token.file);
             check_readable(&format!("token {:?}", token.name), &path)?;
             check_private(&format!("token {:?}", token.name), &path)?;
+            scope_of(
+                token.prefix.as_deref(),
+                token.operations,
+                token.export_clients.as_deref(),
+            )
+            .map_err(|e| ConfigError::Invalid(format!("token {:?}: {e}", token.name)))?;
             tokens.push(TokenSection {
-                name: token.name,
                 file: path,
+                ..token
             });
         }
+        let mut certificate_scopes = Vec::with_capacity(file.client_certificates.len());
+        for certificate in file.client_certificates {
+            if client_ca_file.is_none() {
+                return Err(ConfigError::Invalid(
+                    "[[client_certificates]] needs tls.client_ca_file: without a client CA no certificate is accepted at all".into(),
+                ));
+            }
+            let scope = scope_of(
+                certificate.prefix.as_deref(),
+                certificate.operations,
+                certificate.export_clients.as_deref(),
+            )
+            .map_err(|e| {
+                ConfigError::Invalid(format!("client certificate {:?}: {e}", certificate.name))
+            })?;
+            if certificate_scopes
+                .iter()
+                .any(|(name, _)| *name == certificate.name)
+            {
+                return Err(ConfigError::Invalid(format!(
+                    "client certificate {:?} is listed twice",
+                    certificate.name
+                )));
+            }
+            certificate_scopes.push((certificate.name, scope));
+        }
+        let credentials_file = file
+            .credentials_file
+            .as_deref()
+            .map_or_else(|| base.join(DEFAULT_CREDENTIALS_FILE), resolve);
         let disabled = args.insecure_dev_no_auth;
         if disabled && (client_ca_file.is_some() || !tokens.is_empty()) {
             return Err(ConfigError::Invalid(
@@ -691,6 +777,8 @@ impl AgentConfig {
                 client_ca_file,
                 allowed_client_names,
                 tokens,
+                certificate_scopes,
+                credentials_file,
                 disabled,
             },
             max_body_bytes: limits.max_body_bytes,

@@ -208,11 +208,13 @@ pub fn run(args: &InitArgs) -> Result<InitOutput, InitError> {
         .unwrap_or_else(|| args.export_root.display().to_string());
     let config = agent_config(args, &nfs_server, &nfs_path);
     let secret_manifest = secret_manifest(
-        args,
-        &url,
+        &SecretFor {
+            agent: &args.name,
+            namespace: &args.namespace,
+            url: &url,
+        },
         &ca.pem(),
-        &client_cert.pem(),
-        &client_key.serialize_pem(),
+        Some((&client_cert.pem(), &client_key.serialize_pem())),
         &token,
     );
 
@@ -273,7 +275,7 @@ fn url_host(ip: &IpAddr) -> String {
     }
 }
 
-fn random_token() -> std::io::Result<String> {
+pub(crate) fn random_token() -> std::io::Result<String> {
     let mut bytes = [0u8; 32];
     rustix::rand::getrandom(&mut bytes, rustix::rand::GetRandomFlags::empty())?;
     Ok(bytes.iter().fold(String::with_capacity(64), |mut out, b| {
@@ -351,33 +353,51 @@ fn agent_config(args: &InitArgs, nfs_server: &str, nfs_path: &str) -> String {
 /// The controller's Secret: one settings file per agent plus the files it refers to, all
 /// under keys prefixed with the agent's name so several agents' Secrets can be projected
 /// into one directory.
-fn secret_manifest(
-    args: &InitArgs,
-    url: &str,
+/// Which agent a controller's Secret is for, and where the Secret goes.
+pub(crate) struct SecretFor<'a> {
+    /// The agent's name in the controller's settings.
+    pub(crate) agent: &'a str,
+    pub(crate) namespace: &'a str,
+    pub(crate) url: &'a str,
+}
+
+/// The Secret: the CA that signed the agent's certificate, the token, and the client
+/// certificate and key when the controller gets one.
+pub(crate) fn secret_manifest(
+    to: &SecretFor<'_>,
     ca: &str,
-    cert: &str,
-    key: &str,
+    client_certificate: Option<(&str, &str)>,
     token: &str,
 ) -> String {
-    let name = &args.name;
-    let settings = format!(
-        "name = {}\nurl = {}\nca_file = \"{name}-ca.pem\"\nclient_cert_file = \"{name}-tls.crt\"\nclient_key_file = \"{name}-tls.key\"\ntoken_file = \"{name}-token\"\n",
+    let name = to.agent;
+    let mut settings = format!(
+        "name = {}\nurl = {}\nca_file = \"{name}-ca.pem\"\n",
         toml_str(name),
-        toml_str(url),
+        toml_str(to.url),
     );
+    if client_certificate.is_some() {
+        let _ = write!(
+            settings,
+            "client_cert_file = \"{name}-tls.crt\"\nclient_key_file = \"{name}-tls.key\"\n"
+        );
+    }
+    let _ = writeln!(settings, "token_file = \"{name}-token\"");
     let mut out = String::new();
     let _ = write!(
         out,
         "apiVersion: v1\nkind: Secret\nmetadata:\n  name: nfsprov-agent-{name}\n  namespace: {namespace}\n  labels:\n    app.kubernetes.io/name: nfsprov\n    app.kubernetes.io/component: agent-credentials\n    nfsprov.dev/agent: {name}\ntype: Opaque\nstringData:\n",
-        namespace = args.namespace,
+        namespace = to.namespace,
     );
-    for (key_name, value) in [
+    let mut entries = vec![
         (format!("{name}.toml"), settings.as_str()),
         (format!("{name}-ca.pem"), ca),
-        (format!("{name}-tls.crt"), cert),
-        (format!("{name}-tls.key"), key),
-        (format!("{name}-token"), token),
-    ] {
+    ];
+    if let Some((cert, key)) = client_certificate {
+        entries.push((format!("{name}-tls.crt"), cert));
+        entries.push((format!("{name}-tls.key"), key));
+    }
+    entries.push((format!("{name}-token"), token));
+    for (key_name, value) in entries {
         let _ = writeln!(out, "  {key_name}: |");
         for line in value.trim_end().lines() {
             let _ = writeln!(out, "    {line}");

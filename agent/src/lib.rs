@@ -6,8 +6,9 @@
 //! 1. leaves: `mountinfo` (the kernel's mount table), `policy` (what a create may ask
 //!    for), `connections` (limits on connections), `ratelimit` (of log lines), `holds`
 //!    (where a debug build waits for a test), `subvolume` (what a btrfs subvolume is, for
-//!    the store's records, the exports and the btrfs tool);
-//! 2. `quota` (the quota settings and the runner of every filesystem tool),
+//!    the store's records, the exports and the btrfs tool), `scope` (what one credential
+//!    may reach);
+//! 2. `credentials` (the scoped credentials' file, watched), `quota` (the quota settings and the runner of every filesystem tool),
 //!    `tls` (the server's TLS settings and its acceptor) and `root_filesystem` (whether
 //!    the export root has its filesystem to itself);
 //! 3. `exports`: each volume's own NFS export, through knfsd or nfs-ganesha (a btrfs
@@ -18,7 +19,8 @@
 //! 5. `metrics`, and `usage` (measured in the background, cached);
 //! 6. `archive`: how long archives are kept, and their catalog for the API and the sweep;
 //! 7. `config`: the settings file, checked into the settings of the layers below;
-//! 8. `auth`, `logging`, `init` (first-run setup), `jobs` (the clone, snapshot and
+//! 8. `auth`, `logging`, `init` (first-run setup), `credential` (the command that adds,
+//!    rotates and revokes scoped credentials), `jobs` (the clone, snapshot and
 //!    restore jobs, and the one runner of them all);
 //! 9. `cli`: the command line;
 //! 10. `api`: the HTTPS API, its routes and handlers;
@@ -34,6 +36,9 @@ pub(crate) mod auth;
 pub mod cli;
 pub mod config;
 pub(crate) mod connections;
+
+pub mod credential;
+pub mod credentials;
 pub mod exports;
 pub(crate) mod holds;
 pub mod init;
@@ -45,6 +50,7 @@ pub mod policy;
 pub mod quota;
 pub(crate) mod ratelimit;
 pub(crate) mod root_filesystem;
+pub mod scope;
 pub(crate) mod server;
 pub mod store;
 pub(crate) mod subvolume;
@@ -116,7 +122,11 @@ impl Agent {
                 .count_snapshots(config.max_snapshot_bytes_per_namespace)?,
         );
         let auth = Authenticator::new(&config.auth)?;
-        let certificate_optional = !config.auth.tokens.is_empty() || config.auth.disabled;
+        // Tokens may come from the credentials file alone; one added while the agent runs
+        // needs a handshake without a certificate to arrive.
+        let certificate_optional = !config.auth.tokens.is_empty()
+            || config.auth.disabled
+            || config.auth.credentials_file.exists();
         let tls = tls::server_config(
             &config.cert_file,
             &config.key_file,

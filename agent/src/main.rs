@@ -34,6 +34,10 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             print!("{}", output.secret_manifest);
             Ok(())
         }
+        Command::Credential(args) => {
+            print!("{}", nfsprov_agent::credential::run(&args)?);
+            Ok(())
+        }
         Command::Run(args) => {
             let config = AgentConfig::load(&args)?;
             nfsprov_agent::init_tracing(config.log_format);

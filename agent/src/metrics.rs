@@ -36,6 +36,13 @@ pub(crate) struct NamespaceLabels {
     pub namespace: String,
 }
 
+/// The name of the credential a request came with: a name from the agent's settings or
+/// its credentials file, or of a certificate its CA signed.
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub(crate) struct CredentialLabels {
+    pub credential: String,
+}
+
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub(crate) struct OperationLabels {
     pub operation: &'static str,
@@ -147,6 +154,8 @@ pub(crate) struct Metrics {
     pub requests: Family<RequestLabels, Counter>,
     pub request_duration: Family<RouteLabels, Histogram>,
     pub operations: Family<OperationLabels, Counter>,
+    /// Requests refused because they reached outside their credential's scope.
+    pub refused_out_of_scope: Family<CredentialLabels, Counter>,
     pub filesystem_available_bytes: Gauge,
     pub filesystem_free_inodes: Gauge,
     /// The capacity promised to the live volumes.
@@ -232,6 +241,12 @@ impl Metrics {
         );
         // Not `snapshot_bytes`: that is the counter of what snapshots held when made, and
         // two families of one name make a scrape no parser accepts.
+        let refused_out_of_scope = Family::<CredentialLabels, Counter>::default();
+        registry.register(
+            "refused_out_of_scope",
+            "Requests refused because they reached outside their credential's scope (another prefix, an operation or export client it may not ask for), by credential",
+            refused_out_of_scope.clone(),
+        );
         let namespace_snapshot_bytes = Family::<NamespaceLabels, Gauge>::default();
         registry.register(
             "namespace_snapshot_bytes",
@@ -418,6 +433,7 @@ impl Metrics {
             overcommit_warn_ratio,
             namespace_snapshot_bytes,
             namespace_snapshot_bytes_limit,
+            refused_out_of_scope,
             leftover_entries,
             stale_records_removed,
             export_root_shared,

@@ -53,6 +53,31 @@ impl ExportClient {
             } => mask(address, prefix).is_some_and(|masked| masked == network),
         }
     }
+
+    /// Whether every address this client admits is one `bound` admits too: a host
+    /// inside the bound's network, a network inside it, `*` only inside `*`.
+    pub fn is_within(&self, bound: &ExportClient) -> bool {
+        match (*self, *bound) {
+            (_, ExportClient::Everyone) => true,
+            (ExportClient::Everyone, _) => false,
+            (ExportClient::Host(address), bound) => bound.admits(address),
+            (ExportClient::Network { address, prefix }, ExportClient::Host(host)) => {
+                let full = if address.is_ipv4() { 32 } else { 128 };
+                prefix == full && address == host
+            }
+            (
+                ExportClient::Network { address, prefix },
+                ExportClient::Network {
+                    address: network,
+                    prefix: bound_prefix,
+                },
+            ) => {
+                prefix >= bound_prefix
+                    && bound.admits(address)
+                    && address.is_ipv4() == network.is_ipv4()
+            }
+        }
+    }
 }
 
 impl ExportClient {
@@ -374,6 +399,40 @@ impl fmt::Display for ExportManager {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_client_is_within_a_bound_that_admits_all_it_admits() {
+        let client = |raw: &str| raw.parse::<ExportClient>().unwrap();
+        for (inner, outer) in [
+            ("10.1.2.3", "10.0.0.0/8"),
+            ("10.1.0.0/16", "10.0.0.0/8"),
+            ("10.0.0.0/8", "10.0.0.0/8"),
+            ("10.1.2.3/32", "10.1.2.3"),
+            ("10.1.2.3", "10.1.2.3"),
+            ("*", "*"),
+            ("10.0.0.0/8", "*"),
+            ("fd00::1", "fd00::/8"),
+        ] {
+            assert!(
+                client(inner).is_within(&client(outer)),
+                "{inner} in {outer}"
+            );
+        }
+        for (inner, outer) in [
+            ("10.0.0.0/8", "10.1.0.0/16"),
+            ("11.0.0.1", "10.0.0.0/8"),
+            ("*", "10.0.0.0/8"),
+            ("10.1.2.0/24", "10.1.2.3"),
+            ("10.1.2.4", "10.1.2.3"),
+            ("fd00::/8", "10.0.0.0/8"),
+            ("::a01:203", "10.0.0.0/8"),
+        ] {
+            assert!(
+                !client(inner).is_within(&client(outer)),
+                "{inner} not in {outer}"
+            );
+        }
+    }
 
     #[test]
     fn clients_parse_and_print_back() {

@@ -69,6 +69,14 @@ impl VolumePath {
         &self.0
     }
 
+    /// Whether this path lies beneath `prefix`, component by component: `team-a/app` is
+    /// beneath `team-a`, but neither `team-a` itself nor `team-ab/app` is.
+    pub fn is_beneath(&self, prefix: &VolumePath) -> bool {
+        self.0
+            .strip_prefix(prefix.as_str())
+            .is_some_and(|rest| rest.starts_with('/'))
+    }
+
     /// The components, in order from the export root.
     pub fn components(&self) -> impl DoubleEndedIterator<Item = &str> + Clone {
         self.0.split('/')
@@ -144,6 +152,17 @@ impl<'de> Deserialize<'de> for VolumePath {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn beneath_a_prefix_means_by_whole_components() {
+        let p = |raw: &str| VolumePath::parse(raw).unwrap();
+        assert!(p("team-a/app").is_beneath(&p("team-a")));
+        assert!(p("team-a/x/y").is_beneath(&p("team-a/x")));
+        assert!(!p("team-a").is_beneath(&p("team-a")));
+        assert!(!p("team-ab/app").is_beneath(&p("team-a")));
+        assert!(!p("team-b/app").is_beneath(&p("team-a")));
+        assert!(!p("team-a").is_beneath(&p("team-a/app")));
+    }
 
     #[test]
     fn accepts_ordinary_paths() {

@@ -712,6 +712,10 @@ pub enum ErrorCode {
     UnsafePath,
     Unauthenticated,
     Forbidden,
+    /// The request reaches outside its credential's scope: a path beneath another
+    /// prefix, an operation the credential may not ask for, or an export client past its
+    /// bounds. Sent as 403, the same whether or not anything exists there.
+    OutOfScope,
     NotFound,
     MethodNotAllowed,
     /// The volume exists with other settings or owner, or the path is not a volume.
@@ -756,7 +760,7 @@ impl ErrorCode {
             | ErrorCode::InvalidQuery
             | ErrorCode::UnsafePath => 400,
             ErrorCode::Unauthenticated => 401,
-            ErrorCode::Forbidden => 403,
+            ErrorCode::Forbidden | ErrorCode::OutOfScope => 403,
             ErrorCode::NotFound => 404,
             ErrorCode::MethodNotAllowed => 405,
             ErrorCode::Timeout => 408,

@@ -3,6 +3,7 @@
 
 use std::sync::Arc;
 
+use axum::Extension;
 use axum::Json;
 use axum::body::Body;
 use axum::extract::rejection::PathRejection;
@@ -15,7 +16,9 @@ use super::blocking::with_path_lock;
 use super::failure::{ApiResult, Failure, outcome};
 use super::input::volume_request;
 use super::state::AppState;
+use crate::auth::Caller;
 use crate::exports::{Exports, FaultPoint, crash_if_asked};
+use crate::scope::Scope;
 use crate::store::Created;
 
 /// Checks a request's `export` against this agent's manager before anything is made:
@@ -24,6 +27,7 @@ use crate::store::Created;
 /// one nobody can mount, made by mistake.
 pub(super) fn check_export(
     state: &AppState,
+    scope: &Scope,
     path: &VolumePath,
     export: Option<&ExportRequest>,
 ) -> ApiResult<()> {
@@ -41,6 +45,7 @@ pub(super) fn check_export(
             request.validate().map_err(|e| {
                 Failure::new(ErrorCode::InvalidBody, format!("{path}: export: {e}"))
             })?;
+            scope.check_export(request)?;
             state
                 .policy
                 .check_export(request)
@@ -55,10 +60,11 @@ pub(super) fn check_export(
 /// an upgraded agent's volumes keep following their nodes and pods.
 pub(super) fn check_new_export(
     state: &AppState,
+    scope: &Scope,
     path: &VolumePath,
     export: Option<&ExportRequest>,
 ) -> ApiResult<()> {
-    check_export(state, path, export)?;
+    check_export(state, scope, path, export)?;
     if export.is_none() || state.store.backend().isolates_exports() {
         // Each volume a filesystem of its own: what else shares the root's filesystem
         // is out of every export's reach.
@@ -115,16 +121,17 @@ pub(super) fn unexported(exports: &Exports, path: &VolumePath) -> Result<(), Fai
 
 pub(super) async fn set_volume_export(
     State(state): State<Arc<AppState>>,
+    Extension(caller): Extension<Caller>,
     raw_path: Result<Path<String>, PathRejection>,
     headers: HeaderMap,
     body: Body,
 ) -> ApiResult<Json<Volume>> {
     let (path, request): (VolumePath, ExportRequest) =
-        volume_request(&state, raw_path, &headers, body).await?;
+        volume_request(&state, caller.scope(), raw_path, &headers, body).await?;
     if !state.exports.kind().per_volume() {
         return Err(no_export_manager(&path));
     }
-    check_export(&state, &path, Some(&request))?;
+    check_export(&state, caller.scope(), &path, Some(&request))?;
     let exports = state.exports.clone();
     let result = with_path_lock(&state, &path.clone(), move |store| {
         // Under the path lock: a volume deleted meanwhile is not exported again.

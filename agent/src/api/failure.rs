@@ -8,6 +8,7 @@ use nfsprov_api_types::{ApiError, ErrorCode};
 
 use crate::exports::ExportError;
 use crate::jobs;
+use crate::scope::OutOfScope;
 use crate::store::StoreError;
 
 /// An error answer: `{"code": ..., "message": ...}` with the code's status.
@@ -29,6 +30,9 @@ impl IntoResponse for Failure {
         let mut response = (status, Json(self.0)).into_response();
         // Kept for the audit log, which runs outside the handler.
         response.extensions_mut().insert(FailureMessage(message));
+        if code == ErrorCode::OutOfScope {
+            response.extensions_mut().insert(RefusedOutOfScope);
+        }
         if code == ErrorCode::JobQueueFull {
             response.headers_mut().insert(
                 header::RETRY_AFTER,
@@ -46,6 +50,17 @@ impl IntoResponse for Failure {
 
 #[derive(Debug, Clone)]
 pub(super) struct FailureMessage(pub(super) String);
+
+/// Marks an answer that refused a request outside its credential's scope, for the
+/// audit log's warning and its metric.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct RefusedOutOfScope;
+
+impl From<OutOfScope> for Failure {
+    fn from(refusal: OutOfScope) -> Self {
+        Failure::new(ErrorCode::OutOfScope, refusal.to_string())
+    }
+}
 
 impl From<StoreError> for Failure {
     fn from(error: StoreError) -> Self {

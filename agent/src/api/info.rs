@@ -10,6 +10,7 @@ use nfsprov_api_types::{AgentInfo, Capabilities, FilesystemStats, Health, Provis
 
 use super::failure::ApiResult;
 use super::state::AppState;
+use crate::auth::Caller;
 use crate::metrics::NamespaceLabels;
 use crate::store::{self, VolumeStore};
 use crate::tls::PeerCertificate;
@@ -133,10 +134,17 @@ fn provisioning(store: &VolumeStore, fs: &FilesystemStats) -> Provisioning {
     }
 }
 
-pub(super) async fn info(State(state): State<Arc<AppState>>) -> ApiResult<Json<AgentInfo>> {
+/// What the agent is and can do. A scoped caller is told neither what the whole agent
+/// has promised nor where its filesystem is mounted: those figures count and name what
+/// other scopes hold.
+pub(super) async fn info(
+    State(state): State<Arc<AppState>>,
+    Extension(caller): Extension<Caller>,
+) -> ApiResult<Json<AgentInfo>> {
     let filesystem = state.store.filesystem_stats()?;
+    let whole_agent = caller.scope().prefix().is_none();
     Ok(Json(AgentInfo {
-        provisioning: Some(provisioning(&state.store, &filesystem)),
+        provisioning: whole_agent.then(|| provisioning(&state.store, &filesystem)),
         version: env!("CARGO_PKG_VERSION").to_owned(),
         nfs: state.nfs.clone(),
         capabilities: Capabilities {
@@ -149,6 +157,7 @@ pub(super) async fn info(State(state): State<Arc<AppState>>) -> ApiResult<Json<A
             opaque_export_paths: state.exports.opaque_paths(),
         },
         filesystem,
-        export_root_filesystem: Some(state.root_filesystem.to_info(state.allow_shared_filesystem)),
+        export_root_filesystem: whole_agent
+            .then(|| state.root_filesystem.to_info(state.allow_shared_filesystem)),
     }))
 }

@@ -10,12 +10,20 @@ use nfsprov_api_types::{ErrorCode, VolumePath};
 
 use super::failure::{ApiResult, Failure};
 use super::state::AppState;
+use crate::scope::Scope;
 
-pub(super) fn volume_path(raw: Result<Path<String>, PathRejection>) -> ApiResult<VolumePath> {
+/// The volume path of a request, validated and within the caller's `scope`. Outside it
+/// the answer is the same whether or not anything is there.
+pub(super) fn volume_path(
+    scope: &Scope,
+    raw: Result<Path<String>, PathRejection>,
+) -> ApiResult<VolumePath> {
     let Path(raw) =
         raw.map_err(|e| Failure::new(ErrorCode::InvalidPath, format!("invalid path: {e}")))?;
-    VolumePath::parse(&raw)
-        .map_err(|e| Failure::new(ErrorCode::InvalidPath, format!("invalid volume path: {e}")))
+    let path = VolumePath::parse(&raw)
+        .map_err(|e| Failure::new(ErrorCode::InvalidPath, format!("invalid volume path: {e}")))?;
+    scope.check_path(&path)?;
+    Ok(path)
 }
 
 /// A list query refused; what was wrong is in the message.
@@ -95,11 +103,12 @@ pub(super) fn json_body<T: serde::de::DeserializeOwned>(
 /// client's stream and lose the answer).
 pub(super) async fn volume_request<T: serde::de::DeserializeOwned>(
     state: &AppState,
+    scope: &Scope,
     raw_path: Result<Path<String>, PathRejection>,
     headers: &HeaderMap,
     body: Body,
 ) -> ApiResult<(VolumePath, T)> {
     let body = read_body_in_time(state, body, state.max_body_bytes).await;
-    let path = volume_path(raw_path)?;
+    let path = volume_path(scope, raw_path)?;
     Ok((path, json_body(headers, &body?)?))
 }

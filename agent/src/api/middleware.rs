@@ -15,12 +15,12 @@ use nfsprov_api_types::logsafe::{self, MAX_MESSAGE_BYTES};
 use nfsprov_api_types::{Endpoint, ErrorCode, REQUEST_ID_HEADER};
 use tokio::sync::Semaphore;
 
-use super::failure::{Failure, FailureMessage};
+use super::failure::{Failure, FailureMessage, RefusedOutOfScope};
 use super::input::read_body;
 use super::state::AppState;
 use crate::auth::Caller;
 use crate::connections::Ticket;
-use crate::metrics::{RequestLabels, RouteLabels};
+use crate::metrics::{CredentialLabels, RequestLabels, RouteLabels};
 use crate::tls::PeerCertificate;
 
 /// Accepts the request when it carries a verified client certificate or a valid token,
@@ -47,6 +47,14 @@ pub(super) async fn authenticate(
             {
                 return no_connection_left(request.version());
             }
+            // The kinds of operation come before any work: a refused caller takes no slot.
+            if let Some(endpoint) = endpoint_of(&request)
+                && let Err(refusal) = caller.scope().check_endpoint(endpoint)
+            {
+                let mut refused = Failure::from(refusal).into_response();
+                refused.extensions_mut().insert(caller);
+                return refused;
+            }
             request.extensions_mut().insert(caller.clone());
             // Never closed, so acquiring only waits.
             let Ok(_slot) = slots.acquire_owned().await else {
@@ -59,6 +67,15 @@ pub(super) async fn authenticate(
         }
         None => refuse_unauthenticated(&state, request),
     }
+}
+
+/// The endpoint of the table a routed request is for.
+fn endpoint_of(request: &Request) -> Option<Endpoint> {
+    let template = request.extensions().get::<MatchedPath>()?.as_str();
+    let method = request.method();
+    Endpoint::ALL
+        .into_iter()
+        .find(|endpoint| endpoint.template() == template && endpoint.method() == *method)
 }
 
 /// The answer to an authenticated caller whose connection found no authenticated place.
@@ -216,7 +233,20 @@ fn audit(state: &AppState, request: &Audited, response: &Response) {
     let mutation = matches!(*method, Method::PUT | Method::DELETE | Method::POST);
     let method = logsafe::clean(method.as_str(), MAX_LOGGED_BYTES);
     let unauthenticated = response.extensions().get::<Caller>().is_none();
-    if unauthenticated && !status.is_server_error() && !state.unauthenticated_log.allow() {
+    if response.extensions().get::<RefusedOutOfScope>().is_some() {
+        // An attempt on what another credential owns, or a controller set up wrong:
+        // either way the operator should see it.
+        if let Some(caller) = response.extensions().get::<Caller>() {
+            state
+                .metrics
+                .refused_out_of_scope
+                .get_or_create(&CredentialLabels {
+                    credential: caller.name().to_owned(),
+                })
+                .inc();
+        }
+        tracing::warn!(target: "audit", request_id, %caller, %method, path = uri_path, status = status.as_u16(), duration_ms, error, "request refused: outside the credential's scope");
+    } else if unauthenticated && !status.is_server_error() && !state.unauthenticated_log.allow() {
         // Anyone can send these: their audit lines are rate-limited (and counted).
     } else if status.is_server_error() {
         tracing::error!(target: "audit", request_id, %caller, %method, path = uri_path, status = status.as_u16(), duration_ms, error, "request failed");

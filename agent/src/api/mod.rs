@@ -12,6 +12,7 @@ mod input;
 mod middleware;
 mod request_ids;
 mod restores;
+mod scoped;
 mod snapshots;
 mod state;
 mod volumes;

@@ -34,10 +34,9 @@ fn state(dir: &FsPath) -> Arc<AppState> {
         auth: AuthConfig {
             client_ca_file: None,
             allowed_client_names: Vec::new(),
-            tokens: vec![TokenSection {
-                name: "controller".into(),
-                file: token,
-            }],
+            tokens: vec![TokenSection::whole_root("controller", token)],
+            certificate_scopes: Vec::new(),
+            credentials_file: dir.join("credentials.toml"),
             disabled: false,
         },
         max_body_bytes: 64 * 1024,

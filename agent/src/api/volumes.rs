@@ -2,12 +2,12 @@
 
 use std::sync::Arc;
 
-use axum::Json;
 use axum::body::Body;
 use axum::extract::rejection::PathRejection;
 use axum::extract::{Path, RawQuery, State};
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
+use axum::{Extension, Json};
 use nfsprov_api_types::{
     AdoptVolumeRequest, CloneVolumeRequest, CreateVolumeRequest, ErrorCode, ListQuery,
     ResizeVolumeRequest, Volume, VolumeList, VolumePath,
@@ -17,19 +17,22 @@ use super::blocking::{clone_answer_wait, off_workers, with_path_lock};
 use super::exports::{check_new_export, export_made, exported, made_or_found, unexported};
 use super::failure::{ApiResult, Failure, outcome};
 use super::input::{invalid_query, volume_path, volume_request};
+use super::scoped::scoped_page;
 use super::state::AppState;
+use crate::auth::Caller;
 use crate::jobs::CloneAnswer;
 use crate::store::Deleted;
 
 pub(super) async fn create_volume(
     State(state): State<Arc<AppState>>,
+    Extension(caller): Extension<Caller>,
     raw_path: Result<Path<String>, PathRejection>,
     headers: HeaderMap,
     body: Body,
 ) -> ApiResult<Response> {
     let (path, request): (VolumePath, CreateVolumeRequest) =
-        volume_request(&state, raw_path, &headers, body).await?;
-    check_new_export(&state, &path, request.export.as_ref())?;
+        volume_request(&state, caller.scope(), raw_path, &headers, body).await?;
+    check_new_export(&state, caller.scope(), &path, request.export.as_ref())?;
     if let Err(refusal) = state.policy.check(&request) {
         state.metrics.count_operation("create", "rejected");
         return Err(Failure::new(
@@ -51,9 +54,10 @@ pub(super) async fn create_volume(
 
 pub(super) async fn get_volume(
     State(state): State<Arc<AppState>>,
+    Extension(caller): Extension<Caller>,
     raw_path: Result<Path<String>, PathRejection>,
 ) -> ApiResult<Response> {
-    let path = volume_path(raw_path)?;
+    let path = volume_path(caller.scope(), raw_path)?;
     let store = state.store.clone();
     let lookup = path.clone();
     let mut volume = off_workers(move || store.get(&lookup)).await?;
@@ -64,11 +68,21 @@ pub(super) async fn get_volume(
 
 pub(super) async fn list_volumes(
     State(state): State<Arc<AppState>>,
+    Extension(caller): Extension<Caller>,
     RawQuery(query): RawQuery,
 ) -> ApiResult<Json<VolumeList>> {
     let page = ListQuery::parse(query.as_deref(), VolumePath::parse).map_err(invalid_query)?;
-    let store = state.store.clone();
-    let (mut volumes, next) = off_workers(move || store.list(page.as_ref())).await?;
+    let scope = caller.scope();
+    let (mut volumes, next) = scoped_page(
+        page,
+        |volume: &Volume| scope.contains(&volume.path),
+        |volume| volume.path.clone(),
+        |page| {
+            let store = state.store.clone();
+            off_workers(move || store.list(page.as_ref()))
+        },
+    )
+    .await?;
     for volume in &mut volumes {
         state.exports.describe(volume);
     }
@@ -77,12 +91,13 @@ pub(super) async fn list_volumes(
 
 pub(super) async fn resize_volume(
     State(state): State<Arc<AppState>>,
+    Extension(caller): Extension<Caller>,
     raw_path: Result<Path<String>, PathRejection>,
     headers: HeaderMap,
     body: Body,
 ) -> ApiResult<Json<Volume>> {
     let (path, request): (VolumePath, ResizeVolumeRequest) =
-        volume_request(&state, raw_path, &headers, body).await?;
+        volume_request(&state, caller.scope(), raw_path, &headers, body).await?;
     let result = with_path_lock(&state, &path.clone(), move |store| {
         store.resize(&path, request.capacity_bytes)
     })
@@ -95,9 +110,10 @@ pub(super) async fn resize_volume(
 
 pub(super) async fn delete_volume(
     State(state): State<Arc<AppState>>,
+    Extension(caller): Extension<Caller>,
     raw_path: Result<Path<String>, PathRejection>,
 ) -> ApiResult<StatusCode> {
-    let path = volume_path(raw_path)?;
+    let path = volume_path(caller.scope(), raw_path)?;
     let exports = state.exports.clone();
     let result = with_path_lock(&state, &path.clone(), move |store| {
         unexported(&exports, &path)?;
@@ -112,13 +128,14 @@ pub(super) async fn delete_volume(
 
 pub(super) async fn adopt_volume(
     State(state): State<Arc<AppState>>,
+    Extension(caller): Extension<Caller>,
     raw_path: Result<Path<String>, PathRejection>,
     headers: HeaderMap,
     body: Body,
 ) -> ApiResult<Response> {
     let (path, request): (VolumePath, AdoptVolumeRequest) =
-        volume_request(&state, raw_path, &headers, body).await?;
-    check_new_export(&state, &path, request.export.as_ref())?;
+        volume_request(&state, caller.scope(), raw_path, &headers, body).await?;
+    check_new_export(&state, caller.scope(), &path, request.export.as_ref())?;
     let exports = state.exports.clone();
     let result = with_path_lock(&state, &path.clone(), move |store| {
         let (volume, adopted) = store.adopt(&path, &request)?;
@@ -133,13 +150,15 @@ pub(super) async fn adopt_volume(
 
 pub(super) async fn clone_volume(
     State(state): State<Arc<AppState>>,
+    Extension(caller): Extension<Caller>,
     raw_path: Result<Path<String>, PathRejection>,
     headers: HeaderMap,
     body: Body,
 ) -> ApiResult<Response> {
     let (path, request): (VolumePath, CloneVolumeRequest) =
-        volume_request(&state, raw_path, &headers, body).await?;
-    check_new_export(&state, &path, request.export.as_ref())?;
+        volume_request(&state, caller.scope(), raw_path, &headers, body).await?;
+    check_new_export(&state, caller.scope(), &path, request.export.as_ref())?;
+    caller.scope().check_path(&request.source)?;
     let export = request.export.clone();
     let wait = clone_answer_wait(state.request_timeout);
     let result = match state.clones.clone_volume(&path, request, wait).await {

@@ -708,9 +708,7 @@ impl VolumeStore {
     ) -> Result<(Volume, Created)> {
         let area = Area::open(&self.root)?;
         let Some(record) = area.read(name)? else {
-            return Err(StoreError::NotFound(format!(
-                "{path}: there is no ready snapshot {name} to restore from; nothing was created"
-            )));
+            return Err(Self::no_ready_snapshot(path, name));
         };
         check_restore_size(path, name, &record, request)?;
         // A kept snapshot has no tree of its own here; its backend reads no source
@@ -753,6 +751,14 @@ impl VolumeStore {
         self.make_from(parent, from, &wanted, progress, |existing| {
             confirm_restore(path, existing, source, request)
         })
+    }
+
+    /// The answer to a restore from a snapshot that is not there (or not the caller's to
+    /// see: the API answers both alike).
+    pub(crate) fn no_ready_snapshot(path: &VolumePath, name: &SnapshotName) -> StoreError {
+        StoreError::NotFound(format!(
+            "{path}: there is no ready snapshot {name} to restore from; nothing was created"
+        ))
     }
 
     /// The capacity a restore from `name` needs at least, once the snapshot is ready; a

@@ -9,7 +9,9 @@ use nfsprov_api_types::client::{AgentClient, AgentConnectionConfig};
 use tokio::sync::oneshot;
 
 use nfsprov_agent::archive::retention::ArchiveSettings;
-use nfsprov_agent::config::{AgentConfig, AuthConfig, LogFormat, TokenSection};
+use nfsprov_agent::config::{
+    AgentConfig, AuthConfig, DEFAULT_CREDENTIALS_FILE, LogFormat, TokenSection,
+};
 use nfsprov_agent::exports::ExportSettings;
 use nfsprov_agent::init::{self, InitArgs, files};
 use nfsprov_agent::policy::Policy;
@@ -123,10 +125,12 @@ impl TestAgent {
             auth: AuthConfig {
                 client_ca_file: Some(dir.join(files::CA_CERT)),
                 allowed_client_names: Vec::new(),
-                tokens: vec![TokenSection {
-                    name: "controller".into(),
-                    file: dir.join(files::TOKEN),
-                }],
+                tokens: vec![TokenSection::whole_root(
+                    "controller",
+                    dir.join(files::TOKEN),
+                )],
+                certificate_scopes: Vec::new(),
+                credentials_file: dir.join(DEFAULT_CREDENTIALS_FILE),
                 disabled: false,
             },
             max_body_bytes: 64 * 1024,
