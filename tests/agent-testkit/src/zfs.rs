@@ -4,9 +4,10 @@
 //! destroyed when dropped; the daemon is left running.
 //!
 //! Only one such pool exists at a time on the machine, across threads and processes (the
-//! agent's tests and the clone benchmark take turns): zfs-fuse deadlocks now and then
-//! (every FUSE request to any of its mounts hangs for good) when several pools are
-//! created, used and destroyed at once, while the same work one after the other never did.
+//! agent's tests, the forged-handle tests and the clone benchmark take turns): zfs-fuse
+//! deadlocks now and then (every FUSE request to any of its mounts hangs for good) when
+//! several pools are created, used and destroyed at once, while the same work one after
+//! the other never did.
 
 use std::os::fd::OwnedFd;
 use std::path::{Path, PathBuf};

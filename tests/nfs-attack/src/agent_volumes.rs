@@ -1,6 +1,7 @@
-//! Volumes made by the agent's own store with quota backend `image`, for the attack on
-//! what the agent really makes: A and C created, B a clone of A (a reflink of A's frozen
-//! image given a UUID of its own).
+//! Volumes made by the agent's own store, for the attack on what the agent really makes:
+//! A and C created, B a clone of A, by the backend the quota settings name (`image`: a
+//! reflink of A's frozen image given a UUID of its own; `zfs`: a ZFS clone of a snapshot
+//! of A's dataset).
 
 use std::path::Path;
 
@@ -14,8 +15,8 @@ use crate::setup::{Result, SetupError};
 
 const CAPACITY: u64 = 64 << 20;
 
-/// The store and the volumes it made; they are deleted (unmounted, images removed) when
-/// dropped.
+/// The store and the volumes it made; they are deleted (unmounted and their images
+/// removed, or their datasets destroyed) when dropped.
 pub struct AgentVolumes {
     store: VolumeStore,
     made: Vec<VolumePath>,
@@ -26,15 +27,25 @@ fn failed(what: &str, error: impl std::fmt::Display) -> SetupError {
 }
 
 impl AgentVolumes {
-    /// Makes `a` and `c`, then `b` as a clone of `a`, beneath `export_root` (paths
-    /// relative to it).
-    pub fn make(export_root: &Path, a: &str, b: &str, c: &str) -> Result<Self> {
-        let settings = QuotaSettings {
+    /// The quota settings of the `image` backend, whose images live in the export root.
+    pub fn image_settings() -> QuotaSettings {
+        QuotaSettings {
             backend: QuotaBackend::Image,
             ..QuotaSettings::default()
-        };
-        let backend =
-            backend_for(&settings, export_root).map_err(|e| failed("image backend", e))?;
+        }
+    }
+
+    /// Makes `a` and `c`, then `b` as a clone of `a`, beneath `export_root` (paths
+    /// relative to it), with the backend `settings` name.
+    pub fn make(
+        settings: &QuotaSettings,
+        export_root: &Path,
+        a: &str,
+        b: &str,
+        c: &str,
+    ) -> Result<Self> {
+        let backend = backend_for(settings, export_root)
+            .map_err(|e| failed(&format!("{} backend", settings.backend), e))?;
         let store = VolumeStore::open_with_backend(export_root, backend)
             .map_err(|e| failed("open the store", e))?;
         let mut volumes = Self {

@@ -1,9 +1,11 @@
-//! The server side of an attack: a host filesystem holding an export root with three
-//! volumes (A and C exported to the attacker, B to another tenant) and a directory
-//! outside the export root, the volumes made by the mechanism under test.
+//! The server side of an attack: an export root with three volumes (A and C exported to
+//! the attacker, B to another tenant) and, beside it on the filesystem that holds it, a
+//! directory outside the export root, the volumes made by the mechanism under test.
 
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
+
+use nfsprov_agent_testkit::{PoolError, ZfsPool};
 
 use crate::agent_volumes::AgentVolumes;
 use crate::filesystems::{FsKind, Mounted, make_image, path_str};
@@ -22,12 +24,16 @@ pub enum Mechanism {
     ReflinkClone { kind: FsKind, new_uuid: bool },
     /// A btrfs subvolume of the host, mounted by itself (`subvol=`) at the volume's path.
     BtrfsSubvolumes,
-    /// A zfs-fuse dataset of a pool in a file on the (ext4) host, mounted at the
-    /// volume's path.
+    /// A zfs-fuse dataset of a pool in a file, mounted at the volume's path on the
+    /// (ext4) host.
     ZfsDatasets,
     /// Made by the agent's store with quota backend `image` on an XFS host: A and C
     /// created, B a clone of A.
     AgentImages,
+    /// Made by the agent's store with quota backend `zfs`: A and C created, B a clone
+    /// of A, each a dataset of a zfs-fuse pool below the dataset mounted at the export
+    /// root; the file outside the export root lies on the pool's own dataset.
+    AgentZfs,
 }
 
 impl Mechanism {
@@ -53,6 +59,9 @@ impl Mechanism {
             Mechanism::AgentImages => {
                 "the agent's image volumes, B a clone of A made by the agent".into()
             }
+            Mechanism::AgentZfs => {
+                "the agent's zfs datasets, B a clone of A made by the agent".into()
+            }
         }
     }
 
@@ -63,7 +72,7 @@ impl Mechanism {
             | Mechanism::Images(kind)
             | Mechanism::ReflinkClone { kind, .. } => kind,
             Mechanism::BtrfsSubvolumes => FsKind::Btrfs,
-            Mechanism::ZfsDatasets => FsKind::Zfs,
+            Mechanism::ZfsDatasets | Mechanism::AgentZfs => FsKind::Zfs,
             Mechanism::AgentImages => FsKind::Ext4,
         }
     }
@@ -76,7 +85,7 @@ impl Mechanism {
                 FsKind::Xfs
             }
             Mechanism::BtrfsSubvolumes => FsKind::Btrfs,
-            Mechanism::ZfsDatasets => FsKind::Ext4,
+            Mechanism::ZfsDatasets | Mechanism::AgentZfs => FsKind::Ext4,
         }
     }
 }
@@ -106,11 +115,12 @@ pub struct Layout {
     pub a: Volume,
     pub b: Volume,
     pub c: Volume,
-    /// A file outside the export root, on the host filesystem, writable by all.
+    /// A file outside the export root, on the filesystem holding the export root (the
+    /// host's, or for `AgentZfs` the pool's own dataset), writable by all.
     pub outside_file: PathBuf,
-    /// The path of `outside_file` from the root of the host filesystem.
+    /// The path of `outside_file` from the root of its filesystem.
     pub outside_from_root: Vec<&'static str>,
-    /// The path of B's file from the root of the host filesystem.
+    /// The path of B's file from the root of the filesystem holding the export root.
     pub b_from_root: Vec<String>,
     /// The root of the filesystem A lies on.
     pub a_fs_root: PathBuf,
@@ -128,18 +138,34 @@ impl Layout {
         let host_image = dir.path().join("host.img");
         let host_kind = mechanism.host_kind();
         let host_size = match mechanism {
-            Mechanism::Directories(_) | Mechanism::BtrfsSubvolumes => 512,
+            Mechanism::Directories(_)
+            | Mechanism::BtrfsSubvolumes
+            | Mechanism::ZfsDatasets
+            | Mechanism::AgentZfs => 512,
             _ => 4096,
         };
         make_image(&host_image, host_kind, host_size)?;
         let host = Mounted::loop_image(&host_image, &dir.path().join("host"), &[])?;
         let root = host.path().to_owned();
-        let outside = root.join("outside");
+        // After the host: dropped on an error before it, so that no dataset is left
+        // mounted on the host as it is unmounted.
+        let pool = match mechanism {
+            Mechanism::ZfsDatasets | Mechanism::AgentZfs => Some(zfs_pool()?),
+            _ => None,
+        };
+        // The export root, and the root of the filesystem holding it.
+        let (exports, beside) = match (mechanism, &pool) {
+            (Mechanism::AgentZfs, Some(pool)) => {
+                (pool.export_root().to_owned(), pool.pool_mount().to_owned())
+            }
+            _ => (root.join("exports"), root.clone()),
+        };
+        let outside = beside.join("outside");
         std::fs::create_dir(&outside)?;
         let outside_file = outside.join("authorized_keys");
         write_world_writable(&outside_file, "ssh-ed25519 outside-the-export-root\n")?;
         let volume = |ns: &'static str, name: &'static str| Volume {
-            path: root.join("exports").join(ns).join(name),
+            path: exports.join(ns).join(name),
             pseudo: vec![ns, name],
             file: format!("{name}.txt"),
             secret: format!("secret of {ns}/{name}\n"),
@@ -153,7 +179,6 @@ impl Layout {
             std::fs::create_dir_all(v.path.parent().unwrap_or(&root))?;
         }
         let mut volumes = Vec::new();
-        let mut pool = None;
         let mut agent_volumes = None;
         let images = root.join("images");
         match mechanism {
@@ -217,17 +242,22 @@ impl Layout {
                     )?);
                 }
             }
-            Mechanism::AgentImages => {
+            Mechanism::AgentImages | Mechanism::AgentZfs => {
+                let settings = match &pool {
+                    Some(pool) => pool.quota_settings(),
+                    None => AgentVolumes::image_settings(),
+                };
                 let path = |v: &Volume| v.pseudo.join("/");
                 agent_volumes = Some(AgentVolumes::make(
-                    &root.join("exports"),
+                    &settings,
+                    &exports,
                     &path(&a),
                     &path(&b),
                     &path(&c),
                 )?);
             }
             Mechanism::ZfsDatasets => {
-                let made = ZfsPool::create(&root.join("pool.img"))?;
+                let dataset = pool.as_ref().map(ZfsPool::dataset).unwrap_or_default();
                 for (n, v) in [&a, &b, &c].into_iter().enumerate() {
                     run(
                         "zfs",
@@ -235,11 +265,10 @@ impl Layout {
                             "create",
                             "-o",
                             &format!("mountpoint={}", path_str(&v.path)?),
-                            &format!("{}/v{n}", made.name),
+                            &format!("{dataset}/v{n}"),
                         ],
                     )?;
                 }
-                pool = Some(made);
             }
         }
         for v in [&a, &b, &c] {
@@ -253,6 +282,8 @@ impl Layout {
         };
         let b_dir: &[&str] = match mechanism {
             Mechanism::BtrfsSubvolumes => &["subvolumes", "1"],
+            // The export root is the root of its dataset.
+            Mechanism::AgentZfs => &["team-b", "db"],
             _ => &["exports", "team-b", "db"],
         };
         let b_from_root = b_dir
@@ -310,61 +341,36 @@ impl Layout {
         }
     }
 
-    /// How many of the volumes are filesystems mounted on the host (0: directories of
-    /// the host).
+    /// How many of the volumes are filesystems of their own: each on a device that
+    /// neither the directory it is in nor an earlier volume is on (0: directories).
     pub fn volume_mounts(&self) -> usize {
         use std::os::unix::fs::MetadataExt;
-        let host = std::fs::metadata(self.host_root()).map(|m| m.dev()).ok();
+        let device = |path: &Path| std::fs::metadata(path).map(|m| m.dev()).ok();
+        let mut seen = Vec::new();
         [&self.a, &self.b, &self.c]
             .iter()
-            .filter(|v| std::fs::metadata(&v.path).is_ok_and(|m| Some(m.dev()) != host))
+            .filter(|v| {
+                let own = device(&v.path);
+                let parent = v.path.parent().and_then(device);
+                let apart = own.is_some() && own != parent && !seen.contains(&own);
+                seen.push(own);
+                apart
+            })
             .count()
     }
 }
 
-/// A zfs-fuse pool in a file, its daemon started if none answers (and left running),
-/// one pool at a time on the machine (zfs-fuse wedges with several); destroyed when
-/// dropped.
-struct ZfsPool {
-    name: String,
-    _turn: std::fs::File,
-}
+/// Sparse, so only what is written takes disk space; ZFS wants at least 64 MiB.
+const POOL_BYTES: u64 = 256 << 20;
 
-impl ZfsPool {
-    fn create(file: &Path) -> Result<Self> {
-        let turn = std::fs::OpenOptions::new()
-            .create(true)
-            .truncate(false)
-            .write(true)
-            .open(std::env::temp_dir().join("nfsprov-zfs-tests.lock"))?;
-        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(600);
-        while let Err(e) = turn.try_lock() {
-            if std::time::Instant::now() >= deadline {
-                return Err(SetupError::Failed(format!("no turn at a ZFS pool: {e}")));
-            }
-            std::thread::sleep(std::time::Duration::from_millis(200));
-        }
-        if run("zpool", &["list"]).is_err() {
-            run("zfs-fuse", &[])?;
-            crate::setup::eventually(
-                "zfs-fuse to answer",
-                std::time::Duration::from_secs(30),
-                || run("zpool", &["list"]).is_ok(),
-            )?;
-        }
-        std::fs::File::create(file)?.set_len(256 << 20)?;
-        let name = format!("nfsprovattack{}", std::process::id());
-        run("zpool", &["create", "-m", "none", &name, path_str(file)?])?;
-        Ok(Self { name, _turn: turn })
-    }
-}
-
-impl Drop for ZfsPool {
-    fn drop(&mut self) {
-        if let Err(e) = run("zpool", &["destroy", "-f", &self.name]) {
-            eprintln!("could not destroy pool {}: {e}", self.name);
-        }
-    }
+/// A zfs-fuse pool in a file, once the machine's turn at one has come (the agent's ZFS
+/// tests take the same turns: zfs-fuse wedges with several pools at once), its daemon
+/// started if none answers; destroyed when dropped.
+fn zfs_pool() -> Result<ZfsPool> {
+    ZfsPool::create(POOL_BYTES).map_err(|e| match e {
+        PoolError::Unavailable(reason) => SetupError::Unavailable(reason),
+        PoolError::Failed(reason) => SetupError::Failed(format!("a ZFS pool: {reason}")),
+    })
 }
 
 fn give_new_uuid(image: &Path, kind: FsKind) -> Result<()> {

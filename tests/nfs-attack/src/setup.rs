@@ -8,6 +8,10 @@ pub enum SetupError {
     Io(#[from] std::io::Error),
     #[error("{0}")]
     Failed(String),
+    /// This machine cannot make the layout now (no ZFS, a daemon that does not answer, no
+    /// turn at a pool): the test is skipped, not failed.
+    #[error("{0}")]
+    Unavailable(String),
     /// ganesha started but would not serve these exports.
     #[error("ganesha refused exports {ids:?}; its log:\n{log}")]
     ExportsRefused { ids: Vec<u16>, log: String },

@@ -2,7 +2,8 @@
 //! filesystem's root and a file outside the export root (see `src/attack.rs`), from a
 //! reserved port as root and from an unprivileged port as uid 65534. Each test makes
 //! the volumes by one mechanism that claims to isolate, and fails if any forged handle
-//! reaches its target. Root only: loop mounts and nfs-ganesha.
+//! reaches its target. Root only: loop mounts and nfs-ganesha; the ZFS test also a
+//! zfs-fuse pool, one at a time on the machine (`NFSPROV_SKIP_ZFS=1` skips it).
 //!
 //! Volumes that are directories of one filesystem, or btrfs subvolumes, do not isolate
 //! (`nfsprov-isolation-probe dirs-ext4` shows every attack through): no test here
@@ -44,7 +45,14 @@ fn assert_isolates(test: &str, mechanism: Mechanism) {
         nfsprov_test_skip::skip(test, &reason);
         return;
     }
-    let layout = Layout::build(mechanism).unwrap();
+    let layout = match Layout::build(mechanism) {
+        Ok(layout) => layout,
+        Err(SetupError::Unavailable(reason)) => {
+            nfsprov_test_skip::skip(test, &reason);
+            return;
+        }
+        Err(e) => panic!("{}: {e}", mechanism.describe()),
+    };
     assert_eq!(layout.volume_mounts(), 3, "each volume its own filesystem");
     let report = attack(
         &layout,
@@ -69,6 +77,18 @@ fn the_agents_image_volumes_refuse_every_forged_handle() {
         "the_agents_image_volumes_refuse_every_forged_handle",
         Mechanism::AgentImages,
     );
+}
+
+/// What the agent ships with quota backend `zfs`: its store made the volumes, each a
+/// dataset of a zfs-fuse pool, B a ZFS clone of A (same objects, same generations).
+#[test]
+fn the_agents_zfs_volumes_refuse_every_forged_handle() {
+    const TEST: &str = "the_agents_zfs_volumes_refuse_every_forged_handle";
+    if std::env::var("NFSPROV_SKIP_ZFS").as_deref() == Ok("1") {
+        nfsprov_test_skip::skip(TEST, "NFSPROV_SKIP_ZFS=1");
+        return;
+    }
+    assert_isolates(TEST, Mechanism::AgentZfs);
 }
 
 /// Directories of one ext4 filesystem, the layout of the agent's `none` backend: forged

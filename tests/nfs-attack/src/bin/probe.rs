@@ -2,7 +2,7 @@
 //! server let through: `nfsprov-isolation-probe MECHANISM` (root), where MECHANISM is
 //! `dirs-ext4`, `dirs-xfs`, `images-ext4`, `images-xfs`, `clone-ext4`,
 //! `clone-ext4-new-uuid`, `clone-xfs`, `clone-xfs-new-uuid`, `btrfs-subvolumes`, `zfs-datasets`,
-//! `agent-images` (volumes made by the agent's own store) or
+//! `agent-images` or `agent-zfs` (volumes made by the agent's own store) or
 //! `privileged-port`. A measurement, not a test: a layout that leaks is reported,
 //! not failed.
 
@@ -36,6 +36,7 @@ fn mechanism(name: &str) -> Option<Mechanism> {
         },
         "btrfs-subvolumes" => Mechanism::BtrfsSubvolumes,
         "agent-images" => Mechanism::AgentImages,
+        "agent-zfs" => Mechanism::AgentZfs,
         "zfs-datasets" => Mechanism::ZfsDatasets,
         _ => return None,
     })

@@ -129,8 +129,9 @@ impl VolumeBackend for DatasetBackend {
         Ok(SnapshotMethod::ZfsSnapshot)
     }
 
-    /// Datasets are filesystems of their own to the NFS server (measured with zfs-fuse
-    /// only: docs/isolation-findings.md).
+    /// Datasets are filesystems of their own to the NFS server (tested with zfs-fuse
+    /// only, by the forged-handle suite in `tests/nfs-attack`:
+    /// docs/isolation-findings.md).
     fn isolates_exports(&self) -> bool {
         true
     }
