@@ -209,7 +209,7 @@ pub(crate) fn check_name(name: &str) -> Result<(), String> {
 }
 
 /// The lowercase hex SHA-256 of `token`.
-pub(crate) fn token_sha256(token: &[u8]) -> String {
+pub fn token_sha256(token: &[u8]) -> String {
     let digest = ring::digest::digest(&ring::digest::SHA256, token);
     digest
         .as_ref()
