@@ -11,8 +11,12 @@ use nfsprov_api_types::{MAX_TOKEN_BYTES, ReloadingFile};
 use subtle::ConstantTimeEq;
 
 use crate::config::AuthConfig;
-use crate::credentials::{CredentialsError, WatchedCredentials, scope_of};
-use crate::scope::Scope;
+use crate::credentials::{CredentialSet, CredentialsError, WatchedCredentials, scope_of};
+use crate::scope::{Limits, Scope};
+use crate::store::PrefixLimit;
+
+/// Told the limits of every scoped or limited credential whenever they change.
+pub(crate) type OnLimits = Box<dyn Fn(Vec<PrefixLimit>) + Send + Sync>;
 
 /// The authenticated caller, as written to the audit log, and what it may reach. Never
 /// holds a secret.
@@ -106,8 +110,11 @@ impl fmt::Debug for Authenticator {
 }
 
 impl Authenticator {
-    pub(crate) fn new(config: &AuthConfig) -> Result<Self, AuthSetupError> {
+    /// The authenticator of `config`; `on_limits` is told the credentials' limits now
+    /// and each time the credentials file brings others.
+    pub(crate) fn new(config: &AuthConfig, on_limits: OnLimits) -> Result<Self, AuthSetupError> {
         let mut tokens = Vec::with_capacity(config.tokens.len());
+        let mut fixed_limits = Vec::new();
         for token in &config.tokens {
             let path = token.file.display().to_string();
             let file = ReloadingFile::open(&token.file, MAX_TOKEN_BYTES).map_err(|source| {
@@ -132,21 +139,56 @@ impl Authenticator {
                 name: token.name.clone(),
                 message,
             })?;
+            fixed_limits.extend(limit_of(
+                &token.name,
+                &scope,
+                Limits {
+                    max_volumes: token.max_volumes,
+                    max_bytes: token.max_bytes,
+                },
+            ));
             tokens.push(NamedToken {
                 name: token.name.clone(),
                 file,
                 scope: Arc::new(scope),
             });
         }
-        let certificate_scopes = config
-            .certificate_scopes
-            .iter()
-            .map(|(name, scope)| (name.clone(), Arc::new(scope.clone())))
-            .collect();
+        let mut certificate_scopes = Vec::with_capacity(config.certificate_scopes.len());
+        for certificate in &config.certificate_scopes {
+            let scope = scope_of(
+                certificate.prefix.as_deref(),
+                certificate.operations,
+                certificate.export_clients.as_deref(),
+            )
+            .map_err(|message| AuthSetupError::Scope {
+                name: certificate.name.clone(),
+                message,
+            })?;
+            fixed_limits.extend(limit_of(
+                &certificate.name,
+                &scope,
+                Limits {
+                    max_volumes: certificate.max_volumes,
+                    max_bytes: certificate.max_bytes,
+                },
+            ));
+            certificate_scopes.push((certificate.name.clone(), Arc::new(scope)));
+        }
+        let on_change = move |set: &CredentialSet| {
+            let mut limits = fixed_limits.clone();
+            limits.extend(
+                set.iter()
+                    .filter_map(|c| limit_of(&c.name, &c.scope, c.limits)),
+            );
+            on_limits(limits);
+        };
         Ok(Self {
             tokens,
             certificate_scopes,
-            credentials: WatchedCredentials::open(config.credentials_file.clone())?,
+            credentials: WatchedCredentials::open(
+                config.credentials_file.clone(),
+                Box::new(on_change),
+            )?,
             whole_root: Arc::new(Scope::whole_root()),
             disabled: config.disabled,
         })
@@ -207,6 +249,18 @@ impl Authenticator {
     }
 }
 
+/// What the store is to count and bound for a credential: every one with a prefix (its
+/// figures are reported), and one of the whole root only when it has limits.
+fn limit_of(name: &str, scope: &Scope, limits: Limits) -> Option<PrefixLimit> {
+    let limited = limits.max_volumes.is_some() || limits.max_bytes.is_some();
+    (scope.prefix().is_some() || limited).then(|| PrefixLimit {
+        credential: name.to_owned(),
+        prefix: scope.prefix().cloned(),
+        max_volumes: limits.max_volumes,
+        max_bytes: limits.max_bytes,
+    })
+}
+
 fn bearer_token(header: &[u8]) -> Option<&[u8]> {
     let scheme = header.get(..7)?;
     if !scheme.eq_ignore_ascii_case(b"bearer ") {
@@ -230,14 +284,17 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let file = dir.path().join("token");
         std::fs::write(&file, "s3cret-token\n").unwrap();
-        let auth = Authenticator::new(&AuthConfig {
-            client_ca_file: None,
-            allowed_client_names: Vec::new(),
-            tokens: vec![TokenSection::whole_root("controller", file.clone())],
-            certificate_scopes: Vec::new(),
-            credentials_file: dir.path().join("credentials.toml"),
-            disabled: false,
-        })
+        let auth = Authenticator::new(
+            &AuthConfig {
+                client_ca_file: None,
+                allowed_client_names: Vec::new(),
+                tokens: vec![TokenSection::whole_root("controller", file.clone())],
+                certificate_scopes: Vec::new(),
+                credentials_file: dir.path().join("credentials.toml"),
+                disabled: false,
+            },
+            Box::new(|_| {}),
+        )
         .unwrap();
         let caller = |h: &str| auth.authenticate(None, Some(h.as_bytes()));
         assert_eq!(caller("Bearer s3cret-token"), Some(token("controller")));
@@ -277,14 +334,17 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let file = dir.path().join("token");
         std::fs::write(&file, "\n").unwrap();
-        let err = Authenticator::new(&AuthConfig {
-            client_ca_file: None,
-            allowed_client_names: Vec::new(),
-            tokens: vec![TokenSection::whole_root("c", file)],
-            certificate_scopes: Vec::new(),
-            credentials_file: dir.path().join("credentials.toml"),
-            disabled: false,
-        })
+        let err = Authenticator::new(
+            &AuthConfig {
+                client_ca_file: None,
+                allowed_client_names: Vec::new(),
+                tokens: vec![TokenSection::whole_root("c", file)],
+                certificate_scopes: Vec::new(),
+                credentials_file: dir.path().join("credentials.toml"),
+                disabled: false,
+            },
+            Box::new(|_| {}),
+        )
         .unwrap_err();
         assert!(err.to_string().contains("is empty"), "{err}");
     }

@@ -15,7 +15,7 @@ use crate::credentials::scope_of;
 use crate::exports::ExportSettings;
 use crate::policy::Policy;
 use crate::quota::QuotaSettings;
-use crate::scope::{Operations, Scope};
+use crate::scope::Operations;
 use crate::store::OvercommitLimits;
 
 /// Default location of the agent's settings.
@@ -360,6 +360,12 @@ pub struct TokenSection {
     /// The clients this token's exports may admit lie within one of these; absent: any.
     #[serde(default)]
     pub export_clients: Option<Vec<String>>,
+    /// The most volumes beneath its prefix; absent: no bound.
+    #[serde(default)]
+    pub max_volumes: Option<u64>,
+    /// The most capacity its volumes may add up to; absent: no bound.
+    #[serde(default)]
+    pub max_bytes: Option<u64>,
 }
 
 impl TokenSection {
@@ -371,6 +377,8 @@ impl TokenSection {
             prefix: None,
             operations: Operations::All,
             export_clients: None,
+            max_volumes: None,
+            max_bytes: None,
         }
     }
 }
@@ -388,6 +396,10 @@ pub struct ClientCertificateSection {
     pub operations: Operations,
     #[serde(default)]
     pub export_clients: Option<Vec<String>>,
+    #[serde(default)]
+    pub max_volumes: Option<u64>,
+    #[serde(default)]
+    pub max_bytes: Option<u64>,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -507,8 +519,8 @@ pub struct AuthConfig {
     /// Empty: any client certificate the CA signed for client authentication.
     pub allowed_client_names: Vec<String>,
     pub tokens: Vec<TokenSection>,
-    /// The scopes of client certificates, by name.
-    pub certificate_scopes: Vec<(String, Scope)>,
+    /// The scopes of client certificates, by name (checked).
+    pub certificate_scopes: Vec<ClientCertificateSection>,
     /// The scoped credentials' file, watched while the agent runs.
     pub credentials_file: PathBuf,
     /// Development mode: no authentication at all (loopback only).
@@ -664,7 +676,7 @@ impl AgentConfig {
                     "[[client_certificates]] needs tls.client_ca_file: without a client CA no certificate is accepted at all".into(),
                 ));
             }
-            let scope = scope_of(
+            scope_of(
                 certificate.prefix.as_deref(),
                 certificate.operations,
                 certificate.export_clients.as_deref(),
@@ -674,14 +686,14 @@ impl AgentConfig {
             })?;
             if certificate_scopes
                 .iter()
-                .any(|(name, _)| *name == certificate.name)
+                .any(|known: &ClientCertificateSection| known.name == certificate.name)
             {
                 return Err(ConfigError::Invalid(format!(
                     "client certificate {:?} is listed twice",
                     certificate.name
                 )));
             }
-            certificate_scopes.push((certificate.name, scope));
+            certificate_scopes.push(certificate);
         }
         let credentials_file = file
             .credentials_file

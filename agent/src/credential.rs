@@ -59,6 +59,12 @@ pub struct ScopeArgs {
     /// Absent: any.
     #[arg(long = "export-clients", value_delimiter = ',')]
     pub export_clients: Vec<String>,
+    /// The most volumes beneath its prefix.
+    #[arg(long)]
+    pub max_volumes: Option<u64>,
+    /// The most capacity (bytes) its volumes may add up to.
+    #[arg(long)]
+    pub max_bytes: Option<u64>,
 }
 
 #[derive(Debug, Args)]
@@ -119,6 +125,8 @@ pub fn run(args: &CredentialArgs) -> Result<String, CredentialError> {
                 operations: scope.operations(),
                 export_clients: (!scope.export_clients.is_empty())
                     .then(|| scope.export_clients.clone()),
+                max_volumes: scope.max_volumes,
+                max_bytes: scope.max_bytes,
             });
             let entry = file.credentials.last().cloned();
             entry
@@ -296,6 +304,8 @@ mod tests {
                     read_only: false,
                     no_delete: false,
                     export_clients: vec!["10.2.0.0/16".into()],
+                    max_volumes: Some(10),
+                    max_bytes: None,
                 },
                 secret: secret(),
             })
@@ -369,6 +379,8 @@ mod tests {
                     read_only: true,
                     no_delete: false,
                     export_clients: Vec::new(),
+                    max_volumes: None,
+                    max_bytes: None,
                 },
                 secret: secret(),
             },

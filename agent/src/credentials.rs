@@ -17,7 +17,7 @@ use nfsprov_api_types::{ExportClient, VolumePath};
 use serde::{Deserialize, Serialize};
 use subtle::ConstantTimeEq;
 
-use crate::scope::{Operations, Scope};
+use crate::scope::{Limits, Operations, Scope};
 
 /// Largest credentials file read: a few hundred bytes per credential.
 const MAX_FILE_BYTES: u64 = 4 << 20;
@@ -40,6 +40,12 @@ pub struct CredentialEntry {
     /// The clients its exports may admit lie within one of these; absent: any.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub export_clients: Option<Vec<String>>,
+    /// The most volumes beneath its prefix; absent: no bound.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_volumes: Option<u64>,
+    /// The most capacity its volumes may add up to; absent: no bound.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_bytes: Option<u64>,
 }
 
 fn is_all(operations: &Operations) -> bool {
@@ -226,6 +232,7 @@ pub(crate) struct Credential {
     pub(crate) name: String,
     digest: [u8; 32],
     pub(crate) scope: Arc<Scope>,
+    pub(crate) limits: Limits,
 }
 
 /// The credentials of the file as last read well.
@@ -247,6 +254,10 @@ impl CredentialSet {
                     name: entry.name.clone(),
                     digest,
                     scope: Arc::new(scope),
+                    limits: Limits {
+                        max_volumes: entry.max_volumes,
+                        max_bytes: entry.max_bytes,
+                    },
                 })
             })
             .collect();
@@ -274,6 +285,10 @@ impl CredentialSet {
     pub(crate) fn names(&self) -> impl Iterator<Item = &str> {
         self.credentials.iter().map(|c| c.name.as_str())
     }
+
+    pub(crate) fn iter(&self) -> impl Iterator<Item = &Credential> {
+        self.credentials.iter()
+    }
 }
 
 fn decode_hex(hex: &str) -> Option<[u8; 32]> {
@@ -293,10 +308,22 @@ pub(crate) struct WatchedCredentials {
     shared: Arc<Shared>,
 }
 
-#[derive(Debug)]
+/// Told each set of credentials as it comes into force.
+pub(crate) type OnChange = Box<dyn Fn(&CredentialSet) + Send + Sync>;
+
 struct Shared {
     path: PathBuf,
     set: ArcSwap<CredentialSet>,
+    on_change: OnChange,
+}
+
+impl std::fmt::Debug for Shared {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Shared")
+            .field("path", &self.path)
+            .field("set", &self.set)
+            .finish_non_exhaustive()
+    }
 }
 
 /// What tells a changed file from the one read: a rename puts a new inode in place.
@@ -319,12 +346,15 @@ fn stamp(path: &Path) -> Option<Stamp> {
 impl WatchedCredentials {
     /// Reads `path` once (a missing file holds no credential; an unreadable or invalid
     /// one stops the start, with why), then watches it.
-    pub(crate) fn open(path: PathBuf) -> Result<Self, CredentialsError> {
+    pub(crate) fn open(path: PathBuf, on_change: OnChange) -> Result<Self, CredentialsError> {
         let seen = stamp(&path);
         let file = CredentialsFile::read(&path)?;
+        let set = CredentialSet::from_file(&file);
+        on_change(&set);
         let shared = Arc::new(Shared {
-            set: ArcSwap::from_pointee(CredentialSet::from_file(&file)),
+            set: ArcSwap::from_pointee(set),
             path,
+            on_change,
         });
         if !file.credentials.is_empty() {
             tracing::info!(
@@ -376,6 +406,7 @@ fn watch(watched: Weak<Shared>, mut seen: Option<Stamp>) {
                     names = %set.names().collect::<Vec<_>>().join(","),
                     "scoped credentials reloaded"
                 );
+                (shared.on_change)(&set);
                 shared.set.store(Arc::new(set));
             }
             Err(e) => {
@@ -396,6 +427,8 @@ mod tests {
             prefix: prefix.map(Into::into),
             operations: Operations::All,
             export_clients: None,
+            max_volumes: None,
+            max_bytes: None,
         }
     }
 
@@ -487,7 +520,7 @@ mod tests {
     fn a_change_to_the_file_holds_within_a_second() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("credentials.toml");
-        let watched = WatchedCredentials::open(path.clone()).unwrap();
+        let watched = WatchedCredentials::open(path.clone(), Box::new(|_| {})).unwrap();
         assert!(watched.current().find(b"one").is_none());
         CredentialsFile {
             credentials: vec![entry("one", "one", Some("one"))],

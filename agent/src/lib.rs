@@ -121,7 +121,13 @@ impl Agent {
                 .count_provisioned(config.overcommit)?
                 .count_snapshots(config.max_snapshot_bytes_per_namespace)?,
         );
-        let auth = Authenticator::new(&config.auth)?;
+        let auth = {
+            let store = store.clone();
+            Authenticator::new(
+                &config.auth,
+                Box::new(move |limits| store.prefix_tally().set_limits(limits)),
+            )?
+        };
         // Tokens may come from the credentials file alone; one added while the agent runs
         // needs a handshake without a certificate to arrive.
         let certificate_optional = !config.auth.tokens.is_empty()

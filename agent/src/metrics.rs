@@ -156,6 +156,12 @@ pub(crate) struct Metrics {
     pub operations: Family<OperationLabels, Counter>,
     /// Requests refused because they reached outside their credential's scope.
     pub refused_out_of_scope: Family<CredentialLabels, Counter>,
+    /// The live volumes beneath each scoped credential's prefix, and their capacity.
+    pub credential_volumes: Family<CredentialLabels, Gauge>,
+    pub credential_bytes: Family<CredentialLabels, Gauge>,
+    /// Each credential's `max_volumes` and `max_bytes`, where it has them.
+    pub credential_volumes_limit: Family<CredentialLabels, Gauge>,
+    pub credential_bytes_limit: Family<CredentialLabels, Gauge>,
     pub filesystem_available_bytes: Gauge,
     pub filesystem_free_inodes: Gauge,
     /// The capacity promised to the live volumes.
@@ -246,6 +252,30 @@ impl Metrics {
             "refused_out_of_scope",
             "Requests refused because they reached outside their credential's scope (another prefix, an operation or export client it may not ask for), by credential",
             refused_out_of_scope.clone(),
+        );
+        let credential_volumes = Family::<CredentialLabels, Gauge>::default();
+        registry.register(
+            "credential_volumes",
+            "Live volumes beneath each scoped credential's prefix at the last scrape",
+            credential_volumes.clone(),
+        );
+        let credential_bytes = Family::<CredentialLabels, Gauge>::default();
+        registry.register(
+            "credential_bytes",
+            "Capacity of the live volumes beneath each scoped credential's prefix at the last scrape",
+            credential_bytes.clone(),
+        );
+        let credential_volumes_limit = Family::<CredentialLabels, Gauge>::default();
+        registry.register(
+            "credential_volumes_limit",
+            "Each credential's max_volumes, where it has one",
+            credential_volumes_limit.clone(),
+        );
+        let credential_bytes_limit = Family::<CredentialLabels, Gauge>::default();
+        registry.register(
+            "credential_bytes_limit",
+            "Each credential's max_bytes, where it has one",
+            credential_bytes_limit.clone(),
         );
         let namespace_snapshot_bytes = Family::<NamespaceLabels, Gauge>::default();
         registry.register(
@@ -434,6 +464,10 @@ impl Metrics {
             namespace_snapshot_bytes,
             namespace_snapshot_bytes_limit,
             refused_out_of_scope,
+            credential_volumes,
+            credential_bytes,
+            credential_volumes_limit,
+            credential_bytes_limit,
             leftover_entries,
             stale_records_removed,
             export_root_shared,

@@ -80,6 +80,14 @@ fn kind_of(endpoint: Endpoint) -> Kind {
     }
 }
 
+/// How much one credential may make beneath its prefix; `None`: no bound.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Limits {
+    pub max_volumes: Option<u64>,
+    /// The most capacity its volumes may add up to.
+    pub max_bytes: Option<u64>,
+}
+
 /// What one credential may reach.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Scope {

@@ -30,6 +30,7 @@ mod legacy;
 mod locks;
 mod mounts;
 mod nesting;
+mod prefix_tally;
 mod provisioned;
 mod reconcile;
 mod record;
@@ -73,10 +74,34 @@ pub use self::copy::{
 };
 pub use self::error::{Result, StoreError};
 pub use self::locks::PathGuard;
+pub use self::prefix_tally::{PrefixLimit, PrefixTally, PrefixUse};
 pub use self::provisioned::{OvercommitLimits, Provisioned, ratio as provisioned_ratio};
 pub use self::record::{ArchiveRecord, QuotaRecord, VolumeRecord};
 pub use self::snapshot_budget::SnapshotBudget;
 pub use self::tree::{MAX_USAGE_DEPTH, measure_tree, remove_tree};
+
+/// A volume's capacity held while it is made or grown, in the provisioned figure and the
+/// credentials' tally: given back when dropped, unless kept.
+#[derive(Debug)]
+#[must_use = "a promise is given back when dropped"]
+struct Promise<'a> {
+    reservation: provisioned::Reservation<'a>,
+    hold: prefix_tally::TallyHold<'a>,
+}
+
+impl Promise<'_> {
+    fn keep(self) {
+        self.reservation.keep();
+        self.hold.keep();
+    }
+
+    /// Keeps it when `made` says the volume was made now, else gives it back.
+    fn keep_if(self, made: bool) {
+        if made {
+            self.keep();
+        }
+    }
+}
 
 /// Whether [`VolumeStore::create`] or [`VolumeStore::adopt`] made the volume or found it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -165,6 +190,8 @@ pub struct VolumeStore {
     stale_records: usize,
     /// The capacity promised to the live volumes, and its bounds.
     provisioned: Provisioned,
+    /// The live volumes by path, and the limits of credentials beneath their prefixes.
+    prefix_tally: PrefixTally,
     snapshot_budget: SnapshotBudget,
 }
 
@@ -207,6 +234,7 @@ impl VolumeStore {
             archive_dirs: RwLock::new(()),
             nesting: nesting::Nesting::default(),
             provisioned: Provisioned::default(),
+            prefix_tally: PrefixTally::default(),
             snapshot_budget: SnapshotBudget::default(),
         })
     }
@@ -215,15 +243,24 @@ impl VolumeStore {
     /// serves, and bounds new promises by `limits`. A store not counted (the crate's tests)
     /// counts from zero without bounds.
     pub fn count_provisioned(mut self, limits: OvercommitLimits) -> Result<Self> {
-        let bytes = self
-            .backend
-            .list(&self.root)?
+        let volumes = self.backend.list(&self.root)?;
+        let bytes = volumes
             .iter()
             .map(|(_, record)| record.capacity_bytes)
             .fold(0u64, u64::saturating_add)
             .saturating_add(self.snapshot_promises()?);
         self.provisioned = Provisioned::new(bytes, limits);
+        self.prefix_tally = PrefixTally::new(
+            volumes
+                .into_iter()
+                .map(|(path, record)| (path, record.capacity_bytes)),
+        );
         Ok(self)
+    }
+
+    /// The live volumes by path, and the limits of credentials beneath their prefixes.
+    pub fn prefix_tally(&self) -> &PrefixTally {
+        &self.prefix_tally
     }
 
     /// The capacity promised to the live volumes, and its bounds.
@@ -242,14 +279,26 @@ impl VolumeStore {
     /// `path`, before anything is made (its parents neither). A refused promise is
     /// answered only when no volume is there: a repeated request is confirmed (or judged)
     /// as ever, and promises nothing more.
-    fn promise(&self, path: &VolumePath, capacity: u64) -> Result<provisioned::Reservation<'_>> {
-        match self.reserve(path, capacity) {
+    fn promise(&self, path: &VolumePath, capacity: u64) -> Result<Promise<'_>> {
+        let reservation = match self.reserve(path, capacity) {
             Err(refused @ StoreError::Overcommitted(_)) if self.locate(path)?.is_none() => {
                 Err(refused)
             }
             Err(StoreError::Overcommitted(_)) => self.reserve(path, 0),
             held => held,
-        }
+        }?;
+        // A volume already counted at least this large adds nothing, so a repeated
+        // request is never refused here either.
+        let hold = self.prefix_tally.hold(path, capacity)?;
+        Ok(Promise { reservation, hold })
+    }
+
+    /// Holds the growth of the volume at `path` from `from` to `to` bytes, or refuses it
+    /// past the overcommit bound or a credential's limit.
+    fn promise_growth(&self, path: &VolumePath, from: u64, to: u64) -> Result<Promise<'_>> {
+        let reservation = self.reserve(path, to.saturating_sub(from))?;
+        let hold = self.prefix_tally.hold(path, to)?;
+        Ok(Promise { reservation, hold })
     }
 
     /// How many records of volumes that were gone (a deletion a crash interrupted) the

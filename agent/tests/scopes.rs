@@ -473,8 +473,9 @@ async fn one_credential_reaches_nothing_of_anothers_and_learns_nothing_of_it() {
         .and_then(|line| line.rsplit(' ').next()?.parse().ok())
         .unwrap_or_else(|| panic!("no refusal counted for staging:\n{metrics}"));
     assert!(refused >= 15.0, "{refused}");
-    assert!(
-        !metrics.contains("credential=\"production\""),
+    assert_eq!(
+        figure(&metrics, "nfsprov_agent_refused_out_of_scope_total", "production"),
+        None,
         "production was refused nothing"
     );
 }
@@ -538,4 +539,142 @@ async fn a_rotation_or_revocation_holds_within_a_second_and_touches_no_other() {
     let listed = credential(&setup, &["list"]);
     assert!(!listed.contains("one\t"), "{listed}");
     assert!(listed.contains("other\tother\tall"), "{listed}");
+}
+
+/// The metric `name{credential="CREDENTIAL"}` in `metrics`.
+fn figure(metrics: &str, name: &str, credential: &str) -> Option<f64> {
+    let key = format!("{name}{{credential=\"{credential}\"}} ");
+    metrics
+        .lines()
+        .find_map(|line| line.strip_prefix(&key)?.parse().ok())
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_credential_makes_no_more_volumes_or_capacity_than_its_limits() {
+    const MIB: u64 = 1 << 20;
+    let setup = setup();
+    let limited = token_of(&credential(
+        &setup,
+        &[
+            "add",
+            "limited",
+            "--prefix",
+            "limited",
+            "--max-volumes",
+            "2",
+            "--max-bytes",
+            &(3 * MIB).to_string(),
+            "--url",
+            &format!("https://localhost:{}", setup.port),
+        ],
+    ));
+    let free = add(&setup, "free", "free");
+    let mut agent = start(&setup).await;
+    let caller = |token: &str| Caller {
+        setup: &setup,
+        http: setup.https(),
+        token: token.to_owned(),
+    };
+    let (limited, free) = (caller(&limited), caller(&free));
+    let create = |mib: u64| {
+        format!(
+            r#"{{"mode":"0770","capacity_bytes":{},"owner":{{"pvc_namespace":"ns","pvc_name":"claim","pv_name":"pvc-1"}}}}"#,
+            mib * MIB
+        )
+    };
+    limited
+        .ok("PUT", "/v1/volumes/limited/a", Some(&create(1)))
+        .await;
+    limited
+        .ok("PUT", "/v1/volumes/limited/b", Some(&create(1)))
+        .await;
+    // The same create again is confirmed at the limit.
+    limited
+        .ok("PUT", "/v1/volumes/limited/b", Some(&create(1)))
+        .await;
+    let refused = limited
+        .call("PUT", "/v1/volumes/limited/c", Some(&create(1)))
+        .await;
+    assert_eq!(refused.status, 507, "{refused:?}");
+    assert_eq!(refused.body["code"], "credential_limit", "{refused:?}");
+    assert!(
+        refused.body["message"]
+            .as_str()
+            .unwrap()
+            .contains("max_volumes"),
+        "{refused:?}"
+    );
+    let clone = format!(r#"{{"source":"limited/a","capacity_bytes":{MIB}}}"#);
+    let refused = limited
+        .call("POST", "/v1/clones/limited/c", Some(&clone))
+        .await;
+    assert_eq!(refused.status, 507, "a clone counts too: {refused:?}");
+    // Growth within the bytes passes; past them is refused.
+    let grow = |mib: u64| format!(r#"{{"capacity_bytes":{}}}"#, mib * MIB);
+    limited
+        .ok("PATCH", "/v1/volumes/limited/a", Some(&grow(2)))
+        .await;
+    let refused = limited
+        .call("PATCH", "/v1/volumes/limited/a", Some(&grow(3)))
+        .await;
+    assert_eq!(refused.status, 507, "{refused:?}");
+    assert!(
+        refused.body["message"]
+            .as_str()
+            .unwrap()
+            .contains("max_bytes"),
+        "{refused:?}"
+    );
+    // Another credential is not bound by it.
+    for n in 0..3 {
+        free.ok("PUT", &format!("/v1/volumes/free/v{n}"), Some(&create(2)))
+            .await;
+    }
+    let metrics = setup.metrics().await;
+    assert_eq!(
+        figure(&metrics, "nfsprov_agent_credential_volumes", "limited"),
+        Some(2.0)
+    );
+    assert_eq!(
+        figure(&metrics, "nfsprov_agent_credential_bytes", "limited"),
+        Some((3 * MIB) as f64)
+    );
+    assert_eq!(
+        figure(
+            &metrics,
+            "nfsprov_agent_credential_volumes_limit",
+            "limited"
+        ),
+        Some(2.0)
+    );
+    assert_eq!(
+        figure(&metrics, "nfsprov_agent_credential_bytes_limit", "limited"),
+        Some((3 * MIB) as f64)
+    );
+    assert_eq!(
+        figure(&metrics, "nfsprov_agent_credential_volumes", "free"),
+        Some(3.0)
+    );
+    assert_eq!(
+        figure(&metrics, "nfsprov_agent_credential_volumes_limit", "free"),
+        None
+    );
+
+    // A new start counts the volumes again from their records.
+    drop(agent);
+    agent = start(&setup).await;
+    let refused = limited
+        .call("PUT", "/v1/volumes/limited/c", Some(&create(1)))
+        .await;
+    assert_eq!(refused.status, 507, "after a restart: {refused:?}");
+    // A deleted volume gives its place back; an archived one too.
+    limited.ok("DELETE", "/v1/volumes/limited/b", None).await;
+    limited
+        .ok("PUT", "/v1/volumes/limited/c", Some(&create(1)))
+        .await;
+    limited.ok("POST", "/v1/archives/limited/c", None).await;
+    limited
+        .ok("PUT", "/v1/volumes/limited/d", Some(&create(1)))
+        .await;
+    drop(agent);
 }

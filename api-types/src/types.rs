@@ -736,6 +736,11 @@ pub enum ErrorCode {
     /// the same request is welcome once snapshots of the namespace are deleted or the
     /// limit raised.
     SnapshotLimit,
+    /// The create, clone, restore or expansion would take the volumes or capacity beneath
+    /// a credential's prefix past its `max_volumes` or `max_bytes`: nothing was made or
+    /// changed. Sent as 507; the same request is welcome once the prefix's volumes are
+    /// deleted or the limit raised.
+    CredentialLimit,
     NotReady,
     /// The NFS server (or the bus the agent reaches it by) did not answer an export
     /// change in time; the change was not made and may be asked for again.
@@ -774,7 +779,8 @@ impl ErrorCode {
             ErrorCode::NotReady | ErrorCode::NfsServerUnavailable => 503,
             ErrorCode::InsufficientStorage
             | ErrorCode::OvercommitLimit
-            | ErrorCode::SnapshotLimit => 507,
+            | ErrorCode::SnapshotLimit
+            | ErrorCode::CredentialLimit => 507,
         }
     }
 
@@ -791,6 +797,7 @@ impl ErrorCode {
                 | ErrorCode::InsufficientStorage
                 | ErrorCode::OvercommitLimit
                 | ErrorCode::SnapshotLimit
+                | ErrorCode::CredentialLimit
         )
     }
 }

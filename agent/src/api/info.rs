@@ -11,7 +11,7 @@ use nfsprov_api_types::{AgentInfo, Capabilities, FilesystemStats, Health, Provis
 use super::failure::ApiResult;
 use super::state::AppState;
 use crate::auth::Caller;
-use crate::metrics::NamespaceLabels;
+use crate::metrics::{CredentialLabels, NamespaceLabels};
 use crate::store::{self, VolumeStore};
 use crate::tls::PeerCertificate;
 
@@ -88,6 +88,7 @@ pub(super) async fn metrics(State(state): State<Arc<AppState>>) -> Response {
             .overcommit_warn_ratio
             .set(provisioning.warn_ratio);
     }
+    count_credentials(&state);
     let budget = state.store.snapshot_budget();
     // Set afresh at each scrape: a namespace whose snapshots are all gone disappears.
     state.metrics.namespace_snapshot_bytes.clear();
@@ -160,4 +161,47 @@ pub(super) async fn info(
         export_root_filesystem: whole_agent
             .then(|| state.root_filesystem.to_info(state.allow_shared_filesystem)),
     }))
+}
+
+/// Each scoped or limited credential's volumes and capacity, and its limits, set afresh
+/// at each scrape: a revoked credential disappears.
+fn count_credentials(state: &AppState) {
+    let metrics = &state.metrics;
+    let families = [
+        &metrics.credential_volumes,
+        &metrics.credential_bytes,
+        &metrics.credential_volumes_limit,
+        &metrics.credential_bytes_limit,
+    ];
+    for family in families {
+        family.clear();
+    }
+    let tally = state.store.prefix_tally();
+    let gauge = |figure: u64| i64::try_from(figure).unwrap_or(i64::MAX);
+    for limit in tally.limits().iter() {
+        let labels = CredentialLabels {
+            credential: limit.credential.clone(),
+        };
+        let used = tally.usage(limit.prefix.as_ref());
+        metrics
+            .credential_volumes
+            .get_or_create(&labels)
+            .set(gauge(used.volumes));
+        metrics
+            .credential_bytes
+            .get_or_create(&labels)
+            .set(gauge(used.bytes));
+        if let Some(max) = limit.max_volumes {
+            metrics
+                .credential_volumes_limit
+                .get_or_create(&labels)
+                .set(gauge(max));
+        }
+        if let Some(max) = limit.max_bytes {
+            metrics
+                .credential_bytes_limit
+                .get_or_create(&labels)
+                .set(gauge(max));
+        }
+    }
 }

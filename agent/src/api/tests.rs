@@ -64,7 +64,7 @@ fn state(dir: &FsPath) -> Arc<AppState> {
         exports: Default::default(),
     };
     let store = Arc::new(VolumeStore::open(&root).unwrap());
-    let auth = Authenticator::new(&config.auth).unwrap();
+    let auth = Authenticator::new(&config.auth, Box::new(|_| {})).unwrap();
     Arc::new(AppState::new(store, auth, &config))
 }
 

@@ -128,6 +128,7 @@ impl VolumeStore {
         let record = record_as_found(dir.as_fd(), path, request.capacity_bytes, &request.owner)?;
         self.backend.write_record(dir.as_fd(), path, &record)?;
         self.provisioned.add(record.capacity_bytes);
+        self.prefix_tally.count(path, record.capacity_bytes);
         drop(dir);
         self.settle(path, parent.as_fd())?;
         tracing::info!(

@@ -37,6 +37,7 @@ impl VolumeStore {
                 KnownQuota::Known(record.quota.as_ref()),
             )?;
             self.provisioned.release(record.capacity_bytes);
+            self.prefix_tally.forget(path);
             let mut changes = Changes::new();
             changes.dir(parent.as_fd())?;
             self.durable.commit(changes)?;
@@ -58,7 +59,10 @@ impl VolumeStore {
             RenameFlags::NOREPLACE,
         ) {
             // Gone from its path: what is left in the trash is no volume any more.
-            Ok(()) => self.provisioned.release(record.capacity_bytes),
+            Ok(()) => {
+                self.provisioned.release(record.capacity_bytes);
+                self.prefix_tally.forget(path);
+            }
             Err(Errno::NOENT) => return Ok(Deleted::WasAbsent),
             Err(e) => return Err(io_error(format!("move {path} to the trash"), e)),
         }

@@ -36,6 +36,9 @@ pub enum StoreError {
     /// A snapshot past `limits.max_snapshot_bytes_per_namespace`.
     #[error("{}", Clean(.0))]
     SnapshotLimit(String),
+    /// A volume or capacity past what the credential's limits allow beneath its prefix.
+    #[error("{}", Clean(.0))]
+    CredentialLimit(String),
     /// A quota the backend cannot give, or a shrink.
     #[error("{}", Clean(.0))]
     Unsupported(String),
@@ -68,6 +71,7 @@ impl StoreError {
             StoreError::NotReady(_) => ErrorCode::NotReady,
             StoreError::Overcommitted(_) => ErrorCode::OvercommitLimit,
             StoreError::SnapshotLimit(_) => ErrorCode::SnapshotLimit,
+            StoreError::CredentialLimit(_) => ErrorCode::CredentialLimit,
             StoreError::Unsupported(_) => ErrorCode::Unsupported,
             StoreError::Invalid(_) => ErrorCode::InvalidBody,
             StoreError::Quota { source, .. } if source.timed_out() => ErrorCode::Timeout,

@@ -20,8 +20,7 @@ impl VolumeStore {
             self.settle(path, parent.as_fd())?;
             return Ok(record.to_volume(path));
         }
-        let reservation =
-            self.reserve(path, capacity_bytes.saturating_sub(record.capacity_bytes))?;
+        let reservation = self.promise_growth(path, record.capacity_bytes, capacity_bytes)?;
         let dir = open_child(parent.as_fd(), path.file_name(), false)?;
         if let Some(quota) = &record.quota {
             if quota.backend != self.backend.kind() {

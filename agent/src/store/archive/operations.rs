@@ -106,6 +106,7 @@ impl VolumeStore {
             match moved {
                 Ok(()) => {
                     self.provisioned.release(record.capacity_bytes);
+                    self.prefix_tally.forget(path);
                     let mut changes = Changes::new();
                     changes
                         .dir(parent.as_fd())?
