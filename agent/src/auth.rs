@@ -24,6 +24,8 @@ pub(crate) type OnLimits = Box<dyn Fn(Vec<PrefixLimit>) + Send + Sync>;
 pub(crate) struct Caller {
     identity: Identity,
     scope: Arc<Scope>,
+    /// Its `max_jobs`.
+    max_jobs: Option<usize>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -39,6 +41,11 @@ impl Caller {
         &self.scope
     }
 
+    /// The most jobs of its admitted at once; `None`: no bound of its own.
+    pub(crate) fn max_jobs(&self) -> Option<usize> {
+        self.max_jobs
+    }
+
     /// The credential's name alone: the label of its metrics.
     pub(crate) fn name(&self) -> &str {
         match &self.identity {
@@ -52,6 +59,7 @@ impl Caller {
         Self {
             identity: Identity::Token(name.into()),
             scope: Arc::new(scope),
+            max_jobs: None,
         }
     }
 }
@@ -87,12 +95,13 @@ struct NamedToken {
     name: String,
     file: ReloadingFile,
     scope: Arc<Scope>,
+    max_jobs: Option<usize>,
 }
 
 /// Decides who a request comes from, and what it may reach.
 pub(crate) struct Authenticator {
     tokens: Vec<NamedToken>,
-    certificate_scopes: Vec<(String, Arc<Scope>)>,
+    certificate_scopes: Vec<(String, Arc<Scope>, Option<usize>)>,
     credentials: WatchedCredentials,
     whole_root: Arc<Scope>,
     disabled: bool,
@@ -145,12 +154,14 @@ impl Authenticator {
                 Limits {
                     max_volumes: token.max_volumes,
                     max_bytes: token.max_bytes,
+                    max_jobs: token.max_jobs,
                 },
             ));
             tokens.push(NamedToken {
                 name: token.name.clone(),
                 file,
                 scope: Arc::new(scope),
+                max_jobs: token.max_jobs,
             });
         }
         let mut certificate_scopes = Vec::with_capacity(config.certificate_scopes.len());
@@ -170,9 +181,14 @@ impl Authenticator {
                 Limits {
                     max_volumes: certificate.max_volumes,
                     max_bytes: certificate.max_bytes,
+                    max_jobs: certificate.max_jobs,
                 },
             ));
-            certificate_scopes.push((certificate.name.clone(), Arc::new(scope)));
+            certificate_scopes.push((
+                certificate.name.clone(),
+                Arc::new(scope),
+                certificate.max_jobs,
+            ));
         }
         let on_change = move |set: &CredentialSet| {
             let mut limits = fixed_limits.clone();
@@ -201,14 +217,17 @@ impl Authenticator {
         authorization: Option<&[u8]>,
     ) -> Option<Caller> {
         if let Some(name) = peer_certificate {
-            let scope = self
+            let (scope, max_jobs) = self
                 .certificate_scopes
                 .iter()
-                .find(|(named, _)| named == name)
-                .map_or(&self.whole_root, |(_, scope)| scope);
+                .find(|(named, _, _)| named == name)
+                .map_or((&self.whole_root, None), |(_, scope, max_jobs)| {
+                    (scope, *max_jobs)
+                });
             return Some(Caller {
                 identity: Identity::Certificate(name.to_owned()),
                 scope: scope.clone(),
+                max_jobs,
             });
         }
         if let Some(presented) = authorization.and_then(bearer_token)
@@ -219,6 +238,7 @@ impl Authenticator {
         self.disabled.then(|| Caller {
             identity: Identity::Anonymous,
             scope: self.whole_root.clone(),
+            max_jobs: None,
         })
     }
 
@@ -237,6 +257,7 @@ impl Authenticator {
                 matched = Some(Caller {
                     identity: Identity::Token(token.name.clone()),
                     scope: token.scope.clone(),
+                    max_jobs: token.max_jobs,
                 });
             }
         }
@@ -244,6 +265,7 @@ impl Authenticator {
         let scoped = credentials.find(presented).map(|credential| Caller {
             identity: Identity::Token(credential.name.clone()),
             scope: credential.scope.clone(),
+            max_jobs: credential.limits.max_jobs,
         });
         matched.or(scoped)
     }
@@ -314,6 +336,7 @@ mod tests {
             Some(Caller {
                 identity: Identity::Certificate("cn=controller".into()),
                 scope: Arc::new(Scope::whole_root()),
+                max_jobs: None,
             })
         );
         let staged = dir.path().join("token.new");

@@ -366,6 +366,9 @@ pub struct TokenSection {
     /// The most capacity its volumes may add up to; absent: no bound.
     #[serde(default)]
     pub max_bytes: Option<u64>,
+    /// The most clones, snapshots and restores of its admitted at once; absent: no bound.
+    #[serde(default)]
+    pub max_jobs: Option<usize>,
 }
 
 impl TokenSection {
@@ -379,6 +382,7 @@ impl TokenSection {
             export_clients: None,
             max_volumes: None,
             max_bytes: None,
+            max_jobs: None,
         }
     }
 }
@@ -400,6 +404,8 @@ pub struct ClientCertificateSection {
     pub max_volumes: Option<u64>,
     #[serde(default)]
     pub max_bytes: Option<u64>,
+    #[serde(default)]
+    pub max_jobs: Option<usize>,
 }
 
 #[derive(Debug, Clone, Deserialize)]

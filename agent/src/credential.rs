@@ -65,6 +65,9 @@ pub struct ScopeArgs {
     /// The most capacity (bytes) its volumes may add up to.
     #[arg(long)]
     pub max_bytes: Option<u64>,
+    /// The most clones, snapshots and restores of its running or waiting at once.
+    #[arg(long)]
+    pub max_jobs: Option<usize>,
 }
 
 #[derive(Debug, Args)]
@@ -127,6 +130,7 @@ pub fn run(args: &CredentialArgs) -> Result<String, CredentialError> {
                     .then(|| scope.export_clients.clone()),
                 max_volumes: scope.max_volumes,
                 max_bytes: scope.max_bytes,
+                max_jobs: scope.max_jobs,
             });
             let entry = file.credentials.last().cloned();
             entry
@@ -306,6 +310,7 @@ mod tests {
                     export_clients: vec!["10.2.0.0/16".into()],
                     max_volumes: Some(10),
                     max_bytes: None,
+                    max_jobs: Some(2),
                 },
                 secret: secret(),
             })
@@ -381,6 +386,7 @@ mod tests {
                     export_clients: Vec::new(),
                     max_volumes: None,
                     max_bytes: None,
+                    max_jobs: None,
                 },
                 secret: secret(),
             },

@@ -46,6 +46,9 @@ pub struct CredentialEntry {
     /// The most capacity its volumes may add up to; absent: no bound.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub max_bytes: Option<u64>,
+    /// The most clones, snapshots and restores of its admitted at once; absent: no bound.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_jobs: Option<usize>,
 }
 
 fn is_all(operations: &Operations) -> bool {
@@ -257,6 +260,7 @@ impl CredentialSet {
                     limits: Limits {
                         max_volumes: entry.max_volumes,
                         max_bytes: entry.max_bytes,
+                        max_jobs: entry.max_jobs,
                     },
                 })
             })
@@ -429,6 +433,7 @@ mod tests {
             export_clients: None,
             max_volumes: None,
             max_bytes: None,
+            max_jobs: None,
         }
     }
 

@@ -162,6 +162,9 @@ pub(crate) struct Metrics {
     /// Each credential's `max_volumes` and `max_bytes`, where it has them.
     pub credential_volumes_limit: Family<CredentialLabels, Gauge>,
     pub credential_bytes_limit: Family<CredentialLabels, Gauge>,
+    /// Each credential's clones, snapshots and restores admitted, and its `max_jobs`.
+    pub credential_jobs: Family<CredentialLabels, Gauge>,
+    pub credential_jobs_limit: Family<CredentialLabels, Gauge>,
     pub filesystem_available_bytes: Gauge,
     pub filesystem_free_inodes: Gauge,
     /// The capacity promised to the live volumes.
@@ -276,6 +279,18 @@ impl Metrics {
             "credential_bytes_limit",
             "Each credential's max_bytes, where it has one",
             credential_bytes_limit.clone(),
+        );
+        let credential_jobs = Family::<CredentialLabels, Gauge>::default();
+        registry.register(
+            "credential_jobs",
+            "Clones, snapshots and restores admitted (waiting or running) of each credential with a max_jobs",
+            credential_jobs.clone(),
+        );
+        let credential_jobs_limit = Family::<CredentialLabels, Gauge>::default();
+        registry.register(
+            "credential_jobs_limit",
+            "Each credential's max_jobs, as its last request came with it",
+            credential_jobs_limit.clone(),
         );
         let namespace_snapshot_bytes = Family::<NamespaceLabels, Gauge>::default();
         registry.register(
@@ -468,6 +483,8 @@ impl Metrics {
             credential_bytes,
             credential_volumes_limit,
             credential_bytes_limit,
+            credential_jobs,
+            credential_jobs_limit,
             leftover_entries,
             stale_records_removed,
             export_root_shared,

@@ -86,6 +86,8 @@ pub struct Limits {
     pub max_volumes: Option<u64>,
     /// The most capacity its volumes may add up to.
     pub max_bytes: Option<u64>,
+    /// The most clones, snapshots and restores of its admitted at once.
+    pub max_jobs: Option<usize>,
 }
 
 /// What one credential may reach.

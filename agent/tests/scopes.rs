@@ -474,7 +474,11 @@ async fn one_credential_reaches_nothing_of_anothers_and_learns_nothing_of_it() {
         .unwrap_or_else(|| panic!("no refusal counted for staging:\n{metrics}"));
     assert!(refused >= 15.0, "{refused}");
     assert_eq!(
-        figure(&metrics, "nfsprov_agent_refused_out_of_scope_total", "production"),
+        figure(
+            &metrics,
+            "nfsprov_agent_refused_out_of_scope_total",
+            "production"
+        ),
         None,
         "production was refused nothing"
     );
@@ -677,4 +681,126 @@ async fn a_credential_makes_no_more_volumes_or_capacity_than_its_limits() {
         .ok("PUT", "/v1/volumes/limited/d", Some(&create(1)))
         .await;
     drop(agent);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_credential_runs_no_more_jobs_than_its_share() {
+    const SWITCH: &str = "NFSPROV_AGENT_HOLD_CLONES";
+    let setup = setup();
+    let busy = token_of(&credential(
+        &setup,
+        &[
+            "add",
+            "busy",
+            "--prefix",
+            "busy",
+            "--max-jobs",
+            "1",
+            "--url",
+            &format!("https://localhost:{}", setup.port),
+        ],
+    ));
+    let other = add(&setup, "other", "other");
+    let hold = setup.hold(SWITCH);
+    let _agent = Running(setup.spawn_held(SWITCH));
+    setup.wait_healthy(&setup.client()).await;
+    let caller = |token: &str| Caller {
+        setup: &setup,
+        http: setup.https(),
+        token: token.to_owned(),
+    };
+    let (busy, other) = (caller(&busy), caller(&other));
+    busy.ok("PUT", "/v1/volumes/busy/source", Some(CREATE))
+        .await;
+    other
+        .ok("PUT", "/v1/volumes/other/source", Some(CREATE))
+        .await;
+    let clone_of = |source: &str| format!(r#"{{"source":"{source}","capacity_bytes":1048576}}"#);
+    let first = busy
+        .call(
+            "POST",
+            "/v1/clones/busy/one",
+            Some(&clone_of("busy/source")),
+        )
+        .await;
+    assert_eq!(first.status, 202, "held: {first:?}");
+    // Its share is taken: a second job starts nothing, a repeat of the first joins it.
+    let second = busy
+        .call(
+            "POST",
+            "/v1/clones/busy/two",
+            Some(&clone_of("busy/source")),
+        )
+        .await;
+    assert_eq!(second.status, 429, "{second:?}");
+    assert_eq!(second.body["code"], "job_queue_full", "{second:?}");
+    assert!(
+        second.body["message"]
+            .as_str()
+            .unwrap()
+            .contains("max_jobs"),
+        "{second:?}"
+    );
+    let again = busy
+        .call(
+            "POST",
+            "/v1/clones/busy/one",
+            Some(&clone_of("busy/source")),
+        )
+        .await;
+    assert_eq!(again.status, 202, "a repeat joins its job: {again:?}");
+    // Another credential's jobs are not held back by it.
+    let others = other
+        .call(
+            "POST",
+            "/v1/clones/other/one",
+            Some(&clone_of("other/source")),
+        )
+        .await;
+    assert_eq!(others.status, 202, "{others:?}");
+    let metrics = setup.metrics().await;
+    assert_eq!(
+        figure(&metrics, "nfsprov_agent_credential_jobs", "busy"),
+        Some(1.0)
+    );
+    assert_eq!(
+        figure(&metrics, "nfsprov_agent_credential_jobs_limit", "busy"),
+        Some(1.0)
+    );
+    assert_eq!(
+        figure(&metrics, "nfsprov_agent_credential_jobs", "other"),
+        None
+    );
+
+    // Once the first ends, its share is free again.
+    drop(hold);
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let done = busy
+            .call(
+                "POST",
+                "/v1/clones/busy/one",
+                Some(&clone_of("busy/source")),
+            )
+            .await;
+        if done.status == 200 || done.status == 201 {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the first clone never ended: {done:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let second = busy
+        .call(
+            "POST",
+            "/v1/clones/busy/two",
+            Some(&clone_of("busy/source")),
+        )
+        .await;
+    assert!(
+        (200..=202).contains(&second.status),
+        "the share is free again: {second:?}"
+    );
 }

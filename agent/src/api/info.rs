@@ -172,12 +172,26 @@ fn count_credentials(state: &AppState) {
         &metrics.credential_bytes,
         &metrics.credential_volumes_limit,
         &metrics.credential_bytes_limit,
+        &metrics.credential_jobs,
+        &metrics.credential_jobs_limit,
     ];
     for family in families {
         family.clear();
     }
     let tally = state.store.prefix_tally();
     let gauge = |figure: u64| i64::try_from(figure).unwrap_or(i64::MAX);
+    for (credential, admitted, max) in state.job_shares.admitted() {
+        let labels = CredentialLabels { credential };
+        let count = |n: usize| i64::try_from(n).unwrap_or(i64::MAX);
+        metrics
+            .credential_jobs
+            .get_or_create(&labels)
+            .set(count(admitted));
+        metrics
+            .credential_jobs_limit
+            .get_or_create(&labels)
+            .set(count(max));
+    }
     for limit in tally.limits().iter() {
         let labels = CredentialLabels {
             credential: limit.credential.clone(),

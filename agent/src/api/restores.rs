@@ -46,8 +46,13 @@ pub(super) async fn restore_volume(
         RestoreSource::Archive(id) => caller.scope().check_path(id.volume())?,
     }
     let export = request.export.clone();
+    let share = state.job_shares.share(caller.name(), caller.max_jobs());
     let wait = clone_answer_wait(state.request_timeout);
-    let result = match state.snapshots.restore(&path, &source, request, wait).await {
+    let result = match state
+        .snapshots
+        .restore(&path, &source, request, wait, share.as_ref())
+        .await
+    {
         RestoreAnswer::Running(progress) => {
             return Ok((StatusCode::ACCEPTED, Json(progress)).into_response());
         }

@@ -77,7 +77,12 @@ pub(super) async fn create_snapshot(
     caller.scope().check_path(&request.source)?;
     check_snapshots(&state)?;
     let wait = clone_answer_wait(state.request_timeout);
-    let result = match state.snapshots.create(&name, request, wait).await {
+    let share = state.job_shares.share(caller.name(), caller.max_jobs());
+    let result = match state
+        .snapshots
+        .create(&name, request, wait, share.as_ref())
+        .await
+    {
         SnapshotAnswer::Running(snapshot) => {
             return Ok((StatusCode::ACCEPTED, Json(snapshot)).into_response());
         }

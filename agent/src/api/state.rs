@@ -10,7 +10,7 @@ use crate::archive::catalog::Archives;
 use crate::auth::Authenticator;
 use crate::config::AgentConfig;
 use crate::exports::{ExportHealth, Exports};
-use crate::jobs::{Clones, JobRunner, Snapshots};
+use crate::jobs::{Clones, JobRunner, JobShares, Snapshots};
 use crate::metrics::Metrics;
 use crate::policy::Policy;
 use crate::ratelimit::RateLimit;
@@ -40,6 +40,8 @@ pub(crate) struct AppState {
     pub(crate) clones: Clones,
     /// The snapshots and restores being made.
     pub(crate) snapshots: Snapshots,
+    /// Each credential's share of those jobs, where it has a `max_jobs`.
+    pub(crate) job_shares: JobShares,
     /// Who each volume is exported to.
     pub(crate) exports: Arc<Exports>,
     /// Whether the export root has its filesystem to itself.
@@ -74,6 +76,7 @@ impl AppState {
             )),
             snapshots: Snapshots::new(store.clone(), metrics.snapshots.clone(), &job_runner),
             clones: Clones::new(store.clone(), metrics.clones.clone(), &job_runner),
+            job_shares: JobShares::default(),
             exports: Arc::new(Exports::none(&config.nfs_path)),
             root_filesystem: RootFilesystem {
                 mount_point: config.export_root.clone(),

@@ -160,8 +160,13 @@ pub(super) async fn clone_volume(
     check_new_export(&state, caller.scope(), &path, request.export.as_ref())?;
     caller.scope().check_path(&request.source)?;
     let export = request.export.clone();
+    let share = state.job_shares.share(caller.name(), caller.max_jobs());
     let wait = clone_answer_wait(state.request_timeout);
-    let result = match state.clones.clone_volume(&path, request, wait).await {
+    let result = match state
+        .clones
+        .clone_volume(&path, request, wait, share.as_ref())
+        .await
+    {
         CloneAnswer::Running(progress) => {
             return Ok((StatusCode::ACCEPTED, Json(progress)).into_response());
         }

@@ -12,6 +12,7 @@ use nfsprov_api_types::{ApiError, CloneProgress, CloneVolumeRequest, Volume, Vol
 use super::map::Fate;
 use super::queue::JobKind;
 use super::runner::{Counters, JobRunner, JobTask, Jobs};
+use super::shares::JobShare;
 use super::slots::SlotWaits;
 use crate::holds;
 use crate::metrics::{CloneLabels, CloneMetrics};
@@ -57,19 +58,23 @@ impl Clones {
 
     /// Starts the clone of `request` at `path`, or joins the job already making it, and
     /// waits at most `wait` for it to end. A job making something else at `path` is a
-    /// conflict; a new job when the clone queue is full is refused.
+    /// conflict; a new job when the clone queue or the caller's `share` is full is
+    /// refused.
     pub(crate) async fn clone_volume(
         &self,
         path: &VolumePath,
         request: CloneVolumeRequest,
         wait: Duration,
+        share: Option<&JobShare>,
     ) -> CloneAnswer {
-        let joined = self.jobs.join_or_start(path, &request, (), || CloneJob {
-            store: self.store.clone(),
-            metrics: self.metrics.clone(),
-            path: path.clone(),
-            request: request.clone(),
-        });
+        let joined = self
+            .jobs
+            .join_or_start(path, &request, (), share, || CloneJob {
+                store: self.store.clone(),
+                metrics: self.metrics.clone(),
+                path: path.clone(),
+                request: request.clone(),
+            });
         let mut joined = match joined {
             Ok(joined) => joined,
             Err(refused) => {

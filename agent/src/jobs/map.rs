@@ -13,6 +13,7 @@ use nfsprov_api_types::{ApiError, ErrorCode};
 use tokio::sync::watch;
 
 use super::queue::{JobQueue, Ticket};
+use super::shares::JobShare;
 use crate::store::snapshot::Stage;
 
 #[derive(Debug)]
@@ -113,6 +114,7 @@ where
         key: &K,
         request: &R,
         info: I,
+        share: Option<&JobShare>,
         start: impl FnOnce(JobEnd<K, R, O, I>, Arc<Fate>, Ticket),
     ) -> Result<Joined<O, I>, Refused<R>> {
         let mut running = self.running.lock().unwrap_or_else(|e| e.into_inner());
@@ -124,7 +126,7 @@ where
             }),
             Some(job) => Err(Refused::Other(job.request.clone())),
             None => {
-                let ticket = self.queue.admit().map_err(Refused::Full)?;
+                let ticket = self.queue.admit(share).map_err(Refused::Full)?;
                 let (tell, done) = watch::channel(None);
                 let id = self.ids.fetch_add(1, Ordering::Relaxed);
                 let fate = Arc::new(Fate::default());
@@ -265,25 +267,27 @@ mod tests {
         let jobs: JobMap<&str, u32, u32, ()> = JobMap::new(queue(1));
         let mut tickets = Vec::new();
         let mut ends = Vec::new();
-        let first = jobs.join_or_start(&"a", &1, (), |end, _, ticket| {
+        let first = jobs.join_or_start(&"a", &1, (), None, |end, _, ticket| {
             ends.push(end);
             tickets.push(ticket);
         });
         assert!(first.is_ok());
         // Another key is a new job: refused, and nothing of it is kept.
-        match jobs.join_or_start(&"b", &1, (), |_, _, _| panic!("started past the limit")) {
+        match jobs.join_or_start(&"b", &1, (), None, |_, _, _| {
+            panic!("started past the limit")
+        }) {
             Err(Refused::Full(full)) => assert_eq!(full.code, ErrorCode::JobQueueFull),
             other => panic!("not refused as full: {other:?}"),
         }
         assert!(jobs.info(&"b").is_none());
         // A repeat of the admitted job joins it.
         assert!(
-            jobs.join_or_start(&"a", &1, (), |_, _, _| panic!("a second job at a"))
+            jobs.join_or_start(&"a", &1, (), None, |_, _, _| panic!("a second job at a"))
                 .is_ok()
         );
         // Once the first holds its slot, another may wait.
         tickets[0].run();
-        let second = jobs.join_or_start(&"b", &1, (), |end, _, ticket| {
+        let second = jobs.join_or_start(&"b", &1, (), None, |end, _, ticket| {
             ends.push(end);
             tickets.push(ticket);
         });
@@ -295,20 +299,20 @@ mod tests {
         let jobs: JobMap<&str, u32, u32, ()> = JobMap::new(queue(8));
         let mut ends = Vec::new();
         let mut fates = Vec::new();
-        let first = jobs.join_or_start(&"a", &1, (), |end, fate, _| {
+        let first = jobs.join_or_start(&"a", &1, (), None, |end, fate, _| {
             fates.push(fate);
             ends.push(end);
         });
         assert!(first.is_ok());
         assert!(matches!(
-            jobs.join_or_start(&"a", &2, (), |_, _, _| {}),
+            jobs.join_or_start(&"a", &2, (), None, |_, _, _| {}),
             Err(Refused::Other(1))
         ));
         // Still looking, so not settled by the cancel; forgotten all the same.
         assert!(!jobs.cancel(&"a"));
         assert!(jobs.info(&"a").is_none());
         assert!(!jobs.cancel(&"a"));
-        jobs.join_or_start(&"a", &2, (), |end, fate, _| {
+        jobs.join_or_start(&"a", &2, (), None, |end, fate, _| {
             fates.push(fate);
             ends.push(end);
         })

@@ -17,6 +17,7 @@ mod map;
 mod queue;
 mod restore_jobs;
 mod runner;
+mod shares;
 mod slots;
 mod snapshot_jobs;
 
@@ -24,4 +25,5 @@ pub(crate) use clone_jobs::{CloneAnswer, Clones};
 pub(crate) use queue::RETRY_AFTER;
 pub(crate) use restore_jobs::RestoreAnswer;
 pub(crate) use runner::JobRunner;
+pub(crate) use shares::JobShares;
 pub(crate) use snapshot_jobs::{SnapshotAnswer, Snapshots};

@@ -19,6 +19,7 @@ use nfsprov_api_types::{ApiError, ErrorCode};
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::gauge::Gauge;
 
+use super::shares::{JobShare, ShareHold};
 use crate::metrics::{JobLabels, JobMetrics};
 
 /// What a refusal asks a client to wait before the same request: about what a small copy
@@ -76,8 +77,10 @@ impl JobQueue {
     }
 
     /// Admits one more job, counted as waiting until [`Ticket::run`]; refused when
-    /// `limit` jobs wait already.
-    pub(super) fn admit(&self) -> Result<Ticket, ApiError> {
+    /// `limit` jobs wait already, or when the `share` of the credential asking for it is
+    /// taken.
+    pub(super) fn admit(&self, share: Option<&JobShare>) -> Result<Ticket, ApiError> {
+        let share = share.map(JobShare::take).transpose()?;
         let admitted = self
             .waiting
             .fetch_update(Ordering::AcqRel, Ordering::Acquire, |waiting| {
@@ -99,6 +102,7 @@ impl JobQueue {
         Ok(Ticket {
             queue: self.clone(),
             running: false,
+            _share: share,
         })
     }
 }
@@ -109,6 +113,8 @@ impl JobQueue {
 pub(super) struct Ticket {
     queue: JobQueue,
     running: bool,
+    /// The job's part of its credential's share, held as long as the job.
+    _share: Option<ShareHold>,
 }
 
 impl Ticket {
@@ -146,9 +152,9 @@ mod tests {
         let gauge = |family: &prometheus_client::metrics::family::Family<JobLabels, Gauge>| {
             family.get_or_create(&labels).get()
         };
-        let mut first = queue.admit().unwrap();
-        let second = queue.admit().unwrap();
-        let refused = queue.admit().unwrap_err();
+        let mut first = queue.admit(None).unwrap();
+        let second = queue.admit(None).unwrap();
+        let refused = queue.admit(None).unwrap_err();
         assert_eq!(refused.code, ErrorCode::JobQueueFull);
         assert!(
             refused.message.contains("2 snapshot jobs"),
@@ -163,17 +169,17 @@ mod tests {
         first.run();
         first.run();
         assert_eq!((gauge(&metrics.queued), gauge(&metrics.running)), (1, 1));
-        let third = queue.admit().unwrap();
-        assert!(queue.admit().is_err());
+        let third = queue.admit(None).unwrap();
+        assert!(queue.admit(None).is_err());
         assert_eq!(metrics.refused.get_or_create(&labels).get(), 2);
 
         // Jobs that end, waiting or running, give their places back.
         drop((first, second, third));
         assert_eq!((gauge(&metrics.queued), gauge(&metrics.running)), (0, 0));
-        let _again = [queue.admit().unwrap(), queue.admit().unwrap()];
+        let _again = [queue.admit(None).unwrap(), queue.admit(None).unwrap()];
         // Other kinds have queues of their own.
         let clones = JobQueue::new(JobKind::Clone, 1, &metrics);
-        let _clone = clones.admit().unwrap();
-        assert!(queue.admit().is_err());
+        let _clone = clones.admit(None).unwrap();
+        assert!(queue.admit(None).is_err());
     }
 }

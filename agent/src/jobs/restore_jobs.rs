@@ -18,6 +18,7 @@ use nfsprov_api_types::{
 use super::map::Fate;
 use super::queue::JobKind;
 use super::runner::{Counters, JobRunner, JobTask, Jobs};
+use super::shares::JobShare;
 use crate::metrics::{RestoreLabels, SnapshotMetrics};
 use crate::store::{Created, PathGuard, StoreError, VolumeStore};
 
@@ -70,6 +71,7 @@ impl Restores {
         source: &RestoreSource,
         request: RestoreVolumeRequest,
         wait: Duration,
+        share: Option<&JobShare>,
         being_taken: impl FnOnce(&SnapshotName) -> bool,
     ) -> RestoreAnswer {
         if let RestoreSource::Snapshot(name) = source
@@ -82,13 +84,15 @@ impl Restores {
                 ),
             )));
         }
-        let joined = self.jobs.join_or_start(path, &request, (), || RestoreJob {
-            store: self.store.clone(),
-            metrics: self.metrics.clone(),
-            path: path.clone(),
-            source: source.clone(),
-            request: request.clone(),
-        });
+        let joined = self
+            .jobs
+            .join_or_start(path, &request, (), share, || RestoreJob {
+                store: self.store.clone(),
+                metrics: self.metrics.clone(),
+                path: path.clone(),
+                source: source.clone(),
+                request: request.clone(),
+            });
         let mut joined = match joined {
             Ok(joined) => joined,
             Err(refused) => {

@@ -14,6 +14,7 @@ use prometheus_client::metrics::gauge::Gauge;
 
 use super::map::{Fate, JobEnd, JobMap, Joined, Refused};
 use super::queue::{JobKind, JobQueue, Ticket};
+use super::shares::JobShare;
 use super::slots::{SlotWaits, Slots};
 use crate::config::AgentConfig;
 use crate::metrics::{JobMetrics, Metrics};
@@ -107,10 +108,11 @@ where
         key: &K,
         request: &R,
         info: I,
+        share: Option<&JobShare>,
         task: impl FnOnce() -> J,
     ) -> Result<Joined<Outcome<T>, I>, Refused<R>> {
         self.map
-            .join_or_start(key, request, info, |end, fate, ticket| {
+            .join_or_start(key, request, info, share, |end, fate, ticket| {
                 self.spawn(task(), end, fate, ticket);
             })
     }
@@ -279,7 +281,7 @@ pub(super) mod tests {
             let (end, release) = mpsc::channel();
             let joined = self
                 .jobs
-                .join_or_start(&key, &1, (), || MockTask {
+                .join_or_start(&key, &1, (), None, || MockTask {
                     name: key,
                     release: Mutex::new(release),
                     warned: self.warned.clone(),

@@ -25,6 +25,7 @@ use super::map::Fate;
 use super::queue::JobKind;
 use super::restore_jobs::{RestoreAnswer, Restores};
 use super::runner::{Counters, JobRunner, JobTask, Jobs};
+use super::shares::JobShare;
 use crate::metrics::{SnapshotLabels, SnapshotMetrics};
 use crate::store::snapshot::deleted_while_taken;
 use crate::store::{Created, Deleted, PathGuard, StoreError, VolumeStore};
@@ -78,6 +79,7 @@ impl Snapshots {
         name: &SnapshotName,
         request: CreateSnapshotRequest,
         wait: Duration,
+        share: Option<&JobShare>,
     ) -> SnapshotAnswer {
         // Only for the answer while it runs: the job itself reads the source under its
         // lock.
@@ -104,7 +106,7 @@ impl Snapshots {
         };
         let joined = self
             .jobs
-            .join_or_start(name, &request, pending, || SnapshotJob {
+            .join_or_start(name, &request, pending, share, || SnapshotJob {
                 store: self.store.clone(),
                 metrics: self.metrics.clone(),
                 name: name.clone(),
@@ -146,9 +148,10 @@ impl Snapshots {
         source: &RestoreSource,
         request: RestoreVolumeRequest,
         wait: Duration,
+        share: Option<&JobShare>,
     ) -> RestoreAnswer {
         self.restores
-            .restore(path, source, request, wait, |name| {
+            .restore(path, source, request, wait, share, |name| {
                 self.pending(name).is_some()
             })
             .await
