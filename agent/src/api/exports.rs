@@ -105,6 +105,25 @@ pub(super) fn exported(
     Ok(volume)
 }
 
+/// The export step around a volume step that takes the volume's filesystem from the NFS
+/// server for a while (an image volume grown unmounted), under the caller's path lock:
+/// the export withheld, `work` done, the export served again as it was. The export stays
+/// recorded throughout, so a crash in between leaves one the start serves again.
+pub(super) fn with_export_withheld<T>(
+    exports: &Exports,
+    path: &VolumePath,
+    work: impl FnOnce() -> Result<T, Failure>,
+) -> Result<T, Failure> {
+    exports.withhold(path)?;
+    let result = work();
+    // Served again whatever the work did: it never leaves the filesystem unmounted
+    // without an error, and then the store refuses to serve it as not ready.
+    let served = exports.serve_withheld(path);
+    let value = result?;
+    served?;
+    Ok(value)
+}
+
 /// The volume's export removed before the volume itself is deleted or archived: a crash
 /// between the two leaves a volume nobody can mount, never an export of nothing.
 pub(super) fn unexported(exports: &Exports, path: &VolumePath) -> Result<(), Failure> {

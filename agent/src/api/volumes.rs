@@ -14,12 +14,15 @@ use nfsprov_api_types::{
 };
 
 use super::blocking::{clone_answer_wait, off_workers, with_path_lock};
-use super::exports::{check_new_export, export_made, exported, made_or_found, unexported};
+use super::exports::{
+    check_new_export, export_made, exported, made_or_found, unexported, with_export_withheld,
+};
 use super::failure::{ApiResult, Failure, outcome};
 use super::input::{invalid_query, volume_path, volume_request};
 use super::state::AppState;
+use crate::exports::Exports;
 use crate::jobs::CloneAnswer;
-use crate::store::Deleted;
+use crate::store::{Deleted, VolumeStore};
 
 pub(super) async fn create_volume(
     State(state): State<Arc<AppState>>,
@@ -83,14 +86,51 @@ pub(super) async fn resize_volume(
 ) -> ApiResult<Json<Volume>> {
     let (path, request): (VolumePath, ResizeVolumeRequest) =
         volume_request(&state, raw_path, &headers, body).await?;
+    let exports = state.exports.clone();
     let result = with_path_lock(&state, &path.clone(), move |store| {
-        store.resize(&path, request.capacity_bytes)
+        resized(store, &exports, &path, request.capacity_bytes)
     })
     .await;
+    let offline = match &result {
+        Ok((_, offline)) => *offline,
+        Err(_) => state.store.backend().grows_offline(),
+    };
+    let result = result.map(|(volume, _)| volume);
+    if offline {
+        state
+            .metrics
+            .count_operation("grow_offline", outcome(&result));
+    }
     state.metrics.count_operation("resize", outcome(&result));
     let mut volume = result?;
     state.exports.describe(&mut volume);
     Ok(Json(volume))
+}
+
+/// The volume resized; where its backend grows it offline, its export withheld around
+/// the growth. Answers whether it was grown offline. Under the volume's path lock.
+fn resized(
+    store: &VolumeStore,
+    exports: &Exports,
+    path: &VolumePath,
+    capacity_bytes: u64,
+) -> Result<(Volume, bool), Failure> {
+    let offline = || {
+        with_export_withheld(exports, path, || Ok(store.resize(path, capacity_bytes)?))
+            .map(|volume| (volume, true))
+    };
+    if store.backend().grows_offline() {
+        if store.would_grow(path, capacity_bytes)? {
+            return offline();
+        }
+        return Ok((store.resize(path, capacity_bytes)?, false));
+    }
+    match store.resize(path, capacity_bytes) {
+        Ok(volume) => Ok((volume, false)),
+        // The kernel refused to grow it mounted, and from now on it is grown offline.
+        Err(_) if store.backend().grows_offline() => offline(),
+        Err(error) => Err(error.into()),
+    }
 }
 
 pub(super) async fn delete_volume(
