@@ -23,6 +23,7 @@ use std::time::{Duration, Instant};
 use nfsprov_api_types::VolumePath;
 
 use crate::exports::{FaultPoint, crash_if_asked};
+use crate::holds;
 use crate::store::error::{Result, StoreError, quota_error};
 
 use super::files::{failed, remove_synced, set_size, sync_parent};
@@ -134,6 +135,7 @@ impl Growth {
             return Err(e);
         }
         crash_if_asked(FaultPoint::GrowUnmounted);
+        holds::wait_if_asked(holds::GROWTHS);
         let grown = tools
             .grow_unmounted(image)
             .map_err(|e| quota_error(format!("grow the unmounted filesystem of {path}"), e));
