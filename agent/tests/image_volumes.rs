@@ -413,6 +413,74 @@ async fn an_image_volume_grows_offline() {
     drop(ganesha);
 }
 
+/// What a crash in the middle of an offline growth leaves: the filesystem unmounted, the
+/// image already longer, the growth's mark beside it and a filesystem marked as having
+/// errors. The next start checks it (e2fsck), grows it to fill its image and mounts it,
+/// with its data; the record keeps the capacity last acknowledged.
+#[tokio::test(flavor = "multi_thread")]
+async fn an_interrupted_offline_growth_is_finished_at_the_next_start() {
+    const TEST: &str = "an_interrupted_offline_growth_is_finished_at_the_next_start";
+    let Some(fs) = xfs_or_skip(TEST) else {
+        return;
+    };
+    let root = fs.root();
+    let agent = image_agent(&root).await;
+    let a = path("team-a/app");
+    agent
+        .client()
+        .create_volume(&a, &create(32 * MIB), None)
+        .await
+        .unwrap();
+    let dir_a = root.join(a.as_str());
+    std::fs::write(dir_a.join("data"), b"kept").unwrap();
+    drop(agent);
+
+    run("umount", &[dir_a.to_str().unwrap()]).unwrap();
+    let images = root.join(".nfsprov/images/team-a");
+    let image = images.join("app.img");
+    let mark = images.join("app.growing");
+    std::fs::write(&mark, b"").unwrap();
+    let file = std::fs::OpenOptions::new()
+        .write(true)
+        .open(&image)
+        .unwrap();
+    file.set_len(file.metadata().unwrap().len() + 40 * MIB)
+        .unwrap();
+    drop(file);
+    // Not clean, with errors, and last checked long ago: the check that must come
+    // before the mount shows in its date.
+    for field in ["state 2", "lastcheck 20200101"] {
+        run(
+            "debugfs",
+            &["-w", "-R", &format!("ssv {field}"), image.to_str().unwrap()],
+        )
+        .unwrap();
+    }
+
+    let agent = image_agent(&root).await;
+    assert!(is_mount(&root, &dir_a), "mounted again");
+    assert!(!mark.exists(), "the growth was finished");
+    let vfs = rustix::fs::statvfs(&dir_a).unwrap();
+    assert!(
+        vfs.f_blocks * vfs.f_frsize >= 64 * MIB,
+        "grown to fill its image: {}",
+        vfs.f_blocks * vfs.f_frsize
+    );
+    assert_eq!(std::fs::read(dir_a.join("data")).unwrap(), b"kept");
+    let superblock = run("dumpe2fs", &["-h", image.to_str().unwrap()]).unwrap();
+    let checked = superblock
+        .lines()
+        .find(|line| line.starts_with("Last checked:"))
+        .unwrap();
+    assert!(
+        !checked.contains("2020"),
+        "checked before it was mounted: {checked}"
+    );
+    let got = agent.client().get_volume(&a, None).await.unwrap().unwrap();
+    assert_eq!(got.capacity_bytes, 32 * MIB, "as last acknowledged");
+    agent.client().delete_volume(&a, None).await.unwrap();
+}
+
 fn installed(tool: &str) -> bool {
     std::env::var_os("PATH").is_some_and(|paths| {
         std::env::split_paths(&paths)
