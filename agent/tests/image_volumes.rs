@@ -3,7 +3,8 @@
 //! volume an ext4 image mounted at its path, its size the quota; clones, snapshots and
 //! restores reflinks of the image with a UUID of their own; expansion online (where the
 //! kernel allows it: `CAP_SYS_RESOURCE`) or offline, its ganesha export withheld and
-//! served again (where it does not); archives
+//! served again (where it does not), and an offline growth a crash interrupted finished
+//! at the next start; archives
 //! and restores from them; a restart after the volumes were unmounted (a reboot) mounts
 //! them again, and a bare mountpoint takes no write meanwhile.
 
