@@ -87,15 +87,14 @@ pub(super) async fn resize_volume(
     let (path, request): (VolumePath, ResizeVolumeRequest) =
         volume_request(&state, raw_path, &headers, body).await?;
     let exports = state.exports.clone();
-    let result = with_path_lock(&state, &path.clone(), move |store| {
-        resized(store, &exports, &path, request.capacity_bytes)
+    let (offline, result) = match with_path_lock(&state, &path.clone(), move |store| {
+        Ok::<_, Failure>(resized(store, &exports, &path, request.capacity_bytes))
     })
-    .await;
-    let offline = match &result {
-        Ok((_, offline)) => *offline,
-        Err(_) => state.store.backend().grows_offline(),
+    .await
+    {
+        Ok((offline, result)) => (offline, result),
+        Err(failure) => (false, Err(failure)),
     };
-    let result = result.map(|(volume, _)| volume);
     if offline {
         state
             .metrics
@@ -108,28 +107,38 @@ pub(super) async fn resize_volume(
 }
 
 /// The volume resized; where its backend grows it offline, its export withheld around
-/// the growth. Answers whether it was grown offline. Under the volume's path lock.
+/// the growth. Answers whether a growth offline was tried, and the volume. Under the
+/// volume's path lock.
 fn resized(
     store: &VolumeStore,
     exports: &Exports,
     path: &VolumePath,
     capacity_bytes: u64,
-) -> Result<(Volume, bool), Failure> {
+) -> (bool, ApiResult<Volume>) {
     let offline = || {
-        with_export_withheld(exports, path, || Ok(store.resize(path, capacity_bytes)?))
-            .map(|volume| (volume, true))
+        let grown = with_export_withheld(
+            exports,
+            path,
+            || Ok(store.resize(path, capacity_bytes)?),
+            || store.backend().is_servable(path),
+        );
+        (true, grown)
     };
     if store.backend().grows_offline() {
-        if store.would_grow(path, capacity_bytes)? {
-            return offline();
-        }
-        return Ok((store.resize(path, capacity_bytes)?, false));
+        return match store.would_grow(path, capacity_bytes) {
+            Ok(true) => offline(),
+            Ok(false) => (
+                false,
+                store.resize(path, capacity_bytes).map_err(Failure::from),
+            ),
+            Err(error) => (false, Err(error.into())),
+        };
     }
     match store.resize(path, capacity_bytes) {
-        Ok(volume) => Ok((volume, false)),
+        Ok(volume) => (false, Ok(volume)),
         // The kernel refused to grow it mounted, and from now on it is grown offline.
         Err(_) if store.backend().grows_offline() => offline(),
-        Err(error) => Err(error.into()),
+        Err(error) => (false, Err(error.into())),
     }
 }
 

@@ -329,6 +329,18 @@ impl Exports {
         result
     }
 
+    /// Leaves the export [`Exports::withhold`] withdrew unserved, because its volume
+    /// cannot be served (its filesystem is not mounted): the exports are degraded, for
+    /// `why`, and reconciliation postponed, until a start mounts the volume and serves
+    /// it again from its record.
+    pub fn keep_withheld(&self, volume: &VolumePath, why: &str) {
+        if self.withheld.load().contains(volume) {
+            self.degrade(format!(
+                "the export of {volume} is withheld: {why}; restart the agent once it can mount the volume"
+            ));
+        }
+    }
+
     /// Whether `volume`'s export is withdrawn for a while ([`Exports::withhold`]).
     pub fn is_withheld(&self, volume: &VolumePath) -> bool {
         self.withheld.load().contains(volume)
@@ -687,5 +699,19 @@ mod tests {
         assert_eq!(restores(), before + 1, "and passes compare it again");
         // Nothing withheld: nothing to do.
         assert!(!exports.withhold(&path("ns/unexported")).unwrap());
+
+        // A volume that could not be mounted again stays withheld, the exports degraded.
+        assert!(exports.withhold(&volume).unwrap());
+        exports.keep_withheld(&volume, "its filesystem could not be mounted again");
+        assert!(
+            matches!(&*exports.health(), ExportHealth::Degraded { reason, .. } if reason.contains("ns/grown")),
+            "{:?}",
+            exports.health()
+        );
+        let before = restores();
+        reconciler.pass().await.outcome.unwrap();
+        assert_eq!(restores(), before, "no pass serves it");
+        assert!(exports.health().is_degraded());
+        assert_eq!(*server.suspended.lock().unwrap(), vec![id]);
     }
 }
