@@ -3,7 +3,9 @@
 //! may start from its include files before the agent has mounted the volumes: it then
 //! resolves each export's path to the bare mountpoint beneath the mount. The mountpoint
 //! takes no write meanwhile, and the agent, once it has mounted the volumes, exports
-//! them again, so that clients reach the volume, never the directory beneath it.
+//! them again, so that clients reach the volume, never the directory beneath it. Where
+//! the agent may not grow a mounted filesystem, a volume grows unmounted, its export
+//! withdrawn meanwhile, and a client that had it mounted goes on afterwards.
 
 use std::net::Ipv4Addr;
 
