@@ -1,5 +1,6 @@
 //! Points where a debug build waits, on a test's request, so that a test can watch a job
-//! in progress or stop the agent in the middle of one, whatever the speed of the copy.
+//! in progress or stop the agent in the middle of one, whatever the speed of the copy
+//! (or see what an NFS client meets while a volume grows offline).
 //! Each switch is an environment variable naming a file: while the test holds an
 //! exclusive lock on it, the job waits for a shared one. A release agent never reads the
 //! switches and never waits.
@@ -10,6 +11,10 @@ pub(crate) const CLONES: &str = "NFSPROV_AGENT_HOLD_CLONES";
 pub(crate) const SNAPSHOTS: &str = "NFSPROV_AGENT_HOLD_SNAPSHOTS";
 /// A restore's finished copy waits before it is placed at its path.
 pub(crate) const RESTORES: &str = "NFSPROV_AGENT_HOLD_RESTORES";
+
+/// An offline growth waits with the volume's filesystem unmounted and its export
+/// withdrawn.
+pub(crate) const GROWTHS: &str = "NFSPROV_AGENT_HOLD_GROWTHS";
 
 /// Waits while the test holding the file `switch` names keeps it locked.
 pub(crate) fn wait_if_asked(switch: &str) {

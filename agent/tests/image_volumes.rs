@@ -2,7 +2,9 @@
 //! API, on a loop-mounted XFS export root that shares extents (root required): each
 //! volume an ext4 image mounted at its path, its size the quota; clones, snapshots and
 //! restores reflinks of the image with a UUID of their own; expansion online (where the
-//! kernel allows it: `CAP_SYS_RESOURCE`); archives
+//! kernel allows it: `CAP_SYS_RESOURCE`) or offline, its ganesha export withheld and
+//! served again (where it does not), and an offline growth a crash interrupted finished
+//! at the next start; archives
 //! and restores from them; a restart after the volumes were unmounted (a reboot) mounts
 //! them again, and a bare mountpoint takes no write meanwhile.
 
@@ -15,12 +17,15 @@ use std::path::Path;
 
 use common::backing::xfs_or_skip;
 use common::jobs::{clone_until_ready, restore_until_ready};
+use nfsprov_agent::exports::ExportSettings;
 use nfsprov_agent::quota::QuotaSettings;
 use nfsprov_agent_testkit::TestAgent;
+use nfsprov_agent_testkit::ganesha::{Ganesha, PrivateBus};
 use nfsprov_api_types::client::AgentClient;
 use nfsprov_api_types::{
-    CloneMethod, CloneVolumeRequest, CreateSnapshotRequest, CreateVolumeRequest, QuotaBackend,
-    QuotaPolicy, RestoreVolumeRequest, SnapshotMethod, SnapshotName, VolumeOwner, VolumePath,
+    CloneMethod, CloneVolumeRequest, CreateSnapshotRequest, CreateVolumeRequest, ExportManager,
+    ExportRequest, QuotaBackend, QuotaPolicy, RestoreVolumeRequest, SnapshotMethod, SnapshotName,
+    VolumeOwner, VolumePath,
 };
 
 const MIB: u64 = 1 << 20;
@@ -318,6 +323,171 @@ async fn an_image_volume_grows_while_mounted() {
     let (written, error) = fill(&dir_a.join("big"), 48 * MIB);
     assert!(error.is_none() && written == 48 * MIB, "{error:?}");
     assert_eq!(std::fs::read(dir_a.join("data")).unwrap(), b"kept");
+}
+
+/// Where the kernel withholds `CAP_SYS_RESOURCE`: the volume is grown unmounted, its
+/// ganesha export withdrawn meanwhile and served again as it was, its filesystem the same
+/// (UUID, data) at the new size.
+#[tokio::test(flavor = "multi_thread")]
+async fn an_image_volume_grows_offline() {
+    const TEST: &str = "an_image_volume_grows_offline";
+    let Some(fs) = xfs_or_skip(TEST) else {
+        return;
+    };
+    if may_resize_mounted() {
+        nfsprov_test_skip::skip(
+            TEST,
+            "this machine lets root resize a mounted ext4 (CAP_SYS_RESOURCE), so the agent grows volumes online",
+        );
+        return;
+    }
+    if let Some(tool) = ["ganesha.nfsd", "dbus-daemon", "dbus-send"]
+        .into_iter()
+        .find(|tool| !installed(tool))
+    {
+        nfsprov_test_skip::skip(TEST, &format!("{tool} is not installed"));
+        return;
+    }
+    let root = fs.root();
+    let base = tempfile::tempdir().unwrap();
+    let config_dir = base.path().join("ganesha.d");
+    let bus = PrivateBus::start().await.unwrap();
+    let ganesha = Ganesha::start(&bus, &config_dir).await.unwrap();
+    let exports = ExportSettings {
+        manager: ExportManager::Ganesha,
+        ganesha_config_dir: config_dir.clone(),
+        ganesha_dbus_address: Some(bus.address().to_owned()),
+        ..ExportSettings::default()
+    };
+    let agent = TestAgent::start_with_quota_and_exports(&root, image_settings(), exports)
+        .await
+        .unwrap();
+    let client = agent.client();
+    let a = path("team-a/app");
+    let made = client
+        .create_volume(
+            &a,
+            &CreateVolumeRequest {
+                export: Some(ExportRequest {
+                    clients: vec!["127.0.0.1".parse().unwrap()],
+                    ..ExportRequest::default()
+                }),
+                ..create(32 * MIB)
+            },
+            None,
+        )
+        .await
+        .unwrap();
+    let export = made.volume.export.expect("exported");
+    // ganesha's own pseudo-filesystem root is export 0.
+    let ours = || -> Vec<(u16, String)> {
+        let mut served = ganesha.exports().unwrap();
+        served.retain(|(id, _)| *id != 0);
+        served
+    };
+    let served = ours();
+    assert_eq!(served.len(), 1, "{served:?}");
+    let dir_a = root.join(a.as_str());
+    std::fs::write(dir_a.join("data"), b"kept").unwrap();
+    let uuid = uuid_of(&dir_a);
+
+    let grown = client.resize_volume(&a, 64 * MIB, None).await.unwrap();
+    assert_eq!(grown.capacity_bytes, 64 * MIB);
+    assert_eq!(grown.export.as_ref(), Some(&export), "reported as before");
+    assert!(is_mount(&root, &dir_a), "mounted again");
+    assert_eq!(uuid_of(&dir_a), uuid, "the same filesystem");
+    let vfs = rustix::fs::statvfs(&dir_a).unwrap();
+    assert!(vfs.f_blocks * vfs.f_frsize >= 64 * MIB);
+    assert_eq!(std::fs::read(dir_a.join("data")).unwrap(), b"kept");
+    assert_eq!(ours(), served, "served again with its id and path");
+    let (written, error) = fill(&dir_a.join("big"), 48 * MIB);
+    assert!(error.is_none() && written == 48 * MIB, "{error:?}");
+    let got = client.get_volume(&a, None).await.unwrap().expect("there");
+    assert_eq!(got.capacity_bytes, 64 * MIB);
+    assert_eq!(got.export, Some(export));
+    // The same capacity again changes nothing and withdraws nothing.
+    client.resize_volume(&a, 64 * MIB, None).await.unwrap();
+    assert_eq!(ours(), served);
+    client.delete_volume(&a, None).await.unwrap();
+    assert!(ours().is_empty());
+    drop(agent);
+    drop(ganesha);
+}
+
+/// What a crash in the middle of an offline growth leaves: the filesystem unmounted, the
+/// image already longer, the growth's mark beside it and a filesystem marked as having
+/// errors. The next start checks it (e2fsck), grows it to fill its image and mounts it,
+/// with its data; the record keeps the capacity last acknowledged.
+#[tokio::test(flavor = "multi_thread")]
+async fn an_interrupted_offline_growth_is_finished_at_the_next_start() {
+    const TEST: &str = "an_interrupted_offline_growth_is_finished_at_the_next_start";
+    let Some(fs) = xfs_or_skip(TEST) else {
+        return;
+    };
+    let root = fs.root();
+    let agent = image_agent(&root).await;
+    let a = path("team-a/app");
+    agent
+        .client()
+        .create_volume(&a, &create(32 * MIB), None)
+        .await
+        .unwrap();
+    let dir_a = root.join(a.as_str());
+    std::fs::write(dir_a.join("data"), b"kept").unwrap();
+    drop(agent);
+
+    run("umount", &[dir_a.to_str().unwrap()]).unwrap();
+    let images = root.join(".nfsprov/images/team-a");
+    let image = images.join("app.img");
+    let mark = images.join("app.growing");
+    std::fs::write(&mark, b"").unwrap();
+    let file = std::fs::OpenOptions::new()
+        .write(true)
+        .open(&image)
+        .unwrap();
+    file.set_len(file.metadata().unwrap().len() + 40 * MIB)
+        .unwrap();
+    drop(file);
+    // Not clean, with errors, and last checked long ago: the check that must come
+    // before the mount shows in its date.
+    for field in ["state 2", "lastcheck 20200101"] {
+        run(
+            "debugfs",
+            &["-w", "-R", &format!("ssv {field}"), image.to_str().unwrap()],
+        )
+        .unwrap();
+    }
+
+    let agent = image_agent(&root).await;
+    assert!(is_mount(&root, &dir_a), "mounted again");
+    assert!(!mark.exists(), "the growth was finished");
+    let vfs = rustix::fs::statvfs(&dir_a).unwrap();
+    assert!(
+        vfs.f_blocks * vfs.f_frsize >= 64 * MIB,
+        "grown to fill its image: {}",
+        vfs.f_blocks * vfs.f_frsize
+    );
+    assert_eq!(std::fs::read(dir_a.join("data")).unwrap(), b"kept");
+    let superblock = run("dumpe2fs", &["-h", image.to_str().unwrap()]).unwrap();
+    let checked = superblock
+        .lines()
+        .find(|line| line.starts_with("Last checked:"))
+        .unwrap();
+    assert!(
+        !checked.contains("2020"),
+        "checked before it was mounted: {checked}"
+    );
+    let got = agent.client().get_volume(&a, None).await.unwrap().unwrap();
+    assert_eq!(got.capacity_bytes, 32 * MIB, "as last acknowledged");
+    agent.client().delete_volume(&a, None).await.unwrap();
+}
+
+fn installed(tool: &str) -> bool {
+    std::env::var_os("PATH").is_some_and(|paths| {
+        std::env::split_paths(&paths)
+            .chain(["/usr/sbin".into(), "/sbin".into()])
+            .any(|dir| dir.join(tool).is_file())
+    })
 }
 
 fn walk_files(dir: &Path) -> Vec<std::path::PathBuf> {

@@ -206,6 +206,50 @@ fn knfsd_recording_exportfs_stand_in_sees_one_call_per_client_change_and_the_fil
     assert!(!log.contains("-r") && !log.contains("-a"), "{log}");
 }
 
+/// An export withheld while its volume grows offline: unexported from the kernel for
+/// each client, kept in the file (a reboot serves it again), then exported again as it was.
+#[test]
+fn knfsd_recording_exportfs_stand_in_withholds_an_export_and_serves_it_again_as_it_was() {
+    let stand_in = StandIn::new();
+    let exports = stand_in.open();
+    let volume = VolumePath::parse("ns/a").unwrap();
+    let path = stand_in.path("ns/a");
+    let export = exports
+        .set(&volume, &request(&["10.0.0.0/8", "127.0.0.2"]))
+        .unwrap();
+    let _ = stand_in.calls();
+    let file = stand_in.file();
+
+    assert!(exports.withhold(&volume).unwrap());
+    let mut calls = stand_in.calls();
+    calls.sort();
+    assert_eq!(
+        calls,
+        vec![
+            format!("-u 10.0.0.0/8:{path}"),
+            format!("-u 127.0.0.2:{path}")
+        ]
+    );
+    assert_eq!(stand_in.file(), file, "still recorded");
+    assert_eq!(exports.get(&volume), Some(export.clone()), "still reported");
+
+    exports.serve_withheld(&volume).unwrap();
+    let mut calls = stand_in.calls();
+    calls.sort();
+    assert_eq!(
+        calls,
+        vec![
+            format!("-o {OPTIONS} 10.0.0.0/8:{path}"),
+            format!("-o {OPTIONS} 127.0.0.2:{path}"),
+        ]
+    );
+    assert_eq!(stand_in.file(), file);
+    assert_eq!(exports.get(&volume), Some(export));
+    // Served already: nothing more to do.
+    exports.serve_withheld(&volume).unwrap();
+    assert!(stand_in.calls().is_empty());
+}
+
 #[test]
 fn knfsd_recording_exportfs_stand_in_refusing_leaves_the_export_as_it_was() {
     let stand_in = StandIn::new();

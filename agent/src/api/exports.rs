@@ -111,6 +111,36 @@ pub(super) fn exported(
     Ok(volume)
 }
 
+/// The export step around a volume step that takes the volume's filesystem from the NFS
+/// server for a while (an image volume grown unmounted), under the caller's path lock:
+/// the export withheld, `work` done, the export served again as it was once the volume
+/// is `servable` (mounted). The export stays recorded throughout, so a crash in between
+/// leaves one the start serves again.
+pub(super) fn with_export_withheld<T>(
+    exports: &Exports,
+    path: &VolumePath,
+    work: impl FnOnce() -> Result<T, Failure>,
+    servable: impl FnOnce() -> bool,
+) -> Result<T, Failure> {
+    exports.withhold(path)?;
+    let result = work();
+    if !servable() {
+        // Never an export of the bare mountpoint: the next start mounts the volume
+        // (what the work left tells it how) and serves it again.
+        exports.keep_withheld(path, "its filesystem could not be mounted again");
+        return Err(result.err().unwrap_or_else(|| {
+            Failure::new(
+                ErrorCode::NotReady,
+                format!("{path}: its filesystem is not mounted"),
+            )
+        }));
+    }
+    let served = exports.serve_withheld(path);
+    let value = result?;
+    served?;
+    Ok(value)
+}
+
 /// The volume's export removed before the volume itself is deleted or archived: a crash
 /// between the two leaves a volume nobody can mount, never an export of nothing.
 pub(super) fn unexported(exports: &Exports, path: &VolumePath) -> Result<(), Failure> {

@@ -14,14 +14,17 @@ use nfsprov_api_types::{
 };
 
 use super::blocking::{clone_answer_wait, off_workers, with_path_lock};
-use super::exports::{check_new_export, export_made, exported, made_or_found, unexported};
+use super::exports::{
+    check_new_export, export_made, exported, made_or_found, unexported, with_export_withheld,
+};
 use super::failure::{ApiResult, Failure, outcome};
 use super::input::{invalid_query, volume_path, volume_request};
 use super::scoped::scoped_page;
 use super::state::AppState;
 use crate::auth::Caller;
+use crate::exports::Exports;
 use crate::jobs::CloneAnswer;
-use crate::store::Deleted;
+use crate::store::{Deleted, VolumeStore};
 
 pub(super) async fn create_volume(
     State(state): State<Arc<AppState>>,
@@ -98,14 +101,60 @@ pub(super) async fn resize_volume(
 ) -> ApiResult<Json<Volume>> {
     let (path, request): (VolumePath, ResizeVolumeRequest) =
         volume_request(&state, caller.scope(), raw_path, &headers, body).await?;
-    let result = with_path_lock(&state, &path.clone(), move |store| {
-        store.resize(&path, request.capacity_bytes)
+    let exports = state.exports.clone();
+    let (offline, result) = match with_path_lock(&state, &path.clone(), move |store| {
+        Ok::<_, Failure>(resized(store, &exports, &path, request.capacity_bytes))
     })
-    .await;
+    .await
+    {
+        Ok((offline, result)) => (offline, result),
+        Err(failure) => (false, Err(failure)),
+    };
+    if offline {
+        state
+            .metrics
+            .count_operation("grow_offline", outcome(&result));
+    }
     state.metrics.count_operation("resize", outcome(&result));
     let mut volume = result?;
     state.exports.describe(&mut volume);
     Ok(Json(volume))
+}
+
+/// The volume resized; where its backend grows it offline, its export withheld around
+/// the growth. Answers whether a growth offline was tried, and the volume. Under the
+/// volume's path lock.
+fn resized(
+    store: &VolumeStore,
+    exports: &Exports,
+    path: &VolumePath,
+    capacity_bytes: u64,
+) -> (bool, ApiResult<Volume>) {
+    let offline = || {
+        let grown = with_export_withheld(
+            exports,
+            path,
+            || Ok(store.resize(path, capacity_bytes)?),
+            || store.backend().is_servable(path),
+        );
+        (true, grown)
+    };
+    if store.backend().grows_offline() {
+        return match store.would_grow(path, capacity_bytes) {
+            Ok(true) => offline(),
+            Ok(false) => (
+                false,
+                store.resize(path, capacity_bytes).map_err(Failure::from),
+            ),
+            Err(error) => (false, Err(error.into())),
+        };
+    }
+    match store.resize(path, capacity_bytes) {
+        Ok(volume) => (false, Ok(volume)),
+        // The kernel refused to grow it mounted, and from now on it is grown offline.
+        Err(_) if store.backend().grows_offline() => offline(),
+        Err(error) => (false, Err(error.into())),
+    }
 }
 
 pub(super) async fn delete_volume(

@@ -1,6 +1,7 @@
-//! A crash at a chosen point between a volume change and its export change, for the
-//! tests that show the start-up repair. Only debug builds read the switch, so a release
-//! agent cannot be made to crash by its environment.
+//! A crash at a chosen point between a volume change and its export change (or within
+//! a change that needs both), for the tests that show the start-up repair. Only debug
+//! builds read the switch, so a release agent cannot be made to crash by its
+//! environment.
 
 /// Where a change can be interrupted.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -13,6 +14,9 @@ pub enum FaultPoint {
     /// ganesha on btrfs: the volume's own mount was made and ganesha not yet asked to
     /// export it.
     AfterMount,
+    /// An image volume being grown offline: its export withheld and its filesystem
+    /// unmounted, not yet grown nor mounted again.
+    GrowUnmounted,
 }
 
 impl FaultPoint {
@@ -22,6 +26,7 @@ impl FaultPoint {
             FaultPoint::AfterVolume => "after-volume",
             FaultPoint::AfterUnexport => "after-unexport",
             FaultPoint::AfterMount => "after-mount",
+            FaultPoint::GrowUnmounted => "grow-unmounted",
         }
     }
 }

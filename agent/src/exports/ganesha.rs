@@ -340,6 +340,23 @@ impl Ganesha {
         }
     }
 
+    /// Asks ganesha to stop serving export `id`, which it may no longer serve.
+    fn withdraw(&self, id: u16) -> Result<(), ExportError> {
+        match self.bus.remove(id) {
+            Ok(()) => Ok(()),
+            Err(error @ ExportError::Unavailable(_)) => Err(error),
+            // Refused because ganesha does not serve it (restarted without it, say)
+            // is what was wanted; listing the exports tells that from a real failure
+            // without paying for the list on every removal.
+            Err(error) => {
+                if self.bus.show()?.iter().any(|shown| shown.id == id) {
+                    return Err(error);
+                }
+                Ok(())
+            }
+        }
+    }
+
     fn unmount(&self, record: &ExportRecord) -> Result<(), ExportError> {
         match &self.mounts {
             Some(mounts) => mounts.unmount(&record.volume),
@@ -446,18 +463,7 @@ impl NfsServer for Ganesha {
 
     fn remove(&self, record: &ExportRecord, all: &Table) -> Result<(), ExportError> {
         let id = Self::id_of(record)?;
-        match self.bus.remove(id) {
-            Ok(()) => {}
-            Err(error @ ExportError::Unavailable(_)) => return Err(error),
-            // Refused because ganesha does not serve it (restarted without it, say)
-            // is what was wanted; listing the exports tells that from a real failure
-            // without paying for the list on every removal.
-            Err(error) => {
-                if self.bus.show()?.iter().any(|shown| shown.id == id) {
-                    return Err(error);
-                }
-            }
-        }
+        self.withdraw(id)?;
         // Unmounted before the record goes: a crash in between leaves a record, and the
         // start-up mounts and exports the volume again (or removes both if it is gone).
         self.unmount(record)?;
@@ -467,6 +473,17 @@ impl NfsServer for Ganesha {
             let _ = files::remove(&staged);
         }
         self.write_includes(all)
+    }
+
+    /// Only ganesha's export goes: the file, the include list and a btrfs volume's
+    /// own mount stay, so a restart serves it again.
+    fn suspend(&self, record: &ExportRecord) -> Result<(), ExportError> {
+        self.withdraw(Self::id_of(record)?)
+    }
+
+    fn resume(&self, record: &ExportRecord) -> Result<(), ExportError> {
+        let id = Self::id_of(record)?;
+        self.bus.add(&self.file(id), id)
     }
 
     fn compares_cheaply(&self) -> bool {

@@ -288,6 +288,21 @@ impl NfsServer for Knfsd {
         self.write_file(all)
     }
 
+    /// The kernel stops serving it; the file keeps it, so a reboot serves it again.
+    fn suspend(&self, record: &ExportRecord) -> Result<(), ExportError> {
+        for client in &record.request.clients {
+            self.unexport(record, client)?;
+        }
+        Ok(())
+    }
+
+    fn resume(&self, record: &ExportRecord) -> Result<(), ExportError> {
+        for client in &record.request.clients {
+            self.export(record, client)?;
+        }
+        Ok(())
+    }
+
     fn restore(&self, all: &Table) -> Result<Restored, ExportError> {
         self.write_file(all)?;
         let mut restored = Restored::default();

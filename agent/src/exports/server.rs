@@ -49,6 +49,12 @@ pub trait NfsServer: Send + Sync + fmt::Debug {
     ) -> Result<(), ExportError>;
     /// Stops serving `record` and forgets it; `all` is the table without it.
     fn remove(&self, record: &ExportRecord, all: &Table) -> Result<(), ExportError>;
+    /// Stops serving `record` for a while and keeps it: the server lets go of the
+    /// volume's filesystem (so that it can be unmounted), and serves it again at
+    /// [`Self::resume`] or, after a crash, at the next start.
+    fn suspend(&self, record: &ExportRecord) -> Result<(), ExportError>;
+    /// Serves again, unchanged, the `record` [`Self::suspend`] stopped serving.
+    fn resume(&self, record: &ExportRecord) -> Result<(), ExportError>;
     /// At start: makes the server serve exactly `all`.
     fn restore(&self, all: &Table) -> Result<Restored, ExportError>;
     /// A pass of the reconciler: compares what the server serves with `all` and

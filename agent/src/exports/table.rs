@@ -35,6 +35,9 @@ pub struct Exports {
     /// Exports of volumes that were gone at start, still to be withdrawn from the
     /// server; changed only under the change lock.
     gone: ArcSwap<Vec<ExportRecord>>,
+    /// Exports withdrawn from the server for a while and kept in the table
+    /// ([`Exports::withhold`]); changed only under the change lock.
+    withheld: ArcSwap<BTreeSet<VolumePath>>,
     changes: Arc<ChangeLock<()>>,
     /// Longest wait for the change lock and for each answer of the server.
     server_timeout: Duration,
@@ -143,6 +146,7 @@ impl Exports {
             ids: settings.ganesha_export_ids.clone(),
             published: ArcSwap::from_pointee(Table::new()),
             gone: ArcSwap::from_pointee(Vec::new()),
+            withheld: ArcSwap::from_pointee(BTreeSet::new()),
             changes: Arc::new(ChangeLock::new(())),
             server_timeout: settings.server_timeout,
             health: ArcSwap::from_pointee(ExportHealth::Serving),
@@ -269,6 +273,79 @@ impl Exports {
         result
     }
 
+    /// Withdraws the export of `volume` from the server and keeps its record, for a
+    /// volume whose filesystem the server must let go of for a while (an image volume
+    /// grown unmounted): the API still reports the export, the reconciler leaves the
+    /// server alone until [`Exports::serve_withheld`], and a restart of the agent serves
+    /// it again from its record. Answers whether there was an export to withdraw. Called
+    /// from a blocking thread, under the volume's lock.
+    pub fn withhold(&self, volume: &VolumePath) -> Result<bool, ExportError> {
+        let Some(server) = self.server.as_ref() else {
+            return Ok(false);
+        };
+        if !self.published.load().contains_key(volume) {
+            return Ok(false);
+        }
+        let held = self.begin_change()?;
+        let Some(record) = self.published.load().get(volume).cloned() else {
+            return Ok(false);
+        };
+        let result = server.suspend(&record);
+        if result.is_ok() {
+            let mut withheld = BTreeSet::clone(&self.withheld.load());
+            withheld.insert(volume.clone());
+            self.withheld.store(Arc::new(withheld));
+        }
+        drop(held);
+        self.note(&result);
+        result.map(|()| true)
+    }
+
+    /// Serves again, as recorded, the export [`Exports::withhold`] withdrew. When the
+    /// server does not take it the exports are degraded and the reconciler serves it
+    /// once the server answers.
+    pub fn serve_withheld(&self, volume: &VolumePath) -> Result<(), ExportError> {
+        let Some(server) = self.server.as_ref() else {
+            return Ok(());
+        };
+        if !self.withheld.load().contains(volume) {
+            return Ok(());
+        }
+        let held = self.begin_change()?;
+        let result = match self.published.load().get(volume) {
+            Some(record) => server.resume(record),
+            None => Ok(()),
+        };
+        // Withheld no longer, served or not: a reconciler's pass compares it with the
+        // server from now on and repairs what the server did not take.
+        let mut withheld = BTreeSet::clone(&self.withheld.load());
+        withheld.remove(volume);
+        self.withheld.store(Arc::new(withheld));
+        drop(held);
+        if let Err(error) = &result {
+            self.degrade(error.to_string());
+            self.wake.notify_one();
+        }
+        result
+    }
+
+    /// Leaves the export [`Exports::withhold`] withdrew unserved, because its volume
+    /// cannot be served (its filesystem is not mounted): the exports are degraded, for
+    /// `why`, and reconciliation postponed, until a start mounts the volume and serves
+    /// it again from its record.
+    pub fn keep_withheld(&self, volume: &VolumePath, why: &str) {
+        if self.withheld.load().contains(volume) {
+            self.degrade(format!(
+                "the export of {volume} is withheld: {why}; restart the agent once it can mount the volume"
+            ));
+        }
+    }
+
+    /// Whether `volume`'s export is withdrawn for a while ([`Exports::withhold`]).
+    pub fn is_withheld(&self, volume: &VolumePath) -> bool {
+        self.withheld.load().contains(volume)
+    }
+
     /// Stops exporting `volume` (nothing to do when it is not exported).
     pub fn remove(&self, volume: &VolumePath) -> Result<(), ExportError> {
         let Some(server) = self.server.as_ref() else {
@@ -349,6 +426,12 @@ impl Exports {
         let Some(server) = self.server.as_ref() else {
             return Ok(Restored::default());
         };
+        if !self.withheld.load().is_empty() {
+            // A pass would serve a withheld export again while its filesystem is away;
+            // the one who withheld it serves it again, and wakes the next pass.
+            tracing::debug!("reconciliation postponed: an export is withheld");
+            return Ok(Restored::default());
+        }
         let result = self.settle_gone(held, None).and_then(|removed| {
             let table = self.published.load_full();
             server.reconcile(&table).map(|mut restored| {
@@ -423,6 +506,8 @@ mod tests {
         gate: Mutex<Option<(Sender<()>, Receiver<()>)>>,
         unreachable: std::sync::atomic::AtomicBool,
         removed: Mutex<Vec<u16>>,
+        suspended: Mutex<Vec<u16>>,
+        restores: std::sync::atomic::AtomicUsize,
     }
 
     impl NfsServer for MockServer {
@@ -452,8 +537,23 @@ mod tests {
             self.removed.lock().unwrap().extend(record.id);
             Ok(())
         }
+        fn suspend(&self, record: &ExportRecord) -> Result<(), ExportError> {
+            self.reachable()?;
+            self.suspended.lock().unwrap().extend(record.id);
+            Ok(())
+        }
+        fn resume(&self, record: &ExportRecord) -> Result<(), ExportError> {
+            self.reachable()?;
+            self.suspended
+                .lock()
+                .unwrap()
+                .retain(|id| Some(*id) != record.id);
+            Ok(())
+        }
         fn restore(&self, all: &Table) -> Result<Restored, ExportError> {
             self.reachable()?;
+            self.restores
+                .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
             Ok(Restored {
                 kept: all.len(),
                 ..Restored::default()
@@ -563,5 +663,55 @@ mod tests {
         assert_eq!((restored.kept, restored.removed), (2, 1), "{pass:?}");
         assert_eq!(*server.removed.lock().unwrap(), vec![1000]);
         assert_eq!(*exports.health(), ExportHealth::Serving);
+    }
+
+    #[tokio::test]
+    async fn a_withheld_export_stays_in_the_table_and_no_pass_serves_it_until_it_is_served_again() {
+        let server = Arc::new(MockServer::default());
+        let (exports, _) = open(server.clone(), &[]);
+        let volume = path("ns/grown");
+        exports.set(&volume, &ExportRequest::default()).unwrap();
+        let id = exports.published.load()[&volume].id.unwrap();
+
+        assert!(exports.withhold(&volume).unwrap());
+        assert_eq!(*server.suspended.lock().unwrap(), vec![id]);
+        assert!(exports.is_withheld(&volume));
+        assert!(
+            exports.get(&volume).is_some(),
+            "still reported and recorded"
+        );
+        assert!(server.removed.lock().unwrap().is_empty(), "not forgotten");
+
+        let reconciler = super::super::Reconciler::new(exports.clone(), Duration::from_secs(60));
+        let restores = || server.restores.load(std::sync::atomic::Ordering::SeqCst);
+        let before = restores();
+        reconciler.pass().await.outcome.unwrap();
+        assert_eq!(
+            restores(),
+            before,
+            "a pass leaves the server alone meanwhile"
+        );
+
+        exports.serve_withheld(&volume).unwrap();
+        assert!(server.suspended.lock().unwrap().is_empty(), "served again");
+        assert!(!exports.is_withheld(&volume));
+        reconciler.pass().await.outcome.unwrap();
+        assert_eq!(restores(), before + 1, "and passes compare it again");
+        // Nothing withheld: nothing to do.
+        assert!(!exports.withhold(&path("ns/unexported")).unwrap());
+
+        // A volume that could not be mounted again stays withheld, the exports degraded.
+        assert!(exports.withhold(&volume).unwrap());
+        exports.keep_withheld(&volume, "its filesystem could not be mounted again");
+        assert!(
+            matches!(&*exports.health(), ExportHealth::Degraded { reason, .. } if reason.contains("ns/grown")),
+            "{:?}",
+            exports.health()
+        );
+        let before = restores();
+        reconciler.pass().await.outcome.unwrap();
+        assert_eq!(restores(), before, "no pass serves it");
+        assert!(exports.health().is_degraded());
+        assert_eq!(*server.suspended.lock().unwrap(), vec![id]);
     }
 }

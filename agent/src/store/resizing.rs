@@ -10,6 +10,14 @@ use crate::store::error::not_found;
 use crate::store::{Result, StoreError, VolumeRecord, VolumeStore};
 
 impl VolumeStore {
+    /// Whether [`Self::resize`] to `capacity_bytes` would grow the volume (an error for
+    /// a shrink or a volume that is not there), for a caller that must prepare for it.
+    pub fn would_grow(&self, path: &VolumePath, capacity_bytes: u64) -> Result<bool> {
+        self.root.ensure_present()?;
+        let (_, record) = self.locate(path)?.ok_or_else(|| not_found(path))?;
+        is_growth(path, &record, capacity_bytes)
+    }
+
     /// Raises the volume's capacity, and its quota when one enforces it. The same
     /// capacity again is a success that changes nothing; shrinking is refused.
     pub fn resize(&self, path: &VolumePath, capacity_bytes: u64) -> Result<Volume> {
@@ -21,7 +29,6 @@ impl VolumeStore {
             return Ok(record.to_volume(path));
         }
         let reservation = self.promise_growth(path, record.capacity_bytes, capacity_bytes)?;
-        let dir = open_child(parent.as_fd(), path.file_name(), false)?;
         if let Some(quota) = &record.quota {
             if quota.backend != self.backend.kind() {
                 return Err(StoreError::Unsupported(format!(
@@ -32,9 +39,16 @@ impl VolumeStore {
             }
             // The quota first: a crash before the record is updated leaves a quota at
             // least as large as recorded, and the retried request sets it again.
-            self.backend
-                .resize(dir.as_fd(), path, quota, capacity_bytes)?;
+            if self.backend.grows_offline() {
+                // Its filesystem is unmounted meanwhile: nothing here may hold it open.
+                self.backend.grow_offline(path, quota, capacity_bytes)?;
+            } else {
+                let dir = open_child(parent.as_fd(), path.file_name(), false)?;
+                self.backend
+                    .resize(dir.as_fd(), path, quota, capacity_bytes)?;
+            }
         }
+        let dir = open_child(parent.as_fd(), path.file_name(), false)?;
         record.capacity_bytes = capacity_bytes;
         self.backend.write_record(dir.as_fd(), path, &record)?;
         reservation.keep();

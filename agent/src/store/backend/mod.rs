@@ -260,7 +260,8 @@ pub trait VolumeBackend: Debug + Send + Sync {
         record: &VolumeRecord,
     ) -> Result<VolumeUsage>;
 
-    /// Sets the volume's quota to `capacity_bytes`.
+    /// Sets the volume's quota to `capacity_bytes` (never called where
+    /// [`Self::grows_offline`]).
     fn resize(
         &self,
         dir: BorrowedFd<'_>,
@@ -356,6 +357,30 @@ pub trait VolumeBackend: Debug + Send + Sync {
     /// made in place but never finished). Answers how many were removed.
     fn purge_unfinished(&self) -> Result<usize> {
         Ok(0)
+    }
+
+    /// Whether a volume is grown offline, its filesystem unmounted meanwhile: an image
+    /// volume where the kernel does not let the agent resize a mounted filesystem. The
+    /// volume is then grown by [`Self::grow_offline`], not [`Self::resize`], with its
+    /// export withheld by the caller. It may turn true after a refused
+    /// [`Self::resize`].
+    fn grows_offline(&self) -> bool {
+        false
+    }
+
+    /// Grows the volume at `path` to hold `capacity_bytes`, unmounted, where
+    /// [`Self::grows_offline`]. Nothing may hold its filesystem (the NFS server has let
+    /// go of it); if something does, it fails and the volume stays as it was.
+    fn grow_offline(
+        &self,
+        path: &VolumePath,
+        quota: &QuotaRecord,
+        capacity_bytes: u64,
+    ) -> Result<()> {
+        let _ = (quota, capacity_bytes);
+        Err(StoreError::Unsupported(format!(
+            "{path}: this quota backend does not grow volumes offline"
+        )))
     }
 
     /// Whether a file handle forged by a client admitted to one volume's export is

@@ -4,7 +4,8 @@
 //! interleaved so that a change in the machine's load falls on both alike. Measures, at the
 //! agent's store (`VolumeStore`, no HTTPS): create + delete pairs; the per-volume export
 //! add and remove with ganesha's D-Bus export manager (a ganesha and a private bus per
-//! backend); clones and snapshots of a volume holding data (reflinks of the image, or of
+//! backend), and the growth of an exported volume to twice its capacity (an image volume
+//! offline where the agent may not grow it mounted); clones and snapshots of a volume holding data (reflinks of the image, or of
 //! each file); and, for the image backend, what `mkfs.ext4`, mount and unmount of an
 //! image of the same size cost alone. Prints figures; fails only when a step fails or a
 //! clone, snapshot or export is not what was asked for. Root required.
@@ -381,6 +382,7 @@ async fn exports(args: &Args, sides: &[Side; 2], capacity: u64) -> anyhow::Resul
         ..ExportRequest::default()
     };
     let (mut adds, mut removes) = (Samples::default(), Samples::default());
+    let mut grows = (Samples::default(), "");
     for phase in 0..2 {
         let mut done = 0;
         while done < args.exports {
@@ -401,6 +403,7 @@ async fn exports(args: &Args, sides: &[Side; 2], capacity: u64) -> anyhow::Resul
             done += block;
         }
         if phase == 0 {
+            grows = grow_exported(args, sides, &servers, capacity)?;
             for (s, (_, ganesha, _)) in servers.iter().enumerate() {
                 // Beside the pseudo root: the volumes' exports, below the export root.
                 let root = sides[s].root.display().to_string();
@@ -420,6 +423,8 @@ async fn exports(args: &Args, sides: &[Side; 2], capacity: u64) -> anyhow::Resul
     }
     print_row("export add (ganesha D-Bus)", &adds);
     print_row("export remove", &removes);
+    print_row("grow x2, exported", &grows.0);
+    println!("  (image volumes grew {})", grows.1);
     drop(servers);
 
     let mut deletes = Samples::default();
@@ -430,6 +435,48 @@ async fn exports(args: &Args, sides: &[Side; 2], capacity: u64) -> anyhow::Resul
     }
     print_row("delete (after unexport)", &deletes);
     Ok(())
+}
+
+/// Each exported volume grown to twice `capacity`, as the agent's resize does it: an
+/// image volume the agent may not grow mounted (no `CAP_SYS_RESOURCE`) is grown offline,
+/// its export withheld meanwhile and served again after. Answers the samples and which
+/// way the image volumes grew.
+fn grow_exported(
+    args: &Args,
+    sides: &[Side; 2],
+    servers: &[(PrivateBus, Ganesha, Exports)],
+    capacity: u64,
+) -> anyhow::Result<(Samples, &'static str)> {
+    let mut grows = Samples::default();
+    let mut done = 0;
+    while done < args.exports {
+        let block = BLOCK.min(args.exports - done);
+        for (s, side) in sides.iter().enumerate() {
+            let table = &servers[s].2;
+            let offline = side.store.backend().grows_offline();
+            for i in done..done + block {
+                let path = volume("e", i);
+                grows
+                    .time(s, || -> anyhow::Result<()> {
+                        if offline {
+                            table.withhold(&path)?;
+                        }
+                        let grown = side.store.resize(&path, 2 * capacity);
+                        table.serve_withheld(&path)?;
+                        grown?;
+                        Ok(())
+                    })
+                    .with_context(|| format!("{}: grow {path}", side.name))?;
+            }
+        }
+        done += block;
+    }
+    let way = if sides[1].store.backend().grows_offline() {
+        "image offline, export withheld"
+    } else {
+        "image online"
+    };
+    Ok((grows, way))
 }
 
 /// Fills a volume per backend with `--files` files, then clones and snapshots it

@@ -44,6 +44,14 @@ impl NfsError {
             .is_some_and(|e| e.message.contains("NFS4ERR_DQUOT"))
     }
 
+    /// Whether `error` is a call the server refused because it serves no export by the
+    /// file handle's (`NFS4ERR_STALE`).
+    pub fn is_stale(error: &anyhow::Error) -> bool {
+        error
+            .downcast_ref::<Self>()
+            .is_some_and(|e| e.message.contains("NFS4ERR_STALE"))
+    }
+
     /// Whether `error` is a call the server refused because the filesystem under the
     /// file is full (`NFS4ERR_NOSPC`): a volume that is a filesystem of its own.
     pub fn is_out_of_space(error: &anyhow::Error) -> bool {

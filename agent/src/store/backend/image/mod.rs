@@ -22,11 +22,13 @@
 //! before the agent has mounted the volumes) no client can write into it, and the agent
 //! never exports a volume whose filesystem is not mounted.
 
+mod files;
+mod growth;
 mod tools;
 
 use std::collections::BTreeMap;
 use std::fs::{self, File, OpenOptions};
-use std::io::{self, Write};
+use std::io;
 use std::os::fd::{AsFd, BorrowedFd};
 use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
@@ -51,6 +53,10 @@ use crate::store::error::{Result, StoreError, quota_error};
 use crate::store::record::{QuotaRecord, VolumeRecord};
 use crate::store::tree::remove_tree;
 
+use self::files::{
+    failed, make_parents, remove_synced, set_size, sync_file, sync_parent, write_synced,
+};
+use self::growth::{Growth, Remount, filesystem_bytes, grown_size};
 use self::tools::{ImageTools, superblock_usage};
 
 /// The image area, in the agent's state directory.
@@ -100,6 +106,8 @@ pub struct ImageBackend {
     unique: AtomicU64,
     /// What [`VolumeBackend::prepare`] mounted.
     mounted_at_open: Mutex<Vec<VolumePath>>,
+    /// Which way volumes grow.
+    growth: Growth,
 }
 
 impl ImageBackend {
@@ -115,6 +123,7 @@ impl ImageBackend {
             .dev();
         for tool in [
             "mkfs.ext4",
+            "e2fsck",
             "tune2fs",
             "resize2fs",
             "dumpe2fs",
@@ -130,9 +139,11 @@ impl ImageBackend {
                 ));
             }
         }
+        let area = root.join(STATE_DIR).join(AREA);
         Ok(Self {
+            growth: Growth::detect(area.clone()),
             tools: ImageTools::new(runner),
-            area: root.join(STATE_DIR).join(AREA),
+            area,
             root,
             root_device,
             started: SystemTime::now(),
@@ -273,6 +284,9 @@ impl ImageBackend {
                 .device_of(mountpoint)
                 .map_err(|e| self.tool_error("find the volume's loop device", e))?;
             self.tools.grow(&device).map_err(|e| {
+                if ImageTools::refused_for_privilege(&e) {
+                    self.growth.online_refused();
+                }
                 self.tool_error(
                     "grow the volume's mounted filesystem (the agent needs CAP_SYS_RESOURCE for that)",
                     e,
@@ -466,6 +480,16 @@ impl ImageBackend {
     }
 }
 
+impl Remount for ImageBackend {
+    fn is_mounted(&self, mountpoint: &Path) -> bool {
+        ImageBackend::is_mounted(self, mountpoint)
+    }
+
+    fn mount_fitted(&self, image: &Path, mountpoint: &Path, capacity: u64) -> Result<()> {
+        ImageBackend::mount_fitted(self, image, mountpoint, capacity)
+    }
+}
+
 impl VolumeBackend for ImageBackend {
     fn kind(&self) -> QuotaBackend {
         QuotaBackend::Image
@@ -488,6 +512,16 @@ impl VolumeBackend for ImageBackend {
         self.thaw_left_frozen();
         for (key, _) in self.records_below("", &[ARCHIVE_DIR, SNAPSHOTS, FREEZING])? {
             let mountpoint = self.mountpoint(&key);
+            let repaired = self.growth.repair(
+                &self.tools,
+                &key,
+                &self.image_of(&key),
+                self.is_mounted(&mountpoint),
+            );
+            if let Err(error) = repaired {
+                tracing::error!(volume = %key, %error, "could not repair a volume whose growth was interrupted; it is not exported until it is");
+                continue;
+            }
             if self.is_mounted(&mountpoint) {
                 continue;
             }
@@ -779,6 +813,26 @@ impl VolumeBackend for ImageBackend {
         self.fit_mounted(&self.image_of(key), &mountpoint, capacity_bytes)
     }
 
+    fn grows_offline(&self) -> bool {
+        !self.growth.online()
+    }
+
+    fn grow_offline(&self, path: &VolumePath, _: &QuotaRecord, capacity_bytes: u64) -> Result<()> {
+        let key = path.as_str();
+        let mountpoint = self.mountpoint(key);
+        if !self.is_mounted(&mountpoint) {
+            return Err(not_mounted(path));
+        }
+        self.growth.grow_unmounted(
+            self,
+            &self.tools,
+            path,
+            &self.image_of(key),
+            &mountpoint,
+            capacity_bytes,
+        )
+    }
+
     fn list(&self, _: &Root) -> Result<Vec<(VolumePath, VolumeRecord)>> {
         Ok(self
             .records_below("", &[ARCHIVE_DIR, SNAPSHOTS, FREEZING])?
@@ -915,30 +969,6 @@ impl VolumeBackend for ImageBackend {
     }
 }
 
-/// A size that holds `missing` more bytes than `size`, with room for the structures the
-/// filesystem adds as it grows, in whole mebibytes.
-fn grown_size(size: u64, missing: u64) -> u64 {
-    (size + missing + missing / 32 + (1 << 20)).div_ceil(1 << 20) << 20
-}
-
-fn set_size(image: &Path, size: u64) -> Result<()> {
-    let file = OpenOptions::new()
-        .write(true)
-        .open(image)
-        .map_err(|e| failed(format!("open {}", image.display()), e))?;
-    file.set_len(size)
-        .map_err(|e| failed(format!("grow {}", image.display()), e))?;
-    file.sync_all()
-        .map_err(|e| failed(format!("sync {}", image.display()), e))
-}
-
-fn failed(context: impl Into<String>, error: impl Into<io::Error>) -> StoreError {
-    StoreError::Io {
-        context: context.into(),
-        source: error.into(),
-    }
-}
-
 fn not_mounted(path: &VolumePath) -> StoreError {
     StoreError::NotReady(format!(
         "{path}: its filesystem is not mounted (the agent mounts every volume at start; its log says why this one failed)"
@@ -951,13 +981,6 @@ fn tool_exists(tool: &str) -> bool {
         .flat_map(|paths| std::env::split_paths(&paths).collect::<Vec<_>>())
         .chain(["/sbin".into(), "/usr/sbin".into()])
         .any(|dir| dir.join(tool).is_file())
-}
-
-/// The filesystem's size as its users see it (without its own structures).
-fn filesystem_bytes(mountpoint: &Path) -> Result<u64> {
-    let vfs = rustix::fs::statvfs(mountpoint)
-        .map_err(|e| failed(format!("statvfs {}", mountpoint.display()), e))?;
-    Ok(vfs.f_blocks.saturating_mul(vfs.f_frsize.max(1)))
 }
 
 /// Sets or clears the immutable flag where the filesystem has one (ext4, XFS, btrfs);
@@ -987,55 +1010,6 @@ fn read_record(file: &Path, what: &str) -> Result<Option<VolumeRecord>> {
         }),
         Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(None),
         Err(e) => Err(failed(format!("read the record of {what}"), e)),
-    }
-}
-
-fn make_parents(file: &Path) -> Result<()> {
-    let Some(parent) = file.parent() else {
-        return Ok(());
-    };
-    fs::create_dir_all(parent).map_err(|e| failed(format!("make {}", parent.display()), e))
-}
-
-fn sync_file(file: &Path) -> Result<()> {
-    File::open(file)
-        .and_then(|f| f.sync_all())
-        .map_err(|e| failed(format!("sync {}", file.display()), e))
-}
-
-fn sync_parent(file: &Path) -> Result<()> {
-    let Some(parent) = file.parent() else {
-        return Ok(());
-    };
-    File::open(parent)
-        .and_then(|dir| dir.sync_all())
-        .map_err(|e| failed(format!("sync {}", parent.display()), e))
-}
-
-/// Replaces `file` with `bytes`, durably: written and synced aside, renamed over it, the
-/// directory synced.
-fn write_synced(file: &Path, bytes: &[u8]) -> Result<()> {
-    make_parents(file)?;
-    let aside = file.with_extension("tmp");
-    let context = || format!("write {}", file.display());
-    let mut out = OpenOptions::new()
-        .write(true)
-        .create(true)
-        .truncate(true)
-        .mode(0o600)
-        .open(&aside)
-        .map_err(|e| failed(context(), e))?;
-    out.write_all(bytes).map_err(|e| failed(context(), e))?;
-    out.sync_all().map_err(|e| failed(context(), e))?;
-    fs::rename(&aside, file).map_err(|e| failed(context(), e))?;
-    sync_parent(file)
-}
-
-fn remove_synced(file: &Path) -> Result<()> {
-    match fs::remove_file(file) {
-        Ok(()) => sync_parent(file),
-        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(()),
-        Err(e) => Err(failed(format!("remove {}", file.display()), e)),
     }
 }
 

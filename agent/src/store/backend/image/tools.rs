@@ -9,6 +9,14 @@ use crate::quota::command::{ToolCommand, ToolError, ToolRunner};
 /// The filesystem inside each image.
 pub(super) const FILESYSTEM: &str = "ext4";
 
+/// What [`ImageTools::unmount_released`] found.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Released {
+    Unmounted,
+    /// Something still holds the filesystem: it is mounted as before.
+    Busy,
+}
+
 #[derive(Debug, Clone)]
 pub(super) struct ImageTools {
     runner: Arc<dyn ToolRunner>,
@@ -96,6 +104,28 @@ impl ImageTools {
         }
     }
 
+    /// Unmounts `mountpoint` for good, never lazily: a filesystem still held (an NFS
+    /// server that has not yet let go of it) stays mounted and the answer is
+    /// [`Released::Busy`], so that nothing changes its image beneath a live mount.
+    pub(super) fn unmount_released(&self, mountpoint: &Path) -> Result<Released, ToolError> {
+        match self.run("umount", &[arg(mountpoint)]) {
+            Ok(_) => Ok(Released::Unmounted),
+            Err(e) if e.stderr().contains("busy") => Ok(Released::Busy),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Checks the unmounted filesystem in `image` and repairs what it finds (an offline
+    /// resize that was interrupted). Errors corrected are a success.
+    pub(super) fn check(&self, image: &Path) -> Result<(), ToolError> {
+        match self.run("e2fsck", &["-f".into(), "-y".into(), arg(image)]) {
+            Ok(_) => Ok(()),
+            // Exit 1: errors found and corrected.
+            Err(ToolError::Failed { status, .. }) if status.ends_with("status: 1") => Ok(()),
+            Err(e) => Err(e),
+        }
+    }
+
     /// Gives the unmounted filesystem in `image` a new random UUID: an NFS server tells
     /// filesystems apart by it, and a copy keeping its original's would not be exported.
     pub(super) fn new_uuid(&self, image: &Path) -> Result<(), ToolError> {
@@ -123,6 +153,12 @@ impl ImageTools {
     pub(super) fn grow(&self, device: &str) -> Result<(), ToolError> {
         self.run("losetup", &["-c".into(), device.to_owned()])?;
         self.run("resize2fs", &[device.to_owned()]).map(drop)
+    }
+
+    /// Whether `error` of [`Self::grow`] is the kernel's refusal for want of privilege.
+    pub(super) fn refused_for_privilege(error: &ToolError) -> bool {
+        let said = error.stderr();
+        said.contains("Permission denied") || said.contains("Operation not permitted")
     }
 
     /// Grows the unmounted filesystem in `image` to the image's size. Forced: a copy of
