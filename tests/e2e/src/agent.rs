@@ -262,11 +262,25 @@ impl AgentProcess {
     /// project them into the controller's pod.
     pub fn write_secret_files(&self, dir: &Path) -> anyhow::Result<()> {
         let manifest = std::fs::read_to_string(self._work.path().join("secret.yaml"))?;
-        std::fs::create_dir_all(dir)?;
-        for (key, value) in secret_string_data(&manifest) {
-            std::fs::write(dir.join(key), value)?;
-        }
-        Ok(())
+        write_secret_manifest_files(&manifest, dir)
+    }
+
+    /// Runs `nfsprov-agent credential ARGS` on this agent's settings, as its operator
+    /// would on the NFS server (e.g. `add staging --prefix staging --url URL`); what it
+    /// printed (for `add` and `rotate`, the Secret for the cluster that uses it).
+    pub fn credential(&self, args: &[&str]) -> anyhow::Result<String> {
+        let output = Command::new(&self.bin)
+            .arg("credential")
+            .arg("--config")
+            .arg(self.etc.join("agent.toml"))
+            .args(args)
+            .output()?;
+        anyhow::ensure!(
+            output.status.success(),
+            "nfsprov-agent credential {args:?} failed: {}",
+            String::from_utf8_lossy(&output.stderr)
+        );
+        Ok(String::from_utf8(output.stdout)?)
     }
 }
 
@@ -274,6 +288,17 @@ impl Drop for AgentProcess {
     fn drop(&mut self) {
         self.kill();
     }
+}
+
+/// Writes the `stringData` entries of a Secret manifest (as `nfsprov-agent init` or
+/// `credential add` print it) into `dir`, one file a key, as Kubernetes would project
+/// them into the controller's pod.
+pub fn write_secret_manifest_files(manifest: &str, dir: &Path) -> anyhow::Result<()> {
+    std::fs::create_dir_all(dir)?;
+    for (key, value) in secret_string_data(manifest) {
+        std::fs::write(dir.join(key), value)?;
+    }
+    Ok(())
 }
 
 /// The `stringData` entries of a Secret manifest written with `key: |` block scalars.

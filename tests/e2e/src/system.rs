@@ -120,6 +120,10 @@ pub enum NfsService {
     Whole(NfsServer),
     /// ganesha on a private bus, whose exports the agent manages one per volume.
     PerVolume { ganesha: Ganesha, _bus: PrivateBus },
+    /// The NFS server of another [`System`], whose agents this one shares (a second
+    /// cluster on the same NFS server, see [`System::another_cluster`]); that System runs
+    /// it.
+    OfAnotherSystem { port: u16 },
 }
 
 impl NfsService {
@@ -127,6 +131,7 @@ impl NfsService {
         match self {
             Self::Whole(server) => server.port(),
             Self::PerVolume { ganesha, .. } => ganesha.port(),
+            Self::OfAnotherSystem { port } => *port,
         }
     }
 
@@ -139,6 +144,7 @@ impl NfsService {
         match self {
             Self::Whole(server) => server.log_text(),
             Self::PerVolume { ganesha, .. } => ganesha.log_text(),
+            Self::OfAnotherSystem { .. } => String::new(),
         }
     }
 }
@@ -319,6 +325,30 @@ impl System {
             placed: std::sync::atomic::AtomicBool::new(false),
             _base: base,
         };
+        for _ in 0..controllers {
+            system.start_controller(controller_args).await?;
+        }
+        Ok(system)
+    }
+
+    /// A second cluster on this System's NFS server and agents: the API `api`, a
+    /// namespace of its own there, and `controllers` controller processes reading their
+    /// agents' connection files from `agents_dir` (the credentials that cluster was
+    /// given). Its `agents` is empty: the agents and the NFS server stay with `self`,
+    /// which must outlive it.
+    pub async fn another_cluster(
+        &self,
+        api: KubeApi,
+        agents_dir: PathBuf,
+        controllers: usize,
+        controller_args: &[&str],
+    ) -> anyhow::Result<Self> {
+        let base = tempfile::tempdir()?;
+        let nfs = NfsService::OfAnotherSystem {
+            port: self.nfs.port(),
+        };
+        let mut system = Self::assemble(base, nfs, api, &[], Vec::new(), "", 0, &[]).await?;
+        system.agents_dir = agents_dir;
         for _ in 0..controllers {
             system.start_controller(controller_args).await?;
         }
@@ -651,7 +681,7 @@ impl System {
             NfsService::Whole(server) => {
                 server.v3_url(&source.server, &format!("{}/{file}", source.path))
             }
-            NfsService::PerVolume { .. } => None,
+            NfsService::PerVolume { .. } | NfsService::OfAnotherSystem { .. } => None,
         }
     }
 }
