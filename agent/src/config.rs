@@ -14,6 +14,7 @@ use crate::connections::AdmissionSettings;
 use crate::credentials::scope_of;
 use crate::exports::ExportSettings;
 use crate::policy::Policy;
+use crate::private_file;
 use crate::quota::QuotaSettings;
 use crate::scope::Operations;
 use crate::store::OvercommitLimits;
@@ -864,39 +865,13 @@ fn check_readable(what: &str, path: &Path) -> Result<(), ConfigError> {
 /// can impersonate the controller, and whoever can read it can be the agent. Refused at
 /// start rather than served with.
 fn check_private(what: &str, path: &Path) -> Result<(), ConfigError> {
-    use std::os::unix::fs::MetadataExt;
-    let refuse = |problem: String| {
-        Err(ConfigError::Invalid(format!(
+    match private_file::problem(path) {
+        None => Ok(()),
+        Some(problem) => Err(ConfigError::Invalid(format!(
             "{what} {}: {problem}",
             path.display()
-        )))
-    };
-    let meta = std::fs::metadata(path)
-        .map_err(|e| ConfigError::Invalid(format!("{what} {}: {e}", path.display())))?;
-    let mode = meta.mode() & 0o7777;
-    if mode & 0o077 != 0 {
-        return refuse(format!(
-            "group or others may read or write it (mode {mode:04o}); run chmod 600 {}",
-            path.display()
-        ));
+        ))),
     }
-    let agent = rustix::process::geteuid().as_raw();
-    if meta.uid() != agent && meta.uid() != 0 {
-        return refuse(format!(
-            "it belongs to uid {}, neither the agent's user ({agent}) nor root",
-            meta.uid()
-        ));
-    }
-    if let Some(dir) = path.parent().and_then(|d| std::fs::metadata(d).ok()) {
-        let dir_mode = dir.mode() & 0o7777;
-        // Anyone who can write the directory can replace the file.
-        if dir_mode & 0o022 != 0 && dir_mode & 0o1000 == 0 {
-            return refuse(format!(
-                "its directory is writable by group or others (mode {dir_mode:04o}), so the file can be replaced; run chmod go-w on it"
-            ));
-        }
-    }
-    Ok(())
 }
 
 #[cfg(test)]

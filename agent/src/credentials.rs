@@ -17,6 +17,7 @@ use nfsprov_api_types::{ExportClient, VolumePath};
 use serde::{Deserialize, Serialize};
 use subtle::ConstantTimeEq;
 
+use crate::private_file;
 use crate::scope::{Limits, Operations, Scope};
 
 /// Largest credentials file read: a few hundred bytes per credential.
@@ -106,8 +107,17 @@ pub(crate) fn scope_of(
 }
 
 impl CredentialsFile {
-    /// Reads `path`; a missing file holds no credential.
+    /// Reads `path`; a missing file holds no credential. A file someone besides the
+    /// agent's user could write (or replace) is refused: it grants credentials.
     pub fn read(path: &Path) -> Result<Self, CredentialsError> {
+        if path.exists()
+            && let Some(problem) = private_file::problem(path)
+        {
+            return Err(CredentialsError::Invalid {
+                path: path.display().to_string(),
+                message: problem,
+            });
+        }
         match nfsprov_api_types::read_bounded(path, MAX_FILE_BYTES) {
             Ok(bytes) => Self::parse(path, &bytes),
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(Self::default()),
@@ -422,6 +432,8 @@ fn watch(watched: Weak<Shared>, mut seen: Option<Stamp>) {
 
 #[cfg(test)]
 mod tests {
+    use std::os::unix::fs::PermissionsExt;
+
     use super::*;
 
     fn entry(name: &str, token: &str, prefix: Option<&str>) -> CredentialEntry {
@@ -516,9 +528,19 @@ mod tests {
             ),
         ] {
             std::fs::write(&path, &text).unwrap();
+            std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600)).unwrap();
             let err = CredentialsFile::read(&path).unwrap_err().to_string();
             assert!(err.contains(why), "{text}: {err}");
         }
+        // A file others could write grants credentials to them: refused whole.
+        std::fs::write(
+            &path,
+            format!("[[credentials]]\nname = \"a\"\ntoken_sha256 = \"{digest}\"\n"),
+        )
+        .unwrap();
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o644)).unwrap();
+        let err = CredentialsFile::read(&path).unwrap_err().to_string();
+        assert!(err.contains("group or others"), "{err}");
     }
 
     #[test]

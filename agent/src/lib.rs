@@ -7,7 +7,8 @@
 //!    for), `connections` (limits on connections), `ratelimit` (of log lines), `holds`
 //!    (where a debug build waits for a test), `subvolume` (what a btrfs subvolume is, for
 //!    the store's records, the exports and the btrfs tool), `scope` (what one credential
-//!    may reach);
+//!    may reach), `private_file` (whether a file holding a credential is the agent's
+//!    alone);
 //! 2. `credentials` (the scoped credentials' file, watched), `quota` (the quota settings and the runner of every filesystem tool),
 //!    `tls` (the server's TLS settings and its acceptor) and `root_filesystem` (whether
 //!    the export root has its filesystem to itself);
@@ -47,6 +48,7 @@ pub(crate) mod logging;
 pub(crate) mod metrics;
 pub(crate) mod mountinfo;
 pub mod policy;
+pub(crate) mod private_file;
 pub mod quota;
 pub(crate) mod ratelimit;
 pub(crate) mod root_filesystem;
