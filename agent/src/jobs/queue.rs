@@ -80,7 +80,15 @@ impl JobQueue {
     /// `limit` jobs wait already, or when the `share` of the credential asking for it is
     /// taken.
     pub(super) fn admit(&self, share: Option<&JobShare>) -> Result<Ticket, ApiError> {
-        let share = share.map(JobShare::take).transpose()?;
+        let share = share.map(JobShare::take).transpose().map_err(|why| {
+            ApiError::new(
+                ErrorCode::JobQueueFull,
+                format!(
+                    "{why}; none was started: repeat the request in {} s",
+                    RETRY_AFTER.as_secs()
+                ),
+            )
+        })?;
         let admitted = self
             .waiting
             .fetch_update(Ordering::AcqRel, Ordering::Acquire, |waiting| {
