@@ -3,8 +3,8 @@
 //! against `rm -rf` of an identical tree. Prints figures; asserts nothing. With `--btrfs`
 //! the export root is a loop-mounted btrfs with the btrfs quota backend. With
 //! `--credentials N` the pairs are made by a scoped credential, the last of N in the
-//! agent's credentials file; `--compare-credentials` runs only the pairs, on a fresh agent
-//! for each number of credentials, in interleaved repeats.
+//! agent's credentials file; `--compare-credentials` runs only the pairs, on an agent for
+//! each number of credentials, in interleaved rounds.
 
 use std::path::Path;
 use std::process::Command;
@@ -27,9 +27,9 @@ use tokio::sync::Mutex;
     about = "Measure the nfsprov agent's request throughput, latency and tree deletion speed"
 )]
 struct Args {
-    /// Create + delete pairs to run (in each run of a comparison).
-    #[arg(long, default_value_t = 20_000)]
-    pairs: usize,
+    /// Create + delete pairs to run [default: 20,000; in each block of a comparison, 500].
+    #[arg(long)]
+    pairs: Option<usize>,
     /// Requests in flight at once.
     #[arg(long, default_value_t = 16)]
     concurrency: usize,
@@ -50,12 +50,13 @@ struct Args {
     #[arg(long, default_value_t = 0)]
     credentials: usize,
     /// Compare pairs/s with these numbers of scoped credentials (e.g. 1,2,100; the first
-    /// is the baseline of the ratios): a fresh agent for each run, `--repeats` rounds, each
-    /// round running every number once, from a rotating start. No tree deletion.
+    /// is the baseline of the ratios): an agent for each number, all running, and
+    /// `--repeats` rounds of `--pairs` pairs on each agent in turn, from a rotating start.
+    /// No tree deletion.
     #[arg(long, value_delimiter = ',', conflicts_with_all = ["credentials", "btrfs"])]
     compare_credentials: Vec<usize>,
     /// Rounds of `--compare-credentials`.
-    #[arg(long, default_value_t = 7)]
+    #[arg(long, default_value_t = 30)]
     repeats: usize,
 }
 
@@ -179,7 +180,14 @@ async fn run(args: Args) -> anyhow::Result<()> {
         None => (client.clone(), String::new()),
     };
 
-    let figures = pairs(&pairs_client, &under, args.pairs, args.concurrency).await?;
+    warm_up(&pairs_client, &under, args.concurrency).await?;
+    let figures = pairs(
+        &pairs_client,
+        &under,
+        args.pairs.unwrap_or(20_000),
+        args.concurrency,
+    )
+    .await?;
     figures.print(args.concurrency);
 
     // Tree deletion: the same shape of tree, once through the agent and once by rm -rf.
@@ -219,77 +227,92 @@ async fn run(args: Args) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Pairs/s with each number of credentials, in rounds that run each number once (the
-/// start rotating, so no number always follows the same other), each run on a fresh
-/// agent and export root: a change of the machine's load falls on all of them.
+/// Pairs/s with each number of credentials. One agent per number, all started first
+/// (each with its own export root and credentials file) and warmed up; then rounds that
+/// run a block of pairs on each agent in turn, the start rotating so that no number
+/// always follows the same other. Short blocks, interleaved: a change of the machine's
+/// load falls on every number alike.
 async fn compare_credentials(args: Args) -> anyhow::Result<()> {
     let counts = &args.compare_credentials;
+    let block = args.pairs.unwrap_or(500);
     if args.repeats == 0 {
         bail!("--repeats must be at least 1");
     }
     println!(
-        "pairs/s with {} scoped credentials: {} pairs per run at concurrency {}, {} rounds, \
-         a fresh agent each run",
+        "pairs/s with {} scoped credentials: {} rounds of {} pairs on each agent at \
+         concurrency {}",
         counts
             .iter()
             .map(ToString::to_string)
             .collect::<Vec<_>>()
             .join(" / "),
-        args.pairs,
-        args.concurrency,
-        args.repeats
+        args.repeats,
+        block,
+        args.concurrency
     );
+    let base = match &args.dir {
+        Some(dir) => tempfile::tempdir_in(dir)?,
+        None => tempfile::tempdir()?,
+    };
+    let mut agents = Vec::with_capacity(counts.len());
+    for (which, &count) in counts.iter().enumerate() {
+        let root = base.path().join(format!("export-{which}"));
+        std::fs::create_dir(&root)?;
+        let scoped = (count > 0).then(|| Scoped::new(count)).transpose()?;
+        let no_credentials = CredentialsFile::default();
+        let credentials = scoped.as_ref().map_or(&no_credentials, |s| &s.file);
+        let agent =
+            TestAgent::start_with_credentials(&root, QuotaSettings::default(), credentials).await?;
+        agent
+            .client()
+            .healthz()
+            .await
+            .context("agent not serving")?;
+        let (client, under) = match &scoped {
+            Some(scoped) => (scoped.client(&agent).await?, scoped.prefix.clone()),
+            None => (agent.client(), String::new()),
+        };
+        warm_up(&client, &under, args.concurrency).await?;
+        agents.push((agent, client, under, scoped));
+    }
+
     let mut rates: Vec<Vec<f64>> = vec![Vec::new(); counts.len()];
+    let mut latencies: Vec<Vec<Duration>> = vec![Vec::new(); counts.len()];
+    let mut totals = vec![(0usize, Duration::ZERO); counts.len()];
     for round in 0..args.repeats {
         for step in 0..counts.len() {
             let which = (round + step) % counts.len();
-            let count = counts[which];
-            let base = match &args.dir {
-                Some(dir) => tempfile::tempdir_in(dir)?,
-                None => tempfile::tempdir()?,
-            };
-            let root = base.path().join("export");
-            std::fs::create_dir(&root)?;
-            let scoped = (count > 0).then(|| Scoped::new(count)).transpose()?;
-            let no_credentials = CredentialsFile::default();
-            let credentials = scoped.as_ref().map_or(&no_credentials, |s| &s.file);
-            let agent =
-                TestAgent::start_with_credentials(&root, QuotaSettings::default(), credentials)
-                    .await?;
-            agent
-                .client()
-                .healthz()
-                .await
-                .context("agent not serving")?;
-            let (client, under) = match &scoped {
-                Some(scoped) => (scoped.client(&agent).await?, scoped.prefix.clone()),
-                None => (agent.client(), String::new()),
-            };
-            let figures = pairs(&client, &under, args.pairs, args.concurrency).await?;
-            let rate = figures.rate();
-            let mut all = figures.all();
-            println!(
-                "round {} {:>4} credentials: {:>6.0} pairs/s  request p50 {}  p99 {}",
-                round + 1,
-                count,
-                rate,
-                ms(pct(&mut all, 50.0)),
-                ms(pct(&mut all, 99.0))
-            );
-            rates[which].push(rate);
-            agent.stop().await?;
+            let (_, client, under, _) = &agents[which];
+            let figures = pairs(client, under, block, args.concurrency).await?;
+            rates[which].push(figures.rate());
+            totals[which].0 += figures.pairs;
+            totals[which].1 += figures.elapsed;
+            latencies[which].extend(figures.all());
         }
     }
-    println!("credentials  pairs/s: median (min-max)  baseline/this: ratio of medians (per round)");
+    for (agent, ..) in agents {
+        agent.stop().await?;
+    }
+
+    println!(
+        "credentials  pairs/s per round: median (min-max)  all rounds  request p50 / p99  \
+         ratio of medians, first/this (per round: median, min-max)"
+    );
     let baseline = median(&rates[0]);
-    for (count, rate) in counts.iter().zip(&rates) {
+    for (which, count) in counts.iter().enumerate() {
+        let rate = &rates[which];
         let per_round: Vec<f64> = rates[0].iter().zip(rate).map(|(b, r)| b / r).collect();
+        let (done, took) = totals[which];
         println!(
-            "{count:>11}  {:>7.0} ({:.0}-{:.0})  {:.3} ({:.3}-{:.3})",
+            "{count:>11}  {:>7.0} ({:.0}-{:.0})  {:>7.0}  {} / {}  {:.3} ({:.3}, {:.3}-{:.3})",
             median(rate),
             min(rate),
             max(rate),
+            done as f64 / took.as_secs_f64(),
+            ms(pct(&mut latencies[which], 50.0)),
+            ms(pct(&mut latencies[which], 99.0)),
             baseline / median(rate),
+            median(&per_round),
             min(&per_round),
             max(&per_round)
         );
@@ -359,8 +382,18 @@ impl PairFigures {
     }
 }
 
-/// `pairs` creates each followed by its delete, `concurrency` at a time, beneath `under`,
-/// after a warm-up of one pair per connection.
+/// One pair per connection, to open the connections and warm the caches.
+async fn warm_up(client: &AgentClient, under: &str, concurrency: usize) -> anyhow::Result<()> {
+    let request = volume_request();
+    for i in 0..concurrency {
+        let path = beneath(under, &format!("warmup/v{i}"))?;
+        client.create_volume(&path, &request, None).await?;
+        client.delete_volume(&path, None).await?;
+    }
+    Ok(())
+}
+
+/// `pairs` creates each followed by its delete, `concurrency` at a time, beneath `under`.
 async fn pairs(
     client: &AgentClient,
     under: &str,
@@ -368,11 +401,6 @@ async fn pairs(
     concurrency: usize,
 ) -> anyhow::Result<PairFigures> {
     let request = volume_request();
-    for i in 0..concurrency {
-        let path = beneath(under, &format!("warmup/v{i}"))?;
-        client.create_volume(&path, &request, None).await?;
-        client.delete_volume(&path, None).await?;
-    }
 
     let next = Arc::new(std::sync::atomic::AtomicUsize::new(0));
     let create_latencies = Arc::new(Mutex::new(Vec::with_capacity(pairs)));
