@@ -12,6 +12,7 @@ use nfsprov_agent::archive::retention::ArchiveSettings;
 use nfsprov_agent::config::{
     AgentConfig, AuthConfig, DEFAULT_CREDENTIALS_FILE, LogFormat, TokenSection,
 };
+use nfsprov_agent::credentials::CredentialsFile;
 use nfsprov_agent::exports::ExportSettings;
 use nfsprov_agent::init::{self, InitArgs, files};
 use nfsprov_agent::policy::Policy;
@@ -54,7 +55,33 @@ impl TestAgent {
         policy: Policy,
         archive: ArchiveSettings,
     ) -> anyhow::Result<TestAgent> {
-        Self::start_with_settings(root, quota, policy, archive, ExportSettings::default()).await
+        Self::start_with_settings(
+            root,
+            quota,
+            policy,
+            archive,
+            ExportSettings::default(),
+            None,
+        )
+        .await
+    }
+
+    /// An agent with the given quota settings whose credentials file holds `credentials`
+    /// from its start (beside the whole-root token and certificate of `init`).
+    pub async fn start_with_credentials(
+        root: &Path,
+        quota: QuotaSettings,
+        credentials: &CredentialsFile,
+    ) -> anyhow::Result<TestAgent> {
+        Self::start_with_settings(
+            root,
+            quota,
+            Policy::default(),
+            ArchiveSettings::default(),
+            ExportSettings::default(),
+            Some(credentials),
+        )
+        .await
     }
 
     /// An agent whose volumes are exported by the manager `exports` names.
@@ -69,6 +96,7 @@ impl TestAgent {
             defaults.1,
             ArchiveSettings::default(),
             exports,
+            None,
         )
         .await
     }
@@ -86,6 +114,7 @@ impl TestAgent {
             Policy::default(),
             ArchiveSettings::default(),
             exports,
+            None,
         )
         .await
     }
@@ -96,6 +125,7 @@ impl TestAgent {
         policy: Policy,
         archive: ArchiveSettings,
         exports: ExportSettings,
+        scoped: Option<&CredentialsFile>,
     ) -> anyhow::Result<TestAgent> {
         let credentials = tempfile::tempdir()?;
         init::run(&InitArgs {
@@ -114,6 +144,10 @@ impl TestAgent {
             shared_filesystem: true,
         })?;
         let dir = credentials.path();
+        let credentials_file = dir.join(DEFAULT_CREDENTIALS_FILE);
+        if let Some(scoped) = scoped {
+            scoped.write(&credentials_file)?;
+        }
         let config = AgentConfig {
             listen: "127.0.0.1:0".parse()?,
             export_root: root.to_owned(),
@@ -130,7 +164,7 @@ impl TestAgent {
                     dir.join(files::TOKEN),
                 )],
                 certificate_scopes: Vec::new(),
-                credentials_file: dir.join(DEFAULT_CREDENTIALS_FILE),
+                credentials_file,
                 disabled: false,
             },
             max_body_bytes: 64 * 1024,
@@ -199,6 +233,17 @@ impl TestAgent {
             nfs_server: None,
             nfs_path: None,
             default: false,
+        }
+    }
+
+    /// Connection settings with the token in `token_file` and no client certificate (a
+    /// certificate would name the caller before any token is looked at).
+    pub fn token_connection(&self, token_file: &Path) -> AgentConnectionConfig {
+        AgentConnectionConfig {
+            token_file: Some(token_file.to_owned()),
+            client_cert_file: None,
+            client_key_file: None,
+            ..self.connection()
         }
     }
 
