@@ -88,11 +88,12 @@ impl PrefixTally {
         let before = volumes.get(path.as_str()).copied();
         let capacity = capacity.max(before.unwrap_or(0));
         for limit in limits.iter() {
+            let bounded = limit.max_volumes.is_some() || limit.max_bytes.is_some();
             let holds = limit
                 .prefix
                 .as_ref()
                 .is_none_or(|prefix| path.is_beneath(prefix));
-            if holds {
+            if bounded && holds {
                 check(
                     limit,
                     &usage(&volumes, limit.prefix.as_ref()),
