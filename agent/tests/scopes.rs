@@ -451,16 +451,19 @@ async fn one_credential_reaches_nothing_of_anothers_and_learns_nothing_of_it() {
     assert_eq!(taken.status, 409, "{taken:?}");
     assert!(!taken.body.to_string().contains("production"), "{taken:?}");
 
-    // The figures of the whole agent are the operator's.
+    // The figures of the whole agent are the operator's; a scoped credential is told
+    // its own.
     let info = staging.ok("GET", "/v1/info", None).await;
-    assert!(info.get("provisioning").is_none(), "{info}");
+    assert_eq!(
+        info["provisioning"]["provisioned_bytes"], 1_048_576,
+        "staging's own one volume: {info}"
+    );
     assert!(info.get("export_root_filesystem").is_none(), "{info}");
-    assert!(
-        operator
-            .ok("GET", "/v1/info", None)
-            .await
-            .get("provisioning")
-            .is_some()
+    let whole = operator.ok("GET", "/v1/info", None).await;
+    assert_eq!(
+        whole["provisioning"]["provisioned_bytes"],
+        2 * 1_048_576,
+        "production's live volume and staging's: {whole}"
     );
     let metrics = staging.call("GET", "/metrics", None).await;
     assert_eq!(metrics.status, 403, "{metrics:?}");

@@ -6,7 +6,9 @@ use axum::extract::State;
 use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::{Extension, Json};
-use nfsprov_api_types::{AgentInfo, Capabilities, FilesystemStats, Health, Provisioning};
+use nfsprov_api_types::{
+    AgentInfo, Capabilities, FilesystemStats, Health, Provisioning, VolumePath,
+};
 
 use super::failure::ApiResult;
 use super::state::AppState;
@@ -74,7 +76,7 @@ pub(super) async fn metrics(State(state): State<Arc<AppState>>) -> Response {
             .metrics
             .filesystem_free_inodes
             .set(fs.free_inodes as i64);
-        let provisioning = provisioning(&state.store, &fs);
+        let provisioning = provisioning(&state.store, None, &fs);
         state
             .metrics
             .provisioned_bytes
@@ -122,11 +124,19 @@ pub(super) async fn metrics(State(state): State<Arc<AppState>>) -> Response {
         .into_response()
 }
 
-/// The capacity promised against the filesystem `fs` of the store's root.
-fn provisioning(store: &VolumeStore, fs: &FilesystemStats) -> Provisioning {
+/// The capacity promised against the filesystem `fs` of the store's root: the whole
+/// agent's, or beneath `prefix` only (a scoped caller's own).
+fn provisioning(
+    store: &VolumeStore,
+    prefix: Option<&VolumePath>,
+    fs: &FilesystemStats,
+) -> Provisioning {
     let provisioned = store.provisioned();
     let limits = provisioned.limits();
-    let provisioned_bytes = provisioned.bytes();
+    let provisioned_bytes = match prefix {
+        None => provisioned.bytes(),
+        Some(prefix) => store.prefix_tally().usage(Some(prefix)).bytes,
+    };
     Provisioning {
         provisioned_bytes,
         overcommit_ratio: store::provisioned_ratio(provisioned_bytes, fs.total_bytes),
@@ -135,17 +145,18 @@ fn provisioning(store: &VolumeStore, fs: &FilesystemStats) -> Provisioning {
     }
 }
 
-/// What the agent is and can do. A scoped caller is told neither what the whole agent
-/// has promised nor where its filesystem is mounted: those figures count and name what
-/// other scopes hold.
+/// What the agent is and can do. A scoped caller is told what its own volumes were
+/// promised, never the whole agent's figure, nor where the filesystem is mounted: those
+/// count and name what other scopes hold.
 pub(super) async fn info(
     State(state): State<Arc<AppState>>,
     Extension(caller): Extension<Caller>,
 ) -> ApiResult<Json<AgentInfo>> {
     let filesystem = state.store.filesystem_stats()?;
-    let whole_agent = caller.scope().prefix().is_none();
+    let prefix = caller.scope().prefix();
+    let whole_agent = prefix.is_none();
     Ok(Json(AgentInfo {
-        provisioning: whole_agent.then(|| provisioning(&state.store, &filesystem)),
+        provisioning: Some(provisioning(&state.store, prefix, &filesystem)),
         version: env!("CARGO_PKG_VERSION").to_owned(),
         nfs: state.nfs.clone(),
         capabilities: Capabilities {
