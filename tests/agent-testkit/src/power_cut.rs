@@ -24,7 +24,8 @@
 //! XFS; what a volume holds is read through the agent started on the copy, which must
 //! mount it from its own image in the copy, and archives and snapshots (images the agent
 //! never mounts) through a read-only mount of their image in the copy. Adoption and
-//! resizing are not cut there (see [`FsKind::skips`]).
+//! resizing are not cut there (see [`FsKind::skips`]), and each step's volumes are
+//! deleted once its cut is checked, so that each cut's agent mounts only a few.
 //!
 //! Each operation is a few arms: what `prepare` sets up, what `act` sends and the
 //! acknowledgement it records as `Done`, what `on_disk` and `served` check of it.
@@ -611,12 +612,28 @@ pub async fn run(
                 tally.lost += 1;
                 tally.failures.push(format!("{kind} {}: {e:#}", step.name));
             }
+            if kind.own_filesystems() {
+                delete_volumes(&server, &mut exported).await?;
+            }
         }
     }
     drop(server);
     drop(nfs);
     unmount_below(&root)?;
     Ok(tallies)
+}
+
+/// Deletes every volume, each deletion acknowledged and so checked by the next cut (gone
+/// from the exports file, its image and record gone from the image area). For image
+/// volumes after each step: the agent started on a copy mounts every volume, and with
+/// the hundreds a run makes each cut took tens of seconds. Archives and snapshots, never
+/// mounted, are kept.
+async fn delete_volumes(server: &Server, exported: &mut Exported) -> anyhow::Result<()> {
+    for volume in server.client.list_volumes(None).await? {
+        server.client.delete_volume(&volume.path, None).await?;
+        exported.remove(volume.path.as_str());
+    }
+    Ok(())
 }
 
 /// Unmounts what the agent mounted below `root` (ganesha's btrfs volumes have a mount
