@@ -584,6 +584,7 @@ pub async fn run(
     // Every export acknowledged and not since removed, by volume: what the server's files
     // must hold after a cut, whole.
     let mut exported = BTreeMap::new();
+    let mut fsids = Fsids::new();
     for &op in ops {
         let tally: &mut Tally = tallies.entry(op).or_default();
         for i in 0..iterations {
@@ -592,6 +593,9 @@ pub async fn run(
             step.prepared(&mut exported)?;
             // Whatever was set up is on disk before the operation under test.
             rustix::fs::syncfs(std::fs::File::open(&root)?.as_fd())?;
+            if manager == Manager::Knfsd {
+                first_fsids(&root, kind, &mut fsids)?;
+            }
             let done = act(&server, &step).await?;
             // At once: the power goes as the answer arrives.
             let image = copies.path().join("cut.img");
@@ -604,6 +608,7 @@ pub async fn run(
                 image: &image,
                 scratch: copies.path(),
                 original_root: &root,
+                fsids: &fsids,
             };
             let verdict = cut.check(&expected, &done, &exported).await?;
             std::fs::remove_file(&image)?;
@@ -1223,6 +1228,8 @@ struct Cut<'a> {
     scratch: &'a Path,
     /// The export root of the agent that acknowledged, as its exports file names it.
     original_root: &'a Path,
+    /// The `fsid` each export was first seen with ([`first_fsids`]).
+    fsids: &'a Fsids,
 }
 
 impl Cut<'_> {
@@ -1261,6 +1268,7 @@ impl Cut<'_> {
                     let text = std::fs::read_to_string(exports_file(&root))
                         .context("the exports file is not on the copy")?;
                     let exports = ExportsFile::parse(&text, self.original_root, self.kind)?;
+                    same_fsids(&exports, self.fsids)?;
                     let found = OnDisk::Knfsd(exports);
                     on_disk(self.kind, &root, &found, expected, done, exported)?;
                     let server =
@@ -1417,6 +1425,41 @@ fn unmount(mount: &Path) -> anyhow::Result<()> {
             Err(e) => bail!(e),
         }
     }
+}
+
+/// The `fsid` of each knfsd export of a volume that is a filesystem of its own, by the
+/// volume's path, as first seen.
+type Fsids = BTreeMap<String, String>;
+
+/// Adds the `fsid`s of the exports file the agent serving `root` keeps now, before the
+/// operation under test, for the exports not seen before: an export must keep its fsid
+/// for good, through changes of its clients and restarts.
+fn first_fsids(root: &Path, kind: FsKind, fsids: &mut Fsids) -> anyhow::Result<()> {
+    let text = match std::fs::read_to_string(exports_file(root)) {
+        Ok(text) => text,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+        Err(e) => return Err(e.into()),
+    };
+    for (volume, line) in ExportsFile::parse(&text, root, kind)?.lines {
+        if let Some(fsid) = line.fsid {
+            fsids.entry(volume).or_insert(fsid);
+        }
+    }
+    Ok(())
+}
+
+/// Fails if an export in `exports` has another `fsid` than it was first seen with: every
+/// file handle its clients hold would go stale.
+fn same_fsids(exports: &ExportsFile, fsids: &Fsids) -> anyhow::Result<()> {
+    for (volume, line) in &exports.lines {
+        if let (Some(found), Some(first)) = (&line.fsid, fsids.get(volume)) {
+            ensure!(
+                found == first,
+                "{volume} is exported with the fsid {found}, not the {first} it had: every file handle its clients hold would go stale"
+            );
+        }
+    }
+    Ok(())
 }
 
 /// Unmounts `mount` and every mount below it, waiting as [`unmount`] does.
