@@ -106,7 +106,8 @@ impl FsKind {
         }
     }
 
-    /// The first tool of [`Self::tools`] that is not installed, if any.
+    /// The first tool the check needs here (the root's `mkfs`, and for image volumes what
+    /// the image backend runs) that is not installed, if any.
     pub fn missing(self) -> Option<String> {
         self.tools()
             .iter()
