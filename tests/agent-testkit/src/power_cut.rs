@@ -19,6 +19,14 @@
 //! copy's `exports.conf` and then the agent starts. Before either, the harness reads the
 //! directory itself and compares every EXPORT block with what was acknowledged.
 //!
+//! Or with image volumes ([`FsKind::Image`]): each volume an ext4 filesystem in an image
+//! file on an XFS export root that reflinks, loop-mounted at its path. The cut copies the
+//! XFS; what a volume holds is read through the agent started on the copy, which must
+//! mount it from its own image in the copy, and archives and snapshots (images the agent
+//! never mounts) through a read-only mount of their image in the copy. Adoption and
+//! resizing are not cut there (see [`FsKind::skips`]), and each step's volumes are
+//! deleted once its cut is checked, so that each cut's agent mounts only a few.
+//!
 //! Each operation is a few arms: what `prepare` sets up, what `act` sends and the
 //! acknowledgement it records as `Done`, what `on_disk` and `served` check of it.
 
@@ -27,6 +35,7 @@ use std::fmt;
 use std::future::Future;
 use std::io::{Read, Seek, SeekFrom, Write};
 use std::os::fd::AsFd;
+use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -45,9 +54,11 @@ use crate::ganesha::{Ganesha, PrivateBus};
 use crate::{LoopBtrfs, LoopExt4, LoopXfs};
 
 mod ganesha_files;
+mod images;
 mod namespace;
 
 use ganesha_files::{ExportBlock, GaneshaFiles};
+use images::{ImageArea, ReadOnlyImage};
 use namespace::CopyAtOriginal;
 
 /// The filesystems the check runs on.
@@ -57,25 +68,82 @@ pub enum FsKind {
     Xfs,
     /// With the btrfs quota backend: volumes are subvolumes, clones snapshots.
     Btrfs,
+    /// With the image quota backend, on XFS with reflinks: each volume an ext4 filesystem
+    /// in an image file, loop-mounted at its path; clones, snapshots and restores
+    /// reflinks of images.
+    Image,
 }
 
 impl FsKind {
-    pub const ALL: [FsKind; 3] = [FsKind::Ext4, FsKind::Xfs, FsKind::Btrfs];
+    pub const ALL: [FsKind; 4] = [FsKind::Ext4, FsKind::Xfs, FsKind::Btrfs, FsKind::Image];
 
-    /// The `mkfs` the filesystem needs.
+    /// The `mkfs` of the export root's filesystem.
     pub fn mkfs(self) -> &'static str {
         match self {
             FsKind::Ext4 => "mkfs.ext4",
-            FsKind::Xfs => "mkfs.xfs",
+            FsKind::Xfs | FsKind::Image => "mkfs.xfs",
             FsKind::Btrfs => "mkfs.btrfs",
         }
+    }
+
+    /// The tools the check needs here: the root's `mkfs`, and for image volumes what the
+    /// agent's image backend runs.
+    fn tools(self) -> &'static [&'static str] {
+        match self {
+            FsKind::Ext4 => &["mkfs.ext4"],
+            FsKind::Xfs => &["mkfs.xfs"],
+            FsKind::Btrfs => &["mkfs.btrfs"],
+            FsKind::Image => &[
+                "mkfs.xfs",
+                "mkfs.ext4",
+                "tune2fs",
+                "resize2fs",
+                "dumpe2fs",
+                "losetup",
+                "findmnt",
+                "fsfreeze",
+            ],
+        }
+    }
+
+    /// The first tool the check needs here (the root's `mkfs`, and for image volumes what
+    /// the image backend runs) that is not installed, if any.
+    pub fn missing(self) -> Option<String> {
+        self.tools()
+            .iter()
+            .find(|tool| installed(tool).is_none())
+            .map(|tool| format!("{tool} is not installed"))
+    }
+
+    /// Why `op` is not cut here, if it is not.
+    ///
+    /// Image volumes: an adoption is refused by the image backend (a directory becomes a
+    /// filesystem of its own only by copying its data), and a resize grows the mounted
+    /// filesystem online, which the kernel allows only a process with
+    /// `CAP_SYS_RESOURCE`; a check that cannot count on that leaves resizes out.
+    pub fn skips(self, op: Op) -> Option<&'static str> {
+        match (self, op) {
+            (FsKind::Image, Op::Adopt) => {
+                Some("the image backend adopts no directory (a volume is a filesystem of its own)")
+            }
+            (FsKind::Image, Op::Resize) => {
+                Some("an image volume grows online, which needs CAP_SYS_RESOURCE; not cut here")
+            }
+            _ => None,
+        }
+    }
+
+    /// Whether each volume is a filesystem of its own, mounted by the agent: a reboot
+    /// loses those mounts, and knfsd exports each with an `fsid` of its own.
+    fn own_filesystems(self) -> bool {
+        self == FsKind::Image
     }
 
     /// How the agent keeps a snapshot here: each filesystem exercises one method.
     pub fn snapshot_method(self) -> SnapshotMethod {
         match self {
             FsKind::Ext4 => SnapshotMethod::Copy,
-            FsKind::Xfs => SnapshotMethod::Reflink,
+            FsKind::Xfs | FsKind::Image => SnapshotMethod::Reflink,
             FsKind::Btrfs => SnapshotMethod::BtrfsSnapshot,
         }
     }
@@ -84,7 +152,7 @@ impl FsKind {
     pub fn restore_method(self) -> CloneMethod {
         match self {
             FsKind::Ext4 => CloneMethod::Copy,
-            FsKind::Xfs => CloneMethod::Reflink,
+            FsKind::Xfs | FsKind::Image => CloneMethod::Reflink,
             FsKind::Btrfs => CloneMethod::BtrfsSnapshot,
         }
     }
@@ -96,6 +164,7 @@ impl fmt::Display for FsKind {
             FsKind::Ext4 => "ext4",
             FsKind::Xfs => "xfs",
             FsKind::Btrfs => "btrfs",
+            FsKind::Image => "image",
         })
     }
 }
@@ -297,13 +366,15 @@ fn ganesha_dir(root: &Path) -> PathBuf {
 /// Who may mount a volume, as sent, with the options exports(5) must show for each of its
 /// clients and the values of its ganesha EXPORT block: spelled out here rather than taken
 /// from the agent, so that the files are checked as the server would read them at boot.
+/// The options depend on the volumes too ([`ExportCase::options`]).
 #[derive(Debug)]
 struct ExportCase {
     clients: &'static [&'static str],
     access: ExportAccess,
     squash: Squash,
     anon_id: Option<u32>,
-    options: &'static str,
+    /// The options of access and squashing, before those every export has.
+    access_options: &'static str,
     /// ganesha: the `Access_Type` of the block's CLIENT and the block's `Squash`.
     ganesha_access: &'static str,
     ganesha_squash: &'static str,
@@ -315,7 +386,7 @@ const READ_WRITE: ExportCase = ExportCase {
     access: ExportAccess::ReadWrite,
     squash: Squash::Root,
     anon_id: None,
-    options: "rw,root_squash,sec=sys,sync,subtree_check,secure",
+    access_options: "rw,root_squash,sec=sys",
     ganesha_access: "RW",
     ganesha_squash: "Root_Squash",
 };
@@ -326,7 +397,7 @@ const READ_ONLY: ExportCase = ExportCase {
     access: ExportAccess::ReadOnly,
     squash: Squash::All,
     anon_id: Some(2000),
-    options: "ro,all_squash,anonuid=2000,anongid=2000,sec=sys,sync,subtree_check,secure",
+    access_options: "ro,all_squash,anonuid=2000,anongid=2000,sec=sys",
     ganesha_access: "RO",
     ganesha_squash: "All_Squash",
 };
@@ -337,7 +408,7 @@ const CHANGED: ExportCase = ExportCase {
     access: ExportAccess::ReadWrite,
     squash: Squash::None,
     anon_id: None,
-    options: "rw,no_root_squash,sec=sys,sync,subtree_check,secure",
+    access_options: "rw,no_root_squash,sec=sys",
     ganesha_access: "RW",
     ganesha_squash: "No_Root_Squash",
 };
@@ -358,11 +429,26 @@ impl ExportCase {
         })
     }
 
-    /// The `client(options)` entries of the volume's line in the exports file.
-    fn entries(&self) -> BTreeSet<String> {
+    /// The options exports(5) must show for each client: writes on stable storage
+    /// (`sync`) and privileged ports (`secure`) always; where volumes share the root's
+    /// filesystem `subtree_check`, where each is a filesystem of its own
+    /// `no_subtree_check` and the export's own `fsid=` (`fsid`: the one found, or
+    /// [`FSID`] as the exports file is read).
+    fn options(&self, kind: FsKind, fsid: &str) -> String {
+        let confinement = if kind.own_filesystems() {
+            format!("no_subtree_check,fsid={fsid}")
+        } else {
+            "subtree_check".to_owned()
+        };
+        format!("{},sync,{confinement},secure", self.access_options)
+    }
+
+    /// The `client(options)` entries of the volume's line in the exports file, any
+    /// `fsid` read as [`FSID`].
+    fn entries(&self, kind: FsKind) -> BTreeSet<String> {
         self.clients
             .iter()
-            .map(|client| format!("{client}({})", self.options))
+            .map(|client| format!("{client}({})", self.options(kind, FSID)))
             .collect()
     }
 
@@ -471,6 +557,15 @@ pub async fn run(
     ops: &[Op],
     iterations: usize,
 ) -> anyhow::Result<BTreeMap<Op, Tally>> {
+    if let Some(op) = ops.iter().find(|op| kind.skips(**op).is_some()) {
+        bail!(
+            "{op} is not cut on {kind}: {}",
+            kind.skips(*op).unwrap_or_default()
+        );
+    }
+    if kind.own_filesystems() && manager == Manager::Ganesha {
+        bail!("image volumes are cut with the knfsd manager only");
+    }
     let fs = Filesystem::new(kind)?;
     let root = fs.root();
     let nfs = match manager {
@@ -490,6 +585,7 @@ pub async fn run(
     // Every export acknowledged and not since removed, by volume: what the server's files
     // must hold after a cut, whole.
     let mut exported = BTreeMap::new();
+    let mut fsids = Fsids::new();
     for &op in ops {
         let tally: &mut Tally = tallies.entry(op).or_default();
         for i in 0..iterations {
@@ -498,6 +594,9 @@ pub async fn run(
             step.prepared(&mut exported)?;
             // Whatever was set up is on disk before the operation under test.
             rustix::fs::syncfs(std::fs::File::open(&root)?.as_fd())?;
+            if manager == Manager::Knfsd {
+                first_fsids(&root, kind, &mut fsids)?;
+            }
             let done = act(&server, &step).await?;
             // At once: the power goes as the answer arrives.
             let image = copies.path().join("cut.img");
@@ -510,6 +609,7 @@ pub async fn run(
                 image: &image,
                 scratch: copies.path(),
                 original_root: &root,
+                fsids: &fsids,
             };
             let verdict = cut.check(&expected, &done, &exported).await?;
             std::fs::remove_file(&image)?;
@@ -518,12 +618,28 @@ pub async fn run(
                 tally.lost += 1;
                 tally.failures.push(format!("{kind} {}: {e:#}", step.name));
             }
+            if kind.own_filesystems() {
+                delete_volumes(&server, &mut exported).await?;
+            }
         }
     }
     drop(server);
     drop(nfs);
     unmount_below(&root)?;
     Ok(tallies)
+}
+
+/// Deletes every volume, each deletion acknowledged and so checked by the next cut (gone
+/// from the exports file, its image and record gone from the image area). For image
+/// volumes after each step: the agent started on a copy mounts every volume, and with
+/// the hundreds a run makes each cut took tens of seconds. Archives and snapshots, never
+/// mounted, are kept.
+async fn delete_volumes(server: &Server, exported: &mut Exported) -> anyhow::Result<()> {
+    for volume in server.client.list_volumes(None).await? {
+        server.client.delete_volume(&volume.path, None).await?;
+        exported.remove(volume.path.as_str());
+    }
+    Ok(())
 }
 
 /// Unmounts what the agent mounted below `root` (ganesha's btrfs volumes have a mount
@@ -613,6 +729,9 @@ impl Filesystem {
             // Reflinks: a clone there shares extents, which must be durable as well.
             FsKind::Xfs => Filesystem::Xfs(LoopXfs::new(1024, true)?),
             FsKind::Btrfs => Filesystem::Btrfs(LoopBtrfs::new(1024, true)?),
+            // Room for hundreds of volumes' images, each a few MiB written of its
+            // gibibyte; reflinks for the agent's clones of images.
+            FsKind::Image => Filesystem::Xfs(LoopXfs::new(4096, true)?),
         })
     }
 
@@ -709,8 +828,10 @@ impl Server {
             }
             ExportSetup::Ganesha(ganesha) => write!(file, "\n{}", ganesha.agent_settings())?,
         }
-        if kind == FsKind::Btrfs {
-            file.write_all(b"\n[quota]\nbackend = \"btrfs\"\n")?;
+        match kind {
+            FsKind::Btrfs => file.write_all(b"\n[quota]\nbackend = \"btrfs\"\n")?,
+            FsKind::Image => file.write_all(b"\n[quota]\nbackend = \"image\"\n")?,
+            FsKind::Ext4 | FsKind::Xfs => {}
         }
         drop(file);
         let mut command = match namespace {
@@ -860,7 +981,11 @@ async fn volume_with_files(
         .create_volume(path, &volume_request(GIB, export)?, None)
         .await?;
     let files = random_files()?;
-    write_files(&root.join(path.as_str()), &files)?;
+    let dir = root.join(path.as_str());
+    write_files(&dir, &files)?;
+    // The volume's own filesystem where it is one (an image volume's ext4): the caller
+    // syncs the root's.
+    rustix::fs::syncfs(std::fs::File::open(&dir)?.as_fd())?;
     Ok(files)
 }
 
@@ -1104,6 +1229,8 @@ struct Cut<'a> {
     scratch: &'a Path,
     /// The export root of the agent that acknowledged, as its exports file names it.
     original_root: &'a Path,
+    /// The `fsid` each export was first seen with ([`first_fsids`]).
+    fsids: &'a Fsids,
 }
 
 impl Cut<'_> {
@@ -1120,8 +1247,8 @@ impl Cut<'_> {
         std::fs::create_dir_all(&mount)?;
         // The copy has the original's UUID; XFS refuses that unless told.
         let options = match self.kind {
-            FsKind::Xfs => "loop,nouuid",
-            _ => "loop",
+            FsKind::Xfs | FsKind::Image => "loop,nouuid",
+            FsKind::Ext4 | FsKind::Btrfs => "loop",
         };
         if let Err(e) = crate::run(
             "mount",
@@ -1141,9 +1268,10 @@ impl Cut<'_> {
                     // What the NFS server would read at boot, before any agent touches it.
                     let text = std::fs::read_to_string(exports_file(&root))
                         .context("the exports file is not on the copy")?;
-                    let exports = ExportsFile::parse(&text, self.original_root)?;
+                    let exports = ExportsFile::parse(&text, self.original_root, self.kind)?;
+                    same_fsids(&exports, self.fsids)?;
                     let found = OnDisk::Knfsd(exports);
-                    on_disk(&root, &found, expected, done, exported)?;
+                    on_disk(self.kind, &root, &found, expected, done, exported)?;
                     let server =
                         Server::start(self.agent, &root, self.kind, &ExportSetup::Knfsd, None)
                             .await?;
@@ -1155,7 +1283,8 @@ impl Cut<'_> {
             }
         }
         .await;
-        unmount(&mount)?;
+        // With what the agent mounted on the copy (image volumes).
+        unmount_recursively(&mount)?;
         Ok(checked)
     }
 
@@ -1183,7 +1312,7 @@ impl Cut<'_> {
             .map(|block| (block.id, block.path.clone()))
             .collect();
         let found = OnDisk::Ganesha(files, self.original_root.to_owned());
-        on_disk(&root, &found, expected, done, exported)?;
+        on_disk(self.kind, &root, &found, expected, done, exported)?;
         let original_mount = self
             .original_root
             .parent()
@@ -1261,12 +1390,17 @@ impl OnDisk {
     fn differences(&self, volume: &str, export: &ExportCase) -> Option<Vec<String>> {
         match self {
             OnDisk::Knfsd(exports) => exports.lines.get(volume).map(|listed| {
-                let wanted = export.entries();
-                if *listed == wanted {
-                    Vec::new()
-                } else {
-                    vec![format!("listed as {listed:?}, not as {wanted:?}")]
+                let mut wrong = Vec::new();
+                let wanted = export.entries(exports.kind);
+                if listed.entries != wanted {
+                    wrong.push(format!("listed as {:?}, not as {wanted:?}", listed.entries));
                 }
+                match (&listed.fsid, exports.kind.own_filesystems()) {
+                    (Some(fsid), true) if is_uuid(fsid) => {}
+                    (None, false) => {}
+                    (fsid, _) => wrong.push(format!("listed with the fsid {fsid:?}")),
+                }
+                wrong
             }),
             OnDisk::Ganesha(files, root) => {
                 let path = root.join(volume).display().to_string();
@@ -1294,14 +1428,112 @@ fn unmount(mount: &Path) -> anyhow::Result<()> {
     }
 }
 
-/// The export lines of an exports file: each volume's `client(options)` entries, by the
-/// volume's path below the export root.
+/// The `fsid` of each knfsd export of a volume that is a filesystem of its own, by the
+/// volume's path, as first seen.
+type Fsids = BTreeMap<String, String>;
+
+/// Adds the `fsid`s of the exports file the agent serving `root` keeps now, before the
+/// operation under test, for the exports not seen before: an export must keep its fsid
+/// for good, through changes of its clients and restarts.
+fn first_fsids(root: &Path, kind: FsKind, fsids: &mut Fsids) -> anyhow::Result<()> {
+    let text = match std::fs::read_to_string(exports_file(root)) {
+        Ok(text) => text,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+        Err(e) => return Err(e.into()),
+    };
+    for (volume, line) in ExportsFile::parse(&text, root, kind)?.lines {
+        if let Some(fsid) = line.fsid {
+            fsids.entry(volume).or_insert(fsid);
+        }
+    }
+    Ok(())
+}
+
+/// Fails if an export in `exports` has another `fsid` than it was first seen with: every
+/// file handle its clients hold would go stale.
+fn same_fsids(exports: &ExportsFile, fsids: &Fsids) -> anyhow::Result<()> {
+    for (volume, line) in &exports.lines {
+        if let (Some(found), Some(first)) = (&line.fsid, fsids.get(volume)) {
+            ensure!(
+                found == first,
+                "{volume} is exported with the fsid {found}, not the {first} it had: every file handle its clients hold would go stale"
+            );
+        }
+    }
+    Ok(())
+}
+
+/// Unmounts `mount` and every mount below it, waiting as [`unmount`] does.
+fn unmount_recursively(mount: &Path) -> anyhow::Result<()> {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        match crate::run("umount", &["--recursive".as_ref(), mount.as_os_str()]) {
+            Ok(_) => return Ok(()),
+            Err(e) if e.contains("busy") && Instant::now() < deadline => {
+                std::thread::sleep(Duration::from_millis(50));
+            }
+            Err(e) => bail!(e),
+        }
+    }
+}
+
+/// The export lines of an exports file, by the volume's path below the export root.
 struct ExportsFile {
-    lines: BTreeMap<String, BTreeSet<String>>,
+    lines: BTreeMap<String, ExportLine>,
+    /// The volumes the file was written for, which its options depend on.
+    kind: FsKind,
+}
+
+/// One volume's line of an exports file.
+#[derive(Debug)]
+struct ExportLine {
+    /// Its `client(options)` entries, the value of an `fsid=` option replaced by [`FSID`].
+    entries: BTreeSet<String>,
+    /// The `fsid=` its entries share, if they have one.
+    fsid: Option<String>,
+}
+
+/// What an `fsid=` value is read as in an exports file's entries, so that lines compare
+/// whatever UUID each export was given.
+const FSID: &str = "<fsid>";
+
+impl ExportLine {
+    fn parse(volume: &str, entries: &str) -> anyhow::Result<Self> {
+        let mut fsids = BTreeSet::new();
+        let entries = entries
+            .split_whitespace()
+            .map(|entry| match entry.split_once("fsid=") {
+                Some((before, rest)) => {
+                    let end = rest.find([',', ')']).unwrap_or(rest.len());
+                    fsids.insert(rest[..end].to_owned());
+                    format!("{before}fsid={FSID}{}", &rest[end..])
+                }
+                None => entry.to_owned(),
+            })
+            .collect();
+        ensure!(
+            fsids.len() <= 1,
+            "the exports file gives the clients of {volume} different fsids: {fsids:?}"
+        );
+        Ok(Self {
+            entries,
+            fsid: fsids.pop_first(),
+        })
+    }
+}
+
+/// Whether `text` is a UUID as exports(5) takes an `fsid`: `8-4-4-4-12` hex digits.
+fn is_uuid(text: &str) -> bool {
+    let parts: Vec<&str> = text.split('-').collect();
+    parts.len() == 5
+        && parts
+            .iter()
+            .zip([8, 4, 4, 4, 12])
+            .all(|(part, len)| part.len() == len && part.bytes().all(|b| b.is_ascii_hexdigit()))
 }
 
 impl ExportsFile {
-    fn parse(text: &str, root: &Path) -> anyhow::Result<Self> {
+    fn parse(text: &str, root: &Path, kind: FsKind) -> anyhow::Result<Self> {
         let prefix = format!("{}/", root.display());
         let mut lines = BTreeMap::new();
         for line in text.lines() {
@@ -1320,13 +1552,13 @@ impl ExportsFile {
             let volume = path.strip_prefix(&prefix).with_context(|| {
                 format!("the exports file exports {path}, outside the export root")
             })?;
-            let entries = entries.split_whitespace().map(str::to_owned).collect();
+            let line = ExportLine::parse(volume, entries)?;
             ensure!(
-                lines.insert(volume.to_owned(), entries).is_none(),
+                lines.insert(volume.to_owned(), line).is_none(),
                 "the exports file lists {volume} twice"
             );
         }
-        Ok(Self { lines })
+        Ok(Self { lines, kind })
     }
 }
 
@@ -1348,8 +1580,9 @@ fn same_files(dir: &Path, files: &[(String, Vec<u8>)]) -> anyhow::Result<()> {
 
 /// What the copy holds before any agent starts on it: the exports file the NFS server
 /// would serve at boot, and the snapshot area as the cut left it (read directly, not
-/// through the agent under test).
+/// through the agent under test); with image volumes, the image area too.
 fn on_disk(
+    kind: FsKind,
     root: &Path,
     found: &OnDisk,
     expected: &Expected,
@@ -1372,8 +1605,11 @@ fn on_disk(
             );
         }
         Done::Snapshot { name, .. } => {
-            same_files(&snapshot_tree(root, name), &expected.files)
-                .with_context(|| format!("the snapshot {name} on disk"))?;
+            // Image volumes' snapshots are images, read below.
+            if kind != FsKind::Image {
+                same_files(&snapshot_tree(root, name), &expected.files)
+                    .with_context(|| format!("the snapshot {name} on disk"))?;
+            }
         }
         Done::SnapshotDeleted { name } => {
             ensure!(
@@ -1385,6 +1621,9 @@ fn on_disk(
                 "the deleted snapshot {name}'s tree is still at its name"
             );
         }
+    }
+    if kind == FsKind::Image {
+        images_on_disk(root, expected, done)?;
     }
     // Every other acknowledged export as it was, and nothing else.
     let volumes = found.volumes()?;
@@ -1402,6 +1641,59 @@ fn on_disk(
             "the server's files export {volume} otherwise than acknowledged: {}",
             wrong.join("; ")
         );
+    }
+    Ok(())
+}
+
+/// The image area as the cut left it: an acknowledged volume's image and record are
+/// there, an archive's or snapshot's image holds exactly its files, and what was
+/// deleted or archived has left the volume's image and record.
+fn images_on_disk(root: &Path, expected: &Expected, done: &Done) -> anyhow::Result<()> {
+    let area = ImageArea::new(root);
+    let gone = |key: &str, what: &str| -> anyhow::Result<()> {
+        for file in [area.image(key), area.record(key)] {
+            ensure!(
+                !file.exists(),
+                "{} is still on disk, after {what}",
+                file.display()
+            );
+        }
+        Ok(())
+    };
+    match done {
+        Done::Volume { path, .. } => {
+            for file in [area.image(path.as_str()), area.record(path.as_str())] {
+                ensure!(
+                    file.is_file(),
+                    "the acknowledged volume {path} has no {} on disk",
+                    file.display()
+                );
+            }
+        }
+        Done::Archived { path, archive_path } => {
+            ensure!(
+                area.record(archive_path).is_file(),
+                "the archive {archive_path} has no record on disk"
+            );
+            let image = ReadOnlyImage::mount(&area.image(archive_path))?;
+            same_files(image.path(), &expected.files)
+                .with_context(|| format!("the archive {archive_path}'s image"))?;
+            gone(path.as_str(), "its archive")?;
+        }
+        Done::Deleted { path } => gone(path.as_str(), "its deletion")?,
+        Done::Snapshot { name, .. } => {
+            let image = ReadOnlyImage::mount(&area.snapshot(name.as_str()))?;
+            same_files(image.path(), &expected.files)
+                .with_context(|| format!("the snapshot {name}'s image"))?;
+        }
+        Done::SnapshotDeleted { name } => {
+            let image = area.snapshot(name.as_str());
+            ensure!(
+                !image.exists(),
+                "the deleted snapshot {name}'s image {} is still on disk",
+                image.display()
+            );
+        }
     }
     Ok(())
 }
@@ -1462,24 +1754,49 @@ async fn served(
                 served.matches(&export.request()?) && served.path.ends_with(&format!("/{path}")),
                 "{path} is answered exported as {served:?}, not as acknowledged: {export:?}"
             );
-            // Restored to the kernel at start: one `exportfs -o` per client (ganesha's
-            // list is compared whole by the caller).
-            if let OnDisk::Knfsd(_) = found {
-                let target = format!(":{}", root.join(path.as_str()).display());
+            // Restored to the kernel at start: each client exported with the acknowledged
+            // options once the calls are replayed (ganesha's list is compared whole by
+            // the caller).
+            if let OnDisk::Knfsd(exports) = found {
+                let target = root.join(path.as_str());
+                // With the fsid of the file as found: the same export, the same handles.
+                let fsid = exports
+                    .lines
+                    .get(path.as_str())
+                    .and_then(|line| line.fsid.as_deref())
+                    .unwrap_or_default();
+                let options = export.options(kind, fsid);
                 let calls = server.exportfs_calls()?;
-                let exported = calls
-                    .lines()
-                    .filter(|call| {
-                        call.starts_with(&format!("-o {} ", export.options))
-                            && call.ends_with(&target)
-                    })
-                    .count();
+                let table = exported_by_calls(&calls, &target);
                 ensure!(
-                    exported == export.clients.len(),
-                    "the agent started on the copy exported {path} to {exported} clients, not {}:\n{calls}",
+                    table.len() == export.clients.len()
+                        && table.values().all(|found| *found == options),
+                    "the agent started on the copy left {path} exported as {table:?}, not to {} clients with {options}:\n{calls}",
                     export.clients.len()
                 );
             }
+            if kind == FsKind::Image {
+                // Read through the agent's mount of the copy's image, nothing else.
+                images::ensure_mounted_from(
+                    &root.join(path.as_str()),
+                    &ImageArea::new(root).image(path.as_str()),
+                )?;
+            }
+            // Its root as the agent answers it: an owner and mode set on a filesystem of
+            // its own are durable only once that filesystem is synced.
+            let meta = std::fs::metadata(root.join(path.as_str()))?;
+            let found = (meta.mode() & 0o7777, meta.uid(), meta.gid());
+            let answered = (volume.mode.bits(), volume.uid, volume.gid);
+            ensure!(
+                found == answered,
+                "{path} has mode {:o}, owner {}:{} on disk, not {:o}, {}:{} as answered",
+                found.0,
+                found.1,
+                found.2,
+                answered.0,
+                answered.1,
+                answered.2
+            );
             same_files(&root.join(path.as_str()), &expected.files)?;
         }
         Done::Archived { path, archive_path } => {
@@ -1492,7 +1809,10 @@ async fn served(
                 archives.iter().any(|a| a.archive_path == *archive_path),
                 "the archive {archive_path} is not listed"
             );
-            same_files(&root.join(archive_path), &expected.files)?;
+            // An image volume's archive is an image, read before the agent started.
+            if kind != FsKind::Image {
+                same_files(&root.join(archive_path), &expected.files)?;
+            }
         }
         Done::Deleted { path } => {
             ensure!(
@@ -1560,7 +1880,54 @@ async fn served(
         exported.difference(&volumes).collect::<Vec<_>>(),
         volumes.difference(&exported).collect::<Vec<_>>()
     );
+    if kind == FsKind::Image {
+        // Every volume served from its own image, and no image or record in the area
+        // (a creation's image without its record, say) that the agent does not repair
+        // away: nothing half-made of an image volume either.
+        let area = ImageArea::new(root);
+        for volume in &volumes {
+            images::ensure_mounted_from(&root.join(volume), &area.image(volume))?;
+        }
+        let archives = client
+            .list_archives(None)
+            .await?
+            .into_iter()
+            .map(|a| a.archive_path)
+            .collect();
+        let snapshots = snapshots(client)
+            .await?
+            .into_iter()
+            .map(|s| s.name.to_string())
+            .collect();
+        area.settled(&volumes, &archives, &snapshots).await?;
+    }
     Ok(())
+}
+
+/// The clients `exportfs` calls leave `path` exported to, each with its options: the
+/// calls replayed as the kernel's export table takes them, `-o OPTIONS CLIENT:PATH`
+/// exporting, `-u CLIENT:PATH` unexporting. An agent whose volumes are filesystems it
+/// mounts at its start exports each again once it is mounted.
+fn exported_by_calls(calls: &str, path: &Path) -> BTreeMap<String, String> {
+    let suffix = format!(":{}", path.display());
+    let mut table = BTreeMap::new();
+    for call in calls.lines() {
+        let words: Vec<&str> = call.split(' ').collect();
+        match words.as_slice() {
+            ["-o", options, target] => {
+                if let Some(client) = target.strip_suffix(&suffix) {
+                    table.insert(client.to_owned(), (*options).to_owned());
+                }
+            }
+            ["-u", target] => {
+                if let Some(client) = target.strip_suffix(&suffix) {
+                    table.remove(client);
+                }
+            }
+            _ => {}
+        }
+    }
+    table
 }
 
 /// Every snapshot the agent lists.

@@ -4,6 +4,12 @@
 //! test runs a few of the same. Needs root, and the mkfs of each filesystem; with
 //! `--exports ganesha`, also ganesha.nfsd with its VFS FSAL, dbus-daemon, unshare and
 //! nsenter.
+//!
+//! `image` is the image quota backend on an XFS export root: each volume an ext4
+//! filesystem in an image file (needs e2fsprogs and util-linux's loop tools too). It
+//! runs with the knfsd manager only, and skips, saying so, the operations it does not
+//! cut: adoption (the backend adopts no directory) and resize (an online grow needs
+//! CAP_SYS_RESOURCE).
 
 use std::path::PathBuf;
 
@@ -20,7 +26,8 @@ struct Args {
     /// The agent binary (default: `nfsprov-agent` beside this program).
     #[arg(long)]
     agent: Option<PathBuf>,
-    /// Filesystems to run on (ext4, xfs, btrfs); all by default.
+    /// Filesystems to run on (ext4, xfs, btrfs, image: image volumes on XFS); all by
+    /// default.
     #[arg(long = "fs", value_delimiter = ',')]
     filesystems: Vec<String>,
     /// Operations to cut after (create, clone, ..., archive-restore); by default all, or
@@ -91,13 +98,29 @@ fn main() -> anyhow::Result<()> {
     let runtime = tokio::runtime::Runtime::new()?;
     let mut lost_in_all = 0;
     for kind in kinds {
-        if power_cut::installed(kind.mkfs()).is_none() {
-            println!("{kind}: skipped, {} is not installed", kind.mkfs());
+        if let Some(missing) = kind.missing() {
+            println!("{kind}: skipped, {missing}");
             continue;
         }
+        if kind == FsKind::Image && manager != Manager::Knfsd {
+            println!("{kind}: skipped, image volumes are cut with the knfsd manager only");
+            continue;
+        }
+        let mut kind_ops = Vec::new();
+        for &op in &ops {
+            match kind.skips(op) {
+                Some(why) => println!("{kind:<6} {op:<15} skipped: {why}"),
+                None => kind_ops.push(op),
+            }
+        }
         let started = std::time::Instant::now();
-        let tallies =
-            runtime.block_on(power_cut::run(&agent, kind, manager, &ops, args.iterations))?;
+        let tallies = runtime.block_on(power_cut::run(
+            &agent,
+            kind,
+            manager,
+            &kind_ops,
+            args.iterations,
+        ))?;
         for (op, tally) in &tallies {
             println!(
                 "{kind:<6} {op:<15} checked {:>4}  lost {:>4}",
