@@ -118,16 +118,12 @@ impl FsKind {
     /// Why `op` is not cut here, if it is not.
     ///
     /// Image volumes: an adoption is refused by the image backend (a directory becomes a
-    /// filesystem of its own only by copying its data), and a resize grows the mounted
-    /// filesystem online, which the kernel allows only a process with
-    /// `CAP_SYS_RESOURCE`; a check that cannot count on that leaves resizes out.
+    /// filesystem of its own only by copying its data). A resize is cut: it grows the
+    /// mounted filesystem where the agent may, and unmounted otherwise.
     pub fn skips(self, op: Op) -> Option<&'static str> {
         match (self, op) {
             (FsKind::Image, Op::Adopt) => {
                 Some("the image backend adopts no directory (a volume is a filesystem of its own)")
-            }
-            (FsKind::Image, Op::Resize) => {
-                Some("an image volume grows online, which needs CAP_SYS_RESOURCE; not cut here")
             }
             _ => None,
         }
@@ -1724,6 +1720,17 @@ async fn served(
                 "{path} has capacity {} instead of the acknowledged {capacity_bytes}",
                 volume.capacity_bytes
             );
+            if kind.own_filesystems() {
+                // An image volume's capacity is its filesystem's size: a growth
+                // acknowledged must have reached the filesystem, not the record only.
+                let vfs = rustix::fs::statvfs(root.join(path.as_str()))
+                    .with_context(|| format!("statvfs {path}"))?;
+                let size = vfs.f_blocks * vfs.f_frsize;
+                ensure!(
+                    size >= *capacity_bytes,
+                    "{path}'s filesystem holds {size} bytes, less than its acknowledged capacity {capacity_bytes}"
+                );
+            }
             match origin {
                 None => {}
                 Some(Origin::Clone(source)) => {
