@@ -11,7 +11,7 @@ use nfsprov_api_types::{MAX_TOKEN_BYTES, ReloadingFile};
 use subtle::ConstantTimeEq;
 
 use crate::config::AuthConfig;
-use crate::credentials::{CredentialSet, CredentialsError, WatchedCredentials, scope_of};
+use crate::credentials::{CredentialSet, CredentialsError, ScopeSettings, WatchedCredentials};
 use crate::scope::{Limits, Scope};
 use crate::store::PrefixLimit;
 
@@ -139,56 +139,18 @@ impl Authenticator {
                     path,
                 });
             }
-            let scope = scope_of(
-                token.prefix.as_deref(),
-                token.operations,
-                token.export_clients.as_deref(),
-            )
-            .map_err(|message| AuthSetupError::Scope {
-                name: token.name.clone(),
-                message,
-            })?;
-            fixed_limits.extend(limit_of(
-                &token.name,
-                &scope,
-                Limits {
-                    max_volumes: token.max_volumes,
-                    max_bytes: token.max_bytes,
-                    max_jobs: token.max_jobs,
-                },
-            ));
+            let scope = scoped(&token.name, token.settings(), &mut fixed_limits)?;
             tokens.push(NamedToken {
                 name: token.name.clone(),
                 file,
-                scope: Arc::new(scope),
+                scope,
                 max_jobs: token.max_jobs,
             });
         }
         let mut certificate_scopes = Vec::with_capacity(config.certificate_scopes.len());
         for certificate in &config.certificate_scopes {
-            let scope = scope_of(
-                certificate.prefix.as_deref(),
-                certificate.operations,
-                certificate.export_clients.as_deref(),
-            )
-            .map_err(|message| AuthSetupError::Scope {
-                name: certificate.name.clone(),
-                message,
-            })?;
-            fixed_limits.extend(limit_of(
-                &certificate.name,
-                &scope,
-                Limits {
-                    max_volumes: certificate.max_volumes,
-                    max_bytes: certificate.max_bytes,
-                    max_jobs: certificate.max_jobs,
-                },
-            ));
-            certificate_scopes.push((
-                certificate.name.clone(),
-                Arc::new(scope),
-                certificate.max_jobs,
-            ));
+            let scope = scoped(&certificate.name, certificate.settings(), &mut fixed_limits)?;
+            certificate_scopes.push((certificate.name.clone(), scope, certificate.max_jobs));
         }
         let on_change = move |set: &CredentialSet| {
             let mut limits = fixed_limits.clone();
@@ -269,6 +231,20 @@ impl Authenticator {
         });
         matched.or(scoped)
     }
+}
+
+/// The scope of the credential `name` of the settings, its limits added to `limits`.
+fn scoped(
+    name: &str,
+    settings: ScopeSettings<'_>,
+    limits: &mut Vec<PrefixLimit>,
+) -> Result<Arc<Scope>, AuthSetupError> {
+    let scope = settings.scope().map_err(|message| AuthSetupError::Scope {
+        name: name.to_owned(),
+        message,
+    })?;
+    limits.extend(limit_of(name, &scope, settings.limits));
+    Ok(Arc::new(scope))
 }
 
 /// What the store is to count and bound for a credential: every one with a prefix (its

@@ -11,12 +11,12 @@ use serde::Deserialize;
 
 use crate::archive::retention::{self, ArchiveSettings};
 use crate::connections::AdmissionSettings;
-use crate::credentials::scope_of;
+use crate::credentials::ScopeSettings;
 use crate::exports::ExportSettings;
 use crate::policy::Policy;
 use crate::private_file;
 use crate::quota::QuotaSettings;
-use crate::scope::Operations;
+use crate::scope::{Limits, Operations};
 use crate::store::OvercommitLimits;
 
 /// Default location of the agent's settings.
@@ -388,6 +388,38 @@ impl TokenSection {
     }
 }
 
+impl TokenSection {
+    /// Its scope and limits as written.
+    pub fn settings(&self) -> ScopeSettings<'_> {
+        ScopeSettings {
+            prefix: self.prefix.as_deref(),
+            operations: self.operations,
+            export_clients: self.export_clients.as_deref(),
+            limits: Limits {
+                max_volumes: self.max_volumes,
+                max_bytes: self.max_bytes,
+                max_jobs: self.max_jobs,
+            },
+        }
+    }
+}
+
+impl ClientCertificateSection {
+    /// Its scope and limits as written.
+    pub fn settings(&self) -> ScopeSettings<'_> {
+        ScopeSettings {
+            prefix: self.prefix.as_deref(),
+            operations: self.operations,
+            export_clients: self.export_clients.as_deref(),
+            limits: Limits {
+                max_volumes: self.max_volumes,
+                max_bytes: self.max_bytes,
+                max_jobs: self.max_jobs,
+            },
+        }
+    }
+}
+
 /// `[[client_certificates]]`: the scope of the client certificate named `name` (its
 /// subject common name or a DNS subject alternative name). A certificate named by no
 /// entry keeps the whole export root.
@@ -665,12 +697,10 @@ impl AgentConfig {
             let path = resolve(&token.file);
             check_readable(&format!("token {:?}", token.name), &path)?;
             check_private(&format!("token {:?}", token.name), &path)?;
-            scope_of(
-                token.prefix.as_deref(),
-                token.operations,
-                token.export_clients.as_deref(),
-            )
-            .map_err(|e| ConfigError::Invalid(format!("token {:?}: {e}", token.name)))?;
+            token
+                .settings()
+                .scope()
+                .map_err(|e| ConfigError::Invalid(format!("token {:?}: {e}", token.name)))?;
             tokens.push(TokenSection {
                 file: path,
                 ..token
@@ -683,12 +713,7 @@ impl AgentConfig {
                     "[[client_certificates]] needs tls.client_ca_file: without a client CA no certificate is accepted at all".into(),
                 ));
             }
-            scope_of(
-                certificate.prefix.as_deref(),
-                certificate.operations,
-                certificate.export_clients.as_deref(),
-            )
-            .map_err(|e| {
+            certificate.settings().scope().map_err(|e| {
                 ConfigError::Invalid(format!("client certificate {:?}: {e}", certificate.name))
             })?;
             if certificate_scopes

@@ -76,9 +76,25 @@ pub enum CredentialsError {
     Invalid { path: String, message: String },
 }
 
-/// A scope's settings as written (in the credentials file or a `[[tokens]]` entry),
-/// checked.
-pub(crate) fn scope_of(
+/// One credential's scope and limits as written: a `[[tokens]]` or
+/// `[[client_certificates]]` entry of the settings, or an entry of the credentials file.
+#[derive(Debug, Clone, Copy)]
+pub struct ScopeSettings<'a> {
+    pub prefix: Option<&'a str>,
+    pub operations: Operations,
+    pub export_clients: Option<&'a [String]>,
+    pub limits: Limits,
+}
+
+impl ScopeSettings<'_> {
+    /// The scope, checked; why not, in the settings' words.
+    pub(crate) fn scope(&self) -> Result<Scope, String> {
+        scope_of(self.prefix, self.operations, self.export_clients)
+    }
+}
+
+/// A scope's settings as written, checked.
+fn scope_of(
     prefix: Option<&str>,
     operations: Operations,
     export_clients: Option<&[String]>,
@@ -201,12 +217,21 @@ impl CredentialsFile {
 }
 
 impl CredentialEntry {
+    pub(crate) fn settings(&self) -> ScopeSettings<'_> {
+        ScopeSettings {
+            prefix: self.prefix.as_deref(),
+            operations: self.operations,
+            export_clients: self.export_clients.as_deref(),
+            limits: Limits {
+                max_volumes: self.max_volumes,
+                max_bytes: self.max_bytes,
+                max_jobs: self.max_jobs,
+            },
+        }
+    }
+
     pub(crate) fn scope(&self) -> Result<Scope, String> {
-        scope_of(
-            self.prefix.as_deref(),
-            self.operations,
-            self.export_clients.as_deref(),
-        )
+        self.settings().scope()
     }
 }
 
@@ -267,11 +292,7 @@ impl CredentialSet {
                     name: entry.name.clone(),
                     digest,
                     scope: Arc::new(scope),
-                    limits: Limits {
-                        max_volumes: entry.max_volumes,
-                        max_bytes: entry.max_bytes,
-                        max_jobs: entry.max_jobs,
-                    },
+                    limits: entry.settings().limits,
                 })
             })
             .collect();
