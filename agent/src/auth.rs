@@ -1,8 +1,10 @@
 //! Who is calling: a verified client certificate (checked by rustls during the
 //! handshake) or a bearer token compared in constant time against the token files, which
-//! are re-read when they change so tokens rotate without a restart. A request only ever
-//! compares against the tokens in memory: the files are watched and read off the request
-//! path (see `ReloadingFile`), so no file put in a token's place can hold a request.
+//! are re-read when they change so tokens rotate without a restart, or the SHA-256 of a
+//! token of the credentials file (see `credentials`). A request only ever compares
+//! against what is in memory: the files are watched and read off the request path (see
+//! `ReloadingFile`), so no file put in a token's place can hold a request. Each caller
+//! comes with its scope: what it may reach (see `scope`).
 
 use std::fmt;
 use std::sync::Arc;
