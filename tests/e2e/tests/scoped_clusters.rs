@@ -399,14 +399,7 @@ async fn cannot_reach_outside(
     staging
         .claim("trespass", "e2e-trespass", json!({}), json!({}))
         .await?;
-    let message = staging
-        .wait_for_event("trespass", "ProvisioningFailed", refusal)
-        .await?;
-    assert!(message.contains("out_of_scope"), "{message}");
-    assert_eq!(
-        phase(staging, "trespass").await?.as_deref(),
-        Some("Pending")
-    );
+    refused_and_pending(staging, "trespass", refusal, "out_of_scope").await?;
     let root = &production.agents[0].root;
     assert!(
         !root
@@ -430,14 +423,7 @@ async fn cannot_reach_outside(
             )?,
         )
         .await?;
-    let message = staging
-        .wait_for_event("stolen-copy", "ProvisioningFailed", refusal)
-        .await?;
-    assert!(message.contains("out_of_scope"), "{message}");
-    assert_eq!(
-        phase(staging, "stolen-copy").await?.as_deref(),
-        Some("Pending")
-    );
+    refused_and_pending(staging, "stolen-copy", refusal, "out_of_scope").await?;
     snapshot_api(staging)
         .create(
             &PostParams::default(),
@@ -485,20 +471,11 @@ async fn cannot_reach_outside(
         )
         .await?;
     let snapshot_name = taken["snapshotName"].as_str().unwrap_or_default();
-    let message = staging
-        .wait_for_event("stolen-restore", "ProvisioningFailed", snapshot_name)
-        .await?;
-    assert!(
-        message.contains(&format!(
-            "404: not_found: staging/{}/stolen-restore: there is no ready snapshot {snapshot_name}",
-            staging.names.namespace
-        )),
-        "{message}"
+    let absent = format!(
+        "404: not_found: staging/{}/stolen-restore: there is no ready snapshot {snapshot_name}",
+        staging.names.namespace
     );
-    assert_eq!(
-        phase(staging, "stolen-restore").await?.as_deref(),
-        Some("Pending")
-    );
+    refused_and_pending(staging, "stolen-restore", snapshot_name, &absent).await?;
     Ok(())
 }
 
@@ -588,6 +565,26 @@ fn path_of(volume: &PersistentVolume) -> String {
         .and_then(|a| a.get("nfsprov.dev/path"))
         .cloned()
         .unwrap_or_default()
+}
+
+/// Awaits the claim's `ProvisioningFailed` event naming `event`, checks that it says
+/// `says`, and that the claim is still Pending.
+async fn refused_and_pending(
+    system: &System,
+    claim: &str,
+    event: &str,
+    says: &str,
+) -> anyhow::Result<()> {
+    let message = system
+        .wait_for_event(claim, "ProvisioningFailed", event)
+        .await?;
+    assert!(message.contains(says), "{claim}: {message}");
+    assert_eq!(
+        phase(system, claim).await?.as_deref(),
+        Some("Pending"),
+        "{claim}"
+    );
+    Ok(())
 }
 
 async fn phase(system: &System, claim: &str) -> anyhow::Result<Option<String>> {
