@@ -32,6 +32,7 @@
 
 mod answer;
 mod archive;
+mod condition;
 pub mod endpoints;
 mod export;
 pub mod logsafe;
@@ -49,6 +50,7 @@ pub use answer::{CloneOutcome, CreateOutcome, JobOutcome, ReadAnswer, RestoreOut
 pub use archive::{
     ARCHIVE_ENTRY_PREFIX, ArchiveEntry, ArchivePath, ArchivePathError, MAX_ARCHIVE_SUFFIX,
 };
+pub use condition::{AbnormalReason, RepairedCondition, VolumeCondition};
 pub use endpoints::{API_PREFIX, Endpoint};
 pub use export::{
     ExportAccess, ExportClient, ExportClientError, ExportManager, ExportRequest,

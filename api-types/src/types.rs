@@ -366,6 +366,10 @@ pub struct Volume {
     /// Present when the volume was restored from a snapshot.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub restore: Option<RestoreOrigin>,
+    /// Whether clients can use the volume as it is; absent from agents that do not
+    /// check.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub condition: Option<crate::VolumeCondition>,
 }
 
 /// Answer to `GET /v1/volumes`.

@@ -109,6 +109,7 @@ impl VolumeRecord {
             clone: self.clone.clone(),
             export: None,
             restore: self.restore.clone(),
+            condition: None,
         }
     }
 

@@ -544,6 +544,7 @@ fn volume_of(state: &MockAgentState, path: VolumePath, request: &CreateVolumeReq
         created_at: "2026-01-01T00:00:00Z".to_owned(),
         clone: None,
         restore: None,
+        condition: None,
         export: request.export.as_ref().map(|export| VolumeExport {
             path: match state.opaque_names.get(path.as_str()) {
                 Some(name) => format!("/srv/nfs/{name}"),
