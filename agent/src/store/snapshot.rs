@@ -4,8 +4,8 @@
 //! [`SnapshotName`], always one plain directory entry.
 //!
 //! The area holds two directories: `data`, one entry per snapshot (its tree), and
-//! `records`, one `<name>.json` per snapshot (source, method, time, restore size, data
-//! bytes). A snapshot is ready exactly when its record exists: the record is written
+//! `records`, one `<name>.json` per snapshot (source, method, time, restore size, size:
+//! what it referenced when taken). A snapshot is ready exactly when its record exists: the record is written
 //! last, after the tree is complete, synced and in place, and removed first when the
 //! snapshot is deleted. Whatever a crash leaves (a tree being made, a tree without a
 //! record, a tree being removed) is never listed, and is renamed aside when the store
