@@ -66,7 +66,7 @@ struct Args {
     /// Time a btrfs snapshot of a `--tree-files` tree (root: a loop-mounted btrfs), a ZFS
     /// snapshot (a zfs-fuse pool, when ZFS runs here) and the archive list in pages of
     /// `--page` among `--archives` archives, on the agent binary `--agent-before` and on
-    /// `--agent-after`, each a process of its own, `--repeats` turns each.
+    /// `--agent-after`, each a process of its own, `--repeats` turns each (at most 5).
     #[arg(long, requires = "agent_before")]
     sizes_and_pages: bool,
     /// The earlier agent binary of `--sizes-and-pages`.
