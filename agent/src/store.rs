@@ -193,6 +193,9 @@ pub struct VolumeStore {
     /// The live volumes by path, and the limits of credentials beneath their prefixes.
     prefix_tally: PrefixTally,
     snapshot_budget: SnapshotBudget,
+    /// The ids of the archives in the area, sorted, where volumes are directories: pages
+    /// of archives start from it.
+    archive_index: archive::index::ArchiveIndex,
 }
 
 impl VolumeStore {
@@ -221,7 +224,13 @@ impl VolumeStore {
         );
         Self::set_aside_snapshot_leftovers(&root, backend.as_ref(), &unique)?;
         let durable = Durability::new(root.fd())?;
+        let archive_index = match backend.layout() {
+            Layout::Directories => archive::index::ArchiveIndex::new(archive::area::walk(&root)?),
+            // Their backends list pages of archives themselves.
+            Layout::Mounts => archive::index::ArchiveIndex::default(),
+        };
         Ok(Self {
+            archive_index,
             durable,
             stale_records,
             backend,

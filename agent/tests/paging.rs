@@ -347,3 +347,79 @@ async fn bad_limits_and_cursors_are_refused_saying_why() {
     let answer = call(&agent, "GET", "/v1/volumes?limit=5&after=gone%2Fnow", None);
     assert_eq!(answer.status, 200, "{answer:?}");
 }
+
+/// Every archive page read through, in pages of `limit`, checked to follow its cursor.
+fn all_archive_pages(agent: &TestAgent, limit: u32) -> Vec<Archive> {
+    let mut query = ListQuery::first(limit);
+    let mut joined: Vec<Archive> = Vec::new();
+    loop {
+        let page = archive_page(agent, &query);
+        assert!(page.archives.len() <= limit as usize);
+        joined.extend(page.archives);
+        match page.next {
+            Some(next) => query.after = Some(next),
+            None => return joined,
+        }
+    }
+}
+
+/// Many archives, some made before the agent started and some after, some deleted and
+/// one removed by hand: pages of 100 hold exactly the archives there are, in id order.
+#[tokio::test(flavor = "multi_thread")]
+async fn archive_pages_over_many_archives_are_complete_and_in_order() {
+    let root = tempfile::tempdir().unwrap();
+    let request = CreateVolumeRequest {
+        capacity_bytes: 1 << 20,
+        ..Default::default()
+    };
+    let made = paths(700);
+    let archive_all = |client: AgentClient, paths: Vec<VolumePath>| async move {
+        create_all(&client, &paths).await;
+        futures::stream::iter(&paths)
+            .for_each_concurrent(16, |path| {
+                let client = client.clone();
+                async move {
+                    client.archive_volume(path, None, None).await.unwrap();
+                }
+            })
+            .await;
+    };
+    // Made before the agent that lists them started.
+    let first = TestAgent::start(root.path()).await.unwrap();
+    archive_all(first.client(), made[..500].to_vec()).await;
+    first.stop().await.unwrap();
+
+    let agent = TestAgent::start(root.path()).await.unwrap();
+    let client = agent.client();
+    archive_all(client.clone(), made[500..].to_vec()).await;
+    // A second archive of a path archived before this agent started.
+    client
+        .create_volume(&made[3], &request, None)
+        .await
+        .unwrap();
+    client.archive_volume(&made[3], None, None).await.unwrap();
+    let whole = client.list_archives(None).await.unwrap();
+    assert_eq!(whole.len(), 701);
+    for pair in whole.windows(2) {
+        assert!(
+            pair[0].id < pair[1].id,
+            "{} then {}",
+            pair[0].id,
+            pair[1].id
+        );
+    }
+    assert_eq!(all_archive_pages(&agent, 100), whole);
+
+    // Deleted through the agent, or removed from the area by hand: not listed.
+    for gone in whole.iter().step_by(50) {
+        client.delete_archive(&gone.id, None).await.unwrap();
+    }
+    let by_hand = &whole[101];
+    std::fs::remove_dir_all(root.path().join(&by_hand.archive_path)).unwrap();
+    let left = client.list_archives(None).await.unwrap();
+    assert_eq!(left.len(), 701 - 15 - 1);
+    assert!(!left.contains(by_hand));
+    assert_eq!(all_archive_pages(&agent, 100), left);
+    assert_eq!(all_archive_pages(&agent, 7), left);
+    agent.stop().await.unwrap();
+}

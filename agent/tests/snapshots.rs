@@ -532,6 +532,103 @@ async fn a_zfs_volume_is_snapshotted_by_zfs_and_its_dataset_held_for_its_snapsho
     agent.stop().await.unwrap();
 }
 
+/// A tree whose data bytes differ from what a qgroup or dataset references (metadata,
+/// a small file stored inline, a hole), so a size measured by a walk would not match.
+fn write_sized_tree(volume: &Path) {
+    std::fs::write(volume.join("data.bin"), vec![7u8; 3 << 20]).unwrap();
+    for i in 0..200 {
+        std::fs::write(volume.join(format!("small-{i}")), b"inline").unwrap();
+    }
+    let sparse = std::fs::File::create(volume.join("sparse")).unwrap();
+    sparse.set_len(64 << 20).unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_btrfs_snapshot_reports_its_qgroups_referenced_bytes() {
+    let test = "a_btrfs_snapshot_reports_its_qgroups_referenced_bytes";
+    if !root_or_skip(test, "snapshots") {
+        return;
+    }
+    let Some(fs) = btrfs_or_skip(test) else {
+        return;
+    };
+    let root = fs.root();
+    let agent = btrfs_agent(&root).await;
+    let client = agent.client();
+    let source = path("team/sized");
+    let create = CreateVolumeRequest {
+        capacity_bytes: GIB,
+        quota: QuotaPolicy::Enforce,
+        ..CreateVolumeRequest::default()
+    };
+    client.create_volume(&source, &create, None).await.unwrap();
+    write_sized_tree(&root.join("team/sized"));
+    let snap = name("sized");
+    let taken = snapshot_until_ready(&client, &snap, &source).await.unwrap();
+    assert_eq!(taken.method, SnapshotMethod::BtrfsSnapshot);
+    fs.sync().unwrap();
+    let (referenced, exclusive) = fs
+        .qgroup_bytes(&snapshot_data(&root).join("sized"))
+        .unwrap();
+    assert!(
+        referenced >= 3 << 20,
+        "the qgroup counts the data: {referenced}"
+    );
+    assert_eq!(
+        taken.size_bytes,
+        Some(referenced),
+        "size_bytes is the snapshot qgroup's referenced bytes"
+    );
+    // Read again, the record says the same; exclusive bytes are read afresh.
+    let read = client.get_snapshot(&snap, None).await.unwrap();
+    assert_eq!(read.size_bytes, Some(referenced));
+    assert_eq!(read.exclusive_bytes, Some(exclusive));
+    agent.stop().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_zfs_snapshot_reports_its_referenced_and_used() {
+    let test = "a_zfs_snapshot_reports_its_referenced_and_used";
+    let Some(pool) = ZfsPool::create(test) else {
+        return;
+    };
+    let root = pool.export_root().to_owned();
+    let agent = TestAgent::start_with_quota(&root, pool.quota_settings())
+        .await
+        .unwrap();
+    let client = agent.client();
+    let source = path("team/sized");
+    let create = CreateVolumeRequest {
+        capacity_bytes: GIB,
+        quota: QuotaPolicy::Enforce,
+        ..CreateVolumeRequest::default()
+    };
+    client.create_volume(&source, &create, None).await.unwrap();
+    write_sized_tree(&root.join("team/sized"));
+    let snap = name("sized");
+    let taken = snapshot_until_ready(&client, &snap, &source).await.unwrap();
+    assert_eq!(taken.method, SnapshotMethod::ZfsSnapshot);
+    let full_name = format!("{}/team:sized@nfsprov-snapshot-sized", pool.dataset());
+    let figure = |property: &str| -> u64 {
+        pool.zfs(&["get", "-H", "-p", "-o", "value", property, &full_name])
+            .trim()
+            .parse()
+            .unwrap()
+    };
+    let referenced = figure("referenced");
+    assert!(
+        referenced >= 3 << 20,
+        "the snapshot references the data: {referenced}"
+    );
+    assert_eq!(taken.size_bytes, Some(referenced));
+    assert_eq!(taken.exclusive_bytes, Some(figure("used")));
+    let read = client.get_snapshot(&snap, None).await.unwrap();
+    assert_eq!(read.size_bytes, Some(referenced));
+    client.delete_snapshot(&snap, None).await.unwrap();
+    client.delete_volume(&source, None).await.unwrap();
+    agent.stop().await.unwrap();
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn hostile_snapshot_names_are_refused() {
     let root = tempfile::tempdir().unwrap();

@@ -4,8 +4,8 @@
 //! [`SnapshotName`], always one plain directory entry.
 //!
 //! The area holds two directories: `data`, one entry per snapshot (its tree), and
-//! `records`, one `<name>.json` per snapshot (source, method, time, restore size, data
-//! bytes). A snapshot is ready exactly when its record exists: the record is written
+//! `records`, one `<name>.json` per snapshot (source, method, time, restore size, size:
+//! what it referenced when taken). A snapshot is ready exactly when its record exists: the record is written
 //! last, after the tree is complete, synced and in place, and removed first when the
 //! snapshot is deleted. Whatever a crash leaves (a tree being made, a tree without a
 //! record, a tree being removed) is never listed, and is renamed aside when the store
@@ -369,9 +369,8 @@ impl VolumeStore {
             .and_then(|method| self.durable.sync_filesystem().map(|()| method))
             .and_then(|method| {
                 let dir = open_child(area.data.as_fd(), &making, false)?;
-                let size = measure_tree(dir.as_fd())
-                    .map_err(|e| io_error(format!("measure snapshot {name}"), e))?;
-                Ok((method, size.usage.used_bytes))
+                let size = self.snapshot_size(dir.as_fd(), method, &source_record, name)?;
+                Ok((method, size))
             });
         let (method, size_bytes) = match made {
             Ok(made) => made,
@@ -421,6 +420,33 @@ impl VolumeStore {
         Ok((record.to_snapshot(name, exclusive), Created::New))
     }
 
+    /// What a snapshot just made in the area references (its `size_bytes`). A btrfs
+    /// snapshot's qgroup counts it already (data and metadata, shared extents included),
+    /// so its tree is not walked; should the qgroup not answer (quotas switched off since
+    /// the agent started), its source's capacity stands in, what its source's limit let it
+    /// hold. A reflink or copy was written file by file anyway: its tree is measured.
+    fn snapshot_size(
+        &self,
+        dir: BorrowedFd<'_>,
+        method: SnapshotMethod,
+        source: &VolumeRecord,
+        name: &SnapshotName,
+    ) -> Result<u64> {
+        if method == SnapshotMethod::BtrfsSnapshot {
+            return Ok(match self.backend.snapshot_referenced_bytes(dir) {
+                Some(bytes) => bytes,
+                None => {
+                    tracing::warn!(snapshot = %name, capacity_bytes = source.capacity_bytes, "no qgroup figure for a btrfs snapshot; its source's capacity is recorded as its size");
+                    source.capacity_bytes
+                }
+            });
+        }
+        Ok(measure_tree(dir)
+            .map_err(|e| io_error(format!("measure snapshot {name}"), e))?
+            .usage
+            .used_bytes)
+    }
+
     /// A snapshot the storage keeps itself, recorded once it is taken.
     fn take_kept_snapshot(
         &self,
@@ -440,8 +466,7 @@ impl VolumeStore {
         let method = self.backend.take_kept_snapshot(source, name)?;
         let recorded = self
             .backend
-            .kept_snapshots()?
-            .remove(name.as_str())
+            .kept_snapshot_of(source, name)?
             .ok_or_else(|| {
                 StoreError::Conflict(format!(
                     "snapshot {name} of {source} was taken but is not listed; retry"

@@ -134,6 +134,31 @@ impl LoopBtrfs {
         )
     }
 
+    /// The referenced and exclusive bytes of the subvolume at `path`, from btrfs itself.
+    pub fn qgroup_bytes(&self, path: &Path) -> anyhow::Result<(u64, u64)> {
+        let report = run(
+            "btrfs",
+            &[
+                "qgroup".as_ref(),
+                "show".as_ref(),
+                "--raw".as_ref(),
+                "-f".as_ref(),
+                path.as_os_str(),
+            ],
+        )?;
+        let row = report
+            .lines()
+            .find(|line| line.starts_with("0/"))
+            .ok_or_else(|| anyhow::anyhow!("no qgroup for {}: {report}", path.display()))?;
+        let figure = |n: usize| {
+            row.split_whitespace()
+                .nth(n)
+                .and_then(|v| v.parse().ok())
+                .ok_or_else(|| anyhow::anyhow!("no figure {n} in {row}"))
+        };
+        Ok((figure(1)?, figure(2)?))
+    }
+
     /// The limit on referenced bytes of the subvolume at `path`, from btrfs itself.
     pub fn qgroup_limit(&self, path: &Path) -> anyhow::Result<Option<u64>> {
         let report = run(

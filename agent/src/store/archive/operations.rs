@@ -105,6 +105,8 @@ impl VolumeStore {
             };
             match moved {
                 Ok(()) => {
+                    self.archive_index
+                        .insert(ArchivePath::new(path.clone(), entry.clone()));
                     self.provisioned.release(record.capacity_bytes);
                     self.prefix_tally.forget(path);
                     let mut changes = Changes::new();
@@ -136,13 +138,57 @@ impl VolumeStore {
             found.sort_by(|a, b| a.id.cmp(&b.id));
             return Ok((found, None));
         };
-        let (found, more) =
-            self.backend
-                .list_archives_page(&self.root, page.after.as_ref(), page.limit)?;
+        let (found, more) = match self.backend.layout() {
+            Layout::Directories => self.indexed_archives_page(page.after.as_ref(), page.limit)?,
+            Layout::Mounts => {
+                self.backend
+                    .list_archives_page(&self.root, page.after.as_ref(), page.limit)?
+            }
+        };
         let next = more
             .then(|| found.last().map(|archive| archive.id.to_string()))
             .flatten();
         Ok((found, next))
+    }
+
+    /// A page of archives from the index of ids: only the page's entries are opened and
+    /// checked against the record store, whatever the number of archives. Ids that are no
+    /// archive of the agent's (gone meanwhile, put there by hand) are passed over, and
+    /// the next ids fill the page they thinned.
+    fn indexed_archives_page(
+        &self,
+        after: Option<&ArchivePath>,
+        limit: usize,
+    ) -> Result<(Vec<StoredArchive>, bool)> {
+        let mut page = Vec::new();
+        let mut from = after.cloned();
+        loop {
+            let (candidates, more) = self.archive_index.after(from.as_ref(), limit - page.len());
+            for id in candidates {
+                let parent = match self.root.open_existing(&archive_components(id.volume())) {
+                    Ok(Some(parent)) => Some(parent),
+                    Ok(None) | Err(StoreError::Unsafe(_)) => None,
+                    Err(e) => return Err(e),
+                };
+                let found = match parent {
+                    Some(parent) => self.backend.find_archive(&self.root, parent.as_fd(), &id),
+                    None => Ok(None),
+                };
+                match found {
+                    Ok(Some(record)) => page.push(StoredArchive {
+                        id: id.clone(),
+                        record,
+                        usage: None,
+                    }),
+                    Ok(None) | Err(StoreError::Conflict(_) | StoreError::Unsafe(_)) => {}
+                    Err(e) => return Err(e),
+                }
+                from = Some(id);
+            }
+            if page.len() == limit || !more {
+                return Ok((page, more));
+            }
+        }
     }
 
     /// Removes the archive `id` with its quota and record, the way a volume is deleted
@@ -151,6 +197,7 @@ impl VolumeStore {
     pub fn delete_archive(&self, id: &ArchivePath) -> Result<Deleted> {
         self.root.ensure_present()?;
         let Some(parent) = self.root.open_existing(&archive_components(id.volume()))? else {
+            self.archive_index.remove(id);
             return Ok(Deleted::WasAbsent);
         };
         let deleted = match self.backend.find_archive(&self.root, parent.as_fd(), id)? {
@@ -195,6 +242,7 @@ impl VolumeStore {
             }
         };
         drop(parent);
+        self.archive_index.remove(id);
         let _dirs = self.archive_dirs.write().unwrap_or_else(|e| e.into_inner());
         // What is left is tidiness, not the archive: a failure leaves empty directories.
         if let Err(error) = area::prune(&self.root, id.volume()) {

@@ -153,6 +153,13 @@ pub trait VolumeBackend: Debug + Send + Sync {
         None
     }
 
+    /// Bytes the snapshot whose directory is `dir` references, where the storage counts
+    /// them without a walk of its tree (a btrfs snapshot's qgroup); `None` otherwise.
+    fn snapshot_referenced_bytes(&self, dir: BorrowedFd<'_>) -> Option<u64> {
+        let _ = dir;
+        None
+    }
+
     /// [`Layout::Mounts`] only: takes the snapshot `name` of the volume at `source` as a
     /// snapshot of the storage's own, kept by it (not a tree in the snapshot area).
     /// Answers how it was taken.
@@ -179,6 +186,17 @@ pub trait VolumeBackend: Debug + Send + Sync {
     /// The snapshots the storage keeps itself, by name.
     fn kept_snapshots(&self) -> Result<BTreeMap<String, KeptSnapshot>> {
         Ok(BTreeMap::new())
+    }
+
+    /// The kept snapshot `name` just taken of the volume at `source`, looked up where it
+    /// was taken: one question to the storage, not a listing of every snapshot.
+    fn kept_snapshot_of(
+        &self,
+        source: &VolumePath,
+        name: &SnapshotName,
+    ) -> Result<Option<KeptSnapshot>> {
+        let _ = source;
+        Ok(self.kept_snapshots()?.remove(name.as_str()))
     }
 
     /// Deletes the kept snapshot `name`, as far as nothing depends on it; whether there
@@ -307,7 +325,8 @@ pub trait VolumeBackend: Debug + Send + Sync {
     fn list_archives(&self, root: &Root) -> Result<Vec<StoredArchive>>;
 
     /// At most `limit` archives whose ids follow `after`, in id order, and whether more
-    /// may follow; cut from the whole list unless the backend can do better.
+    /// may follow, for [`Layout::Mounts`] (the store pages directories' archives from its
+    /// own index of ids); cut from the whole list unless the backend can do better.
     fn list_archives_page(
         &self,
         root: &Root,

@@ -4,7 +4,12 @@
 //! the export root is a loop-mounted btrfs with the btrfs quota backend. With
 //! `--credentials N` the pairs are made by a scoped credential, the last of N in the
 //! agent's credentials file; `--compare-credentials` runs only the pairs, on an agent for
-//! each number of credentials, in interleaved rounds.
+//! each number of credentials, in interleaved rounds. `--sizes-and-pages` times a btrfs
+//! snapshot of a large tree, a ZFS snapshot and pages of the archive list on an earlier
+//! agent binary and this one (`bench/sizes.rs`).
+
+#[path = "bench/sizes.rs"]
+mod bench_sizes;
 
 use std::path::Path;
 use std::process::Command;
@@ -58,12 +63,45 @@ struct Args {
     /// Rounds of `--compare-credentials`.
     #[arg(long, default_value_t = 30)]
     repeats: usize,
+    /// Time a btrfs snapshot of a `--tree-files` tree (root: a loop-mounted btrfs), a ZFS
+    /// snapshot (a zfs-fuse pool, when ZFS runs here) and the archive list in pages of
+    /// `--page` among `--archives` archives, on the agent binary `--agent-before` and on
+    /// `--agent-after`, each a process of its own, `--repeats` turns each (at most 5).
+    #[arg(long, requires = "agent_before")]
+    sizes_and_pages: bool,
+    /// The earlier agent binary of `--sizes-and-pages`.
+    #[arg(long)]
+    agent_before: Option<std::path::PathBuf>,
+    /// The later agent binary of `--sizes-and-pages` (default: the one beside this bench).
+    #[arg(long)]
+    agent_after: Option<std::path::PathBuf>,
+    /// Archives of `--sizes-and-pages`.
+    #[arg(long, default_value_t = 10_000)]
+    archives: usize,
+    /// Archives per page of `--sizes-and-pages`.
+    #[arg(long, default_value_t = 100)]
+    page: u32,
 }
 
 fn main() -> anyhow::Result<()> {
     let args = Args::parse();
     let _ = rustls::crypto::ring::default_provider().install_default();
     let runtime = tokio::runtime::Runtime::new()?;
+    if args.sizes_and_pages {
+        let after = match args.agent_after.clone() {
+            Some(after) => after,
+            None => std::env::current_exe()?.with_file_name("nfsprov-agent"),
+        };
+        return runtime.block_on(bench_sizes::run(bench_sizes::SizesArgs {
+            before: args.agent_before.clone().unwrap_or_default(),
+            after,
+            tree_files: args.tree_files,
+            archives: args.archives,
+            page: args.page,
+            repeats: args.repeats.min(5),
+            dir: args.dir.clone().unwrap_or_else(std::env::temp_dir),
+        }));
+    }
     if args.compare_credentials.is_empty() {
         runtime.block_on(run(args))
     } else {
@@ -475,7 +513,7 @@ fn max(values: &[f64]) -> f64 {
 }
 
 /// `files` small files in subdirectories of 1,000 (a typical application layout).
-fn fill(dir: &Path, files: usize) -> std::io::Result<()> {
+pub(crate) fn fill(dir: &Path, files: usize) -> std::io::Result<()> {
     for i in 0..files {
         let sub = dir.join(format!("d{}", i / 1000));
         if i % 1000 == 0 {

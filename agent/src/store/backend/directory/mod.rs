@@ -106,6 +106,12 @@ pub trait QuotaStrategy: Debug + Send + Sync {
         None
     }
 
+    /// Bytes the snapshot `dir` references, where this strategy's quota counts them.
+    fn referenced_bytes(&self, dir: BorrowedFd<'_>) -> Option<u64> {
+        let _ = dir;
+        None
+    }
+
     /// Releases the quota of a volume that is gone (whose tree was removed by a delete a
     /// crash interrupted).
     fn release(&self, quota: &QuotaRecord) -> Result<()> {
@@ -227,6 +233,19 @@ impl QuotaStrategy for Btrfs {
             Ok(bytes) => Some(bytes),
             Err(error) => {
                 tracing::warn!(%error, "could not read a snapshot's exclusive bytes");
+                None
+            }
+        }
+    }
+
+    fn referenced_bytes(&self, dir: BorrowedFd<'_>) -> Option<u64> {
+        if !subvolume::is_subvolume(dir) {
+            return None;
+        }
+        match self.used_bytes(dir) {
+            Ok(bytes) => Some(bytes),
+            Err(error) => {
+                tracing::warn!(%error, "could not read a snapshot's referenced bytes");
                 None
             }
         }
@@ -629,6 +648,10 @@ impl VolumeBackend for DirectoryBackend {
         self.quota.exclusive_bytes(dir)
     }
 
+    fn snapshot_referenced_bytes(&self, dir: BorrowedFd<'_>) -> Option<u64> {
+        self.quota.referenced_bytes(dir)
+    }
+
     fn write_record(
         &self,
         dir: BorrowedFd<'_>,
@@ -770,43 +793,6 @@ impl VolumeBackend for DirectoryBackend {
             }
         }
         Ok(found)
-    }
-
-    /// The archive area walked by name (ids only), then only the page's entries checked
-    /// against the record store, as [`Self::list_archives`] checks each.
-    fn list_archives_page(
-        &self,
-        root: &Root,
-        after: Option<&ArchivePath>,
-        limit: usize,
-    ) -> Result<(Vec<StoredArchive>, bool)> {
-        let mut ids: Vec<ArchivePath> = area::walk(root)?
-            .into_iter()
-            .filter(|id| after.is_none_or(|after| id > after))
-            .collect();
-        ids.sort();
-        let mut page = Vec::new();
-        let mut ids = ids.into_iter();
-        for id in ids.by_ref() {
-            let parent = match root.open_existing(&archive_components(id.volume())) {
-                Ok(Some(parent)) => parent,
-                Ok(None) | Err(StoreError::Unsafe(_)) => continue,
-                Err(e) => return Err(e),
-            };
-            match self.find_archive(root, parent.as_fd(), &id) {
-                Ok(Some(record)) => page.push(StoredArchive {
-                    id,
-                    record,
-                    usage: None,
-                }),
-                Ok(None) | Err(StoreError::Conflict(_) | StoreError::Unsafe(_)) => {}
-                Err(e) => return Err(e),
-            }
-            if page.len() == limit {
-                break;
-            }
-        }
-        Ok((page, ids.len() > 0))
     }
 
     fn find_archive(

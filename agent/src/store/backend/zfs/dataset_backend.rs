@@ -142,6 +142,16 @@ impl VolumeBackend for DatasetBackend {
             .map_err(|e| zfs_error("list the snapshots", e))
     }
 
+    fn kept_snapshot_of(
+        &self,
+        source: &VolumePath,
+        name: &SnapshotName,
+    ) -> Result<Option<KeptSnapshot>> {
+        self.zfs
+            .kept_snapshot_of(source, name.as_str())
+            .map_err(|e| zfs_error(format!("read snapshot {name} of {source}"), e))
+    }
+
     fn drop_kept_snapshot(&self, name: &SnapshotName) -> Result<bool> {
         self.zfs
             .drop_snapshot(name.as_str())

@@ -86,6 +86,26 @@ impl Zfs {
             .collect())
     }
 
+    /// The kept snapshot `name` of the volume at `source`, asked of that one snapshot
+    /// (`<dataset>@nfsprov-snapshot-<name>`, where [`Self::take_snapshot`] takes it) with
+    /// its `used` and `referenced`: `None` when it is not there.
+    pub fn kept_snapshot_of(
+        &self,
+        source: &VolumePath,
+        name: &str,
+    ) -> Result<Option<KeptSnapshot>> {
+        let full_name = format!("{}@{SNAPSHOT_PREFIX}{name}", self.dataset_name(source)?);
+        let Some(properties) = self.properties(&full_name, &["used", "referenced"])? else {
+            return Ok(None);
+        };
+        let figure = |p: &str| properties.get(p).and_then(|v| v.parse().ok());
+        Ok(Some(KeptSnapshot {
+            used: figure("used"),
+            referenced: figure("referenced"),
+            full_name,
+        }))
+    }
+
     /// The kept snapshot `name`, wherever it is now.
     pub fn kept_snapshot(&self, name: &str) -> Result<Option<KeptSnapshot>> {
         Ok(self.kept_snapshots()?.remove(name))
