@@ -521,13 +521,24 @@ pub(crate) async fn run(target: &Target) -> anyhow::Result<DoctorReport> {
         .await?;
     let agents = crate::credentials::load(target, deployment.as_ref()).await?;
     // The agents' listings show their volumes' conditions and exports. Only the volumes
-    // a rule looks at are kept of each listing: the abnormal ones, and those a PV's export
-    // rule checks (where volumes have exports of their own). Nodes and Pods are listed
-    // only where a class follows them.
+    // a rule looks at are kept of each listing: the abnormal ones, and, where volumes
+    // have exports of their own, those a PV's export rule checks. Nodes and Pods are
+    // listed only where a class follows them.
+    let info = probe_all(&agents, Volumes::NotListed).await;
+    let per_volume_exports: HashSet<&str> = info
+        .iter()
+        .filter(|p| {
+            p.info
+                .as_ref()
+                .is_ok_and(|i| i.capabilities.exports.per_volume())
+        })
+        .map(|p| p.name.as_str())
+        .collect();
     let served: HashSet<(&str, &str)> = volumes.iter().filter_map(served_by).collect();
     let keep = |agent: &str, volume: &Volume| {
         volume.condition.as_ref().is_some_and(|c| !c.is_normal())
-            || served.contains(&(agent, volume.path.as_str()))
+            || (per_volume_exports.contains(agent)
+                && served.contains(&(agent, volume.path.as_str())))
     };
     let probes = probe_all(&agents, Volumes::Listed(&keep)).await;
     let follows_cluster = classes.iter().any(|c| {

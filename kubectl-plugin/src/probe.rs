@@ -30,10 +30,11 @@ pub struct VolumeListing {
 /// Which of an agent's volumes (the agent's name, then the volume) a command keeps.
 pub(crate) type Keep<'a> = &'a (dyn Fn(&str, &Volume) -> bool + Sync);
 
-/// Which of the agents' volumes are kept: every volume is listed, page by page (for the
-/// count), and those `Keep` says yes to are kept.
+/// Whether the agents' volumes are listed, and which are kept of them.
 #[derive(Clone, Copy)]
 pub(crate) enum Volumes<'a> {
+    NotListed,
+    /// Listed page by page; those `Keep` says yes to are kept.
     Listed(Keep<'a>),
 }
 
@@ -100,11 +101,24 @@ async fn probe_one(
                 }
             };
             let info = async { client.info(None).await.map_err(|e| e.to_string()) };
-            let Volumes::Listed(keep) = volumes;
-            let volumes = async { Some(list_volumes(client, name, MAX_PAGE_LIMIT, keep).await) };
+            let volumes = async {
+                match volumes {
+                    Volumes::NotListed => None,
+                    Volumes::Listed(keep) => {
+                        Some(list_volumes(client, name, MAX_PAGE_LIMIT, keep).await)
+                    }
+                }
+            };
             tokio::join!(ready, info, volumes)
         }
-        Err(e) => (Err(e.clone()), Err(e.clone()), Some(Err(e.clone()))),
+        Err(e) => (
+            Err(e.clone()),
+            Err(e.clone()),
+            match volumes {
+                Volumes::NotListed => None,
+                Volumes::Listed(_) => Some(Err(e.clone())),
+            },
+        ),
     };
     AgentProbe {
         name: name.to_owned(),
