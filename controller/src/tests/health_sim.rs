@@ -218,25 +218,32 @@ async fn claims_learn_their_volume_turned_abnormal_and_back_and_their_agent_out_
         );
     }
     await_metric(metrics, &abnormal_line("agent_unreachable", 2)).await;
-    // Several more failing polls add nothing.
+    // Several more failing polls add nothing. Each poll probes the agent once and, with
+    // no answer, asks nothing about its volumes.
     let failed_polls = |m: &Metrics| {
         m.encode()
             .unwrap()
             .lines()
             .find_map(|l| {
                 l.strip_prefix(
-                    "nfsprov_agent_request_errors_total{agent=\"nfs1\",operation=\"get\",code=\"transport\"} ",
+                    "nfsprov_agent_request_errors_total{agent=\"nfs1\",operation=\"healthz\",code=\"transport\"} ",
                 )
                 .and_then(|n| n.parse::<u64>().ok())
             })
             .unwrap_or(0)
     };
+    let gets_while_cut = gets(&harness);
     let failed_before = failed_polls(metrics);
     let deadline = tokio::time::Instant::now() + WAIT;
     while failed_polls(metrics) < failed_before + 6 {
         assert!(tokio::time::Instant::now() < deadline, "the poll stopped");
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
+    assert_eq!(
+        gets(&harness),
+        gets_while_cut,
+        "no volume is asked for of an agent that answered no probe"
+    );
     agent.set_unreachable(false);
     let data = await_health_events(&events, "data", 4).await;
     let logs = await_health_events(&events, "logs", 2).await;
@@ -265,6 +272,28 @@ async fn claims_learn_their_volume_turned_abnormal_and_back_and_their_agent_out_
     );
     assert_eq!(logs.len(), 2, "{logs:?}");
     assert!(logs.iter().all(|e| e.2 == 1), "{logs:?}");
+
+    // An agent that drops packets instead: every request waits out the client's time
+    // limit. Each poll holds one probe, never a request per volume, so its claims learn
+    // it after the threshold and a poll or two, not after one time limit per volume.
+    agent.set_silent(true);
+    for (claim, count) in [("data", 5), ("logs", 3)] {
+        let found = await_health_events(&events, claim, count).await;
+        let (reason, note, _) = found.last().unwrap();
+        assert_eq!(reason, "VolumeConditionAbnormal");
+        assert!(
+            note.contains("did not answer within the time limit"),
+            "{note}"
+        );
+    }
+    assert_eq!(
+        agent.held().most(),
+        1,
+        "one connection at a time waited for the silent agent"
+    );
+    await_metric(metrics, &abnormal_line("agent_unreachable", 2)).await;
+    agent.set_silent(false);
+    await_metric(metrics, &abnormal_line("agent_unreachable", 0)).await;
 
     harness.finish().await;
 }

@@ -107,8 +107,11 @@ pub struct MockAgent {
     pub state: Arc<Mutex<MockAgentState>>,
     handle: axum_server::Handle<SocketAddr>,
     server: Option<tokio::task::JoinHandle<()>>,
-    /// Clients connect through this relay; `true` cuts every connection, open or new.
-    cut: tokio::sync::watch::Sender<bool>,
+    /// Clients connect through this relay, which serves, cuts or holds them.
+    cut: tokio::sync::watch::Sender<Reach>,
+    /// Connections the relay holds without an answer now ([`Reach::Silent`]), and the
+    /// most it held at once.
+    held: Arc<HeldConnections>,
     relay: tokio::task::JoinHandle<()>,
     _dir: tempfile::TempDir,
 }
@@ -120,32 +123,88 @@ impl Drop for MockAgent {
     }
 }
 
-/// Relays connections from `listener` to `backend` while `cut` is false; while it is true,
-/// new connections are closed at once and open ones are closed too, so a client sees an
-/// agent it cannot reach (no answer at all, not an error answer).
+/// How the relay in front of the mock treats connections.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Reach {
+    /// Relayed to the mock.
+    Open,
+    /// Closed at once, open ones too: an agent that is down (no answer, not an error).
+    Cut,
+    /// Accepted and held without a byte in answer until the relay serves again: an agent
+    /// whose packets are dropped, which costs a client its whole time limit.
+    Silent,
+}
+
+/// The connections a silent relay holds.
+#[derive(Debug, Default)]
+pub struct HeldConnections {
+    now: std::sync::atomic::AtomicUsize,
+    most: std::sync::atomic::AtomicUsize,
+}
+
+impl HeldConnections {
+    fn hold(&self) {
+        use std::sync::atomic::Ordering::SeqCst;
+        let now = self.now.fetch_add(1, SeqCst) + 1;
+        self.most.fetch_max(now, SeqCst);
+    }
+
+    fn release(&self) {
+        self.now.fetch_sub(1, std::sync::atomic::Ordering::SeqCst);
+    }
+
+    /// The most connections held at once since the mock started.
+    pub fn most(&self) -> usize {
+        self.most.load(std::sync::atomic::Ordering::SeqCst)
+    }
+}
+
+/// Relays connections from `listener` to `backend` as `reach` says.
 async fn relay(
     listener: tokio::net::TcpListener,
     backend: SocketAddr,
-    cut: tokio::sync::watch::Receiver<bool>,
+    reach: tokio::sync::watch::Receiver<Reach>,
+    held: Arc<HeldConnections>,
 ) {
     loop {
         let Ok((mut inbound, _)) = listener.accept().await else {
             return;
         };
-        if *cut.borrow() {
-            drop(inbound);
-            continue;
-        }
-        let mut cut = cut.clone();
-        tokio::spawn(async move {
-            let Ok(mut outbound) = tokio::net::TcpStream::connect(backend).await else {
-                return;
-            };
-            tokio::select! {
-                _ = tokio::io::copy_bidirectional(&mut inbound, &mut outbound) => {}
-                _ = cut.wait_for(|cut| *cut) => {}
+        let mut reach = reach.clone();
+        let now = *reach.borrow();
+        match now {
+            Reach::Cut => drop(inbound),
+            Reach::Silent => {
+                let held = held.clone();
+                held.hold();
+                tokio::spawn(async move {
+                    // Until the client gives up (its end closes) or the relay serves again.
+                    let mut sink = [0u8; 4096];
+                    loop {
+                        tokio::select! {
+                            read = tokio::io::AsyncReadExt::read(&mut inbound, &mut sink) => {
+                                if matches!(read, Ok(0) | Err(_)) {
+                                    break;
+                                }
+                            }
+                            _ = reach.wait_for(|reach| *reach != Reach::Silent) => break,
+                        }
+                    }
+                    held.release();
+                });
             }
-        });
+            Reach::Open => {
+                tokio::spawn(async move {
+                    let Ok(mut outbound) = tokio::net::TcpStream::connect(backend).await else {
+                        return;
+                    };
+                    tokio::select! {
+                        _ = tokio::io::copy_bidirectional(&mut inbound, &mut outbound) => {}
+                        _ = reach.wait_for(|reach| *reach != Reach::Open) => {}
+                    }
+                });
+            }
+        }
     }
 }
 
@@ -219,8 +278,9 @@ impl MockAgent {
             .await
             .expect("bind relay");
         let front_addr = front.local_addr().expect("addr");
-        let (cut, cut_rx) = tokio::sync::watch::channel(false);
-        let relay = tokio::spawn(relay(front, addr, cut_rx));
+        let (cut, cut_rx) = tokio::sync::watch::channel(Reach::Open);
+        let held = Arc::new(HeldConnections::default());
+        let relay = tokio::spawn(relay(front, addr, cut_rx, held.clone()));
         let config = AgentConnectionConfig {
             name: name.to_owned(),
             url: format!("https://{front_addr}"),
@@ -239,6 +299,7 @@ impl MockAgent {
             handle,
             server: Some(server),
             cut,
+            held,
             relay,
             _dir: dir,
         }
@@ -282,7 +343,20 @@ impl MockAgent {
     /// Out of reach (`true`): every connection is closed without an answer, as with an
     /// agent that is down or cut off by the network; `false` serves again.
     pub fn set_unreachable(&self, unreachable: bool) {
-        self.cut.send_replace(unreachable);
+        self.cut
+            .send_replace(if unreachable { Reach::Cut } else { Reach::Open });
+    }
+
+    /// Silent (`true`): every connection is accepted and never answered, as with an agent
+    /// whose packets are dropped; `false` serves again.
+    pub fn set_silent(&self, silent: bool) {
+        self.cut
+            .send_replace(if silent { Reach::Silent } else { Reach::Open });
+    }
+
+    /// The connections the silent relay held.
+    pub fn held(&self) -> &HeldConnections {
+        &self.held
     }
 
     /// Reports `condition` for the volume `path` from now on (`None`: no condition, as an
