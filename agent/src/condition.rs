@@ -12,7 +12,7 @@
 //! missing before it is not known, and a repair made before it is not reported again.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Instant, SystemTime};
 
 use arc_swap::ArcSwap;
@@ -138,22 +138,30 @@ pub(crate) struct Conditions {
     exports: Arc<Exports>,
     usage: Arc<UsageCache>,
     metrics: ConditionMetrics,
-    /// Each volume the last pass found, as found (its condition included): a volume
-    /// that is gone or unreadable since is still answered for with its condition.
-    known: ArcSwap<BTreeMap<VolumePath, Volume>>,
-    /// Volumes deleted or archived since the current pass listed them.
-    forgotten: ArcSwap<BTreeSet<VolumePath>>,
     /// Exports the last comparison found missing and could not serve again, with the
     /// time a pass first found each so.
     unserved: ArcSwap<BTreeMap<VolumePath, SystemTime>>,
+    /// What the passes remember of volumes, changed in place: a delete costs a lookup,
+    /// not a copy of every volume.
+    memory: Mutex<Memory>,
+}
+
+/// What the passes remember, under one brief lock.
+#[derive(Debug, Default)]
+struct Memory {
+    /// Each volume the last pass found, as found (its condition included): a volume
+    /// that is gone or unreadable since is still answered for with its condition.
+    known: BTreeMap<VolumePath, Volume>,
+    /// Volumes deleted or archived since the current pass listed them.
+    forgotten: BTreeSet<VolumePath>,
     /// The newest repair of each volume.
-    repaired: ArcSwap<BTreeMap<VolumePath, RepairedCondition>>,
+    repaired: BTreeMap<VolumePath, RepairedCondition>,
 }
 
 impl std::fmt::Debug for Conditions {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Conditions")
-            .field("known", &self.known.load().len())
+            .field("known", &self.memory().known.len())
             .finish_non_exhaustive()
     }
 }
@@ -170,11 +178,13 @@ impl Conditions {
             exports,
             usage,
             metrics,
-            known: ArcSwap::default(),
-            forgotten: ArcSwap::default(),
             unserved: ArcSwap::default(),
-            repaired: ArcSwap::default(),
+            memory: Mutex::default(),
         }
+    }
+
+    fn memory(&self) -> MutexGuard<'_, Memory> {
+        self.memory.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     fn dir_of(&self, path: &VolumePath) -> String {
@@ -218,7 +228,7 @@ impl Conditions {
             Some((reason, message)) => VolumeCondition::abnormal(reason, message),
             None => VolumeCondition::normal(),
         };
-        condition.repaired = self.repaired.load().get(&volume.path).cloned();
+        condition.repaired = self.memory().repaired.get(&volume.path).cloned();
         condition
     }
 
@@ -230,7 +240,7 @@ impl Conditions {
     /// A volume the store no longer finds (or cannot read) that the last pass knew, with
     /// its condition now: `None` when it is normal again or was never known.
     pub(crate) fn lost(&self, path: &VolumePath) -> Option<Volume> {
-        let mut volume = self.known.load().get(path).cloned()?;
+        let mut volume = self.memory().known.get(path).cloned()?;
         let condition = self.condition_of(&volume);
         if condition.is_normal() {
             return None;
@@ -239,18 +249,13 @@ impl Conditions {
         Some(volume)
     }
 
-    /// Forgets `path` as a volume (deleted, archived): gone now is not missing.
+    /// Forgets `path` as a volume (deleted, archived): gone now is not missing, and a
+    /// volume made at the same path later has no repairs of its own yet.
     pub(crate) fn forget(&self, path: &VolumePath) {
-        self.forgotten.rcu(|set| {
-            let mut set = BTreeSet::clone(set);
-            set.insert(path.clone());
-            set
-        });
-        self.known.rcu(|known| {
-            let mut known = BTreeMap::clone(known);
-            known.remove(path);
-            known
-        });
+        let mut memory = self.memory();
+        memory.forgotten.insert(path.clone());
+        memory.known.remove(path);
+        memory.repaired.remove(path);
     }
 
     /// Records the repairs an export restore made at start.
@@ -258,18 +263,14 @@ impl Conditions {
         if repairs.is_empty() {
             return;
         }
-        self.repaired.rcu(|repaired| {
-            let mut repaired = BTreeMap::clone(repaired);
-            repaired.extend(repairs.iter().cloned());
-            repaired
-        });
+        self.memory().repaired.extend(repairs);
     }
 
     /// One pass over every volume: the export comparison's findings recorded, then each
     /// volume the store lists (and each known one it no longer does) looked at.
     pub(crate) fn check_all(&self, pass: &Pass) {
         let started = Instant::now();
-        self.forgotten.store(Arc::default());
+        self.memory().forgotten.clear();
         let mut repairs = repairs_of(pass, |path| self.nfs_of(path));
         if let Some(Ok(restored)) = &pass.exports {
             let before = self.unserved.load_full();
@@ -299,21 +300,31 @@ impl Conditions {
         };
         // Known before and not listed now (gone, or the listing failed), and exported
         // volumes: still volumes of the agent's, whose condition says what happened.
-        for (path, volume) in self.known.load().iter() {
-            found.entry(path.clone()).or_insert_with(|| volume.clone());
+        // A copy: requests meanwhile still find what the last pass knew.
+        let known_before = self.memory().known.clone();
+        for (path, volume) in known_before {
+            found.entry(path).or_insert(volume);
         }
-        let mut counts: BTreeMap<AbnormalReason, i64> = BTreeMap::new();
         for volume in found.values_mut() {
             let condition = self.condition_of(volume);
-            if let Some(reason) = condition.abnormal {
-                *counts.entry(reason).or_default() += 1;
-            }
             volume.condition = Some(condition);
         }
-        let forgotten = self.forgotten.load_full();
-        found.retain(|path, _| !forgotten.contains(path));
-        let volumes = found.len();
-        self.known.store(Arc::new(found));
+        let volumes = {
+            let mut memory = self.memory();
+            let forgotten = std::mem::take(&mut memory.forgotten);
+            found.retain(|path, _| !forgotten.contains(path));
+            memory.known = found;
+            memory.known.len()
+        };
+        let mut counts: BTreeMap<AbnormalReason, i64> = BTreeMap::new();
+        for reason in self
+            .memory()
+            .known
+            .values()
+            .filter_map(|volume| volume.condition.as_ref()?.abnormal)
+        {
+            *counts.entry(reason).or_default() += 1;
+        }
         for reason in AbnormalReason::ALL {
             self.metrics
                 .abnormal

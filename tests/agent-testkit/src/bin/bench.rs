@@ -12,7 +12,6 @@
 #[path = "bench/sizes.rs"]
 mod bench_sizes;
 
-use std::path::Path;
 use std::process::Command;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -247,14 +246,14 @@ async fn run(args: Args) -> anyhow::Result<()> {
     let request = volume_request();
     let volume = VolumePath::parse("tree")?;
     client.create_volume(&volume, &request, None).await?;
-    fill(&root.join("tree"), files)?;
+    bench_sizes::fill(&root.join("tree"), files)?;
     // On the same filesystem as the volumes, so both deletions do the same work.
     let plain = match &btrfs {
         Some(fs) => fs.mount_point().join("plain-tree"),
         None => base.path().join("plain-tree"),
     };
     std::fs::create_dir(&plain)?;
-    fill(&plain, files)?;
+    bench_sizes::fill(&plain, files)?;
     sync();
 
     let t = Instant::now();
@@ -524,17 +523,6 @@ fn max(values: &[f64]) -> f64 {
 }
 
 /// `files` small files in subdirectories of 1,000 (a typical application layout).
-pub(crate) fn fill(dir: &Path, files: usize) -> std::io::Result<()> {
-    for i in 0..files {
-        let sub = dir.join(format!("d{}", i / 1000));
-        if i % 1000 == 0 {
-            std::fs::create_dir_all(&sub)?;
-        }
-        std::fs::write(sub.join(format!("file-{i}")), b"0123456789")?;
-    }
-    Ok(())
-}
-
 fn sync() {
     let _ = Command::new("sync").status();
 }

@@ -167,7 +167,7 @@ async fn btrfs_snapshots(args: &SizesArgs, binaries: &[PathBuf; 2]) -> anyhow::R
         let etc = args.dir.join(format!("bench-sizes-etc-btrfs-{label}"));
         let agent = AgentProcess::start(binary, &root, &etc, "backend = \"btrfs\"").await?;
         agent.client.create_volume(&source, &request, None).await?;
-        crate::fill(&root.join("team/tree"), args.tree_files)?;
+        fill(&root.join("team/tree"), args.tree_files)?;
         agents.push((agent, etc));
     }
     fs.sync()?;
@@ -225,7 +225,7 @@ async fn zfs_snapshots(args: &SizesArgs, binaries: &[PathBuf; 2]) -> anyhow::Res
             let source = path(&format!("{label}/tree"))?;
             if round == 0 {
                 agent.client.create_volume(&source, &request, None).await?;
-                crate::fill(&root.join(source.as_str()), 1_000)?;
+                fill(&root.join(source.as_str()), 1_000)?;
             }
             let took = time_snapshot(&agent.client, &format!("{label}-{round}"), &source).await?;
             times[which].push(took);
@@ -317,6 +317,19 @@ async fn archive_pages(args: &SizesArgs, binaries: &[PathBuf; 2]) -> anyhow::Res
             ms(*times[which].iter().max().unwrap_or(&Duration::ZERO)),
             times[which].iter().sum::<Duration>().as_secs_f64() / args.repeats as f64,
         );
+    }
+    Ok(())
+}
+
+/// `files` small files beneath `dir`, a thousand per directory: the tree both benches
+/// snapshot or delete.
+pub(crate) fn fill(dir: &Path, files: usize) -> std::io::Result<()> {
+    for i in 0..files {
+        let sub = dir.join(format!("d{}", i / 1000));
+        if i % 1000 == 0 {
+            std::fs::create_dir_all(&sub)?;
+        }
+        std::fs::write(sub.join(format!("file-{i}")), b"0123456789")?;
     }
     Ok(())
 }
