@@ -300,10 +300,15 @@ impl Conditions {
         };
         // Known before and not listed now (gone, or the listing failed), and exported
         // volumes: still volumes of the agent's, whose condition says what happened.
-        // A copy: requests meanwhile still find what the last pass knew.
-        let known_before = self.memory().known.clone();
-        for (path, volume) in known_before {
-            found.entry(path).or_insert(volume);
+        // Only those the listing lacks are copied (few: the gone ones); requests meanwhile
+        // still find what the last pass knew.
+        {
+            let memory = self.memory();
+            for (path, volume) in &memory.known {
+                if !found.contains_key(path) {
+                    found.insert(path.clone(), volume.clone());
+                }
+            }
         }
         for volume in found.values_mut() {
             let condition = self.condition_of(volume);
