@@ -167,6 +167,7 @@ pub async fn run(args: Args) -> Result<(), AppError> {
         },
         concurrency: args.max_concurrent_reconciles,
         usage_interval: args.usage_interval(),
+        agent_unreachable: args.agent_unreachable(),
         orphan_check: args.orphan_check(),
         agent_secrets,
         leading: None,

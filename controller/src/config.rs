@@ -109,10 +109,21 @@ pub struct Args {
     #[arg(long, env = "NFSPROV_RESYNC_SECONDS", default_value_t = 600)]
     pub(crate) resync_seconds: u64,
 
-    /// How often the usage of every bound volume is asked from its agent (for the
-    /// nfsprov_volume_* gauges and VolumeNearlyFull events); 0 turns measuring off.
+    /// How often the usage and health of every bound volume is asked from its agent (for
+    /// the nfsprov_volume_* gauges, VolumeNearlyFull events and the VolumeConditionAbnormal
+    /// and VolumeConditionNormal events on claims); 0 turns the poll off.
     #[arg(long, env = "NFSPROV_USAGE_INTERVAL_SECONDS", default_value_t = 60)]
     pub(crate) usage_interval_seconds: u64,
+
+    /// How long an agent must fail every request of the usage and health poll before each
+    /// of its claims gets a VolumeConditionAbnormal event with reason agent_unreachable.
+    #[arg(
+        long,
+        env = "NFSPROV_AGENT_UNREACHABLE_SECONDS",
+        default_value_t = 120,
+        value_parser = clap::value_parser!(u64).range(1..)
+    )]
+    pub(crate) agent_unreachable_seconds: u64,
 
     /// How often the leader compares each agent's volumes with the PVs (directories no
     /// PV points to, PVs whose directory is gone); 0 turns the check off.
@@ -138,6 +149,11 @@ impl Args {
     /// The usage poll interval, `None` when it is off.
     pub(crate) fn usage_interval(&self) -> Option<Duration> {
         (self.usage_interval_seconds > 0).then(|| Duration::from_secs(self.usage_interval_seconds))
+    }
+
+    /// How long an agent fails every request before its claims hear of it.
+    pub(crate) fn agent_unreachable(&self) -> Duration {
+        Duration::from_secs(self.agent_unreachable_seconds)
     }
 
     /// The orphan check's settings, `None` when it is off.
@@ -166,6 +182,7 @@ mod tests {
         assert!(args.additional_provisioner_names.is_empty());
         assert_eq!(args.agents_dir, None);
         assert_eq!(args.max_reconciles_per_agent, 16);
+        assert_eq!(args.agent_unreachable(), Duration::from_secs(120));
         assert_eq!(
             args.orphan_check(),
             Some(OrphanSettings {
@@ -203,5 +220,11 @@ mod tests {
         let args = Args::try_parse_from(["nfsprov-controller", "--archive-orphans"]).unwrap();
         assert!(args.orphan_check().unwrap().archive);
         assert!(Args::try_parse_from(["nfsprov-controller", "--log-format=xml"]).is_err());
+        let args =
+            Args::try_parse_from(["nfsprov-controller", "--agent-unreachable-seconds=30"]).unwrap();
+        assert_eq!(args.agent_unreachable(), Duration::from_secs(30));
+        assert!(
+            Args::try_parse_from(["nfsprov-controller", "--agent-unreachable-seconds=0"]).is_err()
+        );
     }
 }

@@ -41,8 +41,12 @@ pub struct RunConfig {
     /// parallelism, not a rate: it keeps the first full sync of a large cluster from
     /// holding tens of thousands of reconciles in memory at once.
     pub concurrency: u16,
-    /// How often every bound volume's usage is measured; `None` turns measuring off.
+    /// How often every bound volume's usage and health is asked from its agent; `None`
+    /// turns the poll off.
     pub usage_interval: Option<Duration>,
+    /// How long an agent fails every request of that poll before its claims are told it
+    /// is out of reach.
+    pub agent_unreachable: Duration,
     /// The orphan check; `None` turns it off.
     pub orphan_check: Option<OrphanSettings>,
     /// The namespace whose agent Secrets are watched into the agents; `None` when the
@@ -67,6 +71,7 @@ impl RunConfig {
             reporter,
             concurrency: 16,
             usage_interval: None,
+            agent_unreachable: Duration::from_secs(120),
             orphan_check: None,
             agent_secrets: None,
             leading: None,
@@ -166,7 +171,12 @@ pub async fn run(
         coupled.rereading,
         readiness(&classes, &claims, &volumes, &ctx.agents, &ready),
         when_leading(&ctx, &shutdown, config.usage_interval, |every| {
-            usage::run(ctx.clone(), every, shutdown.clone())
+            usage::run(
+                ctx.clone(),
+                every,
+                config.agent_unreachable,
+                shutdown.clone(),
+            )
         }),
         when_leading(&ctx, &shutdown, config.orphan_check, |settings| {
             orphans::run(ctx.clone(), settings, shutdown.clone())

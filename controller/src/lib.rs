@@ -7,8 +7,9 @@
 //! suite checks it, and that no import cycle exists):
 //!
 //! 1. leaves: `config`, `metrics`, `backoff`, `reported` (permanent failures already
-//!    reported), `events`, and `objects` (the vocabulary's names, and every predicate over
-//!    claims, classes and the cached form of volumes);
+//!    reported), `events`, `health` (what the usage poll's answers say of each volume's
+//!    condition, and the events a change calls for), and `objects` (the vocabulary's
+//!    names, and every predicate over claims, classes and the cached form of volumes);
 //! 2. `pv` (a new PV), `cache` (what the watch caches keep), `agents` (the agent clients),
 //!    `mounters` (the Nodes and Pods that exports follow);
 //! 3. `context`: what every reconciler shares (the context, its errors, event publishing);
@@ -42,6 +43,7 @@ mod delete;
 mod events;
 mod expand;
 mod exports;
+mod health;
 mod http;
 pub mod leader;
 pub mod metrics;

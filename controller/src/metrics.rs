@@ -157,6 +157,37 @@ impl Collector for VolumeUsage {
     }
 }
 
+/// `nfsprov_volume_abnormal`: claims whose volume is abnormal, by agent and reason, as the
+/// last usage and health poll left them. Replaced whole at each poll, so a scrape never
+/// sees half of one poll's figures.
+#[derive(Debug, Default)]
+struct VolumeAbnormal(RwLock<Vec<(AbnormalLabels, u64)>>);
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub(crate) struct AbnormalLabels {
+    pub(crate) agent: String,
+    pub(crate) reason: String,
+}
+
+impl Collector for VolumeAbnormal {
+    fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
+        let counts = self
+            .0
+            .read()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        let mut metric = encoder.encode_descriptor(
+            "nfsprov_volume_abnormal",
+            "Claims whose volume is abnormal (missing, not_exported, read_only, quota_full, filesystem_error, agent_unreachable), by agent and reason, at the last usage and health poll",
+            None,
+            MetricType::Gauge,
+        )?;
+        for (labels, count) in counts.iter() {
+            ConstGauge::new(*count).encode(metric.encode_family(labels)?)?;
+        }
+        Ok(())
+    }
+}
+
 type HistogramFamily<L> = Family<L, Histogram, fn() -> Histogram>;
 
 /// The library's provisioning and deletion latency buckets: Prometheus' default ones, so
@@ -183,6 +214,7 @@ pub struct Metrics {
     agent_duration: HistogramFamily<AgentLabels>,
     agent_errors: Family<AgentErrorLabels, Counter>,
     volume_usage: Arc<VolumeUsage>,
+    volume_abnormal: Arc<VolumeAbnormal>,
     orphaned_directories: Family<OrphanLabels, Gauge>,
     missing_directories: Family<OrphanLabels, Gauge>,
     orphans_archived: Family<OrphanLabels, Counter>,
@@ -225,6 +257,7 @@ impl Metrics {
             HistogramFamily::new_with_constructor(operation_histogram as fn() -> _);
         let agent_errors = Family::<AgentErrorLabels, Counter>::default();
         let volume_usage = Arc::new(VolumeUsage::default());
+        let volume_abnormal = Arc::new(VolumeAbnormal::default());
         let orphaned_directories = Family::<OrphanLabels, Gauge>::default();
         let missing_directories = Family::<OrphanLabels, Gauge>::default();
         let orphans_archived = Family::<OrphanLabels, Counter>::default();
@@ -285,6 +318,7 @@ impl Metrics {
             agent_errors.clone(),
         );
         registry.register_collector(Box::new(volume_usage.clone()));
+        registry.register_collector(Box::new(volume_abnormal.clone()));
         registry.register(
             "nfsprov_orphaned_directories",
             "Directories an agent holds that no PV points to, older than the grace period, at the last orphan check",
@@ -351,6 +385,7 @@ impl Metrics {
             agent_duration,
             agent_errors,
             volume_usage,
+            volume_abnormal,
             orphaned_directories,
             missing_directories,
             orphans_archived,
@@ -593,6 +628,23 @@ impl Metrics {
         if volumes.capacity() > 2 * volumes.len() + 64 {
             volumes.shrink_to_fit();
         }
+    }
+
+    /// Replaces the `nfsprov_volume_abnormal` figures: one series per (agent, reason)
+    /// given, in that order.
+    pub(crate) fn set_volume_abnormal(
+        &self,
+        counts: impl IntoIterator<Item = (String, String, u64)>,
+    ) {
+        let counts = counts
+            .into_iter()
+            .map(|(agent, reason, count)| (AbnormalLabels { agent, reason }, count))
+            .collect();
+        *self
+            .volume_abnormal
+            .0
+            .write()
+            .unwrap_or_else(|p| p.into_inner()) = counts;
     }
 
     /// The OpenMetrics text exposition.

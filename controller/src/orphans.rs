@@ -2,19 +2,19 @@
 //! gone. A claim deleted between the agent's create and the PV's create, or a label used in
 //! `pathPattern` that changed between two attempts, leaves a directory nothing refers to;
 //! an administrator's `rm -rf` leaves a PV pointing at nothing. Both are reported (metrics
-//! per agent, a log line, an event on the PV where there is one). With clean-up on,
+//! per agent, a log line); the claim of a bound PV whose directory is gone learns it from
+//! the usage and health poll (`VolumeConditionAbnormal`, reason `missing`), which asks every
+//! bound volume each minute, not from this check. With clean-up on,
 //! orphaned directories are archived, never deleted, and only after the API server itself
 //! (not the cache) confirms that no PV holds them and no claim can still get them.
 //! Runs only where the controllers run, that is on the leader. What counts as orphaned is
 //! decided by `nfsprov_vocabulary::orphans`, the rules `kubectl nfsprov orphans` shares.
 
-use std::collections::HashSet;
 use std::sync::Arc;
 
 use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim};
 use k8s_openapi::jiff::Timestamp;
 use kube::Api;
-use kube::runtime::events::EventType;
 use nfsprov_api_types::VolumeOwner;
 use nfsprov_vocabulary::orphans::{Finding, Listing, PvPointer, expects_directory};
 use tokio::sync::watch;
@@ -25,9 +25,6 @@ use crate::agents::{Agent, request_id};
 use crate::config::OrphanSettings;
 use crate::context::{Context, stopped};
 use crate::objects::{ANN_AGENT, ANN_PATH, CachedVolume, is_ours, phase, pv_name_for};
-
-pub const REASON_DIRECTORY_MISSING: &str = "VolumeDirectoryMissing";
-const ACTION: &str = "CheckOrphans";
 
 /// The pointer of one of our cached PVs that records its agent and path.
 fn pointer_of(pv: &CachedVolume) -> Option<PvPointer> {
@@ -137,12 +134,7 @@ fn describe_owner(owner: &VolumeOwner) -> String {
 }
 
 /// Checks one agent; `None` when its volumes could not be listed.
-async fn check_agent(
-    ctx: &Context,
-    agent: &Agent,
-    settings: &OrphanSettings,
-    warned: &mut HashSet<String>,
-) -> Option<()> {
+async fn check_agent(ctx: &Context, agent: &Agent, settings: &OrphanSettings) -> Option<()> {
     let expected = pointers(ctx);
     let mut listing = Listing::new(agent.name(), &expected, settings.grace, Timestamp::now());
     if let Err(e) = agent
@@ -211,25 +203,6 @@ async fn check_agent(
                 missing += 1;
                 warn!(agent = %agent.name(), %path, %pv, claim = claim.as_deref().unwrap_or("-"),
                     "PV points to a directory its agent does not have");
-                if warned.insert(pv.clone()) {
-                    let reference = k8s_openapi::api::core::v1::ObjectReference {
-                        api_version: Some("v1".to_owned()),
-                        kind: Some("PersistentVolume".to_owned()),
-                        name: Some(pv.clone()),
-                        ..Default::default()
-                    };
-                    ctx.event(
-                        &reference,
-                        EventType::Warning,
-                        REASON_DIRECTORY_MISSING,
-                        ACTION,
-                        &format!(
-                            "agent {} has no directory {path} for this volume; its data is gone or was moved on the NFS server",
-                            agent.name()
-                        ),
-                    )
-                    .await;
-                }
             }
         }
     }
@@ -242,22 +215,10 @@ async fn check_agent(
 }
 
 /// Checks every agent once.
-pub(crate) async fn check_once(
-    ctx: &Context,
-    settings: &OrphanSettings,
-    warned: &mut HashSet<String>,
-) {
+pub(crate) async fn check_once(ctx: &Context, settings: &OrphanSettings) {
     for agent in ctx.agents.all() {
-        check_agent(ctx, &agent, settings, warned).await;
+        check_agent(ctx, &agent, settings).await;
     }
-    // Forget warnings of PVs that are gone, so the set does not grow for ever.
-    let live: HashSet<String> = ctx
-        .volumes
-        .state()
-        .iter()
-        .filter_map(|pv| pv.metadata.name.clone())
-        .collect();
-    warned.retain(|pv| live.contains(pv));
 }
 
 /// Checks every `settings.every` until `shutdown` turns true (or the future is dropped,
@@ -276,10 +237,9 @@ pub(crate) async fn run(
         let mut interval =
             tokio::time::interval_at(Instant::now() + settings.every, settings.every);
         interval.set_missed_tick_behavior(MissedTickBehavior::Delay);
-        let mut warned = HashSet::new();
         loop {
             interval.tick().await;
-            check_once(&ctx, &settings, &mut warned).await;
+            check_once(&ctx, &settings).await;
         }
     };
     tokio::select! {

@@ -1,8 +1,11 @@
-//! Volume usage: every bound volume of ours is measured by its agent at a fixed interval and
-//! published as per-claim gauges; a claim whose volume fills up gets a `VolumeNearlyFull`
-//! warning. Runs only where the controllers run, that is on the leader.
+//! Volume usage and health: every bound volume of ours is asked from its agent at a fixed
+//! interval. Its figures are published as per-claim gauges, and a claim whose volume fills
+//! up gets a `VolumeNearlyFull` warning; its condition goes to the [`HealthTracker`], whose
+//! changes become `VolumeConditionAbnormal` and `VolumeConditionNormal` events on the claim
+//! and the `nfsprov_volume_abnormal` gauge. Runs only where the controllers run, that is on
+//! the leader.
 
-use std::collections::{BTreeSet, HashSet};
+use std::collections::{BTreeMap, BTreeSet, HashSet};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -16,11 +19,13 @@ use tracing::{debug, info, warn};
 
 use crate::agents::request_id;
 use crate::context::{Context, stopped};
+use crate::health::{Answer, HealthEvent, HealthTracker, Reason};
 use crate::metrics::{VolumeFigures, VolumeLabels};
 use crate::objects::{ANN_PATH, CachedVolume, VolumeClaimRef, bound_claim_of, is_ours};
 
 pub(crate) const REASON_NEARLY_FULL: &str = "VolumeNearlyFull";
 const ACTION: &str = "MeasureUsage";
+const HEALTH_ACTION: &str = "CheckHealth";
 
 /// Warn when a volume reaches this share of its capacity...
 const WARN_PERCENT: u64 = 90;
@@ -31,6 +36,11 @@ const REARM_PERCENT: u64 = 85;
 /// Most agent requests one poll has in flight: enough to measure thousands of volumes
 /// within a minute, few enough not to crowd out provisioning on the agents.
 const CONCURRENT_REQUESTS: usize = 16;
+
+/// Most health events one poll has in flight: an agent out of reach changes every claim it
+/// serves at once, and thousands of event creations at once would crowd out the
+/// reconcilers' own requests to the API server (and its rate limits).
+const CONCURRENT_EVENTS: usize = 4;
 
 /// One bound volume of ours, as the volume cache holds it: a poll over 10,000 volumes
 /// copies no names. Its claim is the one its `claimRef` names.
@@ -115,9 +125,28 @@ impl NearlyFull {
 
 /// What one poll leaves for the next. The published figures themselves live in
 /// [`crate::metrics::Metrics`], which drops those of volumes a poll no longer finds.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub(crate) struct UsageTracker {
     nearly_full: NearlyFull,
+    health: HealthTracker,
+}
+
+impl UsageTracker {
+    /// `unreachable_after`: how long an agent fails every request before its claims are
+    /// told it is out of reach.
+    pub(crate) fn new(unreachable_after: Duration) -> Self {
+        Self {
+            nearly_full: NearlyFull::default(),
+            health: HealthTracker::new(unreachable_after),
+        }
+    }
+}
+
+impl Default for UsageTracker {
+    /// With the command line's default threshold for agents out of reach.
+    fn default() -> Self {
+        Self::new(Duration::from_secs(120))
+    }
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -164,8 +193,24 @@ pub(crate) async fn poll_once(ctx: &Context, tracker: &mut UsageTracker) {
     let mut live: HashSet<&str> = HashSet::with_capacity(targets.len());
     let mut crossings = Vec::new();
     let mut failures = 0usize;
+    let mut health_events: BTreeMap<usize, Vec<HealthEvent>> = BTreeMap::new();
     while let Some((i, result)) = answers.next().await {
         let target = &targets[i];
+        let answer = match &result {
+            Ok(Some(volume)) => Some(Answer::Volume(volume.condition.as_ref())),
+            Ok(None) => Some(Answer::NotFound),
+            Err(MeasureError::Agent { source, .. }) => Some(Answer::Failed(&source.to_string())),
+            // A PV this controller cannot ask about says nothing of its volume's health.
+            Err(_) => None,
+        };
+        if let Some(answer) = answer {
+            let events = tracker
+                .health
+                .observe(target.pv_name(), target.agent(), answer);
+            if !events.is_empty() {
+                health_events.entry(i).or_default().extend(events);
+            }
+        }
         match result {
             Ok(Some(volume)) => {
                 // The agent's first measurement of a large tree can take a while; until it
@@ -213,11 +258,71 @@ pub(crate) async fn poll_once(ctx: &Context, tracker: &mut UsageTracker) {
     }
     ctx.metrics.retain_volumes(|pv_name| live.contains(pv_name));
     tracker.nearly_full.retain(&live);
+    // A missing volume has no figures but still has its claim and its condition.
+    let bound: HashSet<&str> = targets.iter().map(Target::pv_name).collect();
+    for (pv_name, event) in tracker
+        .health
+        .finish_pass(std::time::Instant::now(), &bound)
+    {
+        if let Ok(i) = targets.binary_search_by(|t| t.pv_name().cmp(&pv_name)) {
+            health_events.entry(i).or_default().push(event);
+        }
+    }
+    publish_abnormal(ctx, &tracker.health);
+    let health_events: Vec<_> = health_events
+        .into_iter()
+        .map(|(i, events)| (targets[i].claim().object_reference(), events))
+        .collect();
+    publish_health_events(ctx, health_events).await;
     // Events in a stable order whatever order the agents answered in.
     crossings.sort_by(|a, b| a.0.pv_name().cmp(b.0.pv_name()));
     for (target, volume) in crossings {
         warn_nearly_full(ctx, target, &volume).await;
     }
+}
+
+/// Publishes each claim's events in order, a few claims at a time.
+async fn publish_health_events(
+    ctx: &Context,
+    events: Vec<(
+        k8s_openapi::api::core::v1::ObjectReference,
+        Vec<HealthEvent>,
+    )>,
+) {
+    futures::stream::iter(events)
+        .for_each_concurrent(CONCURRENT_EVENTS, |(claim, events)| async move {
+            for event in events {
+                let type_ = match event {
+                    HealthEvent::Abnormal { .. } => EventType::Warning,
+                    HealthEvent::Normal { .. } => EventType::Normal,
+                };
+                ctx.event(&claim, type_, event.reason(), HEALTH_ACTION, event.note())
+                    .await;
+            }
+        })
+        .await;
+}
+
+/// `nfsprov_volume_abnormal`: every reason of every configured agent (zero when no claim
+/// has it), and whatever else the tracker counts (a reason newer than this controller, an
+/// agent no longer configured whose claims are still bound).
+fn publish_abnormal(ctx: &Context, health: &HealthTracker) {
+    let mut counts = health.abnormal_counts();
+    let mut agents = ctx.agents.names();
+    agents.sort();
+    let mut series = Vec::new();
+    for agent in agents {
+        for reason in Reason::ALWAYS_PUBLISHED {
+            let count = counts.remove(&(agent.clone(), reason)).unwrap_or(0);
+            series.push((agent.clone(), reason.as_str().to_owned(), count));
+        }
+    }
+    series.extend(
+        counts
+            .into_iter()
+            .map(|((agent, reason), count)| (agent, reason.as_str().to_owned(), count)),
+    );
+    ctx.metrics.set_volume_abnormal(series);
 }
 
 async fn warn_nearly_full(ctx: &Context, target: &Target, volume: &Volume) {
@@ -266,15 +371,22 @@ fn human_bytes(bytes: u64) -> String {
 /// Polls every `every` until `shutdown` turns true (or the future is dropped, as when the
 /// Lease is lost). The first poll comes one interval after the caches are synced, so a
 /// restart or a handover does not add a burst of agent requests to the initial sync.
-pub(crate) async fn run(ctx: Arc<Context>, every: Duration, shutdown: watch::Receiver<bool>) {
+pub(crate) async fn run(
+    ctx: Arc<Context>,
+    every: Duration,
+    unreachable_after: Duration,
+    shutdown: watch::Receiver<bool>,
+) {
     let work = async {
         if ctx.volumes.wait_until_ready().await.is_err() {
             return;
         }
-        info!(every = ?every, "measuring volume usage");
+        info!(every = ?every, unreachable_after = ?unreachable_after, "measuring volume usage and health");
         let mut interval = tokio::time::interval_at(Instant::now() + every, every);
         interval.set_missed_tick_behavior(MissedTickBehavior::Delay);
-        let mut tracker = UsageTracker::default();
+        let mut tracker = UsageTracker::new(unreachable_after);
+        // At zero from the start, so that alerts see the first abnormal volume.
+        publish_abnormal(&ctx, &tracker.health);
         loop {
             interval.tick().await;
             poll_once(&ctx, &mut tracker).await;

@@ -2,7 +2,8 @@
 //! REAL agent on a temp-dir export root. The race cases: a directory whose claim still
 //! waits for its PV and a bound claim's directory are never touched, while a directory
 //! whose claim is gone is archived (never deleted) and a PV whose directory was removed
-//! behind the agent's back is reported with an event.
+//! behind the agent's back is counted by the check and reported on its claim by the usage
+//! and health poll (the PV itself gets no event).
 
 use std::time::Duration;
 
@@ -15,7 +16,6 @@ use nfsprov_api_types::{CreateVolumeRequest, VolumeOwner, VolumePath};
 use nfsprov_controller::config::OrphanSettings;
 use nfsprov_controller::controller::RunConfig;
 use nfsprov_controller::metrics::Metrics;
-use nfsprov_controller::orphans::REASON_DIRECTORY_MISSING;
 use nfsprov_test_harness::{Harness, HarnessOptions};
 use serde_json::json;
 
@@ -56,6 +56,38 @@ async fn metrics_show(metrics: &Metrics, wanted: &[&str]) -> String {
         assert!(
             tokio::time::Instant::now() < deadline,
             "metrics never showed {wanted:?}:\n{text}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// How many volumes the controller has asked `agent` for so far (the usage and health
+/// poll asks for each bound volume at every round).
+fn volume_gets_in(text: &str, agent: &str) -> u64 {
+    let prefix = format!(
+        "nfsprov_agent_request_duration_seconds_count{{agent=\"{agent}\",operation=\"get\"}} "
+    );
+    text.lines()
+        .find_map(|line| line.strip_prefix(&prefix))
+        .and_then(|count| count.parse().ok())
+        .unwrap_or(0)
+}
+
+fn volume_gets(metrics: &Metrics, agent: &str) -> u64 {
+    volume_gets_in(&metrics.encode().unwrap(), agent)
+}
+
+/// Waits, with a bound, until `ready` holds of the controller's metrics.
+async fn metrics_show_with(metrics: &Metrics, ready: impl Fn(&str) -> bool) {
+    let deadline = tokio::time::Instant::now() + WAIT;
+    loop {
+        let text = metrics.encode().unwrap();
+        if ready(&text) {
+            return;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "metrics never got there:\n{text}"
         );
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
@@ -142,6 +174,7 @@ async fn orphans_are_reported_and_archived_and_wanted_directories_are_kept() {
             // directory missing is only known once every page was seen.
             page_size: 2,
         }),
+        usage_interval: Some(Duration::from_millis(200)),
         ..config
     });
 
@@ -212,32 +245,61 @@ async fn orphans_are_reported_and_archived_and_wanted_directories_are_kept() {
     .await;
     assert!(text.contains(&archived_line), "{text}");
 
+    // The claim learns that its volume is missing, once, from the usage and health poll.
     let events: Api<Event> = Api::all(client.clone());
     let deadline = tokio::time::Instant::now() + WAIT;
     loop {
         let found = events.list(&ListParams::default()).await.unwrap();
-        let missing: Vec<&Event> = found
+        let abnormal: Vec<&Event> = found
             .items
             .iter()
-            .filter(|e| e.reason.as_deref() == Some(REASON_DIRECTORY_MISSING))
+            .filter(|e| e.reason.as_deref() == Some("VolumeConditionAbnormal"))
             .collect();
-        if let Some(event) = missing.first() {
-            assert_eq!(missing.len(), 1, "one event per PV, not one per check");
+        if let Some(event) = abnormal.first() {
             let regarding = event.regarding.as_ref().unwrap();
-            assert_eq!(regarding.kind.as_deref(), Some("PersistentVolume"));
-            assert_eq!(regarding.name.as_deref(), Some(lost_pv.as_str()));
-            assert!(
-                event.note.as_deref().unwrap().contains("default/lost"),
-                "{event:?}"
-            );
+            assert_eq!(regarding.kind.as_deref(), Some("PersistentVolumeClaim"));
+            assert_eq!(regarding.namespace.as_deref(), Some("default"));
+            assert_eq!(regarding.name.as_deref(), Some("lost"));
+            let note = event.note.as_deref().unwrap();
+            assert!(note.contains(&lost_pv), "{event:?}");
+            assert!(note.contains("is abnormal: missing"), "{event:?}");
             break;
         }
         assert!(
             tokio::time::Instant::now() < deadline,
-            "no {REASON_DIRECTORY_MISSING} event"
+            "no VolumeConditionAbnormal event"
         );
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
+    // More polls and checks add no event: the condition did not change, and the orphan
+    // check reports on no PV.
+    metrics_show(
+        &metrics,
+        &[&format!(
+            "nfsprov_volume_abnormal{{agent=\"{name}\",reason=\"missing\"}} 1"
+        )],
+    )
+    .await;
+    let gets_before = volume_gets(&metrics, &name);
+    metrics_show_with(&metrics, |text| {
+        volume_gets_in(text, &name) >= gets_before + 10
+    })
+    .await;
+    let found = events.list(&ListParams::default()).await.unwrap();
+    let reasons: Vec<&str> = found
+        .items
+        .iter()
+        .filter_map(|e| e.reason.as_deref())
+        .collect();
+    assert_eq!(
+        reasons
+            .iter()
+            .filter(|r| **r == "VolumeConditionAbnormal")
+            .count(),
+        1,
+        "{reasons:?}"
+    );
+    assert!(!reasons.contains(&"VolumeDirectoryMissing"), "{reasons:?}");
 
     harness.finish().await;
 }

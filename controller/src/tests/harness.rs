@@ -33,6 +33,9 @@ pub struct HarnessOptions {
     pub agents: Vec<&'static str>,
     /// Whether the agents take snapshots.
     pub snapshots: bool,
+    /// The usage and health poll's interval and its threshold for agents out of reach;
+    /// `None`: no poll.
+    pub usage_poll: Option<(Duration, Duration)>,
 }
 
 impl Default for HarnessOptions {
@@ -41,6 +44,7 @@ impl Default for HarnessOptions {
             tier: Tier::FromEnvironment,
             agents: vec!["nfs1"],
             snapshots: false,
+            usage_poll: None,
         }
     }
 }
@@ -51,6 +55,7 @@ pub struct Harness {
     cluster: Cluster,
     pub agents: Vec<MockAgent>,
     pub metrics: Arc<Metrics>,
+    usage_poll: Option<(Duration, Duration)>,
     running: Option<(
         tokio::sync::watch::Sender<bool>,
         tokio::task::JoinHandle<()>,
@@ -84,6 +89,7 @@ impl Harness {
             cluster,
             agents,
             metrics: Arc::new(Metrics::new()),
+            usage_poll: options.usage_poll,
             running: None,
         };
         harness.start_controller();
@@ -109,14 +115,23 @@ impl Harness {
             self.cluster.controller_client.clone(),
             self.registry(),
             self.metrics.clone(),
-            RunConfig::reconcilers_only(
-                self.cluster.provisioner.as_str(),
-                crate::tests::mock_api::test_reporter(),
-            ),
+            self.run_config(),
             Arc::new(AtomicBool::new(false)),
             stopped,
         ));
         self.running = Some((stop, running));
+    }
+
+    fn run_config(&self) -> RunConfig {
+        let mut config = RunConfig::reconcilers_only(
+            self.cluster.provisioner.as_str(),
+            crate::tests::mock_api::test_reporter(),
+        );
+        if let Some((every, unreachable)) = self.usage_poll {
+            config.usage_interval = Some(every);
+            config.agent_unreachable = unreachable;
+        }
+        config
     }
 
     pub async fn stop_controller(&mut self) {

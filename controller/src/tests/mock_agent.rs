@@ -1,5 +1,6 @@
 //! `MockAgent`, an in-test HTTPS fake of the agent API (NOT the real agent) that keeps its
-//! volumes in memory and can be told to fail.
+//! volumes in memory and can be told to fail, to report a volume's condition, or to be out
+//! of reach (a relay in front of it that drops every connection).
 
 use std::collections::BTreeMap;
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
@@ -18,7 +19,7 @@ use nfsprov_api_types::{
     CloneOrigin, CloneProgress, CloneVolumeRequest, CreateVolumeRequest, Endpoint, ErrorCode,
     ExportRequest, FilesystemStats, NfsExport, QuotaBackend, QuotaPolicy, ResizeVolumeRequest,
     RestoreOrigin, RestoreProgress, RestoreSource, RestoreVolumeRequest, Snapshot, SnapshotMethod,
-    SnapshotName, Volume, VolumeExport, VolumePath, VolumeUsage,
+    SnapshotName, Volume, VolumeCondition, VolumeExport, VolumePath, VolumeUsage,
 };
 use serde_json::{Value, json};
 
@@ -42,6 +43,9 @@ pub struct MockAgentState {
     pub quota_enforced: bool,
     /// What `GET /v1/volumes/{path}` reports as usage, by path.
     pub usage: BTreeMap<String, VolumeUsage>,
+    /// What every answer carrying a volume reports as its condition, by path; none (as an
+    /// agent that does not check) when unset.
+    pub conditions: BTreeMap<String, VolumeCondition>,
     /// What `/v1/info` reports as available bytes; half a terabyte when unset.
     pub available_bytes: Option<u64>,
     /// Clone requests answered `202 Accepted` before the clone is made, per request.
@@ -103,12 +107,45 @@ pub struct MockAgent {
     pub state: Arc<Mutex<MockAgentState>>,
     handle: axum_server::Handle<SocketAddr>,
     server: Option<tokio::task::JoinHandle<()>>,
+    /// Clients connect through this relay; `true` cuts every connection, open or new.
+    cut: tokio::sync::watch::Sender<bool>,
+    relay: tokio::task::JoinHandle<()>,
     _dir: tempfile::TempDir,
 }
 
 impl Drop for MockAgent {
     fn drop(&mut self) {
         self.handle.shutdown();
+        self.relay.abort();
+    }
+}
+
+/// Relays connections from `listener` to `backend` while `cut` is false; while it is true,
+/// new connections are closed at once and open ones are closed too, so a client sees an
+/// agent it cannot reach (no answer at all, not an error answer).
+async fn relay(
+    listener: tokio::net::TcpListener,
+    backend: SocketAddr,
+    cut: tokio::sync::watch::Receiver<bool>,
+) {
+    loop {
+        let Ok((mut inbound, _)) = listener.accept().await else {
+            return;
+        };
+        if *cut.borrow() {
+            drop(inbound);
+            continue;
+        }
+        let mut cut = cut.clone();
+        tokio::spawn(async move {
+            let Ok(mut outbound) = tokio::net::TcpStream::connect(backend).await else {
+                return;
+            };
+            tokio::select! {
+                _ = tokio::io::copy_bidirectional(&mut inbound, &mut outbound) => {}
+                _ = cut.wait_for(|cut| *cut) => {}
+            }
+        });
     }
 }
 
@@ -178,9 +215,15 @@ impl MockAgent {
         let server = tokio::spawn(async move {
             let _ = server.serve(app.into_make_service()).await;
         });
+        let front = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind relay");
+        let front_addr = front.local_addr().expect("addr");
+        let (cut, cut_rx) = tokio::sync::watch::channel(false);
+        let relay = tokio::spawn(relay(front, addr, cut_rx));
         let config = AgentConnectionConfig {
             name: name.to_owned(),
-            url: format!("https://{addr}"),
+            url: format!("https://{front_addr}"),
             ca_file,
             token_file: Some(token_file),
             client_cert_file: None,
@@ -195,6 +238,8 @@ impl MockAgent {
             state,
             handle,
             server: Some(server),
+            cut,
+            relay,
             _dir: dir,
         }
     }
@@ -232,6 +277,22 @@ impl MockAgent {
 
     pub fn set_available_bytes(&self, bytes: u64) {
         self.state.lock().expect("lock").available_bytes = Some(bytes);
+    }
+
+    /// Out of reach (`true`): every connection is closed without an answer, as with an
+    /// agent that is down or cut off by the network; `false` serves again.
+    pub fn set_unreachable(&self, unreachable: bool) {
+        self.cut.send_replace(unreachable);
+    }
+
+    /// Reports `condition` for the volume `path` from now on (`None`: no condition, as an
+    /// agent that does not check).
+    pub fn set_condition(&self, path: &str, condition: Option<VolumeCondition>) {
+        let mut state = self.state.lock().expect("lock");
+        match condition {
+            Some(condition) => state.conditions.insert(path.to_owned(), condition),
+            None => state.conditions.remove(path),
+        };
     }
 
     pub fn calls(&self) -> Vec<String> {
@@ -544,7 +605,7 @@ fn volume_of(state: &MockAgentState, path: VolumePath, request: &CreateVolumeReq
         created_at: "2026-01-01T00:00:00Z".to_owned(),
         clone: None,
         restore: None,
-        condition: None,
+        condition: state.conditions.get(path.as_str()).cloned(),
         export: request.export.as_ref().map(|export| VolumeExport {
             path: match state.opaque_names.get(path.as_str()) {
                 Some(name) => format!("/srv/nfs/{name}"),

@@ -14,6 +14,7 @@ mod export_bench;
 mod export_scenarios;
 mod export_sim;
 pub(crate) mod harness;
+mod health_sim;
 pub(crate) mod mock_agent;
 pub(crate) mod mock_api;
 mod real_agent;

@@ -52,6 +52,7 @@ impl Cluster {
             tier: Tier::FromEnvironment,
             agents: vec!["nfs1", "nfs2"],
             snapshots: true,
+            ..HarnessOptions::default()
         })
         .await;
         let cluster = Self { harness };

@@ -66,6 +66,14 @@ async fn usage_is_published_warned_about_once_per_crossing_and_dropped_with_the_
             "volume {PV_NAME} is 95% full: 972.8 MiB of 1.0 GiB used ({nearly} of {GI} bytes, 12 inodes); the capacity is not enforced"
         )),
         nearly_full(&format!("volume {PV_NAME} is 91% full")),
+        // The directory vanished: its claim learns it, once.
+        Call::event(
+            "team-a",
+            "Warning",
+            "VolumeConditionAbnormal",
+            "data",
+            &format!("volume {PV_NAME} on agent nfs1 is abnormal: missing: agent nfs1 has no directory for this volume"),
+        ),
     ]);
     let mut tracker = UsageTracker::default();
 
@@ -118,8 +126,13 @@ async fn usage_is_published_warned_about_once_per_crossing_and_dropped_with_the_
     // The directory vanished from the agent: no figures to show.
     agent.state.lock().unwrap().volumes.remove("team-a/data");
     poll_once(&ctx, &mut tracker).await;
+    poll_once(&ctx, &mut tracker).await;
     let text = ctx.metrics.encode().unwrap();
     assert!(!text.contains("persistentvolumeclaim=\"data\""), "{text}");
+    assert!(
+        text.contains("nfsprov_volume_abnormal{agent=\"nfs1\",reason=\"missing\"} 1"),
+        "{text}"
+    );
     finish(ctx, server).await;
 }
 
