@@ -359,6 +359,7 @@ async fn a_volume_directory_removed_on_the_server_is_reported_missing_until_rest
     class(&system, "e2e-health-missing", json!({})).await?;
     let volume = bound_claim(&system, "removed", "e2e-health-missing", "1Gi").await?;
     let dir = directory(&system, &volume)?;
+    std::fs::write(dir.join("data"), b"kept in a backup")?;
     assert_no_abnormal_event(&system, "removed").await?;
 
     let before = Mark::now(&system, "removed").await?;
@@ -366,9 +367,12 @@ async fn a_volume_directory_removed_on_the_server_is_reported_missing_until_rest
     std::fs::remove_dir_all(&dir)?;
     await_abnormal(&system, "removed", &before, "missing", started, EVENT_BOUND).await?;
 
+    // Restored as an operator restores it from a backup: the directory made again where it
+    // was, its files written back.
     let before = Mark::now(&system, "removed").await?;
     let started = Instant::now();
     std::fs::create_dir(&dir)?;
+    std::fs::write(dir.join("data"), b"kept in a backup")?;
     await_normal(&system, "removed", &before, started).await?;
     Ok(())
 }
@@ -465,6 +469,7 @@ async fn a_filesystem_remounted_read_only_is_reported_until_it_is_writable_again
     class(&system, "e2e-health-ro", json!({})).await?;
     bound_claim(&system, "frozen", "e2e-health-ro", "1Gi").await?;
     assert_no_abnormal_event(&system, "frozen").await?;
+    await_gauge(&system, "read_only", 0.0).await?;
 
     let before = Mark::now(&system, "frozen").await?;
     let started = Instant::now();
@@ -573,6 +578,7 @@ async fn an_agent_stopped_is_reported_once_per_claim_until_it_answers_again() ->
         )
         .await?;
     }
+    await_gauge(&system, "agent_unreachable", claims.len() as f64).await?;
     // Once per claim, not at every poll: several more polls pass (an absence cannot be
     // awaited, so it is watched for this long) and each claim still has one such event,
     // never repeated in a series.
@@ -604,6 +610,7 @@ async fn an_agent_stopped_is_reported_once_per_claim_until_it_answers_again() ->
     for (claim, before) in claims.iter().zip(&marks) {
         await_normal(&system, claim, before, started).await?;
     }
+    await_gauge(&system, "agent_unreachable", 0.0).await?;
     Ok(())
 }
 
