@@ -17,7 +17,8 @@
 //! 4. `store`: the volume store, confined beneath the export root, on its backends
 //!    (directories with btrfs or XFS quotas, ZFS datasets, filesystem images) and the
 //!    tools each drives;
-//! 5. `metrics`, and `usage` (measured in the background, cached);
+//! 5. `metrics`, `usage` (measured in the background, cached) and `condition` (each
+//!    volume's condition, checked by the periodic pass and at each request);
 //! 6. `archive`: how long archives are kept, and their catalog for the API and the sweep;
 //! 7. `config`: the settings file, checked into the settings of the layers below;
 //! 8. `auth`, `logging`, `init` (first-run setup), `credential` (the command that adds,
@@ -35,6 +36,7 @@ pub(crate) mod api;
 pub mod archive;
 pub(crate) mod auth;
 pub mod cli;
+pub(crate) mod condition;
 pub mod config;
 pub(crate) mod connections;
 
@@ -217,6 +219,23 @@ impl Agent {
             .exports
             .repaired
             .inc_by((restored.added + restored.repaired + restored.removed) as u64);
+        // Exports a start served again were lost by the NFS server while the agent was
+        // away: reported as repairs like those of a pass.
+        let now = std::time::SystemTime::now();
+        let start = exports::Pass {
+            exports: Some(Ok(restored)),
+            started_at: now,
+            compared_at: now,
+            took: std::time::Duration::ZERO,
+        };
+        state
+            .conditions
+            .note_repairs(condition::repairs_of(&start, |path| {
+                state
+                    .exports
+                    .get(path)
+                    .map_or_else(|| path.to_string(), |export| export.path)
+            }));
         Ok(Self {
             config,
             state,
@@ -251,7 +270,7 @@ impl Agent {
                 tracing::error!(%entry, %error, "could not purge a leftover of an interrupted run; it stays until the next start");
             }
         });
-        let reconciler = self.spawn_export_reconciler();
+        let reconciler = self.spawn_periodic_pass();
         let app = api::router(self.state.clone(), self.config.max_concurrent_requests);
         tracing::info!(
             addr = %self.local_addr(),
@@ -288,27 +307,23 @@ impl Agent {
         )
         .await;
         sweeper.abort();
-        if let Some(reconciler) = reconciler {
-            reconciler.abort();
-        }
+        reconciler.abort();
         Ok(())
     }
 
-    /// The export reconciler of an agent that manages exports, its passes counted in
-    /// the metrics.
-    fn spawn_export_reconciler(&self) -> Option<tokio::task::JoinHandle<()>> {
+    /// The agent's one periodic pass: the export comparison and repair of an agent that
+    /// manages exports (counted in the metrics), then every volume's condition.
+    fn spawn_periodic_pass(&self) -> tokio::task::JoinHandle<()> {
         let exports = self.state.exports.clone();
-        if !exports.kind().per_volume() {
-            return None;
-        }
         let metrics = self.state.metrics.exports.clone();
-        let reconciler = exports::Reconciler::new(exports, self.config.exports.reconcile_interval);
-        Some(reconciler.spawn(move |pass| {
+        let reconciler = exports::Reconciler::new(exports, self.config.exports.reconcile_interval)
+            .with_step(condition::step(&self.state.conditions));
+        reconciler.spawn(move |pass| {
             metrics.repaired.inc_by(pass.repairs() as u64);
-            if pass.outcome.is_err() {
+            if pass.failed() {
                 metrics.failed_passes.inc();
             }
-        }))
+        })
     }
 }
 

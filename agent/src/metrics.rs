@@ -74,6 +74,34 @@ pub(crate) struct ExportMetrics {
 }
 
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub(crate) struct ConditionLabels {
+    pub reason: &'static str,
+}
+
+/// What each pass's check of the volumes' conditions found (see `condition`).
+#[derive(Debug, Clone)]
+pub(crate) struct ConditionMetrics {
+    /// Volumes abnormal at the last pass, by reason (every reason present, 0 included).
+    pub abnormal: Family<ConditionLabels, Gauge>,
+    /// Volumes the last pass checked.
+    pub volumes: Gauge,
+    /// How long each pass's check of every volume took.
+    pub pass_seconds: Histogram,
+}
+
+impl Default for ConditionMetrics {
+    fn default() -> Self {
+        Self {
+            abnormal: Family::default(),
+            volumes: Gauge::default(),
+            pass_seconds: Histogram::new([
+                0.001, 0.005, 0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
+            ]),
+        }
+    }
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub(crate) struct CloneLabels {
     pub method: &'static str,
 }
@@ -187,6 +215,7 @@ pub(crate) struct Metrics {
     pub snapshots: SnapshotMetrics,
     pub connections: ConnectionMetrics,
     pub exports: ExportMetrics,
+    pub conditions: ConditionMetrics,
     pub jobs: JobMetrics,
 }
 
@@ -440,6 +469,22 @@ impl Metrics {
             "Passes of the export reconciler that could not finish (the NFS server or its bus did not answer, or refused)",
             exports.failed_passes.clone(),
         );
+        let conditions = ConditionMetrics::default();
+        registry.register(
+            "volumes_abnormal",
+            "Volumes whose condition was abnormal at the agent's last periodic pass, by reason (missing, not_exported, read_only, quota_full, filesystem_error)",
+            conditions.abnormal.clone(),
+        );
+        registry.register(
+            "volumes_checked",
+            "Volumes whose condition the agent's last periodic pass checked",
+            conditions.volumes.clone(),
+        );
+        registry.register(
+            "volume_check_duration_seconds",
+            "Time each periodic pass took to check every volume's condition",
+            conditions.pass_seconds.clone(),
+        );
         let jobs = JobMetrics::default();
         registry.register(
             "jobs_queued",
@@ -466,6 +511,7 @@ impl Metrics {
             snapshots,
             connections,
             exports,
+            conditions,
             jobs,
             registry,
             requests,

@@ -31,6 +31,7 @@ mod locks;
 mod mounts;
 mod nesting;
 mod prefix_tally;
+mod probe;
 mod provisioned;
 mod reconcile;
 mod record;
@@ -75,6 +76,7 @@ pub use self::copy::{
 pub use self::error::{Result, StoreError};
 pub use self::locks::PathGuard;
 pub use self::prefix_tally::{PrefixLimit, PrefixTally, PrefixUse};
+pub use self::probe::{Found, Looked};
 pub use self::provisioned::{OvercommitLimits, Provisioned, ratio as provisioned_ratio};
 pub use self::record::{ArchiveRecord, QuotaRecord, VolumeRecord};
 pub use self::snapshot_budget::SnapshotBudget;
@@ -313,6 +315,11 @@ impl VolumeStore {
 
     pub fn backend(&self) -> &dyn VolumeBackend {
         self.backend.as_ref()
+    }
+
+    /// Looks at the volume at `path` cheaply, for its condition (see `probe`).
+    pub fn look(&self, path: &VolumePath) -> Looked {
+        probe::look(&self.root, self.backend.as_ref(), path)
     }
 
     /// Waits until no other request works on `path`; the guard holds it until dropped.

@@ -116,6 +116,16 @@ impl<K: Measured> UsageCache<K> {
         (entry.last.map(|(usage, _)| usage), entry.running.clone())
     }
 
+    /// The last figure for `path`, however old, without ever starting a walk: for
+    /// checks that run on every volume and must stay cheap.
+    pub(crate) fn peek(&self, path: &K) -> Option<VolumeUsage> {
+        self.entries
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(path)
+            .and_then(|entry| entry.last.map(|(usage, _)| usage))
+    }
+
     /// Drops what is known about `path` (after it was created, deleted or archived).
     pub(crate) fn forget(&self, path: &K) {
         self.entries

@@ -369,7 +369,7 @@ pub struct Volume {
     /// Whether clients can use the volume as it is; absent from agents that do not
     /// check.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub condition: Option<crate::VolumeCondition>,
+    pub condition: Option<crate::condition::VolumeCondition>,
 }
 
 /// Answer to `GET /v1/volumes`.

@@ -53,6 +53,8 @@ where
     .await;
     // Whatever the mutation did, an earlier usage figure no longer describes the path.
     state.usage.forget(path);
+    // Nor may a volume deleted or archived be reported missing.
+    state.conditions.forget(path);
     result
 }
 

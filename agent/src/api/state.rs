@@ -8,6 +8,7 @@ use tokio::sync::Semaphore;
 
 use crate::archive::catalog::Archives;
 use crate::auth::Authenticator;
+use crate::condition::Conditions;
 use crate::config::AgentConfig;
 use crate::exports::{ExportHealth, Exports};
 use crate::jobs::{Clones, JobRunner, JobShares, Snapshots};
@@ -50,7 +51,9 @@ pub(crate) struct AppState {
     pub(super) allow_shared_filesystem: bool,
     /// New per-volume exports where volumes share a filesystem (`exports.mount_control_only`).
     pub(super) mount_control_only: bool,
-    pub(super) usage: UsageCache,
+    pub(super) usage: Arc<UsageCache>,
+    /// Each volume's condition, as the periodic pass and each request find it.
+    pub(crate) conditions: Arc<Conditions>,
     pub(super) readiness: Mutex<Option<(Instant, Result<(), String>)>>,
     /// Audit lines of unauthenticated requests allowed per second.
     pub(super) unauthenticated_log: RateLimit,
@@ -68,6 +71,20 @@ impl AppState {
     pub(crate) fn new(store: Arc<VolumeStore>, auth: Authenticator, config: &AgentConfig) -> Self {
         let metrics = Metrics::new();
         let job_runner = JobRunner::new(config, &metrics);
+        // A figure up to a minute old is good enough for capacity dashboards; the first
+        // request for a volume waits a little for a fresh one.
+        let usage = Arc::new(UsageCache::new(
+            Duration::from_secs(60),
+            Duration::from_secs(2),
+            2,
+        ));
+        let exports = Arc::new(Exports::none(&config.nfs_path));
+        let conditions = Arc::new(Conditions::new(
+            store.clone(),
+            exports.clone(),
+            usage.clone(),
+            metrics.conditions.clone(),
+        ));
         Self {
             archives: Arc::new(Archives::new(
                 store.clone(),
@@ -77,7 +94,8 @@ impl AppState {
             snapshots: Snapshots::new(store.clone(), metrics.snapshots.clone(), &job_runner),
             clones: Clones::new(store.clone(), metrics.clones.clone(), &job_runner),
             job_shares: JobShares::default(),
-            exports: Arc::new(Exports::none(&config.nfs_path)),
+            exports,
+            conditions,
             root_filesystem: RootFilesystem {
                 mount_point: config.export_root.clone(),
                 shared: None,
@@ -97,9 +115,7 @@ impl AppState {
             body_read_timeout: config.body_read_timeout,
             max_body_bytes: config.max_body_bytes,
             policy: config.policy.clone(),
-            // A figure up to a minute old is good enough for capacity dashboards; the
-            // first request for a volume waits a little for a fresh one.
-            usage: UsageCache::new(Duration::from_secs(60), Duration::from_secs(2), 2),
+            usage,
             readiness: Mutex::new(None),
             unauthenticated_log: RateLimit::new(20, "unauthenticated requests"),
             refused_drains: Arc::new(Semaphore::new(MAX_REFUSED_DRAINS)),
@@ -108,6 +124,12 @@ impl AppState {
 
     /// The state with `exports` managing the volumes' exports.
     pub(crate) fn with_exports(mut self, exports: Arc<Exports>) -> Self {
+        self.conditions = Arc::new(Conditions::new(
+            self.store.clone(),
+            exports.clone(),
+            self.usage.clone(),
+            self.metrics.conditions.clone(),
+        ));
         self.exports = exports;
         self
     }

@@ -63,7 +63,17 @@ pub(super) async fn get_volume(
     let path = volume_path(caller.scope(), raw_path)?;
     let store = state.store.clone();
     let lookup = path.clone();
-    let mut volume = off_workers(move || store.get(&lookup)).await?;
+    let conditions = state.conditions.clone();
+    // A volume gone or unreadable since the last pass saw it is answered for as that
+    // pass knew it, with what is wrong now.
+    let mut volume = off_workers(move || match store.get(&lookup) {
+        Ok(mut volume) => {
+            conditions.describe(&mut volume);
+            Ok(volume)
+        }
+        Err(error) => conditions.lost(&lookup).ok_or(error),
+    })
+    .await?;
     volume.usage = state.usage.get(&state.store, &path).await;
     state.exports.describe(&mut volume);
     Ok(Json(volume).into_response())
@@ -89,6 +99,14 @@ pub(super) async fn list_volumes(
     for volume in &mut volumes {
         state.exports.describe(volume);
     }
+    let conditions = state.conditions.clone();
+    let volumes = off_workers(move || {
+        for volume in &mut volumes {
+            conditions.describe(volume);
+        }
+        Ok::<_, Failure>(volumes)
+    })
+    .await?;
     Ok(Json(VolumeList { volumes, next }))
 }
 

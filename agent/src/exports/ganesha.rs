@@ -2,7 +2,7 @@
 //! agent owns, applied through ganesha's D-Bus export manager. `exports.conf` in that
 //! directory `%include`s every block, so ganesha restarted serves them all again.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use arc_swap::ArcSwapOption;
 
-use nfsprov_api_types::{ExportAccess, ExportClient, ExportManager, Squash};
+use nfsprov_api_types::{ExportAccess, ExportClient, ExportManager, Squash, VolumePath};
 
 use super::files;
 use super::record::ExportRecord;
@@ -494,7 +494,11 @@ impl NfsServer for Ganesha {
     fn restore(&self, all: &Table) -> Result<Restored, ExportError> {
         self.write_includes(all)?;
         let served: BTreeSet<u16> = self.bus.show()?.iter().map(|shown| shown.id).collect();
-        let by_id: BTreeSet<u16> = all.values().filter_map(|record| record.id).collect();
+        let by_volume: BTreeMap<u16, &VolumePath> = all
+            .values()
+            .filter_map(|record| record.id.map(|id| (id, &record.volume)))
+            .collect();
+        let by_id: BTreeSet<u16> = by_volume.keys().copied().collect();
         let mut restored = Restored::default();
         for &id in served.iter().filter(|id| self.ours(**id)) {
             if !by_id.contains(&id) {
@@ -518,8 +522,21 @@ impl NfsServer for Ganesha {
                 .map_err(ExportError::io(format!("naming beside {}", file.display())))?;
             let interrupted = staged.exists();
             if !served.contains(&id) {
-                self.bus.add(&file, id)?;
-                restored.added += 1;
+                let volume = by_volume.get(&id).map(|volume| (*volume).clone());
+                match self.bus.add(&file, id) {
+                    Ok(()) => {
+                        restored.added += 1;
+                        restored.re_added.extend(volume);
+                    }
+                    // The bus or ganesha itself is away: the pass fails and is retried.
+                    Err(error @ ExportError::Unavailable(_)) => return Err(error),
+                    // Refused for this export alone (its directory gone, say): the others
+                    // are still served again, and this one is reported unserved.
+                    Err(error) => {
+                        tracing::warn!(export_id = id, volume = ?volume, %error, "ganesha refused to serve a recorded export again");
+                        restored.unserved.extend(volume);
+                    }
+                }
             } else if interrupted || remounted.contains(&id) {
                 // A served export whose mount was missing serves the parent's view of the
                 // path; updated, ganesha resolves it to the new mount.

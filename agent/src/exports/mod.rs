@@ -20,7 +20,7 @@ mod table;
 pub use fault::{FaultPoint, crash_if_asked};
 pub use ganesha::{Ganesha, GaneshaExport, ShownExport};
 pub use knfsd::Knfsd;
-pub use reconciler::{Pass, Reconciler};
+pub use reconciler::{Pass, PassStep, Reconciler};
 pub use record::ExportRecord;
 pub use server::Restored;
 pub use server::{ExportError, NfsServer, Table};

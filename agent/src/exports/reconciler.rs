@@ -1,6 +1,7 @@
-//! The export reconciler: one task that keeps what the NFS server serves in step with
-//! the agent's export table, so that a server or bus that was down, restarted or lost
-//! an export is repaired without anyone asking.
+//! The agent's one periodic pass: one task that keeps what the NFS server serves in step
+//! with the agent's export table, so that a server or bus that was down, restarted or
+//! lost an export is repaired without anyone asking, and then runs the steps the layers
+//! above hand it (each volume's condition) on the same schedule.
 //!
 //! - **What it compares**: the table (the agent's records, one per exported volume)
 //!   with what the server serves: ganesha's `ShowExports` (ids and paths), knfsd's
@@ -10,15 +11,21 @@
 //!   record names are withdrawn, and the exports of volumes found gone at start are
 //!   withdrawn (see [`NfsServer::reconcile`](super::NfsServer::reconcile)).
 //! - **What it reports**: each pass as a [`Pass`] to the caller's callback (the agent
-//!   counts them in its metrics), and the outcome as [`Exports::health`]: degraded, with
-//!   the reason, until a pass succeeds.
+//!   counts them in its metrics), with the volumes whose exports were served again, and
+//!   the outcome as [`Exports::health`]: degraded, with the reason, until a pass succeeds.
+//! - **What rides on it**: each [`PassStep`] (the volumes' conditions) runs after the
+//!   export comparison of every pass, with what that comparison found. Work of a later
+//!   kind that must visit every volume or export on a schedule is one more step, not one
+//!   more task.
 //!
-//! A pass runs every interval when the server can be compared in one query (ganesha),
-//! on demand after a change the server did not answer, and, while the exports are
-//! degraded, every few seconds until one succeeds.
+//! A pass runs every interval. Its export comparison runs in it when the server can be
+//! compared in one query (ganesha), and otherwise (knfsd) only in passes woken after a
+//! change the server did not answer or while the exports are degraded, when passes come
+//! every few seconds until one succeeds. An agent without an export manager runs the
+//! steps alone.
 
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime};
 
 use super::server::Restored;
 use super::table::Exports;
@@ -26,38 +33,68 @@ use super::table::Exports;
 /// The longest wait between passes while the exports are degraded.
 const DEGRADED_RETRY: Duration = Duration::from_secs(5);
 
-/// One reconciliation pass, as reported.
+/// One pass, as reported.
 #[derive(Debug, Clone)]
 pub struct Pass {
-    /// What was found and repaired, or why the pass could not finish.
-    pub outcome: Result<Restored, String>,
+    /// What the export comparison found and repaired, or why it could not finish;
+    /// `None` when this pass did not compare (no export manager, or a server that is
+    /// compared only after failures).
+    pub exports: Option<Result<Restored, String>>,
+    /// When the pass began (the server's listing is as of then) and when its export
+    /// comparison ended.
+    pub started_at: SystemTime,
+    pub compared_at: SystemTime,
+    /// How long the export comparison took.
     pub took: Duration,
 }
 
 impl Pass {
     /// How many exports the pass changed on the server.
     pub fn repairs(&self) -> usize {
-        self.outcome
-            .as_ref()
-            .map_or(0, |r| r.added + r.repaired + r.removed)
+        match &self.exports {
+            Some(Ok(r)) => r.added + r.repaired + r.removed,
+            _ => 0,
+        }
+    }
+
+    /// Whether the export comparison ran and could not finish.
+    pub fn failed(&self) -> bool {
+        matches!(self.exports, Some(Err(_)))
     }
 }
 
-/// The reconciler of one export table.
+/// Work that runs in every pass after the export comparison, on the blocking pool.
+pub trait PassStep: Send + Sync + 'static {
+    fn run(&self, pass: &Pass);
+}
+
+/// The agent's one periodic pass over its exports and volumes.
 pub struct Reconciler {
     exports: Arc<Exports>,
     interval: Duration,
+    steps: Vec<Arc<dyn PassStep>>,
 }
 
 impl Reconciler {
-    /// A reconciler of `exports` comparing every `interval` (when the server compares
-    /// cheaply; otherwise only after failures).
+    /// A pass every `interval`, comparing `exports` with the server when it compares
+    /// cheaply (otherwise only after failures).
     pub fn new(exports: Arc<Exports>, interval: Duration) -> Self {
-        Self { exports, interval }
+        Self {
+            exports,
+            interval,
+            steps: Vec::new(),
+        }
+    }
+
+    /// `step` runs in every pass, after the steps given before it.
+    #[must_use]
+    pub fn with_step(mut self, step: Arc<dyn PassStep>) -> Self {
+        self.steps.push(step);
+        self
     }
 
     /// Runs passes for as long as the returned task is not aborted, each reported to
-    /// `report`.
+    /// `report` once its steps ran.
     pub fn spawn(
         self,
         report: impl Fn(&Pass) + Send + Sync + 'static,
@@ -65,27 +102,59 @@ impl Reconciler {
         tokio::spawn(async move {
             loop {
                 let degraded = self.exports.health().is_degraded();
-                let wait = match (degraded, self.exports.compares_cheaply()) {
-                    (true, _) => Some(self.interval.min(DEGRADED_RETRY)),
-                    (false, true) => Some(self.interval),
-                    (false, false) => None,
+                let wait = if degraded {
+                    self.interval.min(DEGRADED_RETRY)
+                } else {
+                    self.interval
                 };
                 let woken = self.exports.wake.notified();
-                match wait {
-                    Some(wait) => {
-                        let _ = tokio::time::timeout(wait, woken).await;
-                    }
-                    None => woken.await,
-                }
-                let pass = self.pass().await;
+                let woken = tokio::time::timeout(wait, woken).await.is_ok();
+                let compare = self.exports.kind().per_volume()
+                    && (woken || degraded || self.exports.compares_cheaply());
+                let pass = self.pass(compare).await;
                 report(&pass);
             }
         })
     }
 
-    /// One pass now: waits for the change in progress, if any, then compares and
-    /// repairs on the blocking pool (the server may take its time limit to answer).
-    pub async fn pass(&self) -> Pass {
+    /// One pass now: the export comparison when `compare` (after the change in
+    /// progress, if any), then every step, all on the blocking pool (the server may
+    /// take its time limit to answer).
+    pub async fn pass(&self, compare: bool) -> Pass {
+        let started_at = SystemTime::now();
+        let started = Instant::now();
+        let exports = if compare {
+            Some(self.compare().await)
+        } else {
+            None
+        };
+        let pass = Pass {
+            exports,
+            started_at,
+            compared_at: SystemTime::now(),
+            took: started.elapsed(),
+        };
+        let steps = self.steps.clone();
+        tokio::task::spawn_blocking(move || {
+            for step in &steps {
+                step.run(&pass);
+            }
+            pass
+        })
+        .await
+        .unwrap_or_else(|error| {
+            tracing::error!(%error, "a step of the periodic pass failed");
+            Pass {
+                exports: None,
+                started_at,
+                compared_at: SystemTime::now(),
+                took: started.elapsed(),
+            }
+        })
+    }
+
+    /// The export comparison and repair: waits for the change in progress, if any.
+    async fn compare(&self) -> Result<Restored, String> {
         let was_degraded = self.exports.health().is_degraded();
         let held = self.exports.hold().await;
         let exports = self.exports.clone();
@@ -97,20 +166,19 @@ impl Reconciler {
         })
         .await
         .unwrap_or_else(|e| Err(format!("the reconciliation task failed: {e}")));
-        let pass = Pass {
-            outcome,
-            took: started.elapsed(),
-        };
-        match &pass.outcome {
-            Ok(restored) if pass.repairs() > 0 => tracing::info!(
-                added = restored.added,
-                repaired = restored.repaired,
-                removed = restored.removed,
-                kept = restored.kept,
-                "exports repaired"
-            ),
+        match &outcome {
+            Ok(restored) if restored.added + restored.repaired + restored.removed > 0 => {
+                tracing::info!(
+                    added = restored.added,
+                    repaired = restored.repaired,
+                    removed = restored.removed,
+                    kept = restored.kept,
+                    volumes = ?restored.re_added,
+                    "exports repaired"
+                )
+            }
             Ok(_) => tracing::debug!(
-                took_ms = pass.took.as_millis() as u64,
+                took_ms = started.elapsed().as_millis() as u64,
                 "exports as recorded"
             ),
             // Said once when it begins; the retries while it lasts are for debugging.
@@ -119,6 +187,6 @@ impl Reconciler {
             }
             Err(reason) => tracing::debug!(%reason, "exports still degraded"),
         }
-        pass
+        outcome
     }
 }

@@ -8,8 +8,8 @@ use super::record::ExportRecord;
 /// The whole export table, by volume.
 pub type Table = BTreeMap<VolumePath, ExportRecord>;
 
-/// What a start-up found and repaired.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+/// What a start-up or a pass of the reconciler found and repaired.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Restored {
     /// Exports the NFS server already served as recorded.
     pub kept: usize,
@@ -20,6 +20,11 @@ pub struct Restored {
     pub repaired: usize,
     /// Exports of the agent's whose volume is gone, or that no record names.
     pub removed: usize,
+    /// The volumes counted in `added`: what the server's listing lacked and serves again.
+    pub re_added: Vec<VolumePath>,
+    /// Recorded exports the server's listing lacked and refused to serve again (its
+    /// answer is in the log); the next pass tries again.
+    pub unserved: Vec<VolumePath>,
 }
 
 /// An NFS server whose export table the agent manages.

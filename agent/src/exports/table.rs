@@ -652,14 +652,14 @@ mod tests {
         assert_eq!(exports.published.load()[&path("ns/new")].id, Some(1002));
 
         let reconciler = super::super::Reconciler::new(exports.clone(), Duration::from_secs(60));
-        let failed = reconciler.pass().await;
-        assert!(failed.outcome.is_err(), "{failed:?}");
+        let failed = reconciler.pass(true).await;
+        assert!(failed.failed(), "{failed:?}");
         assert!(exports.health().is_degraded());
         server
             .unreachable
             .store(false, std::sync::atomic::Ordering::SeqCst);
-        let pass = reconciler.pass().await;
-        let restored = pass.outcome.clone().unwrap();
+        let pass = reconciler.pass(true).await;
+        let restored = pass.exports.clone().unwrap().unwrap();
         assert_eq!((restored.kept, restored.removed), (2, 1), "{pass:?}");
         assert_eq!(*server.removed.lock().unwrap(), vec![1000]);
         assert_eq!(*exports.health(), ExportHealth::Serving);
@@ -685,7 +685,7 @@ mod tests {
         let reconciler = super::super::Reconciler::new(exports.clone(), Duration::from_secs(60));
         let restores = || server.restores.load(std::sync::atomic::Ordering::SeqCst);
         let before = restores();
-        reconciler.pass().await.outcome.unwrap();
+        reconciler.pass(true).await.exports.unwrap().unwrap();
         assert_eq!(
             restores(),
             before,
@@ -695,7 +695,7 @@ mod tests {
         exports.serve_withheld(&volume).unwrap();
         assert!(server.suspended.lock().unwrap().is_empty(), "served again");
         assert!(!exports.is_withheld(&volume));
-        reconciler.pass().await.outcome.unwrap();
+        reconciler.pass(true).await.exports.unwrap().unwrap();
         assert_eq!(restores(), before + 1, "and passes compare it again");
         // Nothing withheld: nothing to do.
         assert!(!exports.withhold(&path("ns/unexported")).unwrap());
@@ -709,7 +709,7 @@ mod tests {
             exports.health()
         );
         let before = restores();
-        reconciler.pass().await.outcome.unwrap();
+        reconciler.pass(true).await.exports.unwrap().unwrap();
         assert_eq!(restores(), before, "no pass serves it");
         assert!(exports.health().is_degraded());
         assert_eq!(*server.suspended.lock().unwrap(), vec![id]);
