@@ -115,7 +115,8 @@ pub struct ExportsSection {
     /// Longest wait for the NFS server (each answer of ganesha, a connection to its bus,
     /// a change's turn) before an export change is answered 503.
     pub server_timeout_seconds: u64,
-    /// How often the reconciler compares what ganesha serves with the table.
+    /// How often the agent's periodic pass runs: the export comparison (ganesha), then
+    /// every volume's condition, with any manager or none.
     pub reconcile_interval_seconds: u64,
 }
 

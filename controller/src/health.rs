@@ -173,17 +173,25 @@ impl HealthTracker {
         agent: &str,
         answer: Answer<'_>,
     ) -> Vec<HealthEvent> {
-        let pass = self.pass.entry(agent.to_owned()).or_default();
-        let volume = self
-            .volumes
-            .entry(pv.to_owned())
-            .or_insert_with(|| VolumeHealth {
-                agent: agent.to_owned(),
-                reported: None,
-                repaired_seen: None,
-            });
+        // Looked up before inserting: a poll over thousands of volumes copies no names
+        // but those of volumes seen for the first time.
+        if !self.pass.contains_key(agent) {
+            self.pass.insert(agent.to_owned(), PassOfAgent::default());
+        }
+        let pass = self.pass.get_mut(agent).expect("inserted above");
+        if !self.volumes.contains_key(pv) {
+            self.volumes.insert(
+                pv.to_owned(),
+                VolumeHealth {
+                    agent: agent.to_owned(),
+                    reported: None,
+                    repaired_seen: None,
+                },
+            );
+        }
+        let volume = self.volumes.get_mut(pv).expect("inserted above");
         if volume.agent != agent {
-            volume.agent = agent.to_owned();
+            agent.clone_into(&mut volume.agent);
         }
         let (now, message) = match answer {
             Answer::Failed(error) => {

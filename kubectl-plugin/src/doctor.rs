@@ -9,7 +9,7 @@ use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{Event, PersistentVolume, PersistentVolumeClaim};
 use k8s_openapi::api::storage::v1::StorageClass;
-use nfsprov_api_types::Volume;
+use nfsprov_api_types::{AbnormalReason, Volume};
 use nfsprov_vocabulary::names::{ANN_AGENT, ANN_PATH};
 use nfsprov_vocabulary::params::ClassParams;
 use serde::Serialize;
@@ -62,7 +62,101 @@ pub(crate) fn diagnose(facts: &Facts<'_>) -> Vec<Finding> {
     released_volume_rules(facts, &mut findings);
     pending_claim_rules(facts, &mut findings);
     export_rules(facts, &mut findings);
+    condition_rules(facts, &mut findings);
     findings
+}
+
+/// Claims named in one finding; more are counted.
+const CLAIMS_SHOWN: usize = 5;
+
+/// Volumes their agent reports abnormal, one finding per agent and reason, with the claims
+/// they belong to (the path for a volume no PV of ours serves).
+fn condition_rules(facts: &Facts<'_>, findings: &mut Vec<Finding>) {
+    let claims: HashMap<(&str, &str), String> = facts
+        .volumes
+        .iter()
+        .filter_map(|pv| {
+            let (agent, path) = served_by(pv)?;
+            let owner = crate::volumes::claim_of(pv)
+                .map(|claim| format!("pvc/{claim}"))
+                .unwrap_or_else(|| format!("pv/{}", pv.metadata.name.as_deref().unwrap_or("")));
+            Some(((agent, path), owner))
+        })
+        .collect();
+    for probe in facts.agents {
+        let Some(Ok(listing)) = &probe.volumes else {
+            continue;
+        };
+        let mut by_reason: BTreeMap<AbnormalReason, Vec<(String, &str)>> = BTreeMap::new();
+        for volume in &listing.kept {
+            let Some(condition) = &volume.condition else {
+                continue;
+            };
+            let Some(reason) = condition.abnormal else {
+                continue;
+            };
+            let owner = claims
+                .get(&(probe.name.as_str(), volume.path.as_str()))
+                .cloned()
+                .unwrap_or_else(|| format!("path {} (no PV)", volume.path));
+            by_reason
+                .entry(reason)
+                .or_default()
+                .push((owner, condition.message.as_str()));
+        }
+        for (reason, mut volumes) in by_reason {
+            volumes.sort();
+            let count = volumes.len();
+            let mut named: Vec<&str> = volumes
+                .iter()
+                .take(CLAIMS_SHOWN)
+                .map(|(owner, _)| owner.as_str())
+                .collect();
+            let more = count.saturating_sub(CLAIMS_SHOWN);
+            let more = if more > 0 {
+                format!(" and {more} more")
+            } else {
+                String::new()
+            };
+            let first_message = volumes
+                .first()
+                .map(|(_, message)| *message)
+                .filter(|m| !m.is_empty())
+                .map(|m| format!(" (\"{m}\")"))
+                .unwrap_or_default();
+            named.dedup();
+            findings.push(Finding {
+                object: format!("agent/{}", probe.name),
+                problem: format!(
+                    "{count} volume(s) abnormal: {reason}{first_message}: {}{more}",
+                    named.join(", ")
+                ),
+                fix: condition_fix(reason).to_owned(),
+            });
+        }
+    }
+}
+
+/// What to do about volumes abnormal for `reason` (docs/operations.md has the details).
+fn condition_fix(reason: AbnormalReason) -> &'static str {
+    match reason {
+        AbnormalReason::Missing => {
+            "the directory is gone from the NFS server: restore it from a backup or the archive area (`kubectl nfsprov orphans` shows it), or delete the claim if its data is not needed"
+        }
+        AbnormalReason::NotExported => {
+            "the NFS server does not serve it: check the NFS server (ganesha or knfsd) and the agent's log; the agent exports it again where it can"
+        }
+        AbnormalReason::ReadOnly => {
+            "its filesystem is read-only on the NFS server: check the server's kernel log (dmesg) and remount the filesystem read-write"
+        }
+        AbnormalReason::QuotaFull => "it is full: expand the claim or have its users free space",
+        AbnormalReason::FilesystemError => {
+            "its filesystem returns I/O errors: check the NFS server's kernel log and disks, and repair the filesystem"
+        }
+        AbnormalReason::Unknown => {
+            "the agent reports a reason this plugin does not know: see the agent's log and its release notes"
+        }
+    }
 }
 
 /// Volumes on agents with an export manager whose export is missing or is not what their
@@ -426,19 +520,27 @@ pub(crate) async fn run(target: &Target) -> anyhow::Result<DoctorReport> {
         .events(&[VOLUME_FAILED_DELETE, PROVISIONING_FAILED])
         .await?;
     let agents = crate::credentials::load(target, deployment.as_ref()).await?;
-    // The agents' listings show their exports: asked for only where volumes have exports
-    // of their own, and Nodes and Pods only where a class follows them.
-    // Only the volumes a PV's export rule looks at are kept of each listing.
-    let mut probes = probe_all(&agents, Volumes::NotListed).await;
-    if probes.iter().any(|p| {
-        p.info
-            .as_ref()
-            .is_ok_and(|i| i.capabilities.exports.per_volume())
-    }) {
-        let served: HashSet<(&str, &str)> = volumes.iter().filter_map(served_by).collect();
-        let keep = |agent: &str, volume: &Volume| served.contains(&(agent, volume.path.as_str()));
-        probes = probe_all(&agents, Volumes::Listed(&keep)).await;
-    }
+    // The agents' listings show their volumes' conditions and exports. Only the volumes
+    // a rule looks at are kept of each listing: the abnormal ones, and, where volumes
+    // have exports of their own, those a PV's export rule checks. Nodes and Pods are
+    // listed only where a class follows them.
+    let info = probe_all(&agents, Volumes::NotListed).await;
+    let per_volume_exports: HashSet<&str> = info
+        .iter()
+        .filter(|p| {
+            p.info
+                .as_ref()
+                .is_ok_and(|i| i.capabilities.exports.per_volume())
+        })
+        .map(|p| p.name.as_str())
+        .collect();
+    let served: HashSet<(&str, &str)> = volumes.iter().filter_map(served_by).collect();
+    let keep = |agent: &str, volume: &Volume| {
+        volume.condition.as_ref().is_some_and(|c| !c.is_normal())
+            || (per_volume_exports.contains(agent)
+                && served.contains(&(agent, volume.path.as_str())))
+    };
+    let probes = probe_all(&agents, Volumes::Listed(&keep)).await;
     let follows_cluster = classes.iter().any(|c| {
         ClassParams::parse(c.parameters.as_ref()).is_ok_and(|p| {
             p.export_clients
@@ -705,6 +807,71 @@ mod tests {
             ),
             "{findings:?}"
         );
+    }
+
+    #[test]
+    fn abnormal_volumes_are_counted_per_agent_and_reason_with_their_claims() {
+        let mut fixture = Fixture::healthy();
+        let mut volumes = Vec::new();
+        let mut pvs = Vec::new();
+        for i in 0..7 {
+            let mut bound = pv(&format!("pvc-{i}"), "Bound");
+            let path = format!("ns-c{i}");
+            bound
+                .metadata
+                .annotations
+                .as_mut()
+                .unwrap()
+                .insert("nfsprov.dev/path".into(), path.clone());
+            bound
+                .spec
+                .as_mut()
+                .unwrap()
+                .claim_ref
+                .as_mut()
+                .unwrap()
+                .name = Some(format!("c{i}"));
+            pvs.push(bound);
+            let mut volume = json!({
+                "path": path, "mode": "0777", "uid": 0, "gid": 0, "capacity_bytes": 1,
+                "created_at": "2026-01-01T00:00:00Z",
+            });
+            // c0..c5 read-only, c6 normal.
+            volume["condition"] = if i < 6 {
+                json!({"abnormal": "read_only", "message": "mounted read-only"})
+            } else {
+                json!({})
+            };
+            volumes.push(object::<Volume>(volume));
+        }
+        volumes.push(object::<Volume>(json!({
+            "path": "ns-gone", "mode": "0777", "uid": 0, "gid": 0, "capacity_bytes": 1,
+            "created_at": "2026-01-01T00:00:00Z",
+            "condition": {"abnormal": "quota_full", "message": "no space left"},
+        })));
+        fixture.volumes = pvs;
+        let mut agent = probe("nfs1", Ok("ok"));
+        agent.volumes = Some(Ok(crate::probe::VolumeListing {
+            count: volumes.len(),
+            kept: volumes,
+        }));
+        fixture.agents = vec![agent];
+        let findings = fixture.diagnose();
+        assert_eq!(
+            objects(&findings),
+            ["agent/nfs1", "agent/nfs1"],
+            "{findings:?}"
+        );
+        assert_eq!(
+            findings[0].problem,
+            "6 volume(s) abnormal: read_only (\"mounted read-only\"): pvc/ns/c0, pvc/ns/c1, pvc/ns/c2, pvc/ns/c3, pvc/ns/c4 and 1 more"
+        );
+        assert!(findings[0].fix.contains("remount"), "{findings:?}");
+        assert_eq!(
+            findings[1].problem,
+            "1 volume(s) abnormal: quota_full (\"no space left\"): path ns-gone (no PV)"
+        );
+        assert!(findings[1].fix.contains("expand the claim"), "{findings:?}");
     }
 
     #[test]

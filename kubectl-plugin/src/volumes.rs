@@ -1,6 +1,7 @@
 //! `volumes`: the PVs of this provisioner with their claim, agent, path, capacity, the
-//! usage the agent measured, and what each volume made from other data was made from
-//! (the claim of a clone, the Snapshot or archive of a restore).
+//! usage the agent measured, the condition it reports (normal, or why not), and what each
+//! volume made from other data was made from (the claim of a clone, the Snapshot or archive
+//! of a restore).
 
 use k8s_openapi::api::core::v1::PersistentVolume;
 use nfsprov_api_types::VolumePath;
@@ -38,6 +39,11 @@ pub(crate) struct VolumeRow {
     /// The clients the volume's own export admits; `None` where the agent has no export
     /// manager (its share decides) or was not read.
     pub clients: Option<Vec<String>>,
+    /// `normal`, or the reason the agent reports the volume abnormal (`missing` when it has
+    /// no such volume); `None` when the agent was not read or does not check.
+    pub condition: Option<String>,
+    /// What the agent found, when abnormal.
+    pub condition_message: Option<String>,
     /// Why the agent's figures are missing.
     pub error: Option<String>,
     /// The error is the agent's: its Secret made no client, or it did not answer.
@@ -89,6 +95,8 @@ pub(crate) fn base_row(pv: &PersistentVolume) -> VolumeRow {
                     .map(|archive| format!("archive {archive}"))
             }),
         clients: None,
+        condition: None,
+        condition_message: None,
         error: None,
         agent_unchecked: false,
     }
@@ -126,8 +134,24 @@ async fn with_usage(mut row: VolumeRow, agents: &Agents) -> VolumeRow {
             row.clients = volume
                 .export
                 .map(|e| e.clients.iter().map(ToString::to_string).collect());
+            if let Some(condition) = volume.condition {
+                match condition.abnormal {
+                    Some(reason) => {
+                        row.condition = Some(reason.as_str().to_owned());
+                        row.condition_message = Some(condition.message);
+                    }
+                    None => row.condition = Some("normal".to_owned()),
+                }
+            }
         }
-        Ok(None) => row.error = Some(format!("agent {agent} has no volume at this path")),
+        Ok(None) => {
+            row.condition = Some(
+                nfsprov_api_types::AbnormalReason::Missing
+                    .as_str()
+                    .to_owned(),
+            );
+            row.error = Some(format!("agent {agent} has no volume at this path"));
+        }
         Err(e) => {
             row.agent_unchecked = matches!(e, ClientError::Transport(_));
             row.error = Some(e.to_string());
@@ -175,7 +199,16 @@ impl crate::report::Report for VolumesReport {
             return "No PV of this provisioner.\n".to_owned();
         }
         let mut table = Table::new(&[
-            "claim", "pv", "status", "agent", "path", "capacity", "used", "enforced", "clients",
+            "claim",
+            "pv",
+            "status",
+            "agent",
+            "path",
+            "capacity",
+            "used",
+            "enforced",
+            "clients",
+            "condition",
             "origin",
         ]);
         for v in &self.volumes {
@@ -197,6 +230,7 @@ impl crate::report::Report for VolumesReport {
                         .map(|e| if e { "yes" } else { "no" }.to_owned()),
                 ),
                 or_dash(v.clients.as_deref().map(clients_cell)),
+                or_dash(v.condition.clone()),
                 or_dash(v.cloned_from.clone().or_else(|| v.restored_from.clone())),
             ]);
         }
@@ -204,6 +238,8 @@ impl crate::report::Report for VolumesReport {
         for v in &self.volumes {
             if let Some(error) = &v.error {
                 out.push_str(&format!("{}: {error}\n", v.pv));
+            } else if let (Some(reason), Some(message)) = (&v.condition, &v.condition_message) {
+                out.push_str(&format!("{}: {reason}: {message}\n", v.pv));
             }
         }
         for (agent, reason) in &self.unchecked_agents {
@@ -234,6 +270,48 @@ mod tests {
             "status": {"phase": "Bound"},
         }))
         .unwrap()
+    }
+
+    #[test]
+    fn the_condition_column_shows_normal_the_reason_or_a_dash_and_the_agents_message() {
+        let row = |name: &str, condition: Option<&str>, message: Option<&str>| {
+            let mut row = base_row(&pv(json!({ANN_AGENT: "nfs1", ANN_PATH: "ns/copy"})));
+            row.pv = name.into();
+            row.condition = condition.map(str::to_owned);
+            row.condition_message = message.map(str::to_owned);
+            row
+        };
+        let table = VolumesReport {
+            volumes: vec![
+                row("pvc-1", Some("normal"), None),
+                row(
+                    "pvc-2",
+                    Some("read_only"),
+                    Some("the filesystem is mounted read-only"),
+                ),
+                row("pvc-3", None, None),
+            ],
+            unchecked_agents: Vec::new(),
+        }
+        .table();
+        let conditions: Vec<&str> = table
+            .lines()
+            .take(4)
+            .map(|l| {
+                let cells: Vec<&str> = l.split_whitespace().collect();
+                cells[cells.len() - 2]
+            })
+            .collect();
+        assert_eq!(
+            conditions,
+            ["CONDITION", "normal", "read_only", "-"],
+            "{table}"
+        );
+        assert!(
+            table.contains("pvc-2: read_only: the filesystem is mounted read-only\n"),
+            "{table}"
+        );
+        assert!(!table.contains("pvc-1:"), "{table}");
     }
 
     #[test]

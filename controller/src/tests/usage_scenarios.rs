@@ -161,3 +161,69 @@ async fn a_volume_not_measured_yet_has_only_its_capacity() {
     assert!(!text.contains("nfsprov_volume_used_bytes{"), "{text}");
     finish(ctx, server).await;
 }
+
+fn repaired_at(found_at: &str, repaired_at: &str) -> nfsprov_api_types::VolumeCondition {
+    nfsprov_api_types::VolumeCondition {
+        repaired: Some(nfsprov_api_types::RepairedCondition {
+            reason: nfsprov_api_types::AbnormalReason::NotExported,
+            message: "the NFS server did not serve the export".into(),
+            found_at: found_at.into(),
+            repaired_at: repaired_at.into(),
+        }),
+        ..nfsprov_api_types::VolumeCondition::normal()
+    }
+}
+
+#[tokio::test]
+async fn a_repair_between_two_polls_is_published_as_abnormal_then_normal_and_an_old_one_never() {
+    let agent = MockAgent::start("nfs1").await;
+    agent.insert_volume(
+        "team-a/data",
+        CreateVolumeRequest {
+            capacity_bytes: GI,
+            ..CreateVolumeRequest::default()
+        },
+    );
+    // Repaired before the controller's first look: not replayed.
+    agent.set_condition(
+        "team-a/data",
+        Some(repaired_at("2026-11-01T10:00:00Z", "2026-11-01T10:00:02Z")),
+    );
+    let (ctx, api) = context(
+        agent.registry(),
+        vec![],
+        vec![bound_pv("1Gi", "bestEffort")],
+    );
+    let server = api.run(vec![
+        Call::event(
+            "team-a",
+            "Warning",
+            "VolumeConditionAbnormal",
+            "data",
+            &format!("volume {PV_NAME} on agent nfs1 was abnormal: not_exported: the NFS server did not serve the export (found by the agent at 2026-11-28T10:00:00Z)"),
+        ),
+        Call::event(
+            "team-a",
+            "Normal",
+            "VolumeConditionNormal",
+            "data",
+            &format!("volume {PV_NAME}: not_exported was repaired by the agent at 2026-11-28T10:00:03Z"),
+        ),
+    ]);
+    let mut tracker = UsageTracker::default();
+    poll_once(&ctx, &mut tracker).await;
+    poll_once(&ctx, &mut tracker).await;
+    // Found and repaired by the agent between two polls.
+    agent.set_condition(
+        "team-a/data",
+        Some(repaired_at("2026-11-28T10:00:00Z", "2026-11-28T10:00:03Z")),
+    );
+    poll_once(&ctx, &mut tracker).await;
+    poll_once(&ctx, &mut tracker).await;
+    let text = ctx.metrics.encode().unwrap();
+    assert!(
+        text.contains("nfsprov_volume_abnormal{agent=\"nfs1\",reason=\"not_exported\"} 0"),
+        "{text}"
+    );
+    finish(ctx, server).await;
+}

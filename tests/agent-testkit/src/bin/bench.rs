@@ -4,7 +4,8 @@
 //! the export root is a loop-mounted btrfs with the btrfs quota backend. With
 //! `--credentials N` the pairs are made by a scoped credential, the last of N in the
 //! agent's credentials file; `--compare-credentials` runs only the pairs, on an agent for
-//! each number of credentials, in interleaved rounds.
+//! each number of credentials, in interleaved rounds. `--health-pass N` runs only the
+//! agent's periodic pass over N volumes: its time and the process's peak RSS.
 
 use std::path::Path;
 use std::process::Command;
@@ -58,13 +59,23 @@ struct Args {
     /// Rounds of `--compare-credentials`.
     #[arg(long, default_value_t = 30)]
     repeats: usize,
+    /// Make this many volumes, then time the agent's periodic pass over them (every
+    /// volume's condition; no export manager), running every second, and read this
+    /// process's peak RSS meanwhile. Nothing else is measured.
+    #[arg(long, conflicts_with_all = ["compare_credentials", "credentials", "btrfs"])]
+    health_pass: Option<usize>,
+    /// Passes timed by `--health-pass`.
+    #[arg(long, default_value_t = 10)]
+    passes: u64,
 }
 
 fn main() -> anyhow::Result<()> {
     let args = Args::parse();
     let _ = rustls::crypto::ring::default_provider().install_default();
     let runtime = tokio::runtime::Runtime::new()?;
-    if args.compare_credentials.is_empty() {
+    if let Some(volumes) = args.health_pass {
+        runtime.block_on(health_pass(args, volumes))
+    } else if args.compare_credentials.is_empty() {
         runtime.block_on(run(args))
     } else {
         runtime.block_on(compare_credentials(args))
@@ -501,4 +512,128 @@ fn pct(samples: &mut [Duration], percentile: f64) -> Duration {
 
 fn ms(d: Duration) -> String {
     format!("{:.2}ms", d.as_secs_f64() * 1000.0)
+}
+
+/// `--health-pass`: `volumes` volumes made 64 at a time, then `--passes` passes of the
+/// agent's periodic task timed by its own histogram, with this process's VmHWM reset
+/// just before them (the client is idle meanwhile: the growth is the agent's).
+async fn health_pass(args: Args, volumes: usize) -> anyhow::Result<()> {
+    let base = match &args.dir {
+        Some(dir) => tempfile::tempdir_in(dir)?,
+        None => tempfile::tempdir()?,
+    };
+    let root = base.path().join("export");
+    std::fs::create_dir(&root)?;
+    let exports = nfsprov_agent::exports::ExportSettings {
+        reconcile_interval: Duration::from_secs(1),
+        ..Default::default()
+    };
+    let agent =
+        TestAgent::start_with_quota_and_exports(&root, QuotaSettings::default(), exports).await?;
+    let client = agent.client();
+    client.healthz().await.context("agent not serving")?;
+    let started = Instant::now();
+    let client = Arc::new(client);
+    let mut made = tokio::task::JoinSet::new();
+    let slots = Arc::new(tokio::sync::Semaphore::new(64));
+    for i in 0..volumes {
+        let client = client.clone();
+        let slot = slots.clone().acquire_owned().await?;
+        made.spawn(async move {
+            let path = VolumePath::parse(&format!("ns-{:03}/v{i:06}", i % 100))?;
+            client
+                .create_volume(&path, &CreateVolumeRequest::default(), None)
+                .await?;
+            drop(slot);
+            anyhow::Ok(())
+        });
+    }
+    while let Some(done) = made.join_next().await {
+        done??;
+    }
+    println!(
+        "made {volumes} volumes in {:.1} s (directories, no quota, no export manager), export root {}",
+        started.elapsed().as_secs_f64(),
+        root.display()
+    );
+    let deadline = Instant::now() + Duration::from_secs(600);
+    while metric(&agent, "nfsprov_agent_volumes_checked ")? < volumes as f64 {
+        anyhow::ensure!(Instant::now() < deadline, "no pass saw every volume");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let count =
+        |agent: &TestAgent| metric(agent, "nfsprov_agent_volume_check_duration_seconds_count ");
+    let sum = |agent: &TestAgent| metric(agent, "nfsprov_agent_volume_check_duration_seconds_sum ");
+    let (count0, sum0) = (count(&agent)?, sum(&agent)?);
+    std::fs::write("/proc/self/clear_refs", "5")?;
+    let before = status_kib("VmRSS:")?;
+    let mut last = count0;
+    let mut longest: f64 = 0.0;
+    let mut previous_sum = sum0;
+    while last < count0 + args.passes as f64 {
+        anyhow::ensure!(Instant::now() < deadline, "the passes did not come");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        let now = count(&agent)?;
+        if now > last {
+            let now_sum = sum(&agent)?;
+            longest = longest.max((now_sum - previous_sum) / (now - last));
+            previous_sum = now_sum;
+            last = now;
+        }
+    }
+    let peak = status_kib("VmHWM:")?;
+    let passes = last - count0;
+    let mean = (previous_sum - sum0) / passes;
+    let abnormal = metric(
+        &agent,
+        "nfsprov_agent_volumes_abnormal{reason=\"missing\"} ",
+    )?;
+    println!(
+        "periodic pass over {volumes} volumes: {passes} passes, mean {:.1} ms, longest {:.1} ms ({} missing)",
+        mean * 1000.0,
+        longest * 1000.0,
+        abnormal
+    );
+    println!(
+        "process RSS before the passes {:.1} MiB, peak during them {:.1} MiB (grew {:.1} MiB)",
+        before as f64 / 1024.0,
+        peak as f64 / 1024.0,
+        peak.saturating_sub(before) as f64 / 1024.0
+    );
+    agent.stop().await?;
+    Ok(())
+}
+
+/// This process's `field` of /proc/self/status, in KiB.
+fn status_kib(field: &str) -> anyhow::Result<u64> {
+    let status = std::fs::read_to_string("/proc/self/status")?;
+    status
+        .lines()
+        .find_map(|line| line.strip_prefix(field))
+        .and_then(|rest| rest.trim().trim_end_matches("kB").trim().parse().ok())
+        .with_context(|| format!("no {field} in /proc/self/status"))
+}
+
+/// The value of the agent's metric line that starts with `name` (labels and the space
+/// after them included), read with curl and the whole-root token.
+fn metric(agent: &TestAgent, name: &str) -> anyhow::Result<f64> {
+    let dir = agent.credentials_dir();
+    let token = std::fs::read_to_string(dir.join(nfsprov_agent::init::files::TOKEN))?;
+    let output = Command::new("curl")
+        .args(["-sS", "--fail", "--max-time", "60", "--cacert"])
+        .arg(dir.join(nfsprov_agent::init::files::CA_CERT))
+        .arg("-H")
+        .arg(format!("Authorization: Bearer {}", token.trim()))
+        .arg(format!("https://localhost:{}/metrics", agent.addr().port()))
+        .output()?;
+    anyhow::ensure!(
+        output.status.success(),
+        "curl /metrics: {}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let text = String::from_utf8(output.stdout)?;
+    Ok(text
+        .lines()
+        .find_map(|line| line.strip_prefix(name)?.trim().parse().ok())
+        .unwrap_or(0.0))
 }
