@@ -143,8 +143,9 @@ pub(crate) struct Conditions {
     known: ArcSwap<BTreeMap<VolumePath, Volume>>,
     /// Volumes deleted or archived since the current pass listed them.
     forgotten: ArcSwap<BTreeSet<VolumePath>>,
-    /// Exports the last comparison found missing and could not serve again.
-    unserved: ArcSwap<BTreeSet<VolumePath>>,
+    /// Exports the last comparison found missing and could not serve again, with the
+    /// time a pass first found each so.
+    unserved: ArcSwap<BTreeMap<VolumePath, SystemTime>>,
     /// The newest repair of each volume.
     repaired: ArcSwap<BTreeMap<VolumePath, RepairedCondition>>,
 }
@@ -207,7 +208,7 @@ impl Conditions {
         let facts = Facts {
             looked: Some(looked),
             quota_full,
-            unserved: self.unserved.load().contains(&volume.path),
+            unserved: self.unserved.load().contains_key(&volume.path),
         };
         let mut condition = match judge(
             &facts,
@@ -269,11 +270,26 @@ impl Conditions {
     pub(crate) fn check_all(&self, pass: &Pass) {
         let started = Instant::now();
         self.forgotten.store(Arc::default());
+        let mut repairs = repairs_of(pass, |path| self.nfs_of(path));
         if let Some(Ok(restored)) = &pass.exports {
-            self.unserved
-                .store(Arc::new(restored.unserved.iter().cloned().collect()));
+            let before = self.unserved.load_full();
+            // Served again after passes that could not: found when the first of them was.
+            for (volume, repair) in &mut repairs {
+                if let Some(found) = before.get(volume) {
+                    repair.found_at = rfc3339(*found);
+                }
+            }
+            let unserved = restored
+                .unserved
+                .iter()
+                .map(|volume| {
+                    let found = before.get(volume).copied().unwrap_or(pass.started_at);
+                    (volume.clone(), found)
+                })
+                .collect();
+            self.unserved.store(Arc::new(unserved));
         }
-        self.note_repairs(repairs_of(pass, |path| self.nfs_of(path)));
+        self.note_repairs(repairs);
         let mut found: BTreeMap<VolumePath, Volume> = match self.store.list(None) {
             Ok((volumes, _)) => volumes.into_iter().map(|v| (v.path.clone(), v)).collect(),
             Err(error) => {

@@ -412,3 +412,109 @@ async fn an_export_ganesha_drops_is_served_again_within_a_pass_and_reported_repa
     agent.stop().await.unwrap();
     drop(ganesha);
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn an_export_ganesha_refuses_to_serve_again_is_not_exported_until_it_is_served() {
+    const TEST: &str =
+        "an_export_ganesha_refuses_to_serve_again_is_not_exported_until_it_is_served";
+    if let Some(tool) = ["ganesha.nfsd", "dbus-daemon", "dbus-send"]
+        .into_iter()
+        .find(|tool| !installed(tool))
+    {
+        nfsprov_test_skip::skip(TEST, &format!("{tool} is not installed"));
+        return;
+    }
+    let base = tempfile::tempdir().unwrap();
+    let root = base.path().join("exports");
+    std::fs::create_dir(&root).unwrap();
+    let config_dir = base.path().join("ganesha.d");
+    let bus = PrivateBus::start().await.unwrap();
+    let ganesha = Ganesha::start(&bus, &config_dir).await.unwrap();
+    let exports = ExportSettings {
+        manager: ExportManager::Ganesha,
+        ganesha_config_dir: config_dir.clone(),
+        ganesha_dbus_address: Some(bus.address().to_owned()),
+        allow_shared_filesystem: true,
+        mount_control_only: true,
+        ..ExportSettings::default()
+    };
+    let agent = TestAgent::start_with_quota_and_exports(
+        &root,
+        QuotaSettings::default(),
+        every_second(exports),
+    )
+    .await
+    .unwrap();
+    let client = agent.client();
+    let volume = path("team-a/app");
+    let request = CreateVolumeRequest {
+        export: Some(ExportRequest {
+            clients: vec!["127.0.0.1".parse().unwrap()],
+            ..ExportRequest::default()
+        }),
+        ..create(MIB)
+    };
+    client.create_volume(&volume, &request, None).await.unwrap();
+    await_condition(&client, &volume, None).await;
+    let mut ids = ganesha.export_ids().unwrap();
+    ids.retain(|id| *id != 0);
+    assert_eq!(ids.len(), 1, "{ids:?}");
+    let id = ids[0];
+
+    // The export's block spoilt, then the export dropped: ganesha refuses it back.
+    let file = config_dir.join(format!("export-{id}.conf"));
+    let block = std::fs::read_to_string(&file).unwrap();
+    std::fs::write(&file, "# nothing here\n").unwrap();
+    ganesha.remove_export(id).unwrap();
+    let unserved = await_condition(&client, &volume, Some(AbnormalReason::NotExported)).await;
+    assert!(
+        unserved.message.contains("does not serve"),
+        "{}",
+        unserved.message
+    );
+    eventually("the pass to count it", WAIT, || async {
+        metric(
+            &agent,
+            "nfsprov_agent_volumes_abnormal{reason=\"not_exported\"}",
+        ) == Some(1.0)
+    })
+    .await
+    .unwrap();
+
+    let found = unserved_since(&client, &volume).await;
+    std::fs::write(&file, block).unwrap();
+    let served = await_condition(&client, &volume, None).await;
+    assert!(ganesha.export_ids().unwrap().contains(&id));
+    let repaired = served.repaired.expect("the repair reported");
+    assert_eq!(repaired.reason, AbnormalReason::NotExported);
+    // Found by the first pass that could not serve it, before the block was mended.
+    assert!(repaired.found_at <= found, "{repaired:?} found by {found}");
+    assert!(repaired.found_at < repaired.repaired_at, "{repaired:?}");
+    client.delete_volume(&volume, None).await.unwrap();
+    agent.stop().await.unwrap();
+    drop(ganesha);
+}
+
+/// An RFC 3339 time (UTC, whole seconds) after the volume was seen unserved: one second
+/// after now, so that it orders after the pass that found it.
+async fn unserved_since(client: &AgentClient, volume: &VolumePath) -> String {
+    assert_eq!(
+        condition(client, volume).await.and_then(|c| c.abnormal),
+        Some(AbnormalReason::NotExported)
+    );
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs();
+    // Waits for the next second: the repair's found_at, whole seconds or finer, is before.
+    while std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs()
+        == now
+    {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let output = run("date", &["-u", "+%Y-%m-%dT%H:%M:%SZ"]).unwrap();
+    output.trim().to_owned()
+}
