@@ -255,12 +255,24 @@ impl System {
         spec: AgentSpec,
         controller_args: &[&str],
     ) -> anyhow::Result<Self> {
+        Self::start_with_exports_settings(api, spec, "", controller_args).await
+    }
+
+    /// As [`System::start_with_exports`], with `exports_settings` (TOML keys, e.g.
+    /// `reconcile_interval_seconds = 1`) added to the agent's `[exports]` section, which
+    /// the ganesha manager's settings open.
+    pub async fn start_with_exports_settings(
+        api: KubeApi,
+        spec: AgentSpec,
+        exports_settings: &str,
+        controller_args: &[&str],
+    ) -> anyhow::Result<Self> {
         let base = tempfile::tempdir()?;
         let specs = [spec];
         let roots = export_roots(&base, &specs)?;
         let bus = PrivateBus::start().await?;
         let ganesha = Ganesha::start(&bus, &base.path().join("ganesha.d")).await?;
-        let settings = ganesha.agent_settings();
+        let settings = format!("{}{exports_settings}\n", ganesha.agent_settings());
         let nfs = NfsService::PerVolume { ganesha, _bus: bus };
         Self::assemble(base, nfs, api, &specs, roots, &settings, 1, controller_args).await
     }
