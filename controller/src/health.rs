@@ -56,7 +56,7 @@ impl Reason {
     fn advice(self) -> &'static str {
         match self {
             Reason::Volume(AbnormalReason::Missing) => {
-                "its directory is gone from the NFS server: pods mounting it fail or see an empty volume. Restore the directory from a backup or the archive area (kubectl nfsprov orphans lists it)"
+                "its directory is gone from the NFS server: pods mounting it fail or see an empty volume. Move it back to its path if it was moved; otherwise restore its data into a new claim from a Snapshot or an archive (kubectl nfsprov orphans lists it)"
             }
             Reason::Volume(AbnormalReason::NotExported) => {
                 "the NFS server does not serve it: new mounts fail. Check the NFS server's exports and log; the agent exports it again where it can"
@@ -68,7 +68,7 @@ impl Reason {
                 "it is full: writes that need space fail. Expand the claim or free space"
             }
             Reason::Volume(AbnormalReason::FilesystemError) => {
-                "its filesystem answers with I/O errors. Check the NFS server's kernel log and disks, and repair the filesystem"
+                "its filesystem answers with I/O errors. Check the NFS server's kernel log and disks; stop the agent and the NFS server, repair and mount the filesystem, start them again"
             }
             Reason::Volume(AbnormalReason::Unknown) => {
                 "the agent reports a reason this controller does not know. See the agent's log"
@@ -88,8 +88,11 @@ pub(crate) enum Answer<'a> {
     Volume(Option<&'a VolumeCondition>),
     /// The agent answered that it has no such volume.
     NotFound,
-    /// No usable answer; the error, for the event should the agent stay out of reach.
+    /// No answer at all; the error, for the event should the agent stay out of reach.
     Failed(&'a str),
+    /// An answer that says nothing of the volume's condition (an error of the agent's
+    /// about this volume): the agent is there, and the volume's last condition stands.
+    Unknown,
 }
 
 /// An event to publish on a volume's claim.
@@ -197,6 +200,10 @@ impl HealthTracker {
             Answer::Failed(error) => {
                 pass.failed.push(pv.to_owned());
                 error.clone_into(&mut pass.last_error);
+                return Vec::new();
+            }
+            Answer::Unknown => {
+                pass.answered = true;
                 return Vec::new();
             }
             Answer::NotFound => {
@@ -333,7 +340,8 @@ impl HealthTracker {
                 }
                 volume.reported = Some(reason);
                 let note = format!(
-                    "volume {pv}: agent {name} has answered no request for {secs} s (last error: {error}); {advice}",
+                    "volume {pv} on agent {name} is abnormal: {reason}: the agent has answered no request for {secs} s (last error: {error}); {advice}",
+                    reason = reason.as_str(),
                     secs = failing_for.as_secs(),
                     error = seen.last_error,
                     advice = reason.advice(),
@@ -635,7 +643,7 @@ mod tests {
         );
         let note = events[0].1.note();
         assert!(
-            note.contains("agent nfs1 has answered no request for 120 s"),
+            note.contains("on agent nfs1 is abnormal: agent_unreachable: the agent has answered no request for 120 s"),
             "{note}"
         );
         assert!(note.contains("connection refused"), "{note}");

@@ -235,7 +235,12 @@ pub(crate) async fn poll_once(ctx: &Context, tracker: &mut UsageTracker) {
         let answer = match &result {
             Ok(Some(volume)) => Some(Answer::Volume(volume.condition.as_ref())),
             Ok(None) => Some(Answer::NotFound),
-            Err(MeasureError::Agent { source, .. }) => Some(Answer::Failed(&source.to_string())),
+            Err(MeasureError::Agent {
+                source: source @ ClientError::Transport(_),
+                ..
+            }) => Some(Answer::Failed(&source.to_string())),
+            // The agent answered, with an error about this volume.
+            Err(MeasureError::Agent { .. }) => Some(Answer::Unknown),
             Err(MeasureError::OutOfReach { error, .. }) => Some(Answer::Failed(error)),
             // A PV this controller cannot ask about says nothing of its volume's health.
             Err(_) => None,

@@ -213,7 +213,7 @@ async fn claims_learn_their_volume_turned_abnormal_and_back_and_their_agent_out_
         let (reason, note, _) = found.last().unwrap();
         assert_eq!(reason, "VolumeConditionAbnormal");
         assert!(
-            note.contains("agent nfs1 has answered no request for"),
+            note.contains("on agent nfs1 is abnormal: agent_unreachable: the agent has answered no request for"),
             "{note}"
         );
     }
