@@ -82,10 +82,7 @@ pub(crate) fn judge(facts: &Facts, dir: &str, nfs: &str) -> Option<(AbnormalReas
         _ => {}
     }
     if facts.quota_full {
-        return Some((
-            AbnormalReason::QuotaFull,
-            format!("{dir} uses all of its quota"),
-        ));
+        return Some((AbnormalReason::QuotaFull, quota_full_message(dir)));
     }
     if facts.unserved {
         return Some((
@@ -94,6 +91,24 @@ pub(crate) fn judge(facts: &Facts, dir: &str, nfs: &str) -> Option<(AbnormalReas
         ));
     }
     None
+}
+
+/// The most of its quota a volume may have left and still count as full: filesystems
+/// refuse a write that would take a quota to its very last block (btrfs refused one 32 KiB
+/// short of a 10 MiB limit, holding space back for its metadata), so a volume this close
+/// is full for its writers.
+const QUOTA_FULL_MARGIN_BYTES: u64 = 16 << 20;
+
+/// Whether `volume`'s capacity is enforced and `used_bytes` leaves at most 2% of it (and
+/// at most [`QUOTA_FULL_MARGIN_BYTES`]) free.
+fn quota_is_full(volume: &Volume, used_bytes: u64) -> bool {
+    let capacity = volume.capacity_bytes;
+    let margin = (capacity / 50).min(QUOTA_FULL_MARGIN_BYTES);
+    volume.quota_enforced && capacity > 0 && used_bytes.saturating_add(margin) >= capacity
+}
+
+fn quota_full_message(dir: &str) -> String {
+    format!("{dir} uses all of its quota: writes that need space fail")
 }
 
 /// RFC 3339 UTC, as the rest of the API writes times.
@@ -209,12 +224,10 @@ impl Conditions {
     }
 
     fn condition_with(&self, volume: &Volume, looked: Looked) -> VolumeCondition {
-        let quota_full = volume.quota_enforced
-            && volume.capacity_bytes > 0
-            && self
-                .usage
-                .peek(&volume.path)
-                .is_some_and(|usage| usage.used_bytes >= volume.capacity_bytes);
+        let quota_full = self
+            .usage
+            .peek(&volume.path)
+            .is_some_and(|usage| quota_is_full(volume, usage.used_bytes));
         let facts = Facts {
             looked: Some(looked),
             quota_full,
@@ -235,6 +248,27 @@ impl Conditions {
     /// Fills in `volume.condition` (blocking).
     pub(crate) fn describe(&self, volume: &mut Volume) {
         volume.condition = Some(self.condition_of(volume));
+    }
+
+    /// Brings `volume.condition` up to date with a usage figure measured after it was
+    /// judged (`volume.usage`): a quota that filled since is reported now, not at the
+    /// next look, where no reason that comes first holds.
+    pub(crate) fn with_usage(&self, volume: &mut Volume) {
+        let Some(used) = volume.usage.map(|usage| usage.used_bytes) else {
+            return;
+        };
+        let full = quota_is_full(volume, used);
+        let message = quota_full_message(&self.dir_of(&volume.path));
+        let Some(condition) = volume.condition.as_mut() else {
+            return;
+        };
+        let outranked = condition
+            .abnormal
+            .is_some_and(|reason| reason != AbnormalReason::NotExported);
+        if full && !outranked {
+            condition.abnormal = Some(AbnormalReason::QuotaFull);
+            condition.message = message;
+        }
     }
 
     /// A volume the store no longer finds (or cannot read) that the last pass knew, with
@@ -426,6 +460,31 @@ mod tests {
             ..Facts::default()
         };
         assert_eq!(reason(fine), None);
+    }
+
+    #[test]
+    fn a_quota_is_full_within_two_percent_of_its_capacity_at_most_16_mib() {
+        let volume = |capacity_bytes: u64, quota_enforced: bool| Volume {
+            capacity_bytes,
+            quota_enforced,
+            ..serde_json::from_value(serde_json::json!({
+                "path": "ns/claim", "mode": "0777", "uid": 0, "gid": 0,
+                "capacity_bytes": 0, "created_at": "",
+            }))
+            .unwrap()
+        };
+        let small = volume(10 << 20, true);
+        // btrfs refused a write here, 32 KiB short of the limit.
+        assert!(quota_is_full(&small, 10_452_992));
+        assert!(!quota_is_full(&small, 9 << 20));
+        let large = volume(100 << 30, true);
+        assert!(quota_is_full(&large, (100 << 30) - (16 << 20)));
+        assert!(!quota_is_full(&large, (100 << 30) - (17 << 20)));
+        assert!(
+            !quota_is_full(&volume(10 << 20, false), 10 << 20),
+            "a capacity nothing enforces is never full"
+        );
+        assert!(!quota_is_full(&volume(0, true), 0));
     }
 
     #[test]

@@ -80,7 +80,17 @@ impl<K: Measured> UsageCache<K> {
 
     /// The latest figure for `path`, starting a new walk when it is stale.
     pub(crate) async fn get(&self, store: &Arc<VolumeStore>, path: &K) -> Option<VolumeUsage> {
-        match self.current(store, path) {
+        self.get_within(store, path, self.fresh_for).await
+    }
+
+    /// As [`Self::get`], with a figure stale once older than `fresh_for`.
+    pub(crate) async fn get_within(
+        &self,
+        store: &Arc<VolumeStore>,
+        path: &K,
+        fresh_for: Duration,
+    ) -> Option<VolumeUsage> {
+        match self.current(store, path, fresh_for) {
             (Some(usage), _) => Some(usage),
             (None, Some(walk)) => tokio::time::timeout(self.first_wait, walk)
                 .await
@@ -93,13 +103,14 @@ impl<K: Measured> UsageCache<K> {
     /// The latest figure for `path` without waiting for one, starting a new walk when it
     /// is stale.
     pub(crate) fn latest(&self, store: &Arc<VolumeStore>, path: &K) -> Option<VolumeUsage> {
-        self.current(store, path).0
+        self.current(store, path, self.fresh_for).0
     }
 
     fn current(
         &self,
         store: &Arc<VolumeStore>,
         path: &K,
+        fresh_for: Duration,
     ) -> (Option<VolumeUsage>, Option<Measurement>) {
         let mut entries = self.entries.lock().unwrap_or_else(|e| e.into_inner());
         let entry = entries.entry(path.clone()).or_insert_with(|| Entry {
@@ -107,9 +118,7 @@ impl<K: Measured> UsageCache<K> {
             last: None,
             running: None,
         });
-        let fresh = entry
-            .last
-            .is_some_and(|(_, at)| at.elapsed() < self.fresh_for);
+        let fresh = entry.last.is_some_and(|(_, at)| at.elapsed() < fresh_for);
         if !fresh && entry.running.is_none() {
             entry.running = Some(self.start(store.clone(), path.clone(), entry.generation));
         }

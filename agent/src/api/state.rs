@@ -52,6 +52,10 @@ pub(crate) struct AppState {
     /// New per-volume exports where volumes share a filesystem (`exports.mount_control_only`).
     pub(super) mount_control_only: bool,
     pub(super) usage: Arc<UsageCache>,
+    /// How old a usage figure of a volume whose capacity is enforced may be when a GET
+    /// answers with it: no older than the periodic pass, so that a quota that filled is
+    /// reported as promptly as any other condition.
+    pub(super) quota_usage_fresh_for: Duration,
     /// Each volume's condition, as the periodic pass and each request find it.
     pub(crate) conditions: Arc<Conditions>,
     pub(super) readiness: Mutex<Option<(Instant, Result<(), String>)>>,
@@ -62,6 +66,10 @@ pub(crate) struct AppState {
     pub(super) refused_drains: Arc<Semaphore>,
 }
 
+/// How long a usage figure is served before it is measured again: a figure up to a
+/// minute old is good enough for capacity dashboards.
+const USAGE_FRESH_FOR: Duration = Duration::from_secs(60);
+
 /// The most bodies of refused requests drained at once: past it, a refused body is dropped
 /// at once (the client of a flood may then see a reset instead of its 401).
 const MAX_REFUSED_DRAINS: usize = 1024;
@@ -71,13 +79,8 @@ impl AppState {
     pub(crate) fn new(store: Arc<VolumeStore>, auth: Authenticator, config: &AgentConfig) -> Self {
         let metrics = Metrics::new();
         let job_runner = JobRunner::new(config, &metrics);
-        // A figure up to a minute old is good enough for capacity dashboards; the first
-        // request for a volume waits a little for a fresh one.
-        let usage = Arc::new(UsageCache::new(
-            Duration::from_secs(60),
-            Duration::from_secs(2),
-            2,
-        ));
+        // The first request for a volume waits a little for a fresh figure.
+        let usage = Arc::new(UsageCache::new(USAGE_FRESH_FOR, Duration::from_secs(2), 2));
         let exports = Arc::new(Exports::none(&config.nfs_path));
         let conditions = Arc::new(Conditions::new(
             store.clone(),
@@ -116,6 +119,7 @@ impl AppState {
             max_body_bytes: config.max_body_bytes,
             policy: config.policy.clone(),
             usage,
+            quota_usage_fresh_for: config.exports.reconcile_interval.min(USAGE_FRESH_FOR),
             readiness: Mutex::new(None),
             unauthenticated_log: RateLimit::new(20, "unauthenticated requests"),
             refused_drains: Arc::new(Semaphore::new(MAX_REFUSED_DRAINS)),

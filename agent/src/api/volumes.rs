@@ -74,7 +74,13 @@ pub(super) async fn get_volume(
         Err(error) => conditions.lost(&lookup).ok_or(error),
     })
     .await?;
-    volume.usage = state.usage.get(&state.store, &path).await;
+    volume.usage = if volume.quota_enforced {
+        let fresh_for = state.quota_usage_fresh_for;
+        state.usage.get_within(&state.store, &path, fresh_for).await
+    } else {
+        state.usage.get(&state.store, &path).await
+    };
+    state.conditions.with_usage(&mut volume);
     state.exports.describe(&mut volume);
     Ok(Json(volume).into_response())
 }
