@@ -369,10 +369,9 @@ fn can_run(test: &str) -> bool {
 }
 
 #[tokio::test(flavor = "multi_thread")]
-async fn a_volume_directory_removed_on_the_server_is_reported_missing_until_restored()
+async fn a_volume_directory_removed_from_its_place_on_the_server_is_reported_missing_until_put_back()
 -> anyhow::Result<()> {
-    const TEST: &str =
-        "a_volume_directory_removed_on_the_server_is_reported_missing_until_restored";
+    const TEST: &str = "a_volume_directory_removed_from_its_place_on_the_server_is_reported_missing_until_put_back";
     if !can_run(TEST) {
         return Ok(());
     }
@@ -380,21 +379,25 @@ async fn a_volume_directory_removed_on_the_server_is_reported_missing_until_rest
     class(&system, "e2e-health-missing", json!({})).await?;
     let volume = bound_claim(&system, "removed", "e2e-health-missing", "1Gi").await?;
     let dir = directory(&system, &volume)?;
-    std::fs::write(dir.join("data"), b"kept in a backup")?;
+    std::fs::write(dir.join("data"), b"kept aside")?;
     await_seen_normal(&system, "removed").await?;
 
+    // Taken away from its path by hand, as a mistaken `mv` on the server does (a removal
+    // is the same to the system: the path is empty).
+    let aside = dir.with_file_name(".removed-by-hand");
     let before = Mark::now(&system, "removed").await?;
     let started = Instant::now();
-    std::fs::remove_dir_all(&dir)?;
+    std::fs::rename(&dir, &aside)?;
     await_abnormal(&system, "removed", &before, "missing", started, EVENT_BOUND).await?;
 
-    // Restored as an operator restores it from a backup: the directory made again where it
-    // was, its files written back.
+    // Put back where it was: the same directory is the volume again. (A copy made from a
+    // backup would be a new directory, which the agent refuses to take for the volume;
+    // docs/operations.md says what to do then.)
     let before = Mark::now(&system, "removed").await?;
     let started = Instant::now();
-    std::fs::create_dir(&dir)?;
-    std::fs::write(dir.join("data"), b"kept in a backup")?;
+    std::fs::rename(&aside, &dir)?;
     await_normal(&system, "removed", &before, started).await?;
+    assert_eq!(std::fs::read(dir.join("data"))?, b"kept aside");
     Ok(())
 }
 
@@ -655,7 +658,7 @@ async fn a_filesystem_shut_down_is_reported_until_it_is_mounted_again() -> anyho
             return Ok(());
         }
     };
-    let system = start_system(Some(xfs.root()), "").await?;
+    let mut system = start_system(Some(xfs.root()), "").await?;
     class(&system, "e2e-health-xfs", json!({})).await?;
     bound_claim(&system, "broken", "e2e-health-xfs", "1Gi").await?;
     await_seen_normal(&system, "broken").await?;
@@ -682,23 +685,50 @@ async fn a_filesystem_shut_down_is_reported_until_it_is_mounted_again() -> anyho
     )
     .await?;
 
-    // An operator's repair: unmount and mount again. ganesha may still hold the shut-down
-    // mount, so it is detached lazily; the same filesystem is then mounted beside it, which
-    // XFS allows only when told not to compare UUIDs.
+    // An operator's repair, as docs/operations.md gives it: the agent stopped (it holds the
+    // export root open, and a shut-down filesystem stays shut down for whoever holds it),
+    // the filesystem unmounted and mounted again, the agent started. ganesha may still
+    // hold the shut-down mount, so it is detached lazily; the image is then attached to a
+    // loop device of its own (`mount -o loop` would reuse the old one, and with it the
+    // shut-down filesystem) and mounted beside it, which XFS allows only when told not to
+    // compare UUIDs. Restarting ganesha too, as the docs say, is left out here.
     let before = Mark::now(&system, "broken").await?;
     let started = Instant::now();
+    system.agents[0].process.kill();
     if run("umount", &[mount_point.as_os_str()]).is_err() {
         run("umount", &["--lazy".as_ref(), mount_point.as_os_str()])?;
     }
+    let attached = Command::new("losetup")
+        .args(["--find", "--show"])
+        .arg(xfs.image())
+        .output()?;
+    anyhow::ensure!(
+        attached.status.success(),
+        "losetup: {}",
+        String::from_utf8_lossy(&attached.stderr)
+    );
+    let device = PathBuf::from(String::from_utf8(attached.stdout)?.trim());
+    let _detach = DetachLoop(device.clone());
     run(
         "mount",
         &[
             "-o".as_ref(),
-            "loop,nouuid".as_ref(),
-            xfs.image().as_os_str(),
+            "nouuid".as_ref(),
+            device.as_os_str(),
             mount_point.as_os_str(),
         ],
     )?;
+    system.agents[0].process.restart().await?;
     await_normal(&system, "broken", &before, started).await?;
     Ok(())
+}
+
+/// Detaches a loop device the test attached, once whatever holds it lets go (`losetup -d`
+/// of a busy device marks it to be freed then).
+struct DetachLoop(PathBuf);
+
+impl Drop for DetachLoop {
+    fn drop(&mut self) {
+        let _ = Command::new("losetup").arg("-d").arg(&self.0).status();
+    }
 }
