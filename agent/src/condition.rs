@@ -283,6 +283,29 @@ impl Conditions {
         Some(volume)
     }
 
+    /// The volumes the last pass knew with paths after `after` and up to `until` (both
+    /// ends open when absent) that `listed` lacks and that are abnormal now: gone from the
+    /// store's listing (missing, unreadable), which a listing shows as a GET does.
+    pub(crate) fn lost_between(
+        &self,
+        after: Option<&VolumePath>,
+        until: Option<&VolumePath>,
+        listed: &BTreeSet<&VolumePath>,
+    ) -> Vec<Volume> {
+        use std::ops::Bound;
+        let lower = after.map_or(Bound::Unbounded, Bound::Excluded);
+        let upper = until.map_or(Bound::Unbounded, Bound::Included);
+        let unlisted: Vec<VolumePath> = self
+            .memory()
+            .known
+            .range::<VolumePath, _>((lower, upper))
+            .map(|(path, _)| path)
+            .filter(|path| !listed.contains(path))
+            .cloned()
+            .collect();
+        unlisted.iter().filter_map(|path| self.lost(path)).collect()
+    }
+
     /// Forgets `path` as a volume (deleted, archived): gone now is not missing, and a
     /// volume made at the same path later has no repairs of its own yet.
     pub(crate) fn forget(&self, path: &VolumePath) {

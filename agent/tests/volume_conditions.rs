@@ -18,7 +18,7 @@ use nfsprov_agent_testkit::{LoopXfs, TestAgent, eventually, run};
 use nfsprov_api_types::client::AgentClient;
 use nfsprov_api_types::{
     AbnormalReason, CreateVolumeRequest, ExportManager, ExportRequest, QuotaBackend, QuotaPolicy,
-    Volume, VolumeCondition, VolumePath,
+    Volume, VolumeCondition, VolumeList, VolumePath,
 };
 
 const MIB: u64 = 1 << 20;
@@ -113,9 +113,16 @@ async fn a_volume_whose_directory_is_moved_away_is_missing_until_it_is_back() {
         listed_condition(&client, &volume).await,
         Some(VolumeCondition::normal())
     );
+    // Its neighbours in the listing, before and after it.
+    for neighbour in ["team-a/0-before", "team-b/after"] {
+        client
+            .create_volume(&path(neighbour), &create(MIB), None)
+            .await
+            .unwrap();
+    }
     // Seen by a pass, so the agent knows the volume once its directory is gone.
-    eventually("a pass to see the volume", WAIT, || async {
-        metric(&agent, "nfsprov_agent_volumes_checked").is_some_and(|n| n >= 1.0)
+    eventually("a pass to see the volumes", WAIT, || async {
+        metric(&agent, "nfsprov_agent_volumes_checked").is_some_and(|n| n >= 3.0)
     })
     .await
     .unwrap();
@@ -134,6 +141,41 @@ async fn a_volume_whose_directory_is_moved_away_is_missing_until_it_is_back() {
     })
     .await
     .unwrap();
+    // Listed too, whole and in pages of one, in its place among the others.
+    assert_eq!(
+        listed_condition(&client, &volume)
+            .await
+            .and_then(|c| c.abnormal),
+        Some(AbnormalReason::Missing)
+    );
+    let mut paged = Vec::new();
+    let mut after: Option<String> = None;
+    loop {
+        let query = match &after {
+            Some(after) => format!("/v1/volumes?limit=1&after={after}"),
+            None => "/v1/volumes?limit=1".to_owned(),
+        };
+        let answer = common::call(&agent, "GET", &query, None);
+        assert_eq!(answer.status, 200, "{}", answer.body);
+        let page: VolumeList = serde_json::from_str(&answer.body).unwrap();
+        paged.extend(
+            page.volumes
+                .into_iter()
+                .map(|v| (v.path.to_string(), v.condition.and_then(|c| c.abnormal))),
+        );
+        match page.next {
+            Some(next) => after = Some(next),
+            None => break,
+        }
+    }
+    assert_eq!(
+        paged,
+        [
+            ("team-a/0-before".to_owned(), None),
+            ("team-a/app".to_owned(), Some(AbnormalReason::Missing)),
+            ("team-b/after".to_owned(), None),
+        ]
+    );
 
     std::fs::rename(&aside, &dir).unwrap();
     await_condition(&client, &volume, None).await;

@@ -91,6 +91,7 @@ pub(super) async fn list_volumes(
     RawQuery(query): RawQuery,
 ) -> ApiResult<Json<VolumeList>> {
     let page = ListQuery::parse(query.as_deref(), VolumePath::parse).map_err(invalid_query)?;
+    let after = page.as_ref().and_then(|page| page.after.clone());
     let scope = caller.scope();
     let (mut volumes, next) = scoped_page(
         page,
@@ -106,10 +107,25 @@ pub(super) async fn list_volumes(
         state.exports.describe(volume);
     }
     let conditions = state.conditions.clone();
+    // The page covers the paths after its cursor up to the next page's (to the end on the
+    // last page): the volumes gone from the store in that span are shown in it.
+    let until = match &next {
+        Some(next) => Some(VolumePath::parse(next).map_err(|e| {
+            Failure::new(ErrorCode::Internal, format!("the next page's cursor: {e}"))
+        })?),
+        None => None,
+    };
+    let scope = scope.clone();
     let volumes = off_workers(move || {
         for volume in &mut volumes {
             conditions.describe(volume);
         }
+        let listed: std::collections::BTreeSet<&VolumePath> =
+            volumes.iter().map(|volume| &volume.path).collect();
+        let mut lost = conditions.lost_between(after.as_ref(), until.as_ref(), &listed);
+        lost.retain(|volume| scope.contains(&volume.path));
+        volumes.extend(lost);
+        volumes.sort_by(|a, b| a.path.cmp(&b.path));
         Ok::<_, Failure>(volumes)
     })
     .await?;
