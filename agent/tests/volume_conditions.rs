@@ -366,16 +366,26 @@ async fn a_volume_on_an_xfs_that_shuts_down_reports_a_filesystem_error() {
     // The shut-down filesystem is unmounted when `fs` drops.
 }
 
-#[tokio::test(flavor = "multi_thread")]
-async fn an_export_ganesha_drops_is_served_again_within_a_pass_and_reported_repaired() {
-    const TEST: &str =
-        "an_export_ganesha_drops_is_served_again_within_a_pass_and_reported_repaired";
+/// An agent exporting through ganesha on a private bus (passes every second) and its one
+/// exported volume, `team-a/app`.
+struct ExportedVolume {
+    agent: TestAgent,
+    client: AgentClient,
+    volume: VolumePath,
+    ganesha: Ganesha,
+    config_dir: std::path::PathBuf,
+    _bus: PrivateBus,
+    _base: tempfile::TempDir,
+}
+
+/// [`ExportedVolume`] made; `None`, `test` skipped by name, without ganesha here.
+async fn exported_volume(test: &str) -> Option<ExportedVolume> {
     if let Some(tool) = ["ganesha.nfsd", "dbus-daemon", "dbus-send"]
         .into_iter()
         .find(|tool| !installed(tool))
     {
-        nfsprov_test_skip::skip(TEST, &format!("{tool} is not installed"));
-        return;
+        nfsprov_test_skip::skip(test, &format!("{tool} is not installed"));
+        return None;
     }
     let base = tempfile::tempdir().unwrap();
     let root = base.path().join("exports");
@@ -408,6 +418,34 @@ async fn an_export_ganesha_drops_is_served_again_within_a_pass_and_reported_repa
         ..create(MIB)
     };
     client.create_volume(&volume, &request, None).await.unwrap();
+    Some(ExportedVolume {
+        agent,
+        client,
+        volume,
+        ganesha,
+        config_dir,
+        _bus: bus,
+        _base: base,
+    })
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn an_export_ganesha_drops_is_served_again_within_a_pass_and_reported_repaired() {
+    const TEST: &str =
+        "an_export_ganesha_drops_is_served_again_within_a_pass_and_reported_repaired";
+    let Some(ExportedVolume {
+        agent,
+        client,
+        volume,
+        ganesha,
+        config_dir: _,
+        // Bound, so that they live to the end of the test.
+        _bus,
+        _base,
+    }) = exported_volume(TEST).await
+    else {
+        return;
+    };
     let before = await_condition(&client, &volume, None).await;
     assert_eq!(before.repaired, None);
     // ganesha's own pseudo-filesystem root is export 0.
@@ -459,44 +497,18 @@ async fn an_export_ganesha_drops_is_served_again_within_a_pass_and_reported_repa
 async fn an_export_ganesha_refuses_to_serve_again_is_not_exported_until_it_is_served() {
     const TEST: &str =
         "an_export_ganesha_refuses_to_serve_again_is_not_exported_until_it_is_served";
-    if let Some(tool) = ["ganesha.nfsd", "dbus-daemon", "dbus-send"]
-        .into_iter()
-        .find(|tool| !installed(tool))
-    {
-        nfsprov_test_skip::skip(TEST, &format!("{tool} is not installed"));
+    let Some(ExportedVolume {
+        agent,
+        client,
+        volume,
+        ganesha,
+        config_dir,
+        _bus,
+        _base,
+    }) = exported_volume(TEST).await
+    else {
         return;
-    }
-    let base = tempfile::tempdir().unwrap();
-    let root = base.path().join("exports");
-    std::fs::create_dir(&root).unwrap();
-    let config_dir = base.path().join("ganesha.d");
-    let bus = PrivateBus::start().await.unwrap();
-    let ganesha = Ganesha::start(&bus, &config_dir).await.unwrap();
-    let exports = ExportSettings {
-        manager: ExportManager::Ganesha,
-        ganesha_config_dir: config_dir.clone(),
-        ganesha_dbus_address: Some(bus.address().to_owned()),
-        allow_shared_filesystem: true,
-        mount_control_only: true,
-        ..ExportSettings::default()
     };
-    let agent = TestAgent::start_with_quota_and_exports(
-        &root,
-        QuotaSettings::default(),
-        every_second(exports),
-    )
-    .await
-    .unwrap();
-    let client = agent.client();
-    let volume = path("team-a/app");
-    let request = CreateVolumeRequest {
-        export: Some(ExportRequest {
-            clients: vec!["127.0.0.1".parse().unwrap()],
-            ..ExportRequest::default()
-        }),
-        ..create(MIB)
-    };
-    client.create_volume(&volume, &request, None).await.unwrap();
     await_condition(&client, &volume, None).await;
     let mut ids = ganesha.export_ids().unwrap();
     ids.retain(|id| *id != 0);
