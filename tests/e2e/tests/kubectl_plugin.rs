@@ -415,8 +415,10 @@ async fn status_agents_volumes_doctor_and_orphans() -> anyhow::Result<()> {
             "1Gi",
             "3Mi",
             "no",
-            // No clients of its own (an agent without an export manager), no origin.
+            // No clients of its own (an agent without an export manager), normal, no
+            // origin.
             "-",
+            "normal",
             "-"
         ],
         "{}",
