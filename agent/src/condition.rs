@@ -37,18 +37,25 @@ pub(crate) struct Facts {
     pub unserved: bool,
 }
 
-/// The reason that wins among what `facts` say, with its message for people; `dir` is
-/// the volume's directory on the server, `nfs` where clients mount it.
-pub(crate) fn judge(facts: &Facts, dir: &str, nfs: &str) -> Option<(AbnormalReason, String)> {
+/// The reason that wins among what `facts` say, with its message for people; `dir` names
+/// the volume's directory on the server, `nfs` where clients mount it, each asked for only
+/// by the message that needs it (a normal volume, most of them, needs neither).
+pub(crate) fn judge(
+    facts: &Facts,
+    dir: impl FnOnce() -> String,
+    nfs: impl FnOnce() -> String,
+) -> Option<(AbnormalReason, String)> {
     use crate::store::Found;
     match &facts.looked {
         Some(Looked::Failing(error)) => {
+            let dir = dir();
             return Some((
                 AbnormalReason::FilesystemError,
                 format!("the filesystem under {dir} answers with an error: {error}"),
             ));
         }
         Some(Looked::Absent) => {
+            let dir = dir();
             return Some((
                 AbnormalReason::Missing,
                 format!("the directory {dir} is gone from the NFS server"),
@@ -57,6 +64,7 @@ pub(crate) fn judge(facts: &Facts, dir: &str, nfs: &str) -> Option<(AbnormalReas
         Some(Looked::Present(Found {
             servable: false, ..
         })) => {
+            let dir = dir();
             return Some((
                 AbnormalReason::Missing,
                 format!("the filesystem of {dir} is not mounted on the NFS server"),
@@ -65,6 +73,7 @@ pub(crate) fn judge(facts: &Facts, dir: &str, nfs: &str) -> Option<(AbnormalReas
         Some(Looked::Present(Found {
             read_only: true, ..
         })) => {
+            let dir = dir();
             return Some((
                 AbnormalReason::ReadOnly,
                 format!("the filesystem under {dir} is mounted read-only"),
@@ -74,6 +83,7 @@ pub(crate) fn judge(facts: &Facts, dir: &str, nfs: &str) -> Option<(AbnormalReas
             own_filesystem_full: true,
             ..
         })) => {
+            let dir = dir();
             return Some((
                 AbnormalReason::QuotaFull,
                 format!("the filesystem of {dir} has no space left"),
@@ -82,9 +92,10 @@ pub(crate) fn judge(facts: &Facts, dir: &str, nfs: &str) -> Option<(AbnormalReas
         _ => {}
     }
     if facts.quota_full {
-        return Some((AbnormalReason::QuotaFull, quota_full_message(dir)));
+        return Some((AbnormalReason::QuotaFull, quota_full_message(&dir())));
     }
     if facts.unserved {
+        let nfs = nfs();
         return Some((
             AbnormalReason::NotExported,
             format!("the NFS server does not serve {nfs}, which the agent exported"),
@@ -235,8 +246,8 @@ impl Conditions {
         };
         let mut condition = match judge(
             &facts,
-            &self.dir_of(&volume.path),
-            &self.nfs_of(&volume.path),
+            || self.dir_of(&volume.path),
+            || self.nfs_of(&volume.path),
         ) {
             Some((reason, message)) => VolumeCondition::abnormal(reason, message),
             None => VolumeCondition::normal(),
@@ -434,7 +445,12 @@ mod tests {
     }
 
     fn reason(facts: Facts) -> Option<AbnormalReason> {
-        judge(&facts, "/srv/nfs/ns/claim", "/exports/ns/claim").map(|(reason, _)| reason)
+        judge(
+            &facts,
+            || "/srv/nfs/ns/claim".into(),
+            || "/exports/ns/claim".into(),
+        )
+        .map(|(reason, _)| reason)
     }
 
     #[test]
@@ -517,8 +533,8 @@ mod tests {
                 looked: Some(Looked::Absent),
                 ..Facts::default()
             },
-            "/srv/nfs/ns/claim",
-            "/exports/ns/claim",
+            || "/srv/nfs/ns/claim".into(),
+            || "/exports/ns/claim".into(),
         )
         .unwrap();
         assert_eq!(
@@ -530,8 +546,8 @@ mod tests {
                 unserved: true,
                 ..Facts::default()
             },
-            "/srv/nfs/ns/claim",
-            "/exports/ns/claim",
+            || "/srv/nfs/ns/claim".into(),
+            || "/exports/ns/claim".into(),
         )
         .unwrap();
         assert!(message.contains("/exports/ns/claim"), "{message}");
