@@ -1,6 +1,15 @@
 //! nfs-ganesha: one EXPORT block per volume, in a file of its own in a directory the
 //! agent owns, applied through ganesha's D-Bus export manager. `exports.conf` in that
-//! directory `%include`s every block, so ganesha restarted serves them all again.
+//! directory `%include`s one list per bucket of 256 export ids (`include-K.conf`), and
+//! each list `%include`s the blocks of its ids, so ganesha restarted serves them all
+//! again while a change rewrites one list of at most 256 lines, whatever the number of
+//! exports.
+//!
+//! Changes that arrive together are taken together: their files are written and synced
+//! once for the group, and ganesha is asked once for all of them, with a batch file that
+//! `%include`s their blocks and the expression that picks every block in it (each of
+//! `AddExport` and `UpdateExport` loads every block its expression picks). A batch
+//! ganesha refuses is taken again one export at a time, so each refusal is its own.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt::Write as _;
@@ -8,7 +17,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
-use arc_swap::ArcSwapOption;
+use arc_swap::{ArcSwap, ArcSwapOption};
 
 use nfsprov_api_types::{ExportAccess, ExportClient, ExportManager, Squash, VolumePath};
 
@@ -23,6 +32,16 @@ const OBJECT: &str = "/org/ganesha/nfsd/ExportMgr";
 const INTERFACE: &str = "org.ganesha.nfsd.exportmgr";
 /// The file ganesha.conf includes.
 pub(super) const INCLUDE_FILE: &str = "exports.conf";
+/// How many export ids one include list covers: the longest list a change rewrites.
+const BUCKET: u16 = 256;
+/// The most exports named in one batched call to ganesha: its configuration parser
+/// compares each token with every distinct token of the file before it (quadratic in
+/// the exports of one parse, in ganesha 4), so batches stay small.
+const BATCH: usize = 256;
+/// Where the blocks of one batched call are named; removed after the call.
+const BATCH_FILE: &str = ".batch";
+/// The expression that picks every EXPORT block of a batch file.
+const EVERY_EXPORT: &str = "EXPORT(Export_Id=*)";
 
 /// One export as ganesha's `ShowExports` lists it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -159,6 +178,18 @@ impl GaneshaExport {
         Ok(())
     }
 
+    /// Adds every export whose block `file` holds or includes, in one call.
+    pub fn add_every(&self, file: &Path) -> Result<(), ExportError> {
+        let _: String = self.call("AddExport", &(file_text(file), EVERY_EXPORT))?;
+        Ok(())
+    }
+
+    /// Updates every export whose block `file` holds or includes, in one call.
+    pub fn update_every(&self, file: &Path) -> Result<(), ExportError> {
+        let _: String = self.call("UpdateExport", &(file_text(file), EVERY_EXPORT))?;
+        Ok(())
+    }
+
     pub fn remove(&self, id: u16) -> Result<(), ExportError> {
         self.call::<_, ()>("RemoveExport", &(id,))
     }
@@ -212,6 +243,9 @@ pub struct Ganesha {
     mounts: Option<SubvolumeMounts>,
     /// `PrivilegedPort` of every block: requests from reserved source ports only.
     privileged_port: bool,
+    /// The ids the include lists name, as last written: a list is rewritten from its
+    /// bucket's range of this set. Changed only under the export table's change lock.
+    listed: ArcSwap<imbl::OrdSet<u16>>,
 }
 
 impl Ganesha {
@@ -248,6 +282,7 @@ impl Ganesha {
             ),
             mounts: SubvolumeMounts::probe(export_root)?,
             privileged_port: !settings.allow_unprivileged_ports,
+            listed: ArcSwap::from_pointee(imbl::OrdSet::new()),
         })
     }
 
@@ -315,17 +350,222 @@ impl Ganesha {
         text
     }
 
-    /// Rewrites the include list from `all`.
-    fn write_includes(&self, all: &Table) -> Result<(), ExportError> {
-        let mut ids: Vec<u16> = all.values().filter_map(|record| record.id).collect();
-        ids.sort_unstable();
-        let mut text = String::from("# Written by nfsprov-agent: one file per exported volume.\n");
+    fn bucket_file(&self, bucket: u16) -> PathBuf {
+        self.dir.join(format!("include-{bucket}.conf"))
+    }
+
+    /// The buckets the agent's id range spans.
+    fn buckets(&self) -> std::ops::RangeInclusive<u16> {
+        self.ids.start() / BUCKET..=self.ids.end() / BUCKET
+    }
+
+    /// The include list of `bucket` as `listed` has it; `None` when it names nobody.
+    fn bucket_text(&self, bucket: u16, listed: &imbl::OrdSet<u16>) -> Option<String> {
+        let first = bucket.saturating_mul(BUCKET);
+        let last = first.saturating_add(BUCKET - 1);
+        let mut ids = listed.range(first..=last).peekable();
+        ids.peek()?;
+        let mut text =
+            String::from("# Written by nfsprov-agent: the exports of one bucket of ids.\n");
         for id in ids {
-            let _ = writeln!(text, "%include \"{}\"", self.file(id).display());
+            let _ = writeln!(text, "%include \"{}\"", self.file(*id).display());
         }
-        let path = self.dir.join(INCLUDE_FILE);
-        files::replace(&path, text.as_bytes())
-            .map_err(ExportError::io(format!("writing {}", path.display())))
+        Some(text)
+    }
+
+    /// The top include list: every bucket that names an export.
+    fn top_text(&self, listed: &imbl::OrdSet<u16>) -> String {
+        let mut text =
+            String::from("# Written by nfsprov-agent: one list per bucket of export ids.\n");
+        for bucket in self.buckets() {
+            let first = bucket.saturating_mul(BUCKET);
+            let last = first.saturating_add(BUCKET - 1);
+            if listed.range(first..=last).next().is_some() {
+                let _ = writeln!(text, "%include \"{}\"", self.bucket_file(bucket).display());
+            }
+        }
+        text
+    }
+
+    /// Rewrites, in `group`, the lists of the buckets of `changed` ids for `listed`, and
+    /// the top list when a bucket began or ceased to name exports; `listed` becomes what
+    /// the lists name.
+    fn write_lists(
+        &self,
+        group: &mut files::Group<'_>,
+        changed: impl IntoIterator<Item = u16>,
+        listed: imbl::OrdSet<u16>,
+    ) -> Result<(), ExportError> {
+        let before = self.listed.load_full();
+        let buckets: BTreeSet<u16> = changed.into_iter().map(|id| id / BUCKET).collect();
+        let mut top_changed = false;
+        for bucket in buckets {
+            let file = self.bucket_file(bucket);
+            let what = || format!("writing {}", file.display());
+            let was_named = self.bucket_text(bucket, &before).is_some();
+            match self.bucket_text(bucket, &listed) {
+                Some(text) => group
+                    .replace(&file, text.as_bytes())
+                    .map_err(ExportError::io(what()))?,
+                None => group.remove(&file).map_err(ExportError::io(what()))?,
+            }
+            top_changed |= was_named != self.bucket_text(bucket, &listed).is_some();
+        }
+        if top_changed {
+            let path = self.dir.join(INCLUDE_FILE);
+            group
+                .replace(&path, self.top_text(&listed).as_bytes())
+                .map_err(ExportError::io(format!("writing {}", path.display())))?;
+        }
+        self.listed.store(Arc::new(listed));
+        Ok(())
+    }
+
+    /// Writes every include list `all` calls for that differs from the one on disk (at
+    /// start and in each pass: a list changed by hand, or the single list of an earlier
+    /// layout, is set right), and removes the lists of buckets that name nobody.
+    fn write_includes(&self, all: &Table) -> Result<(), ExportError> {
+        let listed: imbl::OrdSet<u16> = all.values().filter_map(|record| record.id).collect();
+        let mut group = files::Group::new(&self.dir);
+        let io = |path: &Path| ExportError::io(format!("writing {}", path.display()));
+        for bucket in self.buckets() {
+            let file = self.bucket_file(bucket);
+            let on_disk = read_if_there(&file).map_err(io(&file))?;
+            match self.bucket_text(bucket, &listed) {
+                Some(text) if on_disk.as_deref() != Some(text.as_str()) => {
+                    group.replace(&file, text.as_bytes()).map_err(io(&file))?
+                }
+                None if on_disk.is_some() => group.remove(&file).map_err(io(&file))?,
+                _ => {}
+            }
+        }
+        let top = self.dir.join(INCLUDE_FILE);
+        let text = self.top_text(&listed);
+        if read_if_there(&top).map_err(io(&top))?.as_deref() != Some(text.as_str()) {
+            group.replace(&top, text.as_bytes()).map_err(io(&top))?;
+        }
+        group.sync().map_err(io(&self.dir))?;
+        self.listed.store(Arc::new(listed));
+        Ok(())
+    }
+
+    /// Asks ganesha to serve the exports of `ids` from their files: in batches, and one at
+    /// a time for a batch it refuses. One result per id, in order.
+    fn add_many(&self, ids: &[u16]) -> Vec<Result<(), ExportError>> {
+        self.many(
+            ids,
+            |ids| {
+                let files: Vec<PathBuf> = ids.iter().map(|id| self.file(*id)).collect();
+                self.batch(&files, |batch| self.bus.add_every(batch))
+            },
+            |id| self.bus.add(&self.file(id), id),
+            true,
+        )
+    }
+
+    /// Asks ganesha to serve each export of `staged` (its staged file and id) as that
+    /// file says: in batches, and one at a time for a batch it refuses.
+    fn update_many(&self, staged: &[(PathBuf, u16)]) -> Vec<Result<(), ExportError>> {
+        let ids: Vec<u16> = staged.iter().map(|(_, id)| *id).collect();
+        let file_of = |id: u16| {
+            staged
+                .iter()
+                .find(|(_, staged_id)| *staged_id == id)
+                .map(|(file, _)| file.clone())
+                .unwrap_or_else(|| self.file(id))
+        };
+        self.many(
+            &ids,
+            |ids| {
+                let files: Vec<PathBuf> = ids.iter().map(|id| file_of(*id)).collect();
+                self.batch(&files, |batch| self.bus.update_every(batch))
+            },
+            |id| self.bus.update(&file_of(id), id),
+            false,
+        )
+    }
+
+    /// `ids` in batches of [`BATCH`] through `batched`; a batch ganesha refused is taken
+    /// again one id at a time through `single` (after an add, skipping the ids the
+    /// refused batch added before its refusal); a server that does not answer fails the
+    /// rest unasked.
+    fn many(
+        &self,
+        ids: &[u16],
+        batched: impl Fn(&[u16]) -> Result<(), ExportError>,
+        single: impl Fn(u16) -> Result<(), ExportError>,
+        adding: bool,
+    ) -> Vec<Result<(), ExportError>> {
+        let mut results = Vec::with_capacity(ids.len());
+        for chunk in ids.chunks(BATCH) {
+            if let Some(Err(ExportError::Unavailable(why))) = results.last() {
+                let why = why.clone();
+                results.extend(
+                    chunk
+                        .iter()
+                        .map(|_| Err(ExportError::Unavailable(why.clone()))),
+                );
+                continue;
+            }
+            let outcome = match chunk {
+                [id] => single(*id),
+                _ => batched(chunk),
+            };
+            match outcome {
+                Ok(()) => results.extend(chunk.iter().map(|_| Ok(()))),
+                Err(ExportError::Unavailable(why)) => results.extend(
+                    chunk
+                        .iter()
+                        .map(|_| Err(ExportError::Unavailable(why.clone()))),
+                ),
+                Err(refused) if chunk.len() == 1 => results.push(Err(refused)),
+                Err(refused) => {
+                    tracing::debug!(%refused, exports = chunk.len(), "ganesha refused a batch; taking its exports one at a time");
+                    let served: BTreeSet<u16> = if adding {
+                        match self.bus.show() {
+                            Ok(shown) => shown.iter().map(|shown| shown.id).collect(),
+                            Err(error) => {
+                                let why = error.to_string();
+                                results.extend(
+                                    chunk
+                                        .iter()
+                                        .map(|_| Err(ExportError::Unavailable(why.clone()))),
+                                );
+                                continue;
+                            }
+                        }
+                    } else {
+                        BTreeSet::new()
+                    };
+                    for &id in chunk {
+                        if served.contains(&id) {
+                            results.push(Ok(()));
+                        } else {
+                            results.push(single(id));
+                        }
+                    }
+                }
+            }
+        }
+        results
+    }
+
+    /// Calls `call` with a batch file that `%include`s `files`, removed after.
+    fn batch(
+        &self,
+        files: &[PathBuf],
+        call: impl FnOnce(&Path) -> Result<(), ExportError>,
+    ) -> Result<(), ExportError> {
+        let mut text = String::from("# A batch of exports for one call to ganesha.\n");
+        for file in files {
+            let _ = writeln!(text, "%include \"{}\"", file.display());
+        }
+        let path = self.dir.join(BATCH_FILE);
+        std::fs::write(&path, text)
+            .map_err(ExportError::io(format!("writing {}", path.display())))?;
+        let result = call(&path);
+        let _ = std::fs::remove_file(&path);
+        result
     }
 
     fn ours(&self, id: u16) -> bool {
@@ -357,11 +597,26 @@ impl Ganesha {
         }
     }
 
+    /// Takes back the file and mount of an add that failed.
+    fn undo_add(&self, group: &mut files::Group<'_>, record: &ExportRecord, id: u16) {
+        let _ = self.unmount(record);
+        let _ = group.remove(&self.file(id));
+    }
+
     fn unmount(&self, record: &ExportRecord) -> Result<(), ExportError> {
         match &self.mounts {
             Some(mounts) => mounts.unmount(&record.volume),
             None => Ok(()),
         }
+    }
+}
+
+/// The contents of `path`, or `None` when there is no such file.
+fn read_if_there(path: &Path) -> std::io::Result<Option<String>> {
+    match std::fs::read_to_string(path) {
+        Ok(text) => Ok(Some(text)),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+        Err(e) => Err(e),
     }
 }
 
@@ -424,55 +679,132 @@ impl NfsServer for Ganesha {
         next: &ExportRecord,
         all: &Table,
     ) -> Result<(), ExportError> {
-        let id = Self::id_of(next)?;
-        let file = self.file(id);
-        let text = self.block(next, id);
-        let what = || format!("writing {}", file.display());
-        match previous {
-            None => {
-                // Recorded first: a crash before ganesha heard of it is repaired at
-                // start by adding what the record says.
-                files::replace(&file, text.as_bytes()).map_err(ExportError::io(what()))?;
-                // Mounted after the record is written and before ganesha is asked: a
-                // crash in between leaves a record the start-up mounts and exports.
-                let added = self.mount(next).and_then(|_| {
-                    super::fault::crash_if_asked(super::fault::FaultPoint::AfterMount);
-                    self.bus.add(&file, id)
-                });
-                if let Err(error) = added {
-                    let _ = self.unmount(next);
-                    let _ = files::remove(&file);
-                    return Err(error);
+        self.apply_all(&[(previous, next)], all)
+            .pop()
+            .unwrap_or_else(|| Err(ExportError::Corrupt("no result for a change".into())))
+    }
+
+    fn apply_all(
+        &self,
+        changes: &[super::server::Change<'_>],
+        _all: &Table,
+    ) -> Vec<Result<(), ExportError>> {
+        let mut results: Vec<Option<Result<(), ExportError>>> =
+            changes.iter().map(|_| None).collect();
+        let mut group = files::Group::new(&self.dir);
+        let mut adds = Vec::new();
+        let mut updates = Vec::new();
+        for (at, (previous, next)) in changes.iter().enumerate() {
+            let id = match Self::id_of(next) {
+                Ok(id) => id,
+                Err(error) => {
+                    results[at] = Some(Err(error));
+                    continue;
                 }
-                self.write_includes(all)
-            }
-            Some(_) => {
+            };
+            let file = self.file(id);
+            let text = self.block(next, id);
+            let what = || format!("writing {}", file.display());
+            if previous.is_none() {
+                // Recorded first: a crash before ganesha heard of it is repaired at
+                // start by adding what the record says. Mounted after the record is
+                // written and before ganesha is asked: a crash in between leaves a
+                // record the start-up mounts and exports.
+                let made = group
+                    .replace(&file, text.as_bytes())
+                    .map_err(ExportError::io(what()))
+                    .and_then(|()| self.mount(next))
+                    .map(|_| super::fault::crash_if_asked(super::fault::FaultPoint::AfterMount));
+                match made {
+                    Ok(()) => adds.push((at, id)),
+                    Err(error) => {
+                        self.undo_add(&mut group, next, id);
+                        results[at] = Some(Err(error));
+                    }
+                }
+            } else {
                 // ganesha reads the new block from beside the record, which stays the
                 // old one until ganesha has it: a leftover staged file at start means
                 // ganesha may serve either, and it is set back to the record.
-                let staged =
-                    files::stage(&file, text.as_bytes()).map_err(ExportError::io(what()))?;
-                if let Err(error) = self.bus.update(&staged, id) {
-                    let _ = files::remove(&staged);
-                    return Err(error);
+                match group.stage(&file, text.as_bytes()) {
+                    Ok(staged) => updates.push((at, id, staged)),
+                    Err(error) => results[at] = Some(Err(ExportError::io(what())(error))),
                 }
-                files::commit(&staged, &file).map_err(ExportError::io(what()))
             }
         }
+
+        let add_ids: Vec<u16> = adds.iter().map(|(_, id)| *id).collect();
+        let mut listed = imbl::OrdSet::clone(&self.listed.load());
+        let mut added = Vec::new();
+        for ((at, id), result) in adds.iter().zip(self.add_many(&add_ids)) {
+            if result.is_ok() {
+                listed.insert(*id);
+                added.push(*id);
+            } else if let Some((_, next)) = changes.get(*at) {
+                self.undo_add(&mut group, next, *id);
+            }
+            results[*at] = Some(result);
+        }
+
+        let staged: Vec<(PathBuf, u16)> = updates
+            .iter()
+            .map(|(_, id, staged)| (staged.clone(), *id))
+            .collect();
+        for ((at, id, staged), result) in updates.iter().zip(self.update_many(&staged)) {
+            let file = self.file(*id);
+            let result = result.and_then(|()| {
+                group
+                    .commit(staged, &file)
+                    .map_err(ExportError::io(format!("writing {}", file.display())))
+            });
+            if result.is_err() {
+                let _ = group.remove(staged);
+            }
+            results[*at] = Some(result);
+        }
+
+        // The include lists name the new exports, so a restart of ganesha serves them.
+        let durable = self.write_lists(&mut group, added, listed).and_then(|()| {
+            group
+                .sync()
+                .map_err(ExportError::io(format!("syncing {}", self.dir.display())))
+        });
+        results
+            .into_iter()
+            .map(|result| {
+                let result = result.unwrap_or_else(|| {
+                    Err(ExportError::Corrupt("a change was left unanswered".into()))
+                });
+                match (&durable, result) {
+                    (Err(error), Ok(())) => Err(ExportError::Corrupt(format!(
+                        "served, but not made durable: {error}"
+                    ))),
+                    (_, result) => result,
+                }
+            })
+            .collect()
     }
 
-    fn remove(&self, record: &ExportRecord, all: &Table) -> Result<(), ExportError> {
+    fn remove(&self, record: &ExportRecord, _all: &Table) -> Result<(), ExportError> {
         let id = Self::id_of(record)?;
         self.withdraw(id)?;
         // Unmounted before the record goes: a crash in between leaves a record, and the
         // start-up mounts and exports the volume again (or removes both if it is gone).
         self.unmount(record)?;
         let file = self.file(id);
-        files::remove(&file).map_err(ExportError::io(format!("removing {}", file.display())))?;
+        let mut group = files::Group::new(&self.dir);
+        group
+            .remove(&file)
+            .map_err(ExportError::io(format!("removing {}", file.display())))?;
         if let Ok(staged) = files::staged_name(&file) {
-            let _ = files::remove(&staged);
+            let _ = group.remove(&staged);
         }
-        self.write_includes(all)
+        let mut listed = imbl::OrdSet::clone(&self.listed.load());
+        listed.remove(&id);
+        self.write_lists(&mut group, [id], listed)?;
+        group
+            .sync()
+            .map_err(ExportError::io(format!("syncing {}", self.dir.display())))
     }
 
     /// Only ganesha's export goes: the file, the include list and a btrfs volume's
@@ -516,27 +848,14 @@ impl NfsServer for Ganesha {
                 remounted.extend(all.get(volume).and_then(|record| record.id));
             }
         }
+        let mut missing = Vec::new();
         for &id in &by_id {
             let file = self.file(id);
             let staged = files::staged_name(&file)
                 .map_err(ExportError::io(format!("naming beside {}", file.display())))?;
             let interrupted = staged.exists();
             if !served.contains(&id) {
-                let volume = by_volume.get(&id).map(|volume| (*volume).clone());
-                match self.bus.add(&file, id) {
-                    Ok(()) => {
-                        restored.added += 1;
-                        restored.re_added.extend(volume);
-                    }
-                    // The bus or ganesha itself is away: the pass fails and is retried.
-                    Err(error @ ExportError::Unavailable(_)) => return Err(error),
-                    // Refused for this export alone (its directory gone, say): the others
-                    // are still served again, and this one is reported unserved.
-                    Err(error) => {
-                        tracing::warn!(export_id = id, volume = ?volume, %error, "ganesha refused to serve a recorded export again");
-                        restored.unserved.extend(volume);
-                    }
-                }
+                missing.push(id);
             } else if interrupted || remounted.contains(&id) {
                 // A served export whose mount was missing serves the parent's view of the
                 // path; updated, ganesha resolves it to the new mount.
@@ -548,6 +867,24 @@ impl NfsServer for Ganesha {
             if interrupted {
                 files::remove(&staged)
                     .map_err(ExportError::io(format!("removing {}", staged.display())))?;
+            }
+        }
+        // What ganesha lacks (all of it after its restart) is added in batches.
+        for (id, result) in missing.iter().zip(self.add_many(&missing)) {
+            let volume = by_volume.get(id).map(|volume| (*volume).clone());
+            match result {
+                Ok(()) => {
+                    restored.added += 1;
+                    restored.re_added.extend(volume);
+                }
+                // The bus or ganesha itself is away: the pass fails and is retried.
+                Err(error @ ExportError::Unavailable(_)) => return Err(error),
+                // Refused for this export alone (its directory gone, say): the others
+                // are still served again, and this one is reported unserved.
+                Err(error) => {
+                    tracing::warn!(export_id = id, volume = ?volume, %error, "ganesha refused to serve a recorded export again");
+                    restored.unserved.extend(volume);
+                }
             }
         }
         Ok(restored)

@@ -352,7 +352,7 @@ mod tests {
             options(&record, true, VolumeLayout::SharedFilesystem),
             "rw,root_squash,sec=sys,sync,subtree_check,secure"
         );
-        let table = Table::from([(record.volume.clone(), record)]);
+        let table: Table = [(record.volume.clone(), record)].into_iter().collect();
         let file = knfsd.file_text(&table);
         assert!(
             file.contains(

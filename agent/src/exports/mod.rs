@@ -23,6 +23,6 @@ pub use knfsd::Knfsd;
 pub use reconciler::{Pass, PassStep, Reconciler};
 pub use record::ExportRecord;
 pub use server::Restored;
-pub use server::{ExportError, NfsServer, Table};
+pub use server::{Change, ExportError, NfsServer, Table};
 pub use settings::{ExportSettings, VolumeLayout};
 pub use table::{ExportHealth, Exports};

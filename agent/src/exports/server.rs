@@ -1,12 +1,15 @@
-use std::collections::BTreeMap;
 use std::fmt;
 
 use nfsprov_api_types::{ApiError, ErrorCode, ExportManager, VolumePath};
 
 use super::record::ExportRecord;
 
-/// The whole export table, by volume.
-pub type Table = BTreeMap<VolumePath, ExportRecord>;
+/// The whole export table, by volume: a persistent map, so that the table after a change
+/// is made from the one before in O(log n) while readers keep theirs.
+pub type Table = imbl::OrdMap<VolumePath, ExportRecord>;
+
+/// One change of an export: what was served (`None`: nothing) and what is to be.
+pub type Change<'a> = (Option<&'a ExportRecord>, &'a ExportRecord);
 
 /// What a start-up or a pass of the reconciler found and repaired.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -52,6 +55,25 @@ pub trait NfsServer: Send + Sync + fmt::Debug {
         next: &ExportRecord,
         all: &Table,
     ) -> Result<(), ExportError>;
+    /// Serves each of `changes` as [`Self::apply`] would, with one result per change in
+    /// order; `all` is the table with every change in it. A server that can take several
+    /// changes in one call, with one sync of its files for all, overrides this; the
+    /// default applies them one by one and stops calling a server that does not answer.
+    fn apply_all(&self, changes: &[Change<'_>], all: &Table) -> Vec<Result<(), ExportError>> {
+        let mut results = Vec::with_capacity(changes.len());
+        let mut unanswered: Option<String> = None;
+        for (previous, next) in changes {
+            let result = match &unanswered {
+                Some(why) => Err(ExportError::Unavailable(why.clone())),
+                None => self.apply(*previous, next, all),
+            };
+            if let Err(ExportError::Unavailable(why)) = &result {
+                unanswered = Some(why.clone());
+            }
+            results.push(result);
+        }
+        results
+    }
     /// Stops serving `record` and forgets it; `all` is the table without it.
     fn remove(&self, record: &ExportRecord, all: &Table) -> Result<(), ExportError>;
     /// Stops serving `record` for a while and keeps it: the server lets go of the

@@ -1,6 +1,8 @@
-use std::collections::BTreeSet;
+use std::collections::{BTreeSet, HashSet};
 use std::path::Path;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU16, AtomicU64, Ordering};
+use std::sync::mpsc::{Receiver, RecvTimeoutError, SyncSender, sync_channel};
 use std::time::{Duration, Instant};
 
 use arc_swap::ArcSwap;
@@ -32,6 +34,9 @@ pub struct Exports {
     ids: std::ops::RangeInclusive<u16>,
     /// What the server was last seen to accept: the table readers see.
     published: ArcSwap<Table>,
+    /// The export ids the published table gives, swapped with it: a free id is found
+    /// without a walk of the table.
+    published_ids: ArcSwap<imbl::OrdSet<u16>>,
     /// Exports of volumes that were gone at start, still to be withdrawn from the
     /// server; changed only under the change lock.
     gone: ArcSwap<Vec<ExportRecord>>,
@@ -39,12 +44,29 @@ pub struct Exports {
     /// ([`Exports::withhold`]); changed only under the change lock.
     withheld: ArcSwap<BTreeSet<VolumePath>>,
     changes: Arc<ChangeLock<()>>,
+    /// Changes of exports waiting to be applied together by whoever holds the change
+    /// lock next (the group commit of [`Exports::set`]); held only to push or take.
+    waiting: ChangeLock<Vec<Waiting>>,
+    /// Numbers the waiting changes, so that one that gives up can take itself back.
+    tickets: AtomicU64,
+    /// Where the search for a free export id starts: after the last one given, so that
+    /// giving ids costs no walk of the taken ones. Changed only under the change lock.
+    next_id: AtomicU16,
     /// Longest wait for the change lock and for each answer of the server.
     server_timeout: Duration,
     health: ArcSwap<ExportHealth>,
     /// Wakes the reconciler before its interval is up (after a change the server did
     /// not answer).
     pub(super) wake: Notify,
+}
+
+/// What a waiting change calls for.
+enum Planned {
+    Served(VolumeExport),
+    Change {
+        previous: Option<ExportRecord>,
+        next: Box<ExportRecord>,
+    },
 }
 
 /// Whether the server serves what the table says, as far as the agent last knew.
@@ -65,6 +87,20 @@ impl ExportHealth {
 
 /// The change lock, held: what a change of the table needs.
 pub(super) type Held = OwnedMutexGuard<()>;
+
+/// How often a change waiting in the group looks whether the change lock is free to
+/// apply the group itself: the holder may be a pass or a removal, which applies no
+/// group, and it would otherwise wait out its time limit.
+const WAITING_LOOK: Duration = Duration::from_millis(10);
+
+/// A change of one export waiting for its group to be applied.
+#[derive(Debug)]
+struct Waiting {
+    ticket: u64,
+    volume: VolumePath,
+    request: ExportRequest,
+    answer: SyncSender<Result<VolumeExport, ExportError>>,
+}
 
 impl Exports {
     /// No manager: volumes carry no export of their own.
@@ -114,6 +150,14 @@ impl Exports {
             }
         }
         let exports = Self::with_server(Some(server), mount_root, settings);
+        let ids: imbl::OrdSet<u16> = table.values().filter_map(|record| record.id).collect();
+        // New ids are given on from the highest taken, not searched for from the first.
+        if let Some(highest) = ids.get_max() {
+            exports
+                .next_id
+                .store(highest.saturating_add(1), Ordering::Relaxed);
+        }
+        exports.published_ids.store(Arc::new(ids));
         exports.published.store(Arc::new(table));
         // The volume was deleted or archived by a run that crashed before it forgot
         // the export (or by hand): nothing may be served at its path any more.
@@ -145,9 +189,13 @@ impl Exports {
             mount_root: mount_root.to_owned(),
             ids: settings.ganesha_export_ids.clone(),
             published: ArcSwap::from_pointee(Table::new()),
+            published_ids: ArcSwap::from_pointee(imbl::OrdSet::new()),
             gone: ArcSwap::from_pointee(Vec::new()),
             withheld: ArcSwap::from_pointee(BTreeSet::new()),
             changes: Arc::new(ChangeLock::new(())),
+            waiting: ChangeLock::new(Vec::new()),
+            tickets: AtomicU64::new(0),
+            next_id: AtomicU16::new(*settings.ganesha_export_ids.start()),
             server_timeout: settings.server_timeout,
             health: ArcSwap::from_pointee(ExportHealth::Serving),
             wake: Notify::new(),
@@ -199,42 +247,209 @@ impl Exports {
     /// Makes the NFS server serve `request` for `volume`, in place of what it served.
     /// Asking again for what is served already changes nothing and calls no server.
     /// Called from a blocking thread: it may wait for the server.
+    ///
+    /// Changes asked for at the same time are applied as one group (a group commit):
+    /// each waits in line, and whoever takes the change lock applies every change
+    /// waiting, with one sync of the server's files and, where the server can, one call
+    /// to it for all. A change waits for its group at most the server time limit before
+    /// it has started; once started, the group is bounded by the server's time limit per
+    /// call.
     pub fn set(
         &self,
         volume: &VolumePath,
         request: &ExportRequest,
     ) -> Result<VolumeExport, ExportError> {
-        let server = self.server.as_ref().ok_or(ExportError::NoManager)?;
+        if self.server.is_none() {
+            return Err(ExportError::NoManager);
+        }
         if let Some(served) = self.served_as(volume, request) {
             return Ok(served);
         }
-        let held = self.begin_change()?;
-        let result = self.settle_gone(&held, Some(volume)).and_then(|_| {
-            // Again under the lock: a change that ran meanwhile may have made it so.
-            if let Some(served) = self.served_as(volume, request) {
-                return Ok(served);
-            }
-            let mut table = Table::clone(&self.published.load());
-            let previous = table.get(volume).cloned();
-            let id = match (&previous, server.needs_id()) {
-                (Some(previous), _) => previous.id,
-                (None, true) => Some(self.free_id(&table)?),
-                (None, false) => None,
-            };
-            let next = ExportRecord::new(volume.clone(), id, request.clone())
-                .named(
-                    previous.as_ref(),
-                    request.opaque_path && server.serves_opaque_paths(),
-                    server.gives_fsids(),
-                )
-                .map_err(ExportError::io("drawing the export's names"))?;
-            table.insert(volume.clone(), next.clone());
-            server.apply(previous.as_ref(), &next, &table)?;
-            self.published.store(Arc::new(table));
-            Ok(next.to_volume_export(&self.mount_root))
+        let (answer, answered) = sync_channel(1);
+        let ticket = self.tickets.fetch_add(1, Ordering::Relaxed);
+        self.waiting_list().push(Waiting {
+            ticket,
+            volume: volume.clone(),
+            request: request.clone(),
+            answer,
         });
+        let result = self.await_group(ticket, &answered);
         self.note(&result);
         result
+    }
+
+    /// Waits until the change `ticket` is applied, applying the waiting group itself
+    /// whenever the change lock is free.
+    fn await_group(
+        &self,
+        ticket: u64,
+        answered: &Receiver<Result<VolumeExport, ExportError>>,
+    ) -> Result<VolumeExport, ExportError> {
+        let deadline = Instant::now() + self.server_timeout;
+        loop {
+            if let Ok(held) = self.changes.clone().try_lock_owned() {
+                self.apply_waiting(&held);
+            }
+            match answered.recv_timeout(WAITING_LOOK) {
+                Ok(result) => return result,
+                Err(RecvTimeoutError::Timeout) => {
+                    if Instant::now() >= deadline && self.take_back(ticket) {
+                        return Err(ExportError::Unavailable(format!(
+                            "another export change has waited for the NFS server for {}s (exports.server_timeout_seconds)",
+                            self.server_timeout.as_secs()
+                        )));
+                    }
+                }
+                Err(RecvTimeoutError::Disconnected) => {
+                    return Err(ExportError::Corrupt(
+                        "an export change was dropped unanswered".into(),
+                    ));
+                }
+            }
+        }
+    }
+
+    /// The list of waiting changes, locked only to push or take (never across I/O).
+    fn waiting_list(&self) -> tokio::sync::MutexGuard<'_, Vec<Waiting>> {
+        loop {
+            if let Ok(list) = self.waiting.try_lock() {
+                return list;
+            }
+            std::thread::yield_now();
+        }
+    }
+
+    /// Takes the change `ticket` out of the line if no group has taken it yet.
+    fn take_back(&self, ticket: u64) -> bool {
+        let mut list = self.waiting_list();
+        match list.iter().position(|waiting| waiting.ticket == ticket) {
+            Some(at) => {
+                list.remove(at);
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// Applies every waiting change, group after group, until none waits.
+    fn apply_waiting(&self, held: &Held) {
+        loop {
+            let group = std::mem::take(&mut *self.waiting_list());
+            if group.is_empty() {
+                return;
+            }
+            self.apply_group(held, group);
+        }
+    }
+
+    /// Applies one group of waiting changes and answers each. A volume named twice in
+    /// the group has its later change put back in line for the next group.
+    fn apply_group(&self, held: &Held, group: Vec<Waiting>) {
+        let Some(server) = self.server.as_ref() else {
+            for waiting in group {
+                let _ = waiting.answer.send(Err(ExportError::NoManager));
+            }
+            return;
+        };
+        let mut table = Table::clone(&self.published.load());
+        let mut ids = imbl::OrdSet::clone(&self.published_ids.load());
+        let mut seen = HashSet::new();
+        let mut later = Vec::new();
+        let mut planned: Vec<(Waiting, Option<ExportRecord>, ExportRecord)> = Vec::new();
+        for waiting in group {
+            if !seen.insert(waiting.volume.clone()) {
+                later.push(waiting);
+                continue;
+            }
+            match self.plan(held, server.as_ref(), &mut table, &mut ids, &waiting) {
+                Ok(Planned::Served(served)) => {
+                    let _ = waiting.answer.send(Ok(served));
+                }
+                Ok(Planned::Change { previous, next }) => planned.push((waiting, previous, *next)),
+                Err(error) => {
+                    let _ = waiting.answer.send(Err(error));
+                }
+            }
+        }
+        let changes: Vec<super::server::Change<'_>> = planned
+            .iter()
+            .map(|(_, previous, next)| (previous.as_ref(), next))
+            .collect();
+        let results = server.apply_all(&changes, &table);
+        let mut answers = Vec::with_capacity(planned.len());
+        for ((waiting, previous, next), result) in planned.into_iter().zip(results) {
+            match result {
+                Ok(()) => answers.push((waiting, Ok(next.to_volume_export(&self.mount_root)))),
+                Err(error) => {
+                    // What the server did not take is not published.
+                    match previous {
+                        Some(previous) => {
+                            table.insert(next.volume.clone(), previous);
+                        }
+                        None => {
+                            table.remove(&next.volume);
+                            if let Some(id) = next.id {
+                                ids.remove(&id);
+                            }
+                        }
+                    }
+                    answers.push((waiting, Err(error)));
+                }
+            }
+        }
+        self.published_ids.store(Arc::new(ids));
+        self.published.store(Arc::new(table));
+        for (waiting, answer) in answers {
+            let _ = waiting.answer.send(answer);
+        }
+        if !later.is_empty() {
+            let mut list = self.waiting_list();
+            later.append(&mut list);
+            *list = later;
+        }
+    }
+
+    /// What one waiting change needs, with the group's table so far: nothing (served as
+    /// asked already), or a change with the next record, put in `table`.
+    fn plan(
+        &self,
+        held: &Held,
+        server: &dyn NfsServer,
+        table: &mut Table,
+        ids: &mut imbl::OrdSet<u16>,
+        waiting: &Waiting,
+    ) -> Result<Planned, ExportError> {
+        let volume = &waiting.volume;
+        let request = &waiting.request;
+        self.settle_gone(held, Some(volume))?;
+        let previous = table.get(volume).cloned();
+        if let Some(previous) = &previous {
+            let served = previous.to_volume_export(&self.mount_root);
+            if served.matches(request) {
+                return Ok(Planned::Served(served));
+            }
+        }
+        let id = match (&previous, server.needs_id()) {
+            (Some(previous), _) => previous.id,
+            (None, true) => {
+                let id = self.free_id(ids)?;
+                ids.insert(id);
+                Some(id)
+            }
+            (None, false) => None,
+        };
+        let next = ExportRecord::new(volume.clone(), id, request.clone())
+            .named(
+                previous.as_ref(),
+                request.opaque_path && server.serves_opaque_paths(),
+                server.gives_fsids(),
+            )
+            .map_err(ExportError::io("drawing the export's names"))?;
+        table.insert(volume.clone(), next.clone());
+        Ok(Planned::Change {
+            previous,
+            next: Box::new(next),
+        })
     }
 
     fn served_as(&self, volume: &VolumePath, request: &ExportRequest) -> Option<VolumeExport> {
@@ -366,6 +581,11 @@ impl Exports {
                 return Ok(());
             };
             server.remove(&record, &table)?;
+            if let Some(id) = record.id {
+                let mut ids = imbl::OrdSet::clone(&self.published_ids.load());
+                ids.remove(&id);
+                self.published_ids.store(Arc::new(ids));
+            }
             self.published.store(Arc::new(table));
             Ok(())
         });
@@ -475,18 +695,25 @@ impl Exports {
         }
     }
 
-    fn free_id(&self, table: &Table) -> Result<u16, ExportError> {
-        // A gone volume's id stays taken until its export is withdrawn: its file and
-        // perhaps the server still carry it.
-        let used: BTreeSet<u16> = table
-            .values()
-            .chain(self.gone.load().iter())
-            .filter_map(|record| record.id)
-            .collect();
-        self.ids
-            .clone()
-            .find(|id| !used.contains(id))
-            .ok_or(ExportError::NoFreeId)
+    /// A free export id, searched from after the last one given: `taken` holds every id
+    /// of the table. Called under the change lock.
+    fn free_id(&self, taken: &imbl::OrdSet<u16>) -> Result<u16, ExportError> {
+        let (first, last) = (*self.ids.start(), *self.ids.end());
+        let gone_holds = |id: u16| {
+            // A gone volume's id stays taken until its export is withdrawn: its file and
+            // perhaps the server still carry it.
+            self.gone.load().iter().any(|record| record.id == Some(id))
+        };
+        let start = self.next_id.load(Ordering::Relaxed).clamp(first, last);
+        let candidates = (start..=last).chain(first..start);
+        for id in candidates {
+            if !taken.contains(&id) && !gone_holds(id) {
+                self.next_id
+                    .store(if id == last { first } else { id + 1 }, Ordering::Relaxed);
+                return Ok(id);
+            }
+        }
+        Err(ExportError::NoFreeId)
     }
 }
 
@@ -508,6 +735,8 @@ mod tests {
         removed: Mutex<Vec<u16>>,
         suspended: Mutex<Vec<u16>>,
         restores: std::sync::atomic::AtomicUsize,
+        /// The size of each group `apply_all` was given.
+        groups: Mutex<Vec<usize>>,
     }
 
     impl NfsServer for MockServer {
@@ -526,11 +755,24 @@ mod tests {
             _: &ExportRecord,
             _: &Table,
         ) -> Result<(), ExportError> {
-            if let Some((started, finish)) = &*self.gate.lock().unwrap() {
+            // Taken: only the next apply waits.
+            let gate = self.gate.lock().unwrap().take();
+            if let Some((started, finish)) = gate {
                 started.send(()).unwrap();
                 finish.recv().unwrap();
             }
             Ok(())
+        }
+        fn apply_all(
+            &self,
+            changes: &[super::super::Change<'_>],
+            all: &Table,
+        ) -> Vec<Result<(), ExportError>> {
+            self.groups.lock().unwrap().push(changes.len());
+            changes
+                .iter()
+                .map(|(previous, next)| self.apply(*previous, next, all))
+                .collect()
         }
         fn remove(&self, record: &ExportRecord, _: &Table) -> Result<(), ExportError> {
             self.reachable()?;
@@ -621,9 +863,50 @@ mod tests {
             "{refused:?}"
         );
         finish.send(()).unwrap();
-        *server.gate.lock().unwrap() = None;
         hung.await.unwrap().unwrap();
         assert!(exports.get(&path("ns/hung")).is_some());
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn changes_asked_while_one_is_applied_are_applied_together_as_one_group() {
+        let server = Arc::new(MockServer::default());
+        let (exports, _) = open(server.clone(), &[]);
+        let (started_tx, started) = channel();
+        let (finish, finish_rx) = channel();
+        *server.gate.lock().unwrap() = Some((started_tx, finish_rx));
+        let first = {
+            let exports = exports.clone();
+            tokio::task::spawn_blocking(move || {
+                exports.set(&path("ns/first"), &ExportRequest::default())
+            })
+        };
+        started.recv().unwrap();
+        // Ten more while the first is with the server: they wait in line.
+        let others: Vec<_> = (0..10)
+            .map(|i| {
+                let exports = exports.clone();
+                tokio::task::spawn_blocking(move || {
+                    exports.set(&path(&format!("ns/v{i}")), &ExportRequest::default())
+                })
+            })
+            .collect();
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while exports.waiting_list().len() < 10 {
+            assert!(Instant::now() < deadline, "the ten never waited in line");
+            tokio::task::yield_now().await;
+        }
+        finish.send(()).unwrap();
+        first.await.unwrap().unwrap();
+        let mut ids = BTreeSet::new();
+        for other in others {
+            other.await.unwrap().unwrap();
+        }
+        for i in 0..10 {
+            let record = &exports.published.load()[&path(&format!("ns/v{i}"))];
+            assert!(ids.insert(record.id.unwrap()), "an id given twice");
+        }
+        assert_eq!(*server.groups.lock().unwrap(), vec![1, 10]);
+        assert_eq!(exports.len(), 11);
     }
 
     #[tokio::test]

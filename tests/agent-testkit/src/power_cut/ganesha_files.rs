@@ -40,65 +40,58 @@ impl GaneshaFiles {
     /// Reads `dir` (the copy's directory), whose files name `original` (the directory as
     /// the acknowledging agent had it) in their `%include`s.
     pub fn read(dir: &Path, original: &Path) -> anyhow::Result<Self> {
-        let include = dir.join(INCLUDE_FILE);
-        let text = std::fs::read_to_string(&include)
-            .with_context(|| format!("{INCLUDE_FILE} is not on the copy"))?;
         let mut blocks = BTreeMap::new();
         let mut ids = BTreeSet::new();
         let mut included = BTreeSet::new();
-        for line in text.lines() {
-            let line = line.trim();
-            if line.is_empty() || line.starts_with('#') {
-                continue;
-            }
-            let named = line
-                .strip_prefix("%include")
-                .map(str::trim)
-                .and_then(|rest| rest.strip_prefix('"'))
-                .and_then(|rest| rest.strip_suffix('"'))
-                .with_context(|| {
-                    let shown: String = line.chars().take(80).collect();
-                    format!("{INCLUDE_FILE} has a line that is no %include: {shown:?}")
-                })?;
-            let name = Path::new(named)
-                .strip_prefix(original)
-                .ok()
-                .filter(|name| name.components().count() == 1)
-                .with_context(|| {
-                    format!("{INCLUDE_FILE} includes {named}, outside its directory")
-                })?;
-            ensure!(
-                included.insert(name.to_owned()),
-                "{INCLUDE_FILE} includes {named} twice"
-            );
-            let file = dir.join(name);
-            let block_text = std::fs::read_to_string(&file)
-                .with_context(|| format!("{INCLUDE_FILE} includes {named}, which is missing"))?;
-            let block =
-                ExportBlock::parse(&block_text).with_context(|| format!("the block of {named}"))?;
-            ensure!(
-                ids.insert(block.id),
-                "Export_Id {} is given twice",
-                block.id
-            );
-            if let Some(other) = blocks.insert(block.path.clone(), block) {
-                bail!("{} is exported twice", other.path);
+        let mut lists = BTreeSet::new();
+        // `exports.conf` includes the lists of the buckets of ids, each of which includes
+        // its blocks: followed level by level, as ganesha's parser does.
+        let mut pending = vec![PathBuf::from(INCLUDE_FILE)];
+        while let Some(list) = pending.pop() {
+            let shown_list = list.display().to_string();
+            let text = std::fs::read_to_string(dir.join(&list))
+                .with_context(|| format!("{shown_list} is not on the copy"))?;
+            lists.insert(list.clone());
+            for name in include_lines(&text, original, &shown_list)? {
+                ensure!(
+                    included.insert(name.clone()),
+                    "{} is included twice",
+                    name.display()
+                );
+                let named = name.display();
+                let file_text = std::fs::read_to_string(dir.join(&name))
+                    .with_context(|| format!("{shown_list} includes {named}, which is missing"))?;
+                if is_list(&file_text) {
+                    pending.push(name);
+                    continue;
+                }
+                let block = ExportBlock::parse(&file_text)
+                    .with_context(|| format!("the block of {named}"))?;
+                ensure!(
+                    ids.insert(block.id),
+                    "Export_Id {} is given twice",
+                    block.id
+                );
+                if let Some(other) = blocks.insert(block.path.clone(), block) {
+                    bail!("{} is exported twice", other.path);
+                }
             }
         }
         let entries = std::fs::read_dir(dir)?
             .map(|entry| Ok(entry?.file_name().to_string_lossy().into_owned()))
             .collect::<std::io::Result<BTreeSet<String>>>()?;
-        // Every block file is included: one left beside the include list would be
+        // Every block file is included: one left beside the include lists would be
         // loaded by nothing at boot, but by the agent's start as a record.
         let block_files: BTreeSet<PathBuf> = entries
             .iter()
-            .filter(|name| name.as_str() != INCLUDE_FILE && name.ends_with(".conf"))
+            .filter(|name| name.ends_with(".conf") && !name.starts_with('.'))
             .map(PathBuf::from)
+            .filter(|name| !lists.contains(name))
             .collect();
         let not_included: Vec<_> = block_files.difference(&included).collect();
         ensure!(
             not_included.is_empty(),
-            "the directory holds block files {INCLUDE_FILE} does not include: {not_included:?}"
+            "the directory holds block files no include list names: {not_included:?}"
         );
         Ok(Self { blocks, entries })
     }
@@ -111,6 +104,43 @@ impl GaneshaFiles {
             .filter(|name| name.starts_with('.'))
             .collect()
     }
+}
+
+/// The files a list `%include`s, each a name in the directory (`original` as the
+/// acknowledging agent named it).
+fn include_lines(text: &str, original: &Path, list: &str) -> anyhow::Result<Vec<PathBuf>> {
+    let mut names = Vec::new();
+    for line in text.lines() {
+        let line = line.trim();
+        if line.is_empty() || line.starts_with('#') {
+            continue;
+        }
+        let named = line
+            .strip_prefix("%include")
+            .map(str::trim)
+            .and_then(|rest| rest.strip_prefix('"'))
+            .and_then(|rest| rest.strip_suffix('"'))
+            .with_context(|| {
+                let shown: String = line.chars().take(80).collect();
+                format!("{list} has a line that is no %include: {shown:?}")
+            })?;
+        let name = Path::new(named)
+            .strip_prefix(original)
+            .ok()
+            .filter(|name| name.components().count() == 1)
+            .with_context(|| format!("{list} includes {named}, outside its directory"))?;
+        names.push(name.to_owned());
+    }
+    Ok(names)
+}
+
+/// Whether a file is an include list (only `%include` lines and comments) rather than a
+/// block.
+fn is_list(text: &str) -> bool {
+    text.lines()
+        .map(str::trim)
+        .filter(|line| !line.is_empty() && !line.starts_with('#'))
+        .all(|line| line.starts_with("%include"))
 }
 
 impl ExportBlock {
