@@ -100,6 +100,9 @@ pub struct ExportsSection {
     /// ganesha: the first and last export id the agent may give a volume.
     pub ganesha_first_export_id: u16,
     pub ganesha_last_export_id: u16,
+    /// ganesha: whether its own start reads every export from the agent's include
+    /// lists; `false`: the agent serves them all once ganesha is on the bus.
+    pub ganesha_reads_exports_at_start: bool,
     /// knfsd: the file under /etc/exports.d/ the agent owns.
     pub knfsd_exports_file: PathBuf,
     /// knfsd: the `exportfs` command.
@@ -143,6 +146,7 @@ impl Default for ExportsSection {
             ganesha_dbus_address: None,
             ganesha_first_export_id: *defaults.ganesha_export_ids.start(),
             ganesha_last_export_id: *defaults.ganesha_export_ids.end(),
+            ganesha_reads_exports_at_start: defaults.ganesha_reads_exports_at_start,
             knfsd_exports_file: defaults.knfsd_exports_file,
             knfsd_exportfs: defaults.knfsd_exportfs,
             allow_unprivileged_ports: defaults.allow_unprivileged_ports,
@@ -200,6 +204,7 @@ impl ExportsSection {
             ganesha_config_dir: self.ganesha_config_dir,
             ganesha_dbus_address: self.ganesha_dbus_address,
             ganesha_export_ids: self.ganesha_first_export_id..=self.ganesha_last_export_id,
+            ganesha_reads_exports_at_start: self.ganesha_reads_exports_at_start,
             knfsd_exports_file: self.knfsd_exports_file,
             knfsd_exportfs: self.knfsd_exportfs,
             allow_unprivileged_ports: self.allow_unprivileged_ports,

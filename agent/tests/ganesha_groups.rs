@@ -246,3 +246,60 @@ fn export_ids(config_dir: &Path) -> std::collections::HashMap<String, u16> {
     }
     ids
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_ganesha_that_reads_no_export_at_start_is_served_all_again_when_it_is_back_on_the_bus() {
+    const TEST: &str =
+        "a_ganesha_that_reads_no_export_at_start_is_served_all_again_when_it_is_back_on_the_bus";
+    if let Some(tool) = ["ganesha.nfsd", "dbus-daemon", "dbus-send"]
+        .into_iter()
+        .find(|tool| !installed(tool))
+    {
+        nfsprov_test_skip::skip(TEST, &format!("{tool} is not installed"));
+        return;
+    }
+    let base = tempfile::tempdir().unwrap();
+    let root = base.path().join("exports");
+    let config_dir = base.path().join("ganesha.d");
+    for i in 0..VOLUMES {
+        std::fs::create_dir_all(root.join(volume(i).as_str())).unwrap();
+    }
+    let bus = PrivateBus::start().await.unwrap();
+    let mut ganesha = Ganesha::start(&bus, &config_dir).await.unwrap();
+    let settings = ExportSettings {
+        manager: ExportManager::Ganesha,
+        ganesha_config_dir: config_dir.clone(),
+        ganesha_dbus_address: Some(bus.address().to_owned()),
+        ganesha_reads_exports_at_start: false,
+        // No pass of its own within the test: only ganesha's return can start one.
+        reconcile_interval: std::time::Duration::from_secs(3600),
+        ..ExportSettings::default()
+    };
+    let exports = open(&settings, &root);
+    let passes =
+        nfsprov_agent::exports::Reconciler::new(exports.clone(), settings.reconcile_interval)
+            .spawn(|_| {});
+    let results = set_all(&exports, &request(&["127.0.0.2"])).await;
+    assert!(results.iter().all(Result::is_ok), "{results:?}");
+    let served = |ganesha: &Ganesha| ganesha.export_ids().unwrap().len();
+    assert_eq!(served(&ganesha), VOLUMES + 1, "with the pseudo root");
+    let top = std::fs::read_to_string(config_dir.join("exports.conf")).unwrap();
+    assert!(
+        !top.contains("%include"),
+        "ganesha's start reads none: {top}"
+    );
+
+    ganesha.restart().await.unwrap();
+    // The first pass after ganesha took its name serves everything again.
+    nfsprov_agent_testkit::eventually(
+        "ganesha to serve every export again",
+        std::time::Duration::from_secs(60),
+        || {
+            let count = ganesha.export_ids().map(|ids| ids.len()).unwrap_or(0);
+            async move { count == VOLUMES + 1 }
+        },
+    )
+    .await
+    .unwrap();
+    passes.abort();
+}

@@ -30,6 +30,8 @@ use super::subvolume_mount::SubvolumeMounts;
 const DESTINATION: &str = "org.ganesha.nfsd";
 const OBJECT: &str = "/org/ganesha/nfsd/ExportMgr";
 const INTERFACE: &str = "org.ganesha.nfsd.exportmgr";
+/// The pause before connecting again to a bus that went away, to watch ganesha's restarts.
+const RECONNECT_PAUSE: Duration = Duration::from_secs(5);
 /// The file ganesha.conf includes.
 pub(super) const INCLUDE_FILE: &str = "exports.conf";
 /// How many export ids one include list covers: the longest list a change rewrites.
@@ -94,39 +96,46 @@ impl GaneshaExport {
         }
     }
 
-    /// A new connection within the time limit. zbus has no limit on the handshake, and a
-    /// stopped bus accepts the socket and never answers: the connection is made on a
-    /// thread of its own, left to end (or to be dropped) when the bus answers at last.
     fn connect(&self) -> Result<zbus::blocking::Connection, ExportError> {
-        let address = self.address.clone();
-        let timeout = self.timeout;
-        let (made, connection) = std::sync::mpsc::sync_channel(1);
-        let build = move || -> zbus::Result<zbus::blocking::Connection> {
-            let builder = match &address {
-                Some(address) => zbus::blocking::connection::Builder::address(address.as_str())?,
-                None => zbus::blocking::connection::Builder::system()?,
-            };
-            // A ganesha that hangs fails the request instead of holding the volume's
-            // lock and the export changes for good.
-            builder.method_timeout(timeout).build()
+        connect(self.address.clone(), self.timeout)
+    }
+
+    /// Calls `restarted` each time ganesha takes its name on the bus (a start or a
+    /// restart), on a thread of its own, until `restarted` answers `false`. The bus is
+    /// connected to again after it went away (which ganesha's restart with its bus may
+    /// mean), and `restarted` called then too.
+    pub fn watch_restarts(&self, restarted: Box<dyn Fn() -> bool + Send>) {
+        let (address, timeout) = (self.address.clone(), self.timeout);
+        let watch = move || {
+            loop {
+                if let Ok(connection) = connect(address.clone(), timeout) {
+                    let signals =
+                        zbus::blocking::fdo::DBusProxy::new(&connection).and_then(|bus| {
+                            bus.receive_name_owner_changed_with_args(&[(0, DESTINATION)])
+                        });
+                    if let Ok(signals) = signals {
+                        for signal in signals {
+                            let owned = signal
+                                .args()
+                                .is_ok_and(|args| args.new_owner().as_ref().is_some());
+                            if owned && !restarted() {
+                                return;
+                            }
+                        }
+                    }
+                }
+                // The bus is away: ganesha may come back with it.
+                std::thread::sleep(RECONNECT_PAUSE);
+                if !restarted() {
+                    return;
+                }
+            }
         };
-        std::thread::Builder::new()
-            .name("ganesha-bus-connect".into())
-            .spawn(move || {
-                let _ = made.send(build());
-            })
-            .map_err(|e| {
-                ExportError::Unavailable(format!("cannot start connecting to ganesha's D-Bus: {e}"))
-            })?;
-        match connection.recv_timeout(timeout) {
-            Ok(Ok(connection)) => Ok(connection),
-            Ok(Err(e)) => Err(ExportError::Unavailable(format!(
-                "cannot reach ganesha's D-Bus: {e}"
-            ))),
-            Err(_) => Err(ExportError::Unavailable(format!(
-                "ganesha's D-Bus did not accept a connection within {}s",
-                timeout.as_secs()
-            ))),
+        if let Err(error) = std::thread::Builder::new()
+            .name("ganesha-restarts".into())
+            .spawn(watch)
+        {
+            tracing::warn!(%error, "cannot watch ganesha's restarts; the periodic pass finds them");
         }
     }
 
@@ -203,6 +212,44 @@ impl GaneshaExport {
     }
 }
 
+/// A new connection to the bus at `address` (the system bus when `None`) within
+/// `timeout`. zbus has no limit on the handshake, and a stopped bus accepts the socket
+/// and never answers: the connection is made on a thread of its own, left to end (or to
+/// be dropped) when the bus answers at last.
+fn connect(
+    address: Option<String>,
+    timeout: Duration,
+) -> Result<zbus::blocking::Connection, ExportError> {
+    let (made, connection) = std::sync::mpsc::sync_channel(1);
+    let build = move || -> zbus::Result<zbus::blocking::Connection> {
+        let builder = match &address {
+            Some(address) => zbus::blocking::connection::Builder::address(address.as_str())?,
+            None => zbus::blocking::connection::Builder::system()?,
+        };
+        // A ganesha that hangs fails the request instead of holding the volume's
+        // lock and the export changes for good.
+        builder.method_timeout(timeout).build()
+    };
+    std::thread::Builder::new()
+        .name("ganesha-bus-connect".into())
+        .spawn(move || {
+            let _ = made.send(build());
+        })
+        .map_err(|e| {
+            ExportError::Unavailable(format!("cannot start connecting to ganesha's D-Bus: {e}"))
+        })?;
+    match connection.recv_timeout(timeout) {
+        Ok(Ok(connection)) => Ok(connection),
+        Ok(Err(e)) => Err(ExportError::Unavailable(format!(
+            "cannot reach ganesha's D-Bus: {e}"
+        ))),
+        Err(_) => Err(ExportError::Unavailable(format!(
+            "ganesha's D-Bus did not accept a connection within {}s",
+            timeout.as_secs()
+        ))),
+    }
+}
+
 /// Whether `error` says nobody answered (no ganesha on the bus, no reply in time, no
 /// bus) rather than that ganesha refused.
 fn unanswered(error: &zbus::Error) -> bool {
@@ -243,6 +290,9 @@ pub struct Ganesha {
     mounts: Option<SubvolumeMounts>,
     /// `PrivilegedPort` of every block: requests from reserved source ports only.
     privileged_port: bool,
+    /// Whether the top include list names the buckets' lists, for ganesha's own start
+    /// (`exports.ganesha_reads_exports_at_start`).
+    reads_at_start: bool,
     /// The ids the include lists name, as last written: a list is rewritten from its
     /// bucket's range of this set. Changed only under the export table's change lock.
     listed: ArcSwap<imbl::OrdSet<u16>>,
@@ -282,6 +332,7 @@ impl Ganesha {
             ),
             mounts: SubvolumeMounts::probe(export_root)?,
             privileged_port: !settings.allow_unprivileged_ports,
+            reads_at_start: settings.ganesha_reads_exports_at_start,
             listed: ArcSwap::from_pointee(imbl::OrdSet::new()),
         })
     }
@@ -373,8 +424,15 @@ impl Ganesha {
         Some(text)
     }
 
-    /// The top include list: every bucket that names an export.
+    /// The top include list: every bucket that names an export (none when ganesha's
+    /// start is not to read them).
     fn top_text(&self, listed: &imbl::OrdSet<u16>) -> String {
+        if !self.reads_at_start {
+            return String::from(
+                "# Written by nfsprov-agent, which serves its exports itself once ganesha is on\n\
+                 # the bus (exports.ganesha_reads_exports_at_start = false).\n",
+            );
+        }
         let mut text =
             String::from("# Written by nfsprov-agent: one list per bucket of export ids.\n");
         for bucket in self.buckets() {
@@ -821,6 +879,10 @@ impl NfsServer for Ganesha {
     fn compares_cheaply(&self) -> bool {
         // One ShowExports lists everything ganesha serves.
         true
+    }
+
+    fn watch_restarts(&self, restarted: Box<dyn Fn() -> bool + Send>) {
+        self.bus.watch_restarts(restarted);
     }
 
     fn restore(&self, all: &Table) -> Result<Restored, ExportError> {

@@ -89,6 +89,12 @@ pub trait NfsServer: Send + Sync + fmt::Debug {
     fn reconcile(&self, all: &Table) -> Result<Restored, ExportError> {
         self.restore(all)
     }
+    /// Calls `restarted` whenever the server is seen to start again, for as long as it
+    /// answers `true` (its table is still there); nothing for a server whose restarts
+    /// cannot be seen.
+    fn watch_restarts(&self, restarted: Box<dyn Fn() -> bool + Send>) {
+        drop(restarted);
+    }
     /// Whether what the server serves can be compared with the table cheaply enough
     /// to do it on a timer (one query), not only after a failure.
     fn compares_cheaply(&self) -> bool {

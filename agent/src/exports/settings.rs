@@ -15,6 +15,13 @@ pub struct ExportSettings {
     pub ganesha_dbus_address: Option<String>,
     /// ganesha: the export ids volumes may be given (ganesha's ids are 16 bits).
     pub ganesha_export_ids: RangeInclusive<u16>,
+    /// ganesha: whether its own start reads every export from the agent's include lists
+    /// (the default). Off, the top list names none and the agent serves every export
+    /// in batches once ganesha is on the bus: ganesha 4's configuration parser takes
+    /// time quadratic in the exports of one parse (about 70 s at 10,000), so at many
+    /// thousands of exports its start is faster without them, at the price of serving
+    /// nothing after a restart until the agent runs.
+    pub ganesha_reads_exports_at_start: bool,
     /// knfsd: the exports file the agent owns, read by `exportfs -ra` at boot.
     pub knfsd_exports_file: PathBuf,
     /// knfsd: the `exportfs` command.
@@ -56,6 +63,7 @@ impl Default for ExportSettings {
             ganesha_dbus_address: None,
             // Clear of the ids operators usually give their own exports by hand.
             ganesha_export_ids: 1000..=65000,
+            ganesha_reads_exports_at_start: true,
             knfsd_exports_file: "/etc/exports.d/nfsprov.exports".into(),
             knfsd_exportfs: "/usr/sbin/exportfs".into(),
             allow_unprivileged_ports: false,

@@ -57,7 +57,7 @@ pub struct Exports {
     health: ArcSwap<ExportHealth>,
     /// Wakes the reconciler before its interval is up (after a change the server did
     /// not answer).
-    pub(super) wake: Notify,
+    pub(super) wake: Arc<Notify>,
 }
 
 /// What a waiting change calls for.
@@ -149,7 +149,13 @@ impl Exports {
                 gone.push(record);
             }
         }
-        let exports = Self::with_server(Some(server), mount_root, settings);
+        let exports = Self::with_server(Some(server.clone()), mount_root, settings);
+        // A server that restarted may have lost exports: a pass compares at once rather
+        // than at the end of its interval.
+        let wake = Arc::downgrade(&exports.wake);
+        server.watch_restarts(Box::new(move || {
+            wake.upgrade().map(|wake| wake.notify_one()).is_some()
+        }));
         let ids: imbl::OrdSet<u16> = table.values().filter_map(|record| record.id).collect();
         // New ids are given on from the highest taken, not searched for from the first.
         if let Some(highest) = ids.get_max() {
@@ -198,7 +204,7 @@ impl Exports {
             next_id: AtomicU16::new(*settings.ganesha_export_ids.start()),
             server_timeout: settings.server_timeout,
             health: ArcSwap::from_pointee(ExportHealth::Serving),
-            wake: Notify::new(),
+            wake: Arc::new(Notify::new()),
         }
     }
 
