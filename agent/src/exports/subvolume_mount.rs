@@ -14,7 +14,7 @@ use std::os::fd::{AsFd, OwnedFd};
 use std::path::{Path, PathBuf};
 
 use nfsprov_api_types::VolumePath;
-use rustix::fs::{Mode, OFlags};
+use rustix::fs::{AtFlags, Mode, OFlags, StatxAttributes, StatxFlags};
 use rustix::io::Errno;
 use rustix::mount::{MountFlags, UnmountFlags};
 
@@ -83,10 +83,32 @@ impl SubvolumeMounts {
         self.root.join(volume.as_str())
     }
 
-    /// Whether a mount sits at the volume's path.
+    /// Whether a mount sits at the volume's path: the directory opened there is the root
+    /// of a mount (`statx`'s `STATX_ATTR_MOUNT_ROOT`), one call whatever the number of
+    /// mounts. A kernel that does not tell (before Linux 5.8) has the mount table read.
     pub(super) fn is_mounted(&self, volume: &VolumePath) -> Result<bool, ExportError> {
-        let path = self.path_of(volume);
-        Ok(parse_table(&read_table()?).any(|entry| entry.point == path))
+        let Some(dir) = self.open_volume(volume)? else {
+            return Ok(false);
+        };
+        let status = rustix::fs::statx(
+            &dir,
+            "",
+            AtFlags::EMPTY_PATH | AtFlags::NO_AUTOMOUNT,
+            StatxFlags::empty(),
+        );
+        match status {
+            Ok(status)
+                if status
+                    .stx_attributes_mask
+                    .contains(StatxAttributes::MOUNT_ROOT) =>
+            {
+                Ok(status.stx_attributes.contains(StatxAttributes::MOUNT_ROOT))
+            }
+            _ => {
+                let path = self.path_of(volume);
+                Ok(parse_table(&read_table()?).any(|entry| entry.point == path))
+            }
+        }
     }
 
     /// Mounts the volume's subvolume over its own path, unless it is mounted already or
