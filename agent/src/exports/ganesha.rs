@@ -461,13 +461,14 @@ impl Ganesha {
             let file = self.bucket_file(bucket);
             let what = || format!("writing {}", file.display());
             let was_named = self.bucket_text(bucket, &before).is_some();
-            match self.bucket_text(bucket, &listed) {
+            let text = self.bucket_text(bucket, &listed);
+            top_changed |= was_named != text.is_some();
+            match text {
                 Some(text) => group
                     .replace(&file, text.as_bytes())
                     .map_err(ExportError::io(what()))?,
                 None => group.remove(&file).map_err(ExportError::io(what()))?,
             }
-            top_changed |= was_named != self.bucket_text(bucket, &listed).is_some();
         }
         if top_changed {
             let path = self.dir.join(INCLUDE_FILE);
