@@ -9,6 +9,10 @@
 
 use std::collections::BTreeMap;
 use std::os::fd::{AsFd, BorrowedFd};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use arc_swap::ArcSwapOption;
 
 use nfsprov_api_types::{
     ArchivePath, CloneMethod, QuotaBackend, SnapshotMethod, SnapshotName, VolumePath, VolumeUsage,
@@ -27,11 +31,59 @@ use crate::store::tree::{measure_tree, remove_tree};
 #[derive(Debug)]
 pub struct DatasetBackend {
     zfs: Zfs,
+    /// The last listing of the volumes, sorted by path, that pages are cut from while
+    /// no dataset changed through the agent since and it is fresh enough: a client
+    /// paging through thousands of volumes costs one `zfs get` in all, not one a page.
+    listing: ArcSwapOption<Listing>,
 }
+
+/// A listing of every volume and when it was taken.
+#[derive(Debug)]
+struct Listing {
+    /// [`Zfs::changes`] when the listing began.
+    changes: u64,
+    taken: Instant,
+    volumes: Vec<(VolumePath, VolumeRecord)>,
+}
+
+/// How long a listing serves pages at most: a dataset changed by hand (not through the
+/// agent) shows in a page within this time, and at once in an unpaged listing.
+const LISTING_FRESH: Duration = Duration::from_secs(10);
 
 impl DatasetBackend {
     pub fn new(zfs: Zfs) -> Self {
-        Self { zfs }
+        Self {
+            zfs,
+            listing: ArcSwapOption::empty(),
+        }
+    }
+
+    #[cfg(test)]
+    pub(super) fn zfs(&self) -> &Zfs {
+        &self.zfs
+    }
+
+    /// Every volume sorted by path: the last listing when it is still what a new one
+    /// would find, otherwise a new one (one `zfs get`).
+    fn listing(&self, root: &Root) -> Result<Arc<Listing>> {
+        let changes = self.zfs.changes();
+        if let Some(listing) = self.listing.load_full()
+            && listing.changes == changes
+            && listing.taken.elapsed() < LISTING_FRESH
+        {
+            return Ok(listing);
+        }
+        let taken = Instant::now();
+        let mut volumes = self.list(root)?;
+        volumes.sort_by(|a, b| a.0.cmp(&b.0));
+        volumes.dedup_by(|a, b| a.0 == b.0);
+        let listing = Arc::new(Listing {
+            changes,
+            taken,
+            volumes,
+        });
+        self.listing.store(Some(listing.clone()));
+        Ok(listing)
     }
 }
 
@@ -280,6 +332,21 @@ impl VolumeBackend for DatasetBackend {
             .into_iter()
             .filter_map(|(path, json)| Some((path, VolumeRecord::decode(json.as_bytes())?)))
             .collect())
+    }
+
+    fn list_page(
+        &self,
+        root: &Root,
+        after: Option<&VolumePath>,
+        limit: usize,
+    ) -> Result<(Vec<(VolumePath, VolumeRecord)>, bool)> {
+        let listing = self.listing(root)?;
+        let start = after.map_or(0, |after| {
+            listing.volumes.partition_point(|(path, _)| path <= after)
+        });
+        let rest = &listing.volumes[start..];
+        let page = rest.iter().take(limit).cloned().collect();
+        Ok((page, rest.len() > limit))
     }
 
     fn archive_in_place(&self, path: &VolumePath, archive_path: &str) -> Result<()> {

@@ -197,6 +197,9 @@ pub struct Zfs {
     dataset: String,
     export_root: PathBuf,
     busy_wait: Duration,
+    /// Counts the commands run that may change datasets: a listing taken while it
+    /// stayed the same is still what a new listing would find (see [`Zfs::changes`]).
+    changes: std::sync::atomic::AtomicU64,
 }
 
 /// An archived volume's dataset of the agent's.
@@ -288,6 +291,25 @@ impl Zfs {
             dataset: dataset.to_owned(),
             export_root: export_root.to_owned(),
             busy_wait: DEFAULT_BUSY_WAIT,
+            changes: std::sync::atomic::AtomicU64::new(0),
+        }
+    }
+
+    /// How many commands that may change datasets have finished: unchanged between two
+    /// reads, no dataset of the agent's changed through it meanwhile.
+    pub fn changes(&self) -> u64 {
+        self.changes.load(std::sync::atomic::Ordering::SeqCst)
+    }
+
+    /// Counts `command` among the changes unless it only reads (`zfs get`, `zfs list`).
+    fn count_change(&self, command: &ToolCommand) {
+        let reads = matches!(
+            command.args.first().map(String::as_str),
+            Some("get" | "list")
+        );
+        if !reads {
+            self.changes
+                .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
         }
     }
 
@@ -920,7 +942,11 @@ impl Zfs {
     }
 
     fn run(&self, command: &ToolCommand) -> Result<String> {
-        Ok(self.runner.run(command)?)
+        let result = self.runner.run(command);
+        // Counted once it is done, whatever its outcome: a listing made while it ran
+        // may or may not show it, and is not reused after.
+        self.count_change(command);
+        Ok(result?)
     }
 
     /// Runs a command that zfs-fuse refuses as "busy" for a moment after an unmount,
@@ -929,7 +955,9 @@ impl Zfs {
         let deadline = Instant::now() + self.busy_wait;
         let mut pause = Duration::from_millis(10);
         loop {
-            match self.runner.run(command) {
+            let result = self.runner.run(command);
+            self.count_change(command);
+            match result {
                 Err(e) if e.stderr().contains("dataset is busy") && Instant::now() < deadline => {
                     std::thread::sleep(
                         pause.min(deadline.saturating_duration_since(Instant::now())),

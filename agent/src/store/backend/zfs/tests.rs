@@ -1443,3 +1443,61 @@ fn an_archive_is_restored_by_a_clone_of_a_new_snapshot_of_its_dataset() {
         assert_eq!(f.calls(), [LIST_ARCHIVES]);
     }
 }
+
+/// Three finished volumes with records the store can read.
+fn readable_listing() -> String {
+    let meta =
+        r#"{"mode":"0775","uid":0,"gid":0,"capacity_bytes":1,"created_at":"2026-01-01T00:00:00Z"}"#;
+    ["a", "b", "c"]
+        .iter()
+        .flat_map(|name| {
+            [
+                format!("tank/export/{name}\tmounted\tyes\t-"),
+                format!("tank/export/{name}\tnfsprov:path\t{name}\tlocal"),
+                format!("tank/export/{name}\tnfsprov:volume\t{meta}\tlocal"),
+            ]
+        })
+        .collect::<Vec<_>>()
+        .join("\n")
+        + "\n"
+}
+
+#[test]
+fn pages_are_cut_from_one_listing_until_a_dataset_changes_through_the_agent() {
+    use crate::store::backend::VolumeBackend;
+    let f = fixture();
+    let root = crate::store::confine::Root::open(f.root.path()).unwrap();
+    let backend = super::dataset_backend::DatasetBackend::new(Zfs::for_tests(
+        f.runner.clone(),
+        DATASET,
+        f.root.path(),
+    ));
+    let names = |page: &[(VolumePath, crate::store::record::VolumeRecord)]| -> Vec<String> {
+        page.iter().map(|(path, _)| path.to_string()).collect()
+    };
+
+    f.runner.reply(Ok(&readable_listing()));
+    let (first, more) = backend.list_page(&root, None, 2).unwrap();
+    assert_eq!((names(&first), more), (vec!["a".into(), "b".into()], true));
+    let (second, more) = backend.list_page(&root, Some(&path("b")), 2).unwrap();
+    assert_eq!((names(&second), more), (vec!["c".into()], false));
+    assert_eq!(
+        f.runner.calls(),
+        [LIST_CHILDREN],
+        "one listing for both pages"
+    );
+
+    // A change through the agent: the next page is cut from a new listing.
+    f.runner.reply(Ok(&volume_properties(Some("b"), None, "")));
+    f.runner.reply(Ok(""));
+    backend
+        .zfs()
+        .write_meta(&path("b"), r#"{"mode":"0775"}"#)
+        .unwrap();
+    f.runner.reply(Ok(&readable_listing()));
+    let (again, _) = backend.list_page(&root, Some(&path("a")), 5).unwrap();
+    assert_eq!(names(&again), ["b", "c"]);
+    let calls = f.runner.calls();
+    assert_eq!(calls.len(), 4, "{calls:?}");
+    assert_eq!(calls[3], LIST_CHILDREN);
+}
