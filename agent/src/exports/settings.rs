@@ -15,7 +15,11 @@ pub struct ExportSettings {
     pub ganesha_dbus_address: Option<String>,
     /// ganesha: the export ids volumes may be given (ganesha's ids are 16 bits).
     pub ganesha_export_ids: RangeInclusive<u16>,
-    /// knfsd: the exports file the agent owns, read by `exportfs -ra` at boot.
+    /// knfsd: the directory of each exported volume's file (`nfsprov-*.exports`), which
+    /// `exportfs -a` reads at boot.
+    pub knfsd_exports_dir: PathBuf,
+    /// knfsd: the one file of every export that agents before kept; its exports are
+    /// moved to their own files at start and the file removed.
     pub knfsd_exports_file: PathBuf,
     /// knfsd: the `exportfs` command.
     pub knfsd_exportfs: PathBuf,
@@ -56,6 +60,7 @@ impl Default for ExportSettings {
             ganesha_dbus_address: None,
             // Clear of the ids operators usually give their own exports by hand.
             ganesha_export_ids: 1000..=65000,
+            knfsd_exports_dir: "/etc/exports.d".into(),
             knfsd_exports_file: "/etc/exports.d/nfsprov.exports".into(),
             knfsd_exportfs: "/usr/sbin/exportfs".into(),
             allow_unprivileged_ports: false,
