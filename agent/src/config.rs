@@ -103,7 +103,10 @@ pub struct ExportsSection {
     /// ganesha: whether its own start reads every export from the agent's include
     /// lists; `false`: the agent serves them all once ganesha is on the bus.
     pub ganesha_reads_exports_at_start: bool,
-    /// knfsd: the file under /etc/exports.d/ the agent owns.
+    /// knfsd: the directory of each exported volume's file (`nfsprov-*.exports`).
+    pub knfsd_exports_dir: PathBuf,
+    /// knfsd: the one exports file of earlier agents, whose exports are moved to their
+    /// own files at start.
     pub knfsd_exports_file: PathBuf,
     /// knfsd: the `exportfs` command.
     pub knfsd_exportfs: PathBuf,
@@ -147,6 +150,7 @@ impl Default for ExportsSection {
             ganesha_first_export_id: *defaults.ganesha_export_ids.start(),
             ganesha_last_export_id: *defaults.ganesha_export_ids.end(),
             ganesha_reads_exports_at_start: defaults.ganesha_reads_exports_at_start,
+            knfsd_exports_dir: defaults.knfsd_exports_dir,
             knfsd_exports_file: defaults.knfsd_exports_file,
             knfsd_exportfs: defaults.knfsd_exportfs,
             allow_unprivileged_ports: defaults.allow_unprivileged_ports,
@@ -172,6 +176,7 @@ impl ExportsSection {
         }
         for (name, path) in [
             ("exports.ganesha_config_dir", &self.ganesha_config_dir),
+            ("exports.knfsd_exports_dir", &self.knfsd_exports_dir),
             ("exports.knfsd_exports_file", &self.knfsd_exports_file),
         ] {
             // Both are written into NFS server configuration, where a quote or a line
@@ -182,6 +187,19 @@ impl ExportsSection {
                     "{name} {text:?} must be an absolute path without quotes, spaces or line breaks"
                 ));
             }
+        }
+        // The old file is removed once read: it must not be a volume's own file.
+        if self.knfsd_exports_file.parent() == Some(self.knfsd_exports_dir.as_path())
+            && self
+                .knfsd_exports_file
+                .file_name()
+                .and_then(|name| name.to_str())
+                .is_some_and(crate::exports::Knfsd::owns_file_name)
+        {
+            return invalid(format!(
+                "exports.knfsd_exports_file {:?} is named as a volume's file of exports.knfsd_exports_dir; it names the single exports file of earlier agents",
+                self.knfsd_exports_file.to_string_lossy()
+            ));
         }
         for (name, seconds, most) in [
             (
@@ -205,6 +223,7 @@ impl ExportsSection {
             ganesha_dbus_address: self.ganesha_dbus_address,
             ganesha_export_ids: self.ganesha_first_export_id..=self.ganesha_last_export_id,
             ganesha_reads_exports_at_start: self.ganesha_reads_exports_at_start,
+            knfsd_exports_dir: self.knfsd_exports_dir,
             knfsd_exports_file: self.knfsd_exports_file,
             knfsd_exportfs: self.knfsd_exportfs,
             allow_unprivileged_ports: self.allow_unprivileged_ports,
@@ -1077,6 +1096,16 @@ mod tests {
             (
                 format!("{good}[exports]\nknfsd_exports_file = \"/etc/exports.d/a b\"\n"),
                 "exports.knfsd_exports_file",
+            ),
+            (
+                format!("{good}[exports]\nknfsd_exports_dir = \"exports.d\"\n"),
+                "exports.knfsd_exports_dir \"exports.d\" must be an absolute path",
+            ),
+            (
+                format!(
+                    "{good}[exports]\nknfsd_exports_file = \"/etc/exports.d/nfsprov-0123456789abcdef0123456789abcdef.exports\"\n"
+                ),
+                "is named as a volume's file of exports.knfsd_exports_dir",
             ),
             (
                 good.replace("127.0.0.1:9443", "nowhere"),

@@ -1,13 +1,16 @@
 //! The knfsd export manager. This machine has no kernel NFS server and no `exportfs`, so
 //! these tests run it against a recording `exportfs` stand-in (a shell script that logs
-//! its command line), checking the command lines and the persisted exports file.
+//! its command line), checking the command lines and the persisted exports files, one
+//! per exported volume.
 
 mod common;
 
+use std::collections::BTreeMap;
+use std::os::unix::fs::MetadataExt as _;
 use std::path::PathBuf;
 
-use nfsprov_agent::exports::VolumeLayout;
 use nfsprov_agent::exports::{ExportSettings, Exports};
+use nfsprov_agent::exports::{Knfsd, VolumeLayout};
 use nfsprov_api_types::{ExportManager, ExportRequest, Squash, VolumePath};
 
 struct StandIn {
@@ -36,9 +39,12 @@ impl StandIn {
         .unwrap();
         std::fs::set_permissions(&script, std::os::unix::fs::PermissionsExt::from_mode(0o755))
             .unwrap();
+        let exports_dir = dir.path().join("exports.d");
+        std::fs::create_dir(&exports_dir).unwrap();
         let settings = ExportSettings {
             manager: ExportManager::Knfsd,
-            knfsd_exports_file: dir.path().join("nfsprov.exports"),
+            knfsd_exports_file: exports_dir.join("nfsprov.exports"),
+            knfsd_exports_dir: exports_dir,
             knfsd_exportfs: script,
             // The export root is a temporary directory of the machine's filesystem.
             allow_shared_filesystem: true,
@@ -73,8 +79,34 @@ impl StandIn {
         text.lines().map(str::to_owned).collect()
     }
 
+    /// What `exportfs -a` reads at boot: every `*.exports` file of the directory whose
+    /// name does not start with a dot, in order of their names.
     fn file(&self) -> String {
-        std::fs::read_to_string(&self.settings.knfsd_exports_file).unwrap()
+        self.files()
+            .into_iter()
+            .filter(|(name, _)| name.ends_with(".exports") && !name.starts_with('.'))
+            .map(|(_, text)| text)
+            .collect()
+    }
+
+    /// Every file of the exports directory, by name.
+    fn files(&self) -> BTreeMap<String, String> {
+        std::fs::read_dir(&self.settings.knfsd_exports_dir)
+            .unwrap()
+            .map(|entry| {
+                let entry = entry.unwrap();
+                let name = entry.file_name().into_string().unwrap();
+                (name, std::fs::read_to_string(entry.path()).unwrap())
+            })
+            .collect()
+    }
+
+    /// The file of `volume`.
+    fn file_of(&self, volume: &str) -> PathBuf {
+        let volume = VolumePath::parse(volume).unwrap();
+        self.settings
+            .knfsd_exports_dir
+            .join(Knfsd::file_name(&volume))
     }
 
     fn path(&self, volume: &str) -> String {
@@ -177,8 +209,20 @@ fn knfsd_recording_exportfs_stand_in_sees_one_call_per_client_change_and_the_fil
     let b = stand_in.path("ns/b");
     let ro = "ro,no_root_squash,sec=sys,sync,subtree_check,secure";
     assert_eq!(stand_in.calls(), vec![format!("-o {ro} *:{b}")]);
+    // Each volume in a file of its own, holding its record and its line only.
+    let a_file = std::fs::read_to_string(stand_in.file_of("ns/a")).unwrap();
+    let b_file = std::fs::read_to_string(stand_in.file_of("ns/b")).unwrap();
+    assert!(
+        a_file.contains(&format!("\"{path}\" 127.0.0.3(")),
+        "{a_file}"
+    );
+    assert!(
+        !a_file.contains(&b) && !b_file.contains(&path),
+        "{a_file}{b_file}"
+    );
+    assert_eq!(stand_in.files().len(), 2, "{:?}", stand_in.files());
 
-    // A restart restores exactly the recorded set from the file, with the same calls.
+    // A restart restores exactly the recorded set from the files, with the same calls.
     drop(exports);
     let exports = stand_in.open();
     let mut restored = stand_in.calls();
@@ -198,6 +242,7 @@ fn knfsd_recording_exportfs_stand_in_sees_one_call_per_client_change_and_the_fil
     exports.remove(&volume).unwrap();
     assert_eq!(stand_in.calls(), vec![format!("-u 127.0.0.3:{path}")]);
     assert!(!stand_in.file().contains(&path), "{}", stand_in.file());
+    assert!(!stand_in.file_of("ns/a").exists());
     assert!(stand_in.file().contains(&b));
     assert_eq!(exports.get(&volume), None);
 
@@ -690,5 +735,174 @@ fn knfsd_recording_exportfs_stand_in_gives_a_volume_of_its_own_filesystem_a_last
     assert_eq!(
         stand_in.calls(),
         vec![format!("-o {options} 127.0.0.3:{path}")]
+    );
+}
+
+/// Each file of the exports directory as the disk has it: its inode and its change time,
+/// which a replacement or a rewrite in place changes.
+fn stamps(stand_in: &StandIn) -> BTreeMap<String, (u64, i64, i64)> {
+    std::fs::read_dir(&stand_in.settings.knfsd_exports_dir)
+        .unwrap()
+        .map(|entry| {
+            let entry = entry.unwrap();
+            let meta = entry.metadata().unwrap();
+            (
+                entry.file_name().into_string().unwrap(),
+                (meta.ino(), meta.mtime(), meta.mtime_nsec()),
+            )
+        })
+        .collect()
+}
+
+/// The exports the stand-in's log names, `-o` or `-u`, by their path.
+fn paths_called(calls: &[String]) -> Vec<String> {
+    calls
+        .iter()
+        .map(|call| call.rsplit_once(':').unwrap().1.to_owned())
+        .collect()
+}
+
+#[test]
+fn knfsd_recording_exportfs_stand_in_changes_one_file_of_two_thousand_for_one_export() {
+    const EXPORTS: usize = 2000;
+    let stand_in = StandIn::new();
+    let exports = stand_in.open();
+    let volume = |i: usize| format!("ns/claim-{i:04}");
+    for i in 0..EXPORTS {
+        let path = VolumePath::parse(&volume(i)).unwrap();
+        exports.set(&path, &request(&["127.0.0.2"])).unwrap();
+    }
+    assert_eq!(stand_in.calls().len(), EXPORTS);
+    let before = stamps(&stand_in);
+    assert_eq!(before.len(), EXPORTS, "a file per export");
+
+    // A change of one export: its file replaced, every other one untouched, and
+    // exportfs called for that export only.
+    let changed = VolumePath::parse(&volume(1234)).unwrap();
+    let changed_file = Knfsd::file_name(&changed);
+    exports
+        .set(&changed, &request(&["127.0.0.2", "10.0.0.0/8"]))
+        .unwrap();
+    let after = stamps(&stand_in);
+    let differ: Vec<&String> = after
+        .iter()
+        .filter(|(name, stamp)| before.get(*name) != Some(*stamp))
+        .map(|(name, _)| name)
+        .collect();
+    assert_eq!(differ, vec![&changed_file]);
+    assert_eq!(after.len(), EXPORTS, "no file added or left behind");
+    let changed_path = stand_in.path(&volume(1234));
+    assert_eq!(
+        paths_called(&stand_in.calls()),
+        vec![changed_path.clone(), changed_path.clone()],
+        "a call for each of its clients, none for another export"
+    );
+    let text = std::fs::read_to_string(stand_in.file_of(&volume(1234))).unwrap();
+    assert!(text.contains("10.0.0.0/8("), "{text}");
+
+    // Removed: its file gone, every other one untouched.
+    exports.remove(&changed).unwrap();
+    assert_eq!(
+        paths_called(&stand_in.calls()),
+        vec![changed_path.clone(), changed_path]
+    );
+    let mut expected = before.clone();
+    expected.remove(&changed_file);
+    assert_eq!(stamps(&stand_in), expected);
+}
+
+/// The exports file an agent before this layout kept: every export's record, then its
+/// line, in one file.
+fn single_file(stand_in: &StandIn, volumes: &[&str]) -> String {
+    let mut text =
+        String::from("# Written by nfsprov-agent, which replaces this file at each change.\n");
+    for volume in volumes {
+        let path = VolumePath::parse(volume).unwrap();
+        let record = nfsprov_agent::exports::ExportRecord::new(path, None, request(&["127.0.0.2"]));
+        text.push_str(&record.to_comment());
+        text.push_str(&format!(
+            "\"{}\" 127.0.0.2({OPTIONS})\n",
+            stand_in.path(volume)
+        ));
+    }
+    text
+}
+
+#[test]
+fn knfsd_recording_exportfs_stand_in_moves_the_single_exports_file_to_a_file_per_volume() {
+    let stand_in = StandIn::new();
+    let legacy = &stand_in.settings.knfsd_exports_file;
+    let volumes = ["ns/a", "ns/b", "other/c"];
+    let old = single_file(&stand_in, &volumes);
+    std::fs::write(legacy, &old).unwrap();
+
+    let exports = stand_in.open();
+    assert_eq!(exports.len(), 3);
+    let mut called = paths_called(&stand_in.calls());
+    called.sort();
+    assert_eq!(
+        called,
+        volumes.map(|v| stand_in.path(v)).to_vec(),
+        "each export served again once"
+    );
+    assert!(!legacy.exists(), "the single file removed");
+    let files = stand_in.files();
+    assert_eq!(files.len(), 3, "{files:?}");
+    for volume in volumes {
+        let text = std::fs::read_to_string(stand_in.file_of(volume)).unwrap();
+        let line = format!("\"{}\" 127.0.0.2({OPTIONS})\n", stand_in.path(volume));
+        assert!(text.contains(&line), "{text}");
+        assert_eq!(
+            exports
+                .get(&VolumePath::parse(volume).unwrap())
+                .unwrap()
+                .clients
+                .len(),
+            1
+        );
+    }
+    drop(exports);
+
+    // A crash after the files were written and before the single file was removed:
+    // both are there (a volume's file is the very record the single file holds), each
+    // export read once; and a crash after only some were written.
+    let written = stamps(&stand_in);
+    std::fs::write(legacy, &old).unwrap();
+    std::fs::remove_file(stand_in.file_of("ns/b")).unwrap();
+    let exports = stand_in.open();
+    assert_eq!(exports.len(), 3);
+    let mut called = paths_called(&stand_in.calls());
+    called.sort();
+    assert_eq!(called, volumes.map(|v| stand_in.path(v)).to_vec());
+    assert!(!legacy.exists());
+    let now = stamps(&stand_in);
+    assert_eq!(now.len(), 3);
+    for volume in ["ns/a", "other/c"] {
+        let name = Knfsd::file_name(&VolumePath::parse(volume).unwrap());
+        assert_eq!(now[&name], written[&name], "{volume}'s file left as it was");
+    }
+    assert_eq!(
+        stand_in.files(),
+        files,
+        "the same files as the first move wrote"
+    );
+
+    // A change after the move writes the volume's file, and the single file stays gone.
+    exports
+        .set(
+            &VolumePath::parse("ns/a").unwrap(),
+            &request(&["127.0.0.3"]),
+        )
+        .unwrap();
+    assert!(!legacy.exists());
+    assert!(stand_in.file().contains("127.0.0.3("));
+    drop(exports);
+    let exports = stand_in.open();
+    assert_eq!(
+        exports
+            .get(&VolumePath::parse("ns/a").unwrap())
+            .unwrap()
+            .clients,
+        vec!["127.0.0.3".parse().unwrap()]
     );
 }

@@ -2,7 +2,7 @@
 //! btrfs: the agent binary serves a loop-mounted filesystem, the image is copied without
 //! any sync as the answer arrives, and an agent started on the mounted copy must show
 //! every acknowledged result, with its data and record, and nothing half-made. Volumes
-//! carry knfsd exports whose file lies on the same filesystem, and snapshots are taken by
+//! carry knfsd exports whose files lie on the same filesystem, and snapshots are taken by
 //! each filesystem's method (copy on ext4, reflink on XFS, btrfs snapshot). A few cuts
 //! per operation here; `nfsprov-power-cut` runs many.
 //!

@@ -22,7 +22,11 @@ pub struct ExportSettings {
     /// thousands of exports its start is faster without them, at the price of serving
     /// nothing after a restart until the agent runs.
     pub ganesha_reads_exports_at_start: bool,
-    /// knfsd: the exports file the agent owns, read by `exportfs -ra` at boot.
+    /// knfsd: the directory of each exported volume's file (`nfsprov-*.exports`), which
+    /// `exportfs -a` reads at boot.
+    pub knfsd_exports_dir: PathBuf,
+    /// knfsd: the one file of every export that agents before kept; its exports are
+    /// moved to their own files at start and the file removed.
     pub knfsd_exports_file: PathBuf,
     /// knfsd: the `exportfs` command.
     pub knfsd_exportfs: PathBuf,
@@ -64,6 +68,7 @@ impl Default for ExportSettings {
             // Clear of the ids operators usually give their own exports by hand.
             ganesha_export_ids: 1000..=65000,
             ganesha_reads_exports_at_start: true,
+            knfsd_exports_dir: "/etc/exports.d".into(),
             knfsd_exports_file: "/etc/exports.d/nfsprov.exports".into(),
             knfsd_exportfs: "/usr/sbin/exportfs".into(),
             allow_unprivileged_ports: false,

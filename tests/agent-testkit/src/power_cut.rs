@@ -6,10 +6,11 @@
 //! reboot) and an agent started on it, which must show every acknowledged result with its
 //! exact content and its record, and nothing half-made at a volume path.
 //!
-//! The agent exports each volume through its knfsd manager, its exports file on the same
-//! filesystem (as /etc/exports.d/ is on a server's disk) and `exportfs` a stand-in that
-//! accepts and logs. Before any agent starts on the copy, the exports file must list
-//! exactly the acknowledged exports, what the NFS server would restore at boot; snapshot
+//! The agent exports each volume through its knfsd manager, its exports directory (a file
+//! per exported volume) on the same filesystem (as /etc/exports.d/ is on a server's disk)
+//! and `exportfs` a stand-in that accepts and logs. Before any agent starts on the copy,
+//! the exports files `exportfs -a` would read must list exactly the acknowledged
+//! exports, each once, what the NFS server would restore at boot; snapshot
 //! trees are read where the agent keeps them, not through the agent.
 //!
 //! Or through its ganesha manager, with a real ganesha on a private D-Bus, the manager's
@@ -169,7 +170,7 @@ impl fmt::Display for FsKind {
 /// leave right.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 pub enum Manager {
-    /// The kernel's server: an exports file, `exportfs` a logging stand-in.
+    /// The kernel's server: a file per exported volume, `exportfs` a logging stand-in.
     Knfsd,
     /// nfs-ganesha over D-Bus: a directory of EXPORT blocks, a real ganesha.
     Ganesha,
@@ -328,9 +329,10 @@ pub struct Tally {
 const FILES: usize = 5;
 const FILE_BYTES: usize = 160 * 1024;
 const GIB: u64 = 1 << 30;
-/// The directory of the agent's exports file, beside the export root on the same
+/// The directory of the agent's exports files, beside the export root on the same
 /// filesystem: the copy of the disk holds it as a server's disk holds /etc/exports.d/.
 const EXPORTS_DIR: &str = "exports.d";
+/// The single exports file of earlier agents, which this one must not leave behind.
 const EXPORTS_FILE: &str = "nfsprov.exports";
 /// The ganesha manager's directory, beside the export root as /etc/ganesha/ is on a
 /// server's disk.
@@ -339,9 +341,32 @@ const GANESHA_DIR: &str = "ganesha";
 const SNAPSHOT_DATA: &str = "snapshots/data";
 const SNAPSHOT_RECORDS: &str = "snapshots/records";
 
-/// The exports file of the agent serving `root`.
-fn exports_file(root: &Path) -> PathBuf {
-    root.with_file_name(EXPORTS_DIR).join(EXPORTS_FILE)
+/// The exports directory of the agent serving `root`.
+fn exports_dir(root: &Path) -> PathBuf {
+    root.with_file_name(EXPORTS_DIR)
+}
+
+/// What `exportfs -a` reads at boot from the exports directory of the agent serving
+/// `root`: every `*.exports` file whose name does not start with a dot, in order of
+/// their names, as one text.
+fn exports_text(root: &Path) -> anyhow::Result<String> {
+    let dir = exports_dir(root);
+    let mut names = Vec::new();
+    for entry in std::fs::read_dir(&dir).with_context(|| format!("reading {}", dir.display()))? {
+        let name = entry?.file_name();
+        let name = name.to_string_lossy();
+        if name.ends_with(".exports") && name.len() > ".exports".len() && !name.starts_with('.') {
+            names.push(name.into_owned());
+        }
+    }
+    names.sort();
+    let mut text = String::new();
+    for name in names {
+        text.push_str(
+            &std::fs::read_to_string(dir.join(&name)).with_context(|| format!("reading {name}"))?,
+        );
+    }
+    Ok(text)
 }
 
 fn snapshot_tree(root: &Path, name: &SnapshotName) -> PathBuf {
@@ -626,7 +651,7 @@ pub async fn run(
 }
 
 /// Deletes every volume, each deletion acknowledged and so checked by the next cut (gone
-/// from the exports file, its image and record gone from the image area). For image
+/// from the exports files, its image and record gone from the image area). For image
 /// volumes after each step: the agent started on a copy mounts every volume, and with
 /// the hundreds a run makes each cut took tens of seconds. Archives and snapshots, never
 /// mounted, are kept.
@@ -750,7 +775,7 @@ impl Filesystem {
 
 /// The export manager an agent is configured with.
 enum ExportSetup<'a> {
-    /// knfsd, its exports file beside the export root, `exportfs` a logging stand-in.
+    /// knfsd, its exports directory beside the export root, `exportfs` a logging stand-in.
     Knfsd,
     /// ganesha, this one's bus and directory.
     Ganesha(&'a Ganesha),
@@ -817,8 +842,9 @@ impl Server {
                 write!(
                     file,
                     // The export root is a directory of the filesystem under test.
-                    "\n[exports]\nmanager = \"knfsd\"\nknfsd_exports_file = {:?}\nknfsd_exportfs = {:?}\nallow_shared_filesystem = true\nmount_control_only = true\n",
-                    exports_file(root).display().to_string(),
+                    "\n[exports]\nmanager = \"knfsd\"\nknfsd_exports_dir = {:?}\nknfsd_exports_file = {:?}\nknfsd_exportfs = {:?}\nallow_shared_filesystem = true\nmount_control_only = true\n",
+                    exports_dir(root).display().to_string(),
+                    exports_dir(root).join(EXPORTS_FILE).display().to_string(),
                     exportfs.display().to_string()
                 )?;
             }
@@ -1262,8 +1288,8 @@ impl Cut<'_> {
             match self.manager {
                 Manager::Knfsd => {
                     // What the NFS server would read at boot, before any agent touches it.
-                    let text = std::fs::read_to_string(exports_file(&root))
-                        .context("the exports file is not on the copy")?;
+                    let text = exports_text(&root)
+                        .context("the exports directory is not readable on the copy")?;
                     let exports = ExportsFile::parse(&text, self.original_root, self.kind)?;
                     same_fsids(&exports, self.fsids)?;
                     let found = OnDisk::Knfsd(exports);
@@ -1428,15 +1454,11 @@ fn unmount(mount: &Path) -> anyhow::Result<()> {
 /// volume's path, as first seen.
 type Fsids = BTreeMap<String, String>;
 
-/// Adds the `fsid`s of the exports file the agent serving `root` keeps now, before the
+/// Adds the `fsid`s of the exports files the agent serving `root` keeps now, before the
 /// operation under test, for the exports not seen before: an export must keep its fsid
 /// for good, through changes of its clients and restarts.
 fn first_fsids(root: &Path, kind: FsKind, fsids: &mut Fsids) -> anyhow::Result<()> {
-    let text = match std::fs::read_to_string(exports_file(root)) {
-        Ok(text) => text,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
-        Err(e) => return Err(e.into()),
-    };
+    let text = exports_text(root)?;
     for (volume, line) in ExportsFile::parse(&text, root, kind)?.lines {
         if let Some(fsid) = line.fsid {
             fsids.entry(volume).or_insert(fsid);
@@ -1473,7 +1495,7 @@ fn unmount_recursively(mount: &Path) -> anyhow::Result<()> {
     }
 }
 
-/// The export lines of an exports file, by the volume's path below the export root.
+/// The export lines of the exports files, by the volume's path below the export root.
 struct ExportsFile {
     lines: BTreeMap<String, ExportLine>,
     /// The volumes the file was written for, which its options depend on.
@@ -1509,7 +1531,7 @@ impl ExportLine {
             .collect();
         ensure!(
             fsids.len() <= 1,
-            "the exports file gives the clients of {volume} different fsids: {fsids:?}"
+            "the exports files give the clients of {volume} different fsids: {fsids:?}"
         );
         Ok(Self {
             entries,
@@ -1543,15 +1565,15 @@ impl ExportsFile {
                 .with_context(|| {
                     // Shortened and escaped: a torn write can leave a line of NULs.
                     let shown: String = line.chars().take(80).collect();
-                    format!("the exports file has a line of no path: {shown:?}")
+                    format!("the exports files have a line of no path: {shown:?}")
                 })?;
             let volume = path.strip_prefix(&prefix).with_context(|| {
-                format!("the exports file exports {path}, outside the export root")
+                format!("the exports files export {path}, outside the export root")
             })?;
             let line = ExportLine::parse(volume, entries)?;
             ensure!(
                 lines.insert(volume.to_owned(), line).is_none(),
-                "the exports file lists {volume} twice"
+                "the exports files list {volume} twice"
             );
         }
         Ok(Self { lines, kind })
@@ -1574,7 +1596,7 @@ fn same_files(dir: &Path, files: &[(String, Vec<u8>)]) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// What the copy holds before any agent starts on it: the exports file the NFS server
+/// What the copy holds before any agent starts on it: the exports files the NFS server
 /// would serve at boot, and the snapshot area as the cut left it (read directly, not
 /// through the agent under test); with image volumes, the image area too.
 fn on_disk(
