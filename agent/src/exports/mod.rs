@@ -3,7 +3,7 @@
 //! agent, of the NFS server or of the machine restores exactly the current set.
 //!
 //! The record of an export lives in the NFS server's own configuration the agent owns
-//! (ganesha's EXPORT files, knfsd's file under /etc/exports.d/), so there is one truth
+//! (ganesha's EXPORT files, knfsd's files under /etc/exports.d/), so there is one truth
 //! for what the server serves after its restart and what the agent believes it serves.
 
 mod fault;

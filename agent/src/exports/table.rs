@@ -20,12 +20,13 @@ use super::settings::ExportSettings;
 /// The agent's export table and the NFS server it keeps in step with it.
 ///
 /// Readers (a volume's GET, a list) read the published table, a snapshot swapped in
-/// whole after each change the server accepted: they never wait for the server nor for
-/// a change. Changes are serialized by a lock of their own (the server's own files,
-/// ganesha's include list and knfsd's exports file, are rewritten whole, so two changes
-/// must not interleave); a change waits for it at most the server time limit, and the
-/// server's answer at most that limit again, so a server or bus that hangs costs the
-/// change its 503, never anyone else their answer.
+/// after each change the server accepted (a persistent map: the next snapshot shares
+/// all but the changed path with the last): they never wait for the server nor for a
+/// change. Changes take turns under a lock of their own (ganesha's include lists are
+/// shared by the exports of a bucket, so two changes must not interleave), and a turn
+/// applies every change waiting for one ([`Exports::set`]); a change waits for its turn
+/// at most the server time limit, and the server's answer at most that limit again, so
+/// a server or bus that hangs costs the change its 503, never anyone else their answer.
 #[derive(Debug)]
 pub struct Exports {
     server: Option<Arc<dyn NfsServer>>,
