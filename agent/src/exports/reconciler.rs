@@ -5,7 +5,7 @@
 //!
 //! - **What it compares**: the table (the agent's records, one per exported volume)
 //!   with what the server serves: ganesha's `ShowExports` (ids and paths), knfsd's
-//!   exports file.
+//!   exports files.
 //! - **What it repairs**: exports the server lacks are added, exports interrupted
 //!   half-way are set back to their record, exports in the agent's id range that no
 //!   record names are withdrawn, and the exports of volumes found gone at start are
