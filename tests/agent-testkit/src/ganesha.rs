@@ -290,17 +290,6 @@ impl Ganesha {
         Ok(exports)
     }
 
-    /// ganesha's DisplayExport of export `id` as dbus-send prints it: its path, pseudo
-    /// path and tag, then each client entry with its options.
-    pub fn display_export(&self, id: u16) -> anyhow::Result<String> {
-        dbus_send(&self.bus, "DisplayExport", &[&format!("uint16:{id}")])
-    }
-
-    /// The D-Bus address of the bus ganesha is on.
-    pub fn bus_address(&self) -> &str {
-        &self.bus
-    }
-
     /// Asks ganesha to drop export `id`, behind the agent's back.
     pub fn remove_export(&self, id: u16) -> anyhow::Result<()> {
         dbus_send(&self.bus, "RemoveExport", &[&format!("uint16:{id}")]).map(drop)

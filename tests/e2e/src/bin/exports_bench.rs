@@ -120,7 +120,7 @@ fn open(settings: &ExportSettings, root: &Path) -> anyhow::Result<(Exports, Dura
 
 /// Changes every export of `0..n` to `request` from `threads` threads at once, each
 /// set on a blocking thread as the agent's API calls it. A set that fails is sent again
-/// (the controller retries an export the agent answered 503), at most 3 times.
+/// (the controller retries an export the agent answered 503), each at most 10 times in all.
 /// Returns how many were sent again.
 async fn set_all_at_once(
     exports: &Arc<Exports>,
@@ -147,7 +147,11 @@ async fn set_all_at_once(
                     }
                     let mut attempt = 1;
                     while let Err(error) = exports.set(&volume(i), &request) {
-                        anyhow::ensure!(attempt < 3, "{}: {error} ({attempt} attempts)", volume(i));
+                        anyhow::ensure!(
+                            attempt < 10,
+                            "{}: {error} ({attempt} attempts)",
+                            volume(i)
+                        );
                         attempt += 1;
                         retried.fetch_add(1, Ordering::Relaxed);
                     }
@@ -161,8 +165,9 @@ async fn set_all_at_once(
     Ok(retried.load(Ordering::Relaxed))
 }
 
-/// One size on a fresh ganesha and fresh directories: prints each figure as it comes.
-async fn measure(args: &Args, n: usize) -> anyhow::Result<Figures> {
+/// One size on a fresh ganesha and fresh directories: prints each figure as it comes,
+/// and keeps it in `figures` (so a run that ends early keeps what it measured).
+async fn measure(args: &Args, n: usize, figures: &mut Figures) -> anyhow::Result<()> {
     let samples = args.samples;
     std::fs::create_dir_all(&args.dir)?;
     let base = tempfile::Builder::new()
@@ -183,7 +188,6 @@ async fn measure(args: &Args, n: usize) -> anyhow::Result<Figures> {
     };
     let node_a = request(&["127.0.0.2"]);
     let (exports, _) = open(&settings, &root)?;
-    let mut figures = Figures::default();
 
     let started = Instant::now();
     for i in 0..n {
@@ -307,8 +311,8 @@ async fn measure(args: &Args, n: usize) -> anyhow::Result<Figures> {
         }
     } else {
         println!(
-            "ganesha restart not measured: {n} exports is above --ganesha-restart-max {}",
-            args.ganesha_restart_max
+            "{}",
+            figures::ganesha_restart_skipped_line(n, args.ganesha_restart_max)
         );
     }
 
@@ -321,12 +325,12 @@ async fn measure(args: &Args, n: usize) -> anyhow::Result<Figures> {
         "{}",
         figures::restore_lost_line(exports.len(), took.as_secs_f64())
     );
-    Ok(figures)
+    Ok(())
 }
 
 /// Runs the earlier build at one size, its lines echoed as they come, and reads its
-/// figures back.
-fn run_before(binary: &Path, args: &Args, n: usize) -> anyhow::Result<Figures> {
+/// figures back into `figures` (those it printed, also when it ended early).
+fn run_before(binary: &Path, args: &Args, n: usize, figures: &mut Figures) -> anyhow::Result<()> {
     std::fs::create_dir_all(&args.dir)?;
     let mut child = Command::new(binary)
         .args([
@@ -351,29 +355,30 @@ fn run_before(binary: &Path, args: &Args, n: usize) -> anyhow::Result<Figures> {
         }
     }
     let status = child.wait()?;
+    *figures = Figures::parse(&output);
     anyhow::ensure!(status.success(), "{} ended: {status}", binary.display());
-    Ok(Figures::parse(&output))
+    Ok(())
 }
 
+/// Runs one build at one size between two readings of the load average.
 async fn timed_run<F>(label: &str, n: usize, run: F) -> Run
 where
-    F: std::future::Future<Output = anyhow::Result<Figures>>,
+    F: std::future::Future<Output = (Figures, anyhow::Result<()>)>,
 {
     let load_before = load_average();
     println!("== {label}, N = {n}; load average {load_before}");
-    let result = run.await;
+    let (figures, result) = run.await;
     let load_after = load_average();
     println!("== {label}, N = {n} done; load average {load_after}");
-    match result {
-        Ok(figures) => Run::Measured {
-            figures,
-            load_before,
-            load_after,
-        },
-        Err(error) => {
-            println!("{label}, N = {n}: failed: {error:#}");
-            Run::Failed(format!("{error:#}"))
-        }
+    let failure = result.err().map(|error| format!("{error:#}"));
+    if let Some(failure) = &failure {
+        println!("{label}, N = {n}: ended early: {failure}");
+    }
+    Run::Measured {
+        figures: Box::new(figures),
+        load_before,
+        load_after,
+        failure,
     }
 }
 
@@ -391,13 +396,20 @@ async fn main() -> anyhow::Result<()> {
             Some(binary) => {
                 let binary = binary.clone();
                 timed_run("before", n, async {
-                    let args = &args;
-                    tokio::task::block_in_place(|| run_before(&binary, args, n))
+                    let mut figures = Figures::default();
+                    let result =
+                        tokio::task::block_in_place(|| run_before(&binary, &args, n, &mut figures));
+                    (figures, result)
                 })
                 .await
             }
         };
-        let after = timed_run("after", n, measure(&args, n)).await;
+        let after = timed_run("after", n, async {
+            let mut figures = Figures::default();
+            let result = measure(&args, n, &mut figures).await;
+            (figures, result)
+        })
+        .await;
         turns.push(Turn {
             exports: n,
             before,
@@ -416,12 +428,22 @@ async fn main() -> anyhow::Result<()> {
         );
         println!();
         print!("{}", figures::table(&turns));
+        println!(
+            "\n(before: each build measures in its own way; an earlier build may send a \
+             node's changes one at a time, and print fewer decimals.)"
+        );
     }
-    if turns
-        .iter()
-        .any(|turn| matches!(turn.after, Run::Failed(_)))
-    {
-        anyhow::bail!("a run failed (see above)");
+    let ended_early = |run: &Run| {
+        matches!(
+            run,
+            Run::Measured {
+                failure: Some(_),
+                ..
+            }
+        )
+    };
+    if turns.iter().any(|turn| ended_early(&turn.after)) {
+        anyhow::bail!("a run of this build ended early (see above)");
     }
     Ok(())
 }

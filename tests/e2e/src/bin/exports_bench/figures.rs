@@ -20,6 +20,8 @@ pub struct Figures {
     pub node_change_shown_s: Option<f64>,
     pub restore_kept_s: Option<f64>,
     pub ganesha_restart_s: Option<f64>,
+    /// The run said it did not measure ganesha's restart at this size.
+    pub ganesha_restart_skipped: bool,
     pub restore_lost_s: Option<f64>,
 }
 
@@ -32,6 +34,7 @@ const NODE_CHANGE_SHOWN: &str = "a node change shown by ganesha for all ";
 const RESTORE_KEPT: &str = "agent start, ganesha serving all ";
 const GANESHA_RESTART: &str = "ganesha restarted from the include list: ";
 const RESTORE_LOST: &str = "agent start, ganesha serving none: ";
+const GANESHA_RESTART_SKIPPED: &str = "ganesha restart not measured: ";
 
 pub fn made_line(n: usize, seconds: f64) -> String {
     format!(
@@ -62,7 +65,11 @@ pub fn restore_kept_line(n: usize, seconds: f64) -> String {
 }
 
 pub fn ganesha_restart_line(served: usize, seconds: f64) -> String {
-    format!("{GANESHA_RESTART}{served} exports served, up in {seconds:.1} s")
+    format!("{GANESHA_RESTART}{served} exports served, up in {seconds:.2} s")
+}
+
+pub fn ganesha_restart_skipped_line(n: usize, max: usize) -> String {
+    format!("{GANESHA_RESTART_SKIPPED}{n} exports is above --ganesha-restart-max {max}")
 }
 
 pub fn restore_lost_line(n: usize, seconds: f64) -> String {
@@ -108,6 +115,8 @@ impl Figures {
                 figures.restore_kept_s = n.get(1).copied();
             } else if let Some(n) = numbers(line, GANESHA_RESTART) {
                 figures.ganesha_restart_s = n.get(1).copied();
+            } else if line.trim().starts_with(GANESHA_RESTART_SKIPPED) {
+                figures.ganesha_restart_skipped = true;
             } else if let Some(n) = numbers(line, RESTORE_LOST) {
                 figures.restore_lost_s = n.get(1).copied();
             }
@@ -115,28 +124,31 @@ impl Figures {
         figures
     }
 
-    /// Each figure with its name and unit, in the order of the table.
-    fn rows(&self) -> [(&'static str, &'static str, Option<f64>); 11] {
+    /// Each figure with its name and unit, in the order of the table, and whether the
+    /// run said it skipped it.
+    fn rows(&self) -> [(&'static str, &'static str, Option<f64>, bool); 11] {
+        let measured = |(name, unit, value)| (name, unit, value, false);
         [
-            ("make N", "s", self.make_s),
-            ("make N: per export", "ms", self.make_each_ms),
-            ("add one: p50", "ms", self.add_p50_ms),
-            ("add one: p99", "ms", self.add_p99_ms),
-            ("remove one: p50", "ms", self.remove_p50_ms),
-            ("remove one: p99", "ms", self.remove_p99_ms),
-            ("a node joins: last set returned", "s", self.node_change_s),
-            (
+            measured(("make N", "s", self.make_s)),
+            measured(("make N: per export", "ms", self.make_each_ms)),
+            measured(("add one: p50", "ms", self.add_p50_ms)),
+            measured(("add one: p99", "ms", self.add_p99_ms)),
+            measured(("remove one: p50", "ms", self.remove_p50_ms)),
+            measured(("remove one: p99", "ms", self.remove_p99_ms)),
+            measured(("a node joins: last set returned", "s", self.node_change_s)),
+            measured((
                 "a node joins: DisplayExport shows it for all",
                 "s",
                 self.node_change_shown_s,
-            ),
-            ("agent start, ganesha kept all", "s", self.restore_kept_s),
+            )),
+            measured(("agent start, ganesha kept all", "s", self.restore_kept_s)),
             (
                 "ganesha restart from the include list",
                 "s",
                 self.ganesha_restart_s,
+                self.ganesha_restart_skipped,
             ),
-            ("agent start, ganesha lost all", "s", self.restore_lost_s),
+            measured(("agent start, ganesha lost all", "s", self.restore_lost_s)),
         ]
     }
 }
@@ -146,12 +158,14 @@ impl Figures {
 pub enum Run {
     /// Not asked for (no `--before`) or skipped above a size.
     Skipped(String),
-    Failed(String),
     Measured {
-        figures: Figures,
+        /// What it printed, also when it ended early.
+        figures: Box<Figures>,
         /// /proc/loadavg's first three fields before and after the run.
         load_before: String,
         load_after: String,
+        /// Why it ended before its last figure, if it did.
+        failure: Option<String>,
     },
 }
 
@@ -163,13 +177,14 @@ pub struct Turn {
     pub after: Run,
 }
 
-fn value(run: &Run, pick: impl Fn(&Figures) -> Option<f64>, unit: &str) -> String {
+/// Row `row` of a run's figures as a cell of the table.
+fn value(run: &Run, row: usize) -> String {
     match run {
         Run::Skipped(_) => "not run".into(),
-        Run::Failed(_) => "failed".into(),
-        Run::Measured { figures, .. } => match pick(figures) {
-            Some(v) => format!("{} {unit}", format_value(v)),
-            None => "-".into(),
+        Run::Measured { figures, .. } => match figures.rows()[row] {
+            (_, unit, Some(v), _) => format!("{} {unit}", format_value(v)),
+            (_, _, None, true) => "skipped".into(),
+            (_, _, None, false) => "-".into(),
         },
     }
 }
@@ -184,12 +199,12 @@ fn format_value(v: f64) -> String {
     }
 }
 
-fn ratio(before: &Run, after: &Run, pick: impl Fn(&Figures) -> Option<f64>) -> String {
+fn ratio(before: &Run, after: &Run, row: usize) -> String {
     let (Run::Measured { figures: b, .. }, Run::Measured { figures: a, .. }) = (before, after)
     else {
         return String::new();
     };
-    match (pick(b), pick(a)) {
+    match (b.rows()[row].2, a.rows()[row].2) {
         (Some(b), Some(a)) if b > 0.0 => format!("{:.2}", a / b),
         _ => String::new(),
     }
@@ -202,7 +217,7 @@ fn load(run: &Run) -> String {
             load_after,
             ..
         } => format!("{load_before} → {load_after}"),
-        Run::Skipped(_) | Run::Failed(_) => String::new(),
+        Run::Skipped(_) => String::new(),
     }
 }
 
@@ -214,17 +229,13 @@ pub fn table(turns: &[Turn]) -> String {
     );
     for turn in turns {
         let n = turn.exports;
-        let names = Figures::default()
-            .rows()
-            .map(|(name, unit, _)| (name, unit));
-        for (index, (name, unit)) in names.into_iter().enumerate() {
-            let pick = |f: &Figures| f.rows()[index].2;
+        for (row, (name, ..)) in Figures::default().rows().into_iter().enumerate() {
             let _ = writeln!(
                 out,
                 "| {n} | {name} | {} | {} | {} |",
-                value(&turn.before, pick, unit),
-                value(&turn.after, pick, unit),
-                ratio(&turn.before, &turn.after, pick),
+                value(&turn.before, row),
+                value(&turn.after, row),
+                ratio(&turn.before, &turn.after, row),
             );
         }
         let _ = writeln!(
@@ -240,10 +251,16 @@ pub fn table(turns: &[Turn]) -> String {
                 Run::Skipped(why) => {
                     let _ = writeln!(out, "\n{build}, N = {}: not run ({why})", turn.exports);
                 }
-                Run::Failed(why) => {
-                    let _ = writeln!(out, "\n{build}, N = {}: failed ({why})", turn.exports);
+                Run::Measured {
+                    failure: Some(why), ..
+                } => {
+                    let _ = writeln!(
+                        out,
+                        "\n{build}, N = {}: ended early, its figures until then above: {why}",
+                        turn.exports
+                    );
                 }
-                Run::Measured { .. } => {}
+                Run::Measured { failure: None, .. } => {}
             }
         }
     }
@@ -283,6 +300,7 @@ agent start, ganesha serving none: 100 restored in 0.2 s
                 node_change_shown_s: None,
                 restore_kept_s: Some(0.01),
                 ganesha_restart_s: Some(1.2),
+                ganesha_restart_skipped: false,
                 restore_lost_s: Some(0.2),
             }
         );
@@ -313,6 +331,7 @@ agent start, ganesha serving none: 100 restored in 0.2 s
                 node_change_shown_s: Some(2.75),
                 restore_kept_s: Some(0.05),
                 ganesha_restart_s: Some(4.5),
+                ganesha_restart_skipped: false,
                 restore_lost_s: Some(1.75),
             }
         );
@@ -321,9 +340,10 @@ agent start, ganesha serving none: 100 restored in 0.2 s
     #[test]
     fn the_table_sets_the_builds_side_by_side_and_says_what_did_not_run() {
         let measured = |figures| Run::Measured {
-            figures,
+            figures: Box::new(figures),
             load_before: "0.50 0.40 0.30".into(),
             load_after: "1.50 0.60 0.35".into(),
+            failure: None,
         };
         let turns = [
             Turn {
@@ -337,7 +357,7 @@ agent start, ganesha serving none: 100 restored in 0.2 s
             Turn {
                 exports: 30000,
                 before: Run::Skipped("above --before-max 10000".into()),
-                after: measured(Figures::default()),
+                after: measured(Figures::parse(&ganesha_restart_skipped_line(30000, 10000))),
             },
         ];
         let table = table(&turns);
@@ -353,6 +373,12 @@ agent start, ganesha serving none: 100 restored in 0.2 s
         );
         assert!(
             table.contains("| 30000 | make N | not run | - |  |"),
+            "{table}"
+        );
+        assert!(
+            table.contains(
+                "| 30000 | ganesha restart from the include list | not run | skipped |  |"
+            ),
             "{table}"
         );
         assert!(table.contains("0.50 0.40 0.30 → 1.50 0.60 0.35"), "{table}");
