@@ -161,6 +161,11 @@ impl Ganesha {
     }
 
     async fn spawn(&mut self) -> anyhow::Result<()> {
+        self.spawn_within(Duration::from_secs(60)).await
+    }
+
+    /// Starts ganesha, waiting at most `limit` for its export manager to answer.
+    async fn spawn_within(&mut self, limit: Duration) -> anyhow::Result<()> {
         let config = self.work.path().join("ganesha.conf");
         std::fs::write(
             &config,
@@ -187,7 +192,7 @@ impl Ganesha {
         command.env("BLKID_FILE", "/dev/null");
         self.child = Some(spawn(command, self.work.path())?);
         let bus = self.bus.clone();
-        let deadline = std::time::Instant::now() + Duration::from_secs(60);
+        let deadline = std::time::Instant::now() + limit;
         loop {
             let probe = bus.clone();
             let answers = tokio::task::spawn_blocking(move || show_exports(&probe).is_ok())
@@ -210,7 +215,8 @@ impl Ganesha {
             }
             anyhow::ensure!(
                 std::time::Instant::now() < deadline,
-                "timed out after 60s waiting for ganesha's export manager on the bus; ganesha log:\n{}",
+                "timed out after {}s waiting for ganesha's export manager on the bus; ganesha log:\n{}",
+                limit.as_secs(),
                 self.log_text()
             );
             tokio::time::sleep(Duration::from_millis(20)).await;
@@ -247,6 +253,13 @@ impl Ganesha {
         self.stop();
         while_stopped()?;
         self.spawn().await
+    }
+
+    /// As [`Ganesha::restart`], waiting at most `limit` for the export manager: ganesha
+    /// reads a long include list for minutes before it answers.
+    pub async fn restart_within(&mut self, limit: Duration) -> anyhow::Result<()> {
+        self.stop();
+        self.spawn_within(limit).await
     }
 
     fn stop(&mut self) {
