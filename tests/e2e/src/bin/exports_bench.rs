@@ -26,7 +26,7 @@ use std::time::{Duration, Instant};
 
 use clap::Parser;
 use nfsprov_agent::exports::VolumeLayout;
-use nfsprov_agent::exports::{ExportSettings, Exports};
+use nfsprov_agent::exports::{ExportSettings, Exports, GaneshaExport, Reconciler};
 use nfsprov_api_types::{ExportManager, ExportRequest, VolumePath};
 use nfsprov_e2e::ganesha_dbus::{Ganesha, PrivateBus};
 
@@ -225,6 +225,17 @@ async fn measure(args: &Args, n: usize, figures: &mut Figures) -> anyhow::Result
         println!("{}", figures::add_remove_line(n, samples, p));
     }
 
+    // ganesha's own share of an add and a remove with N present: the same D-Bus calls,
+    // without the agent's files.
+    let alone = ganesha_alone(&bus, &root, &config_dir, samples.min(50))?;
+    [
+        figures.ganesha_add_p50_ms,
+        _,
+        figures.ganesha_remove_p50_ms,
+        _,
+    ] = alone.map(Some);
+    println!("{}", figures::ganesha_alone_line(n, samples.min(50), alone));
+
     // A node joins: every export admits it, the changes sent many at once.
     let joined = "127.0.0.3";
     let both = request(&["127.0.0.2", joined]);
@@ -325,7 +336,82 @@ async fn measure(args: &Args, n: usize, figures: &mut Figures) -> anyhow::Result
         "{}",
         figures::restore_lost_line(exports.len(), took.as_secs_f64())
     );
+    drop(exports);
+
+    // ganesha's own start reads none (exports.ganesha_reads_exports_at_start = false):
+    // it is back on the bus at once, and the agent, woken by that, serves all again.
+    let served_by_agent = ExportSettings {
+        ganesha_reads_exports_at_start: false,
+        // No pass on a timer within the run: only ganesha's return starts one.
+        reconcile_interval: Duration::from_secs(3600),
+        ..settings.clone()
+    };
+    let (exports, _) = open(&served_by_agent, &root)?;
+    let exports = Arc::new(exports);
+    let passes = Reconciler::new(exports.clone(), served_by_agent.reconcile_interval).spawn(|_| {});
+    let started = Instant::now();
+    ganesha.restart().await?;
+    let deadline = Instant::now() + Duration::from_secs(600);
+    let served = loop {
+        let served = ganesha.export_ids()?.len();
+        if served > n || Instant::now() > deadline {
+            break served;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    passes.abort();
+    if served > n {
+        let took = started.elapsed().as_secs_f64();
+        figures.agent_served_restart_s = Some(took);
+        println!("{}", figures::agent_served_line(n, took));
+    } else {
+        println!(
+            "ganesha restarted reading none: the agent had it serve only {served} of {} in 600 s",
+            n + 1
+        );
+    }
     Ok(())
+}
+
+/// ganesha's AddExport and RemoveExport of one export of its own, `samples` times, with
+/// what ganesha serves already: p50 and p99 of each, in ms.
+fn ganesha_alone(
+    bus: &PrivateBus,
+    root: &Path,
+    config_dir: &Path,
+    samples: usize,
+) -> anyhow::Result<[f64; 4]> {
+    let dir = root.join("ganesha-alone");
+    std::fs::create_dir_all(&dir)?;
+    // Outside the agent's id range, which a pass of its own would withdraw.
+    let id = 65_500;
+    let file = config_dir.join("ganesha-alone.conf");
+    std::fs::write(
+        &file,
+        format!(
+            "EXPORT {{\n  Export_Id = {id};\n  Path = \"{}\";\n  Pseudo = \"/ganesha-alone\";\n  Protocols = 4;\n  Transports = TCP;\n  Access_Type = None;\n  SecType = sys;\n  FSAL {{ Name = VFS; }}\n  CLIENT {{\n    Clients = 127.0.0.2;\n    Access_Type = RW;\n  }}\n}}\n",
+            dir.display()
+        ),
+    )?;
+    let manager = GaneshaExport::new(Some(bus.address().to_owned()), Duration::from_secs(60));
+    let (mut adds, mut removes) = (Vec::new(), Vec::new());
+    for _ in 0..samples.max(1) {
+        let started = Instant::now();
+        manager.add(&file, id)?;
+        adds.push(started.elapsed());
+        let started = Instant::now();
+        manager.remove(id)?;
+        removes.push(started.elapsed());
+    }
+    std::fs::remove_file(&file)?;
+    adds.sort_unstable();
+    removes.sort_unstable();
+    Ok([
+        ms(percentile(&adds, 0.5)),
+        ms(percentile(&adds, 0.99)),
+        ms(percentile(&removes, 0.5)),
+        ms(percentile(&removes, 0.99)),
+    ])
 }
 
 /// Runs the earlier build at one size, its lines echoed as they come, and reads its

@@ -23,6 +23,13 @@ pub struct Figures {
     /// The run said it did not measure ganesha's restart at this size.
     pub ganesha_restart_skipped: bool,
     pub restore_lost_s: Option<f64>,
+    /// ganesha's own AddExport and RemoveExport of one export with N present, called
+    /// directly (no file of the agent's written): its share of an add or a remove.
+    pub ganesha_add_p50_ms: Option<f64>,
+    pub ganesha_remove_p50_ms: Option<f64>,
+    /// ganesha restarted reading none of the exports, until the agent (woken by
+    /// ganesha's return to the bus) has it serve all N again.
+    pub agent_served_restart_s: Option<f64>,
 }
 
 /// The lines the bench prints (and earlier builds printed), each read as the numbers
@@ -35,6 +42,8 @@ const RESTORE_KEPT: &str = "agent start, ganesha serving all ";
 const GANESHA_RESTART: &str = "ganesha restarted from the include list: ";
 const RESTORE_LOST: &str = "agent start, ganesha serving none: ";
 const GANESHA_RESTART_SKIPPED: &str = "ganesha restart not measured: ";
+const GANESHA_ALONE: &str = "ganesha alone with ";
+const AGENT_SERVED: &str = "ganesha restarted reading none, the agent serving all ";
 
 pub fn made_line(n: usize, seconds: f64) -> String {
     format!(
@@ -74,6 +83,17 @@ pub fn ganesha_restart_skipped_line(n: usize, max: usize) -> String {
 
 pub fn restore_lost_line(n: usize, seconds: f64) -> String {
     format!("{RESTORE_LOST}{n} restored in {seconds:.2} s")
+}
+
+pub fn ganesha_alone_line(n: usize, samples: usize, ms: [f64; 4]) -> String {
+    format!(
+        "{GANESHA_ALONE}{n} present, {samples} samples: AddExport p50 {:.2} ms p99 {:.2} ms; RemoveExport p50 {:.2} ms p99 {:.2} ms",
+        ms[0], ms[1], ms[2], ms[3]
+    )
+}
+
+pub fn agent_served_line(n: usize, seconds: f64) -> String {
+    format!("{AGENT_SERVED}{n} again in {seconds:.2} s")
 }
 
 /// The numbers of `line` after `prefix`, in order ("1,000" is not one: the bench
@@ -119,6 +139,11 @@ impl Figures {
                 figures.ganesha_restart_skipped = true;
             } else if let Some(n) = numbers(line, RESTORE_LOST) {
                 figures.restore_lost_s = n.get(1).copied();
+            } else if let Some(n) = numbers(line, GANESHA_ALONE) {
+                figures.ganesha_add_p50_ms = n.get(2).copied();
+                figures.ganesha_remove_p50_ms = n.get(4).copied();
+            } else if let Some(n) = numbers(line, AGENT_SERVED) {
+                figures.agent_served_restart_s = n.get(1).copied();
             }
         }
         figures
@@ -126,7 +151,7 @@ impl Figures {
 
     /// Each figure with its name and unit, in the order of the table, and whether the
     /// run said it skipped it.
-    fn rows(&self) -> [(&'static str, &'static str, Option<f64>, bool); 11] {
+    fn rows(&self) -> [(&'static str, &'static str, Option<f64>, bool); 14] {
         let measured = |(name, unit, value)| (name, unit, value, false);
         [
             measured(("make N", "s", self.make_s)),
@@ -135,6 +160,16 @@ impl Figures {
             measured(("add one: p99", "ms", self.add_p99_ms)),
             measured(("remove one: p50", "ms", self.remove_p50_ms)),
             measured(("remove one: p99", "ms", self.remove_p99_ms)),
+            measured((
+                "ganesha alone: AddExport p50",
+                "ms",
+                self.ganesha_add_p50_ms,
+            )),
+            measured((
+                "ganesha alone: RemoveExport p50",
+                "ms",
+                self.ganesha_remove_p50_ms,
+            )),
             measured(("a node joins: last set returned", "s", self.node_change_s)),
             measured((
                 "a node joins: DisplayExport shows it for all",
@@ -149,6 +184,11 @@ impl Figures {
                 self.ganesha_restart_skipped,
             ),
             measured(("agent start, ganesha lost all", "s", self.restore_lost_s)),
+            measured((
+                "ganesha restart reading none, agent serves all",
+                "s",
+                self.agent_served_restart_s,
+            )),
         ]
     }
 }
