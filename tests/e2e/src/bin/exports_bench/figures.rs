@@ -342,6 +342,9 @@ agent start, ganesha serving none: 100 restored in 0.2 s
                 ganesha_restart_s: Some(1.2),
                 ganesha_restart_skipped: false,
                 restore_lost_s: Some(0.2),
+                ganesha_add_p50_ms: None,
+                ganesha_remove_p50_ms: None,
+                agent_served_restart_s: None,
             }
         );
     }
@@ -356,6 +359,8 @@ agent start, ganesha serving none: 100 restored in 0.2 s
             restore_kept_line(1000, 0.05),
             ganesha_restart_line(1001, 4.5),
             restore_lost_line(1000, 1.75),
+            ganesha_alone_line(1000, 50, [0.5, 1.0, 0.25, 0.75]),
+            agent_served_line(1000, 3.25),
         ]
         .join("\n");
         assert_eq!(
@@ -373,6 +378,9 @@ agent start, ganesha serving none: 100 restored in 0.2 s
                 ganesha_restart_s: Some(4.5),
                 ganesha_restart_skipped: false,
                 restore_lost_s: Some(1.75),
+                ganesha_add_p50_ms: Some(0.5),
+                ganesha_remove_p50_ms: Some(0.25),
+                agent_served_restart_s: Some(3.25),
             }
         );
     }
