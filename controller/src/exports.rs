@@ -187,6 +187,12 @@ impl Target {
         !matches!(self.params.export_clients, Some(ExportClients::Nodes))
     }
 
+    /// What identifies the request it makes, up to its clients and access, within a look:
+    /// its class's parameters (shared by every volume of the class).
+    fn class_key(&self) -> usize {
+        Arc::as_ptr(&self.params) as usize
+    }
+
     fn request(&self, read_only: bool) -> ExportRequest {
         export_request(&self.params, read_only, self.clients.to_vec())
     }
@@ -323,7 +329,7 @@ impl<'a> Reconciler<'a> {
             known
                 .served
                 .retain(|pv, _| volumes.get(&ObjectRef::new(pv)).is_some());
-            let mut memo: HashMap<(usize, bool), u64> = HashMap::new();
+            let mut memo: HashMap<(usize, usize, bool), u64> = HashMap::new();
             targets
                 .into_iter()
                 .filter(|target| {
@@ -335,9 +341,11 @@ impl<'a> Reconciler<'a> {
                         return true;
                     };
                     // Volumes of one class share their list (and so their request) under
-                    // `nodes`: hashed once per look, not once per volume.
+                    // `nodes`: hashed once per look, not once per volume. Every `nodes`
+                    // class shares the one list, so the class is part of the key.
                     let key = (
                         Arc::as_ptr(&target.clients) as *const () as usize,
+                        target.class_key(),
                         served.read_only,
                     );
                     let wanted = *memo

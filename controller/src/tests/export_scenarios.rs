@@ -1,12 +1,13 @@
 //! The export reconciler against a mocked API server (every call asserted in order) and
-//! `MockAgent` (a mock agent): exports found missing or changed are put right.
+//! `MockAgent` (a mock agent): exports found missing or changed are put right, and
+//! `nodes` exports follow Node changes.
 
 use http::Method;
 use k8s_openapi::api::core::v1::PersistentVolume;
 use kube::runtime::watcher::Event;
 use nfsprov_api_types::{
     CreateVolumeRequest, ExportAccess, ExportClient, ExportManager, ExportRequest, Mode,
-    QuotaPolicy, VolumeOwner,
+    QuotaPolicy, Squash, VolumeOwner,
 };
 use serde_json::{Value, json};
 
@@ -144,4 +145,114 @@ async fn exports_missing_or_changed_behind_the_controllers_back_are_put_right() 
         puts,
         ["PUT export team/old [*]", "PUT export team/edited [*]"]
     );
+}
+
+fn node(name: &str, address: &str) -> NodeAddresses {
+    serde_json::from_value(json!({
+        "metadata": {"name": name},
+        "status": {"addresses": [{"type": "InternalIP", "address": address}]},
+    }))
+    .unwrap()
+}
+
+/// A volume of class `class` at `team/<name>`, named `pvc-<name>`.
+fn volume_of_class(name: &str, class: &str) -> PersistentVolume {
+    let mut volume = volume(&format!("pvc-{name}"), &format!("team/{name}"));
+    volume.spec.as_mut().unwrap().storage_class_name = Some(class.to_owned());
+    volume
+}
+
+fn hosts(addresses: &[&str]) -> Vec<ExportClient> {
+    addresses.iter().map(|a| a.parse().unwrap()).collect()
+}
+
+/// The `PUT export` calls the agent received.
+fn puts(agent: &MockAgent) -> Vec<String> {
+    agent
+        .calls()
+        .into_iter()
+        .filter(|c| c.starts_with("PUT export"))
+        .collect()
+}
+
+#[tokio::test]
+async fn two_nodes_classes_with_other_options_are_each_left_alone_once_right() {
+    let agent = MockAgent::start("nfs1").await;
+    agent.manage_exports(ExportManager::Ganesha);
+    let clients = hosts(&["10.0.0.2"]);
+    let squashed = ExportRequest {
+        clients: clients.clone(),
+        squash: Squash::All,
+        anon_uid: Some(1000),
+        anon_gid: Some(1000),
+        ..ExportRequest::default()
+    };
+    let mut volumes = Vec::new();
+    for i in 0..3 {
+        agent.insert_volume(
+            &format!("team/plain-{i}"),
+            made(Some(ExportRequest {
+                clients: clients.clone(),
+                ..ExportRequest::default()
+            })),
+        );
+        volumes.push(volume_of_class(&format!("plain-{i}"), "plain"));
+        agent.insert_volume(&format!("team/squashed-{i}"), made(Some(squashed.clone())));
+        volumes.push(volume_of_class(&format!("squashed-{i}"), "squashed"));
+    }
+    let (ctx, api) = context(
+        agent.registry(),
+        vec![
+            class("plain", &[("exportClients", "nodes")]),
+            class(
+                "squashed",
+                &[
+                    ("exportClients", "nodes"),
+                    ("squash", "all"),
+                    ("uid", "1000"),
+                    ("gid", "1000"),
+                ],
+            ),
+        ],
+        volumes,
+    );
+    let (mut nodes, mut pods) = ctx.mounters.take_writers().unwrap();
+    for event in [
+        Event::Init,
+        Event::InitApply(node("a", "10.0.0.2")),
+        Event::InitDone,
+    ] {
+        nodes.apply_watcher_event(&event);
+    }
+    pods.apply_watcher_event(&Event::<MountingPod>::Init);
+    pods.apply_watcher_event(&Event::<MountingPod>::InitDone);
+    let server = api.run(vec![]);
+    let reconciler = Reconciler::new(&ctx);
+    reconciler.sync(true).await;
+    // Every export is as its class asks: a change of the cluster that moves no client
+    // changes none, whichever class's volumes the look meets first.
+    reconciler.sync(true).await;
+    reconciler.sync(true).await;
+    assert_eq!(puts(&agent), Vec::<String>::new());
+
+    // A node joins: each export gets it, with its own class's options.
+    nodes.apply_watcher_event(&Event::Apply(node("b", "10.0.0.3")));
+    reconciler.sync(true).await;
+    reconciler.sync(true).await;
+    assert_eq!(puts(&agent).len(), 6, "{:?}", puts(&agent));
+    let both = hosts(&["10.0.0.2", "10.0.0.3"]);
+    for i in 0..3 {
+        let plain = agent.export(&format!("team/plain-{i}")).unwrap();
+        assert_eq!((plain.clients, plain.squash), (both.clone(), Squash::Root));
+        let export = agent.export(&format!("team/squashed-{i}")).unwrap();
+        assert_eq!(
+            export,
+            ExportRequest {
+                clients: both.clone(),
+                ..squashed.clone()
+            }
+        );
+    }
+    drop(reconciler);
+    finish(ctx, server).await;
 }
