@@ -1,6 +1,8 @@
 //! The export reconciler against a mocked API server (every call asserted in order) and
 //! `MockAgent` (a mock agent): exports found missing or changed are put right, and
-//! `nodes` exports follow Node changes.
+//! `nodes` exports follow Node changes without requests the next look would undo.
+
+use std::time::Duration;
 
 use http::Method;
 use k8s_openapi::api::core::v1::PersistentVolume;
@@ -11,7 +13,7 @@ use nfsprov_api_types::{
 };
 use serde_json::{Value, json};
 
-use crate::exports::Reconciler;
+use crate::exports::{CONCURRENT_REQUESTS, Reconciler};
 use crate::mounters::{MountingPod, NodeAddresses};
 use crate::objects::{ANN_AGENT, ANN_PATH, ANN_PROVISIONED_BY};
 use crate::tests::builders::{PROVISIONER, class};
@@ -252,6 +254,92 @@ async fn two_nodes_classes_with_other_options_are_each_left_alone_once_right() {
                 ..squashed.clone()
             }
         );
+    }
+    drop(reconciler);
+    finish(ctx, server).await;
+}
+
+/// How many volumes of a `nodes` class the look meets a Node change in the middle of:
+/// more than it has requests in flight.
+const MID_LOOK_VOLUMES: usize = 200;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_change_in_the_middle_of_a_look_reaches_the_exports_it_has_not_sent_yet() {
+    let agent = MockAgent::start("nfs1").await;
+    agent.manage_exports(ExportManager::Ganesha);
+    let mut volumes = Vec::new();
+    for i in 0..MID_LOOK_VOLUMES {
+        agent.insert_volume(
+            &format!("team/v{i}"),
+            made(Some(ExportRequest {
+                clients: hosts(&["10.0.0.2"]),
+                ..ExportRequest::default()
+            })),
+        );
+        volumes.push(volume_of_class(&format!("v{i}"), "nfs"));
+    }
+    let (ctx, api) = context(
+        agent.registry(),
+        vec![class("nfs", &[("exportClients", "nodes")])],
+        volumes,
+    );
+    let (mut nodes, mut pods) = ctx.mounters.take_writers().unwrap();
+    for event in [
+        Event::Init,
+        Event::InitApply(node("a", "10.0.0.2")),
+        Event::InitDone,
+    ] {
+        nodes.apply_watcher_event(&event);
+    }
+    pods.apply_watcher_event(&Event::<MountingPod>::Init);
+    pods.apply_watcher_event(&Event::<MountingPod>::InitDone);
+    let server = api.run(vec![]);
+    let reconciler = Reconciler::new(&ctx);
+    reconciler.sync(true).await;
+    assert!(
+        puts(&agent).is_empty(),
+        "every export is right to begin with"
+    );
+
+    // Node b joins; the look it starts is caught with its first requests in flight,
+    // when node c joins too.
+    nodes.apply_watcher_event(&Event::Apply(node("b", "10.0.0.3")));
+    reconciler.node_changed();
+    agent.hold_exports(true);
+    let in_flight = async {
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+        while agent.exports_held().now() < CONCURRENT_REQUESTS {
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "{} export changes in flight, not {CONCURRENT_REQUESTS}",
+                agent.exports_held().now()
+            );
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+        nodes.apply_watcher_event(&Event::Apply(node("c", "10.0.0.4")));
+        reconciler.node_changed();
+        agent.hold_exports(false);
+    };
+    tokio::join!(reconciler.sync(true), in_flight);
+    let count = |clients: &str| {
+        puts(&agent)
+            .iter()
+            .filter(|c| c.ends_with(&format!(" [{clients}]")))
+            .count()
+    };
+    // Only the requests already sent carry the list without c; the rest of the look
+    // sends the latest.
+    let (stale, latest) = ("10.0.0.2,10.0.0.3", "10.0.0.2,10.0.0.3,10.0.0.4");
+    assert_eq!(count(stale), CONCURRENT_REQUESTS);
+    assert_eq!(count(latest), MID_LOOK_VOLUMES - CONCURRENT_REQUESTS);
+
+    // The next look puts right only those.
+    reconciler.sync(true).await;
+    assert_eq!(count(stale), CONCURRENT_REQUESTS);
+    assert_eq!(count(latest), MID_LOOK_VOLUMES);
+    for i in 0..MID_LOOK_VOLUMES {
+        let export = agent.export(&format!("team/v{i}")).unwrap();
+        assert_eq!(export.clients, hosts(&["10.0.0.2", "10.0.0.3", "10.0.0.4"]));
     }
     drop(reconciler);
     finish(ctx, server).await;
