@@ -40,9 +40,11 @@ pub(crate) const REASON_EXPORT_UPDATED: &str = "ExportUpdated";
 pub(crate) const REASON_EXPORT_FAILED: &str = "ExportUpdateFailed";
 const ACTION: &str = "UpdateExport";
 
-/// Most agent requests in flight at once: a node joining reaches thousands of exports in
-/// seconds without crowding out provisioning on the agents.
-pub(crate) const CONCURRENT_REQUESTS: usize = 16;
+/// Most agent requests in flight at once. An agent groups the export changes it has in
+/// hand into one call to its NFS server, so the more in flight, the fewer calls a node
+/// joining costs for thousands of exports; 64 stays well below what an agent serves at
+/// once (`max_concurrent_requests`, 256 by default), leaving room for provisioning.
+pub(crate) const CONCURRENT_REQUESTS: usize = 64;
 
 /// How often the volumes are looked at without a change of Nodes or Pods: a volume whose
 /// PV appeared just after its pod was bound is caught up within this time. A look with
