@@ -11,6 +11,7 @@
 use std::collections::hash_map::DefaultHasher;
 use std::collections::{HashMap, HashSet};
 use std::hash::{Hash, Hasher};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
@@ -39,17 +40,25 @@ pub(crate) const REASON_EXPORT_UPDATED: &str = "ExportUpdated";
 pub(crate) const REASON_EXPORT_FAILED: &str = "ExportUpdateFailed";
 const ACTION: &str = "UpdateExport";
 
-/// Most agent requests in flight at once: a node joining reaches thousands of exports in
-/// seconds without crowding out provisioning on the agents.
-const CONCURRENT_REQUESTS: usize = 16;
+/// Most agent requests in flight at once. An agent groups the export changes it has in
+/// hand into one call to its NFS server, so the more in flight, the fewer calls a node
+/// joining costs for thousands of exports; 64 stays well below what an agent serves at
+/// once (`max_concurrent_requests`, 256 by default), leaving room for provisioning.
+pub(crate) const CONCURRENT_REQUESTS: usize = 64;
 
 /// How often the volumes are looked at without a change of Nodes or Pods: a volume whose
 /// PV appeared just after its pod was bound is caught up within this time. A look with
 /// nothing to change costs a hash lookup per volume.
 const RECHECK: Duration = Duration::from_secs(5);
 
-/// The shortest pause between two looks, so that a burst of changes is taken in one.
+/// The shortest pause between two looks, and how long the Nodes' addresses must hold
+/// still before a look follows them: a burst of Nodes joining and leaving is taken in one
+/// pass over the `nodes` exports, not one per change.
 const MIN_WAIT: Duration = Duration::from_millis(50);
+
+/// The longest a look waits for the Nodes' addresses to hold still: a cluster whose
+/// Nodes change without a pause still has its exports follow every so often.
+const SETTLE_AT_MOST: Duration = Duration::from_secs(2);
 
 /// Longer client lists are counted in events, not listed (a `nodes` export of a large
 /// cluster would not fit a note).
@@ -155,12 +164,34 @@ struct Served {
     read_only: bool,
 }
 
+/// A list of clients in a form compared cheaply (lists of the cluster come sorted).
+fn list_fingerprint(clients: &[ExportClient]) -> u64 {
+    let mut hasher = DefaultHasher::new();
+    clients.hash(&mut hasher);
+    hasher.finish()
+}
+
 /// What the reconciler remembers, by PV name.
 #[derive(Debug, Default)]
 struct Known {
     served: HashMap<Box<str>, Served>,
     /// Volumes whose last attempt failed, and when to try again.
     failing: HashMap<Box<str>, Instant>,
+    /// The Nodes' addresses the last look after a change of the cluster started from.
+    looked_nodes: Option<u64>,
+}
+
+/// The `nodes` list a look gives the exports it has not reached yet, once the Nodes
+/// changed after it started.
+#[derive(Default)]
+struct LatestNodes {
+    /// The count of Node changes the list reflects.
+    changes: u64,
+    /// `None` while the Nodes are those the look started from.
+    clients: Option<Arc<[ExportClient]>>,
+    /// The fingerprint of each class's request with `clients`, by class (its parameters)
+    /// and access.
+    wanted: HashMap<(usize, bool), u64>,
 }
 
 /// One volume whose export follows the cluster, with the clients it should admit now.
@@ -184,7 +215,18 @@ impl Target {
     /// changes every such export at once, and an event per claim would flood the API
     /// server for what one metric says.
     fn announced(&self) -> bool {
-        !matches!(self.params.export_clients, Some(ExportClients::Nodes))
+        !self.follows_nodes()
+    }
+
+    /// Whether it admits every Node, and so changes with any of them.
+    fn follows_nodes(&self) -> bool {
+        matches!(self.params.export_clients, Some(ExportClients::Nodes))
+    }
+
+    /// What identifies the request it makes, up to its clients and access, within a look:
+    /// its class's parameters (shared by every volume of the class).
+    fn class_key(&self) -> usize {
+        Arc::as_ptr(&self.params) as usize
     }
 
     fn request(&self, read_only: bool) -> ExportRequest {
@@ -196,6 +238,8 @@ pub(crate) struct Reconciler<'a> {
     ctx: &'a Context,
     known: Mutex<Known>,
     backoff: Backoff,
+    /// Changes of the Nodes seen by the watch, counted once the cache holds each.
+    node_changes: AtomicU64,
 }
 
 impl<'a> Reconciler<'a> {
@@ -204,11 +248,51 @@ impl<'a> Reconciler<'a> {
             ctx,
             known: Mutex::default(),
             backoff: Backoff::default(),
+            node_changes: AtomicU64::new(0),
         }
     }
 
     fn known(&self) -> MutexGuard<'_, Known> {
         self.known.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Counts a change of the Nodes, once the cache holds it: a look under way gives the
+    /// `nodes` exports it has not reached yet the Nodes as they are now.
+    pub(crate) fn node_changed(&self) {
+        self.node_changes.fetch_add(1, Ordering::Release);
+    }
+
+    /// Every Node's addresses, as a `nodes` class admits them.
+    fn node_clients(&self) -> Arc<[ExportClient]> {
+        self.ctx
+            .mounters
+            .clients_of(&ExportClients::Nodes, "", "")
+            .into()
+    }
+
+    /// Waits while the Nodes' addresses keep changing, until they hold still for
+    /// [`MIN_WAIT`] (at most [`SETTLE_AT_MOST`]): Nodes joining and leaving in a burst
+    /// cost one pass over the `nodes` exports, not one per change. No wait when the
+    /// addresses are those the last look started from (a change of Pods, or of a Node's
+    /// other fields).
+    async fn settle_nodes(&self) {
+        let mut seen = list_fingerprint(&self.node_clients());
+        if self.known().looked_nodes != Some(seen) {
+            let give_up = Instant::now() + SETTLE_AT_MOST;
+            loop {
+                let now = Instant::now();
+                if now >= give_up {
+                    break;
+                }
+                tokio::time::sleep(MIN_WAIT.min(give_up - now)).await;
+                let latest = list_fingerprint(&self.node_clients());
+                if latest == seen {
+                    break;
+                }
+                seen = latest;
+            }
+        }
+        self.known().looked_nodes = Some(seen);
     }
 
     /// The volumes on agents with an export manager, with the clients each should admit.
@@ -311,6 +395,8 @@ impl<'a> Reconciler<'a> {
 
     /// One look at every volume; returns when the earliest failed one may be retried.
     pub(crate) async fn sync(&self, cluster_changed: bool) -> Option<Instant> {
+        // Counted before the caches are read: the targets reflect at least these changes.
+        let node_changes = self.node_changes.load(Ordering::Acquire);
         let targets = self.targets(cluster_changed).await;
         let now = Instant::now();
         let due: Vec<Target> = {
@@ -323,7 +409,7 @@ impl<'a> Reconciler<'a> {
             known
                 .served
                 .retain(|pv, _| volumes.get(&ObjectRef::new(pv)).is_some());
-            let mut memo: HashMap<(usize, bool), u64> = HashMap::new();
+            let mut memo: HashMap<(usize, usize, bool), u64> = HashMap::new();
             targets
                 .into_iter()
                 .filter(|target| {
@@ -335,9 +421,11 @@ impl<'a> Reconciler<'a> {
                         return true;
                     };
                     // Volumes of one class share their list (and so their request) under
-                    // `nodes`: hashed once per look, not once per volume.
+                    // `nodes`: hashed once per look, not once per volume. Every `nodes`
+                    // class shares the one list, so the class is part of the key.
                     let key = (
                         Arc::as_ptr(&target.clients) as *const () as usize,
+                        target.class_key(),
                         served.read_only,
                     );
                     let wanted = *memo
@@ -347,12 +435,52 @@ impl<'a> Reconciler<'a> {
                 })
                 .collect()
         };
+        let latest = Mutex::new(LatestNodes {
+            changes: node_changes,
+            ..LatestNodes::default()
+        });
+        let latest = &latest;
         futures::stream::iter(due)
             .for_each_concurrent(CONCURRENT_REQUESTS, |target| async move {
-                self.apply(&target).await;
+                if let Some(target) = self.with_latest_nodes(target, latest) {
+                    self.apply(&target).await;
+                }
             })
             .await;
         self.known().failing.values().min().copied()
+    }
+
+    /// The target as the Nodes stand now, when they changed since the look started and
+    /// its export admits every Node: a look that meets a burst of Node changes sends
+    /// the rest of its `nodes` exports the latest list, not one the next look would
+    /// replace at once. `None` when the agent was last seen serving just that. (A `pods`
+    /// export, which also follows its pods, waits for the next look.)
+    fn with_latest_nodes(&self, mut target: Target, latest: &Mutex<LatestNodes>) -> Option<Target> {
+        if !target.follows_nodes() {
+            return Some(target);
+        }
+        let mut latest = latest.lock().unwrap_or_else(|e| e.into_inner());
+        // Counted before the cache is read, as in `sync`.
+        let changes = self.node_changes.load(Ordering::Acquire);
+        if changes != latest.changes {
+            *latest = LatestNodes {
+                changes,
+                clients: Some(self.node_clients()),
+                wanted: HashMap::new(),
+            };
+        }
+        let Some(clients) = latest.clients.clone() else {
+            return Some(target);
+        };
+        target.clients = clients;
+        let Some(served) = self.known().served.get(target.pv_name()).copied() else {
+            return Some(target);
+        };
+        let wanted = *latest
+            .wanted
+            .entry((target.class_key(), served.read_only))
+            .or_insert_with(|| fingerprint(&target.request(served.read_only)));
+        (wanted != served.fingerprint).then_some(target)
     }
 
     /// Brings one volume's export to what its class asks, asking the agent first when
@@ -536,11 +664,14 @@ pub(crate) async fn run(ctx: Arc<Context>, resync: Duration, shutdown: watch::Re
     let Some((node_writer, pod_writer)) = ctx.mounters.take_writers() else {
         return;
     };
+    let reconciler = Reconciler::new(&ctx);
+    let reconciler = &reconciler;
     let list_config = || watcher::Config::default().page_size(100);
     let nodes = watch_of(Api::<NodeAddresses>::all(ctx.client.clone()), list_config())
         .default_backoff()
         .reflect(node_writer)
         .for_each(|_| {
+            reconciler.node_changed();
             ctx.mounters.changed.notify_one();
             future::ready(())
         });
@@ -561,13 +692,15 @@ pub(crate) async fn run(ctx: Arc<Context>, resync: Duration, shutdown: watch::Re
         if ctx.volumes.wait_until_ready().await.is_err() {
             return;
         }
-        let reconciler = Reconciler::new(&ctx);
         let mut fresh_since = Instant::now();
         let mut cluster_changed = true;
         loop {
             if fresh_since.elapsed() >= resync {
                 reconciler.known().served.clear();
                 fresh_since = Instant::now();
+            }
+            if cluster_changed {
+                reconciler.settle_nodes().await;
             }
             let retry = reconciler.sync(cluster_changed).await;
             let wait = retry

@@ -17,7 +17,7 @@ use nfsprov_api_types::{
 };
 use serde_json::json;
 
-use crate::exports::Reconciler;
+use crate::exports::{CONCURRENT_REQUESTS, Reconciler};
 use crate::mounters::{MountingPod, NodeAddresses};
 use crate::objects::{ANN_AGENT, ANN_PATH, ANN_PROVISIONED_BY};
 use crate::tests::builders::{PROVISIONER, class};
@@ -119,7 +119,7 @@ async fn export_bench_a_node_change_reaches_every_export() {
     assert_eq!(behind, 0, "every export admits the new node after one look");
 
     let per_second = |took: std::time::Duration| count as f64 / took.as_secs_f64();
-    println!("exports of a nodes class: {count}, agent requests 16 at a time");
+    println!("exports of a nodes class: {count}, agent requests {CONCURRENT_REQUESTS} at a time");
     println!(
         "first look (reads every export):     {:>8.3} s ({:.0} exports/s)",
         first_look.as_secs_f64(),

@@ -523,3 +523,82 @@ async fn a_bad_client_list_fails_the_claim_saying_why() {
     assert!(!cluster.agent().has_volume(&cluster.in_ns("default/data")));
     cluster.finish().await;
 }
+
+/// How many volumes of a `nodes` class the storm of Node changes reaches.
+const STORM_VOLUMES: usize = 200;
+/// How often a Node joins or leaves in the storm: 50 changes over about a second.
+const STORM_PACE: Duration = Duration::from_millis(20);
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_storm_of_node_changes_ends_in_the_final_nodes_without_a_look_per_change() {
+    let cluster = Cluster::start(ExportManager::Ganesha).await;
+    let address = |i: usize| format!("10.1.0.{}", i + 1);
+    let addresses = |range: std::ops::Range<usize>| -> Vec<String> { range.map(address).collect() };
+    for i in 0..30 {
+        cluster.node(&format!("node-{i}"), &address(i)).await;
+    }
+    cluster.class(json!({"exportClients": "nodes"})).await;
+    let names: Vec<String> = (0..STORM_VOLUMES).map(|i| format!("data-{i}")).collect();
+    for name in &names {
+        cluster.claim(name, "ReadWriteMany").await;
+    }
+    for name in &names {
+        cluster.bound(name).await;
+    }
+    let paths: Vec<String> = names
+        .iter()
+        .map(|name| cluster.in_ns(&format!("default/{name}")))
+        .collect();
+    let first = addresses(0..30);
+    let first: Vec<&str> = first.iter().map(String::as_str).collect();
+    for path in &paths {
+        cluster.admits(path, &first).await;
+    }
+    let puts = || {
+        cluster
+            .agent()
+            .calls()
+            .iter()
+            .filter(|c| c.starts_with("PUT export"))
+            .count()
+    };
+    let before = puts();
+
+    // 25 Nodes join (30-54) while 25 leave (0-24), one change every 20 ms: far more
+    // often than a look over every export can run.
+    let nodes = Api::<Node>::all(cluster.client.clone());
+    let mut pace = tokio::time::interval(STORM_PACE);
+    for i in 0..25 {
+        pace.tick().await;
+        cluster
+            .node(&format!("node-{}", i + 30), &address(i + 30))
+            .await;
+        pace.tick().await;
+        nodes
+            .delete(
+                &cluster.node_name(&format!("node-{i}")),
+                &DeleteParams::default(),
+            )
+            .await
+            .unwrap();
+    }
+    let last = addresses(25..55);
+    let last: Vec<&str> = last.iter().map(String::as_str).collect();
+    for path in &paths {
+        cluster.admits(path, &last).await;
+    }
+    // Each look sends at most one request per export. A look follows the Nodes once
+    // their addresses have held still for 50 ms (or 2 s after they began to change), so
+    // this storm, 20 ms a change for a second, makes one look after it: 200 requests.
+    // Where this test's own requests stall for 50 ms (a loaded machine), a look may
+    // start within the storm; it sends the exports it has not reached yet the Nodes as
+    // they are by then, and only those it had sent are sent again: at most 200 more per
+    // stall. The bound allows two stalls; a look per change would send up to 50 × 200.
+    let sent = puts() - before;
+    println!("{sent} export changes for {STORM_VOLUMES} volumes and 50 Node changes");
+    assert!(
+        sent <= 3 * STORM_VOLUMES,
+        "{sent} export changes for {STORM_VOLUMES} volumes and 50 Node changes"
+    );
+    cluster.finish().await;
+}

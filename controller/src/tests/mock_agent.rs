@@ -98,6 +98,43 @@ struct MockShared {
     token: String,
     /// `<name>.example`, so PVs show which agent they came from.
     server: String,
+    exports_held: Arc<HeldExports>,
+}
+
+/// Export changes recorded but held without an answer, while the test says so: the
+/// requests a client has in flight at a moment of the test's choosing.
+#[derive(Debug)]
+pub struct HeldExports {
+    holding: tokio::sync::watch::Sender<bool>,
+    now: std::sync::atomic::AtomicUsize,
+}
+
+impl Default for HeldExports {
+    fn default() -> Self {
+        Self {
+            holding: tokio::sync::watch::Sender::new(false),
+            now: std::sync::atomic::AtomicUsize::new(0),
+        }
+    }
+}
+
+impl HeldExports {
+    /// Waits while changes are held.
+    async fn pass(&self) {
+        use std::sync::atomic::Ordering::SeqCst;
+        let mut holding = self.holding.subscribe();
+        if !*holding.borrow_and_update() {
+            return;
+        }
+        self.now.fetch_add(1, SeqCst);
+        let _ = holding.wait_for(|holding| !*holding).await;
+        self.now.fetch_sub(1, SeqCst);
+    }
+
+    /// The export changes waiting for an answer now.
+    pub fn now(&self) -> usize {
+        self.now.load(std::sync::atomic::Ordering::SeqCst)
+    }
 }
 
 /// A fake agent (a mock, not the real `nfsprov-agent`) on 127.0.0.1 over HTTPS with a
@@ -112,6 +149,7 @@ pub struct MockAgent {
     /// Connections the relay holds without an answer now ([`Reach::Silent`]), and the
     /// most it held at once.
     held: Arc<HeldConnections>,
+    exports_held: Arc<HeldExports>,
     relay: tokio::task::JoinHandle<()>,
     _dir: tempfile::TempDir,
 }
@@ -246,6 +284,7 @@ impl MockAgent {
         .expect("tls config");
 
         let state = Arc::new(Mutex::new(MockAgentState::default()));
+        let exports_held = Arc::new(HeldExports::default());
         let app = Endpoint::ALL
             .into_iter()
             .filter_map(|endpoint| Some((endpoint.template(), mock_handler(endpoint)?)))
@@ -260,6 +299,7 @@ impl MockAgent {
                 state: state.clone(),
                 token: "mock-token".to_owned(),
                 server: format!("{name}.example"),
+                exports_held: exports_held.clone(),
             });
         let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
         listener.set_nonblocking(true).expect("nonblocking");
@@ -300,6 +340,7 @@ impl MockAgent {
             server: Some(server),
             cut,
             held,
+            exports_held,
             relay,
             _dir: dir,
         }
@@ -357,6 +398,17 @@ impl MockAgent {
     /// The connections the silent relay held.
     pub fn held(&self) -> &HeldConnections {
         &self.held
+    }
+
+    /// Holding (`true`): every export change is recorded, then held without an answer
+    /// until `false`.
+    pub fn hold_exports(&self, holding: bool) {
+        self.exports_held.holding.send_replace(holding);
+    }
+
+    /// The export changes held.
+    pub fn exports_held(&self) -> &HeldExports {
+        &self.exports_held
     }
 
     /// Reports `condition` for the volume `path` from now on (`None`: no condition, as an
@@ -738,6 +790,7 @@ async fn set_export(
     if let Some(response) = enter(&shared, &headers, call) {
         return response;
     }
+    shared.exports_held.pass().await;
     let Ok(volume_path) = VolumePath::parse(&path) else {
         return api_error(ErrorCode::InvalidPath, "invalid path");
     };
