@@ -1053,7 +1053,7 @@ mod tests {
         std::fs::write(
             &file,
             format!(
-                "{good}[exports]\nmanager = \"ganesha\"\nganesha_config_dir = \"/etc/g\"\nganesha_dbus_address = \"unix:path=/run/bus\"\nganesha_first_export_id = 2\nganesha_last_export_id = 9\nserver_timeout_seconds = 3\nreconcile_interval_seconds = 7\n"
+                "{good}[exports]\nmanager = \"ganesha\"\nganesha_config_dir = \"/etc/g\"\nganesha_dbus_address = \"unix:path=/run/bus\"\nganesha_first_export_id = 2\nganesha_last_export_id = 9\nganesha_reads_exports_at_start = false\nserver_timeout_seconds = 3\nreconcile_interval_seconds = 7\n"
             ),
         )
         .unwrap();
@@ -1065,6 +1065,8 @@ mod tests {
             Some("unix:path=/run/bus")
         );
         assert_eq!(exports.ganesha_export_ids, 2..=9);
+        assert!(!exports.ganesha_reads_exports_at_start);
+        assert!(ExportSettings::default().ganesha_reads_exports_at_start);
         assert_eq!(exports.server_timeout, Duration::from_secs(3));
         assert_eq!(exports.reconcile_interval, Duration::from_secs(7));
 

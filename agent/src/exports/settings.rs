@@ -18,7 +18,7 @@ pub struct ExportSettings {
     /// ganesha: whether its own start reads every export from the agent's include lists
     /// (the default). Off, the top list names none and the agent serves every export
     /// in batches once ganesha is on the bus: ganesha 4's configuration parser takes
-    /// time quadratic in the exports of one parse (about 70 s at 10,000), so at many
+    /// time quadratic in the exports of one parse (85 s at 10,000 on a 2-core machine), so at many
     /// thousands of exports its start is faster without them, at the price of serving
     /// nothing after a restart until the agent runs.
     pub ganesha_reads_exports_at_start: bool,
