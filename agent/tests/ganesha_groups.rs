@@ -114,30 +114,64 @@ fn open(settings: &ExportSettings, root: &Path) -> Arc<Exports> {
     Arc::new(exports)
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn changes_sent_together_reach_ganesha_in_groups_and_a_refusal_fails_only_its_own() {
-    const TEST: &str =
-        "changes_sent_together_reach_ganesha_in_groups_and_a_refusal_fails_only_its_own";
+/// A real ganesha on a private bus, the volumes' directories and the agent's settings.
+struct Setup {
+    root: std::path::PathBuf,
+    config_dir: std::path::PathBuf,
+    settings: ExportSettings,
+    ganesha: Ganesha,
+    bus: PrivateBus,
+    _base: tempfile::TempDir,
+}
+
+/// [`Setup`] with the directory of every volume but `missing`; `None`, `test` skipped by
+/// name, without ganesha here.
+async fn setup(test: &str, missing: Option<usize>) -> Option<Setup> {
     if let Some(tool) = ["ganesha.nfsd", "dbus-daemon", "dbus-send"]
         .into_iter()
         .find(|tool| !installed(tool))
     {
-        nfsprov_test_skip::skip(TEST, &format!("{tool} is not installed"));
-        return;
+        nfsprov_test_skip::skip(test, &format!("{tool} is not installed"));
+        return None;
     }
     let base = tempfile::tempdir().unwrap();
     let root = base.path().join("exports");
     let config_dir = base.path().join("ganesha.d");
-    for i in (0..VOLUMES).filter(|i| *i != MISSING) {
+    for i in (0..VOLUMES).filter(|i| Some(*i) != missing) {
         std::fs::create_dir_all(root.join(volume(i).as_str())).unwrap();
     }
     let bus = PrivateBus::start().await.unwrap();
-    let mut ganesha = Ganesha::start(&bus, &config_dir).await.unwrap();
+    let ganesha = Ganesha::start(&bus, &config_dir).await.unwrap();
     let settings = ExportSettings {
         manager: ExportManager::Ganesha,
         ganesha_config_dir: config_dir.clone(),
         ganesha_dbus_address: Some(bus.address().to_owned()),
         ..ExportSettings::default()
+    };
+    Some(Setup {
+        root,
+        config_dir,
+        settings,
+        ganesha,
+        bus,
+        _base: base,
+    })
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn changes_sent_together_reach_ganesha_in_groups_and_a_refusal_fails_only_its_own() {
+    const TEST: &str =
+        "changes_sent_together_reach_ganesha_in_groups_and_a_refusal_fails_only_its_own";
+    let Some(Setup {
+        root,
+        config_dir,
+        settings,
+        mut ganesha,
+        bus,
+        _base,
+    }) = setup(TEST, Some(MISSING)).await
+    else {
+        return;
     };
     let exports = open(&settings, &root);
 
@@ -251,29 +285,22 @@ fn export_ids(config_dir: &Path) -> std::collections::HashMap<String, u16> {
 async fn a_ganesha_that_reads_no_export_at_start_is_served_all_again_when_it_is_back_on_the_bus() {
     const TEST: &str =
         "a_ganesha_that_reads_no_export_at_start_is_served_all_again_when_it_is_back_on_the_bus";
-    if let Some(tool) = ["ganesha.nfsd", "dbus-daemon", "dbus-send"]
-        .into_iter()
-        .find(|tool| !installed(tool))
-    {
-        nfsprov_test_skip::skip(TEST, &format!("{tool} is not installed"));
+    let Some(Setup {
+        root,
+        config_dir,
+        settings,
+        mut ganesha,
+        bus: _bus,
+        _base,
+    }) = setup(TEST, None).await
+    else {
         return;
-    }
-    let base = tempfile::tempdir().unwrap();
-    let root = base.path().join("exports");
-    let config_dir = base.path().join("ganesha.d");
-    for i in 0..VOLUMES {
-        std::fs::create_dir_all(root.join(volume(i).as_str())).unwrap();
-    }
-    let bus = PrivateBus::start().await.unwrap();
-    let mut ganesha = Ganesha::start(&bus, &config_dir).await.unwrap();
+    };
     let settings = ExportSettings {
-        manager: ExportManager::Ganesha,
-        ganesha_config_dir: config_dir.clone(),
-        ganesha_dbus_address: Some(bus.address().to_owned()),
         ganesha_reads_exports_at_start: false,
         // No pass of its own within the test: only ganesha's return can start one.
         reconcile_interval: std::time::Duration::from_secs(3600),
-        ..ExportSettings::default()
+        ..settings
     };
     let exports = open(&settings, &root);
     let passes =

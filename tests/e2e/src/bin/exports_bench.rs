@@ -298,14 +298,7 @@ async fn measure(args: &Args, n: usize, figures: &mut Figures) -> anyhow::Result
         let started = Instant::now();
         // ganesha 4.3 reads a long include list for minutes: wait as long as it takes.
         ganesha.restart_within(Duration::from_secs(3600)).await?;
-        let deadline = Instant::now() + Duration::from_secs(600);
-        let served = loop {
-            let served = ganesha.export_ids()?.len();
-            if served > n || Instant::now() > deadline {
-                break served;
-            }
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        };
+        let served = serving_all(&ganesha, n).await?;
         let up = started.elapsed();
         if served > n {
             figures.ganesha_restart_s = Some(up.as_secs_f64());
@@ -351,14 +344,7 @@ async fn measure(args: &Args, n: usize, figures: &mut Figures) -> anyhow::Result
     let passes = Reconciler::new(exports.clone(), served_by_agent.reconcile_interval).spawn(|_| {});
     let started = Instant::now();
     ganesha.restart().await?;
-    let deadline = Instant::now() + Duration::from_secs(600);
-    let served = loop {
-        let served = ganesha.export_ids()?.len();
-        if served > n || Instant::now() > deadline {
-            break served;
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    };
+    let served = serving_all(&ganesha, n).await?;
     passes.abort();
     if served > n {
         let took = started.elapsed().as_secs_f64();
@@ -371,6 +357,19 @@ async fn measure(args: &Args, n: usize, figures: &mut Figures) -> anyhow::Result
         );
     }
     Ok(())
+}
+
+/// How many exports ganesha serves once it serves the `n` and its pseudo root, or after
+/// ten minutes.
+async fn serving_all(ganesha: &Ganesha, n: usize) -> anyhow::Result<usize> {
+    let deadline = Instant::now() + Duration::from_secs(600);
+    loop {
+        let served = ganesha.export_ids()?.len();
+        if served > n || Instant::now() > deadline {
+            return Ok(served);
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
 }
 
 /// ganesha's AddExport and RemoveExport of one export of its own, `samples` times, with
