@@ -596,12 +596,19 @@ impl Ganesha {
                     } else {
                         BTreeSet::new()
                     };
+                    let mut unanswered: Option<String> = None;
                     for &id in chunk {
-                        if served.contains(&id) {
-                            results.push(Ok(()));
-                        } else {
-                            results.push(single(id));
+                        let result = match &unanswered {
+                            _ if served.contains(&id) => Ok(()),
+                            // A server that stopped answering is not asked again for
+                            // each export: each would wait out its time limit.
+                            Some(why) => Err(ExportError::Unavailable(why.clone())),
+                            None => single(id),
+                        };
+                        if let Err(ExportError::Unavailable(why)) = &result {
+                            unanswered = Some(why.clone());
                         }
+                        results.push(result);
                     }
                 }
             }
