@@ -73,34 +73,6 @@ async fn set_all(exports: &Arc<Exports>, request: &ExportRequest) -> Vec<Result<
     results.into_iter().map(Option::unwrap).collect()
 }
 
-/// The clients ganesha's `DisplayExport` lists for export `id`.
-fn displayed_clients(bus: &str, id: u16) -> Vec<String> {
-    let output = Command::new("dbus-send")
-        .arg(format!("--bus={bus}"))
-        .args([
-            "--print-reply",
-            "--dest=org.ganesha.nfsd",
-            "/org/ganesha/nfsd/ExportMgr",
-            "org.ganesha.nfsd.exportmgr.DisplayExport",
-        ])
-        .arg(format!("uint16:{id}"))
-        .stdin(Stdio::null())
-        .output()
-        .unwrap();
-    assert!(
-        output.status.success(),
-        "DisplayExport {id}: {}",
-        String::from_utf8_lossy(&output.stderr)
-    );
-    String::from_utf8_lossy(&output.stdout)
-        .lines()
-        .filter_map(|line| line.trim().strip_prefix("string \""))
-        .filter_map(|rest| rest.strip_suffix('"'))
-        .filter(|text| text.ends_with("/32"))
-        .map(str::to_owned)
-        .collect()
-}
-
 fn open(settings: &ExportSettings, root: &Path) -> Arc<Exports> {
     let mount_root = root.display().to_string();
     let (exports, _) = Exports::open(
@@ -167,7 +139,7 @@ async fn changes_sent_together_reach_ganesha_in_groups_and_a_refusal_fails_only_
         config_dir,
         settings,
         mut ganesha,
-        bus,
+        bus: _bus,
         _base,
     }) = setup(TEST, Some(MISSING)).await
     else {
@@ -225,7 +197,7 @@ async fn changes_sent_together_reach_ganesha_in_groups_and_a_refusal_fails_only_
     }
     for &id in &published {
         assert_eq!(
-            displayed_clients(bus.address(), id),
+            ganesha.clients(id).unwrap(),
             ["127.0.0.2/32", "127.0.0.3/32"],
             "export {id}"
         );
@@ -236,7 +208,7 @@ async fn changes_sent_together_reach_ganesha_in_groups_and_a_refusal_fails_only_
     assert_eq!(served(&ganesha), published);
     for &id in published.iter().step_by(97) {
         assert_eq!(
-            displayed_clients(bus.address(), id),
+            ganesha.clients(id).unwrap(),
             ["127.0.0.2/32", "127.0.0.3/32"],
             "export {id} after ganesha's restart"
         );

@@ -526,12 +526,11 @@ impl Ganesha {
     /// file says: in batches, and one at a time for a batch it refuses.
     fn update_many(&self, staged: &[(PathBuf, u16)]) -> Vec<Result<(), ExportError>> {
         let ids: Vec<u16> = staged.iter().map(|(_, id)| *id).collect();
+        let by_id: BTreeMap<u16, &PathBuf> = staged.iter().map(|(file, id)| (*id, file)).collect();
         let file_of = |id: u16| {
-            staged
-                .iter()
-                .find(|(_, staged_id)| *staged_id == id)
-                .map(|(file, _)| file.clone())
-                .unwrap_or_else(|| self.file(id))
+            by_id
+                .get(&id)
+                .map_or_else(|| self.file(id), |file| (*file).clone())
         };
         self.many(
             &ids,

@@ -290,6 +290,19 @@ impl Ganesha {
         Ok(exports)
     }
 
+    /// The clients ganesha's `DisplayExport` lists for export `id`, as it writes them
+    /// (`127.0.0.2/32`).
+    pub fn clients(&self, id: u16) -> anyhow::Result<Vec<String>> {
+        let reply = dbus_send(&self.bus, "DisplayExport", &[&format!("uint16:{id}")])?;
+        Ok(reply
+            .lines()
+            .filter_map(|line| line.trim().strip_prefix("string \""))
+            .filter_map(|rest| rest.strip_suffix('"'))
+            .filter(|text| text.ends_with("/32"))
+            .map(str::to_owned)
+            .collect())
+    }
+
     /// Asks ganesha to drop export `id`, behind the agent's back.
     pub fn remove_export(&self, id: u16) -> anyhow::Result<()> {
         dbus_send(&self.bus, "RemoveExport", &[&format!("uint16:{id}")]).map(drop)
