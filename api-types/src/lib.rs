@@ -36,6 +36,7 @@ mod condition;
 pub mod endpoints;
 mod export;
 pub mod logsafe;
+pub mod manifest;
 mod path;
 mod reloading_file;
 mod restore_source;
@@ -55,6 +56,9 @@ pub use endpoints::{API_PREFIX, Endpoint};
 pub use export::{
     ExportAccess, ExportClient, ExportClientError, ExportManager, ExportRequest,
     ExportRequestError, MAX_EXPORT_CLIENTS, SecFlavor, Squash, VolumeExport,
+};
+pub use manifest::{
+    EntryKind, ManifestEntry, ManifestError, ManifestValidator, WireBytes, Xattr, validate_entry,
 };
 pub use path::{
     MAX_COMPONENT_BYTES, MAX_COMPONENTS, MAX_PATH_BYTES, PathError, VolumePath, validate_component,
