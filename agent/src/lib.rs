@@ -53,6 +53,7 @@ pub mod policy;
 pub(crate) mod private_file;
 pub mod quota;
 pub(crate) mod ratelimit;
+pub mod replication;
 pub(crate) mod root_filesystem;
 pub mod scope;
 pub(crate) mod server;

@@ -118,7 +118,7 @@ pub(super) fn quota_error(context: impl Into<String>, source: impl Into<QuotaErr
 }
 
 /// A failed system call; a full filesystem or quota becomes [`StoreError::NoSpace`].
-pub(super) fn io_error(context: impl Into<String>, errno: Errno) -> StoreError {
+pub(crate) fn io_error(context: impl Into<String>, errno: Errno) -> StoreError {
     let context = context.into();
     match errno {
         Errno::NOSPC | Errno::DQUOT => StoreError::NoSpace(format!("{context}: no space left")),

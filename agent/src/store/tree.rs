@@ -34,13 +34,13 @@ const BATCH: usize = 1024;
 /// Which mount an entry is on: the mount id where the kernel reports it (Linux 5.8 and
 /// later; it tells a bind mount of the same filesystem apart), else the device.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(super) enum MountId {
+pub(crate) enum MountId {
     Mount(u64),
     Device(u32, u32),
 }
 
 impl MountId {
-    pub(super) fn of(stat: &rustix::fs::Statx) -> Self {
+    pub(crate) fn of(stat: &rustix::fs::Statx) -> Self {
         if stat.stx_mask & StatxFlags::MNT_ID.bits() != 0 {
             MountId::Mount(stat.stx_mnt_id)
         } else {

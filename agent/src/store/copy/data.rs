@@ -337,7 +337,11 @@ fn copy_plain(
 }
 
 /// The next extent of data at or after `offset` and before `end`, as its start and end.
-fn next_data(fd: BorrowedFd<'_>, offset: u64, end: u64) -> rustix::io::Result<Option<(u64, u64)>> {
+pub(crate) fn next_data(
+    fd: BorrowedFd<'_>,
+    offset: u64,
+    end: u64,
+) -> rustix::io::Result<Option<(u64, u64)>> {
     if offset >= end {
         return Ok(None);
     }

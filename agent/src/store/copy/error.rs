@@ -11,7 +11,7 @@ pub(super) fn stopped() -> StoreError {
 
 /// An error of a step that writes the target; a full filesystem or quota is the clone
 /// not fitting, said so.
-pub(super) fn write_error(what: &str, rel: &str, errno: Errno) -> StoreError {
+pub(crate) fn write_error(what: &str, rel: &str, errno: Errno) -> StoreError {
     match errno {
         Errno::NOSPC | Errno::DQUOT => StoreError::NoSpace(format!(
             "{what} {rel}: no space left; the clone's capacity or the filesystem is too small for the source volume"

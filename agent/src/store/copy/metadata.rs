@@ -14,23 +14,23 @@ use crate::store::error::{Result, StoreError, io_error};
 
 /// The attribute old agents kept a volume's record in; never copied (see the copy's
 /// documentation).
-const LEGACY_XATTR: &[u8] = b"user.nfsprov.volume";
+pub(crate) const LEGACY_XATTR: &[u8] = b"user.nfsprov.volume";
 /// Tries at reading an attribute or list that keeps growing between size and read.
 const XATTR_TRIES: usize = 8;
 
-pub(super) fn stat_mask() -> StatxFlags {
+pub(crate) fn stat_mask() -> StatxFlags {
     StatxFlags::BASIC_STATS | StatxFlags::BTIME | StatxFlags::MNT_ID
 }
 
-pub(super) fn stat_fd(fd: BorrowedFd<'_>) -> rustix::io::Result<Statx> {
+pub(crate) fn stat_fd(fd: BorrowedFd<'_>) -> rustix::io::Result<Statx> {
     rustix::fs::statx(fd, c"", AtFlags::EMPTY_PATH, stat_mask())
 }
 
 /// Which inode a stat is of. The birth time, where the filesystem keeps one, tells apart
 /// a file removed during the copy and a new one given its inode number.
-pub(super) type Identity = (u32, u32, u64, i64, u32);
+pub(crate) type Identity = (u32, u32, u64, i64, u32);
 
-pub(super) fn identity(stat: &Statx) -> Identity {
+pub(crate) fn identity(stat: &Statx) -> Identity {
     let born = if stat.stx_mask & StatxFlags::BTIME.bits() != 0 {
         (stat.stx_btime.tv_sec, stat.stx_btime.tv_nsec)
     } else {
@@ -45,12 +45,12 @@ pub(super) fn identity(stat: &Statx) -> Identity {
     )
 }
 
-pub(super) fn file_type(stat: &Statx) -> FileType {
+pub(crate) fn file_type(stat: &Statx) -> FileType {
     FileType::from_raw_mode(stat.stx_mode.into())
 }
 
 /// Permission bits with the set-user-ID, set-group-ID and sticky bits.
-pub(super) fn permissions(stat: &Statx) -> u32 {
+pub(crate) fn permissions(stat: &Statx) -> u32 {
     u32::from(stat.stx_mode) & 0o7777
 }
 
@@ -70,17 +70,18 @@ fn timestamps(stat: &Statx) -> Timestamps {
 /// An entry whose metadata is read or set: open (files and directories), or a name in an
 /// open directory (symlinks and special files, which are never opened: opening a device
 /// can do things, a symlink would be followed).
-pub(super) enum Node<'a> {
+pub(crate) enum Node<'a> {
     Fd(BorrowedFd<'a>),
     At(BorrowedFd<'a>, &'a CStr),
 }
 
 impl Node<'_> {
     fn chown(&self, stat: &Statx) -> rustix::io::Result<()> {
-        let (uid, gid) = (
-            Some(Uid::from_raw(stat.stx_uid)),
-            Some(Gid::from_raw(stat.stx_gid)),
-        );
+        self.chown_ids(stat.stx_uid, stat.stx_gid)
+    }
+
+    pub(crate) fn chown_ids(&self, uid: u32, gid: u32) -> rustix::io::Result<()> {
+        let (uid, gid) = (Some(Uid::from_raw(uid)), Some(Gid::from_raw(gid)));
         match *self {
             Node::Fd(fd) => rustix::fs::fchown(fd, uid, gid),
             Node::At(dir, name) => {
@@ -98,7 +99,7 @@ impl Node<'_> {
         }
     }
 
-    fn set_times(&self, times: &Timestamps) -> rustix::io::Result<()> {
+    pub(crate) fn set_times(&self, times: &Timestamps) -> rustix::io::Result<()> {
         match *self {
             Node::Fd(fd) => rustix::fs::futimens(fd, times),
             Node::At(dir, name) => {
@@ -126,7 +127,7 @@ impl Node<'_> {
     }
 
     /// The names of the entry's attributes, each followed by a NUL.
-    fn list_xattrs(&self) -> rustix::io::Result<Vec<u8>> {
+    pub(crate) fn list_xattrs(&self) -> rustix::io::Result<Vec<u8>> {
         match *self {
             Node::Fd(fd) => read_sized(
                 || rustix::fs::flistxattr_query(fd),
@@ -142,7 +143,7 @@ impl Node<'_> {
         }
     }
 
-    fn get_xattr(&self, attribute: &CStr) -> rustix::io::Result<Vec<u8>> {
+    pub(crate) fn get_xattr(&self, attribute: &CStr) -> rustix::io::Result<Vec<u8>> {
         match *self {
             Node::Fd(fd) => read_sized(
                 || rustix::fs::fgetxattr_query(fd, attribute),
@@ -158,7 +159,7 @@ impl Node<'_> {
         }
     }
 
-    fn set_xattr(&self, attribute: &CStr, value: &[u8]) -> rustix::io::Result<()> {
+    pub(crate) fn set_xattr(&self, attribute: &CStr, value: &[u8]) -> rustix::io::Result<()> {
         match *self {
             Node::Fd(fd) => rustix::fs::fsetxattr(fd, attribute, value, XattrFlags::empty()),
             Node::At(dir, name) => rustix::fs::lsetxattr(
@@ -214,7 +215,7 @@ pub(super) fn set_metadata(
         .map_err(|e| write_error("set the times of", rel, e))
 }
 
-fn set_mode(target: &Node<'_>, mode: u32, rel: &str) -> Result<()> {
+pub(crate) fn set_mode(target: &Node<'_>, mode: u32, rel: &str) -> Result<()> {
     let set_id = mode & 0o6000 != 0;
     match target.chmod(mode) {
         Ok(()) => {}

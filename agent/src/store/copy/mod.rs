@@ -59,11 +59,11 @@
 //! a bounded queue of open file pairs, so many small files and a few large ones both go
 //! at the disks' speed while the descriptors in flight stay bounded.
 
-mod data;
-mod error;
-mod metadata;
+pub(crate) mod data;
+pub(crate) mod error;
+pub(crate) mod metadata;
 mod progress;
-mod walk;
+pub(crate) mod walk;
 
 use std::os::fd::BorrowedFd;
 use std::sync::mpsc::sync_channel;

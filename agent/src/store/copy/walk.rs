@@ -34,7 +34,11 @@ fn child_path(parent: &str, name: &CStr) -> String {
 
 /// Opens `name` in `dir` without updating its access time (so the copy leaves the
 /// source's times alone) where the agent may (owner or `CAP_FOWNER`).
-fn open_source(dir: BorrowedFd<'_>, name: &CStr, flags: OFlags) -> rustix::io::Result<OwnedFd> {
+pub(crate) fn open_source(
+    dir: BorrowedFd<'_>,
+    name: &CStr,
+    flags: OFlags,
+) -> rustix::io::Result<OwnedFd> {
     let open = |flags| rustix::fs::openat(dir, name, flags | OFlags::CLOEXEC, Mode::empty());
     match open(flags | OFlags::NOATIME) {
         Err(Errno::PERM) => open(flags),
