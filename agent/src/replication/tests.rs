@@ -9,6 +9,7 @@ use std::os::fd::{AsFd, OwnedFd};
 use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::{MetadataExt, PermissionsExt, symlink};
 use std::path::{Path, PathBuf};
+use std::process::Command;
 
 use nfsprov_api_types::manifest::{EntryKind, ManifestEntry, WireBytes};
 use rustix::fs::{AtFlags, FileType, Mode, OFlags, Timespec, Timestamps, XattrFlags};
@@ -133,6 +134,14 @@ fn make_tree(root: &Path) {
     )
     .unwrap();
     fs::write(root.join("suid"), b"#!/bin/true\n").unwrap();
+    rustix::fs::mknodat(
+        open_dir(root).as_fd(),
+        "null",
+        FileType::CharacterDevice,
+        Mode::from_raw_mode(0o666),
+        rustix::fs::makedev(1, 3),
+    )
+    .unwrap();
     xattr(&root.join("a/plain.txt"), "user.test", b"on a file");
     xattr(&root.join("a"), "user.dir", &[0, 1, 2, 255]);
     xattr(root, "user.root", b"top");
@@ -201,7 +210,7 @@ fn a_tree_is_replicated_exactly_then_incrementally() {
             scanned.symlinks,
             scanned.others
         ),
-        (8, 2, 3, 1)
+        (8, 2, 3, 2)
     );
     assert_eq!(manifest[0].path, WireBytes::default());
     let json = serde_json::to_string(&manifest).unwrap();
@@ -231,6 +240,10 @@ fn a_tree_is_replicated_exactly_then_incrementally() {
         copied.blocks() * 512 <= 4 * EXTENT as u64,
         "the sparse file takes {} blocks",
         copied.blocks()
+    );
+    assert_eq!(
+        fs::symlink_metadata(first.join("null")).unwrap().rdev(),
+        rustix::fs::makedev(1, 3)
     );
     assert_eq!(
         fs::read_link(first.join("absolute")).unwrap(),
@@ -531,4 +544,49 @@ fn the_extent_codec_keeps_holes_and_reads_nothing_after_the_end() {
         fs::read(&path).unwrap(),
         fs::read(tmp.path().join("received")).unwrap()
     );
+}
+
+/// A filesystem mounted for a test, unmounted (lazily) when dropped.
+struct Mounted(PathBuf);
+
+impl Drop for Mounted {
+    fn drop(&mut self) {
+        let _ = Command::new("umount").arg("-l").arg(&self.0).status();
+    }
+}
+
+#[test]
+fn a_mount_point_inside_the_tree_stops_the_scan() {
+    if !is_root("a_mount_point_inside_the_tree_stops_the_scan") {
+        return;
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    fs::create_dir_all(tmp.path().join("tree/mnt")).unwrap();
+    let mounted = Command::new("mount")
+        .args(["-t", "tmpfs", "tmpfs"])
+        .arg(tmp.path().join("tree/mnt"))
+        .output()
+        .unwrap();
+    if !mounted.status.success() {
+        nfsprov_test_skip::skip(
+            "a_mount_point_inside_the_tree_stops_the_scan",
+            &format!(
+                "cannot mount tmpfs: {}",
+                String::from_utf8_lossy(&mounted.stderr)
+            ),
+        );
+        return;
+    }
+    let _mounted = Mounted(tmp.path().join("tree/mnt"));
+    fs::write(tmp.path().join("tree/mnt/behind"), b"never read").unwrap();
+    let mut emitted = Vec::new();
+    let result = scan(open_dir(&tmp.path().join("tree")).as_fd(), &mut |entry| {
+        emitted.push(entry.path);
+        Ok(())
+    });
+    match result {
+        Err(StoreError::Conflict(message)) => assert!(message.contains("mnt"), "{message}"),
+        other => panic!("not refused: {other:?}"),
+    }
+    assert_eq!(emitted, vec![WireBytes::default()]);
 }
