@@ -322,11 +322,17 @@ fn a_build_cut_short_is_finished_without_fetching_again() {
         names,
         BTreeSet::from(["f0".into(), "f1".into(), "f2".into()])
     );
+    // A complete file spoiled since (same size, other bytes) is not kept.
+    let spoiled = fs::read(staging.join("d/f1")).unwrap();
+    fs::write(staging.join("d/f1"), pattern(spoiled.len(), 99)).unwrap();
 
     let mut fetched = Vec::new();
     let stats = build_from(&staging, &manifest, None, &mut serve(&source, &mut fetched)).unwrap();
-    assert_eq!(paths(&fetched), BTreeSet::from(["d/f3", "d/f4", "d/f5"]));
-    assert_eq!((stats.kept_files, stats.fetched_files), (3, 3));
+    assert_eq!(
+        paths(&fetched),
+        BTreeSet::from(["d/f1", "d/f3", "d/f4", "d/f5"])
+    );
+    assert_eq!((stats.kept_files, stats.fetched_files), (2, 4));
     assert_eq!(manifest_of(&staging).0, manifest);
 }
 
