@@ -12,7 +12,7 @@ use rustix::io::Errno;
 use super::common::{
     BLOCK, PRIVATE, from_ns, hash_file, open_file_at, open_parent, shown, split_path,
 };
-use crate::store::copy::data::next_data;
+use crate::store::copy::data::{copy_chunk, next_data};
 use crate::store::copy::error::write_error;
 use crate::store::copy::metadata::{Node, file_type, identity, set_mode, stat_fd, stat_mask};
 use crate::store::error::{Result, StoreError, io_error};
@@ -448,6 +448,7 @@ fn copy_content(
         Err(e) => return Err(write_error("clone", rel, e)),
     }
     let mut buffer = Vec::new();
+    let mut plain = false;
     let mut offset = 0;
     while let Some((start, stop)) = next_data(source, offset, size)
         .map_err(|e| io_error(format!("read the base's copy of {rel}"), e))?
@@ -455,21 +456,7 @@ fn copy_content(
         let mut position = start;
         while position < stop {
             let len = (stop - position).min(BLOCK as u64) as usize;
-            let (mut from, mut to) = (position, position);
-            let done = match rustix::fs::copy_file_range(
-                source,
-                Some(&mut from),
-                target,
-                Some(&mut to),
-                len,
-            ) {
-                Ok(done) => done,
-                Err(Errno::XDEV | Errno::INVAL | Errno::NOSYS | Errno::OPNOTSUPP) => {
-                    copy_plain(source, target, position, len, &mut buffer, rel)?
-                }
-                Err(Errno::INTR) => continue,
-                Err(e) => return Err(write_error("copy", rel, e)),
-            };
+            let done = copy_chunk(source, target, position, len, &mut plain, &mut buffer, rel)?;
             if done == 0 {
                 // Shorter than it was: the hash check that follows refuses it.
                 break;
@@ -480,34 +467,6 @@ fn copy_content(
     }
     rustix::fs::ftruncate(target, size).map_err(|e| write_error("write", rel, e))?;
     Ok(false)
-}
-
-fn copy_plain(
-    source: BorrowedFd<'_>,
-    target: BorrowedFd<'_>,
-    offset: u64,
-    len: usize,
-    buffer: &mut Vec<u8>,
-    rel: &str,
-) -> Result<usize> {
-    buffer.resize(len, 0);
-    let read = loop {
-        match rustix::io::pread(source, &mut buffer[..len], offset) {
-            Ok(read) => break read,
-            Err(Errno::INTR) => continue,
-            Err(e) => return Err(io_error(format!("read the base's copy of {rel}"), e)),
-        }
-    };
-    let mut written = 0;
-    while written < read {
-        match rustix::io::pwrite(target, &buffer[written..read], offset + written as u64) {
-            Ok(0) => return Err(write_error("write", rel, Errno::IO)),
-            Ok(n) => written += n,
-            Err(Errno::INTR) => {}
-            Err(e) => return Err(write_error("write", rel, e)),
-        }
-    }
-    Ok(read)
 }
 
 fn stat_at(dir: BorrowedFd<'_>, name: &CStr, path: &[u8]) -> Result<rustix::fs::Statx> {

@@ -266,28 +266,7 @@ fn copy_data(
                 return Err(stopped());
             }
             let len = usize::try_from(stop - position).map_or(CHUNK, |len| len.min(CHUNK));
-            let done = if plain {
-                copy_plain(source, target, position, len, buffer, rel)?
-            } else {
-                let (mut from, mut to) = (position, position);
-                match rustix::fs::copy_file_range(
-                    source,
-                    Some(&mut from),
-                    target,
-                    Some(&mut to),
-                    len,
-                ) {
-                    Ok(done) => done,
-                    // Across filesystems, on old kernels and on filesystems that do not
-                    // have it: read and write instead, for the rest of this file.
-                    Err(Errno::XDEV | Errno::INVAL | Errno::NOSYS | Errno::OPNOTSUPP) => {
-                        plain = true;
-                        continue;
-                    }
-                    Err(Errno::INTR) => continue,
-                    Err(e) => return Err(write_error("copy", rel, e)),
-                }
-            };
+            let done = copy_chunk(source, target, position, len, &mut plain, buffer, rel)?;
             if done == 0 {
                 // Shrunk since it was opened: it ends here.
                 end = position;
@@ -303,6 +282,33 @@ fn copy_data(
     }
     rustix::fs::ftruncate(target, end).map_err(|e| write_error("write", rel, e))?;
     Ok(copied)
+}
+
+/// Copies up to `len` bytes at `offset` of `source` to the same offset of `target`, in
+/// the kernel where it can; answers how many (0 at the end of `source`). Once
+/// `copy_file_range` is found missing (across filesystems, on old kernels and on
+/// filesystems without it), `plain` says so and the rest of the file is read and written.
+pub(crate) fn copy_chunk(
+    source: BorrowedFd<'_>,
+    target: BorrowedFd<'_>,
+    offset: u64,
+    len: usize,
+    plain: &mut bool,
+    buffer: &mut Vec<u8>,
+    rel: &str,
+) -> Result<usize> {
+    loop {
+        if *plain {
+            return copy_plain(source, target, offset, len, buffer, rel);
+        }
+        let (mut from, mut to) = (offset, offset);
+        match rustix::fs::copy_file_range(source, Some(&mut from), target, Some(&mut to), len) {
+            Ok(done) => return Ok(done),
+            Err(Errno::XDEV | Errno::INVAL | Errno::NOSYS | Errno::OPNOTSUPP) => *plain = true,
+            Err(Errno::INTR) => {}
+            Err(e) => return Err(write_error("copy", rel, e)),
+        }
+    }
 }
 
 fn copy_plain(
