@@ -8,14 +8,16 @@
 
 use std::fmt;
 use std::sync::Arc;
+use std::time::SystemTime;
 
-use nfsprov_api_types::{MAX_TOKEN_BYTES, ReloadingFile};
+use nfsprov_api_types::{Endpoint, MAX_TOKEN_BYTES, ReloadingFile, SnapshotName};
 use subtle::ConstantTimeEq;
 
 use crate::config::AuthConfig;
 use crate::credentials::{CredentialSet, CredentialsError, ScopeSettings, WatchedCredentials};
-use crate::scope::{Limits, Scope};
+use crate::scope::{Limits, OutOfScope, Scope};
 use crate::store::PrefixLimit;
+use crate::transfers::Grants;
 
 /// Told the limits of every scoped or limited credential whenever they change.
 pub(crate) type OnLimits = Box<dyn Fn(Vec<PrefixLimit>) + Send + Sync>;
@@ -34,6 +36,8 @@ pub(crate) struct Caller {
 enum Identity {
     Certificate(String),
     Token(String),
+    /// A transfer grant's token: it reads this one snapshot, nothing else.
+    Transfer(SnapshotName),
     /// Development mode without authentication.
     Anonymous,
 }
@@ -52,7 +56,36 @@ impl Caller {
     pub(crate) fn name(&self) -> &str {
         match &self.identity {
             Identity::Certificate(name) | Identity::Token(name) => name,
+            Identity::Transfer(_) => "transfer",
             Identity::Anonymous => "anonymous",
+        }
+    }
+
+    /// The snapshot a transfer grant's bearer reads; `None` for every other caller.
+    pub(crate) fn granted_snapshot(&self) -> Option<&SnapshotName> {
+        match &self.identity {
+            Identity::Transfer(name) => Some(name),
+            _ => None,
+        }
+    }
+
+    /// Whether the caller may call `endpoint` at all: a grant's bearer the transfer
+    /// endpoints only, every other caller what its scope's operations allow.
+    pub(crate) fn check_endpoint(&self, endpoint: Endpoint) -> Result<(), OutOfScope> {
+        match &self.identity {
+            Identity::Transfer(_) => {
+                if matches!(
+                    endpoint,
+                    Endpoint::TransferManifest | Endpoint::TransferContent
+                ) {
+                    Ok(())
+                } else {
+                    Err(OutOfScope::GrantOnly {
+                        endpoint: endpoint.template(),
+                    })
+                }
+            }
+            _ => self.scope.check_endpoint(endpoint),
         }
     }
 
@@ -71,6 +104,7 @@ impl fmt::Display for Caller {
         match &self.identity {
             Identity::Certificate(name) => write!(f, "cert:{name}"),
             Identity::Token(name) => write!(f, "token:{name}"),
+            Identity::Transfer(name) => write!(f, "transfer:{name}"),
             Identity::Anonymous => f.write_str("anonymous"),
         }
     }
@@ -105,6 +139,8 @@ pub(crate) struct Authenticator {
     tokens: Vec<NamedToken>,
     certificate_scopes: Vec<(String, Arc<Scope>, Option<usize>)>,
     credentials: WatchedCredentials,
+    /// The transfer grants alive, issued through the API.
+    pub(crate) grants: Grants,
     whole_root: Arc<Scope>,
     disabled: bool,
 }
@@ -169,6 +205,7 @@ impl Authenticator {
                 config.credentials_file.clone(),
                 Box::new(on_change),
             )?,
+            grants: Grants::default(),
             whole_root: Arc::new(Scope::whole_root()),
             disabled: config.disabled,
         })
@@ -231,7 +268,14 @@ impl Authenticator {
             scope: credential.scope.clone(),
             max_jobs: credential.limits.max_jobs,
         });
-        matched.or(scoped)
+        matched.or(scoped).or_else(|| {
+            let grant = self.grants.find(presented, SystemTime::now())?;
+            Some(Caller {
+                identity: Identity::Transfer(grant.snapshot),
+                scope: self.whole_root.clone(),
+                max_jobs: None,
+            })
+        })
     }
 }
 

@@ -123,7 +123,7 @@ fn quota_full_message(dir: &str) -> String {
 }
 
 /// RFC 3339 UTC, as the rest of the API writes times.
-fn rfc3339(at: SystemTime) -> String {
+pub(crate) fn rfc3339(at: SystemTime) -> String {
     OffsetDateTime::from(at)
         .format(&time::format_description::well_known::Rfc3339)
         .unwrap_or_default()

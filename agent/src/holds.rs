@@ -12,6 +12,9 @@ pub(crate) const SNAPSHOTS: &str = "NFSPROV_AGENT_HOLD_SNAPSHOTS";
 /// A restore's finished copy waits before it is placed at its path.
 pub(crate) const RESTORES: &str = "NFSPROV_AGENT_HOLD_RESTORES";
 
+/// A replica's receive waits before fetching each file after its first.
+pub(crate) const RECEIVES: &str = "NFSPROV_AGENT_HOLD_RECEIVES";
+
 /// An offline growth waits with the volume's filesystem unmounted and its export
 /// withdrawn.
 pub(crate) const GROWTHS: &str = "NFSPROV_AGENT_HOLD_GROWTHS";

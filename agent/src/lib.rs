@@ -20,10 +20,13 @@
 //! 5. `metrics`, `usage` (measured in the background, cached) and `condition` (each
 //!    volume's condition, checked by the periodic pass and at each request);
 //! 6. `archive`: how long archives are kept, and their catalog for the API and the sweep;
+//!    `replication`: a snapshot's tree sent to another agent and received from one, file
+//!    by file, and the receives under way;
 //! 7. `config`: the settings file, checked into the settings of the layers below;
 //! 8. `auth`, `logging`, `init` (first-run setup), `credential` (the command that adds,
 //!    rotates and revokes scoped credentials), `jobs` (the clone, snapshot and
-//!    restore jobs, and the one runner of them all);
+//!    restore jobs, and the one runner of them all), `transfers` (the grants that let
+//!    another agent read one snapshot);
 //! 9. `cli`: the command line;
 //! 10. `api`: the HTTPS API, its routes and handlers;
 //! 11. `server`: the accept loop, each connection admitted, its handshake and served.
@@ -60,6 +63,7 @@ pub(crate) mod server;
 pub mod store;
 pub(crate) mod subvolume;
 pub(crate) mod tls;
+pub(crate) mod transfers;
 pub(crate) mod usage;
 
 use std::future::Future;

@@ -35,6 +35,7 @@ impl Operations {
     /// Whether a caller with these operations may call `endpoint`.
     pub(crate) fn allow(self, endpoint: Endpoint) -> bool {
         match (self, kind_of(endpoint)) {
+            (_, Kind::Transfer) => false,
             (_, Kind::Read) | (Operations::All, _) => true,
             (Operations::NoDelete, Kind::Write) => true,
             (Operations::NoDelete, Kind::Delete) | (Operations::ReadOnly, _) => false,
@@ -52,6 +53,8 @@ enum Kind {
     Read,
     Write,
     Delete,
+    /// Reads of a granted snapshot: for a transfer grant's token, never a credential's.
+    Transfer,
 }
 
 fn kind_of(endpoint: Endpoint) -> Kind {
@@ -72,7 +75,10 @@ fn kind_of(endpoint: Endpoint) -> Kind {
         | Endpoint::CloneVolume
         | Endpoint::SetVolumeExport
         | Endpoint::CreateSnapshot
-        | Endpoint::RestoreVolume => Kind::Write,
+        | Endpoint::RestoreVolume
+        | Endpoint::CreateTransfer
+        | Endpoint::ReceiveReplica => Kind::Write,
+        Endpoint::TransferManifest | Endpoint::TransferContent => Kind::Transfer,
         Endpoint::DeleteVolume
         | Endpoint::ArchiveVolume
         | Endpoint::DeleteArchive
@@ -120,6 +126,12 @@ pub(crate) enum OutOfScope {
     },
     #[error("the metrics describe the whole agent: only a credential without a prefix reads them")]
     Metrics,
+    #[error("{endpoint} reads a granted snapshot: it takes a transfer grant's token only")]
+    NeedsGrant { endpoint: &'static str },
+    #[error(
+        "a transfer grant reads its own snapshot through the transfer endpoints only, not {endpoint}"
+    )]
+    GrantOnly { endpoint: &'static str },
 }
 
 impl Scope {
@@ -174,6 +186,10 @@ impl Scope {
         }
         if self.operations.allow(endpoint) {
             Ok(())
+        } else if matches!(kind_of(endpoint), Kind::Transfer) {
+            Err(OutOfScope::NeedsGrant {
+                endpoint: endpoint.template(),
+            })
         } else {
             Err(OutOfScope::Operation {
                 endpoint: endpoint.template(),
@@ -256,10 +272,14 @@ mod tests {
             );
             assert_eq!(
                 no_delete.check_endpoint(endpoint).is_ok(),
-                !matches!(kind, Kind::Delete),
+                matches!(kind, Kind::Read | Kind::Write),
                 "{endpoint:?}"
             );
-            assert!(Scope::whole_root().check_endpoint(endpoint).is_ok());
+            assert_eq!(
+                Scope::whole_root().check_endpoint(endpoint).is_ok(),
+                !matches!(kind, Kind::Transfer),
+                "{endpoint:?}"
+            );
         }
     }
 

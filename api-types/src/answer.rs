@@ -6,6 +6,7 @@ use http::StatusCode;
 use serde::de::Error as _;
 
 use crate::snapshot::{RestoreProgress, Snapshot, SnapshotList};
+use crate::transfer::{ReplicaOutcome, TransferGrant};
 use crate::types::{
     AgentInfo, Archive, ArchiveList, ArchiveResult, CloneProgress, Health, Volume, VolumeList,
 };
@@ -43,13 +44,22 @@ json_answers!(
     ArchiveList,
     ArchiveResult,
     Snapshot,
-    SnapshotList
+    SnapshotList,
+    TransferGrant,
+    ReplicaOutcome
 );
 
 /// A delete's `204 No Content`: there is nothing to read, and whatever comes is ignored.
 impl ReadAnswer for () {
     fn read(_: StatusCode, _: &[u8]) -> Result<Self, serde_json::Error> {
         Ok(())
+    }
+}
+
+/// Bytes as they came: a file's framed content.
+impl ReadAnswer for Vec<u8> {
+    fn read(_: StatusCode, body: &[u8]) -> Result<Self, serde_json::Error> {
+        Ok(body.to_vec())
     }
 }
 

@@ -20,6 +20,7 @@ use crate::{
     ReadAnswer, ReloadingFile, ResizeVolumeRequest, RestoreVolumeRequest, Snapshot, SnapshotList,
     SnapshotName, Volume, VolumeList, VolumePath, read_bounded,
 };
+use crate::{CreateTransferRequest, ReceiveReplicaRequest, ReplicaOutcome, TransferGrant};
 
 /// How to reach one agent. Relative file names are resolved against the directory of the
 /// file the settings were read from, so a mounted Secret can hold the settings and the
@@ -311,6 +312,17 @@ pub struct AgentClient {
     observer: Option<Arc<dyn Observer>>,
 }
 
+/// A 2xx answer whose body is read as it arrives, a chunk at a time.
+#[derive(Debug)]
+pub struct StreamedAnswer(reqwest::Response);
+
+impl StreamedAnswer {
+    /// The next chunk of the body; `None` at its end. A body cut short is an error.
+    pub async fn chunk(&mut self) -> Result<Option<Vec<u8>>, ClientError> {
+        Ok(self.0.chunk().await?.map(Vec::from))
+    }
+}
+
 /// A 2xx answer, read whole.
 struct Answer {
     status: StatusCode,
@@ -339,6 +351,18 @@ list_pages!(
     ArchiveList => archives: Archive,
     SnapshotList => snapshots: Snapshot
 );
+
+/// A non-2xx answer: the agent's error body, or the answer as it came when it is none.
+fn refusal(status: StatusCode, retry_after: Option<Duration>, body: &[u8]) -> ClientError {
+    match serde_json::from_slice::<ApiError>(body) {
+        Ok(error) => ClientError::Api {
+            status: status.as_u16(),
+            error,
+            retry_after,
+        },
+        Err(_) => unexpected(status, body),
+    }
+}
 
 fn unexpected(status: StatusCode, body: &[u8]) -> ClientError {
     ClientError::UnexpectedResponse {
@@ -516,6 +540,102 @@ impl AgentClient {
         Ok(list.await?.archives)
     }
 
+    /// A client that reads one snapshot of the agent at `url` with `grant`, as another
+    /// agent does to receive a replica; `ca_pem` signed that agent's server certificate.
+    pub fn for_transfer(
+        url: &str,
+        ca_pem: &str,
+        grant: &TransferGrant,
+        timeout: Duration,
+    ) -> Result<Self, ClientError> {
+        let config = AgentConnectionConfig {
+            name: "transfer-source".to_owned(),
+            url: url.to_owned(),
+            ca_file: PathBuf::new(),
+            token_file: None,
+            client_cert_file: None,
+            client_key_file: None,
+            timeout_seconds: timeout.as_secs().max(1),
+            nfs_server: None,
+            nfs_path: None,
+            default: false,
+        };
+        if !url.starts_with("https://") {
+            return Err(ClientError::Config(format!(
+                "url {url:?} must start with https://"
+            )));
+        }
+        let material = Material {
+            ca: (ca_pem.as_bytes(), "the source agent's CA".to_owned()),
+            client: None,
+        };
+        let token = Token::Inline(Arc::from(grant.token.as_str()));
+        Self::build(&config, &material, Some(token))
+    }
+
+    /// The granted snapshot's manifest as it arrives: a
+    /// [`TransferManifestLine`](crate::TransferManifestLine) a line.
+    pub async fn transfer_manifest(
+        &self,
+        request_id: Option<&str>,
+    ) -> Result<StreamedAnswer, ClientError> {
+        self.stream(Endpoint::TransferManifest, "", request_id)
+            .await
+    }
+
+    /// The framed content of the granted snapshot's file at `path_hex` (its manifest
+    /// path, hex-encoded), as it arrives.
+    pub async fn transfer_content(
+        &self,
+        path_hex: &str,
+        request_id: Option<&str>,
+    ) -> Result<StreamedAnswer, ClientError> {
+        let query = serde_urlencoded::to_string(crate::TransferContentQuery {
+            path: path_hex.to_owned(),
+        })
+        .map_err(|e| ClientError::Config(e.to_string()))?;
+        self.stream(Endpoint::TransferContent, &format!("?{query}"), request_id)
+            .await
+    }
+
+    /// A request of `endpoint` at `path` with the request id and the token.
+    fn request(
+        &self,
+        endpoint: Endpoint,
+        path: &str,
+        request_id: Option<&str>,
+    ) -> Result<reqwest::RequestBuilder, ClientError> {
+        let mut request = self
+            .http
+            .request(endpoint.method(), format!("{}{path}", self.base_url));
+        if let Some(id) = request_id {
+            request = request.header(REQUEST_ID_HEADER, id);
+        }
+        if let Some(token) = &self.token {
+            request = request.bearer_auth(token.value()?);
+        }
+        Ok(request)
+    }
+
+    /// Sends a `GET` of `endpoint` (with `query`) and answers its body as a stream once
+    /// the status says it succeeded.
+    async fn stream(
+        &self,
+        endpoint: Endpoint,
+        query: &str,
+        request_id: Option<&str>,
+    ) -> Result<StreamedAnswer, ClientError> {
+        let path = format!("{}{query}", endpoint.path());
+        let response = self.request(endpoint, &path, request_id)?.send().await?;
+        let status = response.status();
+        if status.is_success() {
+            return Ok(StreamedAnswer(response));
+        }
+        let retry_after = retry_after(response.headers());
+        let body = Vec::from(response.bytes().await?);
+        Err(refusal(status, retry_after, &body))
+    }
+
     /// Asks the list endpoint `E` for its list `limit` entries at a time, handing each
     /// page to `each` before asking for the next.
     async fn for_each_page<E>(
@@ -594,17 +714,9 @@ impl AgentClient {
         body: Option<&B>,
         request_id: Option<&str>,
     ) -> Result<Answer, ClientError> {
-        let mut request = self
-            .http
-            .request(endpoint.method(), format!("{}{path}", self.base_url));
+        let mut request = self.request(endpoint, path, request_id)?;
         if let Some(body) = body {
             request = request.json(body);
-        }
-        if let Some(id) = request_id {
-            request = request.header(REQUEST_ID_HEADER, id);
-        }
-        if let Some(token) = &self.token {
-            request = request.bearer_auth(token.value()?);
         }
         let response = request.send().await?;
         let status = response.status();
@@ -613,14 +725,7 @@ impl AgentClient {
         if status.is_success() {
             return Ok(Answer { status, body });
         }
-        match serde_json::from_slice::<ApiError>(&body) {
-            Ok(error) => Err(ClientError::Api {
-                status: status.as_u16(),
-                error,
-                retry_after,
-            }),
-            Err(_) => Err(unexpected(status, &body)),
-        }
+        Err(refusal(status, retry_after, &body))
     }
 }
 
@@ -701,6 +806,16 @@ calls! {
     /// with it, or confirms it is there.
     restore_volume(path: VolumePath, request: RestoreVolumeRequest)
         -> RestoreOutcome = RestoreVolume;
+
+    /// A grant for another agent to read the snapshot `name` (see
+    /// [`for_transfer`](Self::for_transfer)).
+    create_transfer(name: SnapshotName, request: CreateTransferRequest)
+        -> TransferGrant = CreateTransfer;
+
+    /// Receives the snapshot `request.grant` names from its agent as this agent's
+    /// snapshot `name`, or finds it received already.
+    receive_replica(name: SnapshotName, request: ReceiveReplicaRequest)
+        -> ReplicaOutcome = ReceiveReplica;
 }
 
 /// The methods that walk a list endpoint page by page.

@@ -13,6 +13,9 @@ use crate::export::ExportRequest;
 use crate::path::VolumePath;
 use crate::snapshot::{CreateSnapshotRequest, RestoreVolumeRequest, Snapshot, SnapshotList};
 use crate::snapshot_name::SnapshotName;
+use crate::transfer::{
+    CreateTransferRequest, ReceiveReplicaRequest, ReplicaOutcome, TransferGrant,
+};
 use crate::types::{
     AdoptVolumeRequest, AgentInfo, Archive, ArchiveList, ArchiveRequest, ArchiveResult,
     CloneVolumeRequest, CreateVolumeRequest, Health, ResizeVolumeRequest, Volume, VolumeList,
@@ -122,6 +125,15 @@ endpoints! {
     GetSnapshot = GET v1!("/snapshots/{*path}"); SnapshotName, NoBody => Snapshot;
     DeleteSnapshot = DELETE v1!("/snapshots/{*path}"); SnapshotName, NoBody => ();
     RestoreVolume = POST v1!("/restores/{*path}"); VolumePath, RestoreVolumeRequest => RestoreOutcome;
+    /// A grant to read one snapshot through the transfer endpoints, for another agent.
+    CreateTransfer = POST v1!("/transfers/{*path}"); SnapshotName, CreateTransferRequest => TransferGrant;
+    /// The granted snapshot's manifest, one JSON entry per line; a grant's token only.
+    TransferManifest = GET v1!("/transfer/manifest"); (), NoBody => String;
+    /// One regular file of the granted snapshot, its data extents framed (holes kept), by
+    /// a [`TransferContentQuery`](crate::TransferContentQuery); a grant's token only.
+    TransferContent = GET v1!("/transfer/content"); (), NoBody => Vec<u8>;
+    /// Receives a granted snapshot of another agent as this agent's snapshot.
+    ReceiveReplica = PUT v1!("/replicas/{*path}"); SnapshotName, ReceiveReplicaRequest => ReplicaOutcome;
 }
 
 /// One endpoint with the types of its exchange: what fills its path, the JSON body it is
@@ -338,6 +350,10 @@ mod tests {
                 "/v1/snapshots",
                 "/v1/snapshots/{*path}",
                 "/v1/restores/{*path}",
+                "/v1/transfers/{*path}",
+                "/v1/transfer/manifest",
+                "/v1/transfer/content",
+                "/v1/replicas/{*path}",
             ]
         );
     }

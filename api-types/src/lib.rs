@@ -42,6 +42,7 @@ mod reloading_file;
 mod restore_source;
 mod snapshot;
 mod snapshot_name;
+mod transfer;
 mod types;
 
 #[cfg(feature = "client")]
@@ -70,4 +71,9 @@ pub use snapshot::{
     SnapshotMethod,
 };
 pub use snapshot_name::{MAX_SNAPSHOT_NAME, SnapshotName, SnapshotNameError};
+pub use transfer::{
+    CreateTransferRequest, DEFAULT_TRANSFER_TTL_SECONDS, MAX_MANIFEST_LINE,
+    MAX_TRANSFER_TTL_SECONDS, ReceiveReplicaRequest, ReplicaOutcome, TransferContentQuery,
+    TransferGrant, TransferManifestLine,
+};
 pub use types::*;

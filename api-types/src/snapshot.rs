@@ -38,6 +38,8 @@ pub enum SnapshotMethod {
     Reflink,
     /// A local copy, file by file, at disk speed.
     Copy,
+    /// Received from another agent's snapshot, file by file (a replica).
+    Replica,
     /// A method newer than this side knows: shown as `unknown`, never acted on.
     #[serde(other)]
     Unknown,
@@ -50,6 +52,7 @@ impl SnapshotMethod {
             SnapshotMethod::ZfsSnapshot => "zfs-snapshot",
             SnapshotMethod::Reflink => "reflink",
             SnapshotMethod::Copy => "copy",
+            SnapshotMethod::Replica => "replica",
             SnapshotMethod::Unknown => "unknown",
         }
     }

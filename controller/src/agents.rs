@@ -339,6 +339,10 @@ fn operation(endpoint: Endpoint) -> &'static str {
         Endpoint::GetSnapshot => "get_snapshot",
         Endpoint::DeleteSnapshot => "delete_snapshot",
         Endpoint::RestoreVolume => "restore",
+        Endpoint::CreateTransfer => "create_transfer",
+        Endpoint::TransferManifest => "transfer_manifest",
+        Endpoint::TransferContent => "transfer_content",
+        Endpoint::ReceiveReplica => "receive_replica",
     }
 }
 

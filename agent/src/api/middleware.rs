@@ -49,7 +49,7 @@ pub(super) async fn authenticate(
             }
             // The kinds of operation come before any work: a refused caller takes no slot.
             if let Some(endpoint) = endpoint_of(&request)
-                && let Err(refusal) = caller.scope().check_endpoint(endpoint)
+                && let Err(refusal) = caller.check_endpoint(endpoint)
             {
                 let mut refused = Failure::from(refusal).into_response();
                 refused.extensions_mut().insert(caller);

@@ -10,11 +10,13 @@ mod failure;
 mod info;
 mod input;
 mod middleware;
+mod replicas;
 mod request_ids;
 mod restores;
 mod scoped;
 mod snapshots;
 mod state;
+mod transfers;
 mod volumes;
 
 #[cfg(test)]
@@ -105,5 +107,9 @@ fn handler(endpoint: Endpoint) -> MethodRouter<Arc<AppState>> {
         Endpoint::GetSnapshot => on(method, snapshots::get_snapshot),
         Endpoint::DeleteSnapshot => on(method, snapshots::delete_snapshot),
         Endpoint::RestoreVolume => on(method, restores::restore_volume),
+        Endpoint::CreateTransfer => on(method, transfers::create_transfer),
+        Endpoint::TransferManifest => on(method, transfers::transfer_manifest),
+        Endpoint::TransferContent => on(method, transfers::transfer_content),
+        Endpoint::ReceiveReplica => on(method, replicas::receive_replica),
     }
 }

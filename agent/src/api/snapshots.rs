@@ -23,7 +23,7 @@ use crate::store::{Created, Deleted};
 
 /// The snapshot name of a snapshot endpoint: validated before anything is touched, so
 /// traversal or a hidden name never reaches the store.
-fn snapshot_name(raw: Result<Path<String>, PathRejection>) -> ApiResult<SnapshotName> {
+pub(super) fn snapshot_name(raw: Result<Path<String>, PathRejection>) -> ApiResult<SnapshotName> {
     let Path(raw) =
         raw.map_err(|e| Failure::new(ErrorCode::InvalidPath, format!("invalid path: {e}")))?;
     SnapshotName::parse(&raw).map_err(|e| {
@@ -156,6 +156,8 @@ pub(super) async fn delete_snapshot(
         state.metrics.count_operation("delete_snapshot", "success");
         return Ok(StatusCode::NO_CONTENT);
     }
+    // No grant outlives its snapshot, nor reads another made later under its name.
+    state.auth.grants.revoke_snapshot(&name);
     let guard = state.store.lock_snapshot(&name).await;
     let store = state.store.clone();
     let result = off_workers(move || {

@@ -15,6 +15,7 @@ use crate::jobs::{Clones, JobRunner, JobShares, Snapshots};
 use crate::metrics::Metrics;
 use crate::policy::Policy;
 use crate::ratelimit::RateLimit;
+use crate::replication::jobs::ReplicaJobs;
 use crate::root_filesystem::RootFilesystem;
 use crate::store::VolumeStore;
 use crate::usage::UsageCache;
@@ -43,6 +44,8 @@ pub(crate) struct AppState {
     pub(crate) snapshots: Snapshots,
     /// Each credential's share of those jobs, where it has a `max_jobs`.
     pub(crate) job_shares: JobShares,
+    /// The replicas being received from other agents.
+    pub(super) replicas: ReplicaJobs,
     /// Who each volume is exported to.
     pub(crate) exports: Arc<Exports>,
     /// Whether the export root has its filesystem to itself.
@@ -121,6 +124,7 @@ impl AppState {
             usage,
             quota_usage_fresh_for: config.exports.reconcile_interval.min(USAGE_FRESH_FOR),
             readiness: Mutex::new(None),
+            replicas: ReplicaJobs::default(),
             unauthenticated_log: RateLimit::new(20, "unauthenticated requests"),
             refused_drains: Arc::new(Semaphore::new(MAX_REFUSED_DRAINS)),
         }

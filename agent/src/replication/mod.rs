@@ -13,6 +13,10 @@
 //! sparse). Every file's content is checked against its hash before it is named. The
 //! caller then renames the staging tree into place.
 //!
+//! Over HTTPS (see `docs/replication.md`): the source's transfer endpoints send the
+//! manifest and each file's extents through [`wire`] and [`stream`], and the target's
+//! [`pull`] reads them as they arrive into a build.
+//!
 //! # What is kept
 //!
 //! As in the local copy (`store/copy`, whose helpers this reuses, and whose
@@ -74,11 +78,16 @@
 mod build;
 mod common;
 mod extents;
+pub(crate) mod jobs;
+pub(crate) mod pull;
 mod scan;
+pub(crate) mod stream;
+mod wire;
 
 pub use self::build::{Base, BuildStats, Fetch, build};
 pub use self::extents::{MAX_FRAME_DATA, receive_extents, send_extents};
 pub use self::scan::{ScanStats, scan};
+pub(crate) use self::wire::{decode_path, open_file, write_manifest};
 
 #[cfg(test)]
 mod tests;

@@ -70,6 +70,9 @@ const RECORD_SUFFIX: &str = ".json";
 const MAKING: &str = ".making";
 const REMOVING: &str = ".removing";
 const STALE: &str = ".stale";
+/// Prefix of a replica being received: never listed, and kept when the store opens, so a
+/// receive cut by a crash or a lost connection resumes with what it had.
+const RECEIVING: &str = ".receiving-";
 /// A record is a few hundred bytes; anything much larger is not one the agent wrote.
 const MAX_RECORD_BYTES: usize = 16 * 1024;
 
@@ -102,6 +105,17 @@ struct SnapshotRecord {
     /// written before snapshots were charged, which count with their source's owner.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     namespace: Option<String>,
+    /// Where a replica was received from; absent for a snapshot taken here.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    replica_of: Option<ReplicaOrigin>,
+}
+
+/// The snapshot of another agent a replica holds.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ReplicaOrigin {
+    /// The source agent's URL.
+    pub source_url: String,
+    pub source_snapshot: SnapshotName,
 }
 
 impl SnapshotRecord {
@@ -413,6 +427,7 @@ impl VolumeStore {
             restore_size_bytes: source_record.capacity_bytes,
             size_bytes,
             namespace: Some(namespace),
+            replica_of: None,
         };
         area.write(name, &record)?;
         charge.keep();
@@ -482,6 +497,7 @@ impl VolumeStore {
                     restore_size_bytes: source_record.capacity_bytes,
                     size_bytes,
                     namespace: Some(namespace),
+                    replica_of: None,
                 };
                 area.write(name, &record)?;
                 promise.keep();
@@ -795,6 +811,112 @@ impl VolumeStore {
             .ok_or_else(|| StoreError::NotFound(format!("no ready snapshot {name}")))
     }
 
+    /// The ready snapshot `name` and its tree, opened for reading (to send it to another
+    /// agent). Only a snapshot kept as a tree in the area has one: a ZFS snapshot is
+    /// ZFS's own.
+    pub fn open_snapshot_tree(&self, name: &SnapshotName) -> Result<(Snapshot, OwnedFd)> {
+        self.root.ensure_present()?;
+        if self.backend.layout() == Layout::Mounts {
+            return Err(StoreError::Unsupported(format!(
+                "snapshot {name}: snapshots of {} volumes are not sent file by file",
+                self.backend.kind()
+            )));
+        }
+        let area = Area::open(&self.root)?;
+        let record = area
+            .read(name)?
+            .ok_or_else(|| StoreError::NotFound(format!("no ready snapshot {name}")))?;
+        let tree = open_child(area.data.as_fd(), name.as_str(), false)?;
+        Ok((record.to_snapshot(name, None), tree))
+    }
+
+    /// The replica `name` of `origin` when it is there already; a conflict when the name
+    /// is another snapshot's; `None` when there is none.
+    pub fn find_replica(
+        &self,
+        name: &SnapshotName,
+        origin: &ReplicaOrigin,
+    ) -> Result<Option<Snapshot>> {
+        let area = Area::open(&self.root)?;
+        match area.read(name)? {
+            None => Ok(None),
+            Some(record) if record.replica_of.as_ref() == Some(origin) => {
+                Ok(Some(record.to_snapshot(name, None)))
+            }
+            Some(_) => Err(not_this_replica(name, origin)),
+        }
+    }
+
+    /// Receives the replica `name` of `source` (a snapshot of the agent `origin` names):
+    /// `build` fills an empty (or half-filled, when an earlier receive was cut) directory
+    /// with its tree, synced, given the tree of the replica `base` to take unchanged
+    /// files from. The replica is listed only
+    /// once its tree is in place and its record written, both durably; the same receive
+    /// again finds it. Callers hold the lock of `name`.
+    pub fn receive_replica(
+        &self,
+        name: &SnapshotName,
+        origin: &ReplicaOrigin,
+        source: &Snapshot,
+        base: Option<&SnapshotName>,
+        build: &mut dyn FnMut(BorrowedFd<'_>, Option<BorrowedFd<'_>>) -> Result<()>,
+    ) -> Result<(Snapshot, Created)> {
+        self.root.ensure_present()?;
+        if self.backend.layout() == Layout::Mounts {
+            return Err(StoreError::Unsupported(format!(
+                "replica {name}: this agent's {} volumes keep snapshots as datasets; a replica is received as a tree only",
+                self.backend.kind()
+            )));
+        }
+        let area = Area::open(&self.root)?;
+        if let Some(record) = area.read(name)? {
+            if record.replica_of.as_ref() == Some(origin) {
+                return Ok((record.to_snapshot(name, None), Created::Existing));
+            }
+            return Err(not_this_replica(name, origin));
+        }
+        let base_tree = match base {
+            Some(base) => {
+                if area.read(base)?.is_none() {
+                    return Err(StoreError::NotFound(format!(
+                        "replica {name}: there is no ready snapshot {base} to build from; nothing was received"
+                    )));
+                }
+                Some(open_child(area.data.as_fd(), base.as_str(), false)?)
+            }
+            None => None,
+        };
+        let staging_name = format!("{RECEIVING}{name}");
+        let staging = private_dir(area.data.as_fd(), &staging_name)?;
+        build(staging.as_fd(), base_tree.as_ref().map(|t| t.as_fd()))?;
+        let size_bytes = measure_tree(staging.as_fd())
+            .map_err(|e| io_error(format!("measure replica {name}"), e))?
+            .usage
+            .used_bytes;
+        drop(staging);
+        rustix::fs::renameat_with(
+            &area.data,
+            staging_name.as_str(),
+            &area.data,
+            name.as_str(),
+            RenameFlags::NOREPLACE,
+        )
+        .map_err(|e| io_error(format!("put the replica {name} in place"), e))?;
+        rustix::fs::fsync(&area.data)
+            .map_err(|e| io_error(format!("put the replica {name} in place"), e))?;
+        let record = SnapshotRecord {
+            source: source.source.clone(),
+            method: SnapshotMethod::Replica,
+            created_at: source.created_at.clone(),
+            restore_size_bytes: source.restore_size_bytes,
+            size_bytes,
+            namespace: None,
+            replica_of: Some(origin.clone()),
+        };
+        area.write(name, &record)?;
+        Ok((record.to_snapshot(name, None), Created::New))
+    }
+
     /// Sets aside what a crash left in the snapshot area: trees being made or removed,
     /// trees without a record, records being written. Runs when the store opens, before
     /// any request, so nothing it renames is in use; the renamed trees are removed by
@@ -824,7 +946,7 @@ impl VolumeStore {
         let entries =
             list_dir(area.data.as_fd()).map_err(|e| io_error("list the snapshot area", e))?;
         for (n, (entry, _)) in entries.into_iter().enumerate() {
-            if entry.starts_with(STALE) {
+            if entry.starts_with(STALE) || entry.starts_with(RECEIVING) {
                 continue;
             }
             let recorded = SnapshotName::parse(&entry)
@@ -889,6 +1011,13 @@ impl VolumeStore {
             }
         }
     }
+}
+
+fn not_this_replica(name: &SnapshotName, origin: &ReplicaOrigin) -> StoreError {
+    StoreError::Conflict(format!(
+        "snapshot {name} exists already and is not the replica of {} at {}",
+        origin.source_snapshot, origin.source_url
+    ))
 }
 
 /// The namespace a snapshot of the volume `source` is charged to: its claim's, or none.

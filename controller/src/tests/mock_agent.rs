@@ -625,7 +625,11 @@ fn mock_handler(endpoint: Endpoint) -> Option<MethodRouter<MockShared>> {
         | Endpoint::AdoptVolume
         | Endpoint::ListArchives
         | Endpoint::DeleteArchive
-        | Endpoint::ListSnapshots => return None,
+        | Endpoint::ListSnapshots
+        | Endpoint::CreateTransfer
+        | Endpoint::TransferManifest
+        | Endpoint::TransferContent
+        | Endpoint::ReceiveReplica => return None,
     };
     Some(handler)
 }
