@@ -113,10 +113,12 @@ impl fmt::Debug for ReceiveReplicaRequest {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ReplicaOutcome {
     pub snapshot: Snapshot,
-    /// Regular files whose content came over the network, and their bytes of data.
+    /// Regular files whose content came over the network, and the bytes of data that
+    /// came (holes are not sent).
     pub fetched_files: u64,
     pub fetched_bytes: u64,
-    /// Regular files whose content was taken from the base replica, and their bytes.
+    /// Regular files whose content was taken from the base replica (or kept from a
+    /// receive cut short), and their sizes.
     pub reused_files: u64,
     pub reused_bytes: u64,
 }

@@ -146,11 +146,9 @@ pub(crate) async fn receive(
                     }
                 }
             });
-            receive_extents(&mut body, file, entry.size)?;
+            let data = receive_extents(&mut body, file, entry.size)?;
             working.fetched_files.fetch_add(1, Ordering::Relaxed);
-            working
-                .fetched_bytes
-                .fetch_add(entry.size, Ordering::Relaxed);
+            working.fetched_bytes.fetch_add(data, Ordering::Relaxed);
             Ok(())
         };
         let made = store.receive_replica(
