@@ -407,7 +407,8 @@ const HOLD_RECEIVES: &str = "NFSPROV_AGENT_HOLD_RECEIVES";
 
 /// The target agent killed in the middle of a receive: the replica is not there after
 /// its restart, and the same request then finishes it, fetching only the files the
-/// first receive had not completed.
+/// first receive had not completed; a receive cut and never resumed goes with its
+/// name's deletion.
 #[tokio::test(flavor = "multi_thread")]
 async fn a_receive_cut_by_a_crash_of_the_target_is_invisible_and_resumes_where_it_was() {
     let test = "a_receive_cut_by_a_crash_of_the_target_is_invisible_and_resumes_where_it_was";
@@ -486,6 +487,29 @@ async fn a_receive_cut_by_a_crash_of_the_target_is_invisible_and_resumes_where_i
     assert_eq!(done.reused_files, 1, "{done:?}");
     restore(&to, "replica-many", &path("team/restored")).await;
     assert_eq!(manifest(&target.root.join("team/restored")), as_taken);
+    agent.kill().unwrap();
+    agent.wait().unwrap();
+
+    // A receive cut and never resumed goes when its name is deleted.
+    let hold = target.hold(HOLD_RECEIVES);
+    let mut agent = target.spawn_held(HOLD_RECEIVES);
+    target.wait_healthy(&to).await;
+    let running = to
+        .receive_replica(&name("replica-dropped"), &request, None)
+        .await
+        .unwrap();
+    assert!(!running.snapshot.ready);
+    agent.kill().unwrap();
+    agent.wait().unwrap();
+    drop(hold);
+    let mut agent = target.spawn();
+    target.wait_healthy(&to).await;
+    let area = target.root.join(".nfsprov/snapshots/data");
+    assert!(area.join(".receiving-replica-dropped").exists());
+    to.delete_snapshot(&name("replica-dropped"), None)
+        .await
+        .unwrap();
+    assert!(!area.join(".receiving-replica-dropped").exists());
     agent.kill().unwrap();
     agent.wait().unwrap();
     source.stop().await.unwrap();

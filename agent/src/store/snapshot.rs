@@ -679,17 +679,30 @@ impl VolumeStore {
                 Deleted::WasAbsent
             });
         }
+        // A replica whose receive was cut and never resumed goes with its name.
+        let receiving = format!("{RECEIVING}{name}");
+        let had_receiving = area.has_tree(&receiving);
+        if had_receiving {
+            self.remove_area_tree(&area, &receiving, name)?;
+        }
         if !area.has_tree(name.as_str()) {
-            return Ok(if had_record {
+            return Ok(if had_record || had_receiving {
                 Deleted::Removed
             } else {
                 Deleted::WasAbsent
             });
         }
+        self.remove_area_tree(&area, name.as_str(), name)?;
+        Ok(Deleted::Removed)
+    }
+
+    /// Removes the tree `entry` of the area (of snapshot `name`): renamed aside durably
+    /// first, so a crash leaves nothing a snapshot could be taken for.
+    fn remove_area_tree(&self, area: &Area, entry: &str, name: &SnapshotName) -> Result<()> {
         let doomed = self.unique_name(REMOVING);
         rustix::fs::renameat_with(
             &area.data,
-            name.as_str(),
+            entry,
             &area.data,
             doomed.as_str(),
             RenameFlags::NOREPLACE,
@@ -699,8 +712,7 @@ impl VolumeStore {
         moved.dir(area.data.as_fd())?;
         self.durable.commit(moved)?;
         self.backend
-            .remove(area.data.as_fd(), &doomed, None, KnownQuota::Unknown)?;
-        Ok(Deleted::Removed)
+            .remove(area.data.as_fd(), &doomed, None, KnownQuota::Unknown)
     }
 
     /// Makes the volume at `path` from `source` (the request's), a ready snapshot or an
