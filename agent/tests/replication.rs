@@ -388,6 +388,28 @@ async fn a_grant_reads_its_own_snapshot_through_the_transfer_endpoints_only_unti
         Some(ErrorCode::Unauthenticated),
         "{refused}"
     );
+    // A receive with a grant the source refuses says so (this agent is its own source
+    // here), and makes nothing.
+    let receive = ReceiveReplicaRequest {
+        source_url: url.clone(),
+        source_ca_pem: ca.clone(),
+        grant: grant.clone(),
+        base: None,
+    };
+    let refused = client
+        .receive_replica(&name("replica-refused"), &receive, None)
+        .await
+        .unwrap_err();
+    assert_eq!(refused.code(), Some(ErrorCode::InvalidBody), "{refused}");
+    assert!(
+        refused.to_string().contains("refused the grant"),
+        "{refused}"
+    );
+    let absent = client
+        .get_snapshot(&name("replica-refused"), None)
+        .await
+        .unwrap_err();
+    assert_eq!(absent.code(), Some(ErrorCode::NotFound), "{absent}");
     // A grant is only for a ready snapshot the caller can see.
     let refused = client
         .create_transfer(&name("snap-mine"), &grant_request(60), None)

@@ -69,17 +69,26 @@ fn source_error(error: ClientError) -> StoreError {
 }
 
 /// Feeds the chunks of `answer` to `sender` until its end; a body cut short ends in an
-/// error the reader sees.
-async fn feed(mut answer: StreamedAnswer, sender: tokio::sync::mpsc::Sender<io::Result<Vec<u8>>>) {
+/// error the reader sees, and is answered too, so that the receive can tell a source
+/// that refused or went away from a fault of its own.
+async fn feed(
+    mut answer: StreamedAnswer,
+    sender: tokio::sync::mpsc::Sender<io::Result<Vec<u8>>>,
+) -> std::result::Result<(), ClientError> {
     loop {
-        let next = match answer.chunk().await {
-            Ok(Some(chunk)) => Ok(chunk),
-            Ok(None) => return,
-            Err(e) => Err(io::Error::other(format!("the source agent: {e}"))),
-        };
-        let failed = next.is_err();
-        if sender.send(next).await.is_err() || failed {
-            return;
+        match answer.chunk().await {
+            Ok(Some(chunk)) => {
+                if sender.send(Ok(chunk)).await.is_err() {
+                    return Ok(());
+                }
+            }
+            Ok(None) => return Ok(()),
+            Err(e) => {
+                let _ = sender
+                    .send(Err(io::Error::other(format!("the source agent: {e}"))))
+                    .await;
+                return Err(e);
+            }
         }
     }
 }
@@ -117,7 +126,7 @@ pub(crate) async fn receive(
     .map_err(|e| StoreError::Invalid(format!("cannot reach the source agent: {e}")))?;
     let manifest = client.transfer_manifest(None).await.map_err(source_error)?;
     let (reader, sender) = ChannelReader::new(BODY_CHUNKS);
-    tokio::spawn(feed(manifest, sender));
+    let manifest_feed = tokio::spawn(feed(manifest, sender));
     let runtime = tokio::runtime::Handle::current();
     let base = request.base.clone();
     let working = progress.clone();
@@ -138,15 +147,26 @@ pub(crate) async fn receive(
             let path_hex = to_hex(entry.path.as_bytes());
             let (mut body, sender) = ChannelReader::new(BODY_CHUNKS);
             let client = client.clone();
-            runtime.spawn(async move {
+            let fetching = runtime.spawn(async move {
                 match client.transfer_content(&path_hex, None).await {
                     Ok(answer) => feed(answer, sender).await,
                     Err(e) => {
                         let _ = sender.send(Err(io::Error::other(e.to_string()))).await;
+                        Err(e)
                     }
                 }
             });
-            let data = receive_extents(&mut body, file, entry.size)?;
+            let data = match receive_extents(&mut body, file, entry.size) {
+                Ok(data) => data,
+                // What the source said is the error, when it said anything.
+                Err(error) => {
+                    drop(body);
+                    return match runtime.block_on(fetching) {
+                        Ok(Err(refused)) => Err(source_error(refused)),
+                        _ => Err(error),
+                    };
+                }
+            };
             working.fetched_files.fetch_add(1, Ordering::Relaxed);
             working.fetched_bytes.fetch_add(data, Ordering::Relaxed);
             Ok(())
@@ -179,7 +199,16 @@ pub(crate) async fn receive(
     .map_err(|e| StoreError::Io {
         context: format!("receive replica: the task failed ({e})"),
         source: io::Error::other("task failed"),
-    })??;
-    let (snapshot, created) = received;
+    })?;
+    let (snapshot, created) = match received {
+        Ok(made) => made,
+        // A manifest cut short: what the source said is the error, when it said anything.
+        Err(error) => {
+            return match manifest_feed.await {
+                Ok(Err(refused)) => Err(source_error(refused)),
+                _ => Err(error),
+            };
+        }
+    };
     Ok((progress.outcome(snapshot), created))
 }
