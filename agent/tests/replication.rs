@@ -10,7 +10,7 @@ mod common;
 use std::time::{Duration, Instant};
 
 use common::agent_process::setup;
-use common::backing::root_or_skip;
+use common::backing::{btrfs_agent, btrfs_or_skip, root_or_skip, xfs_or_skip};
 use common::jobs::restore_until_ready;
 use common::tree::{manifest, write_fixture};
 use nfsprov_agent_testkit::TestAgent;
@@ -131,6 +131,43 @@ async fn a_snapshot_is_replicated_to_another_agent_exactly_and_then_only_what_ch
     let target_root = tempfile::tempdir().unwrap();
     let source = TestAgent::start(source_root.path()).await.unwrap();
     let target = TestAgent::start(target_root.path()).await.unwrap();
+    replicate_twice(&source, source_root.path(), &target, target_root.path()).await;
+    source.stop().await.unwrap();
+    target.stop().await.unwrap();
+}
+
+/// From an XFS agent (snapshots by reflink) to a btrfs agent with quotas (volumes are
+/// subvolumes, a replica a plain tree beside its snapshots): the replica is restored as
+/// a subvolume volume, and the second run takes unchanged files from the first by
+/// reflink.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_snapshot_of_an_xfs_agent_is_replicated_to_a_btrfs_agent() {
+    let test = "a_snapshot_of_an_xfs_agent_is_replicated_to_a_btrfs_agent";
+    if !root_or_skip(test, "owners of the replicated tree") {
+        return;
+    }
+    let Some(xfs) = xfs_or_skip(test) else {
+        return;
+    };
+    let Some(btrfs) = btrfs_or_skip(test) else {
+        return;
+    };
+    let source = TestAgent::start(&xfs.root()).await.unwrap();
+    let target = btrfs_agent(&btrfs.root()).await;
+    replicate_twice(&source, &xfs.root(), &target, &btrfs.root()).await;
+    source.stop().await.unwrap();
+    target.stop().await.unwrap();
+}
+
+/// Replicates a tree of every kind of entry from `source` to `target`, twice: the second
+/// time with the first replica as base, after changes; each replica restored on the
+/// target and compared with the source as it was.
+async fn replicate_twice(
+    source: &TestAgent,
+    source_root: &std::path::Path,
+    target: &TestAgent,
+    target_root: &std::path::Path,
+) {
     let (from, to) = (source.client(), target.client());
 
     let volume = path("team/app");
@@ -145,7 +182,7 @@ async fn a_snapshot_is_replicated_to_another_agent_exactly_and_then_only_what_ch
     )
     .await
     .unwrap();
-    let tree = source_root.path().join("team/app");
+    let tree = source_root.join("team/app");
     write_fixture(&tree);
     let as_first = manifest(&tree);
     snapshot_until_ready(&from, "snap-1", &volume).await;
@@ -155,7 +192,7 @@ async fn a_snapshot_is_replicated_to_another_agent_exactly_and_then_only_what_ch
         .create_transfer(&name("snap-1"), &grant_request(600), None)
         .await
         .unwrap();
-    let first = receive_until_ready(&to, "replica-1", &receive_request(&source, grant, None))
+    let first = receive_until_ready(&to, "replica-1", &receive_request(source, grant, None))
         .await
         .unwrap();
     assert_eq!(first.snapshot.method, SnapshotMethod::Replica);
@@ -164,10 +201,7 @@ async fn a_snapshot_is_replicated_to_another_agent_exactly_and_then_only_what_ch
     // data.bin and its hard link are one inode: fetched once.
     assert_eq!(first.fetched_files, 5, "{first:?}");
     restore(&to, "replica-1", &path("team/restored-1")).await;
-    assert_eq!(
-        manifest(&target_root.path().join("team/restored-1")),
-        as_first
-    );
+    assert_eq!(manifest(&target_root.join("team/restored-1")), as_first);
     // The replica is a snapshot of the target like any other, outside every volume.
     let listed = to.get_snapshot(&name("replica-1"), None).await.unwrap();
     assert!(listed.ready);
@@ -184,7 +218,7 @@ async fn a_snapshot_is_replicated_to_another_agent_exactly_and_then_only_what_ch
         .create_transfer(&name("snap-2"), &grant_request(600), None)
         .await
         .unwrap();
-    let request = receive_request(&source, grant.clone(), Some("replica-1"));
+    let request = receive_request(source, grant.clone(), Some("replica-1"));
     let second = receive_until_ready(&to, "replica-2", &request)
         .await
         .unwrap();
@@ -195,15 +229,9 @@ async fn a_snapshot_is_replicated_to_another_agent_exactly_and_then_only_what_ch
     );
     assert_eq!(second.reused_files, 3, "{second:?}");
     restore(&to, "replica-2", &path("team/restored-2")).await;
-    assert_eq!(
-        manifest(&target_root.path().join("team/restored-2")),
-        as_second
-    );
+    assert_eq!(manifest(&target_root.join("team/restored-2")), as_second);
     // The first replica is as it was.
-    assert_eq!(
-        manifest(&target_root.path().join("team/restored-1")),
-        as_first
-    );
+    assert_eq!(manifest(&target_root.join("team/restored-1")), as_first);
 
     // The same request again finds the replica made.
     let again = to
@@ -213,7 +241,7 @@ async fn a_snapshot_is_replicated_to_another_agent_exactly_and_then_only_what_ch
     assert_eq!(again.snapshot, second.snapshot);
     assert_eq!(again.fetched_files, 0);
     // The name taken by this replica is not another's.
-    let other = receive_request(&source, grant, Some("replica-1"));
+    let other = receive_request(source, grant, Some("replica-1"));
     let mut other = other;
     other.source_url = "https://127.0.0.1:1".into();
     let refused = to
@@ -221,9 +249,6 @@ async fn a_snapshot_is_replicated_to_another_agent_exactly_and_then_only_what_ch
         .await
         .unwrap_err();
     assert_eq!(refused.code(), Some(ErrorCode::Conflict), "{refused}");
-
-    source.stop().await.unwrap();
-    target.stop().await.unwrap();
 }
 
 /// The grant's token as a whole-agent client would use it.
