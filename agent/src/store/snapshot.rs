@@ -629,6 +629,11 @@ impl VolumeStore {
                     continue;
                 }
             };
+            // A replica belongs to no claim of this agent's cluster: no namespace's
+            // budget holds it (it is not charged when received either).
+            if record.replica_of.is_some() {
+                continue;
+            }
             let namespace = match record.namespace {
                 Some(namespace) => namespace,
                 // Taken before snapshots were charged: its source's owner, while the
