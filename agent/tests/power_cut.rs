@@ -3,8 +3,10 @@
 //! any sync as the answer arrives, and an agent started on the mounted copy must show
 //! every acknowledged result, with its data and record, and nothing half-made. Volumes
 //! carry knfsd exports whose files lie on the same filesystem, and snapshots are taken by
-//! each filesystem's method (copy on ext4, reflink on XFS, btrfs snapshot). A few cuts
-//! per operation here; `nfsprov-power-cut` runs many.
+//! each filesystem's method (copy on ext4, reflink on XFS, btrfs snapshot). Replicas are
+//! received from an agent outside the cut filesystem, every other one built from the one
+//! before, and must come back listed and whole, entry by entry. A few cuts per operation
+//! here; `nfsprov-power-cut` runs many.
 //!
 //! The same again with the ganesha export manager and a real ganesha, over the
 //! operations that make, change or remove an export: its directory of EXPORT blocks on

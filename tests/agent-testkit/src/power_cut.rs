@@ -28,6 +28,13 @@
 //! resizing are not cut there (see [`FsKind::skips`]), and each step's volumes are
 //! deleted once its cut is checked, so that each cut's agent mounts only a few.
 //!
+//! A replica ([`Op::Replica`]) is received from an agent outside the cut filesystem, a
+//! full receive and one built from the replica before in turn. Its tree, read where the
+//! agent keeps it, must hold the source's entries exactly (content, modes, owners,
+//! times, symlink targets, hard links, holes), and the agent on the copy must list
+//! exactly the replicas acknowledged, ready; a tree left half received for a resume is
+//! never listed.
+//!
 //! Each operation is a few arms: what `prepare` sets up, what `act` sends and the
 //! acknowledgement it records as `Done`, what `on_disk` and `served` check of it.
 
@@ -57,10 +64,12 @@ use crate::{LoopBtrfs, LoopExt4, LoopXfs};
 mod ganesha_files;
 mod images;
 mod namespace;
+mod replica;
 
 use ganesha_files::{ExportBlock, GaneshaFiles};
 use images::{ImageArea, ReadOnlyImage};
 use namespace::CopyAtOriginal;
+use replica::{ReplicaSource, Tree};
 
 /// The filesystems the check runs on.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
@@ -125,6 +134,9 @@ impl FsKind {
         match (self, op) {
             (FsKind::Image, Op::Adopt) => {
                 Some("the image backend adopts no directory (a volume is a filesystem of its own)")
+            }
+            (FsKind::Image, Op::Replica) => {
+                Some("the image backend keeps snapshots as images; a replica is received as a tree")
             }
             _ => None,
         }
@@ -264,10 +276,13 @@ pub enum Op {
     Restore,
     /// A new volume made from an archive, which stays.
     ArchiveRestore,
+    /// Another agent's snapshot received as a snapshot of this one
+    /// (`PUT /v1/replicas/{name}`), every other one built from the one before.
+    Replica,
 }
 
 impl Op {
-    pub const ALL: [Op; 11] = [
+    pub const ALL: [Op; 12] = [
         Op::Create,
         Op::Clone,
         Op::Adopt,
@@ -279,6 +294,7 @@ impl Op {
         Op::SnapshotDelete,
         Op::Restore,
         Op::ArchiveRestore,
+        Op::Replica,
     ];
 
     /// The operations whose answer makes, changes or removes an export: the snapshot
@@ -310,6 +326,7 @@ impl fmt::Display for Op {
             Op::SnapshotDelete => "snapshot-delete",
             Op::Restore => "restore",
             Op::ArchiveRestore => "archive-restore",
+            Op::Replica => "replica",
         })
     }
 }
@@ -559,6 +576,17 @@ impl Step {
         Ok(SnapshotName::parse(&self.name)?)
     }
 
+    /// The replica a receive is built from: on every other iteration the one received
+    /// by the iteration before (acknowledged, and still on the original disk), so that
+    /// both a full and an incremental receive are cut.
+    fn replica_base(&self) -> anyhow::Result<Option<SnapshotName>> {
+        if self.iteration.is_multiple_of(2) {
+            return Ok(None);
+        }
+        let previous = Step::new(self.op, self.iteration - 1);
+        Ok(Some(previous.snapshot()?))
+    }
+
     /// The export the step's volumes are made with: read-only every other iteration.
     fn export(&self) -> &'static ExportCase {
         if self.iteration.is_multiple_of(2) {
@@ -601,6 +629,13 @@ pub async fn run(
         Some(nfs) => ExportSetup::Ganesha(&nfs.ganesha),
     };
     let server = Server::start(agent, &root, kind, &exports, None).await?;
+    // Outside the filesystem under test, as another server would be.
+    let source = match ops.contains(&Op::Replica) {
+        true => Some(ReplicaSource::start().await?),
+        false => None,
+    };
+    // Every replica acknowledged: exactly those must be listed after a cut.
+    let mut replicas = BTreeSet::new();
     let copies = tempfile::tempdir()?;
     let mut tallies = BTreeMap::new();
     // Every export acknowledged and not since removed, by volume: what the server's files
@@ -611,18 +646,22 @@ pub async fn run(
         let tally: &mut Tally = tallies.entry(op).or_default();
         for i in 0..iterations {
             let step = Step::new(op, i);
-            let expected = prepare(&server, &root, &step).await?;
+            let mut expected = prepare(&server, &root, &step, source.as_ref()).await?;
             step.prepared(&mut exported)?;
             // Whatever was set up is on disk before the operation under test.
             rustix::fs::syncfs(std::fs::File::open(&root)?.as_fd())?;
             if manager == Manager::Knfsd {
                 first_fsids(&root, kind, &mut fsids)?;
             }
-            let done = act(&server, &step).await?;
+            let done = act(&server, &step, source.as_ref()).await?;
             // At once: the power goes as the answer arrives.
             let image = copies.path().join("cut.img");
             copy_image(fs.image(), &image)?;
             done.acknowledged(&mut exported);
+            if let Done::Replica { name, .. } = &done {
+                replicas.insert(name.clone());
+            }
+            expected.replicas = replicas.clone();
             let cut = Cut {
                 agent,
                 kind,
@@ -645,6 +684,7 @@ pub async fn run(
         }
     }
     drop(server);
+    drop(source);
     drop(nfs);
     unmount_below(&root)?;
     Ok(tallies)
@@ -698,6 +738,8 @@ impl Step {
             }
             // Made and archived again: no export left.
             Op::ArchiveRestore => {}
+            // A replica is never exported.
+            Op::Replica => {}
         }
         Ok(())
     }
@@ -713,7 +755,7 @@ impl Done {
             Done::Archived { path, .. } | Done::Deleted { path } => {
                 exported.remove(path.as_str());
             }
-            Done::Snapshot { .. } | Done::SnapshotDeleted { .. } => {}
+            Done::Snapshot { .. } | Done::SnapshotDeleted { .. } | Done::Replica { .. } => {}
         }
     }
 }
@@ -914,6 +956,10 @@ impl Drop for Server {
 struct Expected {
     /// The data files of the volume or snapshot the operation works on, by name.
     files: Vec<(String, Vec<u8>)>,
+    /// The tree of the snapshot a replica is received from.
+    tree: Option<Tree>,
+    /// Every replica acknowledged so far, the operation's own included.
+    replicas: BTreeSet<SnapshotName>,
 }
 
 /// Where an acknowledged volume's data came from, when not from its own writes.
@@ -949,6 +995,12 @@ enum Done {
     },
     SnapshotDeleted {
         name: SnapshotName,
+    },
+    /// A replica acknowledged ready.
+    Replica {
+        name: SnapshotName,
+        /// The volume the source's snapshot was taken of.
+        source: VolumePath,
     },
 }
 
@@ -1046,10 +1098,20 @@ async fn take_snapshot(
 
 /// Sets up what the step needs (a volume to clone, a directory to adopt, a snapshot to
 /// restore, ...).
-async fn prepare(server: &Server, root: &Path, step: &Step) -> anyhow::Result<Expected> {
+async fn prepare(
+    server: &Server,
+    root: &Path,
+    step: &Step,
+    source: Option<&ReplicaSource>,
+) -> anyhow::Result<Expected> {
     let export = step.export();
+    let mut tree = None;
     let files = match step.op {
         Op::Create => Vec::new(),
+        Op::Replica => {
+            tree = Some(replica_source(source)?.tree().clone());
+            Vec::new()
+        }
         Op::Adopt => {
             let files = random_files()?;
             let dir = root.join(&step.name);
@@ -1076,11 +1138,44 @@ async fn prepare(server: &Server, root: &Path, step: &Step) -> anyhow::Result<Ex
             files
         }
     };
-    Ok(Expected { files })
+    Ok(Expected {
+        files,
+        tree,
+        replicas: BTreeSet::new(),
+    })
+}
+
+fn replica_source(source: Option<&ReplicaSource>) -> anyhow::Result<&ReplicaSource> {
+    source.context("replicas are cut with no source agent started")
+}
+
+/// Receives the source's snapshot as the replica `name`, built from `base` if given,
+/// repeating the request as a client does while the agent answers it as running:
+/// acknowledged once it is answered ready.
+async fn receive_replica(
+    client: &AgentClient,
+    source: &ReplicaSource,
+    name: &SnapshotName,
+    base: Option<SnapshotName>,
+) -> anyhow::Result<Snapshot> {
+    let incremental = base.is_some();
+    let request = &source.request(base).await?;
+    let outcome = until_ready(&format!("the replica {name}"), move || async move {
+        let outcome = client.receive_replica(name, request, None).await?;
+        Ok(outcome.snapshot.ready.then_some(outcome))
+    })
+    .await?;
+    // The base holds every file of the same snapshot: an incremental receive that took
+    // none from it did not cut what it should.
+    ensure!(
+        !incremental || outcome.reused_files > 0,
+        "the replica {name} took nothing from its base: {outcome:?}"
+    );
+    Ok(outcome.snapshot)
 }
 
 /// Does the step's operation and answers what its acknowledgement said.
-async fn act(server: &Server, step: &Step) -> anyhow::Result<Done> {
+async fn act(server: &Server, step: &Step, source: Option<&ReplicaSource>) -> anyhow::Result<Done> {
     let client = &server.client;
     let path = step.path()?;
     let export = step.export();
@@ -1183,6 +1278,20 @@ async fn act(server: &Server, step: &Step) -> anyhow::Result<Done> {
             let source = RestoreSource::Archive(id);
             let method = restore(client, &path, &source, export, &step.name).await?;
             made(Some(Origin::Restore { source, method }), export)
+        }
+        Op::Replica => {
+            let source = replica_source(source)?;
+            let name = step.snapshot()?;
+            let snapshot = receive_replica(client, source, &name, step.replica_base()?).await?;
+            ensure!(
+                snapshot.method == SnapshotMethod::Replica && snapshot.source == *source.volume(),
+                "the replica {name} is acknowledged as {snapshot:?}, not as a replica of {}",
+                source.volume()
+            );
+            Done::Replica {
+                name: snapshot.name,
+                source: snapshot.source,
+            }
         }
     })
 }
@@ -1639,6 +1748,24 @@ fn on_disk(
                 "the deleted snapshot {name}'s tree is still at its name"
             );
         }
+        Done::Replica { name, .. } => {
+            ensure!(
+                snapshot_record(root, name).is_file(),
+                "the replica {name} has no record on disk"
+            );
+            let wanted = expected
+                .tree
+                .as_ref()
+                .context("no source tree to compare the replica with")?;
+            let found = Tree::read(&snapshot_tree(root, name))
+                .with_context(|| format!("the replica {name}'s tree on disk"))?;
+            let wrong = found.differences(wanted);
+            ensure!(
+                wrong.is_empty(),
+                "the replica {name}'s tree differs from the source's: {}",
+                wrong.join("; ")
+            );
+        }
     }
     if kind == FsKind::Image {
         images_on_disk(root, expected, done)?;
@@ -1711,6 +1838,9 @@ fn images_on_disk(root: &Path, expected: &Expected, done: &Done) -> anyhow::Resu
                 "the deleted snapshot {name}'s image {} is still on disk",
                 image.display()
             );
+        }
+        Done::Replica { name, .. } => {
+            bail!("the replica {name} was received by image volumes, which take none")
         }
     }
     Ok(())
@@ -1885,7 +2015,30 @@ async fn served(
                 "the deleted snapshot {name} is listed"
             );
         }
+        Done::Replica { name, source } => {
+            let found = client.get_snapshot(name, None).await?;
+            ensure!(
+                found.ready && found.method == SnapshotMethod::Replica && found.source == *source,
+                "the replica {name} is answered as {found:?}, not ready by replica of {source}"
+            );
+        }
     }
+    // Every replica acknowledged listed ready, and no other: one received in part (its
+    // `.receiving-` tree kept for a resume) never is.
+    let listed: BTreeSet<SnapshotName> = snapshots(client)
+        .await?
+        .into_iter()
+        .filter(|s| s.method == SnapshotMethod::Replica || s.name.as_str().starts_with('.'))
+        .map(|s| {
+            ensure!(s.ready, "the replica {} is listed but not ready", s.name);
+            Ok(s.name)
+        })
+        .collect::<anyhow::Result<_>>()?;
+    ensure!(
+        listed == expected.replicas,
+        "the replicas listed are {listed:?}, not the acknowledged {:?}",
+        expected.replicas
+    );
     // Nothing half-made: every entry at a volume path is a volume (each directory made
     // to be adopted was adopted, durably, before the next operation), and the server's
     // files as found export exactly those volumes (every volume here is made with one).
