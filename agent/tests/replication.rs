@@ -452,6 +452,16 @@ async fn a_grant_reads_its_own_snapshot_through_the_transfer_endpoints_only_unti
 
 const HOLD_RECEIVES: &str = "NFSPROV_AGENT_HOLD_RECEIVES";
 
+/// An agent process, killed (as a crash would) when dropped, also when the test fails.
+struct Killed(std::process::Child);
+
+impl Drop for Killed {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
 /// The target agent killed in the middle of a receive: the replica is not there after
 /// its restart, and the same request then finishes it, fetching only the files the
 /// first receive had not completed; a receive cut and never resumed goes with its
@@ -495,7 +505,7 @@ async fn a_receive_cut_by_a_crash_of_the_target_is_invisible_and_resumes_where_i
 
     let target = setup();
     let hold = target.hold(HOLD_RECEIVES);
-    let mut agent = target.spawn_held(HOLD_RECEIVES);
+    let agent = Killed(target.spawn_held(HOLD_RECEIVES));
     let to = target.client();
     target.wait_healthy(&to).await;
     let running = to
@@ -507,11 +517,10 @@ async fn a_receive_cut_by_a_crash_of_the_target_is_invisible_and_resumes_where_i
         "held: the replica is still being received"
     );
     assert_eq!(running.fetched_files, 1, "{running:?}");
-    agent.kill().unwrap();
-    agent.wait().unwrap();
+    drop(agent);
 
     drop(hold);
-    let mut agent = target.spawn();
+    let agent = Killed(target.spawn());
     target.wait_healthy(&to).await;
     let gone = to
         .get_snapshot(&name("replica-many"), None)
@@ -534,22 +543,20 @@ async fn a_receive_cut_by_a_crash_of_the_target_is_invisible_and_resumes_where_i
     assert_eq!(done.reused_files, 1, "{done:?}");
     restore(&to, "replica-many", &path("team/restored")).await;
     assert_eq!(manifest(&target.root.join("team/restored")), as_taken);
-    agent.kill().unwrap();
-    agent.wait().unwrap();
+    drop(agent);
 
     // A receive cut and never resumed goes when its name is deleted.
     let hold = target.hold(HOLD_RECEIVES);
-    let mut agent = target.spawn_held(HOLD_RECEIVES);
+    let agent = Killed(target.spawn_held(HOLD_RECEIVES));
     target.wait_healthy(&to).await;
     let running = to
         .receive_replica(&name("replica-dropped"), &request, None)
         .await
         .unwrap();
     assert!(!running.snapshot.ready);
-    agent.kill().unwrap();
-    agent.wait().unwrap();
+    drop(agent);
     drop(hold);
-    let mut agent = target.spawn();
+    let agent = Killed(target.spawn());
     target.wait_healthy(&to).await;
     let area = target.root.join(".nfsprov/snapshots/data");
     assert!(area.join(".receiving-replica-dropped").exists());
@@ -557,7 +564,6 @@ async fn a_receive_cut_by_a_crash_of_the_target_is_invisible_and_resumes_where_i
         .await
         .unwrap();
     assert!(!area.join(".receiving-replica-dropped").exists());
-    agent.kill().unwrap();
-    agent.wait().unwrap();
+    drop(agent);
     source.stop().await.unwrap();
 }
