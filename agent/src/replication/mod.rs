@@ -14,8 +14,8 @@
 //! caller then renames the staging tree into place.
 //!
 //! Over HTTPS (see `docs/replication.md`): the source's transfer endpoints send the
-//! manifest and each file's extents through [`wire`] and [`stream`], and the target's
-//! [`pull`] reads them as they arrive into a build.
+//! manifest and each file's extents through `wire` and `stream`, and the target's
+//! `pull` reads them as they arrive into a build.
 //!
 //! # What is kept
 //!
