@@ -40,7 +40,6 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
-use std::future::Future;
 use std::io::{Read, Seek, SeekFrom, Write};
 use std::os::fd::AsFd;
 use std::os::unix::fs::MetadataExt;
@@ -65,11 +64,13 @@ mod ganesha_files;
 mod images;
 mod namespace;
 mod replica;
+mod retry;
 
 use ganesha_files::{ExportBlock, GaneshaFiles};
 use images::{ImageArea, ReadOnlyImage};
 use namespace::CopyAtOriginal;
 use replica::{ReplicaSource, Tree};
+use retry::until_ready;
 
 /// The filesystems the check runs on.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
@@ -1061,23 +1062,6 @@ async fn volume_with_files(
     // syncs the root's.
     rustix::fs::syncfs(std::fs::File::open(&dir)?.as_fd())?;
     Ok(files)
-}
-
-/// Repeats `call` until it answers something, as a client repeats a clone, snapshot or
-/// restore the agent answered as still running.
-async fn until_ready<T, F, Fut>(what: &str, mut call: F) -> anyhow::Result<T>
-where
-    F: FnMut() -> Fut,
-    Fut: Future<Output = anyhow::Result<Option<T>>>,
-{
-    let deadline = Instant::now() + Duration::from_secs(120);
-    loop {
-        if let Some(done) = call().await? {
-            return Ok(done);
-        }
-        ensure!(Instant::now() < deadline, "{what} never finished");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
 }
 
 /// Takes the snapshot `name` of `source`, acknowledged once the agent answers it ready.

@@ -62,7 +62,7 @@ impl ReplicaSource {
         };
         let client = &client;
         let snapshot_name = &snapshot;
-        super::until_ready("the source's snapshot", move || async move {
+        super::retry::until_ready("the source's snapshot", move || async move {
             let taken = client.create_snapshot(snapshot_name, request, None).await?;
             Ok(taken.ready.then_some(()))
         })
