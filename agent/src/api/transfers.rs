@@ -18,7 +18,7 @@ use nfsprov_api_types::{
 use super::blocking::off_workers;
 use super::failure::{ApiResult, Failure};
 use super::input::{invalid_query, json_body, read_body_in_time};
-use super::snapshots::{snapshot_name, visible_snapshot};
+use super::snapshots::snapshot_name;
 use super::state::AppState;
 use crate::auth::Caller;
 use crate::replication::stream::{ChannelWriter, body_of};
@@ -49,15 +49,17 @@ pub(super) async fn create_transfer(
             format!("ttl_seconds must be 1 to {MAX_TRANSFER_TTL_SECONDS}, not {ttl}"),
         ));
     }
+    // A grant is only for a ready snapshot this agent can send: its tree opens now.
     // Another scope's snapshot is answered as one that does not exist.
-    let snapshot = visible_snapshot(&state, &caller, &name)
-        .await?
-        .filter(|snapshot| snapshot.ready)
-        .ok_or_else(|| Failure::new(ErrorCode::NotFound, format!("no ready snapshot {name}")))?;
-    // A grant is only for a snapshot this agent can send: its tree opens now.
     let store = state.store.clone();
     let lookup = name.clone();
-    off_workers(move || store.open_snapshot_tree(&lookup).map(drop)).await?;
+    let (snapshot, _) = off_workers(move || store.open_snapshot_tree(&lookup)).await?;
+    if !caller.scope().contains(&snapshot.source) {
+        return Err(Failure::new(
+            ErrorCode::NotFound,
+            format!("no ready snapshot {name}"),
+        ));
+    }
     let (token, grant) = state
         .auth
         .grants
@@ -128,10 +130,13 @@ pub(super) async fn transfer_content(
         .map_err(|e| Failure::new(ErrorCode::InvalidPath, e))?;
     let store = state.store.clone();
     let lookup = name.clone();
-    let (_, tree) = off_workers(move || store.open_snapshot_tree(&lookup)).await?;
     // The file is opened before answering, so a path that is not a regular file of the
     // snapshot is refused with an error the target can read.
-    let file = off_workers(move || crate::replication::open_file(&tree, &path)).await?;
+    let file = off_workers(move || {
+        let (_, tree) = store.open_snapshot_tree(&lookup)?;
+        crate::replication::open_file(&tree, &path)
+    })
+    .await?;
     let (writer, chunks) = ChannelWriter::new(STREAM_CHUNKS);
     tokio::task::spawn_blocking(move || {
         let mut writer = writer;
